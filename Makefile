@@ -1,0 +1,45 @@
+# gagar — `make help` lists the targets.
+SHELL := /bin/bash
+PYTHON ?= python3
+PIP ?= $(PYTHON) -m pip
+PYTEST_ARGS ?=
+RUN ?= examples/local.yaml
+OUT ?= runs/local
+
+.DEFAULT_GOAL := help
+
+help: ## List the targets
+	@grep -E '^[a-zA-Z_-]+:.*?## ' $(MAKEFILE_LIST) | awk 'BEGIN {FS = ":.*?## "}; {printf "  \033[36m%-16s\033[0m %s\n", $$1, $$2}'
+
+install: ## Install gagar, its test tools, and the system packages it needs (idempotent)
+	bash scripts/install.sh
+
+run: install ## Install, then run the embedded default (examples/local.yaml) on this machine
+	gagar train $(RUN) --out $(OUT)
+
+test: install ## Install, then run the default test suite (CPU, no cluster)
+	$(PYTHON) -m pytest -m "not slow and not gpu" $(PYTEST_ARGS)
+
+test-slow: install ## Run the slow tests as well
+	$(PYTHON) -m pytest -m "not gpu" $(PYTEST_ARGS)
+
+lint: ## ruff, mypy on the pure modules, import-linter contracts
+	ruff check gagar tests bench
+	ruff format --check gagar tests bench
+	mypy
+	lint-imports
+
+format: ## Apply ruff's formatter and autofixes
+	ruff format gagar tests bench
+	ruff check --fix gagar tests bench
+
+crd: ## Regenerate the CRD (manifests/ and the chart) from gagar/spec.py
+	$(PYTHON) -m gagar.cli crd --write
+
+check-generated: ## Fail when a generated file drifts from its source
+	$(PYTHON) -m gagar.cli crd --check
+
+bench: ## Run the benchmarks (print tables, write JSON under bench/results/)
+	$(PYTHON) bench/advantages.py
+
+.PHONY: help install run test test-slow lint format crd check-generated bench

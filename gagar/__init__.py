@@ -1,0 +1,12 @@
+"""gagar: Groupwise Agentic Grading and Advantage Redistribution — RL for code agents.
+
+Components live under this package: ``spec`` (the GagarRun schema), ``operator`` (kopf),
+``trainer`` (Megatron-Core policy, GAGAR math, loss, driver), ``rollout`` (agent loop, environments,
+engines), ``sandbox`` (isolated executors) and ``grader`` (agentic and heuristic graders).
+"""
+
+__version__ = "0.1.0"
+
+API_GROUP = "gagar.dev"
+API_VERSION = "v1alpha1"
+KIND = "GagarRun"

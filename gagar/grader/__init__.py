@@ -1,0 +1,1 @@
+"""Groupwise graders: shared workspace, heuristic grader, agentic grader, grader service."""

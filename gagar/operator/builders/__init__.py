@@ -1,0 +1,1 @@
+"""gagar.operator.builders."""

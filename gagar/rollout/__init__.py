@@ -1,0 +1,1 @@
+"""Rollouts: the agent loop, task environments, inference engines and weight sync."""

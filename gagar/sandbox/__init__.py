@@ -1,0 +1,1 @@
+"""Sandboxed execution of untrusted code (bubblewrap locally, executor servers in sandbox pods)."""

@@ -1,0 +1,1 @@
+"""gagar.trainer.model."""
