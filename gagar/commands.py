@@ -48,13 +48,17 @@ def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("version", help="print gagar's version")
     p.set_defaults(func=_version)
 
-    p = sub.add_parser("validate", help="validate GagarRun manifests (YAML, several documents per file)")
+    p = sub.add_parser(
+        "validate", help="validate GagarRun manifests (YAML, several documents per file)"
+    )
     p.add_argument("files", nargs="+", metavar="FILE")
     p.set_defaults(func=_validate)
 
     p = sub.add_parser("crd", help="print the GagarRun CRD generated from the spec models")
     mode = p.add_mutually_exclusive_group()
     mode.add_argument("--write", action="store_true", help="rewrite the checked-in generated files")
-    mode.add_argument("--check", action="store_true", help="fail when a checked-in generated file drifted")
+    mode.add_argument(
+        "--check", action="store_true", help="fail when a checked-in generated file drifted"
+    )
     p.add_argument("--root", default=str(REPO_ROOT), help=argparse.SUPPRESS)
     p.set_defaults(func=_crd)

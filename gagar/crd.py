@@ -25,7 +25,10 @@ def _resolve(node: dict[str, Any], defs: dict[str, Any]) -> dict[str, Any]:
         target = defs[node["$ref"].split("/")[-1]]
         node = {**target, **{k: v for k, v in node.items() if k != "$ref"}}
     if "allOf" in node and len(node["allOf"]) == 1:
-        node = {**_resolve(node["allOf"][0], defs), **{k: v for k, v in node.items() if k != "allOf"}}
+        node = {
+            **_resolve(node["allOf"][0], defs),
+            **{k: v for k, v in node.items() if k != "allOf"},
+        }
     return node
 
 
@@ -91,8 +94,17 @@ def _printer_columns() -> list[dict[str, Any]]:
         {"name": "Phase", "type": "string", "jsonPath": ".status.phase"},
         {"name": "Mode", "type": "string", "jsonPath": ".spec.algorithm.mode"},
         {"name": "Step", "type": "integer", "jsonPath": ".status.step"},
-        {"name": "Ready", "type": "string", "jsonPath": '.status.conditions[?(@.type=="Ready")].status'},
-        {"name": "Reason", "type": "string", "priority": 1, "jsonPath": '.status.conditions[?(@.type=="Ready")].reason'},
+        {
+            "name": "Ready",
+            "type": "string",
+            "jsonPath": '.status.conditions[?(@.type=="Ready")].status',
+        },
+        {
+            "name": "Reason",
+            "type": "string",
+            "priority": 1,
+            "jsonPath": '.status.conditions[?(@.type=="Ready")].reason',
+        },
         {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"},
     ]
 
@@ -124,7 +136,10 @@ def build_crd() -> dict[str, Any]:
     return {
         "apiVersion": "apiextensions.k8s.io/v1",
         "kind": "CustomResourceDefinition",
-        "metadata": {"name": CRD_NAME, "labels": {"app.kubernetes.io/name": "gagar", "app.kubernetes.io/component": "crd"}},
+        "metadata": {
+            "name": CRD_NAME,
+            "labels": {"app.kubernetes.io/name": "gagar", "app.kubernetes.io/component": "crd"},
+        },
         "spec": {
             "group": API_GROUP,
             "names": {

@@ -39,4 +39,8 @@ def write_all(root: Path) -> list[str]:
 
 def drifted(root: Path) -> list[str]:
     """Generated files under ``root`` that differ from what their source produces now."""
-    return [rel for rel, produce in GENERATED.items() if not (root / rel).exists() or (root / rel).read_text() != produce()]
+    return [
+        rel
+        for rel, produce in GENERATED.items()
+        if not (root / rel).exists() or (root / rel).read_text() != produce()
+    ]

@@ -46,10 +46,19 @@ def _loc(loc: tuple[Any, ...]) -> str:
     return out
 
 
-def validate_document(doc: Any, source: str = "<input>", index: int = 0) -> tuple[GagarRun | None, list[Problem]]:
+def validate_document(
+    doc: Any, source: str = "<input>", index: int = 0
+) -> tuple[GagarRun | None, list[Problem]]:
     """Validate one parsed YAML document as a GagarRun."""
     if not isinstance(doc, dict):
-        return None, [Problem(source, index, "", f"expected a mapping (a Kubernetes object), got {type(doc).__name__}")]
+        return None, [
+            Problem(
+                source,
+                index,
+                "",
+                f"expected a mapping (a Kubernetes object), got {type(doc).__name__}",
+            )
+        ]
     api, kind = doc.get("apiVersion"), doc.get("kind")
     if kind != KIND or api != f"{API_GROUP}/{API_VERSION}":
         msg = f"not a GagarRun: apiVersion {api!r}, kind {kind!r} (expected {API_GROUP}/{API_VERSION}, {KIND})"

@@ -28,7 +28,9 @@ from gagar import API_GROUP, API_VERSION, KIND
 MAX_NAME_LENGTH = 42
 DNS_LABEL = r"^[a-z]([-a-z0-9]*[a-z0-9])?$"
 
-Quantity = Annotated[str, StringConstraints(pattern=r"^[0-9]+(\.[0-9]+)?([eE][0-9]+|[KMGTPE]i?|[munk])?$")]
+Quantity = Annotated[
+    str, StringConstraints(pattern=r"^[0-9]+(\.[0-9]+)?([eE][0-9]+|[KMGTPE]i?|[munk])?$")
+]
 Device = Literal["auto", "cpu", "cuda"]
 
 
@@ -92,7 +94,10 @@ class ModelSpec(Model):
     model_config = ConfigDict(
         json_schema_extra={
             "x-kubernetes-validations": [
-                _cel("has(self.path) != has(self.preset)", "exactly one of spec.model.path and spec.model.preset must be set")
+                _cel(
+                    "has(self.path) != has(self.preset)",
+                    "exactly one of spec.model.path and spec.model.preset must be set",
+                )
             ]
         }
     )
@@ -120,13 +125,19 @@ class QualityFactors(Model):
     """Factor of T3 groups."""
 
     model_config = ConfigDict(
-        json_schema_extra={"x-kubernetes-validations": [_cel("self.t2Low <= self.t2High", "t2Low must not exceed t2High", ".t2Low")]}
+        json_schema_extra={
+            "x-kubernetes-validations": [
+                _cel("self.t2Low <= self.t2High", "t2Low must not exceed t2High", ".t2Low")
+            ]
+        }
     )
 
     @model_validator(mode="after")
     def _ordered(self) -> QualityFactors:
         if self.t2_low > self.t2_high:
-            raise ValueError("spec.algorithm.redistribution.qualityFactors.t2Low must not exceed t2High")
+            raise ValueError(
+                "spec.algorithm.redistribution.qualityFactors.t2Low must not exceed t2High"
+            )
         return self
 
 
@@ -161,7 +172,11 @@ class LengthPenalty(Model):
     """Reference length ``ℓ*`` is this percentile (``B``) of the passing lengths."""
 
     model_config = ConfigDict(
-        json_schema_extra={"x-kubernetes-validations": [_cel("self.scale > self.delta", "scale must exceed delta", ".scale")]}
+        json_schema_extra={
+            "x-kubernetes-validations": [
+                _cel("self.scale > self.delta", "scale must exceed delta", ".scale")
+            ]
+        }
     )
 
     @model_validator(mode="after")
@@ -211,9 +226,9 @@ class KL(Model):
 class LossSpec(Model):
     """Policy loss (DESIGN §1.8)."""
 
-    aggregation: Literal["token-mean", "seq-mean-token-mean", "seq-mean-token-sum-norm", "prompt-mean"] = (
-        "prompt-mean"
-    )
+    aggregation: Literal[
+        "token-mean", "seq-mean-token-mean", "seq-mean-token-sum-norm", "prompt-mean"
+    ] = "prompt-mean"
     """How token losses are averaged; every denominator is a global-batch count."""
     clip_low: float = Field(default=0.2, gt=0, lt=1)
     """PPO lower clip ``ε_low``."""
@@ -402,8 +417,16 @@ class Autoscaling(Model):
     model_config = ConfigDict(
         json_schema_extra={
             "x-kubernetes-validations": [
-                _cel("self.minReplicas <= self.maxReplicas", "minReplicas must not exceed maxReplicas", ".minReplicas"),
-                _cel("self.backend != 'hpa' || self.minReplicas >= 1", "the hpa backend needs minReplicas >= 1 (scale to zero needs keda)", ".minReplicas"),
+                _cel(
+                    "self.minReplicas <= self.maxReplicas",
+                    "minReplicas must not exceed maxReplicas",
+                    ".minReplicas",
+                ),
+                _cel(
+                    "self.backend != 'hpa' || self.minReplicas >= 1",
+                    "the hpa backend needs minReplicas >= 1 (scale to zero needs keda)",
+                    ".minReplicas",
+                ),
             ]
         }
     )
@@ -411,9 +434,13 @@ class Autoscaling(Model):
     @model_validator(mode="after")
     def _bounds(self) -> Autoscaling:
         if self.min_replicas > self.max_replicas:
-            raise ValueError(f"autoscaling.minReplicas ({self.min_replicas}) must not exceed maxReplicas ({self.max_replicas})")
+            raise ValueError(
+                f"autoscaling.minReplicas ({self.min_replicas}) must not exceed maxReplicas ({self.max_replicas})"
+            )
         if self.backend == "hpa" and self.min_replicas < 1:
-            raise ValueError("autoscaling.minReplicas must be >= 1 with the hpa backend (scale to zero needs keda)")
+            raise ValueError(
+                "autoscaling.minReplicas must be >= 1 with the hpa backend (scale to zero needs keda)"
+            )
         return self
 
 
@@ -486,7 +513,9 @@ class RolloutSpec(_Pool):
     agent: AgentSpec = Field(default_factory=AgentSpec)
     """Agent loop and sampling."""
 
-    model_config = ConfigDict(json_schema_extra={"x-kubernetes-validations": [_REPLICAS_XOR_AUTOSCALING]})
+    model_config = ConfigDict(
+        json_schema_extra={"x-kubernetes-validations": [_REPLICAS_XOR_AUTOSCALING]}
+    )
 
     @model_validator(mode="after")
     def _pool(self) -> RolloutSpec:
@@ -518,7 +547,11 @@ class GraderSpec(_Pool):
         json_schema_extra={
             "x-kubernetes-validations": [
                 _REPLICAS_XOR_AUTOSCALING,
-                _cel("self.kind != 'agentic' || has(self.model) || has(self.endpoint)", "the agentic grader needs model or endpoint", ".model"),
+                _cel(
+                    "self.kind != 'agentic' || has(self.model) || has(self.endpoint)",
+                    "the agentic grader needs model or endpoint",
+                    ".model",
+                ),
             ]
         }
     )
@@ -586,7 +619,11 @@ class DatasetSource(Model):
     model_config = ConfigDict(
         json_schema_extra={
             "x-kubernetes-validations": [
-                _cel("(self.kind == 'jsonl') == has(self.path)", "path is required for jsonl sources and only for them", ".path")
+                _cel(
+                    "(self.kind == 'jsonl') == has(self.path)",
+                    "path is required for jsonl sources and only for them",
+                    ".path",
+                )
             ]
         }
     )
@@ -594,14 +631,18 @@ class DatasetSource(Model):
     @model_validator(mode="after")
     def _path(self) -> DatasetSource:
         if (self.kind == "jsonl") != (self.path is not None):
-            raise ValueError(f"spec.dataset.sources[].path is required for jsonl sources and only for them (kind {self.kind})")
+            raise ValueError(
+                f"spec.dataset.sources[].path is required for jsonl sources and only for them (kind {self.kind})"
+            )
         return self
 
 
 class DatasetSpec(Model):
     """Training and held-out tasks."""
 
-    sources: list[DatasetSource] = Field(default_factory=lambda: [DatasetSource(kind="synthetic", size=256)], min_length=1)
+    sources: list[DatasetSource] = Field(
+        default_factory=lambda: [DatasetSource(kind="synthetic", size=256)], min_length=1
+    )
     """Task sources, sampled by weight."""
     held_out_fraction: float = Field(default=0.1, ge=0, lt=1)
     """Fraction of tasks kept for evaluation."""
@@ -657,7 +698,9 @@ class GagarRunSpec(Model):
     def _experts_divide(self) -> GagarRunSpec:
         ep, experts = self.trainer.parallelism.expert, self.model.num_experts
         if experts is not None and experts % ep:
-            raise ValueError(f"spec.trainer.parallelism.expert ({ep}) must divide spec.model.numExperts ({experts})")
+            raise ValueError(
+                f"spec.trainer.parallelism.expert ({ep}) must divide spec.model.numExperts ({experts})"
+            )
         return self
 
 
@@ -665,7 +708,16 @@ class GagarRunSpec(Model):
 class Condition(Model):
     """A Kubernetes-style condition."""
 
-    type: Literal["Ready", "Reconciling", "Stalled", "TrainerReady", "PoolsReady", "Suspended", "Complete", "Failed"]
+    type: Literal[
+        "Ready",
+        "Reconciling",
+        "Stalled",
+        "TrainerReady",
+        "PoolsReady",
+        "Suspended",
+        "Complete",
+        "Failed",
+    ]
     """Condition type."""
     status: Literal["True", "False", "Unknown"]
     """Condition status."""
@@ -740,7 +792,9 @@ class ObjectMeta(BaseModel):
 class GagarRun(Model):
     """A GagarRun manifest: ``apiVersion``, ``kind``, ``metadata``, ``spec`` and ``status``."""
 
-    api_version: Literal["gagar.dev/v1alpha1"] = Field(default=f"{API_GROUP}/{API_VERSION}", alias="apiVersion")
+    api_version: Literal["gagar.dev/v1alpha1"] = Field(
+        default=f"{API_GROUP}/{API_VERSION}", alias="apiVersion"
+    )
     kind: Literal["GagarRun"] = KIND
     metadata: ObjectMeta
     spec: GagarRunSpec

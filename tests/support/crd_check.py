@@ -62,7 +62,9 @@ def crd_errors(obj: dict[str, Any], crd: dict[str, Any], version: str | None = N
     schema = entry["schema"]["openAPIV3Schema"]
     value = apply_defaults(_prune_nulls(copy.deepcopy(obj)), schema)
     validator = jsonschema.Draft4Validator(schema)
-    errors = [f"{'.'.join(map(str, e.absolute_path))}: {e.message}" for e in validator.iter_errors(value)]
+    errors = [
+        f"{'.'.join(map(str, e.absolute_path))}: {e.message}" for e in validator.iter_errors(value)
+    ]
     errors += _unknown_fields(value, schema, "")
     return errors or _cel_errors(value, schema, "")
 
@@ -70,7 +72,11 @@ def crd_errors(obj: dict[str, Any], crd: dict[str, Any], version: str | None = N
 def _unknown_fields(value: Any, schema: dict[str, Any], path: str) -> list[str]:
     """Strict field validation (kubectl's default): unknown fields are errors, not pruned silently."""
     if isinstance(value, list) and isinstance(schema.get("items"), dict):
-        return [e for i, v in enumerate(value) for e in _unknown_fields(v, schema["items"], f"{path}[{i}]")]
+        return [
+            e
+            for i, v in enumerate(value)
+            for e in _unknown_fields(v, schema["items"], f"{path}[{i}]")
+        ]
     if not isinstance(value, dict) or "properties" not in schema:
         return []
     errors = [f"{path}.{k}: unknown field" for k in value if k not in schema["properties"]]

@@ -38,13 +38,17 @@ def _write(tmp_path: Path, name: str, text: str) -> Path:
 
 
 def test_valid_multi_document_file(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    path = _write(tmp_path, "runs.yaml", GOOD + "---\n" + GOOD.replace("name: ok", "name: ok2") + "---\n")
+    path = _write(
+        tmp_path, "runs.yaml", GOOD + "---\n" + GOOD.replace("name: ok", "name: ok2") + "---\n"
+    )
     assert main(["validate", str(path)]) == 0
     out = capsys.readouterr().out
     assert f"{path}[0]" in out and f"{path}[1]" in out
 
 
-def test_every_problem_is_printed_with_location(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_every_problem_is_printed_with_location(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     path = _write(tmp_path, "runs.yaml", GOOD + "---\n" + BAD)
     assert main(["validate", str(path)]) == 1
     err = capsys.readouterr().err
@@ -62,7 +66,9 @@ def test_every_problem_is_printed_with_location(tmp_path: Path, capsys: pytest.C
         ("", "no YAML documents"),
     ],
 )
-def test_clear_errors_for_non_runs(tmp_path: Path, capsys: pytest.CaptureFixture[str], text: str, expected: str) -> None:
+def test_clear_errors_for_non_runs(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], text: str, expected: str
+) -> None:
     path = _write(tmp_path, "x.yaml", text)
     assert main(["validate", str(path)]) == 1
     assert expected in capsys.readouterr().err
@@ -75,7 +81,12 @@ def test_unreadable_file(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> 
 
 def test_examples_validate_through_the_installed_command() -> None:
     examples = sorted(str(p) for p in (ROOT / "examples").glob("*.yaml"))
-    done = subprocess.run([sys.executable, "-m", "gagar.cli", "validate", *examples], capture_output=True, text=True, check=False)
+    done = subprocess.run(
+        [sys.executable, "-m", "gagar.cli", "validate", *examples],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
     assert done.returncode == 0, done.stderr
     assert done.stdout.count("is valid") == len(examples)
 

@@ -33,14 +33,22 @@ def test_schema_is_structural() -> None:
             assert banned not in node, f"{path} uses {banned}"
         assert not ("properties" in node and "additionalProperties" in node), path
         for key in ("exclusiveMinimum", "exclusiveMaximum"):
-            assert isinstance(node.get(key, True), bool), f"{path}.{key} must be boolean in OpenAPI 3.0"
+            assert isinstance(node.get(key, True), bool), (
+                f"{path}.{key} must be boolean in OpenAPI 3.0"
+            )
         if node["type"] == "object" and path.count(".") >= 1 and "properties" in node:
             assert node.get("description"), f"{path} has no description"
 
 
 def test_every_spec_field_is_documented() -> None:
     spec = build_crd()["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"]
-    missing = [path for path, node in _walk(spec) if not node.get("description") and ".items" not in path and "additionalProperties" not in path]
+    missing = [
+        path
+        for path, node in _walk(spec)
+        if not node.get("description")
+        and ".items" not in path
+        and "additionalProperties" not in path
+    ]
     assert missing == []
 
 
@@ -54,7 +62,12 @@ def test_crd_basics() -> None:
     assert crd["spec"]["names"]["shortNames"] == ["gr"]
     version = crd["spec"]["versions"][0]
     assert version["subresources"] == {"status": {}}
-    assert {c["name"] for c in version["additionalPrinterColumns"]} >= {"Phase", "Step", "Ready", "Age"}
+    assert {c["name"] for c in version["additionalPrinterColumns"]} >= {
+        "Phase",
+        "Step",
+        "Ready",
+        "Age",
+    }
 
 
 @pytest.mark.parametrize("rel", sorted(GENERATED))

@@ -11,7 +11,7 @@ from gagar.metrics import ALLOWED_LABELS, CATALOGUE, Metrics
 
 UNIT_WORDS = {"seconds", "bytes", "ratio", "total", "versions"}
 # words that imply a unit and therefore need one of the base-unit suffixes
-TIME_OR_SIZE = re.compile(r"(duration|latency|time|elapsed|size_bytes|memory)")
+TIME_OR_SIZE = re.compile(r"(duration|latency|_time(_|$)|elapsed|memory)")
 
 
 @pytest.mark.parametrize("name", sorted(CATALOGUE))
@@ -19,12 +19,16 @@ def test_name_is_clean(name: str) -> None:
     d = CATALOGUE[name]
     assert re.fullmatch(r"gagar_[a-z][a-z0-9_]*", name), "prefix gagar_, snake case, no colons"
     assert "__" not in name and not name.endswith("_")
-    assert (d.kind == "counter") == name.endswith("_total"), "counters and only counters end in _total"
+    assert (d.kind == "counter") == name.endswith("_total"), (
+        "counters and only counters end in _total"
+    )
     if TIME_OR_SIZE.search(name):
         assert name.endswith(("_seconds", "_bytes")), "durations and sizes carry their base unit"
     for bad in ("_ms", "_milliseconds", "_minutes", "_kb", "_mb", "_percent"):
         assert bad not in name, "base units only"
-    assert set(d.labels) <= ALLOWED_LABELS, f"labels outside the allow-list: {set(d.labels) - ALLOWED_LABELS}"
+    assert set(d.labels) <= ALLOWED_LABELS, (
+        f"labels outside the allow-list: {set(d.labels) - ALLOWED_LABELS}"
+    )
     assert d.doc.strip()
 
 
