@@ -73,4 +73,4 @@ class GradVarianceTracker:
         if reduce is not None:
             stats = reduce(stats)
         s2, m, g2 = (float(x) for x in stats)
-        return trace_covariance(s2, g2, int(round(m))), g2**0.5
+        return trace_covariance(s2, g2, round(m)), g2**0.5
