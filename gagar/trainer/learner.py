@@ -22,7 +22,14 @@ import torch
 from torch import Tensor
 
 from gagar.trainer.gradvar import GradVarianceTracker
-from gagar.trainer.loss import GlobalCounts, LossConfig, PolicyBatch, global_counts, policy_loss, prompt_token_counts
+from gagar.trainer.loss import (
+    GlobalCounts,
+    LossConfig,
+    PolicyBatch,
+    global_counts,
+    policy_loss,
+    prompt_token_counts,
+)
 
 
 @dataclass(frozen=True)
@@ -39,7 +46,9 @@ class Sample:
 class PolicyModel(Protocol):
     def parameters(self) -> Iterator[torch.nn.Parameter]: ...
 
-    def token_logprobs(self, input_ids: Tensor, attention_mask: Tensor) -> tuple[Tensor, Tensor | None]:
+    def token_logprobs(
+        self, input_ids: Tensor, attention_mask: Tensor
+    ) -> tuple[Tensor, Tensor | None]:
         """``(logp, entropy)``, both (B, T): ``logp[:, t] = log π(x_t | x_<t)`` (0 at t = 0);
         entropy of the predictive distribution at t, or None when not available (e.g. TP > 1)."""
         ...
@@ -87,7 +96,9 @@ def _check(samples: list[Sample]) -> None:
     for i, s in enumerate(samples):
         lengths = {len(s.token_ids), len(s.loss_mask), len(s.rollout_logprobs), len(s.advantages)}
         if len(lengths) != 1:
-            raise ValueError(f"sample {i}: token_ids, loss_mask, rollout_logprobs and advantages differ in length")
+            raise ValueError(
+                f"sample {i}: token_ids, loss_mask, rollout_logprobs and advantages differ in length"
+            )
         if s.loss_mask and s.loss_mask[0]:
             raise ValueError(f"sample {i}: the first token has no context and cannot be trained")
         if not all(math.isfinite(a) for a in s.advantages):
@@ -97,7 +108,13 @@ def _check(samples: list[Sample]) -> None:
 class Learner:
     """Owns the optimizer; ``update(samples)`` runs one optimizer step and returns metrics."""
 
-    def __init__(self, model: PolicyModel, optimizer: torch.optim.Optimizer, cfg: LearnerConfig, reduce: Callable[[Tensor], Tensor] | None = None) -> None:
+    def __init__(
+        self,
+        model: PolicyModel,
+        optimizer: torch.optim.Optimizer,
+        cfg: LearnerConfig,
+        reduce: Callable[[Tensor], Tensor] | None = None,
+    ) -> None:
         self.model, self.optimizer, self.cfg, self.reduce = model, optimizer, cfg, reduce
 
     def _counts(self, samples: list[Sample]) -> tuple[GlobalCounts, Tensor]:
@@ -106,7 +123,11 @@ class Learner:
         groups = torch.tensor([s.group for s in samples])
         counts = global_counts(mask, groups)
         if self.reduce is not None:  # data parallel: every rank normalizes by the global numbers
-            total = self.reduce(torch.tensor([counts.num_tokens, counts.num_seqs, counts.num_prompts], dtype=torch.float64))
+            total = self.reduce(
+                torch.tensor(
+                    [counts.num_tokens, counts.num_seqs, counts.num_prompts], dtype=torch.float64
+                )
+            )
             counts = GlobalCounts(*(float(x) for x in total))
         return counts, prompt_token_counts(mask, groups)
 
@@ -130,10 +151,18 @@ class Learner:
             self.optimizer.zero_grad(set_to_none=True)
             raise FloatingPointError(f"non-finite gradient norm {grad_norm}: update skipped")
         self.optimizer.step()
-        totals.update(grad_norm=grad_norm, gradient_variance=variance, gradient_mean_norm=mean_norm, tokens_trained=counts.num_tokens, micro_batches=float(tracker.num_micro))
+        totals.update(
+            grad_norm=grad_norm,
+            gradient_variance=variance,
+            gradient_mean_norm=mean_norm,
+            tokens_trained=counts.num_tokens,
+            micro_batches=float(tracker.num_micro),
+        )
         return totals
 
-    def _micro_step(self, batch: _MicroBatch, counts: GlobalCounts) -> tuple[Tensor, dict[str, Tensor]]:
+    def _micro_step(
+        self, batch: _MicroBatch, counts: GlobalCounts
+    ) -> tuple[Tensor, dict[str, Tensor]]:
         logp, entropy = self.model.token_logprobs(batch.input_ids, batch.attention)
         policy = PolicyBatch(
             logp=logp,
@@ -146,7 +175,9 @@ class Learner:
         loss, metrics = policy_loss(policy, counts, self.cfg.loss)
         loss.backward()
         if entropy is not None:
-            metrics["entropy"] = torch.where(batch.mask, entropy.detach(), 0).sum() / counts.num_tokens
+            metrics["entropy"] = (
+                torch.where(batch.mask, entropy.detach(), 0).sum() / counts.num_tokens
+            )
         return loss, metrics
 
 
