@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Protocol
 
 import torch
@@ -58,7 +58,7 @@ class PolicyModel(Protocol):
 class LearnerConfig:
     micro_batch_size: int
     grad_clip: float = 1.0
-    loss: LossConfig = LossConfig()
+    loss: LossConfig = field(default_factory=LossConfig)
 
 
 def _pad(rows: list[list[float]] | list[list[int]], width: int, dtype: torch.dtype) -> Tensor:
