@@ -82,7 +82,7 @@ def test_grpo_degenerate_groups_are_zero_not_nan() -> None:
 
 
 def test_eligibility_table() -> None:
-    passed = b([[1, 0], [1, 1], [0, 0], [1, 0], [1, 0, 0][:2], [1, 0]])
+    passed = b([[1, 0], [1, 1], [0, 0], [1, 0], [1, 0], [1, 0]])
     valid = b([[1, 1], [1, 1], [1, 1], [1, 0], [0, 0], [0, 1]])
     assert eligible_groups(passed, valid).tolist() == [True, False, False, False, False, False]
     # a pass that is invalid does not count
@@ -123,7 +123,9 @@ def test_quality_factors_overrides() -> None:
         ([], 2, {"t3": math.nan}, r"\(0, 1\]"),
     ],
 )
-def test_quality_factors_reject_malformed(groups: list, n: int, overrides: dict, match: str) -> None:
+def test_quality_factors_reject_malformed(
+    groups: list, n: int, overrides: dict, match: str
+) -> None:
     with pytest.raises(ValueError, match=match):
         quality_factors(groups, n, **overrides)
 
@@ -181,10 +183,27 @@ def test_nonpositive_mass_falls_back() -> None:
     torch.testing.assert_close(res.adv, t([[-0.5, 0.5]]))
 
 
+def test_negative_pass_sum_falls_back_even_with_positive_mass() -> None:
+    # shaped rewards: passes 2 and -1.5, failure 0.5 -> A = [5/3, -11/6, 1/6], Σ_P A = -1/6 < 0
+    # while Σ_P f·A = 5/3 - 11/30 > 0: λ would be negative and flip every pass (departure 1)
+    r, passed = t([[2.0, -1.5, 0.5]]), b([[True, True, False]])
+    res = gar_advantages_with_stats(
+        r, passed, b([[1, 1, 1]]), t([[1.0, 0.2, 1.0]]), b([True]), no_hacks((1, 3))
+    )
+    assert res.fallback.tolist() == [Fallback.NONPOSITIVE_MASS]
+    assert torch.equal(res.adv, res.adv_before)
+    torch.testing.assert_close(res.adv, t([[5 / 3, -11 / 6, 1 / 6]]))
+
+
 def test_fallback_reasons() -> None:
     r = t([[1, 0], [1, 1], [1, 0]])
     res = gar_advantages_with_stats(
-        r, r > 0, torch.ones(3, 2, dtype=torch.bool), t([[0.5, 1]] * 3), b([1, 1, 0]), no_hacks((3, 2))
+        r,
+        r > 0,
+        torch.ones(3, 2, dtype=torch.bool),
+        t([[0.5, 1]] * 3),
+        b([1, 1, 0]),
+        no_hacks((3, 2)),
     )
     assert res.fallback.tolist() == [Fallback.NONE, Fallback.INELIGIBLE, Fallback.UNUSABLE]
     assert res.eligible.tolist() == [True, False, True]
@@ -372,7 +391,9 @@ def test_pass_sum_preserved_unless_capped(batch: dict[str, torch.Tensor]) -> Non
 
 @PROPS
 @given(gar_batches(), st.booleans())
-def test_ineligible_and_unusable_equal_plain_grpo(batch: dict[str, torch.Tensor], std: bool) -> None:
+def test_ineligible_and_unusable_equal_plain_grpo(
+    batch: dict[str, torch.Tensor], std: bool
+) -> None:
     res = _stats(batch, std_normalize=std)
     zeroed = torch.where(batch["hacks"], 0, batch["rewards"])
     plain = grpo_advantages(zeroed, batch["valid"], std_normalize=std)
@@ -457,7 +478,9 @@ def trl_grpo(rewards: torch.Tensor, num_generations: int, scale_rewards: bool):
 @settings(max_examples=40, deadline=None)
 @given(st.integers(1, 5), st.integers(2, 8), st.booleans(), st.randoms(use_true_random=False))
 def test_plain_path_equals_verl_and_trl(g: int, n: int, std: bool, rnd) -> None:
-    rewards = torch.tensor([[rnd.choice([0.0, 1.0, rnd.uniform(-1, 2)]) for _ in range(n)] for _ in range(g)])
+    rewards = torch.tensor(
+        [[rnd.choice([0.0, 1.0, rnd.uniform(-1, 2)]) for _ in range(n)] for _ in range(g)]
+    )
     valid = torch.ones(g, n, dtype=torch.bool)
     flat = rewards.reshape(-1)
     ours = grpo_advantages(rewards, valid, std_normalize=std).reshape(-1)
@@ -466,7 +489,12 @@ def test_plain_path_equals_verl_and_trl(g: int, n: int, std: bool, rnd) -> None:
     torch.testing.assert_close(ours_trl, trl_grpo(flat, n, std))
     # GAGAR with no usable ranking is exactly that plain path
     plain = gar_advantages(
-        rewards, rewards > 0.5, valid, torch.ones(g, n), torch.zeros(g, dtype=torch.bool), no_hacks((g, n))
+        rewards,
+        rewards > 0.5,
+        valid,
+        torch.ones(g, n),
+        torch.zeros(g, dtype=torch.bool),
+        no_hacks((g, n)),
     )
     torch.testing.assert_close(plain.reshape(-1), trl_grpo(flat, n, False))
 
@@ -504,20 +532,28 @@ def test_length_penalty_only_above_pass_rate() -> None:
 )
 def test_length_penalty_rejects(kwargs: dict, lengths: torch.Tensor, match: str) -> None:
     with pytest.raises(ValueError, match=match):
-        length_penalty(t([[1, 1, 0]]), b([[1, 1, 0]]), b([[1, 1, 1]]), lengths, LengthPenalty(**kwargs))
+        length_penalty(
+            t([[1, 1, 0]]), b([[1, 1, 0]]), b([[1, 1, 1]]), lengths, LengthPenalty(**kwargs)
+        )
 
 
 @PROPS
 @given(gar_batches(), st.integers(1, 2), st.randoms(use_true_random=False))
 def test_length_penalty_matches_reference(batch: dict[str, torch.Tensor], k: int, rnd) -> None:
     g, n = batch["rewards"].shape
-    lengths = torch.tensor([[[rnd.randint(0, 40) for _ in range(k)] for _ in range(n)] for _ in range(g)])
+    lengths = torch.tensor(
+        [[[rnd.randint(0, 40) for _ in range(k)] for _ in range(n)] for _ in range(g)]
+    )
     rewards = torch.where(batch["valid"], batch["rewards"], 0)
     out = length_penalty(rewards, batch["passed"], batch["valid"], lengths)
     expected = [
         ref.length_penalty_group(r, p, v, ll)
         for r, p, v, ll in zip(
-            rewards.tolist(), batch["passed"].tolist(), batch["valid"].tolist(), lengths.tolist(), strict=True
+            rewards.tolist(),
+            batch["passed"].tolist(),
+            batch["valid"].tolist(),
+            lengths.tolist(),
+            strict=True,
         )
     ]
     torch.testing.assert_close(out, t(expected))
@@ -536,7 +572,9 @@ def test_segment_shaping_hand_vector() -> None:
     flagged[:, 0] = True
     out = segment_shaping(adv, mask, flagged, torch.tensor([7, 7]))
     # α = 1 + 1/4, β = 1 − (2−1)·1/4; flagged: 0 and ×2
-    torch.testing.assert_close(out, t([[0, 1.25, 1.25, 1.25, 1.25], [-2, -0.75, -0.75, -0.75, -0.75]]))
+    torch.testing.assert_close(
+        out, t([[0, 1.25, 1.25, 1.25, 1.25], [-2, -0.75, -0.75, -0.75, -0.75]])
+    )
 
 
 def test_segment_shaping_caps_and_degenerate_sides() -> None:
@@ -545,18 +583,48 @@ def test_segment_shaping_caps_and_degenerate_sides() -> None:
     out = segment_shaping(t([1.0, -1.0]), mask, flagged, torch.tensor([0, 0]))
     torch.testing.assert_close(out, t([[1, 1], [-2, -0.5]]))
     flagged = b([[1, 0], [1, 0]])
-    out = segment_shaping(t([1.0, -1.0]), mask, flagged, torch.tensor([0, 0]), SegmentShaping(alpha_max=1.5, beta_min=0.8))
+    out = segment_shaping(
+        t([1.0, -1.0]),
+        mask,
+        flagged,
+        torch.tensor([0, 0]),
+        SegmentShaping(alpha_max=1.5, beta_min=0.8),
+    )
     torch.testing.assert_close(out, t([[0, 1.5], [-2, -0.8]]))
 
 
 @pytest.mark.parametrize(
     ("adv", "mask", "flagged", "gids", "match"),
     [
-        (t([1.0, math.nan]), torch.ones(2, 2, dtype=torch.bool), no_hacks((2, 2)), torch.tensor([0, 0]), "non-finite"),
-        (t([1.0, 1.0, 1.0]), torch.ones(2, 2, dtype=torch.bool), no_hacks((2, 2)), torch.tensor([0, 0]), "adv has shape"),
+        (
+            t([1.0, math.nan]),
+            torch.ones(2, 2, dtype=torch.bool),
+            no_hacks((2, 2)),
+            torch.tensor([0, 0]),
+            "non-finite",
+        ),
+        (
+            t([1.0, 1.0, 1.0]),
+            torch.ones(2, 2, dtype=torch.bool),
+            no_hacks((2, 2)),
+            torch.tensor([0, 0]),
+            "adv has shape",
+        ),
         (t([1.0, 1.0]), torch.ones(2, 2), no_hacks((2, 2)), torch.tensor([0, 0]), "bool"),
-        (t([1.0, 1.0]), torch.ones(2, 2, dtype=torch.bool), no_hacks((2, 3)), torch.tensor([0, 0]), "flagged"),
-        (t([1.0, 1.0]), torch.ones(2, 2, dtype=torch.bool), no_hacks((2, 2)), t([0, 0]), "group_ids"),
+        (
+            t([1.0, 1.0]),
+            torch.ones(2, 2, dtype=torch.bool),
+            no_hacks((2, 3)),
+            torch.tensor([0, 0]),
+            "flagged",
+        ),
+        (
+            t([1.0, 1.0]),
+            torch.ones(2, 2, dtype=torch.bool),
+            no_hacks((2, 2)),
+            t([0, 0]),
+            "group_ids",
+        ),
     ],
 )
 def test_segment_shaping_rejects(adv, mask, flagged, gids, match: str) -> None:
@@ -571,17 +639,23 @@ def token_batches(draw: st.DrawFn) -> tuple[torch.Tensor, ...]:
     per_token = draw(st.booleans())
     vals = st.floats(-2, 2, allow_nan=False, width=32)
     shape = (n, T) if per_token else (n,)
-    adv = torch.tensor(draw(st.lists(vals, min_size=math.prod(shape), max_size=math.prod(shape))), dtype=F64)
+    adv = torch.tensor(
+        draw(st.lists(vals, min_size=math.prod(shape), max_size=math.prod(shape))), dtype=F64
+    )
     bits = st.lists(st.booleans(), min_size=n * T, max_size=n * T)
     mask = torch.tensor(draw(bits), dtype=torch.bool).reshape(n, T)
     flagged = torch.tensor(draw(bits), dtype=torch.bool).reshape(n, T)
-    gids = torch.tensor(draw(st.lists(st.integers(0, 3), min_size=n, max_size=n)), dtype=torch.int64)
+    gids = torch.tensor(
+        draw(st.lists(st.integers(0, 3), min_size=n, max_size=n)), dtype=torch.int64
+    )
     return adv.reshape(shape), mask, flagged, gids
 
 
 @PROPS
 @given(token_batches(), st.sampled_from([SegmentShaping(), SegmentShaping(3.0, 1.2, 0.9)]))
-def test_segment_shaping_properties(batch: tuple[torch.Tensor, ...], params: SegmentShaping) -> None:
+def test_segment_shaping_properties(
+    batch: tuple[torch.Tensor, ...], params: SegmentShaping
+) -> None:
     adv, mask, flagged, gids = batch
     out = segment_shaping(adv, mask, flagged, gids, params)
     full = (adv[:, None].expand_as(mask) if adv.dim() == 1 else adv).clone()
@@ -589,7 +663,9 @@ def test_segment_shaping_properties(batch: tuple[torch.Tensor, ...], params: Seg
     assert (out[~mask] == 0).all() and (out * a >= 0).all()  # no sign flips
     for g in gids.unique().tolist():
         rows = gids == g
-        expected = ref.segment_group(a[rows].tolist(), mask[rows].tolist(), flagged[rows].tolist(), **vars(params))
+        expected = ref.segment_group(
+            a[rows].tolist(), mask[rows].tolist(), flagged[rows].tolist(), **vars(params)
+        )
         torch.testing.assert_close(out[rows], t(expected).reshape(out[rows].shape))
         ag, og, fg = a[rows], out[rows], flagged[rows] & mask[rows]
         h_pos, c_pos = ag[(ag > 0) & fg].sum(), ag[(ag > 0) & ~fg].sum()
