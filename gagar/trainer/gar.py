@@ -293,7 +293,11 @@ def gar_advantages_with_stats(  # noqa: PLR0913 - public API fixed by the issue
     fallback = torch.where(
         ~eligible,
         int(Fallback.INELIGIBLE),
-        torch.where(~usable, int(Fallback.UNUSABLE), torch.where(apply, 0, 3)),
+        torch.where(
+            ~usable,
+            int(Fallback.UNUSABLE),
+            torch.where(apply, int(Fallback.NONE), int(Fallback.NONPOSITIVE_MASS)),
+        ),
     )  # (G,)
     return GarResult(
         adv=torch.where(apply[:, None], recentred, adv),

@@ -181,7 +181,7 @@ def _prompt_mean(loss: Tensor, mask: Tensor, ctx: _AggContext) -> Tensor:
     return per_seq.sum() / ctx.counts.num_prompts
 
 
-AGGREGATORS: dict[str, Aggregator] = {
+AGGREGATORS: dict[AggMode, Aggregator] = {
     "token-mean": _token_mean,
     "seq-mean-token-mean": _seq_mean_token_mean,
     "seq-mean-token-sum-norm": _seq_mean_token_sum_norm,
