@@ -47,7 +47,9 @@ class Image(Values):
 class Resources(Values):
     """Compute resources of the operator container."""
 
-    requests: dict[str, Quantity] = Field(default_factory=lambda: {"cpu": "100m", "memory": "256Mi"})
+    requests: dict[str, Quantity] = Field(
+        default_factory=lambda: {"cpu": "100m", "memory": "256Mi"}
+    )
     """Requested resources."""
     limits: dict[str, Quantity] = Field(default_factory=lambda: {"memory": "512Mi"})
     """Resource limits."""
@@ -187,7 +189,11 @@ def values_schema() -> dict[str, Any]:
     raw = ChartValues.model_json_schema(by_alias=True, mode="validation")
     schema = _inline(raw, raw.get("$defs", {}))
     schema["properties"]["watchNamespaces"]["items"]["pattern"] = NAMESPACE
-    return {"$schema": "http://json-schema.org/draft-07/schema#", "title": "gagar chart values", **schema}
+    return {
+        "$schema": "http://json-schema.org/draft-07/schema#",
+        "title": "gagar chart values",
+        **schema,
+    }
 
 
 def default_values() -> dict[str, Any]:
@@ -222,7 +228,9 @@ def _wrap(text: str, width: int) -> list[str]:
 
 def values_yaml() -> str:
     """values.yaml: every default, each key preceded by its description."""
-    header = "# Default values of the gagar chart. Generated from gagar/chart_values.py: do not edit.\n"
+    header = (
+        "# Default values of the gagar chart. Generated from gagar/chart_values.py: do not edit.\n"
+    )
     return header + "\n".join(_values_lines(ChartValues, default_values(), 0)) + "\n"
 
 

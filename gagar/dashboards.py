@@ -49,7 +49,9 @@ def quantile(q: float, name: str, by: str = BY, sel: str = SEL) -> tuple[str, st
     bucket = metric(name, "_bucket")
     return (
         f"histogram_quantile({q}, sum by ({by}, le) (rate({bucket}{{{sel}}}[{RATE}])))",
-        f"p{round(q * 100)} {{{{run}}}}" if by == BY else f"p{round(q * 100)} " + "{{" + by.split(", ")[-1] + "}}",
+        f"p{round(q * 100)} {{{{run}}}}"
+        if by == BY
+        else f"p{round(q * 100)} " + "{{" + by.split(", ")[-1] + "}}",
     )
 
 
@@ -197,7 +199,10 @@ def rl_health() -> Dashboard:
                     Panel("Loss", [gauge("gagar_loss")]),
                     Panel(
                         "KL and entropy",
-                        [gauge("gagar_kl", "KL {{run}}"), gauge("gagar_entropy", "entropy {{run}}")],
+                        [
+                            gauge("gagar_kl", "KL {{run}}"),
+                            gauge("gagar_entropy", "entropy {{run}}"),
+                        ],
                     ),
                     Panel("Clip ratio", [gauge("gagar_clip_ratio")], "percentunit"),
                 ],
@@ -433,11 +438,21 @@ def _panel_json(p: Panel, pid: int, pos: dict[str, int]) -> dict[str, Any]:
 def _layout(d: Dashboard) -> list[dict[str, Any]]:
     panels, pid, y = [], 1, 0
     for title, row in d.rows:
-        panels.append({"id": pid, "type": "row", "title": title, "collapsed": False,
-                       "gridPos": {"h": 1, "w": 24, "x": 0, "y": y}, "panels": []})
+        panels.append(
+            {
+                "id": pid,
+                "type": "row",
+                "title": title,
+                "collapsed": False,
+                "gridPos": {"h": 1, "w": 24, "x": 0, "y": y},
+                "panels": [],
+            }
+        )
         pid, y = pid + 1, y + 1
         for i, p in enumerate(row):
-            panels.append(_panel_json(p, pid, {"h": 8, "w": 12, "x": 12 * (i % 2), "y": y + 8 * (i // 2)}))
+            panels.append(
+                _panel_json(p, pid, {"h": 8, "w": 12, "x": 12 * (i % 2), "y": y + 8 * (i // 2)})
+            )
             pid += 1
         y += 8 * ((len(row) + 1) // 2)
     return panels
@@ -475,8 +490,14 @@ def dashboard_json(d: Dashboard) -> dict[str, Any]:
         "annotations": {"list": []},
         "templating": {
             "list": [
-                {"name": "datasource", "type": "datasource", "query": "prometheus",
-                 "current": {}, "hide": 0, "label": "Prometheus"},
+                {
+                    "name": "datasource",
+                    "type": "datasource",
+                    "query": "prometheus",
+                    "current": {},
+                    "hide": 0,
+                    "label": "Prometheus",
+                },
                 _variable("namespace", f"label_values({step}, namespace)"),
                 _variable("run", f'label_values({step}{{namespace=~"$namespace"}}, run)'),
             ]
