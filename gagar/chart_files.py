@@ -6,6 +6,7 @@ test fail on drift). Pure: each entry is a function returning the file's text.
 
 from __future__ import annotations
 
+import functools
 import json
 from collections.abc import Callable
 
@@ -64,5 +65,5 @@ def chart_files() -> dict[str, Callable[[], str]]:
     }
     for build in DASHBOARDS:
         uid = build().uid
-        files[f"{CHART}/dashboards/{uid}.json"] = lambda build=build: dashboard_text(build)
+        files[f"{CHART}/dashboards/{uid}.json"] = functools.partial(dashboard_text, build)
     return files

@@ -45,23 +45,23 @@ def rate(name: str, by: str = BY, legend: str = "{{run}}", sel: str = SEL) -> tu
     return f"sum by ({by}) (rate({metric(name)}{{{sel}}}[{RATE}]))", legend
 
 
+def _legend(prefix: str, by: str) -> str:
+    """Legend naming the innermost grouping label (``run`` unless grouped further)."""
+    return f"{prefix} {{{{{by.split(', ')[-1]}}}}}"
+
+
 def quantile(q: float, name: str, by: str = BY, sel: str = SEL) -> tuple[str, str]:
     bucket = metric(name, "_bucket")
-    return (
-        f"histogram_quantile({q}, sum by ({by}, le) (rate({bucket}{{{sel}}}[{RATE}])))",
-        f"p{round(q * 100)} {{{{run}}}}"
-        if by == BY
-        else f"p{round(q * 100)} " + "{{" + by.split(", ")[-1] + "}}",
-    )
+    expr = f"histogram_quantile({q}, sum by ({by}, le) (rate({bucket}{{{sel}}}[{RATE}])))"
+    return expr, _legend(f"p{round(q * 100)}", by)
 
 
 def hist_mean(name: str, by: str = BY, sel: str = SEL) -> tuple[str, str]:
     s, c = metric(name, "_sum"), metric(name, "_count")
-    legend = "mean {{run}}" if by == BY else "mean {{" + by.split(", ")[-1] + "}}"
-    return (
-        f"sum by ({by}) (rate({s}{{{sel}}}[{RATE}])) / sum by ({by}) (rate({c}{{{sel}}}[{RATE}]))",
-        legend,
+    expr = (
+        f"sum by ({by}) (rate({s}{{{sel}}}[{RATE}])) / sum by ({by}) (rate({c}{{{sel}}}[{RATE}]))"
     )
+    return expr, _legend("mean", by)
 
 
 def by_stage(name: str) -> tuple[str, str]:
@@ -415,7 +415,7 @@ DATASOURCE = {"type": "prometheus", "uid": "${datasource}"}
 
 
 def _panel_json(p: Panel, pid: int, pos: dict[str, int]) -> dict[str, Any]:
-    targets = [
+    targets: list[dict[str, Any]] = [
         {"refId": chr(ord("A") + i), "datasource": DATASOURCE, "expr": expr, "legendFormat": legend}
         for i, (expr, legend) in enumerate(p.targets)
     ]
