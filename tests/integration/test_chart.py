@@ -101,7 +101,7 @@ def test_operator_deployment_is_hardened() -> None:
     (c,) = pod["containers"]
     assert c["image"] == "ghcr.io/gagar-dev/gagar-operator:0.1.0"
     assert c["command"] == ["gagar"] and c["args"][0] == "operator"
-    assert "--all-namespaces" in c["args"]
+    assert "--standalone" in c["args"] and not any(a.startswith("--namespace") for a in c["args"])
     assert pod["securityContext"]["runAsNonRoot"] is True
     assert pod["securityContext"]["runAsUser"] != 0
     assert c["securityContext"]["readOnlyRootFilesystem"] is True
@@ -186,7 +186,6 @@ def test_namespaced_scope_when_namespaces_are_listed() -> None:
         assert binding["subjects"][0]["namespace"] == "gagar-system"
     args = by_kind(objs, "Deployment")[0]["spec"]["template"]["spec"]["containers"][0]["args"]
     assert "--namespace=team-a" in args and "--namespace=team-b" in args
-    assert "--all-namespaces" not in args
     assert not {"namespaces", "customresourcedefinitions"} & {
         r for _, r, _ in granted(rules_of(objs))
     }
@@ -312,3 +311,64 @@ def test_kustomize_base_matches_the_chart() -> None:
     # (1e-06) in a form PyYAML reads as strings, so compare identity here, not every default
     crd = by_kind(plain, "CustomResourceDefinition")[0]
     assert crd["spec"]["names"] == by_kind(chart, "CustomResourceDefinition")[0]["spec"]["names"]
+
+
+# ---------------------------------------------------------------- contract with the operator
+# These run once the operator (gagar.operator.cli / builders) is merged next to the chart.
+def operator_parser():
+    from gagar.cli import build_parser
+
+    parser = build_parser()
+    sub = next(a for a in parser._actions if a.dest == "command")
+    if "operator" not in sub.choices:
+        pytest.skip("the `gagar operator` command is not on this branch yet")
+    return parser
+
+
+@pytest.mark.parametrize("namespaces", [[], ["team-a"], ["team-a", "team-b"]])
+def test_operator_cli_accepts_the_rendered_args(namespaces: list[str]) -> None:
+    parser = operator_parser()
+    extra = ["--set", "watchNamespaces={" + ",".join(namespaces) + "}"] if namespaces else []
+    (c,) = by_kind(helm_template(*extra), "Deployment")[0]["spec"]["template"]["spec"]["containers"]
+    args = parser.parse_args(c["args"])
+    watched = args.namespace if isinstance(args.namespace, list) else [args.namespace]
+    assert sorted(n for n in watched if n) == sorted(namespaces), (
+        "every listed namespace is watched"
+    )
+    assert args.metrics_port == 9400 and args.standalone
+
+
+def covers(have: set[tuple[str, str, str]], group: str, resource: str, verbs: set[str]) -> bool:
+    return all((group, resource, v) in have for v in verbs)
+
+
+def test_operator_holds_every_permission_it_grants_and_every_kind_it_creates() -> None:
+    """RBAC forbids granting what one lacks: the trainer Role's rules must be the operator's too."""
+    builders = pytest.importorskip("gagar.operator.builders")
+    if not hasattr(builders, "build_all"):
+        pytest.skip("the operator builders are not on this branch yet")
+    from gagar.manifest import load_files
+
+    have = granted(
+        rules_of(
+            helm_template(
+                *[f"--set=integrations.{k}=true" for k in ("keda", "jobset", "prometheusOperator")]
+            )
+        )
+    )
+    for _, _, run_ in load_files([str(p) for p in sorted((ROOT / "examples").glob("*.yaml"))]).runs:
+        for child in builders.build_all(run_):
+            for rule in child.get("rules", []) if child["kind"] == "Role" else []:
+                for g in rule["apiGroups"]:
+                    for r in rule["resources"]:
+                        assert covers(have, g, r, set(rule["verbs"])), (
+                            child["metadata"]["name"],
+                            rule,
+                        )
+    for api_version, kind in builders.CHILD_KINDS:
+        group = api_version.rpartition("/")[0]
+        plural = kind.lower() + ("es" if kind.endswith("s") else "s")
+        plural = {"networkpolicys": "networkpolicies"}.get(plural, plural)
+        assert covers(have, group, plural, {"get", "list", "watch", "create", "patch", "delete"}), (
+            kind
+        )

@@ -68,6 +68,11 @@ ServiceAccounts grant a subset of these (Kubernetes forbids granting what the op
 - apiGroups: [""]
   resources: ["pods"]
   verbs: ["get", "list", "watch"]
+# read-only: the trainer's Role grants it (trainer ranks find each other), and RBAC lets the
+# operator grant only what it holds itself
+- apiGroups: ["discovery.k8s.io"]
+  resources: ["endpointslices"]
+  verbs: ["get", "list", "watch"]
 - apiGroups: [""]
   resources: ["events"]
   verbs: ["create", "patch"]
