@@ -125,11 +125,12 @@ class OperatorValues(Values):
     image: Image = Field(default_factory=Image)
     """Operator image."""
     log_level: Literal["debug", "info", "warning", "error"] = "info"
-    """Log level."""
+    """Log level (passed as ``GAGAR_LOG_LEVEL``)."""
     metrics_port: int = Field(default=9400, ge=1024, le=65535)
     """Port of ``/metrics``."""
     health_port: int = Field(default=8080, ge=1024, le=65535)
-    """Port of the liveness/readiness endpoint ``/healthz``."""
+    """Port of kopf's liveness endpoint ``/healthz`` (``--health-port``), probed for liveness
+    and readiness."""
     resources: Resources = Field(default_factory=Resources)
     """Resources of the operator container."""
     node_selector: dict[str, str] = Field(default_factory=dict)
