@@ -139,3 +139,27 @@ def test_reference_scan_finds_unknown_images(tmp_path: Path) -> None:
     refs = scan(tmp_path)
     assert len(refs) == 2
     assert missing_recipes(refs) == [REGISTRY + "gagar-nonexistent:0.1.0"]
+
+
+@pytest.mark.parametrize("path", DOCKERFILES, ids=lambda p: p.parent.name)
+def test_base_images_are_pinned(path: Path) -> None:
+    parents = DockerfileParser(str(path)).parent_images
+    assert parents
+    for image in parents:
+        name, _, tag = image.rpartition(":")
+        assert name and tag and tag != "latest" and "$" not in image, (
+            f"{path}: unpinned base {image}"
+        )
+
+
+def test_trainer_is_cuda_and_rollout_is_vllm() -> None:
+    assert (
+        DockerfileParser(str(IMAGES / "trainer/Dockerfile"))
+        .parent_images[-1]
+        .startswith("nvidia/cuda:")
+    )
+    assert (
+        DockerfileParser(str(IMAGES / "rollout/Dockerfile"))
+        .parent_images[-1]
+        .startswith("vllm/vllm-openai:")
+    )
