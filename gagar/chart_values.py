@@ -190,6 +190,11 @@ def values_schema() -> dict[str, Any]:
     raw = ChartValues.model_json_schema(by_alias=True, mode="validation")
     schema = _inline(raw, raw.get("$defs", {}))
     schema["properties"]["watchNamespaces"]["items"]["pattern"] = NAMESPACE
+    # Helm passes a parent chart's `global` values to subcharts; accept them when gagar is one.
+    schema["properties"]["global"] = {
+        "type": "object",
+        "description": "Global values of a parent chart.",
+    }
     return {
         "$schema": "http://json-schema.org/draft-07/schema#",
         "title": "gagar chart values",
@@ -246,7 +251,7 @@ def _rows(node: dict[str, Any], data: dict[str, Any], prefix: str) -> list[tuple
         if "enum" in sub:
             kind = " \\| ".join(f"`{v}`" for v in sub["enum"])
         doc = sub.get("description", "").replace("|", "\\|")
-        rows.append((path, kind, _yaml_scalar(data[key]), doc))
+        rows.append((path, kind, _yaml_scalar(data.get(key, {})), doc))
     return rows
 
 

@@ -372,3 +372,19 @@ def test_operator_holds_every_permission_it_grants_and_every_kind_it_creates() -
         assert covers(have, group, plural, {"get", "list", "watch", "create", "patch", "delete"}), (
             kind
         )
+
+
+def test_works_as_a_subchart_with_global_values(tmp_path: Path) -> None:
+    import shutil
+
+    shutil.copytree(CHART, tmp_path / "charts/gagar")
+    (tmp_path / "Chart.yaml").write_text(
+        "apiVersion: v2\nname: platform\nversion: 1.0.0\n"
+        "dependencies:\n  - name: gagar\n    version: 0.1.0\n"
+    )
+    (tmp_path / "values.yaml").write_text(
+        "global:\n  imageRegistry: example.com\ngagar:\n  watchNamespaces: [ml]\n"
+    )
+    run([tool("helm"), "lint", "--strict", tmp_path])
+    out = run([tool("helm"), "template", "p", tmp_path]).stdout
+    assert "kind: Role\n" in out and "kind: ClusterRole\n" not in out
