@@ -244,7 +244,7 @@ def pools() -> Dashboard:
     return Dashboard(
         "gagar-pools",
         "gagar / Pools",
-        "Grader pool replicas, queue depth, requests and latency.",
+        "Pool replicas, queue depth, requests and latency.",
         [
             (
                 "Grader pool",
@@ -278,6 +278,29 @@ def pools() -> Dashboard:
                         "Grading timeouts",
                         [rate("gagar_grader_timeouts_total", f"{BY}, pool", "{{pool}}")],
                         "ops",
+                    ),
+                ],
+            ),
+            (
+                "Rollout and sandbox pools",
+                [
+                    Panel(
+                        "Rollout requests per pool",
+                        [rate("gagar_rollout_requests_total", f"{BY}, pool", "{{pool}}")],
+                        "reqps",
+                    ),
+                    Panel(
+                        "Sandbox sessions per pool",
+                        [
+                            (
+                                f"sum by ({BY}, pool) ({metric('gagar_sandbox_sessions_active')}{{{SEL}}})",
+                                "active {{pool}}",
+                            ),
+                            (
+                                f"sum by ({BY}, pool) ({metric('gagar_sandbox_warm_pool_size')}{{{SEL}}})",
+                                "warm {{pool}}",
+                            ),
+                        ],
                     ),
                 ],
             ),
