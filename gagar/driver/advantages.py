@@ -71,7 +71,7 @@ def _ranking_inputs(
     )
     overrides = alg.redistribution.quality_factors.model_dump()
     for i, ranking in enumerate(rankings):
-        if ranking is None or ranking.fallback is not None:
+        if ranking is None or ranking.grader == "none":  # "none": the grader gave up (unusable)
             continue
         passes = [j for j in range(n) if passed[i, j] and valid[i, j]]
         if ranking.check_complete(passes) is not None:

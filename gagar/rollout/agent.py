@@ -313,7 +313,7 @@ def _edit_of(turn: Turn) -> tuple[str, str, str] | None:
     args = call.arguments
     if call.name == "edit" and isinstance(args.get("path"), str):
         return args["path"], str(args.get("old", "")), str(args.get("new", ""))
-    if call.name == "create_file" and isinstance(args.get("path"), str):
+    if call.name == "create" and isinstance(args.get("path"), str):
         return args["path"], "", str(args.get("content", ""))
     return None
 

@@ -80,6 +80,11 @@ def test_unusable_rankings_fall_back_to_grpo(ranking: Ranking | None) -> None:
     assert batch.adv[0].tolist() == pytest.approx([0.5, 0.5, -0.5, -0.5])
 
 
+def test_heuristic_fallback_ranking_is_usable() -> None:
+    ranking = RANKING.model_copy(update={"fallback": "timeout"})
+    assert group_advantages([group()], [ranking], NO_LP).usable.tolist() == [True]
+
+
 def test_confirmed_hack_is_zeroed() -> None:
     ranking = Ranking(
         tied_groups=[TiedGroup(tier="T1", members=[0])],

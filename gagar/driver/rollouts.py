@@ -1,0 +1,130 @@
+"""Roll out a group: n agent trajectories on one task, each in its own sandbox, then verified.
+
+Sandbox calls are blocking (subprocesses), so they run in worker threads; the engine calls are
+async HTTP. Concurrency is bounded by one semaphore (``AgentSpec.concurrency``). A sandbox or
+engine failure makes that trajectory *invalid* (dropped from statistics and loss, counted), never
+a failed test.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass
+from typing import Any
+
+from gagar.driver.advantages import Rollout
+from gagar.rollout import agent
+from gagar.rollout.envs import tools as envtools
+from gagar.rollout.envs.task import Task
+from gagar.rollout.envs.verify import verify
+from gagar.sandbox import SessionFactory
+from gagar.wire import Action, Candidate, GradingGroup, ToolStats
+
+SYSTEM_PROMPT = (
+    "You are a careful software engineer. Fix the bug described by the user in the repository. "
+    "Use the tools, change as little as needed, run the tests, then submit."
+)
+STATE_CHANGING = frozenset({"edit", "create", "run"})
+
+
+def task_messages(task: Task) -> list[dict[str, Any]]:
+    listing = "\n".join(sorted(task.repo_files()))
+    user = f"{task.problem_statement}\n\nRepository files:\n{listing}"
+    return [{"role": "system", "content": SYSTEM_PROMPT}, {"role": "user", "content": user}]
+
+
+class SandboxTools:
+    """The agent's ``Tools`` over the environment's tool registry and one sandbox session."""
+
+    def __init__(self, env: envtools.Env) -> None:
+        self.env = env
+
+    def definitions(self) -> list[dict[str, Any]]:
+        return envtools.tool_definitions()
+
+    async def execute(self, call: agent.ToolCall) -> agent.Observation:
+        obs = await asyncio.to_thread(envtools.execute, self.env, {"name": call.name, "arguments": call.arguments})
+        if obs.infra_error:
+            raise agent.SandboxInfraError(obs.infra_error)
+        changed = call.name in STATE_CHANGING and not obs.error
+        return agent.Observation(obs.content, error=obs.error, changed_state=changed, done=obs.submitted)
+
+
+@dataclass
+class GroupResult:
+    task: Task
+    rollouts: list[Rollout]
+    final_files: list[dict[str, str]]
+
+    @property
+    def eligible(self) -> bool:
+        valid = [r for r in self.rollouts if r.valid]
+        return len(valid) >= 2 and any(r.passed for r in valid) and not all(r.passed for r in valid)
+
+
+@dataclass(frozen=True)
+class RolloutConfig:
+    limits: agent.AgentLimits
+    command_timeout: float
+    verify_timeout: float
+
+
+def _text_files(session: Any) -> dict[str, str]:
+    out = {}
+    for path in session.list_files():
+        data = session.read_file(path)
+        try:
+            out[path] = data.decode() if isinstance(data, bytes) else str(data)
+        except UnicodeDecodeError:
+            continue  # binary artefacts are not part of what the grader compares
+    return out
+
+
+def _finish(task: Task, session: Any, factory: SessionFactory, traj: agent.Trajectory, timeout: float) -> tuple[Rollout, dict[str, str]]:
+    """Verify the final repository (blocking) and collect what the grader needs."""
+    if not traj.valid:
+        return Rollout(traj, passed=False, valid=False), {}
+    verdict = verify(task, session, factory, timeout)
+    files = _text_files(session) if verdict.valid else {}
+    patch = session.diff() if verdict.valid else ""
+    rollout = Rollout(traj, passed=verdict.passed, valid=verdict.valid, tampered=bool(verdict.suspected_tampering), patch=patch, test_log=verdict.log)
+    return rollout, files
+
+
+async def rollout_one(task: Task, factory: SessionFactory, engine: agent.Engine, fmt: agent.ChatFormat, cfg: RolloutConfig, seed: int | None) -> tuple[Rollout, dict[str, str]]:
+    session = await asyncio.to_thread(factory.create, files=task.repo_files())
+    try:
+        env = envtools.Env(task, session, command_timeout_s=cfg.command_timeout)
+        traj = await agent.Agent(engine, fmt, SandboxTools(env), cfg.limits, seed).run(task_messages(task))
+        return await asyncio.to_thread(_finish, task, session, factory, traj, cfg.verify_timeout)
+    except Exception as err:  # a sandbox that cannot even be created or verified: infrastructure
+        traj = agent.Trajectory([0], [0.0], [0], 1, [], exit_reason="sandbox_error", exit_detail=str(err))
+        return Rollout(traj, passed=False, valid=False), {}
+    finally:
+        await asyncio.to_thread(session.close)
+
+
+async def rollout_group(task: Task, n: int, factory: SessionFactory, engine: agent.Engine, fmt: agent.ChatFormat, cfg: RolloutConfig, seed: int, limiter: asyncio.Semaphore) -> GroupResult:
+    async def one(i: int) -> tuple[Rollout, dict[str, str]]:
+        async with limiter:
+            return await rollout_one(task, factory, engine, fmt, cfg, seed * 1000 + i)
+
+    results = await asyncio.gather(*(one(i) for i in range(n)))
+    return GroupResult(task, [r for r, _ in results], [f for _, f in results])
+
+
+def grading_group(group: GroupResult) -> GradingGroup:
+    """The grader's view of a group (wire type): base repo, each candidate's final repo and trajectory."""
+    base = {p: d.decode() if isinstance(d, bytes) else d for p, d in group.task.repo_files().items()}
+    candidates = []
+    for i, (r, files) in enumerate(zip(group.rollouts, group.final_files, strict=True)):
+        actions = [
+            Action(tool=t.call.name, arguments=t.call.arguments, observation=(t.observation.text if t.observation else "")[:4000], error=bool(t.observation and t.observation.error))
+            for t in r.trajectory.turns
+            if t.call is not None
+        ]
+        counts = r.trajectory.flag_counts()
+        stats = ToolStats(actions=len(actions), redundant=counts["redundant"], errors=counts["tool_error"], churn=counts["churn"])
+        candidates.append(Candidate(member=i, passed=r.passed, valid=r.valid, files=files or base, patch=r.patch, trajectory=actions, test_log=r.test_log[-4000:], stats=stats))
+    relevant = sorted(group.task.reference_files or {})
+    return GradingGroup(task_id=group.task.instance_id, statement=group.task.problem_statement, base_files=base, candidates=candidates, relevant_files=relevant, test_command=group.task.test_command)
