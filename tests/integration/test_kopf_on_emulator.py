@@ -41,7 +41,12 @@ spec:
 
 
 def toy(name: str, size: int = 3) -> dict:
-    return {"apiVersion": "example.com/v1", "kind": "Toy", "metadata": {"name": name}, "spec": {"size": size}}
+    return {
+        "apiVersion": "example.com/v1",
+        "kind": "Toy",
+        "metadata": {"name": name},
+        "spec": {"size": size},
+    }
 
 
 def make_registry(kube: KubeEmulator, calls: dict[str, list[str]]) -> kopf.OperatorRegistry:
@@ -52,8 +57,12 @@ def make_registry(kube: KubeEmulator, calls: dict[str, list[str]]) -> kopf.Opera
     def create(name: str, namespace: str, spec: dict, body: kopf.Body, **_: object) -> dict:
         with lock:
             calls["create"].append(name)
-        child = {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": f"{name}-child"},
-                 "data": {"size": str(spec["size"])}}
+        child = {
+            "apiVersion": "v1",
+            "kind": "ConfigMap",
+            "metadata": {"name": f"{name}-child"},
+            "data": {"size": str(spec["size"])},
+        }
         kopf.adopt(child, owner=body)
         with kube.api_client() as client:
             CoreV1Api(client).create_namespaced_config_map(namespace, child)
@@ -86,7 +95,9 @@ def test_toy_operator_lifecycle(kube: KubeEmulator) -> None:
         child = kube.wait_for(lambda: kube.find("v1", "ConfigMap", "t1-child"))
         owner = kube.get("example.com/v1", "Toy", "t1")
         assert child["metadata"]["ownerReferences"][0]["uid"] == owner["metadata"]["uid"]
-        kube.wait_for(lambda: (kube.get("example.com/v1", "Toy", "t1").get("status") or {}).get("create"))
+        kube.wait_for(
+            lambda: (kube.get("example.com/v1", "Toy", "t1").get("status") or {}).get("create")
+        )
         toy_obj = kube.get("example.com/v1", "Toy", "t1")
         assert toy_obj["status"]["create"] == {"child": "t1-child"}
         assert "kopf.zalando.org/KopfFinalizerMarker" in toy_obj["metadata"]["finalizers"]

@@ -51,10 +51,19 @@ class Controllers:
             self._held[(namespace, name)] = ready
 
     def succeed_job(self, namespace: str, name: str) -> None:
-        self._set_outcome(namespace, name, ("Complete", "CompletionsReached", "Reached expected number of succeeded pods"))
+        self._set_outcome(
+            namespace,
+            name,
+            ("Complete", "CompletionsReached", "Reached expected number of succeeded pods"),
+        )
 
-    def fail_job(self, namespace: str, name: str, reason: str = "BackoffLimitExceeded",
-                 message: str = "Job has reached the specified backoff limit") -> None:
+    def fail_job(
+        self,
+        namespace: str,
+        name: str,
+        reason: str = "BackoffLimitExceeded",
+        message: str = "Job has reached the specified backoff limit",
+    ) -> None:
         self._set_outcome(namespace, name, ("Failed", reason, message))
 
     def _set_outcome(self, namespace: str, name: str, outcome: tuple[str, str, str]) -> None:
@@ -66,7 +75,9 @@ class Controllers:
     # ----- loop ------------------------------------------------------------------------------
 
     def start(self) -> None:
-        self._thread = threading.Thread(target=self._run, name="kube-emulator-controllers", daemon=True)
+        self._thread = threading.Thread(
+            target=self._run, name="kube-emulator-controllers", daemon=True
+        )
         self._thread.start()
 
     def stop(self) -> None:
@@ -98,10 +109,22 @@ class Controllers:
         rt = self.store.any_type(key)
         self.store.delete(rt, obj["metadata"].get("namespace"), obj["metadata"]["name"], {})
 
-    def _update(self, key: tuple[str, str], obj: dict, mutate, sub: str = "", manager: str = "garbage-collector") -> None:
+    def _update(
+        self,
+        key: tuple[str, str],
+        obj: dict,
+        mutate,
+        sub: str = "",
+        manager: str = "garbage-collector",
+    ) -> None:
         rt = self.store.any_type(key)
-        self.store.write(rt, obj["metadata"].get("namespace"), obj["metadata"]["name"], mutate,
-                         WriteOptions(manager=manager, subresource=sub))
+        self.store.write(
+            rt,
+            obj["metadata"].get("namespace"),
+            obj["metadata"]["name"],
+            mutate,
+            WriteOptions(manager=manager, subresource=sub),
+        )
 
     def _collect_garbage(self) -> None:
         for key in list(self.store.objects):
@@ -129,12 +152,19 @@ class Controllers:
 
     def _finalize_namespace(self, ns: dict) -> None:
         name = ns["metadata"]["name"]
-        content = [(key, o) for key in list(self.store.objects) if key != NS_KEY
-                   for o in self._objects(key) if o["metadata"].get("namespace") == name]
+        content = [
+            (key, o)
+            for key in list(self.store.objects)
+            if key != NS_KEY
+            for o in self._objects(key)
+            if o["metadata"].get("namespace") == name
+        ]
         for key, obj in content:
             self._delete(key, obj)
         if not content:
-            self._update(NS_KEY, ns, lambda o: {**o, "spec": {**o.get("spec", {}), "finalizers": []}})
+            self._update(
+                NS_KEY, ns, lambda o: {**o, "spec": {**o.get("spec", {}), "finalizers": []}}
+            )
 
     def _finalize_crd(self, crd: dict) -> None:
         spec = crd["spec"]
@@ -156,10 +186,16 @@ class Controllers:
             current = dep.get("status") or {}
             if all(current.get(k) == v for k, v in target.items() if k != "conditions"):
                 continue
-            stamp = f'{dep["metadata"]["uid"]}/{dep["metadata"]["resourceVersion"]}'
+            stamp = f"{dep['metadata']['uid']}/{dep['metadata']['resourceVersion']}"
             first = self._seen.setdefault(stamp, now)
             if now - first >= self.deployment_delay:
-                self._update(DEPLOY_KEY, dep, lambda o, t=target: {**o, "status": t}, "status", "deployment-controller")
+                self._update(
+                    DEPLOY_KEY,
+                    dep,
+                    lambda o, t=target: {**o, "status": t},
+                    "status",
+                    "deployment-controller",
+                )
 
     def _deployment_status(self, dep: dict) -> dict:
         meta, spec = dep["metadata"], dep.get("spec") or {}
@@ -167,14 +203,31 @@ class Controllers:
         ready = min(desired, self._held.get((meta["namespace"], meta["name"]), desired))
         available = "True" if ready >= desired else "False"
         conditions = [
-            {"type": "Available", "status": available, "reason": "MinimumReplicasAvailable" if available == "True" else "MinimumReplicasUnavailable",
-             "lastUpdateTime": now_iso(), "lastTransitionTime": now_iso()},
-            {"type": "Progressing", "status": "True", "reason": "NewReplicaSetAvailable",
-             "lastUpdateTime": now_iso(), "lastTransitionTime": now_iso()},
+            {
+                "type": "Available",
+                "status": available,
+                "reason": "MinimumReplicasAvailable"
+                if available == "True"
+                else "MinimumReplicasUnavailable",
+                "lastUpdateTime": now_iso(),
+                "lastTransitionTime": now_iso(),
+            },
+            {
+                "type": "Progressing",
+                "status": "True",
+                "reason": "NewReplicaSetAvailable",
+                "lastUpdateTime": now_iso(),
+                "lastTransitionTime": now_iso(),
+            },
         ]
-        status = {"observedGeneration": meta.get("generation", 1), "replicas": desired,
-                  "updatedReplicas": desired, "readyReplicas": ready, "availableReplicas": ready,
-                  "conditions": conditions}
+        status = {
+            "observedGeneration": meta.get("generation", 1),
+            "replicas": desired,
+            "updatedReplicas": desired,
+            "readyReplicas": ready,
+            "availableReplicas": ready,
+            "conditions": conditions,
+        }
         if desired > ready:
             status["unavailableReplicas"] = desired - ready
         return status
@@ -185,26 +238,44 @@ class Controllers:
                 continue
             target = self._job_status(job)
             if target != (job.get("status") or {}):
-                self._update(JOB_KEY, job, lambda o, t=target: {**o, "status": t}, "status", "job-controller")
+                self._update(
+                    JOB_KEY, job, lambda o, t=target: {**o, "status": t}, "status", "job-controller"
+                )
 
     def _job_status(self, job: dict) -> dict:
         spec, old = job.get("spec") or {}, job.get("status") or {}
         outcome = self._outcomes.get(job["metadata"]["uid"])
         if outcome is None:
             if spec.get("suspend"):
-                return {**_keep(old, "startTime"), "active": 0, "conditions": [_cond(old, "Suspended", "JobSuspended", "Job suspended")]}
-            return {"startTime": old.get("startTime") or now_iso(), "active": spec.get("parallelism", 1), "ready": spec.get("parallelism", 1)}
+                return {
+                    **_keep(old, "startTime"),
+                    "active": 0,
+                    "conditions": [_cond(old, "Suspended", "JobSuspended", "Job suspended")],
+                }
+            return {
+                "startTime": old.get("startTime") or now_iso(),
+                "active": spec.get("parallelism", 1),
+                "ready": spec.get("parallelism", 1),
+            }
         kind, reason, message = outcome
         status = {"startTime": old.get("startTime") or now_iso(), "active": 0, "ready": 0}
         if kind == "Complete":
             completions = spec.get("completions") or 1
-            status.update(succeeded=completions, completionTime=old.get("completionTime") or now_iso())
+            status.update(
+                succeeded=completions, completionTime=old.get("completionTime") or now_iso()
+            )
             if spec.get("completionMode") == "Indexed":
                 status["completedIndexes"] = "0" if completions == 1 else f"0-{completions - 1}"
-            status["conditions"] = [_cond(old, "SuccessCriteriaMet", reason, message), _cond(old, "Complete", reason, message)]
+            status["conditions"] = [
+                _cond(old, "SuccessCriteriaMet", reason, message),
+                _cond(old, "Complete", reason, message),
+            ]
         else:
             status.update(failed=max(1, old.get("failed", 0)))
-            status["conditions"] = [_cond(old, "FailureTarget", reason, message), _cond(old, "Failed", reason, message)]
+            status["conditions"] = [
+                _cond(old, "FailureTarget", reason, message),
+                _cond(old, "Failed", reason, message),
+            ]
         return status
 
 
@@ -218,12 +289,19 @@ def _cond(old: dict, kind: str, reason: str, message: str) -> dict:
         if c.get("type") == kind and c.get("reason") == reason:
             return c
     now = now_iso()
-    return {"type": kind, "status": "True", "reason": reason, "message": message,
-            "lastProbeTime": now, "lastTransitionTime": now}
+    return {
+        "type": kind,
+        "status": "True",
+        "reason": reason,
+        "message": message,
+        "lastProbeTime": now,
+        "lastTransitionTime": now,
+    }
 
 
 def _drop_finalizer(name: str):
     def mutate(obj: dict) -> dict:
         fins = [f for f in obj["metadata"].get("finalizers") or [] if f != name]
         return {**obj, "metadata": {**obj["metadata"], "finalizers": fins}}
+
     return mutate

@@ -29,8 +29,14 @@ from .store import Store, WriteOptions
 
 
 class KubeEmulator:
-    def __init__(self, *, bookmark_interval: float = 1.0, history_limit: int = 10_000,
-                 deployment_delay: float = 0.1, strict_fields: bool = False) -> None:
+    def __init__(
+        self,
+        *,
+        bookmark_interval: float = 1.0,
+        history_limit: int = 10_000,
+        deployment_delay: float = 0.1,
+        strict_fields: bool = False,
+    ) -> None:
         self.store = Store(history_limit=history_limit)
         self.store.strict_fields = strict_fields
         self.faults = Faults()
@@ -54,7 +60,9 @@ class KubeEmulator:
             s.bind(("127.0.0.1", 0))
             self.port = s.getsockname()[1]
         ready = threading.Event()
-        self._thread = threading.Thread(target=self._serve, args=(ready,), name="kube-emulator", daemon=True)
+        self._thread = threading.Thread(
+            target=self._serve, args=(ready,), name="kube-emulator", daemon=True
+        )
         self._thread.start()
         if not ready.wait(10):
             raise RuntimeError("the Kubernetes API emulator did not start within 10 s")
@@ -92,12 +100,21 @@ class KubeEmulator:
 
     # ----- clients ---------------------------------------------------------------------------
 
-    def write_kubeconfig(self, path: str | pathlib.Path, namespace: str = "default") -> pathlib.Path:
+    def write_kubeconfig(
+        self, path: str | pathlib.Path, namespace: str = "default"
+    ) -> pathlib.Path:
         config = {
-            "apiVersion": "v1", "kind": "Config", "current-context": "emulator",
+            "apiVersion": "v1",
+            "kind": "Config",
+            "current-context": "emulator",
             "clusters": [{"name": "emulator", "cluster": {"server": self.url}}],
             "users": [{"name": "emulator", "user": {"token": "emulator-token"}}],
-            "contexts": [{"name": "emulator", "context": {"cluster": "emulator", "user": "emulator", "namespace": namespace}}],
+            "contexts": [
+                {
+                    "name": "emulator",
+                    "context": {"cluster": "emulator", "user": "emulator", "namespace": namespace},
+                }
+            ],
         }
         path = pathlib.Path(path)
         path.write_text(yaml.safe_dump(config))
@@ -108,7 +125,9 @@ class KubeEmulator:
         import kubernetes
 
         configuration = kubernetes.client.Configuration()
-        kubernetes.config.load_kube_config(config_file=str(self.kubeconfig_path), client_configuration=configuration)
+        kubernetes.config.load_kube_config(
+            config_file=str(self.kubeconfig_path), client_configuration=configuration
+        )
         return kubernetes.client.ApiClient(configuration)
 
     # ----- objects without HTTP --------------------------------------------------------------
@@ -118,38 +137,69 @@ class KubeEmulator:
 
     def create(self, obj: dict, namespace: str | None = None) -> dict:
         rt = self.resource(obj["apiVersion"], obj["kind"])
-        ns = (namespace or obj.get("metadata", {}).get("namespace") or "default") if rt.namespaced else None
+        ns = (
+            (namespace or obj.get("metadata", {}).get("namespace") or "default")
+            if rt.namespaced
+            else None
+        )
         return self.store.create(rt, ns, obj, "test")
 
     def load_yaml(self, source: str | pathlib.Path, namespace: str | None = None) -> list[dict]:
         """Create every document of a YAML file (or YAML text), CRDs included, in order."""
-        text = pathlib.Path(source).read_text() if isinstance(source, pathlib.Path) or "\n" not in str(source) else str(source)
+        text = (
+            pathlib.Path(source).read_text()
+            if isinstance(source, pathlib.Path) or "\n" not in str(source)
+            else str(source)
+        )
         return [self.create(doc, namespace) for doc in yaml.safe_load_all(text) if doc]
 
     def get(self, api_version: str, kind: str, name: str, namespace: str | None = None) -> dict:
         rt = self.resource(api_version, kind)
         return self.store.get(rt, (namespace or "default") if rt.namespaced else None, name)
 
-    def find(self, api_version: str, kind: str, name: str, namespace: str | None = None) -> dict | None:
+    def find(
+        self, api_version: str, kind: str, name: str, namespace: str | None = None
+    ) -> dict | None:
         try:
             return self.get(api_version, kind, name, namespace)
         except Exception:
             return None
 
-    def list(self, api_version: str, kind: str, namespace: str | None = None,
-             label_selector: str | None = None) -> list[dict]:
+    def list(
+        self,
+        api_version: str,
+        kind: str,
+        namespace: str | None = None,
+        label_selector: str | None = None,
+    ) -> list[dict]:
         rt = self.resource(api_version, kind)
-        return self.store.list(rt, namespace if rt.namespaced else None, make_predicate(label_selector, None))[0]
+        return self.store.list(
+            rt, namespace if rt.namespaced else None, make_predicate(label_selector, None)
+        )[0]
 
-    def patch(self, api_version: str, kind: str, name: str, change: Callable[[dict], dict],
-              namespace: str | None = None, subresource: str = "", manager: str = "test") -> dict:
+    def patch(
+        self,
+        api_version: str,
+        kind: str,
+        name: str,
+        change: Callable[[dict], dict],
+        namespace: str | None = None,
+        subresource: str = "",
+        manager: str = "test",
+    ) -> dict:
         """Read-modify-write by a Python function (``change`` gets a copy, returns the new body)."""
         rt = self.resource(api_version, kind)
         ns = (namespace or "default") if rt.namespaced else None
         return self.store.write(rt, ns, name, change, WriteOptions(manager, subresource))
 
-    def delete(self, api_version: str, kind: str, name: str, namespace: str | None = None,
-               propagation: str = "Background") -> dict:
+    def delete(
+        self,
+        api_version: str,
+        kind: str,
+        name: str,
+        namespace: str | None = None,
+        propagation: str = "Background",
+    ) -> dict:
         rt = self.resource(api_version, kind)
         ns = (namespace or "default") if rt.namespaced else None
         return self.store.delete(rt, ns, name, {"propagationPolicy": propagation})
@@ -159,7 +209,9 @@ class KubeEmulator:
     def succeed_job(self, name: str, namespace: str = "default") -> None:
         self.controllers.succeed_job(namespace, name)
 
-    def fail_job(self, name: str, namespace: str = "default", reason: str = "BackoffLimitExceeded") -> None:
+    def fail_job(
+        self, name: str, namespace: str = "default", reason: str = "BackoffLimitExceeded"
+    ) -> None:
         self.controllers.fail_job(namespace, name, reason)
 
     def hold_deployment(self, name: str, ready: int | None, namespace: str = "default") -> None:
@@ -168,7 +220,9 @@ class KubeEmulator:
     def drop_watches(self, plural: str | None = None) -> int:
         """Cut every open watch stream (of one resource plural, or all); return how many."""
         with self.store.lock:
-            victims = [w for w in self.store.watchers if plural is None or w.storage_key[1] == plural]
+            victims = [
+                w for w in self.store.watchers if plural is None or w.storage_key[1] == plural
+            ]
         for w in victims:
             w.drop()
         return len(victims)
@@ -178,10 +232,15 @@ class KubeEmulator:
 
     def requests_for(self, verb: str | None = None, path: str | None = None) -> list[dict]:
         """Recorded requests (method, path, query, verb, code, content_type), filtered."""
-        return [r for r in list(self.server.requests)
-                if (verb is None or r["verb"] == verb) and (path is None or path in r["path"])]
+        return [
+            r
+            for r in list(self.server.requests)
+            if (verb is None or r["verb"] == verb) and (path is None or path in r["path"])
+        ]
 
-    def wait_for(self, condition: Callable[[], Any], timeout: float = 10.0, interval: float = 0.02) -> Any:
+    def wait_for(
+        self, condition: Callable[[], Any], timeout: float = 10.0, interval: float = 0.02
+    ) -> Any:
         """Poll ``condition`` until it returns something truthy; raise ``TimeoutError`` otherwise."""
         deadline = time.monotonic() + timeout
         while True:

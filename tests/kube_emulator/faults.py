@@ -42,18 +42,30 @@ class Faults:
             self.rules.append(rule)
         return rule
 
-    def fail_next(self, times: int | None = 1, verb: str | None = None, path: str | None = None,
-                  code: int = 500, message: str = "injected fault") -> Rule:
+    def fail_next(
+        self,
+        times: int | None = 1,
+        verb: str | None = None,
+        path: str | None = None,
+        code: int = 500,
+        message: str = "injected fault",
+    ) -> Rule:
         """The next ``times`` matching requests get ``code`` (a ``Status`` body) and do nothing."""
         return self._add(Rule("error", verb, path, times, code, message))
 
-    def conflict_next(self, times: int | None = 1, verb: str | None = None,
-                      path: str | None = None) -> Rule:
+    def conflict_next(
+        self, times: int | None = 1, verb: str | None = None, path: str | None = None
+    ) -> Rule:
         """The next matching writes (update/patch by default) get a 409 Conflict."""
         return self._add(Rule("conflict", verb, path, times, 409))
 
-    def add_latency(self, seconds: float, verb: str | None = None, path: str | None = None,
-                    times: int | None = None) -> Rule:
+    def add_latency(
+        self,
+        seconds: float,
+        verb: str | None = None,
+        path: str | None = None,
+        times: int | None = None,
+    ) -> Rule:
         return self._add(Rule("latency", verb, path, times, delay=seconds))
 
     def clear(self) -> None:

@@ -68,10 +68,17 @@ def run_operator(
 
     def target() -> None:
         try:
-            asyncio.run(kopf.operator(
-                registry=registry, settings=settings, standalone=True,
-                clusterwide=not namespaces, namespaces=list(namespaces),
-                stop_flag=handle.stop_flag, ready_flag=handle.ready_flag))
+            asyncio.run(
+                kopf.operator(
+                    registry=registry,
+                    settings=settings,
+                    standalone=True,
+                    clusterwide=not namespaces,
+                    namespaces=list(namespaces),
+                    stop_flag=handle.stop_flag,
+                    ready_flag=handle.ready_flag,
+                )
+            )
         except BaseException as e:  # surfaced to the test by the context manager
             handle.errors.append(e)
             handle.ready_flag.set()

@@ -42,7 +42,7 @@ def _set(obj: dict, expr: str, value: Any) -> dict:
 
 def _selector(rt: ResourceType, obj: dict) -> str | None:
     if not rt.custom:
-        labels = (_get(obj, ".spec.selector.matchLabels") or {})
+        labels = _get(obj, ".spec.selector.matchLabels") or {}
         return ",".join(f"{k}={v}" for k, v in sorted(labels.items())) or None
     return _get(obj, rt.scale.label_selector) if rt.scale and rt.scale.label_selector else None
 
@@ -54,9 +54,17 @@ def read_scale(rt: ResourceType, obj: dict) -> dict:
     selector = _selector(rt, obj)
     if selector:
         status["selector"] = selector
-    return {"kind": "Scale", "apiVersion": "autoscaling/v1",
-            "metadata": {k: meta[k] for k in ("name", "namespace", "uid", "resourceVersion", "creationTimestamp") if k in meta},
-            "spec": {"replicas": _get(obj, rt.scale.spec_replicas) or 0}, "status": status}
+    return {
+        "kind": "Scale",
+        "apiVersion": "autoscaling/v1",
+        "metadata": {
+            k: meta[k]
+            for k in ("name", "namespace", "uid", "resourceVersion", "creationTimestamp")
+            if k in meta
+        },
+        "spec": {"replicas": _get(obj, rt.scale.spec_replicas) or 0},
+        "status": status,
+    }
 
 
 def write_scale(store: Store, t: Any, change: Callable[[dict], dict], manager: str) -> dict:
@@ -69,9 +77,17 @@ def write_scale(store: Store, t: Any, change: Callable[[dict], dict], manager: s
             raise conflict(rt.plural, t.name, rt.group)
         replicas = (scale.get("spec") or {}).get("replicas")
         if not isinstance(replicas, int) or isinstance(replicas, bool) or replicas < 0:
-            raise ApiError(422, f"Scale.autoscaling \"{t.name}\" is invalid: spec.replicas: Invalid value: {replicas!r}: must be greater than or equal to 0")
+            raise ApiError(
+                422,
+                f'Scale.autoscaling "{t.name}" is invalid: spec.replicas: Invalid value: {replicas!r}: must be greater than or equal to 0',
+            )
         assert rt.scale is not None
         spec_path = rt.scale.spec_replicas
-        updated = store.write(rt, t.namespace, t.name, lambda o: _set(o, spec_path, replicas),
-                              WriteOptions(manager, check_rv=False))
+        updated = store.write(
+            rt,
+            t.namespace,
+            t.name,
+            lambda o: _set(o, spec_path, replicas),
+            WriteOptions(manager, check_rv=False),
+        )
         return read_scale(rt, updated)

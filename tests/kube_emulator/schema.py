@@ -96,7 +96,13 @@ def _prune_object(value: dict, schema: dict, path: str, root: bool) -> tuple[dic
 def validate(value: Any, schema: dict, path: str = "", root: bool = False) -> list[str]:
     """Return error messages in the server's ``path: reason`` shape; empty when valid."""
     if value is None:
-        return [] if schema.get("nullable") else [f"{path}: Invalid value: \"null\": {path} in body must be of type {schema.get('type', 'object')}"]
+        return (
+            []
+            if schema.get("nullable")
+            else [
+                f'{path}: Invalid value: "null": {path} in body must be of type {schema.get("type", "object")}'
+            ]
+        )
     errors = _check_type(value, schema, path)
     if errors:
         return errors
@@ -123,7 +129,7 @@ def _show(value: Any) -> str:
     return f'"{value}"' if isinstance(value, str) else repr(value)
 
 
-def _check_scalar(value: Any, schema: dict, path: str) -> list[str]:  # noqa: C901, PLR0912
+def _check_scalar(value: Any, schema: dict, path: str) -> list[str]:
     errors = []
     if "enum" in schema and value not in schema["enum"]:
         allowed = ", ".join(_show(e) for e in schema["enum"])
@@ -131,19 +137,29 @@ def _check_scalar(value: Any, schema: dict, path: str) -> list[str]:  # noqa: C9
     if isinstance(value, int | float) and not isinstance(value, bool):
         lo, hi = schema.get("minimum"), schema.get("maximum")
         if lo is not None and (value < lo or (schema.get("exclusiveMinimum") and value == lo)):
-            errors.append(f"{path}: Invalid value: {value}: {path} in body should be greater than or equal to {lo}")
+            errors.append(
+                f"{path}: Invalid value: {value}: {path} in body should be greater than or equal to {lo}"
+            )
         if hi is not None and (value > hi or (schema.get("exclusiveMaximum") and value == hi)):
-            errors.append(f"{path}: Invalid value: {value}: {path} in body should be less than or equal to {hi}")
+            errors.append(
+                f"{path}: Invalid value: {value}: {path} in body should be less than or equal to {hi}"
+            )
         step = schema.get("multipleOf")
         if step and (value / step) != int(value / step):
-            errors.append(f"{path}: Invalid value: {value}: {path} in body should be a multiple of {step}")
+            errors.append(
+                f"{path}: Invalid value: {value}: {path} in body should be a multiple of {step}"
+            )
     if isinstance(value, str):
         if "minLength" in schema and len(value) < schema["minLength"]:
-            errors.append(f"{path}: Invalid value: {_show(value)}: {path} in body should be at least {schema['minLength']} chars long")
+            errors.append(
+                f"{path}: Invalid value: {_show(value)}: {path} in body should be at least {schema['minLength']} chars long"
+            )
         if "maxLength" in schema and len(value) > schema["maxLength"]:
             errors.append(f"{path}: Too long: may not be longer than {schema['maxLength']}")
         if "pattern" in schema and not re.search(schema["pattern"], value):
-            errors.append(f"{path}: Invalid value: {_show(value)}: {path} in body should match '{schema['pattern']}'")
+            errors.append(
+                f"{path}: Invalid value: {_show(value)}: {path} in body should match '{schema['pattern']}'"
+            )
     return errors
 
 
@@ -152,11 +168,15 @@ def _check_combinators(value: Any, schema: dict, path: str) -> list[str]:
     for sub in schema.get("allOf") or []:
         errors += validate(value, sub, path)
     if schema.get("anyOf") and not any(not validate(value, s, path) for s in schema["anyOf"]):
-        errors.append(f"{path}: Invalid value: {_show(value)}: must validate at least one schema (anyOf)")
+        errors.append(
+            f"{path}: Invalid value: {_show(value)}: must validate at least one schema (anyOf)"
+        )
     if schema.get("oneOf"):
         matched = sum(not validate(value, s, path) for s in schema["oneOf"])
         if matched != 1:
-            errors.append(f"{path}: Invalid value: {_show(value)}: must validate one and only one schema (oneOf)")
+            errors.append(
+                f"{path}: Invalid value: {_show(value)}: must validate one and only one schema (oneOf)"
+            )
     if "not" in schema and not validate(value, schema["not"], path):
         errors.append(f"{path}: Invalid value: {_show(value)}: must not validate the schema (not)")
     return errors
@@ -177,7 +197,9 @@ def _check_object(value: dict, schema: dict, path: str, root: bool) -> list[str]
         elif isinstance(extra, dict):
             errors += validate(sub, extra, _join(path, key))
     if "minProperties" in schema and len(value) < schema["minProperties"]:
-        errors.append(f"{path}: Invalid value: should have at least {schema['minProperties']} properties")
+        errors.append(
+            f"{path}: Invalid value: should have at least {schema['minProperties']} properties"
+        )
     if "maxProperties" in schema and len(value) > schema["maxProperties"]:
         errors.append(f"{path}: Too many: must have at most {schema['maxProperties']} items")
     return errors
@@ -186,9 +208,13 @@ def _check_object(value: dict, schema: dict, path: str, root: bool) -> list[str]
 def _check_array(value: list, schema: dict, path: str) -> list[str]:
     errors = []
     if "minItems" in schema and len(value) < schema["minItems"]:
-        errors.append(f"{path}: Invalid value: {len(value)}: {path} in body should have at least {schema['minItems']} items")
+        errors.append(
+            f"{path}: Invalid value: {len(value)}: {path} in body should have at least {schema['minItems']} items"
+        )
     if "maxItems" in schema and len(value) > schema["maxItems"]:
-        errors.append(f"{path}: Too many: {len(value)}: must have at most {schema['maxItems']} items")
+        errors.append(
+            f"{path}: Too many: {len(value)}: must have at most {schema['maxItems']} items"
+        )
     if schema.get("uniqueItems") and len({repr(v) for v in value}) != len(value):
         errors.append(f"{path}: Duplicate value: shall give unique items")
     if isinstance(schema.get("items"), dict):

@@ -29,12 +29,22 @@ from .store import Store, WriteOptions
 from .watching import Watcher
 
 log = logging.getLogger(__name__)
-VERSION = {"major": "1", "minor": "31", "gitVersion": "v1.31.0-gagar-emulator",
-           "gitCommit": "0" * 40, "gitTreeState": "clean", "buildDate": "2026-01-01T00:00:00Z",
-           "goVersion": "go1.22", "compiler": "gc", "platform": "linux/amd64"}
-PATCH_TYPES = {"application/merge-patch+json": patching.merge_patch,
-               "application/strategic-merge-patch+json": patching.strategic_merge_patch,
-               "application/json-patch+json": patching.json_patch}
+VERSION = {
+    "major": "1",
+    "minor": "31",
+    "gitVersion": "v1.31.0-gagar-emulator",
+    "gitCommit": "0" * 40,
+    "gitTreeState": "clean",
+    "buildDate": "2026-01-01T00:00:00Z",
+    "goVersion": "go1.22",
+    "compiler": "gc",
+    "platform": "linux/amd64",
+}
+PATCH_TYPES = {
+    "application/merge-patch+json": patching.merge_patch,
+    "application/strategic-merge-patch+json": patching.strategic_merge_patch,
+    "application/json-patch+json": patching.json_patch,
+}
 APPLY_TYPE = "application/apply-patch+yaml"
 
 
@@ -67,8 +77,14 @@ class Server:
 
     async def handle(self, request: web.Request) -> web.StreamResponse:
         query = dict(parse_qsl(request.query_string, keep_blank_values=True))
-        record = {"method": request.method, "path": request.path, "query": query,
-                  "content_type": request.content_type, "verb": None, "code": None}
+        record = {
+            "method": request.method,
+            "path": request.path,
+            "query": query,
+            "content_type": request.content_type,
+            "verb": None,
+            "code": None,
+        }
         self.requests.append(record)
         try:
             response = await self._route(request, query, record)
@@ -97,7 +113,11 @@ class Server:
             if rule.action == "latency":
                 await asyncio.sleep(rule.delay)
             elif rule.action == "conflict":
-                raise ApiError(409, "injected conflict: the object has been modified; please apply your changes to the latest version and try again", "Conflict")
+                raise ApiError(
+                    409,
+                    "injected conflict: the object has been modified; please apply your changes to the latest version and try again",
+                    "Conflict",
+                )
             else:
                 raise ApiError(rule.code, rule.message)
         if query.get("dryRun"):
@@ -112,8 +132,15 @@ class Server:
         if path == "/version":
             return _json(VERSION)
         if path == "/api":
-            return _json({"kind": "APIVersions", "versions": ["v1"], "serverAddressByClientCIDRs": [
-                {"clientCIDR": "0.0.0.0/0", "serverAddress": "127.0.0.1"}]})
+            return _json(
+                {
+                    "kind": "APIVersions",
+                    "versions": ["v1"],
+                    "serverAddressByClientCIDRs": [
+                        {"clientCIDR": "0.0.0.0/0", "serverAddress": "127.0.0.1"}
+                    ],
+                }
+            )
         if path == "/apis":
             return _json(api_group_list(types))
         parts = path.strip("/").split("/")
@@ -122,7 +149,9 @@ class Server:
         if parts[0] == "apis" and len(parts) == 2:
             groups = [g for g in api_group_list(types)["groups"] if g["name"] == parts[1]]
             if not groups:
-                raise ApiError(404, f"the server could not find the requested resource (group {parts[1]})")
+                raise ApiError(
+                    404, f"the server could not find the requested resource (group {parts[1]})"
+                )
             return _json({"kind": "APIGroup", "apiVersion": "v1", **groups[0]})
         if parts[0] == "apis" and len(parts) == 3:
             return self._resource_list(parts[1], parts[2], types)
@@ -131,7 +160,9 @@ class Server:
     def _resource_list(self, group: str, version: str, types: list[ResourceType]) -> web.Response:
         matching = [t for t in types if (t.group, t.version) == (group, version)]
         if not matching:
-            raise ApiError(404, f"the server could not find the requested resource ({group}/{version})")
+            raise ApiError(
+                404, f"the server could not find the requested resource ({group}/{version})"
+            )
         return _json(api_resource_list(f"{group}/{version}" if group else version, matching))
 
     def _parse(self, path: str) -> Target:
@@ -155,7 +186,9 @@ class Server:
         if (ns is not None and not rt.namespaced) or (rt.namespaced and ns is None and name):
             raise ApiError(404, f"the server could not find the requested resource ({path})")
         if sub and sub not in rt.subresources:
-            raise ApiError(404, f"the server could not find the requested resource ({rt.plural}/{sub})")
+            raise ApiError(
+                404, f"the server could not find the requested resource ({rt.plural}/{sub})"
+            )
         return Target(rt, ns, name, sub)
 
     # ----- reads -----------------------------------------------------------------------------
@@ -172,13 +205,19 @@ class Server:
             after = base64.urlsafe_b64decode(query["continue"].encode()).decode()
             start = next((i for i, o in enumerate(items) if _key(o) > after), len(items))
         limit = int(query.get("limit") or 0) or len(items)
-        page = items[start:start + limit]
+        page = items[start : start + limit]
         meta: dict = {"resourceVersion": str(rv)}
         if start + limit < len(items):
             meta["continue"] = base64.urlsafe_b64encode(_key(page[-1]).encode()).decode()
             meta["remainingItemCount"] = len(items) - start - limit
-        return _json({"kind": f"{t.rt.kind}List", "apiVersion": t.rt.api_version,
-                      "metadata": meta, "items": page})
+        return _json(
+            {
+                "kind": f"{t.rt.kind}List",
+                "apiVersion": t.rt.api_version,
+                "metadata": meta,
+                "items": page,
+            }
+        )
 
     # ----- writes ----------------------------------------------------------------------------
 
@@ -203,19 +242,26 @@ class Server:
         if ctype == APPLY_TYPE:
             return await self._apply(request, t, query)
         if ctype not in PATCH_TYPES:
-            raise ApiError(415, f"the body of the request was in an unknown format - accepted media types include: {', '.join([*PATCH_TYPES, APPLY_TYPE])}")
+            raise ApiError(
+                415,
+                f"the body of the request was in an unknown format - accepted media types include: {', '.join([*PATCH_TYPES, APPLY_TYPE])}",
+            )
         patch, algorithm = await request.json(), PATCH_TYPES[ctype]
         manager = _manager(request, query)
         if t.sub == "scale":
             return _json(write_scale(self.store, t, lambda scale: algorithm(scale, patch), manager))
         how = WriteOptions(manager, t.sub)
-        return _json(self.store.write(t.rt, t.namespace, t.name, lambda o: algorithm(o, patch), how))
+        return _json(
+            self.store.write(t.rt, t.namespace, t.name, lambda o: algorithm(o, patch), how)
+        )
 
     async def _apply(self, request: web.Request, t: Target, query: dict) -> web.Response:
         applied = yaml.safe_load(await request.text())
         manager = query.get("fieldManager")
         if not manager:
-            raise ApiError(400, "PATCH, application/apply-patch+yaml requires fieldManager to be set")
+            raise ApiError(
+                400, "PATCH, application/apply-patch+yaml requires fieldManager to be set"
+            )
         if not isinstance(applied, dict):
             raise ApiError(400, "the applied configuration must be an object")
         _check_kind(t.rt, applied, required=True)
@@ -240,8 +286,20 @@ class Server:
             try:
                 return _json(self.store.write(t.rt, t.namespace, t.name, mutate, how))
             except ssa.ApplyConflict as e:
-                causes = [{"type": "FieldManagerConflict", "message": f'conflict with "{m}"', "field": "." + ".".join(p)} for p, m in e.conflicts]
-                raise ApiError(409, e.message(), "Conflict", {"name": t.name, "group": t.rt.group, "kind": t.rt.plural, "causes": causes}) from e
+                causes = [
+                    {
+                        "type": "FieldManagerConflict",
+                        "message": f'conflict with "{m}"',
+                        "field": "." + ".".join(p),
+                    }
+                    for p, m in e.conflicts
+                ]
+                raise ApiError(
+                    409,
+                    e.message(),
+                    "Conflict",
+                    {"name": t.name, "group": t.rt.group, "kind": t.rt.plural, "causes": causes},
+                ) from e
 
     def _apply_create(self, t: Target, applied: dict, key: ssa.EntryKey) -> dict:
         return self.store.create(t.rt, t.namespace, applied, key[0], operation="Apply")
@@ -254,9 +312,18 @@ class Server:
         options = await _delete_options(request, query)
         predicate = make_predicate(query.get("labelSelector"), query.get("fieldSelector"))
         items, _ = self.store.list(t.rt, t.namespace, predicate)
-        deleted = [self.store.delete(t.rt, o["metadata"].get("namespace"), o["metadata"]["name"], options) for o in items]
-        return _json({"kind": f"{t.rt.kind}List", "apiVersion": t.rt.api_version,
-                      "metadata": {"resourceVersion": str(self.store.rv)}, "items": deleted})
+        deleted = [
+            self.store.delete(t.rt, o["metadata"].get("namespace"), o["metadata"]["name"], options)
+            for o in items
+        ]
+        return _json(
+            {
+                "kind": f"{t.rt.kind}List",
+                "apiVersion": t.rt.api_version,
+                "metadata": {"resourceVersion": str(self.store.rv)},
+                "items": deleted,
+            }
+        )
 
     # ----- watch -----------------------------------------------------------------------------
 
@@ -270,7 +337,9 @@ class Server:
         response = web.StreamResponse(headers={"Content-Type": "application/json"})
         await response.prepare(request)
         try:
-            last_rv = self.store.register_watcher(watcher, t.rt, since, query.get("sendInitialEvents") == "true")
+            last_rv = self.store.register_watcher(
+                watcher, t.rt, since, query.get("sendInitialEvents") == "true"
+            )
         except ApiError as e:
             await response.write(_line({"type": "ERROR", "object": e.status()}))
             return response
@@ -282,13 +351,19 @@ class Server:
             self.store.unregister_watcher(watcher)
         return response
 
-    async def _stream(self, response: web.StreamResponse, w: Watcher, rt: ResourceType, query: dict, last_rv: int) -> None:
+    async def _stream(
+        self, response: web.StreamResponse, w: Watcher, rt: ResourceType, query: dict, last_rv: int
+    ) -> None:
         loop = asyncio.get_running_loop()
         timeout = float(query["timeoutSeconds"]) if query.get("timeoutSeconds") else None
         deadline = loop.time() + timeout if timeout is not None else None
         bookmarks = query.get("allowWatchBookmarks") == "true"
         while True:
-            wait = self.bookmark_interval if deadline is None else min(self.bookmark_interval, deadline - loop.time())
+            wait = (
+                self.bookmark_interval
+                if deadline is None
+                else min(self.bookmark_interval, deadline - loop.time())
+            )
             if wait <= 0:
                 return
             try:
@@ -299,14 +374,21 @@ class Server:
                 continue
             if kind == "DROP":
                 response.force_close()
-                if response._req is not None and response._req.transport is not None:  # noqa: SLF001
-                    response._req.transport.abort()  # noqa: SLF001
+                if response._req is not None and response._req.transport is not None:
+                    response._req.transport.abort()
                 return
             last_rv = max(last_rv, rv)
             if kind == "INITIAL-END":
                 await response.write(_line(_bookmark(rt, last_rv, initial_end=True)))
             elif kind is not None:
-                await response.write(_line({"type": kind, "object": {**obj, "apiVersion": rt.api_version, "kind": rt.kind}}))
+                await response.write(
+                    _line(
+                        {
+                            "type": kind,
+                            "object": {**obj, "apiVersion": rt.api_version, "kind": rt.kind},
+                        }
+                    )
+                )
 
 
 def _line(event: dict) -> bytes:
@@ -317,7 +399,10 @@ def _bookmark(rt: ResourceType, rv: int, initial_end: bool = False) -> dict:
     meta: dict = {"resourceVersion": str(rv)}
     if initial_end:
         meta["annotations"] = {"k8s.io/initial-events-end": "true"}
-    return {"type": "BOOKMARK", "object": {"kind": rt.kind, "apiVersion": rt.api_version, "metadata": meta}}
+    return {
+        "type": "BOOKMARK",
+        "object": {"kind": rt.kind, "apiVersion": rt.api_version, "metadata": meta},
+    }
 
 
 def _since(value: str | None) -> int | None:
@@ -329,7 +414,7 @@ def _since(value: str | None) -> int | None:
 
 
 def _key(obj: dict) -> str:
-    return f'{obj["metadata"].get("namespace", "")}/{obj["metadata"]["name"]}'
+    return f"{obj['metadata'].get('namespace', '')}/{obj['metadata']['name']}"
 
 
 def _verb(method: str, t: Target, query: dict) -> str:
@@ -337,10 +422,20 @@ def _verb(method: str, t: Target, query: dict) -> str:
         if query.get("watch") in ("true", "1"):
             return "watch"
         return "get" if t.name else "list"
-    verbs = {"POST": "create", "PUT": "update", "PATCH": "patch",
-             "DELETE": "delete" if t.name else "deletecollection"}
-    if method not in verbs or (method in ("PUT", "PATCH") and not t.name) or (method == "POST" and t.name):
-        raise ApiError(405, f"the server does not allow this method on the requested resource ({method})")
+    verbs = {
+        "POST": "create",
+        "PUT": "update",
+        "PATCH": "patch",
+        "DELETE": "delete" if t.name else "deletecollection",
+    }
+    if (
+        method not in verbs
+        or (method in ("PUT", "PATCH") and not t.name)
+        or (method == "POST" and t.name)
+    ):
+        raise ApiError(
+            405, f"the server does not allow this method on the requested resource ({method})"
+        )
     return verbs[method]
 
 
@@ -358,7 +453,10 @@ def _check_kind(rt: ResourceType, body: dict, required: bool = False) -> None:
     if required and (not api_version or not kind):
         raise ApiError(400, "apiVersion and kind must be set in an applied configuration")
     if (kind and kind != rt.kind) or (api_version and api_version != rt.api_version):
-        raise ApiError(400, f"the object provided ({api_version}, {kind}) does not match the resource ({rt.api_version}, {rt.kind})")
+        raise ApiError(
+            400,
+            f"the object provided ({api_version}, {kind}) does not match the resource ({rt.api_version}, {rt.kind})",
+        )
 
 
 def _apply_scope(rt: ResourceType, applied: dict, sub: str) -> dict:

@@ -31,8 +31,18 @@ Path = tuple[str, ...]
 EntryKey = tuple[str, str, str]  # (manager, operation, subresource)
 _MISSING = object()
 _IGNORED_ROOTS = {("apiVersion",), ("kind",)}
-_IGNORED_META = {"name", "namespace", "uid", "resourceVersion", "generation", "creationTimestamp",
-                 "deletionTimestamp", "deletionGracePeriodSeconds", "managedFields", "selfLink"}
+_IGNORED_META = {
+    "name",
+    "namespace",
+    "uid",
+    "resourceVersion",
+    "generation",
+    "creationTimestamp",
+    "deletionTimestamp",
+    "deletionGracePeriodSeconds",
+    "managedFields",
+    "selfLink",
+}
 
 
 @dataclass
@@ -131,8 +141,14 @@ def write_entries(obj: dict, entries: dict[EntryKey, set[Path]], api_version: st
     for (manager, operation, sub), paths in sorted(entries.items()):
         if not paths:
             continue
-        entry = {"manager": manager, "operation": operation, "apiVersion": api_version,
-                 "time": now, "fieldsType": "FieldsV1", "fieldsV1": fields_v1(paths)}
+        entry = {
+            "manager": manager,
+            "operation": operation,
+            "apiVersion": api_version,
+            "time": now,
+            "fieldsType": "FieldsV1",
+            "fieldsV1": fields_v1(paths),
+        }
         if sub:
             entry["subresource"] = sub
         rendered.append(entry)

@@ -78,7 +78,10 @@ class Store:
     def type_for(self, group: str, version: str, plural: str) -> ResourceType:
         rt = self.types.get((group, version, plural))
         if rt is None:
-            raise ApiError(404, f"the server could not find the requested resource ({group}/{version} {plural})")
+            raise ApiError(
+                404,
+                f"the server could not find the requested resource ({group}/{version} {plural})",
+            )
         return rt
 
     def type_by_kind(self, api_version: str, kind: str) -> ResourceType:
@@ -106,10 +109,15 @@ class Store:
         with self.lock:
             return self._view(rt, self._current(rt, ns, name))
 
-    def list(self, rt: ResourceType, ns: str | None, predicate: Predicate) -> tuple[list[dict], int]:
+    def list(
+        self, rt: ResourceType, ns: str | None, predicate: Predicate
+    ) -> tuple[list[dict], int]:
         with self.lock:
-            items = [self._view(rt, o) for (ons, _), o in sorted(self.objects[rt.storage_key].items())
-                     if (ns is None or ons == ns) and predicate(o)]
+            items = [
+                self._view(rt, o)
+                for (ons, _), o in sorted(self.objects[rt.storage_key].items())
+                if (ns is None or ons == ns) and predicate(o)
+            ]
             return items, self.rv
 
     # ----- writes ----------------------------------------------------------------------------
@@ -140,7 +148,11 @@ class Store:
         self.uids.pop(meta["uid"], None)
         self._emit(rt, "DELETED", obj, None)
         if rt.storage_key == CRD_KEY:
-            for key in [k for k, t in self.types.items() if t.custom and f"{t.plural}.{t.group}" == meta["name"]]:
+            for key in [
+                k
+                for k, t in self.types.items()
+                if t.custom and f"{t.plural}.{t.group}" == meta["name"]
+            ]:
                 del self.types[key]
 
     def _check_namespace(self, rt: ResourceType, ns: str | None, body_ns: str | None) -> None:
@@ -149,12 +161,18 @@ class Store:
         if ns is None:
             raise ApiError(400, "the namespace must be given for a namespaced resource")
         if body_ns not in (None, ns):
-            raise ApiError(400, "the namespace of the provided object does not match the namespace sent on the request")
+            raise ApiError(
+                400,
+                "the namespace of the provided object does not match the namespace sent on the request",
+            )
         nso = self.objects[NS_KEY].get(("", ns))
         if nso is None:
             raise not_found("namespaces", ns)
         if nso["metadata"].get("deletionTimestamp"):
-            raise ApiError(403, f"unable to create new content in namespace {ns} because it is being terminated")
+            raise ApiError(
+                403,
+                f"unable to create new content in namespace {ns} because it is being terminated",
+            )
 
     def _name(self, rt: ResourceType, meta: dict) -> str:
         if not meta.get("name") and meta.get("generateName"):
@@ -162,11 +180,24 @@ class Store:
             meta["name"] = meta["generateName"] + suffix
         name = meta.get("name") or ""
         if not name or len(name) > 253 or not _NAME_RE.match(name):
-            raise invalid(rt.kind, name, [f"metadata.name: Invalid value: {name!r}: a lowercase RFC 1123 subdomain must consist of lower case alphanumeric characters, '-' or '.'"], rt.group)
+            raise invalid(
+                rt.kind,
+                name,
+                [
+                    f"metadata.name: Invalid value: {name!r}: a lowercase RFC 1123 subdomain must consist of lower case alphanumeric characters, '-' or '.'"
+                ],
+                rt.group,
+            )
         return name
 
-    def create(self, rt: ResourceType, ns: str | None, body: dict, manager: str = "emulator",
-               operation: str = "Update") -> dict:
+    def create(
+        self,
+        rt: ResourceType,
+        ns: str | None,
+        body: dict,
+        manager: str = "emulator",
+        operation: str = "Update",
+    ) -> dict:
         with self.lock:
             obj = copy.deepcopy(body)
             meta = _meta(obj)
@@ -175,15 +206,26 @@ class Store:
             if rt.namespaced:
                 meta["namespace"] = ns
             if (ns or "", name) in self.objects[rt.storage_key]:
-                raise ApiError(409, f'{rt.plural}{"." + rt.group if rt.group else ""} "{name}" already exists',
-                               "AlreadyExists", {"name": name, "group": rt.group, "kind": rt.plural})
-            for key in (*_SERVER_META, "resourceVersion", "managedFields", "deletionGracePeriodSeconds"):
+                raise ApiError(
+                    409,
+                    f'{rt.plural}{"." + rt.group if rt.group else ""} "{name}" already exists',
+                    "AlreadyExists",
+                    {"name": name, "group": rt.group, "kind": rt.plural},
+                )
+            for key in (
+                *_SERVER_META,
+                "resourceVersion",
+                "managedFields",
+                "deletionGracePeriodSeconds",
+            ):
                 meta.pop(key, None)
             meta.update(uid=str(uuid.uuid4()), creationTimestamp=now_iso(), generation=1)
             if rt.status:
                 obj.pop("status", None)
             obj = self._admit(rt, obj, None)
-            ssa.write_entries(obj, ssa.record_update({}, obj, (manager, operation, "")), rt.api_version)
+            ssa.write_entries(
+                obj, ssa.record_update({}, obj, (manager, operation, "")), rt.api_version
+            )
             self._store(rt, obj)
             self._emit(rt, "ADDED", obj, None)
             return self._view(rt, obj)
@@ -213,14 +255,25 @@ class Store:
         obj = oas.apply_defaults(obj, schema)
         obj, dropped = oas.prune(obj, schema, root=True)
         if dropped and self.strict_fields:
-            raise invalid(rt.kind, obj["metadata"]["name"], [f'unknown field "{p}"' for p in dropped], rt.group)
+            raise invalid(
+                rt.kind,
+                obj["metadata"]["name"],
+                [f'unknown field "{p}"' for p in dropped],
+                rt.group,
+            )
         errors = oas.validate(obj, schema, root=True)
         if errors:
             raise invalid(rt.kind, obj["metadata"]["name"], errors, rt.group)
         return obj
 
-    def write(self, rt: ResourceType, ns: str | None, name: str,
-              mutate: Callable[[dict], dict], how: WriteOptions) -> dict:
+    def write(
+        self,
+        rt: ResourceType,
+        ns: str | None,
+        name: str,
+        mutate: Callable[[dict], dict],
+        how: WriteOptions,
+    ) -> dict:
         """Read-modify-write one object: the single path of PUT, PATCH and apply."""
         with self.lock:
             old = self._current(rt, ns, name)
@@ -260,9 +313,18 @@ class Store:
     def _commit(self, rt: ResourceType, old: dict, new: dict, how: WriteOptions) -> dict:
         new = self._admit(rt, new, old)
         was_deleting = bool(old["metadata"].get("deletionTimestamp"))
-        added = set(new["metadata"].get("finalizers") or []) - set(old["metadata"].get("finalizers") or [])
+        added = set(new["metadata"].get("finalizers") or []) - set(
+            old["metadata"].get("finalizers") or []
+        )
         if was_deleting and added:
-            raise invalid(rt.kind, new["metadata"]["name"], ["metadata.finalizers: Forbidden: no new finalizers can be added if the object is being deleted"], rt.group)
+            raise invalid(
+                rt.kind,
+                new["metadata"]["name"],
+                [
+                    "metadata.finalizers: Forbidden: no new finalizers can be added if the object is being deleted"
+                ],
+                rt.group,
+            )
         if how.entries is not None:
             ssa.write_entries(new, how.entries, rt.api_version)
         else:
@@ -283,7 +345,9 @@ class Store:
         with self.lock:
             old = self._current(rt, ns, name)
             pre = options.get("preconditions") or {}
-            if pre.get("uid") not in (None, old["metadata"]["uid"]) or pre.get("resourceVersion") not in (None, old["metadata"]["resourceVersion"]):
+            if pre.get("uid") not in (None, old["metadata"]["uid"]) or pre.get(
+                "resourceVersion"
+            ) not in (None, old["metadata"]["resourceVersion"]):
                 raise conflict(rt.plural, name, rt.group)
             policy = options.get("propagationPolicy") or "Background"
             if policy not in ("Background", "Foreground", "Orphan"):
@@ -302,10 +366,14 @@ class Store:
             if not _blocked(rt, new):
                 self._remove(rt, new)
                 return self._view(rt, new)
-            if meta.get("deletionTimestamp") and finalizers == list(old["metadata"].get("finalizers") or []):
+            if meta.get("deletionTimestamp") and finalizers == list(
+                old["metadata"].get("finalizers") or []
+            ):
                 return self._view(rt, old)
-            meta.update(deletionTimestamp=meta.get("deletionTimestamp") or now_iso(),
-                        deletionGracePeriodSeconds=0)
+            meta.update(
+                deletionTimestamp=meta.get("deletionTimestamp") or now_iso(),
+                deletionGracePeriodSeconds=0,
+            )
             self._store(rt, new)
             self._emit(rt, "MODIFIED", new, old)
             return self._view(rt, new)
@@ -313,9 +381,13 @@ class Store:
     def _orphan(self, owner_uid: str) -> None:
         for rt, obj in self.dependents(owner_uid):
             refs = [r for r in obj["metadata"]["ownerReferences"] if r.get("uid") != owner_uid]
-            self.write(rt, obj["metadata"].get("namespace"), obj["metadata"]["name"],
-                       lambda o, refs=refs: {**o, "metadata": {**o["metadata"], "ownerReferences": refs}},
-                       WriteOptions(manager="garbage-collector"))
+            self.write(
+                rt,
+                obj["metadata"].get("namespace"),
+                obj["metadata"]["name"],
+                lambda o, refs=refs: {**o, "metadata": {**o["metadata"], "ownerReferences": refs}},
+                WriteOptions(manager="garbage-collector"),
+            )
 
     def any_type(self, storage_key: tuple[str, str]) -> ResourceType:
         return next(t for t in self.types.values() if t.storage_key == storage_key)
@@ -324,7 +396,9 @@ class Store:
         out = []
         for key, objs in self.objects.items():
             for obj in objs.values():
-                if any(r.get("uid") == owner_uid for r in obj["metadata"].get("ownerReferences") or []):
+                if any(
+                    r.get("uid") == owner_uid for r in obj["metadata"].get("ownerReferences") or []
+                ):
                     out.append((self.any_type(key), obj))
         return out
 
@@ -334,13 +408,20 @@ class Store:
             self.history.clear()
             self.compacted_rv = self.rv
 
-    def register_watcher(self, w: Watcher, rt: ResourceType, since: int | None, initial: bool) -> int:
+    def register_watcher(
+        self, w: Watcher, rt: ResourceType, since: int | None, initial: bool
+    ) -> int:
         """Replay the requested history into ``w`` and subscribe it, atomically; return the start RV."""
         with self.lock:
             if since is not None and since < self.compacted_rv:
-                raise ApiError(410, f"too old resource version: {since} ({self.compacted_rv})", "Expired")
+                raise ApiError(
+                    410, f"too old resource version: {since} ({self.compacted_rv})", "Expired"
+                )
             if since is None:
-                for obj in sorted(self.objects[rt.storage_key].values(), key=lambda o: int(o["metadata"]["resourceVersion"])):
+                for obj in sorted(
+                    self.objects[rt.storage_key].values(),
+                    key=lambda o: int(o["metadata"]["resourceVersion"]),
+                ):
                     if w.translate(Change(0, rt.storage_key, "ADDED", obj)):
                         w.put(("ADDED", obj, int(obj["metadata"]["resourceVersion"])))
                 if initial:
@@ -361,8 +442,13 @@ class Store:
 class WriteOptions:
     """How a write is made: by whom, to which subresource, with which ownership result."""
 
-    def __init__(self, manager: str = "emulator", subresource: str = "", check_rv: bool = True,
-                 entries: dict | None = None) -> None:
+    def __init__(
+        self,
+        manager: str = "emulator",
+        subresource: str = "",
+        check_rv: bool = True,
+        entries: dict | None = None,
+    ) -> None:
         self.manager = manager
         self.subresource = subresource
         self.check_rv = check_rv
@@ -378,11 +464,22 @@ def _blocked(rt: ResourceType, obj: dict) -> bool:
 
 def _crd_status(crd: dict) -> dict:
     names = crd["spec"]["names"]
-    accepted = {k: v for k, v in names.items() if k in ("plural", "singular", "kind", "listKind", "shortNames", "categories")}
+    accepted = {
+        k: v
+        for k, v in names.items()
+        if k in ("plural", "singular", "kind", "listKind", "shortNames", "categories")
+    }
     accepted.setdefault("singular", names["kind"].lower())
     accepted.setdefault("listKind", names["kind"] + "List")
-    conds = [{"type": t, "status": "True", "reason": r, "message": m, "lastTransitionTime": now_iso()}
-             for t, r, m in (("NamesAccepted", "NoConflicts", "no conflicts found for CRD names"),
-                             ("Established", "InitialNamesAccepted", "the initial names have been accepted"))]
-    return {"acceptedNames": accepted, "conditions": conds,
-            "storedVersions": [v["name"] for v in crd["spec"]["versions"] if v.get("storage")]}
+    conds = [
+        {"type": t, "status": "True", "reason": r, "message": m, "lastTransitionTime": now_iso()}
+        for t, r, m in (
+            ("NamesAccepted", "NoConflicts", "no conflicts found for CRD names"),
+            ("Established", "InitialNamesAccepted", "the initial names have been accepted"),
+        )
+    ]
+    return {
+        "acceptedNames": accepted,
+        "conditions": conds,
+        "storedVersions": [v["name"] for v in crd["spec"]["versions"] if v.get("storage")],
+    }

@@ -20,24 +20,61 @@ JSONP = {"Content-Type": "application/json-patch+json"}
 APPLY = {"Content-Type": "application/apply-patch+yaml"}
 
 TOY_CRD = {
-    "apiVersion": "apiextensions.k8s.io/v1", "kind": "CustomResourceDefinition",
+    "apiVersion": "apiextensions.k8s.io/v1",
+    "kind": "CustomResourceDefinition",
     "metadata": {"name": "toys.example.com"},
     "spec": {
-        "group": "example.com", "scope": "Namespaced",
+        "group": "example.com",
+        "scope": "Namespaced",
         "names": {"plural": "toys", "singular": "toy", "kind": "Toy"},
-        "versions": [{
-            "name": "v1", "served": True, "storage": True,
-            "subresources": {"status": {}, "scale": {"specReplicasPath": ".spec.replicas", "statusReplicasPath": ".status.replicas", "labelSelectorPath": ".status.selector"}},
-            "schema": {"openAPIV3Schema": {"type": "object", "properties": {
-                "spec": {"type": "object", "required": ["size"], "properties": {
-                    "size": {"type": "integer", "minimum": 1, "maximum": 10},
-                    "replicas": {"type": "integer", "default": 1},
-                    "mode": {"type": "string", "enum": ["fast", "slow"]},
-                    "tags": {"type": "array", "items": {"type": "string"}, "maxItems": 2},
-                    "extra": {"type": "object", "x-kubernetes-preserve-unknown-fields": True}}},
-                "status": {"type": "object", "properties": {
-                    "replicas": {"type": "integer"}, "selector": {"type": "string"},
-                    "phase": {"type": "string"}}}}}}}],
+        "versions": [
+            {
+                "name": "v1",
+                "served": True,
+                "storage": True,
+                "subresources": {
+                    "status": {},
+                    "scale": {
+                        "specReplicasPath": ".spec.replicas",
+                        "statusReplicasPath": ".status.replicas",
+                        "labelSelectorPath": ".status.selector",
+                    },
+                },
+                "schema": {
+                    "openAPIV3Schema": {
+                        "type": "object",
+                        "properties": {
+                            "spec": {
+                                "type": "object",
+                                "required": ["size"],
+                                "properties": {
+                                    "size": {"type": "integer", "minimum": 1, "maximum": 10},
+                                    "replicas": {"type": "integer", "default": 1},
+                                    "mode": {"type": "string", "enum": ["fast", "slow"]},
+                                    "tags": {
+                                        "type": "array",
+                                        "items": {"type": "string"},
+                                        "maxItems": 2,
+                                    },
+                                    "extra": {
+                                        "type": "object",
+                                        "x-kubernetes-preserve-unknown-fields": True,
+                                    },
+                                },
+                            },
+                            "status": {
+                                "type": "object",
+                                "properties": {
+                                    "replicas": {"type": "integer"},
+                                    "selector": {"type": "string"},
+                                    "phase": {"type": "string"},
+                                },
+                            },
+                        },
+                    }
+                },
+            }
+        ],
     },
 }
 
@@ -55,20 +92,42 @@ def http(kube):
 
 
 def cm(name: str, labels: dict | None = None, **data: str) -> dict:
-    return {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": name, "labels": labels or {}}, "data": data}
+    return {
+        "apiVersion": "v1",
+        "kind": "ConfigMap",
+        "metadata": {"name": name, "labels": labels or {}},
+        "data": data,
+    }
 
 
 def deployment(name: str, replicas: int = 2) -> dict:
-    return {"apiVersion": "apps/v1", "kind": "Deployment", "metadata": {"name": name},
-            "spec": {"replicas": replicas, "selector": {"matchLabels": {"app": name}},
-                     "template": {"metadata": {"labels": {"app": name}}, "spec": {"containers": [{"name": "c", "image": "i"}]}}}}
+    return {
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "metadata": {"name": name},
+        "spec": {
+            "replicas": replicas,
+            "selector": {"matchLabels": {"app": name}},
+            "template": {
+                "metadata": {"labels": {"app": name}},
+                "spec": {"containers": [{"name": "c", "image": "i"}]},
+            },
+        },
+    }
 
 
 def toy(name: str, **spec) -> dict:
-    return {"apiVersion": "example.com/v1", "kind": "Toy", "metadata": {"name": name}, "spec": {"size": 3, **spec}}
+    return {
+        "apiVersion": "example.com/v1",
+        "kind": "Toy",
+        "metadata": {"name": name},
+        "spec": {"size": 3, **spec},
+    }
 
 
-def watch_events(kube: KubeEmulator, path: str, params: dict, count: int, timeout: float = 5.0) -> list[dict]:
+def watch_events(
+    kube: KubeEmulator, path: str, params: dict, count: int, timeout: float = 5.0
+) -> list[dict]:
     """Read ``count`` events (or until the server ends the stream) from a watch."""
     events: list[dict] = []
     with httpx.Client(base_url=kube.url, timeout=timeout) as client:
@@ -87,9 +146,20 @@ def watch_events(kube: KubeEmulator, path: str, params: dict, count: int, timeou
 def test_discovery_lists_builtin_and_custom_kinds(kube, http):
     assert "v1" in http.get("/api").json()["versions"]
     groups = {g["name"] for g in http.get("/apis").json()["groups"]}
-    assert {"apps", "batch", "autoscaling", "coordination.k8s.io", "events.k8s.io", "apiextensions.k8s.io"} <= groups
+    assert {
+        "apps",
+        "batch",
+        "autoscaling",
+        "coordination.k8s.io",
+        "events.k8s.io",
+        "apiextensions.k8s.io",
+    } <= groups
     apps = {r["name"]: r for r in http.get("/apis/apps/v1").json()["resources"]}
-    assert "deployments/scale" in apps and "deployments/status" in apps and apps["deployments"]["namespaced"]
+    assert (
+        "deployments/scale" in apps
+        and "deployments/status" in apps
+        and apps["deployments"]["namespaced"]
+    )
     assert http.get("/apis/example.com/v1").status_code == 404
     kube.create(TOY_CRD)
     toys = {r["name"] for r in http.get("/apis/example.com/v1").json()["resources"]}
@@ -119,11 +189,17 @@ def test_create_get_list_delete(http):
     created = http.post(CM, json=cm("a", k="v"))
     assert created.status_code == 201
     body = created.json()
-    assert body["metadata"]["uid"] and body["metadata"]["creationTimestamp"] and body["metadata"]["generation"] == 1
+    assert (
+        body["metadata"]["uid"]
+        and body["metadata"]["creationTimestamp"]
+        and body["metadata"]["generation"] == 1
+    )
     assert http.get(f"{CM}/a").json()["data"] == {"k": "v"}
     assert http.post(CM, json=cm("a")).json()["reason"] == "AlreadyExists"
     generated = http.post(CM, json={"metadata": {"generateName": "gen-"}}).json()
-    assert generated["metadata"]["name"].startswith("gen-") and len(generated["metadata"]["name"]) == 9
+    assert (
+        generated["metadata"]["name"].startswith("gen-") and len(generated["metadata"]["name"]) == 9
+    )
     assert len(http.get(CM).json()["items"]) == 2
     assert http.delete(f"{CM}/a").status_code == 200
     assert http.get(f"{CM}/a").status_code == 404
@@ -132,19 +208,31 @@ def test_create_get_list_delete(http):
 def test_bad_requests_are_rejected(http):
     assert http.post("/api/v1/namespaces/nope/configmaps", json=cm("a")).status_code == 404
     assert http.post(CM, json=cm("Bad_Name")).status_code == 422
-    assert http.post(CM, json={"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "a"}}).status_code == 400
+    assert (
+        http.post(
+            CM, json={"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "a"}}
+        ).status_code
+        == 400
+    )
     assert http.get("/apis/nothing.io/v1/things").status_code == 404
     assert http.get(CM, params={"labelSelector": "a in b"}).status_code == 400
     http.post(CM, json=cm("a"))
-    assert http.patch(f"{CM}/a", content="{}", headers={"Content-Type": "text/plain"}).status_code == 415
+    assert (
+        http.patch(f"{CM}/a", content="{}", headers={"Content-Type": "text/plain"}).status_code
+        == 415
+    )
 
 
 def test_resource_version_is_global_and_monotonic(http):
-    rvs = [int(http.post(CM, json=cm(f"c{i}")).json()["metadata"]["resourceVersion"]) for i in range(3)]
+    rvs = [
+        int(http.post(CM, json=cm(f"c{i}")).json()["metadata"]["resourceVersion"]) for i in range(3)
+    ]
     assert rvs == sorted(rvs) and len(set(rvs)) == 3
     updated = http.patch(f"{CM}/c0", json={"data": {"x": "1"}}, headers=MERGE).json()
     assert int(updated["metadata"]["resourceVersion"]) > rvs[-1]
-    assert int(http.get(CM).json()["metadata"]["resourceVersion"]) == int(updated["metadata"]["resourceVersion"])
+    assert int(http.get(CM).json()["metadata"]["resourceVersion"]) == int(
+        updated["metadata"]["resourceVersion"]
+    )
 
 
 def test_noop_write_keeps_resource_version(http):
@@ -179,10 +267,17 @@ def test_merge_strategic_and_json_patches(http):
     http.post(CM, json=cm("a", k="v", drop="me"))
     merged = http.patch(f"{CM}/a", json={"data": {"drop": None, "n": "1"}}, headers=MERGE).json()
     assert merged["data"] == {"k": "v", "n": "1"}
-    strategic = http.patch(f"{CM}/a", json={"data": {"s": "2"}}, headers={"Content-Type": "application/strategic-merge-patch+json"}).json()
+    strategic = http.patch(
+        f"{CM}/a",
+        json={"data": {"s": "2"}},
+        headers={"Content-Type": "application/strategic-merge-patch+json"},
+    ).json()
     assert strategic["data"]["s"] == "2"
     rv = strategic["metadata"]["resourceVersion"]
-    ops = [{"op": "test", "path": "/metadata/resourceVersion", "value": rv}, {"op": "add", "path": "/metadata/finalizers", "value": ["f"]}]
+    ops = [
+        {"op": "test", "path": "/metadata/resourceVersion", "value": rv},
+        {"op": "add", "path": "/metadata/finalizers", "value": ["f"]},
+    ]
     assert http.patch(f"{CM}/a", json=ops, headers=JSONP).json()["metadata"]["finalizers"] == ["f"]
     failed = http.patch(f"{CM}/a", json=ops, headers=JSONP)  # the RV moved on: the test op fails
     assert failed.status_code == 422
@@ -191,11 +286,18 @@ def test_merge_strategic_and_json_patches(http):
 # ----- selectors ---------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize(("selector", "expected"), [
-    ("app=web", {"a", "b"}), ("app!=web", {"c", "d"}), ("app in (web,db)", {"a", "b", "c"}),
-    ("app notin (web)", {"c", "d"}), ("tier", {"a"}), ("!tier", {"b", "c", "d"}),
-    ("app=web,tier=front", {"a"}),
-])
+@pytest.mark.parametrize(
+    ("selector", "expected"),
+    [
+        ("app=web", {"a", "b"}),
+        ("app!=web", {"c", "d"}),
+        ("app in (web,db)", {"a", "b", "c"}),
+        ("app notin (web)", {"c", "d"}),
+        ("tier", {"a"}),
+        ("!tier", {"b", "c", "d"}),
+        ("app=web,tier=front", {"a"}),
+    ],
+)
 def test_label_selectors(http, selector, expected):
     http.post(CM, json=cm("a", {"app": "web", "tier": "front"}))
     http.post(CM, json=cm("b", {"app": "web"}))
@@ -209,9 +311,13 @@ def test_field_selectors_and_namespaces(http):
     http.post("/api/v1/namespaces", json={"metadata": {"name": "other"}})
     http.post(CM, json=cm("a"))
     http.post("/api/v1/namespaces/other/configmaps", json=cm("a"))
-    everywhere = http.get("/api/v1/configmaps", params={"fieldSelector": "metadata.name=a"}).json()["items"]
+    everywhere = http.get("/api/v1/configmaps", params={"fieldSelector": "metadata.name=a"}).json()[
+        "items"
+    ]
     assert {i["metadata"]["namespace"] for i in everywhere} == {"default", "other"}
-    only = http.get("/api/v1/configmaps", params={"fieldSelector": "metadata.namespace!=default"}).json()["items"]
+    only = http.get(
+        "/api/v1/configmaps", params={"fieldSelector": "metadata.namespace!=default"}
+    ).json()["items"]
     assert [i["metadata"]["namespace"] for i in only] == ["other"]
 
 
@@ -237,7 +343,10 @@ def test_watch_without_version_lists_then_streams(kube, http):
 
     threading.Thread(target=later).start()
     events = watch_events(kube, CM, {}, 2)
-    assert [(e["type"], e["object"]["metadata"]["name"]) for e in events] == [("ADDED", "a"), ("ADDED", "b")]
+    assert [(e["type"], e["object"]["metadata"]["name"]) for e in events] == [
+        ("ADDED", "a"),
+        ("ADDED", "b"),
+    ]
 
 
 def test_watch_resumes_from_version_without_duplicates(kube, http):
@@ -246,7 +355,11 @@ def test_watch_resumes_from_version_without_duplicates(kube, http):
     http.post(CM, json=cm("b"))
     http.delete(f"{CM}/a")
     events = watch_events(kube, CM, {"resourceVersion": rv, "timeoutSeconds": "1"}, 10)
-    assert [(e["type"], e["object"]["metadata"]["name"]) for e in events] == [("MODIFIED", "a"), ("ADDED", "b"), ("DELETED", "a")]
+    assert [(e["type"], e["object"]["metadata"]["name"]) for e in events] == [
+        ("MODIFIED", "a"),
+        ("ADDED", "b"),
+        ("DELETED", "a"),
+    ]
 
 
 def test_watch_from_compacted_version_is_410_expired(kube, http):
@@ -254,7 +367,11 @@ def test_watch_from_compacted_version_is_410_expired(kube, http):
     http.post(CM, json=cm("b"))
     kube.compact_history()
     (event,) = watch_events(kube, CM, {"resourceVersion": rv}, 1)
-    assert event["type"] == "ERROR" and event["object"]["code"] == 410 and event["object"]["reason"] == "Expired"
+    assert (
+        event["type"] == "ERROR"
+        and event["object"]["code"] == 410
+        and event["object"]["reason"] == "Expired"
+    )
 
 
 def test_watch_history_is_bounded():
@@ -272,13 +389,25 @@ def test_watch_bookmarks_timeout_and_selector_transitions(kube, http):
     http.patch(f"{CM}/a", json={"metadata": {"labels": {"app": "y"}}}, headers=MERGE)
     http.patch(f"{CM}/a", json={"metadata": {"labels": {"app": "x"}}}, headers=MERGE)
     started = time.monotonic()
-    events = watch_events(kube, CM, {"resourceVersion": rv, "labelSelector": "app=x", "allowWatchBookmarks": "true", "timeoutSeconds": "1"}, 100)
+    events = watch_events(
+        kube,
+        CM,
+        {
+            "resourceVersion": rv,
+            "labelSelector": "app=x",
+            "allowWatchBookmarks": "true",
+            "timeoutSeconds": "1",
+        },
+        100,
+    )
     assert time.monotonic() - started < 3  # the server ended the stream at timeoutSeconds
     kinds = [e["type"] for e in events]
     assert kinds[:2] == ["DELETED", "ADDED"]  # leaving and re-entering the selector
     assert "BOOKMARK" in kinds
     bookmark = next(e for e in events if e["type"] == "BOOKMARK")
-    assert int(bookmark["object"]["metadata"]["resourceVersion"]) >= int(events[1]["object"]["metadata"]["resourceVersion"])
+    assert int(bookmark["object"]["metadata"]["resourceVersion"]) >= int(
+        events[1]["object"]["metadata"]["resourceVersion"]
+    )
 
 
 def test_watch_initial_events_end_with_bookmark(kube, http):
@@ -313,7 +442,9 @@ def test_finalizers_delay_deletion(kube, http):
     deleted = http.delete(f"{CM}/a").json()
     assert deleted["metadata"]["deletionTimestamp"]
     assert http.get(f"{CM}/a").status_code == 200
-    refused = http.patch(f"{CM}/a", json={"metadata": {"finalizers": ["test/hold", "new"]}}, headers=MERGE)
+    refused = http.patch(
+        f"{CM}/a", json={"metadata": {"finalizers": ["test/hold", "new"]}}, headers=MERGE
+    )
     assert refused.status_code == 422
     http.patch(f"{CM}/a", json={"metadata": {"finalizers": []}}, headers=MERGE)
     assert http.get(f"{CM}/a").status_code == 404
@@ -321,7 +452,12 @@ def test_finalizers_delay_deletion(kube, http):
 
 def test_owner_references_are_garbage_collected(kube, http):
     owner = http.post(CM, json=cm("owner")).json()
-    ref = {"apiVersion": "v1", "kind": "ConfigMap", "name": "owner", "uid": owner["metadata"]["uid"]}
+    ref = {
+        "apiVersion": "v1",
+        "kind": "ConfigMap",
+        "name": "owner",
+        "uid": owner["metadata"]["uid"],
+    }
     http.post(CM, json={**cm("child"), "metadata": {"name": "child", "ownerReferences": [ref]}})
     http.post(CM, json={**cm("kept"), "metadata": {"name": "kept", "ownerReferences": [ref]}})
     http.patch(f"{CM}/kept", json={"metadata": {"finalizers": ["x/y"]}}, headers=MERGE)
@@ -333,8 +469,19 @@ def test_owner_references_are_garbage_collected(kube, http):
 def test_orphan_and_foreground_propagation(kube, http):
     for name in ("o1", "o2"):
         owner = http.post(CM, json=cm(name)).json()
-        ref = {"apiVersion": "v1", "kind": "ConfigMap", "name": name, "uid": owner["metadata"]["uid"]}
-        http.post(CM, json={**cm(f"{name}-child"), "metadata": {"name": f"{name}-child", "ownerReferences": [ref]}})
+        ref = {
+            "apiVersion": "v1",
+            "kind": "ConfigMap",
+            "name": name,
+            "uid": owner["metadata"]["uid"],
+        }
+        http.post(
+            CM,
+            json={
+                **cm(f"{name}-child"),
+                "metadata": {"name": f"{name}-child", "ownerReferences": [ref]},
+            },
+        )
     http.delete(f"{CM}/o1", params={"propagationPolicy": "Orphan"})
     time.sleep(0.3)
     assert http.get(f"{CM}/o1-child").json()["metadata"]["ownerReferences"] == []
@@ -357,8 +504,14 @@ def test_namespace_deletion_empties_it(kube, http):
 
 def test_status_subresource_is_separate(http):
     http.post(DEPLOY, json={**deployment("d"), "status": {"replicas": 99}})
-    assert "replicas" not in (http.get(f"{DEPLOY}/d").json().get("status") or {})  # ignored on create
-    http.patch(f"{DEPLOY}/d/status", json={"status": {"observedGeneration": 5}, "spec": {"replicas": 9}}, headers=MERGE)
+    assert "replicas" not in (
+        http.get(f"{DEPLOY}/d").json().get("status") or {}
+    )  # ignored on create
+    http.patch(
+        f"{DEPLOY}/d/status",
+        json={"status": {"observedGeneration": 5}, "spec": {"replicas": 9}},
+        headers=MERGE,
+    )
     body = http.get(f"{DEPLOY}/d").json()
     assert body["status"]["observedGeneration"] == 5 and body["spec"]["replicas"] == 2
     http.patch(f"{DEPLOY}/d", json={"status": {"observedGeneration": 1}}, headers=MERGE)
@@ -368,12 +521,22 @@ def test_status_subresource_is_separate(http):
 
 def test_deployment_scale_and_simulated_status(kube, http):
     http.post(DEPLOY, json=deployment("d", 2))
-    kube.wait_for(lambda: (http.get(f"{DEPLOY}/d").json().get("status") or {}).get("readyReplicas") == 2)
+    kube.wait_for(
+        lambda: (http.get(f"{DEPLOY}/d").json().get("status") or {}).get("readyReplicas") == 2
+    )
     scale = http.get(f"{DEPLOY}/d/scale").json()
-    assert scale["kind"] == "Scale" and scale["spec"]["replicas"] == 2 and scale["status"]["selector"] == "app=d"
+    assert (
+        scale["kind"] == "Scale"
+        and scale["spec"]["replicas"] == 2
+        and scale["status"]["selector"] == "app=d"
+    )
     http.patch(f"{DEPLOY}/d/scale", json={"spec": {"replicas": 4}}, headers=MERGE)
     kube.hold_deployment("d", ready=1)
-    body = kube.wait_for(lambda: (lambda b: b if (b.get("status") or {}).get("replicas") == 4 else None)(http.get(f"{DEPLOY}/d").json()))
+    body = kube.wait_for(
+        lambda: (lambda b: b if (b.get("status") or {}).get("replicas") == 4 else None)(
+            http.get(f"{DEPLOY}/d").json()
+        )
+    )
     assert body["spec"]["replicas"] == 4 and body["metadata"]["generation"] == 2
     assert body["status"]["readyReplicas"] == 1 and body["status"]["observedGeneration"] == 2
     stale = http.put(f"{DEPLOY}/d/scale", json={**scale, "spec": {"replicas": 1}})
@@ -382,15 +545,38 @@ def test_deployment_scale_and_simulated_status(kube, http):
 
 def test_job_status_is_driven_by_the_test(kube, http):
     jobs = "/apis/batch/v1/namespaces/default/jobs"
-    http.post(jobs, json={"apiVersion": "batch/v1", "kind": "Job", "metadata": {"name": "ok"}, "spec": {"parallelism": 2, "completions": 2, "completionMode": "Indexed", "template": {}}})
-    http.post(jobs, json={"apiVersion": "batch/v1", "kind": "Job", "metadata": {"name": "bad"}, "spec": {"template": {}}})
+    http.post(
+        jobs,
+        json={
+            "apiVersion": "batch/v1",
+            "kind": "Job",
+            "metadata": {"name": "ok"},
+            "spec": {
+                "parallelism": 2,
+                "completions": 2,
+                "completionMode": "Indexed",
+                "template": {},
+            },
+        },
+    )
+    http.post(
+        jobs,
+        json={
+            "apiVersion": "batch/v1",
+            "kind": "Job",
+            "metadata": {"name": "bad"},
+            "spec": {"template": {}},
+        },
+    )
     kube.wait_for(lambda: (http.get(f"{jobs}/ok").json().get("status") or {}).get("active") == 2)
     kube.succeed_job("ok")
     kube.fail_job("bad", reason="PodFailurePolicy")
     ok = kube.wait_for(lambda: (http.get(f"{jobs}/ok").json().get("status") or {}).get("succeeded"))
     assert ok == 2 and http.get(f"{jobs}/ok").json()["status"]["completedIndexes"] == "0-1"
     bad = http.get(f"{jobs}/bad").json()["status"]
-    assert bad["failed"] == 1 and any(c["type"] == "Failed" and c["reason"] == "PodFailurePolicy" for c in bad["conditions"])
+    assert bad["failed"] == 1 and any(
+        c["type"] == "Failed" and c["reason"] == "PodFailurePolicy" for c in bad["conditions"]
+    )
 
 
 # ----- server-side apply -------------------------------------------------------------------------
@@ -415,14 +601,29 @@ def test_apply_creates_merges_and_prunes_own_fields(http):
 
 def test_apply_conflicts_with_another_owner_unless_forced(http):
     apply(http, f"{DEPLOY}/d", deployment("d", 2), "op")
-    http.patch(f"{DEPLOY}/d/scale", json={"spec": {"replicas": 5}}, headers=MERGE, params={"fieldManager": "hpa"})
+    http.patch(
+        f"{DEPLOY}/d/scale",
+        json={"spec": {"replicas": 5}},
+        headers=MERGE,
+        params={"fieldManager": "hpa"},
+    )
     conflict = apply(http, f"{DEPLOY}/d", deployment("d", 2), "op")
     assert conflict.status_code == 409 and ".spec.replicas" in conflict.json()["message"]
     same_value = apply(http, f"{DEPLOY}/d", deployment("d", 5), "op")
     assert same_value.status_code == 200  # equal values: shared ownership, no conflict
-    without = {**deployment("d"), "spec": {k: v for k, v in deployment("d")["spec"].items() if k != "replicas"}}
-    assert apply(http, f"{DEPLOY}/d", without, "op").json()["spec"]["replicas"] == 5  # hpa still owns it
-    http.patch(f"{DEPLOY}/d/scale", json={"spec": {"replicas": 6}}, headers=MERGE, params={"fieldManager": "hpa"})
+    without = {
+        **deployment("d"),
+        "spec": {k: v for k, v in deployment("d")["spec"].items() if k != "replicas"},
+    }
+    assert (
+        apply(http, f"{DEPLOY}/d", without, "op").json()["spec"]["replicas"] == 5
+    )  # hpa still owns it
+    http.patch(
+        f"{DEPLOY}/d/scale",
+        json={"spec": {"replicas": 6}},
+        headers=MERGE,
+        params={"fieldManager": "hpa"},
+    )
     forced = apply(http, f"{DEPLOY}/d", deployment("d", 2), "op", force=True)
     assert forced.status_code == 200 and forced.json()["spec"]["replicas"] == 2
 
@@ -431,13 +632,26 @@ def test_apply_conflicts_with_another_owner_unless_forced(http):
 
 
 def test_custom_resource_schema_validation_and_defaults(kube, http):
-    assert http.post("/apis/apiextensions.k8s.io/v1/customresourcedefinitions", json=TOY_CRD).status_code == 201
-    crd = http.get("/apis/apiextensions.k8s.io/v1/customresourcedefinitions/toys.example.com").json()
-    assert any(c["type"] == "Established" and c["status"] == "True" for c in crd["status"]["conditions"])
+    assert (
+        http.post(
+            "/apis/apiextensions.k8s.io/v1/customresourcedefinitions", json=TOY_CRD
+        ).status_code
+        == 201
+    )
+    crd = http.get(
+        "/apis/apiextensions.k8s.io/v1/customresourcedefinitions/toys.example.com"
+    ).json()
+    assert any(
+        c["type"] == "Established" and c["status"] == "True" for c in crd["status"]["conditions"]
+    )
     good = http.post(TOYS, json=toy("t", extra={"any": {"thing": 1}}))
     assert good.status_code == 201 and good.json()["spec"]["replicas"] == 1  # defaulted
-    cases = [({"size": 0}, "greater than or equal to 1"), ({"size": "3"}, "must be of type integer"),
-             ({"mode": "warp"}, "Unsupported value"), ({"tags": ["a", "b", "c"]}, "at most 2 items")]
+    cases = [
+        ({"size": 0}, "greater than or equal to 1"),
+        ({"size": "3"}, "must be of type integer"),
+        ({"mode": "warp"}, "Unsupported value"),
+        ({"tags": ["a", "b", "c"]}, "at most 2 items"),
+    ]
     for spec, message in cases:
         bad = http.post(TOYS, json={**toy("b"), "spec": {"size": 3, **spec}})
         assert bad.status_code == 422 and message in bad.json()["message"], spec
@@ -452,20 +666,31 @@ def test_strict_field_validation_rejects_unknown_fields():
         kube.create(TOY_CRD)
         with httpx.Client(base_url=kube.url) as http:
             rejected = http.post(TOYS, json=toy("p", unknown=1))
-    assert rejected.status_code == 422 and 'unknown field "spec.unknown"' in rejected.json()["message"]
+    assert (
+        rejected.status_code == 422 and 'unknown field "spec.unknown"' in rejected.json()["message"]
+    )
 
 
 def test_invalid_crd_is_rejected(http):
     bad = {**TOY_CRD, "metadata": {"name": "wrong.example.com"}}
-    assert http.post("/apis/apiextensions.k8s.io/v1/customresourcedefinitions", json=bad).status_code == 422
+    assert (
+        http.post("/apis/apiextensions.k8s.io/v1/customresourcedefinitions", json=bad).status_code
+        == 422
+    )
 
 
 def test_custom_scale_and_crd_deletion(kube, http):
     kube.create(TOY_CRD)
     http.post(TOYS, json=toy("t", replicas=2))
-    http.patch(f"{TOYS}/t/status", json={"status": {"replicas": 2, "selector": "app=t"}}, headers=MERGE)
+    http.patch(
+        f"{TOYS}/t/status", json={"status": {"replicas": 2, "selector": "app=t"}}, headers=MERGE
+    )
     scale = http.get(f"{TOYS}/t/scale").json()
-    assert (scale["spec"]["replicas"], scale["status"]["replicas"], scale["status"]["selector"]) == (2, 2, "app=t")
+    assert (
+        scale["spec"]["replicas"],
+        scale["status"]["replicas"],
+        scale["status"]["selector"],
+    ) == (2, 2, "app=t")
     http.patch(f"{TOYS}/t/scale", json={"spec": {"replicas": 3}}, headers=MERGE)
     assert http.get(f"{TOYS}/t").json()["spec"]["replicas"] == 3
     http.delete("/apis/apiextensions.k8s.io/v1/customresourcedefinitions/toys.example.com")
@@ -478,7 +703,9 @@ def test_custom_scale_and_crd_deletion(kube, http):
 def test_fault_injection(kube, http):
     kube.faults.fail_next(2, verb="create", path="/configmaps")
     assert [http.post(CM, json=cm(f"f{i}")).status_code for i in range(3)] == [500, 500, 201]
-    assert http.get("/api/v1/namespaces/default/configmaps/f0").status_code == 404  # nothing written
+    assert (
+        http.get("/api/v1/namespaces/default/configmaps/f0").status_code == 404
+    )  # nothing written
     kube.faults.conflict_next()
     assert http.patch(f"{CM}/f2", json={"data": {"a": "b"}}, headers=MERGE).status_code == 409
     assert http.patch(f"{CM}/f2", json={"data": {"a": "b"}}, headers=MERGE).status_code == 200
