@@ -38,6 +38,7 @@ def test_settings(settings: kopf.OperatorSettings) -> kopf.OperatorSettings:
     settings.watching.connect_timeout = 2
     settings.watching.reconnect_backoff = 0.1
     settings.networking.request_timeout = 5
+    settings.networking.error_backoffs = (0.1, 0.2, 0.5, 1)
     settings.queueing.idle_timeout = 0.5
     settings.queueing.exit_timeout = 1
     settings.queueing.error_delays = (0.1, 0.2, 0.5, 1, 2)
@@ -57,9 +58,13 @@ def run_operator(
     ``namespaces=()`` runs cluster-wide. ``configure`` can adjust the settings further.
     """
 
-    @kopf.on.login(registry=registry)
-    def _login(**_: object) -> kopf.ConnectionInfo:
-        return kopf.ConnectionInfo(server=kube.url, scheme="Bearer", token="emulator-token")
+    if not getattr(registry, "_kube_emulator_login", False):  # a registry may be run again
+
+        @kopf.on.login(registry=registry)
+        def _login(**_: object) -> kopf.ConnectionInfo:
+            return kopf.ConnectionInfo(server=kube.url, scheme="Bearer", token="emulator-token")
+
+        registry._kube_emulator_login = True  # type: ignore[attr-defined]
 
     settings = test_settings(kopf.OperatorSettings())
     if configure is not None:
