@@ -246,6 +246,8 @@ class Server:
                 415,
                 f"the body of the request was in an unknown format - accepted media types include: {', '.join([*PATCH_TYPES, APPLY_TYPE])}",
             )
+        if t.rt.custom and ctype == "application/strategic-merge-patch+json":
+            raise ApiError(415, "strategic merge patch is not supported for custom resources")
         patch, algorithm = await request.json(), PATCH_TYPES[ctype]
         manager = _manager(request, query)
         if t.sub == "scale":

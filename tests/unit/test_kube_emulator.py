@@ -714,3 +714,57 @@ def test_fault_injection(kube, http):
     http.get(f"{CM}/f2")
     assert time.monotonic() - started >= 0.3
     assert [r["code"] for r in kube.requests_for(verb="create")] == [500, 500, 201]
+
+
+def test_strategic_merge_patch_merges_lists_by_key(kube, http):
+    http.post(DEPLOY, json=deployment("d"))
+    containers = [
+        {"name": "c", "env": [{"name": "A", "value": "1"}]},
+        {"name": "side", "image": "s"},
+    ]
+    sm = {"Content-Type": "application/strategic-merge-patch+json"}
+    patch = {"spec": {"template": {"spec": {"containers": containers}}}}
+    body = http.patch(f"{DEPLOY}/d", json=patch, headers=sm).json()
+    merged = body["spec"]["template"]["spec"]["containers"]
+    assert [c["name"] for c in merged] == ["c", "side"] and merged[0]["image"] == "i"
+    assert merged[0]["env"] == [{"name": "A", "value": "1"}]
+    delete = {
+        "spec": {"template": {"spec": {"containers": [{"name": "side", "$patch": "delete"}]}}}
+    }
+    body = http.patch(f"{DEPLOY}/d", json=delete, headers=sm).json()
+    assert [c["name"] for c in body["spec"]["template"]["spec"]["containers"]] == ["c"]
+    kube.create(TOY_CRD)
+    http.post(TOYS, json=toy("t"))
+    assert http.patch(f"{TOYS}/t", json={"spec": {"size": 4}}, headers=sm).status_code == 415
+
+
+def test_controllers_can_be_switched_off_and_jobs_suspend(kube, http):
+    kube.controllers.deployments = False
+    http.post(DEPLOY, json=deployment("d"))
+    jobs = "/apis/batch/v1/namespaces/default/jobs"
+    job = {
+        "apiVersion": "batch/v1",
+        "kind": "Job",
+        "metadata": {"name": "j"},
+        "spec": {"suspend": True},
+    }
+    http.post(jobs, json=job)
+    status = kube.wait_for(lambda: http.get(f"{jobs}/j").json().get("status"))
+    assert status["active"] == 0 and status["conditions"][0]["type"] == "Suspended"
+    time.sleep(0.3)
+    assert "status" not in http.get(f"{DEPLOY}/d").json()
+
+
+def test_apply_to_status_subresource_owns_status_only(http):
+    apply(http, f"{DEPLOY}/d", deployment("d"), "op")
+    status_apply = {
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "metadata": {"name": "d"},
+        "status": {"replicas": 9},
+        "spec": {"replicas": 7},
+    }
+    body = apply(http, f"{DEPLOY}/d/status", status_apply, "reporter").json()
+    assert body["status"]["replicas"] == 9 and body["spec"]["replicas"] == 2
+    entry = next(m for m in body["metadata"]["managedFields"] if m["manager"] == "reporter")
+    assert entry["subresource"] == "status" and "f:spec" not in entry["fieldsV1"]
