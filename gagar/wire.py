@@ -78,7 +78,9 @@ class Ranking(_Wire):
 
     def check_complete(self, passes: list[int]) -> str | None:
         """Return why the ranking is unusable for these passing members, or None if usable."""
-        ranked = sorted([m for g in self.tied_groups for m in g.members] + [h.member for h in self.hacks])
+        ranked = sorted(
+            [m for g in self.tied_groups for m in g.members] + [h.member for h in self.hacks]
+        )
         if ranked != sorted(passes):
             return f"ranking covers {ranked} but the passes are {sorted(passes)}"
         return None

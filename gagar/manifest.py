@@ -1,0 +1,107 @@
+"""Read GagarRun manifests from YAML files: the boundary where raw dicts become ``GagarRun``.
+
+Every problem is reported with its file, document index and field path, so ``gagar validate``
+can print all of them at once and exit non-zero.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+from pydantic import ValidationError
+
+from gagar import API_GROUP, API_VERSION, KIND
+from gagar.spec import GagarRun
+
+
+@dataclass(frozen=True)
+class Problem:
+    """One reason a document is not a valid GagarRun."""
+
+    source: str
+    index: int | None
+    path: str
+    message: str
+
+    def __str__(self) -> str:
+        where = self.source if self.index is None else f"{self.source}[{self.index}]"
+        return f"{where}: {self.path}: {self.message}" if self.path else f"{where}: {self.message}"
+
+
+@dataclass
+class Loaded:
+    """The GagarRuns found in some files, and every problem met."""
+
+    runs: list[tuple[str, int, GagarRun]] = field(default_factory=list)
+    problems: list[Problem] = field(default_factory=list)
+
+
+def _loc(loc: tuple[Any, ...]) -> str:
+    out = ""
+    for part in loc:
+        out += f"[{part}]" if isinstance(part, int) else (f".{part}" if out else str(part))
+    return out
+
+
+def validate_document(
+    doc: Any, source: str = "<input>", index: int = 0
+) -> tuple[GagarRun | None, list[Problem]]:
+    """Validate one parsed YAML document as a GagarRun."""
+    if not isinstance(doc, dict):
+        return None, [
+            Problem(
+                source,
+                index,
+                "",
+                f"expected a mapping (a Kubernetes object), got {type(doc).__name__}",
+            )
+        ]
+    api, kind = doc.get("apiVersion"), doc.get("kind")
+    if kind != KIND or api != f"{API_GROUP}/{API_VERSION}":
+        msg = f"not a GagarRun: apiVersion {api!r}, kind {kind!r} (expected {API_GROUP}/{API_VERSION}, {KIND})"
+        return None, [Problem(source, index, "", msg)]
+    try:
+        return GagarRun.model_validate(doc), []
+    except ValidationError as err:
+        return None, [Problem(source, index, _loc(e["loc"]), e["msg"]) for e in err.errors()]
+
+
+def load_files(paths: list[str | Path]) -> Loaded:
+    """Load every document of every file; unreadable files and YAML errors are problems too."""
+    loaded = Loaded()
+    for path in map(str, paths):
+        try:
+            text = Path(path).read_text()
+            docs = list(yaml.safe_load_all(text))
+        except (OSError, UnicodeDecodeError) as err:
+            loaded.problems.append(Problem(path, None, "", f"cannot read: {err}"))
+            continue
+        except yaml.YAMLError as err:
+            loaded.problems.append(Problem(path, None, "", f"invalid YAML: {err}"))
+            continue
+        _collect(loaded, path, docs)
+    return loaded
+
+
+def _collect(loaded: Loaded, path: str, docs: list[Any]) -> None:
+    present = [(i, d) for i, d in enumerate(docs) if d is not None]
+    if not present:
+        loaded.problems.append(Problem(path, None, "", "no YAML documents in file"))
+    for index, doc in present:
+        run, problems = validate_document(doc, path, index)
+        loaded.problems.extend(problems)
+        if run is not None:
+            loaded.runs.append((path, index, run))
+
+
+def load_run(path: str | Path) -> GagarRun:
+    """Load exactly one GagarRun from a file, or raise ``ValueError`` listing every problem."""
+    loaded = load_files([path])
+    if loaded.problems:
+        raise ValueError("\n".join(map(str, loaded.problems)))
+    if len(loaded.runs) != 1:
+        raise ValueError(f"{path}: expected exactly one GagarRun, found {len(loaded.runs)}")
+    return loaded.runs[0][2]

@@ -1,0 +1,367 @@
+"""The metric catalogue (DESIGN §4): every Prometheus metric gagar exports, declared once.
+
+Naming: prefix ``gagar_``, base units as suffixes (``_seconds``, ``_bytes``, ``_ratio`` for 0–1),
+``_total`` on counters, no colons; labels only from ``ALLOWED_LABELS`` (no task or trajectory ids:
+cardinality stays bounded). Components create the metrics they export into a registry with
+``Metrics(registry, component)``; dashboards and alerts reference these names, and a test lints them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+Kind = Literal["counter", "gauge", "histogram"]
+Component = Literal["trainer", "rollout", "grader", "sandbox", "operator"]
+
+ALLOWED_LABELS = frozenset(
+    {
+        "run",
+        "namespace",
+        "pool",
+        "stage",
+        "reason",
+        "outcome",
+        "grader",
+        "phase",
+        "condition",
+        "status",
+        "result",
+        "kind",
+        "tier",
+    }
+)
+ADVANTAGE_BUCKETS = (-4.0, -2.0, -1.0, -0.5, -0.25, -0.1, 0.0, 0.1, 0.25, 0.5, 1.0, 2.0, 4.0)
+FACTOR_BUCKETS = (0.2, 0.4, 0.6, 0.8, 0.9, 1.0, 1.25, 1.5)
+TOKEN_BUCKETS = (32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384, 32768, 65536)
+TURN_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128)
+DURATION_BUCKETS = (
+    0.01,
+    0.05,
+    0.1,
+    0.5,
+    1.0,
+    2.5,
+    5.0,
+    10.0,
+    30.0,
+    60.0,
+    120.0,
+    300.0,
+    600.0,
+    1800.0,
+)
+
+
+@dataclass(frozen=True)
+class MetricDef:
+    name: str
+    kind: Kind
+    doc: str
+    component: Component
+    labels: tuple[str, ...] = ("run",)
+    buckets: tuple[float, ...] | None = None
+
+
+def _defs() -> list[MetricDef]:
+    t, r, g, s, o = "trainer", "rollout", "grader", "sandbox", "operator"
+    h, c, G = "histogram", "counter", "gauge"
+    return [
+        # trainer: progress and time
+        MetricDef("gagar_trainer_step", G, "Training step last completed.", t),
+        MetricDef(
+            "gagar_trainer_step_duration_seconds",
+            h,
+            "Wall time of a training step.",
+            t,
+            buckets=DURATION_BUCKETS,
+        ),
+        MetricDef(
+            "gagar_trainer_stage_duration_seconds",
+            h,
+            "Wall time per stage of a step (rollout, grading, training, sync, checkpoint).",
+            t,
+            ("run", "stage"),
+            DURATION_BUCKETS,
+        ),
+        MetricDef(
+            "gagar_policy_version", G, "Policy version last published to the rollout engines.", t
+        ),
+        MetricDef(
+            "gagar_rollout_staleness_versions",
+            G,
+            "Policy versions between the trajectories trained on and the trainer.",
+            t,
+        ),
+        MetricDef(
+            "gagar_tokens_per_second",
+            G,
+            "Throughput of the last step by stage (rollout = generated, training = trained tokens).",
+            t,
+            ("run", "stage"),
+        ),
+        MetricDef("gagar_checkpoint_step", G, "Step of the newest complete checkpoint.", t),
+        # trainer: rewards and advantages
+        MetricDef(
+            "gagar_reward_mean", G, "Mean shaped reward over valid trajectories of the step.", t
+        ),
+        MetricDef(
+            "gagar_pass_rate_ratio", G, "Share of valid trajectories whose hidden tests pass.", t
+        ),
+        MetricDef(
+            "gagar_eligible_groups_ratio",
+            G,
+            "Share of sampled groups that were informative (≥1 pass, ≥1 fail, ≥2 valid).",
+            t,
+        ),
+        MetricDef(
+            "gagar_sampling_rounds_total", c, "Generation rounds run by dynamic sampling.", t
+        ),
+        MetricDef(
+            "gagar_quota_shortfall_total",
+            c,
+            "Steps that trained on fewer eligible groups than the quota.",
+            t,
+        ),
+        MetricDef(
+            "gagar_invalid_trajectories_total",
+            c,
+            "Trajectories dropped for infrastructure failures, by reason.",
+            t,
+            ("run", "reason"),
+        ),
+        MetricDef(
+            "gagar_advantage",
+            h,
+            "Per-trajectory advantage, before and after redistribution.",
+            t,
+            ("run", "stage"),
+            ADVANTAGE_BUCKETS,
+        ),
+        MetricDef(
+            "gagar_advantage_mean",
+            G,
+            "Mean advantage over trained trajectories, before/after redistribution.",
+            t,
+            ("run", "stage"),
+        ),
+        MetricDef(
+            "gagar_advantage_std",
+            G,
+            "Std of advantages over trained trajectories, before/after redistribution.",
+            t,
+            ("run", "stage"),
+        ),
+        MetricDef(
+            "gagar_advantage_abs_max",
+            G,
+            "Largest |advantage|, before/after redistribution.",
+            t,
+            ("run", "stage"),
+        ),
+        MetricDef(
+            "gagar_lambda",
+            h,
+            "Redistribution rescale factor λ per redistributed group.",
+            t,
+            buckets=FACTOR_BUCKETS,
+        ),
+        MetricDef("gagar_lambda_mean", G, "Mean λ over redistributed groups of the step.", t),
+        MetricDef(
+            "gagar_quality_factor",
+            h,
+            "Quality factors assigned to passes.",
+            t,
+            buckets=FACTOR_BUCKETS,
+        ),
+        MetricDef(
+            "gagar_grader_fallbacks_total",
+            c,
+            "Groups whose redistribution was skipped, by reason.",
+            t,
+            ("run", "reason"),
+        ),
+        MetricDef(
+            "gagar_hacks_total", c, "Passes the grader confirmed as hacks (reward zeroed).", t
+        ),
+        MetricDef("gagar_bloated_passes_ratio", G, "Share of passes the grader put below T1.", t),
+        # trainer: optimization
+        MetricDef("gagar_loss", G, "Policy loss of the step.", t),
+        MetricDef("gagar_kl", G, "KL to the reference policy (estimator as configured).", t),
+        MetricDef("gagar_entropy", G, "Mean token entropy of the policy on trained tokens.", t),
+        MetricDef("gagar_clip_ratio", G, "Share of trained tokens whose ratio was clipped.", t),
+        MetricDef("gagar_grad_norm", G, "Global gradient norm before clipping.", t),
+        MetricDef(
+            "gagar_gradient_variance",
+            G,
+            "Trace of the covariance of micro-batch gradients, Σ‖g_m − ḡ‖²/(M−1).",
+            t,
+        ),
+        MetricDef("gagar_gradient_mean_norm", G, "Norm of the mean micro-batch gradient ‖ḡ‖.", t),
+        MetricDef("gagar_tokens_trained_total", c, "Policy-generated tokens trained on.", t),
+        # trainer: behaviour
+        MetricDef(
+            "gagar_response_tokens", h, "Generated tokens per trajectory.", t, buckets=TOKEN_BUCKETS
+        ),
+        MetricDef("gagar_turns", h, "Agent turns per trajectory.", t, buckets=TURN_BUCKETS),
+        MetricDef(
+            "gagar_redundant_actions_total",
+            c,
+            "Tool calls flagged redundant, erroneous or churn, by kind.",
+            t,
+            ("run", "kind"),
+        ),
+        # rollout
+        MetricDef(
+            "gagar_rollout_requests_total",
+            c,
+            "Engine requests by outcome.",
+            r,
+            ("run", "pool", "outcome"),
+        ),
+        MetricDef(
+            "gagar_rollout_request_duration_seconds",
+            h,
+            "Engine request latency.",
+            r,
+            ("run", "pool"),
+            DURATION_BUCKETS,
+        ),
+        MetricDef(
+            "gagar_rollout_trajectories_total",
+            c,
+            "Finished trajectories by exit reason.",
+            r,
+            ("run", "reason"),
+        ),
+        MetricDef(
+            "gagar_weight_sync_duration_seconds",
+            h,
+            "Time to push a policy version to the engines.",
+            r,
+            ("run", "pool"),
+            DURATION_BUCKETS,
+        ),
+        # grader
+        MetricDef(
+            "gagar_grader_requests_total",
+            c,
+            "Grading requests by grader and outcome.",
+            g,
+            ("run", "pool", "grader", "outcome"),
+        ),
+        MetricDef(
+            "gagar_grader_request_duration_seconds",
+            h,
+            "Grading latency per group.",
+            g,
+            ("run", "pool", "grader"),
+            DURATION_BUCKETS,
+        ),
+        MetricDef(
+            "gagar_grader_queue_depth",
+            G,
+            "Groups waiting in the grader service queue.",
+            g,
+            ("run", "pool"),
+        ),
+        MetricDef(
+            "gagar_grader_timeouts_total",
+            c,
+            "Groups whose grading passed the deadline.",
+            g,
+            ("run", "pool"),
+        ),
+        # sandbox
+        MetricDef(
+            "gagar_sandbox_executions_total",
+            c,
+            "Sandboxed executions by outcome.",
+            s,
+            ("run", "pool", "outcome"),
+        ),
+        MetricDef(
+            "gagar_sandbox_execution_duration_seconds",
+            h,
+            "Wall time of sandboxed executions.",
+            s,
+            ("run", "pool"),
+            DURATION_BUCKETS,
+        ),
+        MetricDef(
+            "gagar_sandbox_timeouts_total",
+            c,
+            "Executions killed at the wall-clock limit.",
+            s,
+            ("run", "pool"),
+        ),
+        MetricDef(
+            "gagar_sandbox_oom_kills_total",
+            c,
+            "Executions that hit the memory limit.",
+            s,
+            ("run", "pool"),
+        ),
+        MetricDef("gagar_sandbox_sessions_active", G, "Open sandbox sessions.", s, ("run", "pool")),
+        MetricDef(
+            "gagar_sandbox_warm_pool_size", G, "Idle warm sandbox sessions.", s, ("run", "pool")
+        ),
+        # operator
+        MetricDef(
+            "gagar_operator_reconciles_total", c, "Reconciliations by result.", o, ("result",)
+        ),
+        MetricDef(
+            "gagar_operator_reconcile_duration_seconds",
+            h,
+            "Reconciliation latency.",
+            o,
+            (),
+            DURATION_BUCKETS,
+        ),
+        MetricDef("gagar_operator_runs", G, "GagarRuns by phase.", o, ("phase",)),
+        MetricDef(
+            "gagar_run_condition",
+            G,
+            "1 when the condition has the status, per run.",
+            o,
+            ("run", "namespace", "condition", "status"),
+        ),
+    ]
+
+
+CATALOGUE: dict[str, MetricDef] = {d.name: d for d in _defs()}
+Metric = Counter | Gauge | Histogram
+
+
+class Metrics:
+    """The catalogue's metrics of some components, created in one registry.
+
+    ``Metrics(registry, "trainer")["gagar_loss"].labels(run="x").set(0.1)``
+    """
+
+    def __init__(self, registry: CollectorRegistry | None = None, *components: Component) -> None:
+        self.registry = registry if registry is not None else CollectorRegistry()
+        wanted = set(components) or {d.component for d in CATALOGUE.values()}
+        self._metrics: dict[str, Metric] = {
+            d.name: _create(d, self.registry) for d in CATALOGUE.values() if d.component in wanted
+        }
+
+    def __getitem__(self, name: str) -> Metric:
+        if name not in self._metrics:
+            raise KeyError(f"{name} is not in the catalogue of these components")
+        return self._metrics[name]
+
+    def __contains__(self, name: str) -> bool:
+        return name in self._metrics
+
+
+def _create(d: MetricDef, registry: CollectorRegistry) -> Metric:
+    if d.kind == "counter":
+        return Counter(d.name.removesuffix("_total"), d.doc, d.labels, registry=registry)
+    if d.kind == "gauge":
+        return Gauge(d.name, d.doc, d.labels, registry=registry)
+    return Histogram(
+        d.name, d.doc, d.labels, registry=registry, buckets=d.buckets or Histogram.DEFAULT_BUCKETS
+    )

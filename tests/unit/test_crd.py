@@ -1,0 +1,86 @@
+"""The generated CRD: structural, schema-valid, printer columns, and checked in without drift."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import kubernetes_validate
+import pytest
+import yaml
+
+from gagar.crd import build_crd
+from gagar.generated import GENERATED, drifted
+
+ROOT = Path(__file__).resolve().parents[2]
+K8S_VERSION = "1.32.0"
+
+
+def _walk(node: dict[str, Any], path: str = "$"):
+    yield path, node
+    for key, sub in node.get("properties", {}).items():
+        yield from _walk(sub, f"{path}.{key}")
+    for key in ("items", "additionalProperties"):
+        if isinstance(node.get(key), dict):
+            yield from _walk(node[key], f"{path}.{key}")
+
+
+def test_schema_is_structural() -> None:
+    schema = build_crd()["spec"]["versions"][0]["schema"]["openAPIV3Schema"]
+    for path, node in _walk(schema):
+        assert "type" in node, f"{path} has no type"
+        for banned in ("$ref", "anyOf", "oneOf", "allOf", "const", "prefixItems", "title", "$defs"):
+            assert banned not in node, f"{path} uses {banned}"
+        assert not ("properties" in node and "additionalProperties" in node), path
+        for key in ("exclusiveMinimum", "exclusiveMaximum"):
+            assert isinstance(node.get(key, True), bool), (
+                f"{path}.{key} must be boolean in OpenAPI 3.0"
+            )
+        if node["type"] == "object" and path.count(".") >= 1 and "properties" in node:
+            assert node.get("description"), f"{path} has no description"
+
+
+def test_every_spec_field_is_documented() -> None:
+    spec = build_crd()["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"]
+    missing = [
+        path
+        for path, node in _walk(spec)
+        if not node.get("description")
+        and ".items" not in path
+        and "additionalProperties" not in path
+    ]
+    assert missing == []
+
+
+def test_crd_validates_against_the_kubernetes_schemas() -> None:
+    kubernetes_validate.validate(build_crd(), K8S_VERSION, strict=True)
+
+
+def test_crd_basics() -> None:
+    crd = build_crd()
+    assert crd["metadata"]["name"] == "gagarruns.gagar.dev"
+    assert crd["spec"]["names"]["shortNames"] == ["gr"]
+    version = crd["spec"]["versions"][0]
+    assert version["subresources"] == {"status": {}}
+    assert {c["name"] for c in version["additionalPrinterColumns"]} >= {
+        "Phase",
+        "Step",
+        "Ready",
+        "Age",
+    }
+
+
+@pytest.mark.parametrize("rel", sorted(GENERATED))
+def test_generated_files_do_not_drift(rel: str) -> None:
+    assert rel not in drifted(ROOT), f"{rel} drifted from gagar/spec.py: run `make crd`"
+    assert yaml.safe_load((ROOT / rel).read_text())["kind"]
+
+
+def test_drift_is_detected(tmp_path: Path) -> None:
+    from gagar.generated import write_all
+
+    write_all(tmp_path)
+    assert drifted(tmp_path) == []
+    target = tmp_path / sorted(GENERATED)[0]
+    target.write_text(target.read_text().replace("prompt-mean", "token-mean", 1))
+    assert drifted(tmp_path) == [sorted(GENERATED)[0]]

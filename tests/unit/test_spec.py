@@ -1,0 +1,178 @@
+"""The GagarRun models: defaults, examples, cross-field rules with field paths, and the CRD parity."""
+
+from __future__ import annotations
+
+import copy
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from pydantic import ValidationError
+
+from gagar.crd import build_crd
+from gagar.manifest import validate_document
+from gagar.spec import MAX_NAME_LENGTH, GagarRun, GagarRunSpec
+from tests.support.crd_check import crd_errors
+
+ROOT = Path(__file__).resolve().parents[2]
+EXAMPLES = sorted((ROOT / "examples").glob("*.yaml"))
+
+
+def minimal() -> dict[str, Any]:
+    return {
+        "apiVersion": "gagar.dev/v1alpha1",
+        "kind": "GagarRun",
+        "metadata": {"name": "demo"},
+        "spec": {
+            "model": {"preset": "tiny"},
+            "rollout": {"replicas": 1},
+            "grader": {"replicas": 1},
+        },
+    }
+
+
+def with_spec(path: str, value: Any, base: dict[str, Any] | None = None) -> dict[str, Any]:
+    doc = copy.deepcopy(base or minimal())
+    node = doc
+    keys = path.split(".")
+    for key in keys[:-1]:
+        node = node.setdefault(key, {})
+    node[keys[-1]] = value
+    return doc
+
+
+def test_paper_defaults() -> None:
+    spec = GagarRunSpec.model_validate({"model": {"preset": "tiny"}})
+    alg = spec.algorithm
+    qf = alg.redistribution.quality_factors
+    assert (qf.t1_first, qf.t1_other, qf.t2_high, qf.t2_low, qf.t3) == (1.0, 0.9, 0.85, 0.4, 0.2)
+    assert alg.redistribution.lambda_max == 1.5 and alg.redistribution.rescale
+    lp = alg.length_penalty
+    assert (lp.pass_rate_threshold, lp.weight, lp.delta, lp.scale, lp.gamma, lp.percentile) == (
+        0.5,
+        0.2,
+        0,
+        1,
+        1.5,
+        30,
+    )
+    sp = alg.segment_penalty
+    assert (sp.kappa, sp.alpha_max, sp.beta_min) == (2, 2, 0.5)
+    loss = alg.loss
+    assert (loss.clip_low, loss.clip_high, loss.dual_clip, loss.aggregation) == (
+        0.2,
+        0.28,
+        3,
+        "prompt-mean",
+    )
+    assert loss.kl.coef == 0 and not alg.std_normalize and alg.eps == 1e-6
+
+
+@pytest.mark.parametrize("path", EXAMPLES, ids=lambda p: p.name)
+def test_examples_are_valid_for_pydantic_and_the_crd(path: Path) -> None:
+    for doc in yaml.safe_load_all(path.read_text()):
+        run, problems = validate_document(doc, str(path))
+        assert problems == [] and run is not None
+        assert crd_errors(doc, build_crd()) == []
+
+
+def test_round_trip_through_the_wire_form() -> None:
+    run = GagarRun.model_validate(minimal())
+    again = GagarRun.model_validate(run.to_wire())
+    assert again == run
+
+
+# (mutation, field path the message must name)
+INVALID = [
+    (
+        ("spec.trainer", {"nodes": 1, "processesPerNode": 2, "parallelism": {"tensor": 4}}),
+        "spec.trainer.parallelism",
+    ),
+    (
+        ("spec.trainer", {"nodes": 2, "processesPerNode": 2, "parallelism": {"expert": 8}}),
+        "spec.trainer.parallelism",
+    ),
+    (("spec.grader", {"replicas": 1, "autoscaling": {"maxReplicas": 3}}), "spec.grader"),
+    (("spec.rollout", {}), "spec.rollout"),
+    (("spec.rollout", {"endpoint": "http://x:8000/v1", "replicas": 2}), "spec.rollout"),
+    (("spec.grader", {"autoscaling": {"minReplicas": 5, "maxReplicas": 3}}), "minReplicas"),
+    (
+        ("spec.grader", {"autoscaling": {"minReplicas": 0, "maxReplicas": 3, "backend": "hpa"}}),
+        "minReplicas",
+    ),
+    (("spec.grader", {"kind": "agentic", "replicas": 1}), "spec.grader.model"),
+    (("spec.algorithm", {"groupSize": 1}), "groupSize"),
+    (("spec.model", {"preset": "tiny", "path": "/x"}), "spec.model"),
+    (("spec.model", {"numExperts": 6, "preset": "tiny"}), None),  # paired with expert=4 below
+    (("spec.dataset", {"sources": [{"kind": "jsonl"}]}), "path"),
+    (("spec.dataset", {"sources": [{"kind": "synthetic", "path": "/x.jsonl"}]}), "path"),
+    (
+        ("spec.algorithm", {"redistribution": {"qualityFactors": {"t2Low": 0.9, "t2High": 0.5}}}),
+        "t2Low",
+    ),
+    (("spec.algorithm", {"lengthPenalty": {"delta": 1.0, "scale": 1.0}}), "scale"),
+    (("spec.algorithm", {"redistribution": {"qualityFactors": {"t3": 1.5}}}), "t3"),
+    (("metadata.name", "x" * (MAX_NAME_LENGTH + 1)), "metadata.name"),
+    (("metadata.name", "Bad_Name"), "metadata.name"),
+    (("spec.sandbox", {"backend": "docker"}), "spec.sandbox.backend"),
+    (("spec.unknownField", 1), "spec.unknownField"),
+]
+
+
+def _mutated(case: tuple[str, Any]) -> dict[str, Any]:
+    path, value = case
+    doc = with_spec(path, value)
+    if path == "spec.model" and "numExperts" in value:
+        doc["spec"]["trainer"] = {"nodes": 1, "processesPerNode": 4, "parallelism": {"expert": 4}}
+    return doc
+
+
+@pytest.mark.parametrize(
+    ("case", "field"), INVALID, ids=[c[0][0] + str(i) for i, c in enumerate(INVALID)]
+)
+def test_invalid_specs_name_the_field(case: tuple[str, Any], field: str | None) -> None:
+    doc = _mutated(case)
+    run, problems = validate_document(doc)
+    assert run is None and problems
+    text = "\n".join(map(str, problems))
+    assert field is None or field in text, text
+    if case[0] == "spec.model" and "numExperts" in case[1]:
+        assert "numExperts" in text
+
+
+@pytest.mark.parametrize(
+    ("case", "field"), INVALID, ids=[c[0][0] + str(i) for i, c in enumerate(INVALID)]
+)
+def test_the_crd_rejects_what_pydantic_rejects(case: tuple[str, Any], field: str | None) -> None:
+    assert crd_errors(_mutated(case), build_crd()), (
+        "the CRD (schema + CEL) accepted an invalid GagarRun"
+    )
+
+
+def test_autoscaled_pool_is_valid_without_replicas() -> None:
+    doc = with_spec("spec.grader", {"autoscaling": {"minReplicas": 0, "maxReplicas": 4}})
+    run, problems = validate_document(doc)
+    assert problems == [] and run is not None and run.spec.grader.replicas is None
+    assert crd_errors(doc, build_crd()) == []
+
+
+def test_external_endpoint_pool() -> None:
+    doc = with_spec("spec.rollout", {"endpoint": "http://vllm.example:8000/v1"})
+    run, problems = validate_document(doc)
+    assert problems == [] and run is not None
+    assert crd_errors(doc, build_crd()) == []
+
+
+def test_models_are_immutable() -> None:
+    run = GagarRun.model_validate(minimal())
+    with pytest.raises(ValidationError):
+        run.spec.algorithm.group_size = 3  # type: ignore[misc]
+
+
+def test_resources_gpus() -> None:
+    doc = with_spec("spec.trainer", {"resources": {"limits": {"nvidia.com/gpu": "8"}}})
+    run = GagarRun.model_validate(doc)
+    assert run.spec.trainer.resources.gpus == 8
+    bad = with_spec("spec.trainer", {"resources": {"limits": {"memory": "lots"}}})
+    assert validate_document(bad)[1]
