@@ -9,12 +9,13 @@ streams, or forget history so that resumed watches get 410 Gone.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import pathlib
 import socket
 import tempfile
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import yaml
@@ -129,6 +130,26 @@ class KubeEmulator:
             config_file=str(self.kubeconfig_path), client_configuration=configuration
         )
         return kubernetes.client.ApiClient(configuration)
+
+    @contextlib.contextmanager
+    def as_default_client(self) -> Iterator[None]:
+        """Make ``kubernetes.client.ApiClient()`` (no arguments) talk to this emulator.
+
+        For operator code that builds its clients from the global default configuration; the
+        previous default is restored afterwards.
+        """
+        import kubernetes
+
+        previous = kubernetes.client.Configuration.get_default_copy()
+        configuration = kubernetes.client.Configuration()
+        kubernetes.config.load_kube_config(
+            config_file=str(self.kubeconfig_path), client_configuration=configuration
+        )
+        kubernetes.client.Configuration.set_default(configuration)
+        try:
+            yield
+        finally:
+            kubernetes.client.Configuration.set_default(previous)
 
     # ----- objects without HTTP --------------------------------------------------------------
 

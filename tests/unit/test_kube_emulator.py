@@ -768,3 +768,23 @@ def test_apply_to_status_subresource_owns_status_only(http):
     assert body["status"]["replicas"] == 9 and body["spec"]["replicas"] == 2
     entry = next(m for m in body["metadata"]["managedFields"] if m["manager"] == "reporter")
     assert entry["subresource"] == "status" and "f:spec" not in entry["fieldsV1"]
+
+
+def test_shipped_crd_serves_the_examples_and_rejects_bad_specs(kube):
+    import pathlib
+
+    import yaml
+
+    root = pathlib.Path(__file__).resolve().parents[2]
+    kube.load_yaml(root / "manifests" / "crd" / "gagarruns.gagar.dev.yaml")
+    kube.create({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "gagar"}})
+    examples = sorted((root / "examples").glob("*.yaml"))
+    assert examples
+    for path in examples:
+        (run,) = kube.load_yaml(path)
+        assert run["kind"] == "GagarRun" and run["metadata"]["generation"] == 1
+    bad = yaml.safe_load((root / "examples" / "local.yaml").read_text())
+    bad["metadata"]["name"] = "bad"
+    bad["spec"]["algorithm"]["mode"] = "nope"
+    with pytest.raises(Exception, match=r"spec\.algorithm\.mode: Unsupported value"):
+        kube.create(bad)
