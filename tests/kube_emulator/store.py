@@ -9,30 +9,20 @@ the bounded history keep references to them.
 from __future__ import annotations
 
 import copy
-import datetime as dt
 import random
-import re
 import threading
 import uuid
 from collections import deque
 from collections.abc import Callable
 
-from . import schema as oas
 from . import ssa
+from .admission import CRD_KEY, NS_KEY, admit, check_name, now_iso
 from .errors import ApiError, conflict, invalid, not_found
-from .resources import BUILTINS, CRDError, ResourceType, types_from_crd
+from .resources import BUILTINS, ResourceType
 from .selectors import Predicate
 from .watching import Change, Watcher
 
-_NAME_RE = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
 _SERVER_META = ("uid", "creationTimestamp", "deletionTimestamp", "generation", "selfLink")
-CRD_KEY = ("apiextensions.k8s.io", "customresourcedefinitions")
-NS_KEY = ("", "namespaces")
-CRD_FINALIZER = "customresourcecleanup.apiextensions.k8s.io"
-
-
-def now_iso() -> str:
-    return dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 def _meta(obj: dict) -> dict:
@@ -178,17 +168,8 @@ class Store:
         if not meta.get("name") and meta.get("generateName"):
             suffix = "".join(random.choices("bcdfghjklmnpqrstvwxz2456789", k=5))
             meta["name"] = meta["generateName"] + suffix
-        name = meta.get("name") or ""
-        if not name or len(name) > 253 or not _NAME_RE.match(name):
-            raise invalid(
-                rt.kind,
-                name,
-                [
-                    f"metadata.name: Invalid value: {name!r}: a lowercase RFC 1123 subdomain must consist of lower case alphanumeric characters, '-' or '.'"
-                ],
-                rt.group,
-            )
-        return name
+        check_name(rt, meta.get("name") or "")
+        return meta["name"]
 
     def create(
         self,
@@ -231,39 +212,9 @@ class Store:
             return self._view(rt, obj)
 
     def _admit(self, rt: ResourceType, obj: dict, old: dict | None) -> dict:
-        """Kind-specific admission: CR schemas, CRD registration, server-set defaults."""
-        obj["apiVersion"], obj["kind"] = rt.api_version, rt.kind
-        if rt.custom and rt.schema is not None:
-            obj = self._validate_custom(rt, obj)
-        if rt.storage_key == CRD_KEY:
-            try:
-                served = types_from_crd(obj)
-            except CRDError as e:
-                raise invalid(rt.kind, obj["metadata"]["name"], [str(e)], rt.group) from e
-            for t in served:
-                self._register(t)
-            obj["status"] = _crd_status(obj)
-            if old is None:
-                _meta(obj).setdefault("finalizers", []).append(CRD_FINALIZER)
-        if rt.storage_key == NS_KEY and old is None:
-            obj["status"] = {"phase": "Active"}
-            obj.setdefault("spec", {"finalizers": ["kubernetes"]})
-        return obj
-
-    def _validate_custom(self, rt: ResourceType, obj: dict) -> dict:
-        schema = rt.schema or {}
-        obj = oas.apply_defaults(obj, schema)
-        obj, dropped = oas.prune(obj, schema, root=True)
-        if dropped and self.strict_fields:
-            raise invalid(
-                rt.kind,
-                obj["metadata"]["name"],
-                [f'unknown field "{p}"' for p in dropped],
-                rt.group,
-            )
-        errors = oas.validate(obj, schema, root=True)
-        if errors:
-            raise invalid(rt.kind, obj["metadata"]["name"], errors, rt.group)
+        obj, served = admit(rt, obj, old, self.strict_fields)
+        for t in served:
+            self._register(t)
         return obj
 
     def write(
@@ -460,26 +411,3 @@ def _blocked(rt: ResourceType, obj: dict) -> bool:
     if obj["metadata"].get("finalizers"):
         return True
     return rt.storage_key == NS_KEY and bool((obj.get("spec") or {}).get("finalizers"))
-
-
-def _crd_status(crd: dict) -> dict:
-    names = crd["spec"]["names"]
-    accepted = {
-        k: v
-        for k, v in names.items()
-        if k in ("plural", "singular", "kind", "listKind", "shortNames", "categories")
-    }
-    accepted.setdefault("singular", names["kind"].lower())
-    accepted.setdefault("listKind", names["kind"] + "List")
-    conds = [
-        {"type": t, "status": "True", "reason": r, "message": m, "lastTransitionTime": now_iso()}
-        for t, r, m in (
-            ("NamesAccepted", "NoConflicts", "no conflicts found for CRD names"),
-            ("Established", "InitialNamesAccepted", "the initial names have been accepted"),
-        )
-    ]
-    return {
-        "acceptedNames": accepted,
-        "conditions": conds,
-        "storedVersions": [v["name"] for v in crd["spec"]["versions"] if v.get("storage")],
-    }

@@ -1,0 +1,90 @@
+"""Admission (pure): what the server checks and sets on every write before storing an object.
+
+Custom objects get their CRD schema's defaults, pruning and validation; CustomResourceDefinitions
+are checked and get their status (names accepted, established) and cleanup finalizer; namespaces
+get their ``Active`` phase and ``kubernetes`` finalizer. Built-in kinds are not schema-checked.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import re
+
+from . import schema as oas
+from .errors import invalid
+from .resources import CRDError, ResourceType, types_from_crd
+
+CRD_KEY = ("apiextensions.k8s.io", "customresourcedefinitions")
+NS_KEY = ("", "namespaces")
+CRD_FINALIZER = "customresourcecleanup.apiextensions.k8s.io"
+_NAME_RE = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
+
+
+def now_iso() -> str:
+    return dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def check_name(rt: ResourceType, name: str) -> None:
+    if not name or len(name) > 253 or not _NAME_RE.match(name):
+        reason = (
+            f"metadata.name: Invalid value: {name!r}: a lowercase RFC 1123 subdomain must "
+            "consist of lower case alphanumeric characters, '-' or '.'"
+        )
+        raise invalid(rt.kind, name, [reason], rt.group)
+
+
+def admit(
+    rt: ResourceType, obj: dict, old: dict | None, strict: bool
+) -> tuple[dict, list[ResourceType]]:
+    """Return the object to store and, for a CRD, the kinds it serves."""
+    obj["apiVersion"], obj["kind"] = rt.api_version, rt.kind
+    served: list[ResourceType] = []
+    if rt.custom and rt.schema is not None:
+        obj = validate_custom(rt, obj, strict)
+    if rt.storage_key == CRD_KEY:
+        try:
+            served = types_from_crd(obj)
+        except CRDError as e:
+            raise invalid(rt.kind, obj["metadata"]["name"], [str(e)], rt.group) from e
+        obj["status"] = crd_status(obj, old)
+        if old is None:
+            obj["metadata"].setdefault("finalizers", []).append(CRD_FINALIZER)
+    if rt.storage_key == NS_KEY and old is None:
+        obj["status"] = {"phase": "Active"}
+        obj.setdefault("spec", {"finalizers": ["kubernetes"]})
+    return obj, served
+
+
+def validate_custom(rt: ResourceType, obj: dict, strict: bool) -> dict:
+    schema = rt.schema or {}
+    obj = oas.apply_defaults(obj, schema)
+    obj, dropped = oas.prune(obj, schema, root=True)
+    name = obj["metadata"]["name"]
+    if dropped and strict:
+        raise invalid(rt.kind, name, [f'unknown field "{p}"' for p in dropped], rt.group)
+    errors = oas.validate(obj, schema, root=True)
+    if errors:
+        raise invalid(rt.kind, name, errors, rt.group)
+    return obj
+
+
+def crd_status(crd: dict, old: dict | None) -> dict:
+    """Names accepted and established; conditions keep their times across later writes."""
+    names = crd["spec"]["names"]
+    keys = ("plural", "singular", "kind", "listKind", "shortNames", "categories")
+    accepted = {k: v for k, v in names.items() if k in keys}
+    accepted.setdefault("singular", names["kind"].lower())
+    accepted.setdefault("listKind", names["kind"] + "List")
+    previous = ((old or {}).get("status") or {}).get("conditions")
+    conds = previous or [
+        {"type": t, "status": "True", "reason": r, "message": m, "lastTransitionTime": now_iso()}
+        for t, r, m in (
+            ("NamesAccepted", "NoConflicts", "no conflicts found for CRD names"),
+            ("Established", "InitialNamesAccepted", "the initial names have been accepted"),
+        )
+    ]
+    return {
+        "acceptedNames": accepted,
+        "conditions": conds,
+        "storedVersions": [v["name"] for v in crd["spec"]["versions"] if v.get("storage")],
+    }
