@@ -3,6 +3,7 @@
 Custom objects get their CRD schema's defaults, pruning and validation; CustomResourceDefinitions
 are checked and get their status (names accepted, established) and cleanup finalizer; namespaces
 get their ``Active`` phase and ``kubernetes`` finalizer. Built-in kinds are not schema-checked.
+CEL rules run (see :mod:`.cel` for the subset) only when the OpenAPI validation passed.
 """
 
 from __future__ import annotations
@@ -10,6 +11,7 @@ from __future__ import annotations
 import datetime as dt
 import re
 
+from . import cel
 from . import schema as oas
 from .errors import invalid
 from .resources import CRDError, ResourceType, types_from_crd
@@ -62,7 +64,7 @@ def validate_custom(rt: ResourceType, obj: dict, strict: bool) -> dict:
     name = obj["metadata"]["name"]
     if dropped and strict:
         raise invalid(rt.kind, name, [f'unknown field "{p}"' for p in dropped], rt.group)
-    errors = oas.validate(obj, schema, root=True)
+    errors = oas.validate(obj, schema, root=True) or cel.check_rules(obj, schema)
     if errors:
         raise invalid(rt.kind, name, errors, rt.group)
     return obj

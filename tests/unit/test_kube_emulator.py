@@ -788,3 +788,87 @@ def test_shipped_crd_serves_the_examples_and_rejects_bad_specs(kube):
     bad["spec"]["algorithm"]["mode"] = "nope"
     with pytest.raises(Exception, match=r"spec\.algorithm\.mode: Unsupported value"):
         kube.create(bad)
+    long_name = yaml.safe_load((root / "examples" / "local.yaml").read_text())
+    long_name["metadata"]["name"] = "x" * 43
+    with pytest.raises(Exception, match="at most 42 characters"):  # a CEL rule of the CRD
+        kube.create(long_name)
+
+
+CEL_CRD = {
+    **TOY_CRD,
+    "spec": {
+        **TOY_CRD["spec"],
+        "versions": [
+            {
+                "name": "v1",
+                "served": True,
+                "storage": True,
+                "schema": {
+                    "openAPIV3Schema": {
+                        "type": "object",
+                        "properties": {
+                            "spec": {
+                                "type": "object",
+                                "x-kubernetes-validations": [
+                                    {
+                                        "rule": "self.low <= self.high",
+                                        "message": "low must not exceed high",
+                                        "fieldPath": ".low",
+                                    },
+                                    {
+                                        "rule": "has(self.a) != has(self.b)",
+                                        "message": "exactly one of a and b",
+                                    },
+                                    {"rule": "self.tags.all(t, t.startsWith('x-'))"},
+                                    {"rule": "self.whatever == oldSelf.whatever"},
+                                    {"rule": "self.q.isQuantity()"},
+                                ],
+                                "properties": {
+                                    "low": {"type": "integer"},
+                                    "high": {"type": "integer"},
+                                    "a": {"type": "string"},
+                                    "b": {"type": "string"},
+                                    "tags": {
+                                        "type": "array",
+                                        "items": {"type": "string"},
+                                        "default": [],
+                                    },
+                                },
+                            }
+                        },
+                    }
+                },
+            }
+        ],
+    },
+}
+
+
+@pytest.mark.parametrize(
+    ("spec", "message"),
+    [
+        ({"low": 1, "high": 2, "a": "x"}, None),
+        (
+            {"low": 3, "high": 2, "a": "x"},
+            'spec.low: Invalid value: "object": low must not exceed high',
+        ),
+        ({"low": 1, "high": 2}, "exactly one of a and b"),
+        ({"low": 1, "high": 2, "a": "x", "tags": ["x-1", "y"]}, "failed rule: self.tags.all"),
+        ({"high": 2, "a": "x"}, "no such key: low"),
+    ],
+)
+def test_crd_cel_rules_subset(kube, http, spec, message):
+    kube.create(CEL_CRD)
+    response = http.post(
+        TOYS,
+        json={
+            "apiVersion": "example.com/v1",
+            "kind": "Toy",
+            "metadata": {"name": "t"},
+            "spec": spec,
+        },
+    )
+    if message is None:
+        assert response.status_code == 201  # the oldSelf and unsupported rules were skipped
+    else:
+        assert response.status_code == 422 and message in response.json()["message"]
