@@ -182,6 +182,7 @@ def test_kopf_default_login_reads_the_kubeconfig(kube: KubeEmulator) -> None:
 
 
 def test_registry_runs_against_successive_emulators_with_the_default_client() -> None:
+    """Cluster-wide kopf, one registry reused, operator code using the default ApiClient()."""
     from kubernetes.client import ApiClient
 
     calls: dict[str, list[str]] = {"create": [], "update": [], "delete": []}
@@ -196,7 +197,11 @@ def test_registry_runs_against_successive_emulators_with_the_default_client() ->
             )
 
     for run in ("first", "second"):
-        with KubeEmulator() as kube, kube.as_default_client(), run_operator(kube, registry):
+        with (
+            KubeEmulator() as kube,
+            kube.as_default_client(),
+            run_operator(kube, registry, namespaces=()),
+        ):
             kube.create(
                 {
                     "apiVersion": "v1",

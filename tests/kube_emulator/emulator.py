@@ -30,6 +30,8 @@ from .store import Store, WriteOptions
 
 
 class KubeEmulator:
+    emulated = True
+
     def __init__(
         self,
         *,

@@ -872,3 +872,31 @@ def test_crd_cel_rules_subset(kube, http, spec, message):
         assert response.status_code == 201  # the oldSelf and unsupported rules were skipped
     else:
         assert response.status_code == 422 and message in response.json()["message"]
+
+
+def test_real_cluster_adapter_speaks_the_same_object_api(kube):
+    """RealCluster (for GAGAR_TEST_KUBECONFIG) exercised over HTTP against the emulator."""
+    from tests.kube_emulator.cluster import RealCluster
+
+    real = RealCluster(kube.kubeconfig_path)
+    assert real.url == kube.url and not real.emulated
+    real.create(TOY_CRD)
+    real.create(toy("t"))
+    assert real.get("example.com/v1", "Toy", "t")["spec"]["replicas"] == 1
+    real.patch("example.com/v1", "Toy", "t", lambda o: {**o, "spec": {**o["spec"], "size": 5}})
+    real.patch(
+        "example.com/v1",
+        "Toy",
+        "t",
+        lambda o: {**o, "status": {"phase": "Up"}},
+        subresource="status",
+    )
+    body = kube.get("example.com/v1", "Toy", "t")
+    assert (body["spec"]["size"], body["status"]["phase"], body["metadata"]["generation"]) == (
+        5,
+        "Up",
+        2,
+    )
+    assert [o["metadata"]["name"] for o in real.list("example.com/v1", "Toy", "default")] == ["t"]
+    real.delete("example.com/v1", "Toy", "t")
+    assert real.wait_for(lambda: real.find("example.com/v1", "Toy", "t") is None, timeout=5)
