@@ -19,6 +19,12 @@ from .resources import CRDError, ResourceType, types_from_crd
 CRD_KEY = ("apiextensions.k8s.io", "customresourcedefinitions")
 NS_KEY = ("", "namespaces")
 CRD_FINALIZER = "customresourcecleanup.apiextensions.k8s.io"
+# The few built-in defaults tests can observe: replicas come back as 1 when nobody sets them.
+_BUILTIN_DEFAULTS = {
+    ("apps", "deployments"): {"replicas": 1},
+    ("apps", "statefulsets"): {"replicas": 1},
+    ("batch", "jobs"): {"parallelism": 1, "backoffLimit": 6, "completionMode": "NonIndexed"},
+}
 _NAME_RE = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
 
 
@@ -43,6 +49,9 @@ def admit(
     served: list[ResourceType] = []
     if rt.custom and rt.schema is not None:
         obj = validate_custom(rt, obj, strict)
+    defaults = _BUILTIN_DEFAULTS.get(rt.storage_key)
+    if defaults and not rt.custom:
+        obj["spec"] = {**defaults, **(obj.get("spec") or {})}
     if rt.storage_key == CRD_KEY:
         try:
             served = types_from_crd(obj)

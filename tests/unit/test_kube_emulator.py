@@ -493,16 +493,22 @@ def test_orphan_and_foreground_propagation(kube, http):
 
 def test_namespace_deletion_empties_it(kube, http):
     http.post("/api/v1/namespaces", json={"metadata": {"name": "gone"}})
-    http.post("/api/v1/namespaces/gone/configmaps", json=cm("a"))
+    held = {**cm("a"), "metadata": {"name": "a", "finalizers": ["test/hold"]}}
+    http.post("/api/v1/namespaces/gone/configmaps", json=held)
     assert http.delete("/api/v1/namespaces/gone").json()["status"]["phase"] == "Terminating"
     assert http.post("/api/v1/namespaces/gone/configmaps", json=cm("b")).status_code == 403
+    path = "/api/v1/namespaces/gone/configmaps/a"
+    kube.wait_for(lambda: http.get(path).json()["metadata"].get("deletionTimestamp"))
+    assert http.get("/api/v1/namespaces/gone").status_code == 200  # content still held
+    http.patch(path, json={"metadata": {"finalizers": None}}, headers=MERGE)
     kube.wait_for(lambda: http.get("/api/v1/namespaces/gone").status_code == 404)
 
 
 # ----- subresources ------------------------------------------------------------------------------
 
 
-def test_status_subresource_is_separate(http):
+def test_status_subresource_is_separate(kube, http):
+    kube.controllers.deployments = False  # nobody else writes the status here
     http.post(DEPLOY, json={**deployment("d"), "status": {"replicas": 99}})
     assert "replicas" not in (
         http.get(f"{DEPLOY}/d").json().get("status") or {}
@@ -530,8 +536,8 @@ def test_deployment_scale_and_simulated_status(kube, http):
         and scale["spec"]["replicas"] == 2
         and scale["status"]["selector"] == "app=d"
     )
-    http.patch(f"{DEPLOY}/d/scale", json={"spec": {"replicas": 4}}, headers=MERGE)
     kube.hold_deployment("d", ready=1)
+    http.patch(f"{DEPLOY}/d/scale", json={"spec": {"replicas": 4}}, headers=MERGE)
     body = kube.wait_for(
         lambda: (lambda b: b if (b.get("status") or {}).get("replicas") == 4 else None)(
             http.get(f"{DEPLOY}/d").json()
@@ -900,3 +906,16 @@ def test_real_cluster_adapter_speaks_the_same_object_api(kube):
     assert [o["metadata"]["name"] for o in real.list("example.com/v1", "Toy", "default")] == ["t"]
     real.delete("example.com/v1", "Toy", "t")
     assert real.wait_for(lambda: real.find("example.com/v1", "Toy", "t") is None, timeout=5)
+
+
+def test_apply_dropping_replicas_falls_back_to_the_default(http):
+    """An applier that stops sending a field it alone owned loses it; the server defaults it."""
+    apply(http, f"{DEPLOY}/d", deployment("d", 3), "op")
+    without = {
+        **deployment("d"),
+        "spec": {k: v for k, v in deployment("d")["spec"].items() if k != "replicas"},
+    }
+    body = apply(http, f"{DEPLOY}/d", without, "op").json()
+    assert body["spec"]["replicas"] == 1
+    again = apply(http, f"{DEPLOY}/d", without, "op").json()
+    assert again["metadata"]["resourceVersion"] == body["metadata"]["resourceVersion"]  # a no-op
