@@ -42,13 +42,14 @@ def check_name(rt: ResourceType, name: str) -> None:
 
 
 def admit(
-    rt: ResourceType, obj: dict, old: dict | None, strict: bool
+    rt: ResourceType, obj: dict, old: dict | None, strict: bool, warnings: list[str]
 ) -> tuple[dict, list[ResourceType]]:
-    """Return the object to store and, for a CRD, the kinds it serves."""
+    """Return the object to store and, for a CRD, the kinds it serves; pruned fields are
+    appended to ``warnings`` (or rejected when ``strict``)."""
     obj["apiVersion"], obj["kind"] = rt.api_version, rt.kind
     served: list[ResourceType] = []
     if rt.custom and rt.schema is not None:
-        obj = validate_custom(rt, obj, strict)
+        obj = validate_custom(rt, obj, strict, warnings)
     defaults = _BUILTIN_DEFAULTS.get(rt.storage_key)
     if defaults and not rt.custom:
         obj["spec"] = {**defaults, **(obj.get("spec") or {})}
@@ -66,13 +67,14 @@ def admit(
     return obj, served
 
 
-def validate_custom(rt: ResourceType, obj: dict, strict: bool) -> dict:
+def validate_custom(rt: ResourceType, obj: dict, strict: bool, warnings: list[str]) -> dict:
     schema = rt.schema or {}
     obj = oas.apply_defaults(obj, schema)
     obj, dropped = oas.prune(obj, schema, root=True)
     name = obj["metadata"]["name"]
     if dropped and strict:
         raise invalid(rt.kind, name, [f'unknown field "{p}"' for p in dropped], rt.group)
+    warnings.extend(f'unknown field "{p}"' for p in dropped)
     errors = oas.validate(obj, schema, root=True) or cel.check_rules(obj, schema)
     if errors:
         raise invalid(rt.kind, name, errors, rt.group)

@@ -56,9 +56,8 @@ class Target:
     sub: str
 
 
-def _json(body: dict, code: int = 200, warnings: list[str] | None = None) -> web.Response:
-    headers = {"Warning": ", ".join(f'299 - "{w}"' for w in warnings)} if warnings else None
-    return web.json_response(body, status=code, headers=headers)
+def _json(body: dict, code: int = 200) -> web.Response:
+    return web.json_response(body, status=code)
 
 
 class Server:
@@ -87,7 +86,13 @@ class Server:
         }
         self.requests.append(record)
         try:
+            self.store.begin_request(query.get("fieldValidation"))
             response = await self._route(request, query, record)
+            warnings = self.store.take_warnings()
+            if warnings:
+                response.headers["Warning"] = ", ".join(
+                    '299 - "{}"'.format(w.replace('"', '\\"')) for w in warnings
+                )
         except ApiError as e:
             response = _json(e.status(), e.code)
         except patching.PatchError as e:

@@ -8,6 +8,7 @@ the bounded history keep references to them.
 
 from __future__ import annotations
 
+import contextvars
 import copy
 import random
 import threading
@@ -43,6 +44,9 @@ def _spec_part(obj: dict, status_is_separate: bool) -> dict:
     return {k: v for k, v in obj.items() if k not in drop}
 
 
+_REQUEST: contextvars.ContextVar[dict | None] = contextvars.ContextVar("request", default=None)
+
+
 class Store:
     def __init__(self, history_limit: int = 10_000) -> None:
         self.lock = threading.RLock()
@@ -58,6 +62,20 @@ class Store:
             self._register(rt)
         for ns in ("default", "kube-system", "kube-public"):
             self.create(self.type_for("", "v1", "namespaces"), None, {"metadata": {"name": ns}})
+
+    def begin_request(self, field_validation: str | None) -> None:
+        """Set the ``fieldValidation`` (Strict, Warn, Ignore) of the current HTTP request.
+
+        A context variable: each aiohttp request runs in its own task, so concurrent requests
+        never see each other's mode or warnings; Python-side writes use the emulator default.
+        """
+        if field_validation not in (None, "", "Strict", "Warn", "Ignore"):
+            raise ApiError(400, f"invalid fieldValidation {field_validation!r}")
+        _REQUEST.set({"mode": field_validation or None, "warnings": []})
+
+    def take_warnings(self) -> list[str]:
+        request = _REQUEST.get() or {}
+        return list(request.get("warnings") or [])
 
     # ----- types -----------------------------------------------------------------------------
 
@@ -212,7 +230,12 @@ class Store:
             return self._view(rt, obj)
 
     def _admit(self, rt: ResourceType, obj: dict, old: dict | None) -> dict:
-        obj, served = admit(rt, obj, old, self.strict_fields)
+        request = _REQUEST.get() or {}
+        mode = request.get("mode") or ("Strict" if self.strict_fields else "Warn")
+        warnings: list[str] = []
+        obj, served = admit(rt, obj, old, mode == "Strict", warnings)
+        if mode == "Warn" and "warnings" in request:
+            request["warnings"].extend(warnings)
         for t in served:
             self._register(t)
         return obj

@@ -663,8 +663,13 @@ def test_custom_resource_schema_validation_and_defaults(kube, http):
         assert bad.status_code == 422 and message in bad.json()["message"], spec
     missing = http.post(TOYS, json={**toy("m"), "spec": {}})
     assert "spec.size: Required value" in missing.json()["message"]
-    pruned = http.post(TOYS, json=toy("p", unknown=1)).json()
-    assert "unknown" not in pruned["spec"]
+    pruned = http.post(TOYS, json=toy("p", unknown=1))
+    assert "unknown" not in pruned.json()["spec"]
+    assert pruned.headers["Warning"] == r'299 - "unknown field \"spec.unknown\""'
+    strict = http.post(TOYS, json=toy("s", unknown=1), params={"fieldValidation": "Strict"})
+    assert strict.status_code == 422
+    ignored = http.post(TOYS, json=toy("i", unknown=1), params={"fieldValidation": "Ignore"})
+    assert ignored.status_code == 201 and "Warning" not in ignored.headers
 
 
 def test_strict_field_validation_rejects_unknown_fields():
