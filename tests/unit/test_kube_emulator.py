@@ -924,3 +924,26 @@ def test_apply_dropping_replicas_falls_back_to_the_default(http):
     assert body["spec"]["replicas"] == 1
     again = apply(http, f"{DEPLOY}/d", without, "op").json()
     assert again["metadata"]["resourceVersion"] == body["metadata"]["resourceVersion"]  # a no-op
+
+
+def test_watch_opened_during_concurrent_writes_has_no_gaps_or_duplicates(kube, http):
+    start_rv = int(http.post(CM, json=cm("seed")).json()["metadata"]["resourceVersion"])
+    writes = 40
+
+    def writer(index: int) -> None:
+        with httpx.Client(base_url=kube.url) as client:
+            client.post(CM, json=cm(f"w{index}"))
+            for i in range(writes):
+                client.patch(f"{CM}/w{index}", json={"data": {"i": str(i)}}, headers=MERGE)
+
+    threads = [threading.Thread(target=writer, args=(n,)) for n in range(3)]
+    for t in threads:
+        t.start()
+    time.sleep(0.05)  # the watch registers while the writers are busy
+    total = 3 * (writes + 1)
+    events = watch_events(kube, CM, {"resourceVersion": str(start_rv)}, total, timeout=30)
+    for t in threads:
+        t.join()
+    rvs = [int(e["object"]["metadata"]["resourceVersion"]) for e in events]
+    assert rvs == sorted(set(rvs)) and len(rvs) == total  # ordered, unique, complete
+    assert rvs[0] > start_rv
