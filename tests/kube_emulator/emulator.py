@@ -76,7 +76,9 @@ class KubeEmulator:
     def _serve(self, ready: threading.Event) -> None:
         self._loop = asyncio.new_event_loop()
         asyncio.set_event_loop(self._loop)
-        self._runner = web.AppRunner(self.server.app(), handle_signals=False, shutdown_timeout=0.5)
+        self._runner = web.AppRunner(
+            self.server.app(), handle_signals=False, shutdown_timeout=0.5, access_log=None
+        )
         self._loop.run_until_complete(self._runner.setup())
         site = web.TCPSite(self._runner, "127.0.0.1", self.port)
         self._loop.run_until_complete(site.start())
