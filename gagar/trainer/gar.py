@@ -92,9 +92,15 @@ def _check_mask(name: str, mask: Any, shape: Sequence[int]) -> None:
     )
 
 
+def _require_none(bad: Tensor, message: str) -> None:
+    """Raise when any entry of ``bad`` is set, naming the first few offending positions (the
+    positions are only computed on failure: this check runs on every training step)."""
+    if bool(bad.any()):
+        raise ValueError(f"{message} at {bad.nonzero().tolist()[:5]}")
+
+
 def _check_finite(name: str, x: Tensor, where: Tensor) -> None:
-    bad = where & ~torch.isfinite(x)
-    _require(not bool(bad.any()), f"non-finite {name} at {bad.nonzero().tolist()[:5]}")
+    _require_none(where & ~torch.isfinite(x), f"non-finite {name}")
 
 
 def _check_rewards(rewards: Any, valid: Any) -> None:
@@ -243,12 +249,12 @@ def _check_gar_inputs(
         f"factors has shape {tuple(factors.shape)}, expected {tuple(rewards.shape)}",
     )
     stray = hacks & ~(valid & passed)
-    _require(not bool(stray.any()), f"hack flagged on a non-pass at {stray.nonzero().tolist()[:5]}")
+    _require_none(stray, "hack flagged on a non-pass")
 
 
 def _check_factors(factors: Tensor, used: Tensor) -> None:  # (G, n), (G, n)
     bad = used & ~((factors > 0) & (factors <= 1))  # also catches NaN
-    _require(not bool(bad.any()), f"quality factors outside (0, 1] at {bad.nonzero().tolist()[:5]}")
+    _require_none(bad, "quality factors outside (0, 1]")
 
 
 def gar_advantages_with_stats(  # noqa: PLR0913 - public API fixed by the issue
@@ -287,7 +293,11 @@ def gar_advantages_with_stats(  # noqa: PLR0913 - public API fixed by the issue
     fallback = torch.where(
         ~eligible,
         int(Fallback.INELIGIBLE),
-        torch.where(~usable, int(Fallback.UNUSABLE), torch.where(apply, 0, 3)),
+        torch.where(
+            ~usable,
+            int(Fallback.UNUSABLE),
+            torch.where(apply, int(Fallback.NONE), int(Fallback.NONPOSITIVE_MASS)),
+        ),
     )  # (G,)
     return GarResult(
         adv=torch.where(apply[:, None], recentred, adv),
@@ -369,9 +379,7 @@ def length_penalty(
     in_p = passed & valid  # (G, n)
     ell = lengths.to(torch.float64)  # (G, n, K)
     bad = in_p[..., None] & ~(torch.isfinite(ell) & (ell >= 0))
-    _require(
-        not bool(bad.any()), f"lengths must be finite and >= 0 at {bad.nonzero().tolist()[:5]}"
-    )
+    _require_none(bad, "lengths must be finite and >= 0")
     if rewards.numel() == 0 or lengths.shape[2] == 0:
         return rewards.clone()
     rate = in_p.sum(-1) / valid.sum(-1).clamp(min=1)  # (G,)

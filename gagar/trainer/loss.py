@@ -181,7 +181,7 @@ def _prompt_mean(loss: Tensor, mask: Tensor, ctx: _AggContext) -> Tensor:
     return per_seq.sum() / ctx.counts.num_prompts
 
 
-AGGREGATORS: dict[str, Aggregator] = {
+AGGREGATORS: dict[AggMode, Aggregator] = {
     "token-mean": _token_mean,
     "seq-mean-token-mean": _seq_mean_token_mean,
     "seq-mean-token-sum-norm": _seq_mean_token_sum_norm,
@@ -247,7 +247,8 @@ def _check_batch(batch: PolicyBatch) -> None:
     _require(
         batch.adv.shape in (mask.shape, mask.shape[:1]), f"adv has shape {tuple(batch.adv.shape)}"
     )
-    _require(bool(torch.isfinite(batch.adv).all()), "adv is not finite")
+    adv = batch.adv[:, None].expand_as(mask) if batch.adv.dim() == 1 else batch.adv
+    _require(bool(torch.isfinite(adv[mask]).all()), "adv is not finite at a loss token")
     if batch.prompt_tokens is not None:
         _require(batch.prompt_tokens.shape == mask.shape[:1], "prompt_tokens must be (N,)")
     if batch.logits is not None:

@@ -82,7 +82,7 @@ def test_grpo_degenerate_groups_are_zero_not_nan() -> None:
 
 
 def test_eligibility_table() -> None:
-    passed = b([[1, 0], [1, 1], [0, 0], [1, 0], [1, 0, 0][:2], [1, 0]])
+    passed = b([[1, 0], [1, 1], [0, 0], [1, 0], [1, 0], [1, 0]])
     valid = b([[1, 1], [1, 1], [1, 1], [1, 0], [0, 0], [0, 1]])
     assert eligible_groups(passed, valid).tolist() == [True, False, False, False, False, False]
     # a pass that is invalid does not count
@@ -181,6 +181,18 @@ def test_nonpositive_mass_falls_back() -> None:
     )
     assert res.fallback.tolist() == [Fallback.NONPOSITIVE_MASS]
     torch.testing.assert_close(res.adv, t([[-0.5, 0.5]]))
+
+
+def test_negative_pass_sum_falls_back_even_with_positive_mass() -> None:
+    # shaped rewards: passes 2 and -1.5, failure 0.5 -> A = [5/3, -11/6, 1/6], Σ_P A = -1/6 < 0
+    # while Σ_P f·A = 5/3 - 11/30 > 0: λ would be negative and flip every pass (departure 1)
+    r, passed = t([[2.0, -1.5, 0.5]]), b([[True, True, False]])
+    res = gar_advantages_with_stats(
+        r, passed, b([[1, 1, 1]]), t([[1.0, 0.2, 1.0]]), b([True]), no_hacks((1, 3))
+    )
+    assert res.fallback.tolist() == [Fallback.NONPOSITIVE_MASS]
+    assert torch.equal(res.adv, res.adv_before)
+    torch.testing.assert_close(res.adv, t([[5 / 3, -11 / 6, 1 / 6]]))
 
 
 def test_fallback_reasons() -> None:
