@@ -25,6 +25,17 @@ _BUILTIN_DEFAULTS = {
     ("apps", "statefulsets"): {"replicas": 1},
     ("batch", "jobs"): {"parallelism": 1, "backoffLimit": 6, "completionMode": "NonIndexed"},
 }
+# Fields the server refuses to change after creation (a subset of the real rules).
+_IMMUTABLE = {
+    ("batch", "jobs"): [("spec", "template"), ("spec", "selector"), ("spec", "completionMode")],
+    ("apps", "deployments"): [("spec", "selector")],
+    ("apps", "statefulsets"): [("spec", "selector"), ("spec", "serviceName"),
+                               ("spec", "volumeClaimTemplates")],
+    ("", "persistentvolumeclaims"): [("spec", "accessModes"), ("spec", "storageClassName")],
+    ("rbac.authorization.k8s.io", "rolebindings"): [("roleRef",)],
+    ("rbac.authorization.k8s.io", "clusterrolebindings"): [("roleRef",)],
+}  # fmt: skip
+_MISSING = object()
 _NAME_RE = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
 
 
@@ -53,6 +64,10 @@ def admit(
     defaults = _BUILTIN_DEFAULTS.get(rt.storage_key)
     if defaults and not rt.custom:
         obj["spec"] = {**defaults, **(obj.get("spec") or {})}
+    if rt.storage_key == ("batch", "jobs") and old is None:
+        obj = _job_labels(obj)
+    if old is not None and not rt.custom:
+        _check_immutable(rt, obj, old)
     if rt.storage_key == CRD_KEY:
         try:
             served = types_from_crd(obj)
@@ -65,6 +80,47 @@ def admit(
         obj["status"] = {"phase": "Active"}
         obj.setdefault("spec", {"finalizers": ["kubernetes"]})
     return obj, served
+
+
+def _get(obj: dict, path: tuple[str, ...]) -> object:
+    for key in path:
+        if not isinstance(obj, dict) or key not in obj:
+            return _MISSING
+        obj = obj[key]
+    return obj
+
+
+def _check_immutable(rt: ResourceType, obj: dict, old: dict) -> None:
+    causes = [
+        f"{'.'.join(path)}: Invalid value: field is immutable"
+        for path in _IMMUTABLE.get(rt.storage_key, [])
+        if _get(old, path) is not _MISSING and _get(obj, path) != _get(old, path)
+    ]
+    if old.get("immutable") and (obj.get("data"), obj.get("binaryData")) != (
+        old.get("data"),
+        old.get("binaryData"),
+    ):
+        causes.append("data: Forbidden: field is immutable when `immutable` is set")
+    if causes:
+        raise invalid(rt.kind, obj["metadata"]["name"], causes, rt.group)
+
+
+def _job_labels(job: dict) -> dict:
+    """The selector and pod labels the Job controller's defaulting adds (unless manualSelector)."""
+    spec = dict(job.get("spec") or {})
+    if spec.get("manualSelector"):
+        return job
+    uid, name = job["metadata"]["uid"], job["metadata"]["name"]
+    labels = {"batch.kubernetes.io/controller-uid": uid, "batch.kubernetes.io/job-name": name,
+              "controller-uid": uid, "job-name": name}  # fmt: skip
+    template = dict(spec.get("template") or {})
+    meta = dict(template.get("metadata") or {})
+    meta["labels"] = {**(meta.get("labels") or {}), **labels}
+    template["metadata"] = meta
+    spec.update(
+        template=template, selector={"matchLabels": {"batch.kubernetes.io/controller-uid": uid}}
+    )
+    return {**job, "spec": spec}
 
 
 def validate_custom(rt: ResourceType, obj: dict, strict: bool, warnings: list[str]) -> dict:

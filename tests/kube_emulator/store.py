@@ -221,10 +221,12 @@ class Store:
             meta.update(uid=str(uuid.uuid4()), creationTimestamp=now_iso(), generation=1)
             if rt.status:
                 obj.pop("status", None)
+            sent = ssa.leaf_paths(obj)  # what the client sent, before server defaulting
             obj = self._admit(rt, obj, None)
-            ssa.write_entries(
-                obj, ssa.record_update({}, obj, (manager, operation, "")), rt.api_version
-            )
+            key = (manager, operation, "")
+            # An applier owns only what it applied; an updater also owns what defaulting added.
+            owned = sent & ssa.leaf_paths(obj) if operation == "Apply" else ssa.leaf_paths(obj)
+            ssa.write_entries(obj, {key: owned}, rt.api_version)
             self._store(rt, obj)
             self._emit(rt, "ADDED", obj, None)
             return self._view(rt, obj)

@@ -947,3 +947,47 @@ def test_watch_opened_during_concurrent_writes_has_no_gaps_or_duplicates(kube, h
     rvs = [int(e["object"]["metadata"]["resourceVersion"]) for e in events]
     assert rvs == sorted(set(rvs)) and len(rvs) == total  # ordered, unique, complete
     assert rvs[0] > start_rv
+
+
+def test_immutable_fields_and_job_defaults(http):
+    jobs = "/apis/batch/v1/namespaces/default/jobs"
+    job = {
+        "apiVersion": "batch/v1",
+        "kind": "Job",
+        "metadata": {"name": "j"},
+        "spec": {"template": {"spec": {"containers": [{"name": "t", "image": "a"}]}}},
+    }
+    created = http.post(jobs, json=job).json()
+    uid = created["metadata"]["uid"]
+    assert created["spec"]["selector"] == {
+        "matchLabels": {"batch.kubernetes.io/controller-uid": uid}
+    }
+    assert created["spec"]["template"]["metadata"]["labels"]["job-name"] == "j"
+    assert created["spec"]["backoffLimit"] == 6 and created["spec"]["parallelism"] == 1
+    new_template = {"spec": {"template": {"spec": {"containers": [{"name": "t", "image": "b"}]}}}}
+    refused = http.patch(f"{jobs}/j", json=new_template, headers=MERGE)
+    assert (
+        refused.status_code == 422
+        and "spec.template: Invalid value: field is immutable" in refused.json()["message"]
+    )
+    assert (
+        http.patch(f"{jobs}/j", json={"spec": {"parallelism": 3}}, headers=MERGE).status_code == 200
+    )
+    http.post(CM, json={**cm("frozen", k="v"), "immutable": True})
+    assert http.patch(f"{CM}/frozen", json={"data": {"k": "w"}}, headers=MERGE).status_code == 422
+
+
+def test_reapplying_a_job_keeps_server_defaulted_fields(http):
+    jobs = "/apis/batch/v1/namespaces/default/jobs"
+    job = {
+        "apiVersion": "batch/v1",
+        "kind": "Job",
+        "metadata": {"name": "j"},
+        "spec": {"template": {"spec": {"containers": [{"name": "t", "image": "a"}]}}},
+    }
+    first = apply(http, f"{jobs}/j", job, "op")
+    assert first.status_code == 201
+    again = apply(http, f"{jobs}/j", job, "op")
+    assert again.status_code == 200, again.json()
+    assert again.json()["spec"]["selector"] == first.json()["spec"]["selector"]
+    assert again.json()["metadata"]["generation"] == 1  # nothing in the spec changed
