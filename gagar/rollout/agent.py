@@ -325,7 +325,7 @@ def _flag_churn(turns: list[Turn]) -> None:
             overwritten = bool(new.strip()) and new.strip() in later_old
             recreated = (
                 turns[i].call is not None
-                and turns[i].call.name == "create_file"
+                and turns[i].call.name == "create"
                 and later_old == ""
             )
             if later_path == path and (overwritten or recreated):
