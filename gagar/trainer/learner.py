@@ -174,6 +174,7 @@ class Learner:
         )
         loss, metrics = policy_loss(policy, counts, self.cfg.loss)
         loss.backward()
+        metrics["nll"] = -torch.where(batch.mask, logp.detach(), 0).sum() / counts.num_tokens
         if entropy is not None:
             metrics["entropy"] = (
                 torch.where(batch.mask, entropy.detach(), 0).sum() / counts.num_tokens

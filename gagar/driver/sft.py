@@ -1,0 +1,117 @@
+"""SFT warm start on synthetic expert trajectories (the embedded default's starting policy).
+
+Scripted experts act on real synthetic tasks through the real agent loop, tools and sandboxes, so
+the trajectories are exactly what the policy will later see (same chat format, same tool
+observations, same token ids). The mix is deliberate: clean fixes, bloated-but-passing fixes
+(debug output, dead code), redundant tool use, and wrong fixes, so the warm-started policy has
+real variation among its passes for GAGAR to act on. SFT itself is the learner with advantage 1
+on every generated token (token-mean), i.e. maximum likelihood of the expert turns.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import difflib
+import random
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from gagar.driver.rollouts import RolloutConfig, rollout_one
+from gagar.rollout.agent import Trajectory
+from gagar.rollout.chat import format_tool_call
+from gagar.rollout.envs.task import Task
+from gagar.sandbox import SessionFactory
+from gagar.trainer.learner import Learner, Sample
+
+Style = Literal["clean", "bloated", "redundant", "wrong"]
+STYLE_WEIGHTS: dict[Style, float] = {"clean": 0.4, "bloated": 0.25, "redundant": 0.2, "wrong": 0.15}
+
+
+@dataclass(frozen=True)
+class Fix:
+    path: str
+    old: str
+    new: str
+
+
+def reference_fix(task: Task) -> Fix:
+    """The smallest line-level edit that turns the task's buggy file into the reference."""
+    if not task.reference_files or not task.files:
+        raise ValueError(f"{task.instance_id}: no reference fix to script an expert from")
+    path, fixed = next(iter(sorted(task.reference_files.items())))
+    buggy = task.files[path]
+    a, b = buggy.splitlines(keepends=True), fixed.splitlines(keepends=True)
+    ops = [op for op in difflib.SequenceMatcher(a=a, b=b).get_opcodes() if op[0] != "equal"]
+    i1, i2, j1, j2 = ops[0][1], ops[-1][2], ops[0][3], ops[-1][4]
+    return Fix(path, "".join(a[i1:i2]).rstrip("\n"), "".join(b[j1:j2]).rstrip("\n"))
+
+
+def _indent(line: str) -> str:
+    return line[: len(line) - len(line.lstrip())]
+
+
+def expert_turns(task: Task, style: Style) -> list[str]:
+    """The assistant turns (tool calls) of one scripted expert."""
+    fix = reference_fix(task)
+    view = format_tool_call("view", {"path": fix.path})
+    tests = format_tool_call("run_tests", {})
+    submit = format_tool_call("submit", {})
+    if style == "clean":
+        return [view, format_tool_call("edit", {"path": fix.path, "old": fix.old, "new": fix.new}), tests, submit]
+    if style == "bloated":
+        pad = _indent(fix.new.splitlines()[-1])
+        new = f"{fix.new}\n{pad}print('debug: fixed')\n{pad}_unused = None"
+        return [view, format_tool_call("edit", {"path": fix.path, "old": fix.old, "new": new}), tests, submit]
+    if style == "redundant":
+        edit = format_tool_call("edit", {"path": fix.path, "old": fix.old, "new": fix.new})
+        return [view, view, edit, tests, tests, submit]
+    wrong = format_tool_call("edit", {"path": fix.path, "old": fix.old, "new": fix.old + "  # checked"})
+    return [view, wrong, submit]
+
+
+class ScriptedExpert:
+    """An ``Engine`` that 'generates' a fixed list of assistant turns, tokenized exactly."""
+
+    def __init__(self, turns: list[str], encode: Any, eos_id: int) -> None:
+        self.turns, self.encode, self.eos_id, self.i = turns, encode, eos_id, 0
+
+    async def generate(self, prompt_ids: list[int], params: Any) -> Any:
+        from gagar.rollout.agent import Generation
+
+        text = self.turns[min(self.i, len(self.turns) - 1)]
+        self.i += 1
+        ids = [*self.encode(text), self.eos_id]
+        return Generation(ids, [0.0] * len(ids), text, "stop")
+
+
+def _styles(n: int, seed: int) -> list[Style]:
+    rng = random.Random(seed)
+    return rng.choices(list(STYLE_WEIGHTS), weights=list(STYLE_WEIGHTS.values()), k=n)
+
+
+async def expert_trajectories(tasks: list[Task], factory: SessionFactory, fmt: Any, eos_id: int, cfg: RolloutConfig, seed: int = 0) -> list[tuple[Style, Trajectory, bool]]:
+    """Run one scripted expert per task (styles drawn by weight); returns (style, trajectory, passed)."""
+    limiter = asyncio.Semaphore(4)
+
+    async def one(task: Task, style: Style) -> tuple[Style, Trajectory, bool]:
+        async with limiter:
+            engine = ScriptedExpert(expert_turns(task, style), fmt.encode, eos_id)
+            rollout, _ = await rollout_one(task, factory, engine, fmt, cfg, None)
+            return style, rollout.trajectory, rollout.passed
+
+    scripted = [t for t in tasks if t.reference_files]
+    return await asyncio.gather(*(one(t, s) for t, s in zip(scripted, _styles(len(scripted), seed), strict=True)))
+
+
+def sft(learner: Learner, trajectories: list[Trajectory], steps: int, batch_size: int, seed: int = 0) -> list[float]:
+    """``steps`` updates of maximum likelihood on the generated tokens; returns the NLL per token."""
+    usable = [t for t in trajectories if t.valid and t.response_tokens]
+    if not usable:
+        raise ValueError("no valid expert trajectories to warm-start from")
+    rng = random.Random(seed)
+    losses = []
+    for _ in range(steps):
+        batch = rng.sample(usable, min(batch_size, len(usable)))
+        samples = [Sample(t.token_ids, t.loss_mask, t.logprobs, [float(m) for m in t.loss_mask], i) for i, t in enumerate(batch)]
+        losses.append(learner.update(samples)["nll"])
+    return losses
