@@ -1,0 +1,104 @@
+"""Build the embedded default's components from a validated ``GagarRun`` (the imperative shell).
+
+Each builder checks what it can before anything expensive starts and fails with a message naming
+the spec field: a GPU engine asked for on a machine without one, a dataset path that does not
+exist, an object-store checkpoint the embedded runner cannot read, a sandbox backend that needs a
+cluster.
+"""
+
+from __future__ import annotations
+
+import random
+from pathlib import Path
+
+from gagar.rollout.envs import humaneval, synthetic
+from gagar.rollout.envs.task import Task, load_tasks
+from gagar.sandbox import Limits
+from gagar.sandbox.local import LocalFactory
+from gagar.spec import DatasetSpec, GagarRunSpec, ModelSpec, SandboxSpec
+
+
+class SetupError(ValueError):
+    """The run cannot start here; the message names the spec field."""
+
+
+def check_devices(spec: GagarRunSpec, cuda_available: bool) -> None:
+    for path, device in (("spec.trainer.device", spec.trainer.device), ("spec.rollout.device", spec.rollout.device)):
+        if device == "cuda" and not cuda_available:
+            raise SetupError(f"{path} is 'cuda' but this machine has no CUDA GPU: use 'cpu' or 'auto'")
+    if spec.trainer.world_size != 1:
+        raise SetupError(
+            f"spec.trainer: the embedded runner trains in one process; nodes × processesPerNode = "
+            f"{spec.trainer.world_size} needs the cluster (kubectl apply) or torchrun"
+        )
+
+
+def prepare_policy(model: ModelSpec, run_dir: Path) -> Path:
+    """The base policy as an HF folder: created from a preset once per run, or an existing path."""
+    from gagar.trainer.model.presets import create_preset
+
+    if model.preset is not None:
+        out = run_dir / "policy" / "base"
+        if not (out / "config.json").exists():
+            if model.preset == "tiny":
+                create_preset("tiny", out, texts=_tokenizer_corpus())
+            else:
+                from gagar.trainer.model.fetch import fetch_model
+
+                fetch_model(model.preset, out)
+        return out
+    assert model.path is not None
+    if "://" in model.path:
+        raise SetupError(f"spec.model.path {model.path!r}: object-store URIs are read by cluster runs only; give a local HF folder")
+    path = Path(model.path)
+    if not (path / "config.json").exists():
+        raise SetupError(f"spec.model.path {model.path!r}: no HF checkpoint (config.json) there")
+    return path
+
+
+def _tokenizer_corpus() -> list[str]:
+    """Text the tiny policy's tokenizer is trained on: the synthetic family's own repositories."""
+    texts = []
+    for task in synthetic.generate_many(64, seed=12345):
+        texts.append(task.problem_statement)
+        texts += [t for t in (task.files or {}).values()]
+    return texts
+
+
+def load_datasets(dataset: DatasetSpec) -> tuple[list[Task], list[Task]]:
+    """(train, held-out) tasks from every source, split reproducibly per source."""
+    train, held = [], []
+    for i, src in enumerate(dataset.sources):
+        where = f"spec.dataset.sources[{i}]"
+        if src.kind == "synthetic":
+            tasks = synthetic.generate_many(src.size or 64, seed=src.seed)
+        elif src.kind == "humaneval":
+            tasks = humaneval.tasks(limit=src.size)
+        else:
+            assert src.path is not None
+            if not Path(src.path).exists():
+                raise SetupError(f"{where}.path {src.path!r} does not exist")
+            tasks = load_tasks(src.path)[: src.size]
+        random.Random(src.seed).shuffle(tasks)
+        cut = max(1, int(round(len(tasks) * dataset.held_out_fraction))) if dataset.held_out_fraction and len(tasks) > 1 else 0
+        held += tasks[:cut]
+        train += tasks[cut:]
+    if not train:
+        raise SetupError("spec.dataset: no training tasks left after the held-out split")
+    return train, held
+
+
+def sandbox_factory(sandbox: SandboxSpec) -> LocalFactory:
+    if sandbox.backend != "local":
+        raise SetupError("spec.sandbox.backend 'pods' needs the cluster; the embedded runner uses 'local' (bubblewrap)")
+    lim = sandbox.limits
+    limits = Limits(
+        wall_time_s=lim.wall_seconds,
+        cpu_time_s=lim.cpu_seconds,
+        memory_bytes=lim.memory_bytes,
+        processes=min(lim.processes, 4096),
+        open_files=lim.open_files,
+        file_size_bytes=lim.file_size_bytes,
+        output_bytes=lim.output_bytes,
+    )
+    return LocalFactory(limits)

@@ -1,0 +1,282 @@
+"""``gagar train``: the whole GAGAR loop in one process on the embedded defaults.
+
+Per step: draw tasks → roll out groups on vLLM in bubblewrap sandboxes → verify against pristine
+tests → dynamic sampling, with eligible groups graded asynchronously under a deadline → GAGAR (or
+GRPO) advantages → one policy update on the Megatron-Core model → weight sync into vLLM through
+its RL weight-transfer API → metrics → checkpoint. A step's record is appended to
+``metrics.jsonl`` before its checkpoint, and a resume truncates the log to the checkpoint's step,
+so a kill at any point loses and repeats nothing.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import random
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from gagar.driver import advantages as adv_mod
+from gagar.driver import report as rep
+from gagar.driver.rollouts import GroupResult, RolloutConfig, grading_group, rollout_group
+from gagar.driver.sampling import SamplingPlan, TaskSampler, collect, grade_with_deadline
+from gagar.metrics import Metrics
+from gagar.rollout.agent import AgentLimits, Engine
+from gagar.spec import GagarRun
+from gagar.trainer.checkpoint import CheckpointManager, truncate_jsonl
+from gagar.trainer.learner import Learner, Sample
+from gagar.wire import GradingGroup, Ranking
+
+
+@dataclass
+class Context:
+    """Everything a step needs; built once by ``gagar.driver.setup.build``."""
+
+    run: GagarRun
+    out: Path
+    factory: Any
+    train_tasks: list[Any]
+    held_out: list[Any]
+    fmt: Any
+    model: Any
+    learner: Learner
+    ckpt: CheckpointManager
+    sampler: TaskSampler
+    engine: Engine
+    sync: Any
+    grader: Any
+    fallback_grader: Any
+    metrics: Metrics
+    policy_dir: Path
+    step: int = 0
+    version: int = 0
+    closers: list[Any] = field(default_factory=list)
+
+    @property
+    def alg(self) -> Any:
+        return self.run.spec.algorithm
+
+
+def rollout_config(run: GagarRun) -> RolloutConfig:
+    a, lim = run.spec.rollout.agent, run.spec.sandbox.limits
+    limits = AgentLimits(a.max_turns, a.max_tokens_per_turn, a.max_context_tokens, temperature=a.temperature, top_p=a.top_p)
+    return RolloutConfig(limits, command_timeout=lim.wall_seconds, verify_timeout=lim.wall_seconds)
+
+
+async def _grade(ctx: Context, group: GroupResult) -> Ranking:
+    wire = grading_group(group)
+    spec = ctx.run.spec.grader
+
+    async def fallback(g: GradingGroup, reason: str) -> Ranking:
+        short = "timeout" if reason == "timeout" else "grader_error"
+        if spec.fallback == "heuristic" and ctx.fallback_grader is not None:
+            ranking = await ctx.fallback_grader.grade(g)
+            return ranking.model_copy(update={"fallback": short, "detail": reason})
+        return Ranking(grader="none", fallback=short, detail=reason)
+
+    return await grade_with_deadline(ctx.grader.grade, wire, spec.deadline_seconds, fallback)
+
+
+async def _collect(ctx: Context, step: int) -> Any:
+    alg = ctx.alg
+    plan = SamplingPlan(alg.tasks_per_step, alg.dynamic_sampling.max_extra_rounds, alg.dynamic_sampling.enabled, grade=alg.mode == "gagar")
+    limiter = asyncio.Semaphore(ctx.run.spec.rollout.agent.concurrency)
+    cfg = rollout_config(ctx.run)
+
+    async def rollout(task: Any, draw: int) -> GroupResult:
+        return await rollout_group(task, alg.group_size, ctx.factory, ctx.engine, ctx.fmt, cfg, alg.seed * 1_000_003 + draw, limiter)
+
+    return await collect(ctx.sampler, plan, rollout, lambda g: _grade(ctx, g))
+
+
+def _samples(groups: list[GroupResult], per_token: list[list[float]]) -> list[Sample]:
+    flat = [(gi, r) for gi, g in enumerate(groups) for r in g.rollouts]
+    return [
+        Sample(r.trajectory.token_ids, r.trajectory.loss_mask, r.trajectory.logprobs, adv, gi)
+        for (gi, r), adv in zip(flat, per_token, strict=True)
+        if r.valid and r.trajectory.response_tokens
+    ]
+
+
+def _group_facts(groups: list[GroupResult], rankings: list[Ranking | None], batch: Any) -> dict[str, Any]:
+    """Per-step facts about grading: fallbacks, hacks, λ, factors, bloat."""
+    fallbacks: dict[str, int] = {}
+    for code in batch.result.fallback.tolist():
+        if code:
+            name = adv_mod.FALLBACK_NAMES[code]
+            fallbacks[name] = fallbacks.get(name, 0) + 1
+    for ranking in rankings:
+        if ranking is not None and ranking.fallback and ranking.grader != "none":
+            key = f"heuristic_after_{ranking.fallback}"
+            fallbacks[key] = fallbacks.get(key, 0) + 1
+    redistributed = [float(x) for x, code in zip(batch.result.lam.tolist(), batch.result.fallback.tolist(), strict=True) if code == 0]
+    passes = [(gi, j) for gi, g in enumerate(groups) for j, r in enumerate(g.rollouts) if r.valid and r.passed and rankings[gi] is not None]
+    below_t1 = [float(batch.factors[gi, j]) < 1.0 for gi, j in passes]
+    return {
+        "fallbacks": fallbacks,
+        "hacks": int(batch.hacks.sum()),
+        "lambdas": redistributed,
+        "factors": [float(batch.factors[gi, j]) for gi, j in passes],
+        "bloated_passes_ratio": sum(below_t1) / len(below_t1) if below_t1 else 0.0,
+    }
+
+
+def _rollout_facts(all_groups: list[GroupResult]) -> dict[str, Any]:
+    rollouts = [r for g in all_groups for r in g.rollouts]
+    valid = [r for r in rollouts if r.valid]
+    invalid: dict[str, int] = {}
+    flagged = {"redundant": 0, "tool_error": 0, "churn": 0}
+    for r in rollouts:
+        if not r.valid:
+            reason = r.trajectory.exit_reason or "verify_error"
+            invalid[reason] = invalid.get(reason, 0) + 1
+        for kind, count in r.trajectory.flag_counts().items():
+            flagged[kind] += count
+    tokens = [r.trajectory.response_tokens for r in valid]
+    turns = [r.trajectory.num_turns for r in valid]
+    return {
+        "pass_rate": sum(r.passed for r in valid) / len(valid) if valid else 0.0,
+        "reward_mean": sum(r.passed for r in valid) / len(valid) if valid else 0.0,
+        "invalid": invalid,
+        "flagged_turns": flagged,
+        "tampered": sum(r.tampered for r in valid),
+        "response_tokens": tokens,
+        "turns": turns,
+        "response_tokens_mean": sum(tokens) / len(tokens) if tokens else 0.0,
+        "turns_mean": sum(turns) / len(turns) if turns else 0.0,
+        "generated_tokens": sum(r.trajectory.response_tokens for r in rollouts),
+    }
+
+
+def _train(ctx: Context, collected: Any) -> tuple[dict[str, Any], dict[str, Any]]:
+    """Advantages and the update; returns (record fields, extras for Prometheus)."""
+    groups, rankings = collected.groups, collected.rankings
+    if not groups:
+        empty = {"loss": 0.0, "grad_norm": 0.0, "gradient_variance": 0.0, "gradient_mean_norm": 0.0, "tokens_trained": 0, "lambda_mean": 0.0}
+        zero = {f"adv_{s}_{k}": 0.0 for s in ("before", "after") for k in ("mean", "std", "abs_max")}
+        return {**empty, **zero, "fallbacks": {}, "hacks": 0, "bloated_passes_ratio": 0.0, "trained_groups": 0}, {}
+    rollouts = [g.rollouts for g in groups]
+    batch = adv_mod.group_advantages(rollouts, rankings, ctx.alg)
+    per_token = adv_mod.token_advantages(rollouts, batch.adv, ctx.alg)
+    valid = torch.tensor([[r.valid for r in g] for g in rollouts])
+    before, after = batch.result.adv_before[valid].tolist(), batch.adv[valid].tolist()
+    facts = _group_facts(groups, rankings, batch)
+    samples = _samples(groups, per_token)
+    metrics = ctx.learner.update(samples) if samples else {}
+    record = {
+        "loss": metrics.get("loss", 0.0),
+        "kl": metrics.get("kl", 0.0),
+        "entropy": metrics.get("entropy", 0.0),
+        "clip_ratio": metrics.get("pg_clipfrac", 0.0),
+        "grad_norm": metrics.get("grad_norm", 0.0),
+        "gradient_variance": metrics.get("gradient_variance", 0.0),
+        "gradient_mean_norm": metrics.get("gradient_mean_norm", 0.0),
+        "tokens_trained": int(metrics.get("tokens_trained", 0)),
+        "micro_batches": int(metrics.get("micro_batches", 0)),
+        "trained_groups": len(groups),
+        "lambda_mean": sum(facts["lambdas"]) / len(facts["lambdas"]) if facts["lambdas"] else 0.0,
+        **{f"adv_before_{k}": v for k, v in rep.summarize(before).items()},
+        **{f"adv_after_{k}": v for k, v in rep.summarize(after).items()},
+        **{k: facts[k] for k in ("fallbacks", "hacks", "bloated_passes_ratio")},
+    }
+    return record, {"adv_before": before, "adv_after": after, "lambdas": facts["lambdas"], "factors": facts["factors"]}
+
+
+def _sync(ctx: Context) -> float:
+    from gagar.trainer.model import iter_hf_weights
+
+    start = time.perf_counter()
+    ctx.version += 1
+    ctx.sync.sync(iter_hf_weights(ctx.model), ctx.version)
+    return time.perf_counter() - start
+
+
+async def rl_step(ctx: Context) -> dict[str, Any]:
+    """One training step; returns its metrics record (also written and exported)."""
+    t0 = time.perf_counter()
+    collected = await _collect(ctx, ctx.step)
+    t1 = time.perf_counter()
+    record, extras = _train(ctx, collected)
+    t2 = time.perf_counter()
+    sync_seconds = _sync(ctx)
+    facts = _rollout_facts(collected.all_groups)
+    extras.update(response_tokens=facts.pop("response_tokens"), turns=facts.pop("turns"))
+    ctx.step += 1
+    record.update(facts)
+    record.update(
+        step=ctx.step,
+        policy_version=ctx.version,
+        staleness_versions=0,
+        sampled_groups=collected.sampled,
+        sampling_rounds=collected.rounds,
+        shortfall=collected.shortfall,
+        eligible_groups_ratio=sum(g.eligible for g in collected.all_groups) / max(1, collected.sampled),
+        rollout_seconds=collected.rollout_seconds,
+        grading_seconds=collected.grading_wait_seconds,
+        training_seconds=t2 - t1,
+        sync_seconds=sync_seconds,
+        step_seconds=time.perf_counter() - t0,
+        rollout_tokens_per_second=facts["generated_tokens"] / max(1e-9, t1 - t0),
+        training_tokens_per_second=record["tokens_trained"] / max(1e-9, t2 - t1),
+    )
+    return _finish_step(ctx, record, extras)
+
+
+def _finish_step(ctx: Context, record: dict[str, Any], extras: dict[str, Any]) -> dict[str, Any]:
+    spec = ctx.run.spec.trainer.checkpoint
+    t = time.perf_counter()
+    record["checkpoint_seconds"] = 0.0
+    rep.append_jsonl(ctx.out / "metrics.jsonl", record)
+    if ctx.step % spec.interval_steps == 0 or ctx.step == ctx.alg.total_steps:
+        save_checkpoint(ctx)
+        record["checkpoint_seconds"] = time.perf_counter() - t
+    record["checkpoint_step"] = ctx.ckpt.complete()[-1].step if ctx.ckpt.complete() else 0
+    rep.export(ctx.metrics, ctx.run.metadata.name, record, extras)
+    return record
+
+
+def save_checkpoint(ctx: Context) -> None:
+    state = {"policy_version": ctx.version, "sampler": ctx.sampler.state(), "python_rng": repr(random.getstate())}
+    parts = {"model": ctx.model.state_dict(), "optimizer": ctx.learner.optimizer.state_dict(), "rng": torch.get_rng_state()}
+    ctx.ckpt.save(ctx.step, parts, state)
+
+
+def restore(ctx: Context) -> bool:
+    """Load the newest complete checkpoint into the context; False when there is none."""
+    latest = ctx.ckpt.latest()
+    if latest is None:
+        return False
+    ctx.model.load_state_dict(latest.load("model"))
+    ctx.learner.optimizer.load_state_dict(latest.load("optimizer"))
+    torch.set_rng_state(latest.load("rng"))
+    state = latest.state()
+    ctx.step, ctx.version = latest.step, int(state["policy_version"])
+    ctx.sampler.load_state(state["sampler"])
+    truncate_jsonl(ctx.out / "metrics.jsonl", ctx.step)
+    return True
+
+
+def summary_line(record: dict[str, Any]) -> str:
+    return (
+        f"pass {record['pass_rate']:.2f} · adv± {record['adv_after_abs_max']:.2f} · λ {record['lambda_mean']:.2f} · "
+        f"len {record['response_tokens_mean']:.0f} · {record['step_seconds']:.1f}s"
+    )
+
+
+def close(ctx: Context) -> None:
+    for closer in reversed(ctx.closers):
+        with contextlib.suppress(Exception):
+            closer()
+
+
+def write_final_report(ctx: Context, extra: dict[str, Any]) -> dict[str, Any]:
+    records = rep.read_jsonl(ctx.out / "metrics.jsonl")
+    summary = {"run": ctx.run.metadata.name, "mode": ctx.alg.mode, "policy_version": ctx.version, **extra}
+    report = rep.write_report(ctx.out, records, summary)
+    (ctx.out / "run.json").write_text(json.dumps(ctx.run.to_wire(), indent=2))
+    return report

@@ -1,0 +1,127 @@
+"""Per-step metrics: one record per step to ``metrics.jsonl`` and Prometheus, and the final report.
+
+The record is a flat dict of the catalogue's trainer metrics (DESIGN §4) for one step; the same
+numbers go to Prometheus (``export``) and, at the end, into ``report.json`` and PNG plots.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import statistics
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+from gagar.metrics import Metrics
+
+GAUGES = {
+    "step": "gagar_trainer_step",
+    "policy_version": "gagar_policy_version",
+    "staleness_versions": "gagar_rollout_staleness_versions",
+    "reward_mean": "gagar_reward_mean",
+    "pass_rate": "gagar_pass_rate_ratio",
+    "eligible_groups_ratio": "gagar_eligible_groups_ratio",
+    "lambda_mean": "gagar_lambda_mean",
+    "bloated_passes_ratio": "gagar_bloated_passes_ratio",
+    "loss": "gagar_loss",
+    "kl": "gagar_kl",
+    "entropy": "gagar_entropy",
+    "clip_ratio": "gagar_clip_ratio",
+    "grad_norm": "gagar_grad_norm",
+    "gradient_variance": "gagar_gradient_variance",
+    "gradient_mean_norm": "gagar_gradient_mean_norm",
+    "checkpoint_step": "gagar_checkpoint_step",
+}
+
+
+def summarize(values: Iterable[float]) -> dict[str, float]:
+    vals = list(values)
+    if not vals:
+        return {"mean": 0.0, "std": 0.0, "abs_max": 0.0}
+    return {"mean": statistics.fmean(vals), "std": statistics.pstdev(vals), "abs_max": max(abs(v) for v in vals)}
+
+
+def append_jsonl(path: Path, record: dict[str, Any]) -> None:
+    with open(path, "a") as fh:
+        fh.write(json.dumps(record) + "\n")
+        fh.flush()
+        os.fsync(fh.fileno())
+
+
+def read_jsonl(path: Path) -> list[dict[str, Any]]:
+    if not path.exists():
+        return []
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def export(metrics: Metrics, run: str, record: dict[str, Any], extras: dict[str, Any]) -> None:
+    """Push one step's record (and its per-trajectory values in ``extras``) to Prometheus."""
+    for key, name in GAUGES.items():
+        if key in record and record[key] is not None:
+            metrics[name].labels(run=run).set(float(record[key]))
+    metrics["gagar_trainer_step_duration_seconds"].labels(run=run).observe(record["step_seconds"])
+    for stage in ("rollout", "grading", "training", "sync", "checkpoint"):
+        metrics["gagar_trainer_stage_duration_seconds"].labels(run=run, stage=stage).observe(record.get(f"{stage}_seconds", 0.0))
+    for stage in ("before", "after"):
+        for stat in ("mean", "std", "abs_max"):
+            metrics[f"gagar_advantage_{stat}"].labels(run=run, stage=stage).set(record[f"adv_{stage}_{stat}"])
+        for value in extras.get(f"adv_{stage}", []):
+            metrics["gagar_advantage"].labels(run=run, stage=stage).observe(value)
+    for stage in ("rollout", "training"):
+        metrics["gagar_tokens_per_second"].labels(run=run, stage=stage).set(record.get(f"{stage}_tokens_per_second", 0.0))
+    _counters(metrics, run, record, extras)
+
+
+def _counters(metrics: Metrics, run: str, record: dict[str, Any], extras: dict[str, Any]) -> None:
+    metrics["gagar_sampling_rounds_total"].labels(run=run).inc(record["sampling_rounds"])
+    metrics["gagar_quota_shortfall_total"].labels(run=run).inc(1 if record["shortfall"] else 0)
+    metrics["gagar_hacks_total"].labels(run=run).inc(record["hacks"])
+    metrics["gagar_tokens_trained_total"].labels(run=run).inc(record["tokens_trained"])
+    for reason, count in record["fallbacks"].items():
+        metrics["gagar_grader_fallbacks_total"].labels(run=run, reason=reason).inc(count)
+    for reason, count in record["invalid"].items():
+        metrics["gagar_invalid_trajectories_total"].labels(run=run, reason=reason).inc(count)
+    for kind, count in record["flagged_turns"].items():
+        metrics["gagar_redundant_actions_total"].labels(run=run, kind=kind).inc(count)
+    for value in extras.get("lambdas", []):
+        metrics["gagar_lambda"].labels(run=run).observe(value)
+    for value in extras.get("factors", []):
+        metrics["gagar_quality_factor"].labels(run=run).observe(value)
+    for value in extras.get("response_tokens", []):
+        metrics["gagar_response_tokens"].labels(run=run).observe(value)
+    for value in extras.get("turns", []):
+        metrics["gagar_turns"].labels(run=run).observe(value)
+
+
+PLOTS = {
+    "pass_rate.png": (("pass_rate",), "pass rate (training rollouts)"),
+    "length.png": (("response_tokens_mean", "turns_mean"), "response tokens and turns per trajectory"),
+    "bloat.png": (("bloated_passes_ratio",), "share of passes graded below T1"),
+    "lambda.png": (("lambda_mean",), "mean λ of redistributed groups"),
+    "gradient_variance.png": (("gradient_variance",), "tr Cov of micro-batch gradients"),
+    "advantages.png": (("adv_before_abs_max", "adv_after_abs_max", "adv_before_std", "adv_after_std"), "advantages before/after redistribution"),
+}
+
+
+def write_report(out: Path, records: list[dict[str, Any]], summary: dict[str, Any]) -> dict[str, Any]:
+    """``report.json`` (summary + first/last records) and one PNG per plot in ``PLOTS``."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    steps = [r["step"] for r in records]
+    for name, (keys, title) in PLOTS.items():
+        fig, ax = plt.subplots(figsize=(6, 3.5))
+        for key in keys:
+            ax.plot(steps, [r.get(key, 0.0) for r in records], marker="o", label=key)
+        ax.set_title(title)
+        ax.set_xlabel("step")
+        ax.legend(fontsize=7)
+        fig.tight_layout()
+        fig.savefig(out / name, dpi=90)
+        plt.close(fig)
+    report = {**summary, "steps": len(records), "first": records[0] if records else None, "last": records[-1] if records else None, "plots": sorted(PLOTS)}
+    (out / "report.json").write_text(json.dumps(report, indent=2))
+    return report
