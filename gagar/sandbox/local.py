@@ -14,7 +14,6 @@ import os
 import random
 import shutil
 import signal
-import subprocess
 import sys
 import tempfile
 import warnings
@@ -195,7 +194,11 @@ class LocalSession:
         if self._factory.use_cgroup and self.uid is not None:
             cg = Cgroup.create(self.limits.memory_bytes, self.limits.processes)
         # With a memory cgroup, the address-space rlimit only stops absurd reservations.
-        limits = self.limits.model_copy(update={"memory_bytes": self.limits.memory_bytes * 4}) if cg else self.limits
+        limits = (
+            self.limits.model_copy(update={"memory_bytes": self.limits.memory_bytes * 4})
+            if cg
+            else self.limits
+        )
         full = bwrap.bwrap_argv(self._jail(), limits, argv)
         launch = runner.Launch(
             argv=cg.wrap(full) if cg else full,
@@ -332,4 +335,4 @@ def _limit_hit(outcome: runner.Outcome, sig: int | None, limits: Limits, stats: 
     return None
 
 
-__all__ = ["LocalFactory", "LocalSession", "check_isolation", "classify", "subprocess"]
+__all__ = ["LocalFactory", "LocalSession", "check_isolation", "classify"]

@@ -134,30 +134,30 @@ def run(launch: Launch) -> Outcome:
         reap_orphans()
 
 
-def _supervise(proc: subprocess.Popen, launch: Launch, status_r: int | None, start: float) -> Outcome:
+def _supervise(
+    proc: subprocess.Popen, launch: Launch, status_r: int | None, start: float
+) -> Outcome:
     cap = _Capture(launch.output_bytes, proc.pid)
-    out_fd, err_fd = proc.stdout.fileno(), proc.stderr.fileno()  # type: ignore[union-attr]
-    for fd in (out_fd, err_fd, status_r):
-        if fd is not None:
-            cap.add(os.dup(fd))
+    cap.add(os.dup(proc.stdout.fileno()))  # type: ignore[union-attr]
+    cap.add(os.dup(proc.stderr.fileno()))  # type: ignore[union-attr]
+    if status_r is not None:
+        cap.add(status_r)
     proc.stdout.close()  # type: ignore[union-attr]
     proc.stderr.close()  # type: ignore[union-attr]
-    deadline, outcome, waited = start + launch.wall_time_s, Outcome(), None
-    while waited is None:
+    deadline, outcome = start + launch.wall_time_s, Outcome()
+    while not cap.exited:
         remaining = deadline - time.monotonic()
         if remaining <= 0:
             outcome.timed_out = True
-            _kill_group(proc.pid)
             break
         cap.pump(remaining)
-        if cap.exited:
-            waited = os.wait4(proc.pid, 0)
-    _kill_group(proc.pid)  # stragglers in the group (background jobs) die with the run
-    if waited is None:
-        waited = os.wait4(proc.pid, 0)
+    # Still unreaped here, so the group id cannot have been reused: kill stragglers (background
+    # jobs in the group) and, on timeout, the whole tree (bubblewrap takes its namespace along).
+    _kill_group(proc.pid)
+    waited = os.wait4(proc.pid, 0)
     proc.returncode = -1  # we waited ourselves; keep Popen from waiting again
     _drain(cap, time.monotonic() + 1.0)
-    _fill(outcome, waited, cap, (out_fd, err_fd, status_r), time.monotonic() - start)
+    _fill(outcome, waited, cap, status_r is not None, time.monotonic() - start)
     return outcome
 
 
@@ -167,17 +167,18 @@ def _drain(cap: _Capture, until: float) -> None:
     cap.close()
 
 
-def _fill(outcome: Outcome, waited: tuple, cap: _Capture, fds: tuple, duration: float) -> None:
+def _fill(
+    outcome: Outcome, waited: tuple, cap: _Capture, has_status: bool, duration: float
+) -> None:
     _, status, usage = waited
     if os.WIFSIGNALED(status):
         outcome.signal = os.WTERMSIG(status)
     else:
         outcome.exit_code = os.WEXITSTATUS(status)
     outcome.cpu_time_s = usage.ru_utime + usage.ru_stime
-    out_fd, err_fd, status_r = fds
     data = list(cap.data.values())  # insertion order: stdout, stderr, status
     outcome.stdout, outcome.stderr = bytes(data[0]), bytes(data[1])
-    if status_r is not None:
+    if has_status:
         outcome.status = _parse_status(bytes(data[2]))
     outcome.truncated, outcome.duration_s = cap.truncated, duration
 

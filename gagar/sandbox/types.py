@@ -42,7 +42,9 @@ class Limits(BaseModel):
     open_files: int = Field(default=256, ge=16, le=65536, description="RLIMIT_NOFILE.")
     file_size_bytes: int = Field(default=64 << 20, ge=1 << 16, description="RLIMIT_FSIZE.")
     output_bytes: int = Field(
-        default=1 << 20, ge=1024, description="Captured stdout and stderr, each; the rest is dropped."
+        default=1 << 20,
+        ge=1024,
+        description="Captured stdout and stderr, each; the rest is dropped.",
     )
 
 

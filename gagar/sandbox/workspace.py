@@ -126,7 +126,9 @@ def unified_diff(base: Mapping[str, bytes], new: Mapping[str, bytes]) -> str:
         old_lines = (old or b"").decode().splitlines(keepends=True)
         new_lines = (cur or b"").decode().splitlines(keepends=True)
         for line in difflib.unified_diff(old_lines, new_lines, a, b):
-            chunks.append(line if line.endswith("\n") else line + "\n\\ No newline at end of file\n")
+            chunks.append(
+                line if line.endswith("\n") else line + "\n\\ No newline at end of file\n"
+            )
     return "".join(chunks)
 
 
