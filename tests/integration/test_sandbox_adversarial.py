@@ -6,10 +6,10 @@ host, and a fresh session still runs a command (the fixture checks both).
 
 from __future__ import annotations
 
+import io
 import os
 import socket
 import tarfile
-import io
 import threading
 from pathlib import Path
 
@@ -193,7 +193,7 @@ def test_background_processes_do_not_survive(session) -> None:
     marker = "313.25"
     r = session.exec(
         f"(sleep {marker} &) ; setsid sleep {marker} & nohup sleep {marker} >/dev/null 2>&1 & "
-        "python3 -c \"import os,time\nif os.fork()==0:\n os.setsid()\n if os.fork()==0: time.sleep(300)\" ; echo spawned"
+        'python3 -c "import os,time\nif os.fork()==0:\n os.setsid()\n if os.fork()==0: time.sleep(300)" ; echo spawned'
     )
     assert r.ok and "spawned" in r.stdout
     for pid in os.listdir("/proc"):
@@ -209,7 +209,9 @@ def test_background_processes_do_not_survive(session) -> None:
 def test_symlink_escapes_are_refused_on_the_host(session, tmp_path: Path) -> None:
     secret = tmp_path / "secret.txt"
     secret.write_text("TOPSECRET-LINK")
-    r = session.exec(f"ln -s {secret} leak && ln -s / rootlink && ln -s /etc/passwd pw && mkfifo fifo")
+    r = session.exec(
+        f"ln -s {secret} leak && ln -s / rootlink && ln -s /etc/passwd pw && mkfifo fifo"
+    )
     assert r.ok
     for path in ("leak", "rootlink/etc/passwd", "pw", "fifo", "../../etc/passwd"):
         with pytest.raises(SandboxError):
@@ -226,7 +228,7 @@ def test_symlink_escapes_are_refused_on_the_host(session, tmp_path: Path) -> Non
 
 
 def test_file_size_limit(session) -> None:
-    r = session.exec("python3 -c 'open(\"big\",\"wb\").write(b\"x\"*(5<<20))'")
+    r = session.exec('python3 -c \'open("big","wb").write(b"x"*(5<<20))\'')
     assert not r.ok
     assert session.exec("stat -c %s big").stdout.strip() in ("0", str(1 << 20))
 
