@@ -212,11 +212,11 @@ class LocalSession:
         except OSError as e:
             return ExecResult(exit_code=None, infra_error=f"cannot start the jail: {e}")
         finally:
-            if self.uid is not None:
-                runner.kill_uid(self.uid)
             stats = cg.stats() if cg else None
             if cg:
-                cg.destroy()
+                cg.destroy()  # kills all inside: no process can leave its cgroup unprivileged
+            elif self.uid is not None:
+                runner.kill_uid(self.uid)
         return classify(outcome, self.limits, stats, jailed=True)
 
     def _exec_unsafe(self, argv: list[str], wall: float) -> ExecResult:

@@ -217,16 +217,28 @@ def _pids() -> list[int]:
     return [int(p) for p in os.listdir("/proc") if p.isdigit()]
 
 
-def reap_orphans() -> int:
-    """Reap zombie children that no run in flight owns (orphans re-parented to us)."""
-    me, reaped = os.getpid(), 0
-    for pid in _pids():
+def _children() -> list[int]:
+    """Our direct children, orphans re-parented to us included (any thread may be their parent)."""
+    out: list[int] = []
+    for tid in os.listdir("/proc/self/task"):
         try:
-            fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-            comm = Path(f"/proc/{pid}/comm").read_text().strip()
-        except (FileNotFoundError, ProcessLookupError, IndexError):
+            out += [int(p) for p in Path(f"/proc/self/task/{tid}/children").read_text().split()]
+        except (FileNotFoundError, ProcessLookupError):
             continue
-        if fields[0] != "Z" or int(fields[1]) != me or comm != "bwrap":
+    return out
+
+
+def reap_orphans() -> int:
+    """Reap zombie bubblewrap children that no run in flight owns (orphans re-parented to us)."""
+    reaped = 0
+    for pid in _children():
+        try:
+            stat_line = Path(f"/proc/{pid}/stat").read_text()
+        except (FileNotFoundError, ProcessLookupError):
+            continue
+        comm = stat_line[stat_line.find("(") + 1 : stat_line.rfind(")")]
+        state = stat_line[stat_line.rfind(")") + 2 :].split(" ", 1)[0]
+        if state != "Z" or comm != "bwrap":
             continue
         with _lock:
             if pid in _active:
