@@ -238,12 +238,19 @@ def test_open_files_limit(session) -> None:
     assert not r.ok and "Too many open files" in r.stderr
 
 
-def test_runs_leave_no_zombies(factory: LocalFactory) -> None:
+def _our_cgroups() -> set[str]:
+    root = Path("/sys/fs/cgroup")
+    return {str(p) for p in root.glob("*/**/gagar-*") if p.is_dir()}
+
+
+def test_runs_leave_no_zombies_and_no_cgroups(factory: LocalFactory) -> None:
+    cgroups = _our_cgroups()
     with factory.create(files={}) as s:
         for _ in range(20):
             assert s.exec(["true"]).ok
     runner.reap_orphans()
     assert _zombie_children() == []
+    assert _our_cgroups() <= cgroups
 
 
 def test_reset_restores_base_and_removes_leftovers(session) -> None:
