@@ -21,6 +21,7 @@ from gagar.sandbox.types import (
     SandboxError,
     SandboxInfraError,
 )
+from gagar.sandbox.workspace import files_tarball
 
 
 def _call(client: httpx.Client, method: str, path: str, body: dict | None = None) -> dict[str, Any]:
@@ -52,8 +53,15 @@ class HttpFactory:
         limits: Limits | None = None,
     ) -> HttpSession:
         body: dict[str, Any] = {}
+        if files is not None and tarball is not None:
+            raise SandboxError("give files or a tarball, not both")
         if files is not None:
-            body["files"] = {k: v if isinstance(v, str) else v.decode() for k, v in files.items()}
+            try:
+                body["files"] = {
+                    k: v if isinstance(v, str) else v.decode() for k, v in files.items()
+                }
+            except UnicodeDecodeError:  # binary content: JSON strings cannot carry it
+                tarball = files_tarball(files)
         if tarball is not None:
             body["tarball_b64"] = base64.b64encode(tarball).decode()
         if limits is not None:

@@ -159,6 +159,18 @@ def pack(root: Path) -> bytes:
     return buf.getvalue()
 
 
+def files_tarball(files: Mapping[str, FileData]) -> bytes:
+    """A ``.tar.gz`` of a files mapping (how binary files travel to a remote executor)."""
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w:gz") as tar:
+        for rel, data in sorted(files.items()):
+            payload = data.encode() if isinstance(data, str) else data
+            info = tarfile.TarInfo(rel)
+            info.size, info.mode = len(payload), 0o644
+            tar.addfile(info, io.BytesIO(payload))
+    return buf.getvalue()
+
+
 def unpack(root: Path, tarball: bytes) -> None:
     """Extract an untrusted archive: the ``data`` filter rejects absolute paths, ``..`` and links out."""
     try:

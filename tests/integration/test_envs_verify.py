@@ -88,6 +88,29 @@ def test_infrastructure_failure_is_invalid(task) -> None:
     assert not verdict.valid and not verdict.passed and verdict.infra_error
 
 
+def test_verify_through_an_executor_server(factory, task) -> None:
+    """The verifier only needs the ``Session`` protocol: the HTTP backend works the same."""
+    import threading
+
+    from gagar.sandbox.client import HttpFactory
+    from gagar.sandbox.server import make_server
+
+    server = make_server(factory, "127.0.0.1", 0)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        remote = HttpFactory(f"http://127.0.0.1:{server.server_address[1]}")
+        path = _module(task)
+        with remote.create(files=task.files) as s:
+            assert not verify(task, s, remote).passed
+            s.write_file(path, task.reference_files[path])
+            verdict = verify(task, s, remote)
+        assert verdict.passed and verdict.valid and verdict.suspected_tampering == []
+        assert server.registry.sessions == {}  # the verifier closed its throwaway sessions
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
 def _call(name: str, **args) -> dict:
     return {
         "id": "c1",

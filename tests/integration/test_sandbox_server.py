@@ -63,6 +63,14 @@ def test_remote_session_from_tarball_and_limits(base_url: str) -> None:
         assert s.exec("sleep 3").timed_out  # the session's own limits apply
 
 
+def test_binary_files_travel(base_url: str) -> None:
+    blob = bytes(range(256))
+    with HttpFactory(base_url).create(files={"bin.dat": blob, "t.txt": "text"}) as s:
+        assert s.read_file("bin.dat") == blob and s.read_file("t.txt") == b"text"
+        s.write_file("out.dat", blob[::-1])
+        assert s.exec("wc -c < out.dat").stdout.strip() == "256"
+
+
 def test_bad_requests_are_refused(base_url: str) -> None:
     import httpx
 

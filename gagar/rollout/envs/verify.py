@@ -160,11 +160,16 @@ def verify(
     )
 
 
+def open_session(task: Task, factory: SessionFactory) -> Session:
+    """A session on the task's repository (local or on an executor server, per ``factory``)."""
+    return factory.create(files=task.repo_files())
+
+
 def verify_files(
     task: Task, files: dict[str, bytes], factory: SessionFactory, timeout: float | None = None
 ) -> Verdict:
     """Verify a repository given as files (e.g. the reference fix) via a throwaway session."""
-    with_base = factory.create(files=task.repo_files())
+    with_base = open_session(task, factory)
     try:
         for path in with_base.list_files():
             if path not in files:
