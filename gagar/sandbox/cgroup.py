@@ -93,6 +93,27 @@ class Cgroup:
                     time.sleep(0.02)
 
 
+def sweep_stale(min_age_s: float = 600.0) -> int:
+    """Remove empty ``gagar-*`` groups left by an executor that was killed mid-run.
+
+    Only groups older than ``min_age_s`` are touched, so a group another executor is setting up
+    right now is never removed under it; a group with processes cannot be removed at all.
+    """
+    removed = 0
+    for controller in ("memory", "pids", "cpuacct"):
+        parent = _own_path(controller)
+        if parent is None or not parent.is_dir():
+            continue
+        for d in parent.glob("gagar-*"):
+            try:
+                if time.time() - d.stat().st_mtime > min_age_s and not _procs(d):
+                    d.rmdir()
+                    removed += 1
+            except OSError:
+                continue
+    return removed
+
+
 def _procs(d: Path) -> list[int]:
     try:
         return [int(x) for x in (d / "cgroup.procs").read_text().split()]

@@ -22,7 +22,7 @@ from functools import cache
 from pathlib import Path
 
 from gagar.sandbox import bwrap, runner, workspace
-from gagar.sandbox.cgroup import Cgroup, Stats
+from gagar.sandbox.cgroup import Cgroup, Stats, sweep_stale
 from gagar.sandbox.types import (
     Command,
     ExecResult,
@@ -107,6 +107,8 @@ class LocalFactory:
     ) -> None:
         self.limits, self.isolation, self.root = limits or Limits(), isolation, root
         self.ro_paths, self.use_cgroup = python_paths() + ro_paths, use_cgroup
+        if use_cgroup and isolation == "bwrap" and os.geteuid() == 0:
+            sweep_stale()
         if isolation == "none":
             warnings.warn(UNSAFE_WARNING, stacklevel=2)
             print(UNSAFE_WARNING, file=sys.stderr)

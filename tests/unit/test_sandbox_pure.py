@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import os
 import signal
+import time
 from pathlib import Path
 
 import pytest
@@ -109,3 +111,21 @@ def test_bad_commands_are_refused(tmp_path: Path) -> None:
     with pytest.raises(SandboxError, match="closed"):
         s.exec("true")
     assert list(tmp_path.iterdir()) == []  # closing removed the session directory
+
+
+def test_sweep_stale_removes_only_old_empty_groups() -> None:
+    from gagar.sandbox import cgroup
+
+    group = cgroup.Cgroup.create(64 << 20, 8)
+    if group is None:
+        pytest.skip("cgroup v1 hierarchy not writable here")
+    try:
+        cgroup.sweep_stale(min_age_s=600)
+        assert group.memory.exists() and group.pids.exists()  # young: kept
+        old = time.time() - 3600
+        for d in (group.memory, group.pids):
+            os.utime(d, (old, old))  # only our group looks stale: others' are never touched
+        assert cgroup.sweep_stale(min_age_s=600) >= 2
+        assert not group.memory.exists() and not group.pids.exists()
+    finally:
+        group.destroy()
