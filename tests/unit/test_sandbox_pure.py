@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from gagar.sandbox import bwrap, local, runner, workspace
+from gagar.sandbox import bwrap, classify, local, runner, workspace
 from gagar.sandbox.cgroup import Stats
 from gagar.sandbox.types import Limits, SandboxError, SandboxUnavailable
 
@@ -47,16 +47,18 @@ def _outcome(**kw) -> runner.Outcome:
 
 def test_classify() -> None:
     limits = Limits(cpu_time_s=2)
-    assert local.classify(_outcome(exit_code=0), limits, None, jailed=True).ok
-    r = local.classify(_outcome(exit_code=128 + 9), limits, Stats(True, False, 0.1), jailed=True)
+    assert classify.classify(_outcome(exit_code=0), limits, None, jailed=True).ok
+    r = classify.classify(_outcome(exit_code=128 + 9), limits, Stats(True, False, 0.1), jailed=True)
     assert r.signal == 9 and r.exit_code is None and r.limit_hit == "memory"
-    r = local.classify(_outcome(exit_code=128 + signal.SIGXCPU), limits, None, jailed=True)
+    r = classify.classify(_outcome(exit_code=128 + signal.SIGXCPU), limits, None, jailed=True)
     assert r.limit_hit == "cpu_time"
-    r = local.classify(_outcome(signal=9, timed_out=True, status=[]), limits, None, jailed=True)
+    r = classify.classify(_outcome(signal=9, timed_out=True, status=[]), limits, None, jailed=True)
     assert r.timed_out and r.limit_hit == "wall_time" and r.infra_error is None
-    r = local.classify(_outcome(exit_code=1, status=[{"child-pid": 2}]), limits, None, jailed=True)
+    r = classify.classify(
+        _outcome(exit_code=1, status=[{"child-pid": 2}]), limits, None, jailed=True
+    )
     assert r.infra_error is not None and not r.ok
-    r = local.classify(_outcome(exit_code=1, status=[]), limits, None, jailed=False)
+    r = classify.classify(_outcome(exit_code=1, status=[]), limits, None, jailed=False)
     assert r.infra_error is None and r.exit_code == 1
 
 
