@@ -29,6 +29,8 @@ def _read_dir(root: Path) -> dict[str, bytes]:
 
 
 def _exec(args: argparse.Namespace) -> int:
+    from pydantic import ValidationError
+
     from gagar.sandbox.types import SandboxError
 
     cmd = args.cmd[1:] if args.cmd[:1] == ["--"] else args.cmd
@@ -42,6 +44,10 @@ def _exec(args: argparse.Namespace) -> int:
         files = _read_dir(Path(args.workspace)) if args.workspace else {}
         with factory.create(files=files) as session:
             result = session.exec(cmd)
+    except ValidationError as e:
+        problems = "; ".join(f"{x['loc'][0]}: {x['msg']}" for x in e.errors())
+        print(f"gagar sandbox exec: bad limits: {problems}", file=sys.stderr)
+        return 2
     except SandboxError as e:
         print(f"gagar sandbox: {e}", file=sys.stderr)
         return 3

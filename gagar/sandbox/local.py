@@ -3,8 +3,12 @@
 ``LocalFactory(...).create(files=...)`` makes a ``LocalSession``: a private directory holding the
 workspace, a ``/tmp`` and generated ``/etc`` files, plus (when the executor is root) a private uid
 leased for the session's lifetime. Every ``exec`` builds a fresh jail (``bwrap.py``), runs it
-(``runner.py``), optionally inside fresh cgroups (``cgroup.py``), then kills anything the session
-uid still owns. ``isolation="none"`` exists for development only and says so loudly.
+(``runner.py``) inside fresh cgroups when the hierarchy is writable (``cgroup.py``), then kills
+whatever is left (the cgroups' members, or else every process of the session uid) and turns the
+observations into an ``ExecResult`` (``classify.py``). A non-root executor (a sandbox pod running
+as non-root) has no uid to lease: bubblewrap then runs unprivileged in a user namespace, and
+``RLIMIT_NPROC`` counts the executor's own processes too (one session per pod is the intended
+shape). ``isolation="none"`` exists for development only and says so loudly.
 """
 
 from __future__ import annotations

@@ -111,6 +111,17 @@ def test_verify_through_an_executor_server(factory, task) -> None:
         server.server_close()
 
 
+def test_unreachable_executor_gives_an_invalid_verdict(task) -> None:
+    import httpx
+
+    from gagar.sandbox.client import HttpFactory, HttpSession
+
+    gone = HttpFactory("http://127.0.0.1:9", timeout_s=2)
+    with httpx.Client(base_url="http://127.0.0.1:9", timeout=2) as client:
+        verdict = verify(task, HttpSession(client, "gone"), gone)
+    assert not verdict.valid and not verdict.passed and "unreachable" in (verdict.infra_error or "")
+
+
 def _call(name: str, **args) -> dict:
     return {
         "id": "c1",

@@ -109,6 +109,18 @@ def test_cli_exec_timeout_and_memory() -> None:
     assert result["timed_out"] and result["limit_hit"] == "wall_time"
 
 
+def test_cli_rejects_bad_limits_and_missing_command(tmp_path) -> None:
+    base = [sys.executable, "-m", "gagar.cli", "sandbox", "exec"]
+    out = subprocess.run([*base, "--memory", "1000", "--", "true"], capture_output=True, text=True)
+    assert out.returncode == 2 and "memory_bytes" in out.stderr and out.stdout == ""
+    out = subprocess.run([*base, "--"], capture_output=True, text=True)
+    assert out.returncode == 2 and "no command" in out.stderr
+    out = subprocess.run(
+        [*base, "--workspace", str(tmp_path / "nope"), "--", "true"], capture_output=True, text=True
+    )
+    assert out.returncode != 0 and "not a directory" in out.stderr
+
+
 def test_cli_unsafe_mode_says_so_loudly() -> None:
     cmd = [sys.executable, "-m", "gagar.cli", "sandbox", "exec", "--unsafe-no-isolation"]
     out = subprocess.run([*cmd, "--", "echo", "x"], capture_output=True, text=True)

@@ -25,7 +25,7 @@ from pathlib import PurePosixPath
 from pydantic import BaseModel, ConfigDict, Field
 
 from gagar.rollout.envs.task import Task
-from gagar.sandbox import Session, SessionFactory
+from gagar.sandbox import SandboxInfraError, Session, SessionFactory
 
 # Files that steer how tests run: changing them can change the verdict without fixing the code.
 RUNNER_FILES = frozenset(
@@ -137,12 +137,21 @@ def run_tests(
 def verify(
     task: Task, candidate: Session, factory: SessionFactory, timeout: float | None = None
 ) -> Verdict:
-    """Verify the candidate's current workspace (left untouched) against the task's tests."""
-    patch = candidate.diff()
-    fresh = factory.create(tarball=candidate.archive())
+    """Verify the candidate's current workspace (left untouched) against the task's tests.
+
+    A failure of the sandbox machinery anywhere on the way gives an invalid verdict
+    (``valid=False``), never a failed one.
+    """
+    try:
+        patch = candidate.diff()
+        fresh = factory.create(tarball=candidate.archive())
+    except SandboxInfraError as e:
+        return Verdict(instance_id=task.instance_id, passed=False, valid=False, infra_error=str(e))
     try:
         _restore(fresh, task, task.repo_files())
         tests, result = run_tests(fresh, task, timeout)
+    except SandboxInfraError as e:
+        return Verdict(instance_id=task.instance_id, passed=False, valid=False, infra_error=str(e))
     finally:
         fresh.close()
     log = (result.stdout + result.stderr)[-LOG_CAP:]
