@@ -88,7 +88,7 @@ def check_isolation() -> None:
             f"refusing to run untrusted code: {', '.join(missing)} not found "
             "(install Debian packages bubblewrap and util-linux: scripts/install.sh)"
         )
-    with LocalFactory(limits=Limits(wall_time_s=20)).create(files={}) as s:
+    with LocalFactory(limits=Limits(wall_time_s=20), check=False).create(files={}) as s:
         result = s.exec(["true"])
     if not result.ok:
         raise SandboxUnavailable(
@@ -99,7 +99,10 @@ def check_isolation() -> None:
 
 
 class LocalFactory:
-    """Makes ``LocalSession``s. ``root`` holds the session directories (default: the temp dir)."""
+    """Makes ``LocalSession``s. ``root`` holds the session directories (default: the temp dir).
+
+    Raises ``SandboxUnavailable`` when ``isolation="bwrap"`` and bubblewrap cannot run here.
+    """
 
     def __init__(
         self,
@@ -108,7 +111,10 @@ class LocalFactory:
         root: str | None = None,
         ro_paths: tuple[str, ...] = (),
         use_cgroup: bool = True,
+        check: bool = True,
     ) -> None:
+        if isolation == "bwrap" and check:
+            check_isolation()  # refuse here, once, rather than fail every command later
         self.limits, self.isolation, self.root = limits or Limits(), isolation, root
         self.ro_paths, self.use_cgroup = python_paths() + ro_paths, use_cgroup
         if use_cgroup and isolation == "bwrap" and os.geteuid() == 0:

@@ -101,6 +101,8 @@ def test_missing_bubblewrap_refuses(monkeypatch) -> None:
     monkeypatch.setattr(local.shutil, "which", lambda name: None)
     with pytest.raises(SandboxUnavailable, match="refusing to run untrusted code"):
         local.check_isolation()
+    with pytest.raises(SandboxUnavailable, match="bubblewrap"):
+        local.LocalFactory()  # a factory refuses up front
     local.check_isolation.cache_clear()
 
 
