@@ -14,7 +14,12 @@ GET      /v1/sessions/{id}/archive       → ``{tarball_b64}``
 POST     /v1/sessions/{id}/reset
 DELETE   /v1/sessions/{id}
 GET      /healthz
+GET      /metrics                        Prometheus text format
 =======  ==============================  ==============================================
+
+Metrics: ``gagar_sandbox_exec_total{outcome}`` (ok, failed, timeout, limit, infra),
+``gagar_sandbox_exec_duration_seconds`` (histogram), ``gagar_sandbox_limit_hits_total{limit}``,
+``gagar_sandbox_sessions`` (open sessions).
 
 A refused request (bad path, unknown session, invalid body) is 400/404 with ``{"error"}``; a full
 server is 503. The server has no authentication: it must only be reachable by its trainer
@@ -31,10 +36,11 @@ from http import HTTPStatus
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from pydantic import BaseModel, ConfigDict, ValidationError
 
 from gagar.sandbox.local import LocalFactory, LocalSession
-from gagar.sandbox.types import Limits, SandboxError
+from gagar.sandbox.types import ExecResult, Limits, SandboxError
 
 MAX_BODY = 256 << 20
 
@@ -69,6 +75,48 @@ class HttpError(Exception):
         self.status = status
 
 
+class Metrics:
+    """The server's Prometheus metrics, in a registry of its own (one per server)."""
+
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry()
+        self.execs = Counter(
+            "gagar_sandbox_exec_total",
+            "Commands run, by outcome.",
+            ["outcome"],
+            registry=self.registry,
+        )
+        self.duration = Histogram(
+            "gagar_sandbox_exec_duration_seconds",
+            "Wall time of commands.",
+            buckets=(0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300),
+            registry=self.registry,
+        )
+        self.limits = Counter(
+            "gagar_sandbox_limit_hits_total",
+            "Commands ended by a limit.",
+            ["limit"],
+            registry=self.registry,
+        )
+        self.sessions = Gauge("gagar_sandbox_sessions", "Open sessions.", registry=self.registry)
+
+    def observe(self, result: ExecResult) -> None:
+        self.execs.labels(outcome=outcome_of(result)).inc()
+        self.duration.observe(result.duration_s)
+        if result.limit_hit:
+            self.limits.labels(limit=result.limit_hit).inc()
+
+
+def outcome_of(result: ExecResult) -> str:
+    if result.infra_error:
+        return "infra"
+    if result.timed_out:
+        return "timeout"
+    if result.limit_hit:
+        return "limit"
+    return "ok" if result.exit_code == 0 else "failed"
+
+
 class Registry:
     """Live sessions by id, each with a lock: one request at a time per session."""
 
@@ -76,6 +124,8 @@ class Registry:
         self.factory, self.max_sessions = factory, max_sessions
         self.sessions: dict[str, tuple[LocalSession, threading.Lock]] = {}
         self.lock = threading.Lock()
+        self.metrics = Metrics()
+        self.metrics.sessions.set_function(lambda: len(self.sessions))
 
     def create(self, body: CreateBody) -> str:
         with self.lock:
@@ -110,11 +160,15 @@ def _b64(data: bytes) -> str:
     return base64.b64encode(data).decode()
 
 
-def _session_call(session: LocalSession, action: str, raw: dict[str, Any]) -> dict[str, Any]:
+def _session_call(
+    session: LocalSession, action: str, raw: dict[str, Any], metrics: Metrics
+) -> dict[str, Any]:
     """One action on one session (already locked)."""
     if action == "exec":
         body = ExecBody.model_validate(raw)
-        return session.exec(body.cmd, body.timeout).model_dump()
+        result = session.exec(body.cmd, body.timeout)
+        metrics.observe(result)
+        return result.model_dump()
     if action == "read":
         return {"content_b64": _b64(session.read_file(PathBody.model_validate(raw).path))}
     if action == "write":
@@ -144,6 +198,14 @@ class Handler(BaseHTTPRequestHandler):
         pass
 
     def do_GET(self) -> None:
+        if self.path.split("?")[0] == "/metrics":
+            body = generate_latest(self.registry.metrics.registry)
+            self.send_response(HTTPStatus.OK)
+            self.send_header("Content-Type", "text/plain; version=0.0.4; charset=utf-8")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+            return
         self._dispatch("GET")
 
     def do_POST(self) -> None:
@@ -196,7 +258,7 @@ class Handler(BaseHTTPRequestHandler):
         if len(parts) == 4 and parts[:2] == ["v1", "sessions"]:
             session, lock = self.registry.get(parts[2])
             with lock:
-                return _session_call(session, parts[3], raw)
+                return _session_call(session, parts[3], raw, self.registry.metrics)
         raise HttpError(HTTPStatus.NOT_FOUND, f"no route {method} {self.path}")
 
 

@@ -63,6 +63,25 @@ def test_remote_session_from_tarball_and_limits(base_url: str) -> None:
         assert s.exec("sleep 3").timed_out  # the session's own limits apply
 
 
+def test_metrics(base_url: str) -> None:
+    import httpx
+
+    with HttpFactory(base_url).create(files={}) as s:
+        s.exec("true")
+        s.exec("exit 1")
+        s.exec("sleep 5", timeout=0.3)
+        text = httpx.get(f"{base_url}/metrics").text
+    for line in (
+        'gagar_sandbox_exec_total{outcome="ok"}',
+        'gagar_sandbox_exec_total{outcome="failed"}',
+        'gagar_sandbox_exec_total{outcome="timeout"}',
+        'gagar_sandbox_limit_hits_total{limit="wall_time"}',
+        "gagar_sandbox_exec_duration_seconds_count",
+        "gagar_sandbox_sessions 1.0",
+    ):
+        assert line in text, line
+
+
 def test_binary_files_travel(base_url: str) -> None:
     blob = bytes(range(256))
     with HttpFactory(base_url).create(files={"bin.dat": blob, "t.txt": "text"}) as s:
