@@ -112,20 +112,26 @@ def run(launch: Launch) -> Outcome:
         status_r, status_w = os.pipe()
         argv = [str(status_w) if a == STATUS_FD else a for a in argv]
     start = time.monotonic()
-    with _lock:  # registered before anyone else may reap: no window where the pid is unknown
-        proc = subprocess.Popen(
-            argv,
-            stdin=subprocess.DEVNULL,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            env=launch.env,
-            cwd=launch.cwd,
-            process_group=0,
-            pass_fds=(status_w,) if status_w is not None else (),
-        )
-        _active.add(proc.pid)
-    if status_w is not None:
-        os.close(status_w)
+    try:
+        with _lock:  # registered before anyone else may reap: no window where the pid is unknown
+            proc = subprocess.Popen(
+                argv,
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                env=launch.env,
+                cwd=launch.cwd,
+                process_group=0,
+                pass_fds=(status_w,) if status_w is not None else (),
+            )
+            _active.add(proc.pid)
+    except OSError:
+        if status_r is not None:
+            os.close(status_r)
+        raise
+    finally:
+        if status_w is not None:
+            os.close(status_w)
     try:
         return _supervise(proc, launch, status_r, start)
     finally:

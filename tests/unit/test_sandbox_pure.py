@@ -133,3 +133,18 @@ def test_sweep_stale_removes_only_old_empty_groups() -> None:
         assert not group.memory.exists() and not group.pids.exists()
     finally:
         group.destroy()
+
+
+def test_runner_start_failure_leaks_no_descriptors() -> None:
+    before = len(os.listdir("/proc/self/fd"))
+    for _ in range(5):
+        with pytest.raises(OSError):
+            runner.run(runner.Launch(["/nonexistent/bin"], 1.0, 100, status_fd=True))
+    assert len(os.listdir("/proc/self/fd")) == before
+
+
+def test_runner_captures_caps_and_times_out() -> None:
+    o = runner.run(runner.Launch(["sh", "-c", "echo out; echo err >&2; exit 7"], 5.0, 100))
+    assert (o.exit_code, o.stdout, o.stderr, o.timed_out) == (7, b"out\n", b"err\n", False)
+    o = runner.run(runner.Launch(["sh", "-c", "head -c 5000 /dev/zero; sleep 30"], 0.5, 100))
+    assert o.timed_out and o.signal == 9 and len(o.stdout) == 100 and o.truncated
