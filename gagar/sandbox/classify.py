@@ -22,7 +22,8 @@ def classify(outcome: Outcome, limits: Limits, stats: Stats | None, jailed: bool
         tail = outcome.stderr.decode(errors="replace").strip()[-500:]
         infra = f"bubblewrap did not start the command: {tail or 'no message'}"
     if jailed and sig is None and exit_code is not None and exit_code > 128:
-        exit_code, sig = None, exit_code - 128  # bubblewrap reports a signalled child as 128+N
+        sig = exit_code - 128  # bubblewrap reports a signalled child as 128+N
+        exit_code = None
     return ExecResult(
         exit_code=exit_code,
         signal=sig,

@@ -14,7 +14,7 @@ def _factory(args: argparse.Namespace, **limit_overrides: object):
 
     if not args.unsafe_no_isolation:
         check_isolation()
-    limits = Limits(**{k: v for k, v in limit_overrides.items() if v is not None})
+    limits = Limits.model_validate({k: v for k, v in limit_overrides.items() if v is not None})
     return LocalFactory(limits=limits, isolation="none" if args.unsafe_no_isolation else "bwrap")
 
 

@@ -62,7 +62,8 @@ class _Capture:
     """Reads pipes without blocking; keeps at most ``cap`` bytes of each and drains the rest."""
 
     def __init__(self, cap: int, pid: int) -> None:
-        self.cap, self.data, self.truncated = cap, {}, False
+        self.cap, self.truncated = cap, False
+        self.data: dict[int, bytearray] = {}
         self.sel = selectors.DefaultSelector()
         self.pidfd = os.pidfd_open(pid)  # readable once the process exits: no polling latency
         self.sel.register(self.pidfd, selectors.EVENT_READ, "exit")
@@ -97,10 +98,10 @@ class _Capture:
         return any(k.data != "exit" for k in self.sel.get_map().values())
 
     def close(self) -> None:
-        for fd in list(self.sel.get_map()):
-            self.sel.unregister(fd)
-            if fd != self.pidfd:
-                os.close(fd)
+        for key in list(self.sel.get_map().values()):
+            self.sel.unregister(key.fd)
+            if key.fd != self.pidfd:
+                os.close(key.fd)
         os.close(self.pidfd)
 
 

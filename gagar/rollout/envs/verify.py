@@ -25,7 +25,7 @@ from pathlib import PurePosixPath
 from pydantic import BaseModel, ConfigDict, Field
 
 from gagar.rollout.envs.task import Task
-from gagar.sandbox import SandboxInfraError, Session, SessionFactory
+from gagar.sandbox import ExecResult, SandboxInfraError, Session, SessionFactory
 
 # Files that steer how tests run: changing them can change the verdict without fixing the code.
 RUNNER_FILES = frozenset(
@@ -117,7 +117,7 @@ def _junit_key(node_id: str) -> tuple[str, str]:
 
 def run_tests(
     session: Session, task: Task, timeout: float | None
-) -> tuple[dict[str, bool], object]:
+) -> tuple[dict[str, bool], ExecResult]:
     """Run the task's test ids in ``session``; returns per-id results and the ``ExecResult``."""
     report = f".gagar-junit-{secrets.token_hex(8)}.xml"
     ids = task.test_ids
