@@ -1,1 +1,65 @@
-"""Sandboxed execution of untrusted code (bubblewrap locally, executor servers in sandbox pods)."""
+"""Sandboxed execution of untrusted code (bubblewrap locally, executor servers in sandbox pods).
+
+API (everything a caller needs):
+
+- ``Session`` (protocol): ``exec(cmd, timeout) -> ExecResult``, ``read_file``, ``write_file``,
+  ``delete_file``, ``list_files``, ``diff()`` (unified diff against the base), ``archive()``
+  (``.tar.gz`` of the workspace), ``reset()``, ``close()``; sessions are context managers.
+- ``SessionFactory`` (protocol): ``create(files=..., tarball=..., limits=...) -> Session``;
+  ``LocalFactory`` (bubblewrap on this machine) and ``HttpFactory(base_url)`` (``gagar sandbox
+  serve`` in a sandbox pod) implement it.
+- ``Limits`` and ``ExecResult`` (pydantic); ``SandboxError`` (refused request),
+  ``SandboxUnavailable`` (no isolation here: untrusted code must not run),
+  ``SandboxInfraError`` (the machinery failed). ``check_isolation()`` raises ``SandboxUnavailable``
+  with the reason when bubblewrap is missing or cannot create its namespaces.
+
+What it protects against (each has a test in ``tests/integration/test_sandbox_adversarial.py``):
+code under test reaching the network (own network namespace: only its own loopback), seeing or
+signalling host processes (own PID namespace, a private unprivileged uid, no capabilities,
+``no_new_privs``), reading host files or the executor's environment (only ``/usr``, the Python
+installation and a few ``/etc`` files exist inside, all read-only; the environment is rebuilt from
+scratch), writing anywhere but its workspace and ``/tmp``, fork bombs (``RLIMIT_NPROC`` and a pids
+cgroup), memory bombs (memory cgroup when available, ``RLIMIT_AS``), infinite loops (CPU rlimit),
+sleeping forever (wall clock, then the whole process group and the PID namespace are killed),
+flooding output (captured up to a cap, the rest dropped), leaving processes behind (the PID
+namespace dies with the command; whatever the session uid still owns is killed), and symlinks or
+FIFOs that would lead the host's file operations out of the workspace.
+
+What it does not protect against: kernel exploits (bubblewrap shares the host kernel: use a
+gVisor ``runtimeClassName`` in pods for that), exhausting disk space (no quota; the file-size
+rlimit bounds each file, not their number), CPU contention between sessions (no CPU shares), and
+side channels. Exit codes above 128 are read as "killed by signal N" (bubblewrap's convention),
+and a command's own output is never used to decide what happened to it. Python ignores SIGXFSZ, so
+a Python program over the file-size limit sees ``EFBIG`` and is reported as an ordinary failure.
+In sandbox pods whose seccomp profile forbids namespaces, bubblewrap cannot run and the executor
+refuses (``SandboxUnavailable``) unless started with ``--unsafe-no-isolation``, which is only
+appropriate when the pod itself is the isolation boundary.
+"""
+
+from gagar.sandbox.types import (
+    Command,
+    ExecResult,
+    FileData,
+    Isolation,
+    LimitKind,
+    Limits,
+    SandboxError,
+    SandboxInfraError,
+    SandboxUnavailable,
+    Session,
+    SessionFactory,
+)
+
+__all__ = [
+    "Command",
+    "ExecResult",
+    "FileData",
+    "Isolation",
+    "LimitKind",
+    "Limits",
+    "SandboxError",
+    "SandboxInfraError",
+    "SandboxUnavailable",
+    "Session",
+    "SessionFactory",
+]

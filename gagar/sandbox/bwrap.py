@@ -1,0 +1,141 @@
+"""The command line that jails one command: bubblewrap namespaces, a privilege drop, rlimits.
+
+Pure: builds argv lists from a ``Jail`` description, touches nothing. The layout inside:
+
+- ``/usr`` (and the ``/bin``, ``/lib*``, ``/sbin`` links), the Python installation(s) the executor
+  names, and a handful of ``/etc`` files needed to run programs, all read-only;
+- fresh ``/proc`` and a minimal ``/dev``; ``/workspace`` (the session's workspace, read-write) and
+  ``/tmp`` (a per-session directory on disk, read-write); nothing else of the host exists;
+- new PID, network (only a loopback of its own), IPC, UTS, mount and cgroup namespaces, a new
+  session (no terminal injection), killed with the executor (``--die-with-parent``);
+- then, when the executor is root, ``setpriv`` drops to the session's private uid with no
+  capabilities and ``no_new_privs`` (a private non-root uid is what makes ``RLIMIT_NPROC`` bind:
+  the kernel exempts uid 0, even behind a user namespace's mapping); when it is not root,
+  bubblewrap runs unprivileged inside a user namespace instead;
+- ``prlimit`` sets CPU time, address space, process count, open files, file size and no core dumps.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from pathlib import PurePosixPath
+
+from gagar.sandbox.runner import STATUS_FD
+from gagar.sandbox.types import Limits
+
+WORKDIR = "/workspace"
+# /etc entries programs need to start (dynamic linker cache, alternatives links, time zone).
+ETC_FILES = ("ld.so.cache", "ld.so.conf", "ld.so.conf.d", "alternatives", "localtime")
+TOP_LINKS = ("bin", "lib", "lib32", "lib64", "libx32", "sbin")
+
+
+@dataclass(frozen=True)
+class Jail:
+    workspace: str
+    tmp: str
+    etc: str  # directory holding the generated passwd, group and hosts
+    uid: int | None  # drop to this uid (executor is root); None: stay, inside a user namespace
+    ro_paths: tuple[str, ...] = ()  # extra read-only paths, e.g. the Python installation
+    env: dict[str, str] = field(default_factory=dict)
+    host_links: dict[str, str] = field(default_factory=dict)  # /bin -> usr/bin etc. on this host
+    host_etc: tuple[str, ...] = ()  # which ETC_FILES exist here
+
+
+def rlimit_argv(limits: Limits, cpu_grace_s: int = 1) -> list[str]:
+    """``prlimit`` options: soft CPU limit sends SIGXCPU, the hard one a second later SIGKILL."""
+    cpu = limits.cpu_time_s
+    return [
+        "prlimit",
+        f"--cpu={cpu}:{cpu + cpu_grace_s}",
+        f"--as={limits.memory_bytes}",
+        f"--nproc={limits.processes}",
+        f"--nofile={limits.open_files}",
+        f"--fsize={limits.file_size_bytes}",
+        "--core=0",
+        "--",
+    ]
+
+
+def drop_argv(uid: int) -> list[str]:
+    return [
+        "setpriv",
+        f"--reuid={uid}",
+        f"--regid={uid}",
+        "--clear-groups",
+        "--inh-caps=-all",
+        "--bounding-set=-all",
+        "--no-new-privs",
+    ]
+
+
+def _dirs_for(path: str, made: set[str]) -> list[str]:
+    """``--dir`` for each missing ancestor, world-readable so the dropped uid can traverse it."""
+    out = []
+    for parent in reversed(PurePosixPath(path).parents):
+        p = str(parent)
+        if p != "/" and p not in made:
+            made.add(p)
+            out += ["--perms", "0755", "--dir", p]
+    return out
+
+
+def _system_argv(jail: Jail) -> list[str]:
+    argv = ["--ro-bind", "/usr", "/usr"]
+    for name, target in jail.host_links.items():
+        argv += ["--symlink", target, f"/{name}"]
+    argv += ["--perms", "0755", "--dir", "/etc"]
+    for name in jail.host_etc:
+        argv += ["--ro-bind", f"/etc/{name}", f"/etc/{name}"]
+    for name in ("passwd", "group", "hosts"):
+        argv += ["--ro-bind", os.path.join(jail.etc, name), f"/etc/{name}"]
+    made = {"/etc", "/usr"}
+    for path in jail.ro_paths:
+        if path == "/usr" or path.startswith("/usr/"):
+            continue
+        argv += [*_dirs_for(path, made), "--ro-bind", path, path]
+    return argv
+
+
+def bwrap_argv(jail: Jail, limits: Limits, cmd: list[str]) -> list[str]:
+    """The whole command line for ``cmd`` inside ``jail``."""
+    argv = ["bwrap", "--json-status-fd", STATUS_FD]
+    argv += ["--unshare-pid", "--unshare-net", "--unshare-ipc", "--unshare-uts"]
+    argv += ["--unshare-cgroup-try", "--die-with-parent", "--new-session"]
+    if jail.uid is None:
+        argv += ["--unshare-user"]
+    argv += ["--hostname", "sandbox"]
+    argv += _system_argv(jail)
+    argv += ["--proc", "/proc", "--dev", "/dev"]
+    argv += ["--bind", jail.tmp, "/tmp", "--bind", jail.workspace, WORKDIR, "--chdir", WORKDIR]
+    argv += ["--clearenv"]
+    for key, value in sorted(jail.env.items()):
+        argv += ["--setenv", key, value]
+    argv += ["--"]
+    if jail.uid is not None:
+        argv += drop_argv(jail.uid)
+    return argv + rlimit_argv(limits) + cmd
+
+
+def sandbox_env(python_bins: list[str], uid: int | None) -> dict[str, str]:
+    """The whole environment inside: nothing of the host's variables passes."""
+    path = ":".join([*python_bins, "/usr/local/bin", "/usr/bin", "/bin"])
+    return {
+        "PATH": path,
+        "HOME": "/tmp",
+        "TMPDIR": "/tmp",
+        "USER": "sandbox",
+        "LANG": "C.UTF-8",
+        "PYTHONDONTWRITEBYTECODE": "1",
+        "PYTHONUNBUFFERED": "1",
+        "SANDBOX_UID": str(uid if uid is not None else ""),
+    }
+
+
+def etc_files(uid: int) -> dict[str, str]:
+    """Minimal account database: the sandbox user exists (tools that look up the uid work)."""
+    return {
+        "passwd": f"root:x:0:0::/nonexistent:/usr/sbin/nologin\nsandbox:x:{uid}:{uid}::/tmp:/bin/sh\n",
+        "group": f"root:x:0:\nsandbox:x:{uid}:\n",
+        "hosts": "127.0.0.1 localhost\n::1 localhost\n",
+    }

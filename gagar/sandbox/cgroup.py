@@ -1,0 +1,147 @@
+"""Optional cgroup v1 memory and pids controllers for one run: trusted OOM and fork-limit reports.
+
+Rlimits bound a run everywhere, but only the kernel's cgroup counters say *why* a run died without
+trusting its output (``oom_kill`` in ``memory.oom_control``, ``max`` in ``pids.events``). Used when
+the hierarchy is writable (root on a cgroup v1 host); otherwise ``Cgroup.create`` returns None and
+the rlimits stand alone. Not cgroup v2: the unified hierarchy needs delegation this host lacks.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import time
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+
+ROOT = Path("/sys/fs/cgroup")
+
+
+def _own_path(controller: str) -> Path | None:
+    for line in Path("/proc/self/cgroup").read_text().splitlines():
+        _, names, path = line.split(":", 2)
+        if controller in names.split(","):
+            return ROOT / controller / path.lstrip("/")
+    return None
+
+
+@dataclass(frozen=True)
+class Stats:
+    oom_killed: bool
+    pids_max_hit: bool
+    cpu_time_s: float | None  # whole tree, from cpuacct (wait4 does not see past bubblewrap)
+
+
+@dataclass(frozen=True)
+class Cgroup:
+    memory: Path
+    pids: Path
+    cpuacct: Path | None = None
+
+    @classmethod
+    def create(cls, memory_bytes: int, processes: int) -> Cgroup | None:
+        mem, pids, cpu = _own_path("memory"), _own_path("pids"), _own_path("cpuacct")
+        if mem is None or pids is None or not (mem / "cgroup.procs").exists():
+            return None
+        name = f"gagar-{uuid.uuid4().hex[:12]}"
+        cpu_dir = _try_mkdir(cpu / name) if cpu is not None else None
+        try:
+            (mem / name).mkdir()
+            (pids / name).mkdir()
+            (mem / name / "memory.limit_in_bytes").write_text(str(memory_bytes))
+            with contextlib.suppress(OSError):  # absent without swap accounting
+                (mem / name / "memory.memsw.limit_in_bytes").write_text(str(memory_bytes))
+            (pids / name / "pids.max").write_text(str(processes))
+        except OSError:
+            for d in (mem / name, pids / name, cpu_dir):
+                with contextlib.suppress(OSError, TypeError):
+                    d.rmdir()  # type: ignore[union-attr]
+            return None
+        return cls(mem / name, pids / name, cpu_dir)
+
+    def wrap(self, argv: list[str]) -> list[str]:
+        """Prefix that moves the launcher into both groups before it execs ``argv``."""
+        dirs = [d for d in (self.memory, self.pids, self.cpuacct) if d is not None]
+        script = 'for f in $0; do echo $$ > "$f" || exit 125; done; exec "$@"'
+        procs = " ".join(str(d / "cgroup.procs") for d in dirs)
+        return ["/bin/sh", "-c", script, procs, *argv]
+
+    def stats(self) -> Stats:
+        oom = _field(self.memory / "memory.oom_control", "oom_kill")
+        pids_max = _field(self.pids / "pids.events", "max")
+        cpu = None
+        if self.cpuacct is not None:
+            cpu = _field_raw(self.cpuacct / "cpuacct.usage") / 1e9
+        return Stats(oom_killed=oom > 0, pids_max_hit=pids_max > 0, cpu_time_s=cpu)
+
+    def destroy(self) -> None:
+        """Kill whatever is still inside, then remove both groups."""
+        for d in (self.memory, self.pids, self.cpuacct):
+            if d is None:
+                continue
+            for _ in range(50):
+                pids = _procs(d)
+                for pid in pids:
+                    with contextlib.suppress(ProcessLookupError):
+                        os.kill(pid, signal.SIGKILL)
+                try:
+                    d.rmdir()
+                    break
+                except OSError:
+                    time.sleep(0.02)
+
+
+def sweep_stale(min_age_s: float = 600.0) -> int:
+    """Remove empty ``gagar-*`` groups left by an executor that was killed mid-run.
+
+    Only groups older than ``min_age_s`` are touched, so a group another executor is setting up
+    right now is never removed under it; a group with processes cannot be removed at all.
+    """
+    removed = 0
+    for controller in ("memory", "pids", "cpuacct"):
+        parent = _own_path(controller)
+        if parent is None or not parent.is_dir():
+            continue
+        for d in parent.glob("gagar-*"):
+            try:
+                if time.time() - d.stat().st_mtime > min_age_s and not _procs(d):
+                    d.rmdir()
+                    removed += 1
+            except OSError:
+                continue
+    return removed
+
+
+def _procs(d: Path) -> list[int]:
+    try:
+        return [int(x) for x in (d / "cgroup.procs").read_text().split()]
+    except OSError:
+        return []
+
+
+def _field(path: Path, key: str) -> int:
+    try:
+        for line in path.read_text().splitlines():
+            k, _, v = line.partition(" ")
+            if k == key:
+                return int(v)
+    except (OSError, ValueError):
+        pass
+    return 0
+
+
+def _field_raw(path: Path) -> int:
+    try:
+        return int(path.read_text().strip())
+    except (OSError, ValueError):
+        return 0
+
+
+def _try_mkdir(d: Path) -> Path | None:
+    try:
+        d.mkdir()
+    except OSError:
+        return None
+    return d

@@ -1,0 +1,117 @@
+"""``gagar sandbox exec|serve|check``: run one jailed command, serve sessions over HTTP, check setup."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+
+def _factory(args: argparse.Namespace, **limit_overrides: object):
+    from gagar.sandbox.local import LocalFactory, check_isolation
+    from gagar.sandbox.types import Limits
+
+    if not args.unsafe_no_isolation:
+        check_isolation()
+    limits = Limits.model_validate({k: v for k, v in limit_overrides.items() if v is not None})
+    return LocalFactory(limits=limits, isolation="none" if args.unsafe_no_isolation else "bwrap")
+
+
+def _read_dir(root: Path) -> dict[str, bytes]:
+    if not root.is_dir():
+        raise SystemExit(f"gagar sandbox: --workspace {root} is not a directory")
+    return {
+        str(p.relative_to(root)): p.read_bytes()
+        for p in sorted(root.rglob("*"))
+        if p.is_file() and not p.is_symlink()
+    }
+
+
+def _exec(args: argparse.Namespace) -> int:
+    from pydantic import ValidationError
+
+    from gagar.sandbox.types import SandboxError
+
+    cmd = args.cmd[1:] if args.cmd[:1] == ["--"] else args.cmd
+    if not cmd:
+        print(
+            "gagar sandbox exec: no command given (gagar sandbox exec -- CMD ...)", file=sys.stderr
+        )
+        return 2
+    try:
+        factory = _factory(args, wall_time_s=args.timeout, memory_bytes=args.memory)
+        files = _read_dir(Path(args.workspace)) if args.workspace else {}
+        with factory.create(files=files) as session:
+            result = session.exec(cmd)
+    except ValidationError as e:
+        problems = "; ".join(f"{x['loc'][0]}: {x['msg']}" for x in e.errors())
+        print(f"gagar sandbox exec: bad limits: {problems}", file=sys.stderr)
+        return 2
+    except SandboxError as e:
+        print(f"gagar sandbox: {e}", file=sys.stderr)
+        return 3
+    print(json.dumps(result.model_dump()))
+    return 0 if result.infra_error is None else 3
+
+
+def _serve(args: argparse.Namespace) -> int:
+    from gagar.sandbox.server import make_server
+    from gagar.sandbox.types import SandboxError
+
+    try:
+        factory = _factory(args)
+    except SandboxError as e:
+        print(f"gagar sandbox: {e}", file=sys.stderr)
+        return 3
+    server = make_server(factory, args.host, args.port, args.max_sessions)
+    print(f"gagar sandbox serving on http://{args.host}:{server.server_address[1]}", flush=True)
+    try:
+        server.serve_forever()
+    except KeyboardInterrupt:
+        pass
+    finally:
+        server.registry.close_all()
+        server.server_close()
+    return 0
+
+
+def _check(args: argparse.Namespace) -> int:
+    from gagar.sandbox.local import check_isolation
+    from gagar.sandbox.types import SandboxError
+
+    try:
+        check_isolation()
+    except SandboxError as e:
+        print(f"gagar sandbox: {e}", file=sys.stderr)
+        return 3
+    print("sandbox isolation available (bubblewrap)")
+    return 0
+
+
+def _unsafe_flag(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--unsafe-no-isolation",
+        action="store_true",
+        help="DEVELOPMENT ONLY: run commands without any isolation (only rlimits)",
+    )
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    sandbox = sub.add_parser("sandbox", help="isolated execution of untrusted code")
+    ssub = sandbox.add_subparsers(dest="sandbox_command", required=True, metavar="SUBCOMMAND")
+    p = ssub.add_parser("exec", help="run one command in a fresh sandbox; print the result as JSON")
+    p.add_argument("--timeout", type=float, default=None, help="wall-clock limit in seconds")
+    p.add_argument("--memory", type=int, default=None, help="memory limit in bytes")
+    p.add_argument("--workspace", default=None, help="directory copied into the workspace")
+    _unsafe_flag(p)
+    p.add_argument("cmd", nargs=argparse.REMAINDER, help="-- CMD ...")
+    p.set_defaults(func=_exec)
+    s = ssub.add_parser("serve", help="serve sandbox sessions over HTTP (for sandbox pods)")
+    s.add_argument("--host", default="127.0.0.1")
+    s.add_argument("--port", type=int, default=8700)
+    s.add_argument("--max-sessions", type=int, default=64)
+    _unsafe_flag(s)
+    s.set_defaults(func=_serve)
+    c = ssub.add_parser("check", help="check that isolation works on this machine")
+    c.set_defaults(func=_check)

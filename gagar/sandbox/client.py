@@ -1,0 +1,128 @@
+"""HTTP client of ``gagar sandbox serve``: the same ``Session`` protocol, remote.
+
+Transport failures during ``exec`` come back as an ``ExecResult`` with ``infra_error`` set (the
+code did not fail; the infrastructure did); other calls raise ``SandboxInfraError`` for them and
+``SandboxError`` for requests the server refused.
+"""
+
+from __future__ import annotations
+
+import base64
+from collections.abc import Mapping
+from typing import Any
+
+import httpx
+
+from gagar.sandbox.types import (
+    Command,
+    ExecResult,
+    FileData,
+    Limits,
+    SandboxError,
+    SandboxInfraError,
+)
+from gagar.sandbox.workspace import files_tarball
+
+
+def _call(client: httpx.Client, method: str, path: str, body: dict | None = None) -> dict[str, Any]:
+    try:
+        resp = client.request(method, path, json=body)
+    except httpx.HTTPError as e:
+        raise SandboxInfraError(f"sandbox server unreachable: {e}") from e
+    try:
+        payload = resp.json()
+    except ValueError:
+        raise SandboxInfraError(f"sandbox server sent non-JSON ({resp.status_code})") from None
+    if resp.status_code >= 500:
+        raise SandboxInfraError(f"sandbox server error {resp.status_code}: {payload.get('error')}")
+    if resp.status_code >= 400:
+        raise SandboxError(payload.get("error", f"HTTP {resp.status_code}"))
+    return payload
+
+
+class HttpFactory:
+    """Creates sessions on an executor server at ``base_url``."""
+
+    def __init__(self, base_url: str, timeout_s: float = 3600.0) -> None:
+        self.client = httpx.Client(base_url=base_url, timeout=timeout_s)
+
+    def create(
+        self,
+        files: Mapping[str, FileData] | None = None,
+        tarball: bytes | None = None,
+        limits: Limits | None = None,
+    ) -> HttpSession:
+        body: dict[str, Any] = {}
+        if files is not None and tarball is not None:
+            raise SandboxError("give files or a tarball, not both")
+        if files is not None:
+            try:
+                body["files"] = {
+                    k: v if isinstance(v, str) else v.decode() for k, v in files.items()
+                }
+            except UnicodeDecodeError:  # binary content: JSON strings cannot carry it
+                tarball = files_tarball(files)
+        if tarball is not None:
+            body["tarball_b64"] = base64.b64encode(tarball).decode()
+        if limits is not None:
+            body["limits"] = limits.model_dump()
+        sid = _call(self.client, "POST", "/v1/sessions", body)["id"]
+        return HttpSession(self.client, sid)
+
+    def healthy(self) -> bool:
+        try:
+            return bool(_call(self.client, "GET", "/healthz").get("ok"))
+        except SandboxError:
+            return False
+
+    def close(self) -> None:
+        self.client.close()
+
+
+class HttpSession:
+    def __init__(self, client: httpx.Client, sid: str) -> None:
+        self.client, self.id = client, sid
+
+    def _do(self, method: str, action: str, body: dict | None = None) -> dict[str, Any]:
+        return _call(self.client, method, f"/v1/sessions/{self.id}/{action}", body)
+
+    def exec(self, cmd: Command, timeout: float | None = None) -> ExecResult:
+        body = {"cmd": cmd if isinstance(cmd, str) else list(cmd), "timeout": timeout}
+        try:
+            return ExecResult.model_validate(self._do("POST", "exec", body))
+        except SandboxInfraError as e:
+            return ExecResult(exit_code=None, infra_error=str(e))
+
+    def read_file(self, path: str) -> bytes:
+        return base64.b64decode(self._do("POST", "read", {"path": path})["content_b64"])
+
+    def write_file(self, path: str, data: FileData) -> None:
+        raw = data.encode() if isinstance(data, str) else data
+        self._do("POST", "write", {"path": path, "content_b64": base64.b64encode(raw).decode()})
+
+    def delete_file(self, path: str) -> None:
+        self._do("POST", "delete", {"path": path})
+
+    def list_files(self) -> list[str]:
+        return list(self._do("GET", "files")["files"])
+
+    def diff(self) -> str:
+        return str(self._do("GET", "diff")["diff"])
+
+    def archive(self) -> bytes:
+        return base64.b64decode(self._do("GET", "archive")["tarball_b64"])
+
+    def reset(self) -> None:
+        self._do("POST", "reset")
+
+    def close(self) -> None:
+        try:
+            _call(self.client, "DELETE", f"/v1/sessions/{self.id}")
+        except SandboxError:
+            pass  # already gone (server restarted): nothing left to close
+
+    def __enter__(self) -> HttpSession:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

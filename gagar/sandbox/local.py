@@ -1,0 +1,303 @@
+"""The local backend: sessions on this machine, each command jailed by bubblewrap.
+
+``LocalFactory(...).create(files=...)`` makes a ``LocalSession``: a private directory holding the
+workspace, a ``/tmp`` and generated ``/etc`` files, plus (when the executor is root) a private uid
+leased for the session's lifetime. Every ``exec`` builds a fresh jail (``bwrap.py``), runs it
+(``runner.py``) inside fresh cgroups when the hierarchy is writable (``cgroup.py``), then kills
+whatever is left (the cgroups' members, or else every process of the session uid) and turns the
+observations into an ``ExecResult`` (``classify.py``). A non-root executor (a sandbox pod running
+as non-root) has no uid to lease: bubblewrap then runs unprivileged in a user namespace, and
+``RLIMIT_NPROC`` counts the executor's own processes too (one session per pod is the intended
+shape). ``isolation="none"`` exists for development only and says so loudly.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import os
+import random
+import shutil
+import sys
+import tempfile
+import warnings
+from collections.abc import Mapping
+from functools import cache
+from pathlib import Path
+
+from gagar.sandbox import bwrap, runner, workspace
+from gagar.sandbox.cgroup import Cgroup, sweep_stale
+from gagar.sandbox.classify import classify
+from gagar.sandbox.types import (
+    Command,
+    ExecResult,
+    FileData,
+    Isolation,
+    Limits,
+    SandboxError,
+    SandboxUnavailable,
+)
+
+UID_BASE, UID_SLOTS = 1_500_000, 4096
+LOCK_DIR = Path(tempfile.gettempdir()) / "gagar-sandbox-uids"
+UNSAFE_WARNING = (
+    "WARNING: sandbox isolation is OFF (--unsafe-no-isolation): untrusted code runs directly on "
+    "this host with only rlimits. Use this for development on trusted code only."
+)
+
+
+class UidLease:
+    """A uid no other session (in any process on this host) uses, held by an ``flock``."""
+
+    def __init__(self) -> None:
+        LOCK_DIR.mkdir(mode=0o700, exist_ok=True)
+        for slot in random.sample(range(UID_SLOTS), 64):
+            fd = os.open(LOCK_DIR / f"{slot}.lock", os.O_CREAT | os.O_RDWR, 0o600)
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                os.close(fd)
+                continue
+            self.uid, self._fd = UID_BASE + slot, fd
+            return
+        raise SandboxUnavailable("no free sandbox uid (4096 sessions at once?)")
+
+    def release(self) -> None:
+        runner.kill_uid(self.uid)
+        os.close(self._fd)
+
+
+def python_paths() -> tuple[str, ...]:
+    """The Python installation(s) this executor runs, to be visible read-only inside."""
+    paths = {os.path.realpath(p) for p in (sys.prefix, sys.base_prefix)}
+    paths.add(os.path.realpath(os.path.dirname(os.path.dirname(os.path.realpath(sys.executable)))))
+    return tuple(sorted(paths))
+
+
+def host_layout() -> tuple[dict[str, str], tuple[str, ...]]:
+    links = {n: os.readlink(f"/{n}") for n in bwrap.TOP_LINKS if os.path.islink(f"/{n}")}
+    etc = tuple(n for n in bwrap.ETC_FILES if os.path.exists(f"/etc/{n}"))
+    return links, etc
+
+
+@cache
+def check_isolation() -> None:
+    """Raise ``SandboxUnavailable`` unless a trivial jailed command runs here (checked once)."""
+    missing = [t for t in ("bwrap", "prlimit", "setpriv") if shutil.which(t) is None]
+    if missing:
+        raise SandboxUnavailable(
+            f"refusing to run untrusted code: {', '.join(missing)} not found "
+            "(install Debian packages bubblewrap and util-linux: scripts/install.sh)"
+        )
+    with LocalFactory(limits=Limits(wall_time_s=20), check=False).create(files={}) as s:
+        result = s.exec(["true"])
+    if not result.ok:
+        raise SandboxUnavailable(
+            "refusing to run untrusted code: bubblewrap cannot create its namespaces here "
+            f"({result.describe()}; {result.stderr.strip()[-300:]}). Unprivileged user namespaces "
+            "or root are required."
+        )
+
+
+class LocalFactory:
+    """Makes ``LocalSession``s. ``root`` holds the session directories (default: the temp dir).
+
+    Raises ``SandboxUnavailable`` when ``isolation="bwrap"`` and bubblewrap cannot run here.
+    """
+
+    def __init__(
+        self,
+        limits: Limits | None = None,
+        isolation: Isolation = "bwrap",
+        root: str | None = None,
+        ro_paths: tuple[str, ...] = (),
+        use_cgroup: bool = True,
+        check: bool = True,
+    ) -> None:
+        if isolation == "bwrap" and check:
+            check_isolation()  # refuse here, once, rather than fail every command later
+        self.limits, self.isolation, self.root = limits or Limits(), isolation, root
+        self.ro_paths, self.use_cgroup = python_paths() + ro_paths, use_cgroup
+        if use_cgroup and isolation == "bwrap" and os.geteuid() == 0:
+            sweep_stale()
+        if isolation == "none":
+            warnings.warn(UNSAFE_WARNING, stacklevel=2)
+            print(UNSAFE_WARNING, file=sys.stderr)
+
+    def create(
+        self,
+        files: Mapping[str, FileData] | None = None,
+        tarball: bytes | None = None,
+        limits: Limits | None = None,
+    ) -> LocalSession:
+        if files is not None and tarball is not None:
+            raise SandboxError("give files or a tarball, not both")
+        return LocalSession(self, files or {}, tarball, limits or self.limits)
+
+
+class LocalSession:
+    """One workspace and its jail. Use as a context manager, or call ``close``."""
+
+    def __init__(
+        self,
+        factory: LocalFactory,
+        files: Mapping[str, FileData],
+        tarball: bytes | None,
+        limits: Limits,
+    ) -> None:
+        self.limits, self._factory, self._closed = limits, factory, False
+        self._lease = UidLease() if factory.isolation == "bwrap" and os.geteuid() == 0 else None
+        self.dir = Path(tempfile.mkdtemp(prefix="gagar-sbx-", dir=factory.root))
+        self.workspace = self.dir / "workspace"
+        try:
+            self._layout(files, tarball)
+        except BaseException:
+            self.close()
+            raise
+
+    @property
+    def uid(self) -> int | None:
+        return self._lease.uid if self._lease else None
+
+    def _layout(self, files: Mapping[str, FileData], tarball: bytes | None) -> None:
+        for name in ("workspace", "tmp", "etc"):
+            (self.dir / name).mkdir()
+        for name, text in bwrap.etc_files(self.uid or os.getuid()).items():
+            (self.dir / "etc" / name).write_text(text)
+        if tarball is not None:
+            workspace.unpack(self.workspace, tarball)
+        workspace.populate(self.workspace, files)
+        self._base_tar = workspace.pack(self.workspace)
+        self._base = workspace.snapshot(self.workspace)
+        self._give_to_uid()
+
+    def _give_to_uid(self) -> None:
+        if self.uid is not None:
+            workspace.chown_tree(self.workspace, self.uid)
+            workspace.chown_tree(self.dir / "tmp", self.uid)
+
+    def _jail(self) -> bwrap.Jail:
+        links, etc = host_layout()
+        python_bins = [os.path.join(p, "bin") for p in self._factory.ro_paths]
+        return bwrap.Jail(
+            workspace=str(self.workspace),
+            tmp=str(self.dir / "tmp"),
+            etc=str(self.dir / "etc"),
+            uid=self.uid,
+            ro_paths=self._factory.ro_paths,
+            env=bwrap.sandbox_env(python_bins, self.uid),
+            host_links=links,
+            host_etc=etc,
+        )
+
+    def exec(self, cmd: Command, timeout: float | None = None) -> ExecResult:
+        self._check_open()
+        argv = ["/bin/sh", "-c", cmd] if isinstance(cmd, str) else list(cmd)
+        if not argv or not all(isinstance(a, str) for a in argv):
+            raise SandboxError("command must be a non-empty string or list of strings")
+        wall = float(timeout) if timeout is not None else self.limits.wall_time_s
+        if wall <= 0:
+            raise SandboxError(f"timeout must be positive, got {timeout}")
+        if self._factory.isolation == "none":
+            return self._exec_unsafe(argv, wall)
+        return self._exec_jailed(argv, wall)
+
+    def _exec_jailed(self, argv: list[str], wall: float) -> ExecResult:
+        cg = None
+        if self._factory.use_cgroup and self.uid is not None:
+            cg = Cgroup.create(self.limits.memory_bytes, self.limits.processes)
+        # With a memory cgroup, the address-space rlimit only stops absurd reservations.
+        limits = (
+            self.limits.model_copy(update={"memory_bytes": self.limits.memory_bytes * 4})
+            if cg
+            else self.limits
+        )
+        full = bwrap.bwrap_argv(self._jail(), limits, argv)
+        launch = runner.Launch(
+            argv=cg.wrap(full) if cg else full,
+            wall_time_s=wall,
+            output_bytes=self.limits.output_bytes,
+            env={"PATH": "/usr/sbin:/usr/bin:/sbin:/bin", "LANG": "C.UTF-8"},
+            status_fd=True,
+        )
+        try:
+            outcome = runner.run(launch)
+        except OSError as e:
+            return ExecResult(exit_code=None, infra_error=f"cannot start the jail: {e}")
+        finally:
+            stats = cg.stats() if cg else None
+            if cg:
+                cg.destroy()  # kills all inside: no process can leave its cgroup unprivileged
+            elif self.uid is not None:
+                runner.kill_uid(self.uid)
+        return classify(outcome, self.limits, stats, jailed=True)
+
+    def _exec_unsafe(self, argv: list[str], wall: float) -> ExecResult:
+        env = bwrap.sandbox_env([os.path.dirname(sys.executable)], None)
+        env["HOME"] = env["TMPDIR"] = str(self.dir / "tmp")
+        launch = runner.Launch(
+            argv=bwrap.rlimit_argv(self.limits) + argv,
+            wall_time_s=wall,
+            output_bytes=self.limits.output_bytes,
+            env=env,
+            cwd=str(self.workspace),
+        )
+        try:
+            outcome = runner.run(launch)
+        except OSError as e:
+            return ExecResult(exit_code=None, infra_error=f"cannot start the command: {e}")
+        return classify(outcome, self.limits, None, jailed=False)
+
+    def read_file(self, path: str) -> bytes:
+        self._check_open()
+        return workspace.read_file(self.workspace, path)
+
+    def write_file(self, path: str, data: FileData) -> None:
+        self._check_open()
+        workspace.write_file(self.workspace, path, data, self.uid)
+
+    def delete_file(self, path: str) -> None:
+        self._check_open()
+        workspace.delete_file(self.workspace, path)
+
+    def list_files(self) -> list[str]:
+        self._check_open()
+        return [rel for rel, _ in workspace.walk(self.workspace)]
+
+    def diff(self) -> str:
+        self._check_open()
+        return workspace.unified_diff(self._base, workspace.snapshot(self.workspace))
+
+    def archive(self) -> bytes:
+        self._check_open()
+        return workspace.pack(self.workspace)
+
+    def reset(self) -> None:
+        """Back to the base snapshot (files the code created are gone, edits undone)."""
+        self._check_open()
+        shutil.rmtree(self.workspace)
+        shutil.rmtree(self.dir / "tmp")
+        self.workspace.mkdir()
+        (self.dir / "tmp").mkdir()
+        workspace.unpack(self.workspace, self._base_tar)
+        self._give_to_uid()
+
+    def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        if self._lease is not None:
+            self._lease.release()
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise SandboxError("session is closed")
+
+    def __enter__(self) -> LocalSession:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+__all__ = ["LocalFactory", "LocalSession", "check_isolation"]

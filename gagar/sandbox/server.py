@@ -1,0 +1,272 @@
+"""``gagar sandbox serve``: local sessions over HTTP, for executor servers in sandbox pods.
+
+JSON over HTTP (stdlib ``ThreadingHTTPServer``: one thread per request, commands block):
+
+=======  ==============================  ==============================================
+POST     /v1/sessions                    ``{files?, tarball_b64?, limits?}`` → ``{id}``
+POST     /v1/sessions/{id}/exec          ``{cmd, timeout?}`` → ``ExecResult``
+POST     /v1/sessions/{id}/read          ``{path}`` → ``{content_b64}``
+POST     /v1/sessions/{id}/write         ``{path, content_b64}``
+POST     /v1/sessions/{id}/delete        ``{path}``
+GET      /v1/sessions/{id}/files         → ``{files}``
+GET      /v1/sessions/{id}/diff          → ``{diff}`` (unified diff against the base)
+GET      /v1/sessions/{id}/archive       → ``{tarball_b64}``
+POST     /v1/sessions/{id}/reset
+DELETE   /v1/sessions/{id}
+GET      /healthz
+GET      /metrics                        Prometheus text format
+=======  ==============================  ==============================================
+
+Metrics: ``gagar_sandbox_exec_total{outcome}`` (ok, failed, timeout, limit, infra),
+``gagar_sandbox_exec_duration_seconds`` (histogram), ``gagar_sandbox_limit_hits_total{limit}``,
+``gagar_sandbox_sessions`` (open sessions).
+
+A refused request (bad path, unknown session, invalid body) is 400/404 with ``{"error"}``; a full
+server is 503. The server has no authentication: it must only be reachable by its trainer
+(the pod's NetworkPolicy), like any executor in a sandbox pool.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import threading
+import uuid
+from http import HTTPStatus
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from pydantic import BaseModel, ConfigDict, ValidationError
+
+from gagar.sandbox.local import LocalFactory, LocalSession
+from gagar.sandbox.types import ExecResult, Limits, SandboxError
+
+MAX_BODY = 256 << 20
+
+
+class _Body(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class CreateBody(_Body):
+    files: dict[str, str] | None = None
+    tarball_b64: str | None = None
+    limits: Limits | None = None
+
+
+class ExecBody(_Body):
+    cmd: str | list[str]
+    timeout: float | None = None
+
+
+class PathBody(_Body):
+    path: str
+
+
+class WriteBody(_Body):
+    path: str
+    content_b64: str
+
+
+class HttpError(Exception):
+    def __init__(self, status: HTTPStatus, message: str) -> None:
+        super().__init__(message)
+        self.status = status
+
+
+class Metrics:
+    """The server's Prometheus metrics, in a registry of its own (one per server)."""
+
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry()
+        self.execs = Counter(
+            "gagar_sandbox_exec_total",
+            "Commands run, by outcome.",
+            ["outcome"],
+            registry=self.registry,
+        )
+        self.duration = Histogram(
+            "gagar_sandbox_exec_duration_seconds",
+            "Wall time of commands.",
+            buckets=(0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300),
+            registry=self.registry,
+        )
+        self.limits = Counter(
+            "gagar_sandbox_limit_hits_total",
+            "Commands ended by a limit.",
+            ["limit"],
+            registry=self.registry,
+        )
+        self.sessions = Gauge("gagar_sandbox_sessions", "Open sessions.", registry=self.registry)
+
+    def observe(self, result: ExecResult) -> None:
+        self.execs.labels(outcome=outcome_of(result)).inc()
+        self.duration.observe(result.duration_s)
+        if result.limit_hit:
+            self.limits.labels(limit=result.limit_hit).inc()
+
+
+def outcome_of(result: ExecResult) -> str:
+    if result.infra_error:
+        return "infra"
+    if result.timed_out:
+        return "timeout"
+    if result.limit_hit:
+        return "limit"
+    return "ok" if result.exit_code == 0 else "failed"
+
+
+class Registry:
+    """Live sessions by id, each with a lock: one request at a time per session."""
+
+    def __init__(self, factory: LocalFactory, max_sessions: int) -> None:
+        self.factory, self.max_sessions = factory, max_sessions
+        self.sessions: dict[str, tuple[LocalSession, threading.Lock]] = {}
+        self.lock = threading.Lock()
+        self.metrics = Metrics()
+        self.metrics.sessions.set_function(lambda: len(self.sessions))
+
+    def create(self, body: CreateBody) -> str:
+        with self.lock:
+            if len(self.sessions) >= self.max_sessions:
+                raise HttpError(HTTPStatus.SERVICE_UNAVAILABLE, "too many sessions")
+        tar = base64.b64decode(body.tarball_b64) if body.tarball_b64 else None
+        session = self.factory.create(files=body.files, tarball=tar, limits=body.limits)
+        sid = uuid.uuid4().hex
+        with self.lock:
+            self.sessions[sid] = (session, threading.Lock())
+        return sid
+
+    def get(self, sid: str) -> tuple[LocalSession, threading.Lock]:
+        with self.lock:
+            if sid not in self.sessions:
+                raise HttpError(HTTPStatus.NOT_FOUND, f"unknown session {sid}")
+            return self.sessions[sid]
+
+    def close(self, sid: str) -> None:
+        session, lock = self.get(sid)
+        with lock:
+            session.close()
+        with self.lock:
+            self.sessions.pop(sid, None)
+
+    def close_all(self) -> None:
+        for sid in list(self.sessions):
+            self.close(sid)
+
+
+def _b64(data: bytes) -> str:
+    return base64.b64encode(data).decode()
+
+
+def _session_call(
+    session: LocalSession, action: str, raw: dict[str, Any], metrics: Metrics
+) -> dict[str, Any]:
+    """One action on one session (already locked)."""
+    if action == "exec":
+        body = ExecBody.model_validate(raw)
+        result = session.exec(body.cmd, body.timeout)
+        metrics.observe(result)
+        return result.model_dump()
+    if action == "read":
+        return {"content_b64": _b64(session.read_file(PathBody.model_validate(raw).path))}
+    if action == "write":
+        w = WriteBody.model_validate(raw)
+        session.write_file(w.path, base64.b64decode(w.content_b64))
+        return {}
+    if action == "delete":
+        session.delete_file(PathBody.model_validate(raw).path)
+        return {}
+    if action == "files":
+        return {"files": session.list_files()}
+    if action == "diff":
+        return {"diff": session.diff()}
+    if action == "archive":
+        return {"tarball_b64": _b64(session.archive())}
+    if action == "reset":
+        session.reset()
+        return {}
+    raise HttpError(HTTPStatus.NOT_FOUND, f"unknown action {action!r}")
+
+
+class Handler(BaseHTTPRequestHandler):
+    registry: Registry  # set on the subclass made by ``make_server``
+    protocol_version = "HTTP/1.1"
+
+    def log_message(self, format: str, *args: Any) -> None:
+        pass
+
+    def do_GET(self) -> None:
+        if self.path.split("?")[0] == "/metrics":
+            body = generate_latest(self.registry.metrics.registry)
+            self.send_response(HTTPStatus.OK)
+            self.send_header("Content-Type", "text/plain; version=0.0.4; charset=utf-8")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+            return
+        self._dispatch("GET")
+
+    def do_POST(self) -> None:
+        self._dispatch("POST")
+
+    def do_DELETE(self) -> None:
+        self._dispatch("DELETE")
+
+    def _dispatch(self, method: str) -> None:
+        try:
+            status, payload = HTTPStatus.OK, self._route(method, self._read_json())
+        except HttpError as e:
+            status, payload = e.status, {"error": str(e)}
+        except ValidationError as e:
+            status, payload = HTTPStatus.BAD_REQUEST, {"error": f"invalid request: {e}"}
+        except (SandboxError, ValueError) as e:
+            status, payload = HTTPStatus.BAD_REQUEST, {"error": str(e)}
+        except Exception as e:  # the server must answer, and say it was its own failure
+            status, payload = (
+                HTTPStatus.INTERNAL_SERVER_ERROR,
+                {"error": f"{type(e).__name__}: {e}"},
+            )
+        body = json.dumps(payload).encode()
+        self.send_response(status)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def _read_json(self) -> dict[str, Any]:
+        length = int(self.headers.get("Content-Length") or 0)
+        if length > MAX_BODY:
+            raise HttpError(HTTPStatus.REQUEST_ENTITY_TOO_LARGE, "body too large")
+        if not length:
+            return {}
+        raw = json.loads(self.rfile.read(length))
+        if not isinstance(raw, dict):
+            raise HttpError(HTTPStatus.BAD_REQUEST, "body must be a JSON object")
+        return raw
+
+    def _route(self, method: str, raw: dict[str, Any]) -> dict[str, Any]:
+        parts = [p for p in self.path.split("?")[0].split("/") if p]
+        if parts == ["healthz"]:
+            return {"ok": True, "sessions": len(self.registry.sessions)}
+        if parts == ["v1", "sessions"] and method == "POST":
+            return {"id": self.registry.create(CreateBody.model_validate(raw))}
+        if len(parts) == 3 and parts[:2] == ["v1", "sessions"] and method == "DELETE":
+            self.registry.close(parts[2])
+            return {}
+        if len(parts) == 4 and parts[:2] == ["v1", "sessions"]:
+            session, lock = self.registry.get(parts[2])
+            with lock:
+                return _session_call(session, parts[3], raw, self.registry.metrics)
+        raise HttpError(HTTPStatus.NOT_FOUND, f"no route {method} {self.path}")
+
+
+def make_server(factory: LocalFactory, host: str, port: int, max_sessions: int = 64):
+    """A ready ``ThreadingHTTPServer`` (call ``serve_forever``); its registry is ``.registry``."""
+    registry = Registry(factory, max_sessions)
+    handler = type("BoundHandler", (Handler,), {"registry": registry})
+    server = ThreadingHTTPServer((host, port), handler)
+    server.daemon_threads = True
+    server.registry = registry  # type: ignore[attr-defined]
+    return server

@@ -1,0 +1,121 @@
+"""Types of the sandbox API: limits, the result of one command, the session protocol, errors.
+
+Every backend (local bubblewrap, the HTTP client of an executor server) implements ``Session``;
+callers (agent tools, verifiers, graders) depend only on this module.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Literal, Protocol, runtime_checkable
+
+from pydantic import BaseModel, ConfigDict, Field
+
+LimitKind = Literal["wall_time", "cpu_time", "memory", "processes", "file_size"]
+Isolation = Literal["bwrap", "none"]
+FileData = bytes | str
+
+
+class SandboxError(Exception):
+    """A request the sandbox refuses (bad path, unknown session, missing file)."""
+
+
+class SandboxUnavailable(SandboxError):
+    """Isolation cannot be provided here, so untrusted code must not run."""
+
+
+class SandboxInfraError(SandboxError):
+    """The sandbox machinery failed (not the code under test)."""
+
+
+class Limits(BaseModel):
+    """Resource limits of one command. Small defaults: agent commands and unit tests are short."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    wall_time_s: float = Field(default=60.0, gt=0, le=3600, description="Wall clock per command.")
+    cpu_time_s: int = Field(default=60, ge=1, le=3600, description="CPU seconds (RLIMIT_CPU).")
+    memory_bytes: int = Field(
+        default=2 << 30, ge=32 << 20, description="Memory (cgroup when available; RLIMIT_AS)."
+    )
+    processes: int = Field(default=64, ge=4, le=4096, description="Processes/threads at once.")
+    open_files: int = Field(default=256, ge=16, le=65536, description="RLIMIT_NOFILE.")
+    file_size_bytes: int = Field(default=64 << 20, ge=1 << 16, description="RLIMIT_FSIZE.")
+    output_bytes: int = Field(
+        default=1 << 20,
+        ge=1024,
+        description="Captured stdout and stderr, each; the rest is dropped.",
+    )
+
+
+class ExecResult(BaseModel):
+    """What happened to one command. Only facts the executor observed itself, never the code's word.
+
+    ``infra_error`` is set when the sandbox machinery failed (the command may not have run); such a
+    result must be treated as invalid, never as a test failure.
+    """
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    exit_code: int | None = Field(description="Exit status; None when killed by a signal.")
+    signal: int | None = Field(default=None, description="Terminating signal, if any.")
+    stdout: str = ""
+    stderr: str = ""
+    timed_out: bool = Field(default=False, description="Killed by the executor at the wall clock.")
+    limit_hit: LimitKind | None = Field(default=None, description="Resource limit that ended it.")
+    truncated: bool = Field(default=False, description="Output was longer than the cap.")
+    duration_s: float = 0.0
+    cpu_time_s: float = Field(default=0.0, description="User + system CPU of the whole tree.")
+    infra_error: str | None = None
+
+    @property
+    def ok(self) -> bool:
+        """The command ran and exited 0."""
+        return self.infra_error is None and self.exit_code == 0
+
+    def describe(self) -> str:
+        """One line for logs and agent observations."""
+        if self.infra_error:
+            return f"sandbox error: {self.infra_error}"
+        parts = [f"exit={self.exit_code}" if self.signal is None else f"signal={self.signal}"]
+        if self.timed_out:
+            parts.append("timed out")
+        if self.limit_hit:
+            parts.append(f"limit hit: {self.limit_hit}")
+        if self.truncated:
+            parts.append("output truncated")
+        return ", ".join(parts)
+
+
+Command = str | Sequence[str]
+
+
+@runtime_checkable
+class Session(Protocol):
+    """A workspace plus the right to run commands in it, isolated.
+
+    Paths are relative to the workspace root (``/workspace`` inside the sandbox). A ``str`` command
+    runs through ``/bin/sh -c``; a sequence runs as an argv. No process of the session survives a
+    call to ``exec``.
+    """
+
+    def exec(self, cmd: Command, timeout: float | None = None) -> ExecResult: ...
+    def read_file(self, path: str) -> bytes: ...
+    def write_file(self, path: str, data: FileData) -> None: ...
+    def delete_file(self, path: str) -> None: ...
+    def list_files(self) -> list[str]: ...
+    def diff(self) -> str: ...
+    def archive(self) -> bytes: ...
+    def reset(self) -> None: ...
+    def close(self) -> None: ...
+
+
+class SessionFactory(Protocol):
+    """Creates sessions from a files mapping (a task's repository) or a ``.tar.gz`` snapshot."""
+
+    def create(
+        self,
+        files: Mapping[str, FileData] | None = None,
+        tarball: bytes | None = None,
+        limits: Limits | None = None,
+    ) -> Session: ...

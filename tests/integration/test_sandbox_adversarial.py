@@ -1,0 +1,274 @@
+"""Each promise of ``gagar.sandbox`` against code that tries to break it.
+
+Limits are small so the suite is fast. After every test, the session's uid owns no process on the
+host, and a fresh session still runs a command (the fixture checks both).
+"""
+
+from __future__ import annotations
+
+import io
+import os
+import socket
+import tarfile
+import threading
+from pathlib import Path
+
+import pytest
+
+from gagar.sandbox import runner
+from gagar.sandbox.local import LocalFactory, check_isolation
+from gagar.sandbox.types import Limits, SandboxError
+
+LIMITS = Limits(
+    wall_time_s=6,
+    cpu_time_s=2,
+    memory_bytes=256 << 20,
+    processes=32,
+    open_files=64,
+    file_size_bytes=1 << 20,
+    output_bytes=64 << 10,
+)
+
+
+def _procs_of(uid: int) -> list[int]:
+    out = []
+    for pid in os.listdir("/proc"):
+        if pid.isdigit():
+            try:
+                if Path(f"/proc/{pid}").stat().st_uid == uid:
+                    out.append(int(pid))
+            except FileNotFoundError:
+                continue
+    return out
+
+
+def _zombie_children() -> list[int]:
+    me, out = os.getpid(), []
+    for pid in os.listdir("/proc"):
+        if not pid.isdigit():
+            continue
+        try:
+            fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        except (FileNotFoundError, ProcessLookupError):
+            continue
+        if fields[0] == "Z" and int(fields[1]) == me:
+            out.append(int(pid))
+    return out
+
+
+@pytest.fixture(scope="module")
+def factory() -> LocalFactory:
+    check_isolation()  # the suite fails loudly (never skips) where isolation is missing
+    return LocalFactory(limits=LIMITS)
+
+
+@pytest.fixture
+def session(factory: LocalFactory):
+    s = factory.create(files={"pkg/mod.py": "X = 1\n", "README": "hello\n"})
+    uid = s.uid
+    yield s
+    s.close()
+    assert uid is None or _procs_of(uid) == [], "a sandboxed process survived its session"
+    with factory.create(files={"a.txt": "ok"}) as fresh:  # the next session still works
+        assert fresh.exec("cat a.txt").stdout == "ok"
+
+
+def test_fork_bomb_is_bounded(session) -> None:
+    r = session.exec("python3 -c 'import os\nwhile True: os.fork()'")
+    assert not r.ok and r.infra_error is None
+    assert r.limit_hit in ("processes", "wall_time", "cpu_time")
+    assert r.duration_s < LIMITS.wall_time_s + 3
+    assert session.exec("echo alive").stdout == "alive\n"
+
+
+def test_shell_fork_bomb_is_bounded(session) -> None:
+    r = session.exec(":(){ :|:& };:", timeout=3)
+    assert r.infra_error is None and r.duration_s < 6
+
+
+def test_memory_bomb_is_stopped(session) -> None:
+    r = session.exec("python3 -c 'x=[]\nwhile True: x.append(bytearray(10**7))'")
+    assert not r.ok and r.infra_error is None
+    if session._factory.use_cgroup and Path("/sys/fs/cgroup/memory").exists():
+        assert r.limit_hit == "memory"
+
+
+def test_one_huge_allocation_fails(session) -> None:
+    r = session.exec("python3 -c 'x = bytearray(8 * 2**30)'")
+    assert not r.ok and r.infra_error is None
+
+
+def test_infinite_loop_hits_cpu_limit(session) -> None:
+    r = session.exec("python3 -c 'while True: pass'", timeout=60)  # CPU is shared: generous wall
+    assert r.limit_hit == "cpu_time" and r.signal is not None and not r.timed_out
+
+
+def test_sleep_past_wall_clock_is_killed(session) -> None:
+    r = session.exec("sleep 60", timeout=1.5)
+    assert r.timed_out and r.limit_hit == "wall_time" and r.exit_code is None
+    assert 1.4 < r.duration_s < 4
+
+
+def test_no_network_to_host_loopback(session) -> None:
+    server = socket.socket()
+    server.bind(("127.0.0.1", 0))
+    server.listen()
+    server.settimeout(3)
+    port = server.getsockname()[1]
+    accepted: list[object] = []
+
+    def accept() -> None:
+        try:
+            accepted.append(server.accept())
+        except OSError:
+            pass
+
+    t = threading.Thread(target=accept)
+    t.start()
+    code = (
+        "import socket\ns=socket.socket();s.settimeout(2)\n"
+        f"try:\n s.connect(('127.0.0.1',{port}));print('CONNECTED')\n"
+        "except OSError as e:\n print('BLOCKED', e.errno)\n"
+    )
+    r = session.exec(["python3", "-c", code])
+    t.join()
+    server.close()
+    assert "BLOCKED" in r.stdout and accepted == []
+
+
+def test_no_network_to_outside_address(session) -> None:
+    # 192.0.2.1 is TEST-NET-1 (RFC 5737): never routed; inside the sandbox there is no route at all.
+    code = (
+        "import socket\ns=socket.socket();s.settimeout(2)\n"
+        "try:\n s.connect(('192.0.2.1',80));print('CONNECTED')\n"
+        "except OSError as e:\n print('BLOCKED', e.errno)\n"
+    )
+    r = session.exec(["python3", "-c", code])
+    assert r.stdout.startswith("BLOCKED 101")  # ENETUNREACH: fails at the socket, sends nothing
+    assert "lo" in session.exec("ls /sys/class/net 2>/dev/null || cat /proc/net/dev").stdout
+
+
+def test_cannot_write_outside_workspace(session, tmp_path: Path) -> None:
+    victim = tmp_path / "victim.txt"
+    victim.write_text("original")
+    targets = ["/usr/evil", "/etc/evil", "/evil", "/root/evil", "/workspace/../evil", str(victim)]
+    for target in targets:
+        r = session.exec(["sh", "-c", f"echo pwned > '{target}'"])
+        assert r.exit_code != 0, target
+    assert victim.read_text() == "original"
+    assert not Path("/usr/evil").exists() and not Path("/etc/evil").exists()
+    r = session.exec("echo fine > inside.txt && mkdir -p /tmp/x && echo t > /tmp/x/y")
+    assert r.ok and session.read_file("inside.txt") == b"fine\n"
+
+
+def test_cannot_read_host_files_or_environment(session, tmp_path: Path, monkeypatch) -> None:
+    secret = tmp_path / "secret.txt"
+    secret.write_text("TOPSECRET-FILE")
+    monkeypatch.setenv("GAGAR_TEST_SECRET", "TOPSECRET-ENV")
+    r = session.exec(
+        f"cat /etc/shadow; cat {secret}; ls -a /root; ls /work /home; env; "
+        "cat /proc/1/environ; ls /proc | head -50"
+    )
+    assert "TOPSECRET" not in r.stdout + r.stderr
+    assert "root:" not in r.stdout
+    pids = {int(p) for p in r.stdout.split() if p.isdigit()}
+    assert os.getpid() not in pids or os.getpid() < 10  # the host's processes are not visible
+
+
+def test_killing_the_parent_fails(session) -> None:
+    me = os.getpid()
+    r = session.exec(f"kill -9 {me}; kill -9 -1; kill -9 0; echo done")
+    assert r.infra_error is None
+    assert os.getpid() == me  # still here
+    assert session.exec("echo alive").stdout == "alive\n"
+
+
+def test_stdout_flood_is_capped(session) -> None:
+    r = session.exec("yes flood", timeout=3)
+    assert r.truncated and len(r.stdout) == LIMITS.output_bytes
+    assert r.duration_s < 5
+
+
+def test_background_processes_do_not_survive(session) -> None:
+    marker = "313.25"
+    r = session.exec(
+        f"(sleep {marker} &) ; setsid sleep {marker} & nohup sleep {marker} >/dev/null 2>&1 & "
+        'python3 -c "import os,time\nif os.fork()==0:\n os.setsid()\n if os.fork()==0: time.sleep(300)" ; echo spawned'
+    )
+    assert r.ok and "spawned" in r.stdout
+    for pid in os.listdir("/proc"):
+        if pid.isdigit():
+            try:
+                cmd = Path(f"/proc/{pid}/cmdline").read_bytes()
+            except (FileNotFoundError, ProcessLookupError):
+                continue
+            assert marker.encode() not in cmd, f"background process {pid} survived"
+    assert _procs_of(session.uid) == []
+
+
+def test_symlink_escapes_are_refused_on_the_host(session, tmp_path: Path) -> None:
+    secret = tmp_path / "secret.txt"
+    secret.write_text("TOPSECRET-LINK")
+    r = session.exec(
+        f"ln -s {secret} leak && ln -s / rootlink && ln -s /etc/passwd pw && mkfifo fifo"
+    )
+    assert r.ok
+    for path in ("leak", "rootlink/etc/passwd", "pw", "fifo", "../../etc/passwd"):
+        with pytest.raises(SandboxError):
+            session.read_file(path)
+    with pytest.raises(SandboxError):
+        session.write_file("rootlink/tmp/evil", "x")
+    assert not Path("/tmp/evil").exists()
+    assert "TOPSECRET" not in session.diff()
+    with tarfile.open(fileobj=io.BytesIO(session.archive())) as tar:
+        assert tar.getmember("leak").issym()
+    session.write_file("leak", "replaced")  # writing replaces the link itself
+    assert secret.read_text() == "TOPSECRET-LINK"
+    assert session.exec(f"cat {secret}").exit_code != 0
+
+
+def test_file_size_limit(session) -> None:
+    r = session.exec('python3 -c \'open("big","wb").write(b"x"*(5<<20))\'')
+    assert not r.ok
+    assert session.exec("stat -c %s big").stdout.strip() in ("0", str(1 << 20))
+
+
+def test_open_files_limit(session) -> None:
+    r = session.exec("python3 -c 'fs=[open(\"/dev/null\") for _ in range(1000)]'")
+    assert not r.ok and "Too many open files" in r.stderr
+
+
+def _our_cgroups() -> set[str]:
+    root = Path("/sys/fs/cgroup")
+    return {str(p) for p in root.glob("*/**/gagar-*") if p.is_dir()}
+
+
+def test_runs_leave_no_zombies_and_no_cgroups(factory: LocalFactory) -> None:
+    cgroups = _our_cgroups()
+    with factory.create(files={}) as s:
+        for _ in range(20):
+            assert s.exec(["true"]).ok
+    runner.reap_orphans()
+    assert _zombie_children() == []
+    assert _our_cgroups() <= cgroups
+
+
+def test_reset_restores_base_and_removes_leftovers(session) -> None:
+    session.exec("echo 'X = 2' > pkg/mod.py; echo junk > new.txt; rm README")
+    assert "new.txt" in session.diff()
+    session.reset()
+    assert session.diff() == ""
+    assert session.read_file("pkg/mod.py") == b"X = 1\n"
+    assert session.exec("cat README").stdout == "hello\n"
+
+
+def test_setup_failure_is_an_infrastructure_error() -> None:
+    bad = LocalFactory(limits=LIMITS, ro_paths=("/nonexistent/gagar-test-path",))
+    with bad.create(files={}) as s:
+        r = s.exec("exit 1")
+    assert r.infra_error and "bubblewrap" in r.infra_error and not r.ok
+
+
+def test_code_failure_is_not_an_infrastructure_error(session) -> None:
+    r = session.exec("echo 'bwrap: fake failure' >&2; exit 1")
+    assert r.exit_code == 1 and r.infra_error is None

@@ -1,0 +1,162 @@
+"""``gagar sandbox serve`` and its client implement the same protocol as local sessions."""
+
+from __future__ import annotations
+
+import io
+import json
+import subprocess
+import sys
+import tarfile
+import threading
+
+import pytest
+
+from gagar.sandbox import Session
+from gagar.sandbox.client import HttpFactory
+from gagar.sandbox.local import LocalFactory, check_isolation
+from gagar.sandbox.server import make_server
+from gagar.sandbox.types import Limits, SandboxError
+
+LIMITS = Limits(wall_time_s=10, cpu_time_s=5, memory_bytes=512 << 20)
+
+
+@pytest.fixture(scope="module")
+def base_url():
+    check_isolation()
+    server = make_server(LocalFactory(limits=LIMITS), "127.0.0.1", 0)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    yield f"http://127.0.0.1:{server.server_address[1]}"
+    server.shutdown()
+    server.registry.close_all()
+    server.server_close()
+
+
+def test_remote_session_round_trip(base_url: str) -> None:
+    factory = HttpFactory(base_url)
+    assert factory.healthy()
+    with factory.create(files={"m.py": "X = 1\n"}) as s:
+        assert isinstance(s, Session)
+        r = s.exec("python3 -c 'import m; print(m.X)'")
+        assert r.ok and r.stdout == "1\n"
+        s.write_file("m.py", b"X = 2\n")
+        assert s.read_file("m.py") == b"X = 2\n"
+        assert "+X = 2" in s.diff()
+        assert s.list_files() == ["m.py"]
+        with tarfile.open(fileobj=io.BytesIO(s.archive())) as tar:
+            assert tar.getnames() == ["m.py"]
+        s.reset()
+        assert s.diff() == ""
+        with pytest.raises(SandboxError, match="leaves the workspace"):
+            s.read_file("../../etc/passwd")
+        with pytest.raises(SandboxError, match="no such file"):
+            s.read_file("missing.py")
+        assert s.exec("sleep 5", timeout=0.5).timed_out
+
+
+def test_remote_session_from_tarball_and_limits(base_url: str) -> None:
+    with LocalFactory().create(files={"a/b.txt": "tar"}) as local:
+        blob = local.archive()
+    factory = HttpFactory(base_url)
+    with factory.create(tarball=blob, limits=Limits(wall_time_s=1)) as s:
+        assert s.exec("cat a/b.txt").stdout == "tar"
+        assert s.exec("sleep 3").timed_out  # the session's own limits apply
+
+
+def test_metrics(base_url: str) -> None:
+    import httpx
+
+    with HttpFactory(base_url).create(files={}) as s:
+        s.exec("true")
+        s.exec("exit 1")
+        s.exec("sleep 5", timeout=0.3)
+        text = httpx.get(f"{base_url}/metrics").text
+    for line in (
+        'gagar_sandbox_exec_total{outcome="ok"}',
+        'gagar_sandbox_exec_total{outcome="failed"}',
+        'gagar_sandbox_exec_total{outcome="timeout"}',
+        'gagar_sandbox_limit_hits_total{limit="wall_time"}',
+        "gagar_sandbox_exec_duration_seconds_count",
+        "gagar_sandbox_sessions 1.0",
+    ):
+        assert line in text, line
+
+
+def test_binary_files_travel(base_url: str) -> None:
+    blob = bytes(range(256))
+    with HttpFactory(base_url).create(files={"bin.dat": blob, "t.txt": "text"}) as s:
+        assert s.read_file("bin.dat") == blob and s.read_file("t.txt") == b"text"
+        s.write_file("out.dat", blob[::-1])
+        assert s.exec("wc -c < out.dat").stdout.strip() == "256"
+
+
+def test_bad_requests_are_refused(base_url: str) -> None:
+    import httpx
+
+    assert httpx.post(f"{base_url}/v1/sessions", json={"nope": 1}).status_code == 400
+    assert (
+        httpx.post(f"{base_url}/v1/sessions/unknown/exec", json={"cmd": "true"}).status_code == 404
+    )
+    with pytest.raises(SandboxError):
+        HttpFactory(base_url).create(limits=None, files={"../x": "y"})
+
+
+def test_unreachable_server_is_an_infrastructure_error() -> None:
+    import httpx
+
+    from gagar.sandbox.client import HttpSession
+
+    with httpx.Client(base_url="http://127.0.0.1:9", timeout=2) as client:
+        r = HttpSession(client, "gone").exec("true")
+    assert r.infra_error and "unreachable" in r.infra_error and not r.ok
+
+
+def test_cli_exec_prints_one_json_object(tmp_path) -> None:
+    (tmp_path / "data.txt").write_text("from workspace")
+    cmd = [sys.executable, "-m", "gagar.cli", "sandbox", "exec", "--timeout", "5"]
+    cmd += ["--workspace", str(tmp_path), "--", "sh", "-c", "cat data.txt; exit 3"]
+    out = subprocess.run(cmd, capture_output=True, text=True, check=True)
+    result = json.loads(out.stdout)
+    assert result["exit_code"] == 3 and result["stdout"] == "from workspace"
+    assert result["infra_error"] is None
+
+
+def test_cli_exec_timeout_and_memory() -> None:
+    cmd = [sys.executable, "-m", "gagar.cli", "sandbox", "exec", "--timeout", "1"]
+    cmd += ["--memory", str(128 << 20), "--", "sleep", "10"]
+    result = json.loads(subprocess.run(cmd, capture_output=True, text=True).stdout)
+    assert result["timed_out"] and result["limit_hit"] == "wall_time"
+
+
+def test_cli_rejects_bad_limits_and_missing_command(tmp_path) -> None:
+    base = [sys.executable, "-m", "gagar.cli", "sandbox", "exec"]
+    out = subprocess.run([*base, "--memory", "1000", "--", "true"], capture_output=True, text=True)
+    assert out.returncode == 2 and "memory_bytes" in out.stderr and out.stdout == ""
+    out = subprocess.run([*base, "--"], capture_output=True, text=True)
+    assert out.returncode == 2 and "no command" in out.stderr
+    out = subprocess.run(
+        [*base, "--workspace", str(tmp_path / "nope"), "--", "true"], capture_output=True, text=True
+    )
+    assert out.returncode != 0 and "not a directory" in out.stderr
+
+
+def test_cli_unsafe_mode_says_so_loudly() -> None:
+    cmd = [sys.executable, "-m", "gagar.cli", "sandbox", "exec", "--unsafe-no-isolation"]
+    out = subprocess.run([*cmd, "--", "echo", "x"], capture_output=True, text=True)
+    assert "isolation is OFF" in out.stderr and json.loads(out.stdout)["stdout"] == "x\n"
+
+
+def test_cli_serve_starts_and_answers(tmp_path) -> None:
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "gagar.cli", "sandbox", "serve", "--port", "0"],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        line = proc.stdout.readline()
+        url = line.strip().rsplit(" ", 1)[1]
+        with HttpFactory(url).create(files={"f": "1"}) as s:
+            assert s.exec("cat f").stdout == "1"
+    finally:
+        proc.terminate()
+        proc.wait(10)

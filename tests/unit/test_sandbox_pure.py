@@ -1,0 +1,150 @@
+"""Pure parts of the sandbox: the jail's command line, result classification, diffs, paths."""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from pathlib import Path
+
+import pytest
+
+from gagar.sandbox import bwrap, classify, local, runner, workspace
+from gagar.sandbox.cgroup import Stats
+from gagar.sandbox.types import Limits, SandboxError, SandboxUnavailable
+
+
+def _jail(uid: int | None) -> bwrap.Jail:
+    return bwrap.Jail(workspace="/w", tmp="/t", etc="/e", uid=uid, ro_paths=("/opt/py",))
+
+
+def test_argv_isolates_and_limits() -> None:
+    limits = Limits(cpu_time_s=3, processes=10, memory_bytes=64 << 20)
+    argv = bwrap.bwrap_argv(_jail(1234), limits, ["echo", "hi"])
+    for flag in (
+        "--unshare-net",
+        "--unshare-pid",
+        "--unshare-ipc",
+        "--die-with-parent",
+        "--clearenv",
+    ):
+        assert flag in argv
+    assert "--unshare-user" not in argv  # root drops to a real uid instead
+    assert "--reuid=1234" in argv and "--no-new-privs" in argv
+    assert "--cpu=3:4" in argv and "--nproc=10" in argv and f"--as={64 << 20}" in argv
+    assert argv[-2:] == ["echo", "hi"]
+    i = argv.index("/opt/py")
+    assert argv[i - 1] == "--ro-bind"
+    assert bwrap.bwrap_argv(_jail(None), limits, ["x"]).count("--unshare-user") == 1
+
+
+def _outcome(**kw) -> runner.Outcome:
+    o = runner.Outcome(status=[{"child-pid": 2}, {"exit-code": 0}])
+    for k, v in kw.items():
+        setattr(o, k, v)
+    return o
+
+
+def test_classify() -> None:
+    limits = Limits(cpu_time_s=2)
+    assert classify.classify(_outcome(exit_code=0), limits, None, jailed=True).ok
+    r = classify.classify(_outcome(exit_code=128 + 9), limits, Stats(True, False, 0.1), jailed=True)
+    assert r.signal == 9 and r.exit_code is None and r.limit_hit == "memory"
+    r = classify.classify(_outcome(exit_code=128 + signal.SIGXCPU), limits, None, jailed=True)
+    assert r.limit_hit == "cpu_time"
+    r = classify.classify(_outcome(signal=9, timed_out=True, status=[]), limits, None, jailed=True)
+    assert r.timed_out and r.limit_hit == "wall_time" and r.infra_error is None
+    r = classify.classify(
+        _outcome(exit_code=1, status=[{"child-pid": 2}]), limits, None, jailed=True
+    )
+    assert r.infra_error is not None and not r.ok
+    r = classify.classify(_outcome(exit_code=1, status=[]), limits, None, jailed=False)
+    assert r.infra_error is None and r.exit_code == 1
+
+
+def test_unified_diff_added_removed_binary() -> None:
+    d = workspace.unified_diff(
+        {"a": b"x\n", "gone": b"g\n", "bin": b"\x00"},
+        {"a": b"y", "new": b"n\n", "bin": b"\x01\x00"},
+    )
+    assert "-x\n+y\n\\ No newline at end of file" in d
+    assert "--- /dev/null\n+++ b/new" in d and "--- a/gone\n+++ /dev/null" in d
+    assert "Binary files a/bin and b/bin differ" in d
+
+
+def test_resolve_inside(tmp_path: Path) -> None:
+    (tmp_path / "d").mkdir()
+    (tmp_path / "link").symlink_to("/etc")
+    assert workspace.resolve_inside(tmp_path, "d/x") == tmp_path / "d" / "x"
+    for bad in ("../x", "d/../../x", "link/passwd", ""):
+        with pytest.raises(SandboxError):
+            workspace.resolve_inside(tmp_path, bad)
+
+
+def test_unpack_rejects_escaping_archives(tmp_path: Path) -> None:
+    import io
+    import tarfile
+
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w:gz") as tar:
+        info = tarfile.TarInfo("../escape.txt")
+        info.size = 1
+        tar.addfile(info, io.BytesIO(b"x"))
+    with pytest.raises(SandboxError, match="bad tarball"):
+        workspace.unpack(tmp_path / "w", buf.getvalue())
+    with pytest.raises(SandboxError, match="bad tarball"):
+        workspace.unpack(tmp_path / "w", b"not a tarball")
+
+
+def test_missing_bubblewrap_refuses(monkeypatch) -> None:
+    local.check_isolation.cache_clear()
+    monkeypatch.setattr(local.shutil, "which", lambda name: None)
+    with pytest.raises(SandboxUnavailable, match="refusing to run untrusted code"):
+        local.check_isolation()
+    with pytest.raises(SandboxUnavailable, match="bubblewrap"):
+        local.LocalFactory()  # a factory refuses up front
+    local.check_isolation.cache_clear()
+
+
+def test_bad_commands_are_refused(tmp_path: Path) -> None:
+    with local.LocalFactory(root=str(tmp_path)).create(files={}) as s:
+        with pytest.raises(SandboxError):
+            s.exec([])
+        with pytest.raises(SandboxError):
+            s.exec("true", timeout=0)
+    with pytest.raises(SandboxError, match="closed"):
+        s.exec("true")
+    assert list(tmp_path.iterdir()) == []  # closing removed the session directory
+
+
+def test_sweep_stale_removes_only_old_empty_groups() -> None:
+    from gagar.sandbox import cgroup
+
+    group = cgroup.Cgroup.create(64 << 20, 8)
+    if group is None:
+        pytest.skip("cgroup v1 hierarchy not writable here")
+    try:
+        cgroup.sweep_stale(min_age_s=600)
+        assert group.memory.exists() and group.pids.exists()  # young: kept
+        old = time.time() - 3600
+        for d in (group.memory, group.pids):
+            os.utime(d, (old, old))  # only our group looks stale: others' are never touched
+        assert cgroup.sweep_stale(min_age_s=600) >= 2
+        assert not group.memory.exists() and not group.pids.exists()
+    finally:
+        group.destroy()
+
+
+def test_runner_start_failure_leaks_no_descriptors() -> None:
+    before = len(os.listdir("/proc/self/fd"))
+    for _ in range(5):
+        with pytest.raises(OSError):
+            runner.run(runner.Launch(["/nonexistent/bin"], 1.0, 100, status_fd=True))
+    assert len(os.listdir("/proc/self/fd")) == before
+
+
+def test_runner_captures_caps_and_times_out() -> None:
+    o = runner.run(runner.Launch(["sh", "-c", "echo out; echo err >&2; exit 7"], 5.0, 100))
+    assert (o.exit_code, o.stdout, o.stderr, o.timed_out) == (7, b"out\n", b"err\n", False)
+    o = runner.run(runner.Launch(["sh", "-c", "head -c 5000 /dev/zero; sleep 30"], 0.5, 100))
+    assert o.timed_out and o.signal == 9 and len(o.stdout) == 100 and o.truncated
