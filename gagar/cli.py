@@ -17,6 +17,7 @@ from collections.abc import Sequence
 COMMAND_MODULES = [
     "gagar.commands",
     "gagar.sandbox.cli",
+    "gagar.driver.cli",
 ]
 
 

@@ -56,6 +56,7 @@ class Context:
     step: int = 0
     version: int = 0
     closers: list[Any] = field(default_factory=list)
+    info: dict[str, Any] = field(default_factory=dict)
 
     @property
     def alg(self) -> Any:
@@ -280,3 +281,28 @@ def write_final_report(ctx: Context, extra: dict[str, Any]) -> dict[str, Any]:
     report = rep.write_report(ctx.out, records, summary)
     (ctx.out / "run.json").write_text(json.dumps(ctx.run.to_wire(), indent=2))
     return report
+
+
+async def evaluate(ctx: Context, tasks: list[Any], seed: int = 0) -> dict[str, Any]:
+    """Resolution rate on held-out tasks (one rollout each), length, and bloat among passes."""
+    if not tasks:
+        return {"tasks": 0}
+    limiter = asyncio.Semaphore(ctx.run.spec.rollout.agent.concurrency)
+    cfg = rollout_config(ctx.run)
+    groups = await asyncio.gather(*(rollout_group(t, 1, ctx.factory, ctx.engine, ctx.fmt, cfg, 7_000_000 + seed + i, limiter) for i, t in enumerate(tasks)))
+    rollouts = [g.rollouts[0] for g in groups]
+    valid = [r for r in rollouts if r.valid]
+    passes = [(g, r) for g, r in zip(groups, rollouts, strict=True) if r.valid and r.passed]
+    bloated = 0
+    for g, _ in passes:
+        ranking = await ctx.fallback_grader.grade(grading_group(g))
+        bloated += any(t.tier != "T1" for t in ranking.tied_groups) or bool(ranking.hacks)
+    return {
+        "tasks": len(tasks),
+        "valid": len(valid),
+        "resolution_rate": len(passes) / len(valid) if valid else 0.0,
+        "response_tokens_mean": sum(r.trajectory.response_tokens for r in valid) / max(1, len(valid)),
+        "turns_mean": sum(r.trajectory.num_turns for r in valid) / max(1, len(valid)),
+        "bloated_pass_share": bloated / len(passes) if passes else 0.0,
+        "tampering_passes": sum(r.tampered for _, r in passes),
+    }

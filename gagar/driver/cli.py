@@ -1,0 +1,72 @@
+"""``gagar train RUN.yaml [--out DIR] [--steps N] [--resume]``: the embedded default."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import sys
+from pathlib import Path
+
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+
+def _train(args: argparse.Namespace) -> int:
+    from gagar.manifest import load_run
+
+    console = Console(stderr=True)
+    try:
+        run = load_run(args.run)
+    except ValueError as err:
+        console.print(f"[red]invalid GagarRun[/]\n{err}")
+        return 2
+    if args.steps is not None:
+        run = run.model_copy(update={"spec": run.spec.model_copy(update={"algorithm": run.spec.algorithm.model_copy(update={"total_steps": args.steps})})})
+    out = Path(args.out or f"runs/{run.metadata.name}")
+    out.mkdir(parents=True, exist_ok=True)
+    return asyncio.run(_main(run, out, console, args))
+
+
+async def _main(run, out: Path, console: Console, args: argparse.Namespace) -> int:  # noqa: ANN001
+    from gagar.driver.components import SetupError
+    from gagar.driver.loop import close, evaluate, rl_step, save_checkpoint, summary_line, write_final_report
+    from gagar.driver.setup import build
+
+    try:
+        ctx = await asyncio.to_thread(build, run, out, console, args.resume, args.metrics_port)
+    except SetupError as err:
+        console.print(f"[red]cannot start[/]: {err}")
+        return 2
+    total = run.spec.algorithm.total_steps
+    console.print(f"run [bold]{run.metadata.name}[/] ({run.spec.algorithm.mode}) → {out} · metrics on 127.0.0.1:{ctx.info['metrics_port']}/metrics")
+    try:
+        with Progress(TextColumn("[bold]step"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(), TextColumn("{task.description}"), console=console) as bar:
+            task = bar.add_task("", total=total, completed=ctx.step)
+            while ctx.step < total:
+                record = await rl_step(ctx)
+                bar.update(task, completed=ctx.step, description=summary_line(record))
+        evaluation = await evaluate(ctx, ctx.held_out[: args.eval_tasks]) if args.eval_tasks else {}
+        report = write_final_report(ctx, {"warm_start": ctx.info.get("warm_start", {}), "held_out": evaluation})
+        console.print(f"done: {report['steps']} steps, held-out {evaluation} · report {out / 'report.json'}")
+        return 0
+    except KeyboardInterrupt:
+        console.print("[yellow]interrupted[/]: writing a checkpoint of the last completed step")
+        save_checkpoint(ctx)
+        return 130
+    finally:
+        close(ctx)
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("train", help="run a GagarRun on this machine (the embedded default)")
+    p.add_argument("run", help="GagarRun manifest (YAML)")
+    p.add_argument("--out", help="run directory (default: runs/<name>)")
+    p.add_argument("--steps", type=int, help="override spec.algorithm.totalSteps")
+    p.add_argument("--resume", action="store_true", help="continue from the newest complete checkpoint in --out")
+    p.add_argument("--metrics-port", type=int, default=None, help="serve /metrics here (default: spec.observability.metricsPort; 0 picks a free port)")
+    p.add_argument("--eval-tasks", type=int, default=16, help="held-out tasks evaluated at the end (0 skips)")
+    p.set_defaults(func=_train)
+
+
+if __name__ == "__main__":
+    sys.exit(0)

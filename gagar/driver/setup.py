@@ -1,0 +1,143 @@
+"""Assemble a ``Context`` for ``gagar train`` from a GagarRun: policy, SFT, vLLM, sandboxes, grader.
+
+Order matters for failing fast: spec checks and data first (cheap), then the policy and the
+trainer model, then the SFT warm start (sandboxes, no engine), then vLLM (slow to start), then
+the first weight publication so every replica serves a known version.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+from pathlib import Path
+from typing import Any
+
+import torch
+from prometheus_client import CollectorRegistry, start_http_server
+from rich.console import Console
+
+from gagar.driver import components as comp
+from gagar.driver.loop import Context, restore, rollout_config
+from gagar.driver.sampling import TaskSampler
+from gagar.driver.sft import expert_trajectories, sft
+from gagar.metrics import Metrics
+from gagar.rollout.chat import HFChatFormat
+from gagar.rollout.envs.tools import tool_definitions
+from gagar.spec import GagarRun
+from gagar.trainer.checkpoint import CheckpointManager
+from gagar.trainer.learner import Learner, LearnerConfig
+from gagar.trainer.loss import LossConfig
+from gagar.trainer.policy import MegatronPolicy
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def build_model(policy_dir: Path) -> Any:
+    from gagar.trainer.model import Parallel, build_model, init_distributed, load_hf_into_megatron, read_config
+
+    init_distributed(Parallel(1, 1, 1), rank=0, world_size=1, init_method=f"tcp://127.0.0.1:{_free_port()}")
+    model = build_model(read_config(policy_dir))
+    load_hf_into_megatron(model, policy_dir)
+    return model
+
+
+def build_learner(run: GagarRun, model: Any, loss_mode: str | None = None) -> Learner:
+    alg = run.spec.algorithm
+    o, lo = alg.optimizer, alg.loss
+    optimizer = torch.optim.AdamW(model.parameters(), lr=o.lr, betas=o.betas, weight_decay=o.weight_decay)
+    loss = LossConfig(
+        eps_low=lo.clip_low, eps_high=lo.clip_high, dual_clip=lo.dual_clip, agg_mode=loss_mode or lo.aggregation,  # type: ignore[arg-type]
+        max_len=run.spec.rollout.agent.max_context_tokens, tis_cap=lo.truncated_is_cap, kl_coef=lo.kl.coef, kl_estimator=lo.kl.estimator,
+    )  # fmt: skip
+    return Learner(MegatronPolicy(model), optimizer, LearnerConfig(alg.micro_batch_size, o.grad_clip, loss))
+
+
+def chat_format(policy_dir: Path) -> tuple[HFChatFormat, int]:
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(policy_dir)
+    return HFChatFormat(tokenizer, tools=tool_definitions()), int(tokenizer.convert_tokens_to_ids(tokenizer.eos_token))
+
+
+def warm_start(run: GagarRun, model: Any, policy_dir: Path, factory: Any, tasks: list[Any], console: Console) -> dict[str, Any]:
+    """SFT on scripted expert trajectories; returns what the report shows about it."""
+    steps = run.spec.model.sft_warmup_steps
+    fmt, eos = chat_format(policy_dir)
+    trajs = asyncio.run(expert_trajectories(tasks[:24], factory, fmt, eos, rollout_config(run), seed=run.spec.algorithm.seed))
+    learner = build_learner(run, model, loss_mode="token-mean")
+    for group in learner.optimizer.param_groups:
+        group["lr"] = 1e-3  # SFT from scratch needs a far larger step than RL fine-tuning
+    console.print(f"[bold]SFT warm start[/]: {len(trajs)} expert trajectories, {steps} steps")
+    losses = sft(learner, [t for _, t, _ in trajs], steps, batch_size=8, seed=run.spec.algorithm.seed)
+    styles: dict[str, list[bool]] = {}
+    for style, _, passed in trajs:
+        styles.setdefault(style, []).append(passed)
+    return {"sft_steps": steps, "sft_nll_first": losses[0], "sft_nll_last": losses[-1], "sft_experts": {s: f"{sum(p)}/{len(p)} pass" for s, p in styles.items()}}
+
+
+def start_engine(run: GagarRun, model: Any, policy_dir: Path, out: Path, version: int) -> tuple[Any, Any, Any]:
+    """Publish the current weights, serve them with vLLM, and return (engine, sync, server)."""
+    from gagar.rollout.engines.openai_engine import AsyncOpenAIEngine
+    from gagar.rollout.engines.server import ServerConfig, VllmServer
+    from gagar.rollout.engines.weight_sync import ReplicaClient, SafetensorsWeightSync
+    from gagar.trainer.model import save_hf_checkpoint
+
+    serving = out / "policy" / "serving"
+    save_hf_checkpoint(model, serving, side_files_from=policy_dir)
+    cfg = ServerConfig(model=serving, max_model_len=run.spec.rollout.agent.max_context_tokens, enforce_eager=True, threads=1)
+    server = VllmServer(cfg, out / "logs" / "vllm.log").start()
+    sync = SafetensorsWeightSync([ReplicaClient(server.base_url)], out / "policy" / "versions", serving)
+    sync.init()
+    return AsyncOpenAIEngine(server.base_url), sync, server
+
+
+def build_graders(run: GagarRun, factory: Any) -> tuple[Any, Any]:
+    from gagar.grader.protocol import HeuristicGrader
+
+    heuristic = HeuristicGrader()
+    spec = run.spec.grader
+    if spec.kind == "heuristic":
+        return heuristic, heuristic
+    from gagar.grader.agentic import AgenticConfig, AgenticGrader
+    from gagar.grader.sandbox_adapter import adapt_factory
+
+    if spec.endpoint is None:
+        raise comp.SetupError("spec.grader.endpoint: the embedded runner needs the URL of the grader's model server for the agentic grader")
+    cfg = AgenticConfig(base_url=spec.endpoint, model=spec.model or "grader", deadline_seconds=spec.deadline_seconds, max_turns=spec.max_turns, max_retries=spec.max_retries, fallback=spec.fallback)
+    return AgenticGrader(cfg, adapt_factory(factory)), heuristic
+
+
+def build(run: GagarRun, out: Path, console: Console, resume: bool, metrics_port: int | None = None) -> Context:
+    spec = run.spec
+    comp.check_devices(spec, torch.cuda.is_available())
+    torch.manual_seed(spec.algorithm.seed)
+    train_tasks, held_out = comp.load_datasets(spec.dataset)
+    factory = comp.sandbox_factory(spec.sandbox)
+    policy_dir = comp.prepare_policy(spec.model, out)
+    model = build_model(policy_dir)
+    ckpt = CheckpointManager(out / "checkpoints", keep=spec.trainer.checkpoint.keep)
+    warm: dict[str, Any] = {}
+    if ckpt.latest() is None or not resume:
+        if spec.model.sft_warmup_steps:
+            warm = warm_start(run, model, policy_dir, factory, train_tasks, console)
+    learner = build_learner(run, model)
+    sampler = TaskSampler(train_tasks, spec.algorithm.seed)
+    registry = CollectorRegistry()
+    metrics = Metrics(registry, "trainer", "rollout", "grader", "sandbox")
+    grader, fallback = build_graders(run, factory)
+    fmt, _ = chat_format(policy_dir)
+    ctx = Context(run, out, factory, train_tasks, held_out, fmt, model, learner, ckpt, sampler, None, None, grader, fallback, metrics, policy_dir)  # type: ignore[arg-type]
+    ctx.info["warm_start"] = warm
+    if resume and restore(ctx):
+        console.print(f"[bold]resumed[/] from the checkpoint of step {ctx.step} (policy version {ctx.version})")
+    ctx.engine, ctx.sync, server = start_engine(run, model, policy_dir, out, ctx.version)
+    ctx.closers.append(server.stop)
+    port = spec.observability.metrics_port if metrics_port is None else metrics_port
+    server_http, _ = start_http_server(port, addr="127.0.0.1", registry=registry)
+    ctx.info["metrics_port"] = server_http.server_port
+    ctx.closers.append(server_http.shutdown)
+    return ctx
