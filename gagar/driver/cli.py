@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import sys
 from pathlib import Path
 
 from rich.console import Console
@@ -33,7 +32,8 @@ async def _main(run, out: Path, console: Console, args: argparse.Namespace) -> i
     from gagar.driver.setup import build
 
     try:
-        ctx = await asyncio.to_thread(build, run, out, console, args.resume, args.metrics_port)
+        resume = args.resume or run.spec.trainer.checkpoint.resume
+        ctx = await asyncio.to_thread(build, run, out, console, resume, args.metrics_port)
     except SetupError as err:
         console.print(f"[red]cannot start[/]: {err}")
         return 2
@@ -49,7 +49,9 @@ async def _main(run, out: Path, console: Console, args: argparse.Namespace) -> i
         report = write_final_report(ctx, {"warm_start": ctx.info.get("warm_start", {}), "held_out": evaluation})
         console.print(f"done: {report['steps']} steps, held-out {evaluation} · report {out / 'report.json'}")
         return 0
-    except KeyboardInterrupt:
+    except (KeyboardInterrupt, asyncio.CancelledError):
+        # Cancellation only lands at an await, i.e. between steps or during rollouts, never between
+        # an update and its step counter: the checkpoint holds exactly the completed steps.
         console.print("[yellow]interrupted[/]: writing a checkpoint of the last completed step")
         save_checkpoint(ctx)
         return 130
@@ -67,6 +69,3 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--eval-tasks", type=int, default=16, help="held-out tasks evaluated at the end (0 skips)")
     p.set_defaults(func=_train)
 
-
-if __name__ == "__main__":
-    sys.exit(0)
