@@ -73,11 +73,7 @@ def _init_megatron_groups(parallel: Parallel, seed: int) -> None:
     from megatron.core import tensor_parallel
 
     if ps.model_parallel_is_initialized():
-        current = Parallel(
-            ps.get_tensor_model_parallel_world_size(),
-            ps.get_expert_model_parallel_world_size(),
-            ps.get_pipeline_model_parallel_world_size(),
-        )
+        current = current_parallel()
         if current != parallel:
             raise RuntimeError(f"model parallel already initialized as {current}, asked {parallel}")
         return
@@ -89,11 +85,15 @@ def _init_megatron_groups(parallel: Parallel, seed: int) -> None:
     tensor_parallel.model_parallel_cuda_manual_seed(seed)
 
 
-def destroy_distributed() -> None:
+def destroy_distributed(keep_process_group: bool = False) -> None:
+    """Tear down Megatron's groups (and torch.distributed unless ``keep_process_group``).
+
+    Keeping the process group lets a job re-initialize Megatron with other parallel sizes.
+    """
     from megatron.core import parallel_state as ps
 
     ps.destroy_model_parallel()
-    if dist.is_initialized():
+    if dist.is_initialized() and not keep_process_group:
         dist.destroy_process_group()
 
 

@@ -183,3 +183,16 @@ def iter_hf_weights(model: Any, all_ranks: bool = False) -> Iterator[tuple[str, 
         received = _broadcast_stage(items, src, group)
         if receive:
             yield from received
+
+
+def save_hf_checkpoint(model: Any, out_dir: str | Path, side_files_from: str | Path) -> None:
+    """Write the gathered model as an HF folder on global rank 0 (every rank must call this).
+
+    Config and tokenizer files are copied from ``side_files_from`` (the policy's HF folder).
+    """
+    from gagar.trainer.model.hf_io import copy_side_files, write_hf_weights
+
+    tensors = list(iter_hf_weights(model))
+    if dist.get_rank() == 0:
+        copy_side_files(side_files_from, out_dir)
+        write_hf_weights(out_dir, tensors)
