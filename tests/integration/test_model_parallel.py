@@ -11,7 +11,6 @@ weight sync uses; the ground truth is the ``transformers`` model on the full bat
 from __future__ import annotations
 
 import time
-from pathlib import Path
 
 import pytest
 import torch
@@ -36,8 +35,7 @@ def _loss_and_grads(hf_dir: str, rank: int, sizes: dict) -> dict:
     import torch.distributed as dist
     from megatron.core import parallel_state as ps
 
-    from gagar.trainer.model import build_model, iter_hf_weights, load_hf_into_megatron
-    from gagar.trainer.model import read_config
+    from gagar.trainer.model import build_model, iter_hf_weights, load_hf_into_megatron, read_config
 
     model = build_model(read_config(hf_dir))
     load_hf_into_megatron(model, hf_dir)

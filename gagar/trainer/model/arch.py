@@ -94,25 +94,29 @@ def arch_from_hf(cfg: Mapping[str, Any]) -> Arch:
     if family not in FAMILIES:
         raise UnsupportedModel(f"config key model_type={family!r} is not one of {sorted(FAMILIES)}")
     _check_plain(cfg, family)
-    heads = int(cfg["num_attention_heads"])
-    features = FAMILIES[family]
     try:
-        return Arch(
-            family=family,
-            vocab_size=int(cfg["vocab_size"]),
-            hidden_size=int(cfg["hidden_size"]),
-            num_layers=int(cfg["num_hidden_layers"]),
-            num_heads=heads,
-            num_kv_heads=int(cfg.get("num_key_value_heads") or heads),
-            head_dim=int(cfg.get("head_dim") or cfg["hidden_size"] // heads),
-            ffn_hidden_size=int(cfg["intermediate_size"]),
-            rms_eps=float(cfg.get("rms_norm_eps", 1e-6)),
-            rope_theta=_rope_theta(cfg),
-            max_positions=int(cfg.get("max_position_embeddings", 4096)),
-            tie_embeddings=bool(cfg.get("tie_word_embeddings", False)),
-            qkv_bias=features["qkv_bias"],
-            qk_norm=features["qk_norm"],
-            **(_moe_fields(cfg) if features["moe"] else {}),
-        )
+        return _arch(cfg, family)
     except KeyError as exc:
         raise UnsupportedModel(f"config key {exc.args[0]!r} is missing") from exc
+
+
+def _arch(cfg: Mapping[str, Any], family: Family) -> Arch:
+    heads = int(cfg["num_attention_heads"])
+    features = FAMILIES[family]
+    return Arch(
+        family=family,
+        vocab_size=int(cfg["vocab_size"]),
+        hidden_size=int(cfg["hidden_size"]),
+        num_layers=int(cfg["num_hidden_layers"]),
+        num_heads=heads,
+        num_kv_heads=int(cfg.get("num_key_value_heads") or heads),
+        head_dim=int(cfg.get("head_dim") or cfg["hidden_size"] // heads),
+        ffn_hidden_size=int(cfg["intermediate_size"]),
+        rms_eps=float(cfg.get("rms_norm_eps", 1e-6)),
+        rope_theta=_rope_theta(cfg),
+        max_positions=int(cfg.get("max_position_embeddings", 4096)),
+        tie_embeddings=bool(cfg.get("tie_word_embeddings", False)),
+        qkv_bias=features["qkv_bias"],
+        qk_norm=features["qk_norm"],
+        **(_moe_fields(cfg) if features["moe"] else {}),
+    )

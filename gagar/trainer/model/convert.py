@@ -96,7 +96,7 @@ def _load_shard(folder: str | Path, tp_rank: int, ep_rank: int) -> dict[str, tor
     if not path.is_file():
         raise CheckpointError(f"{folder}: shard file {path.name} is missing")
     with safe_open(path, "pt") as f:
-        return {k: f.get_tensor(k) for k in f.keys()}  # noqa: SIM118 (safe_open is no dict)
+        return {k: f.get_tensor(k) for k in f.keys()}
 
 
 def iter_megatron_folder(folder: str | Path) -> Iterator[tuple[str, torch.Tensor]]:

@@ -31,6 +31,7 @@ import hashlib
 import importlib
 import inspect
 import os
+import warnings
 from collections.abc import Iterator
 
 import torch
@@ -40,17 +41,20 @@ OVERRIDE_ENV = "GAGAR_ALLOW_UNTESTED_MEGATRON"
 
 # "module:qualname" -> sha256 (first 16 hex digits) of the upstream source in 0.16.1.
 PATCHED_SOURCES = {
-    "megatron.core.transformer.utils:get_default_causal_mask": "",
-    "megatron.core.fusions.fused_softmax:FusedScaleMaskSoftmax.forward_torch_softmax": "",
-    "megatron.core.tensor_parallel.random:CudaRNGStatesTracker.fork": "",
-    "megatron.core.tensor_parallel.random:CudaRNGStatesTracker.add": "",
-    "megatron.core.tensor_parallel.random:initialize_rng_tracker": "",
-    "megatron.core.tensor_parallel.random:model_parallel_cuda_manual_seed": "",
-    "megatron.core.transformer.moe.moe_utils:RouterGatingLinearFunction.forward": "",
-    "megatron.core.utils:GlobalMemoryBuffer.get_tensor": "",
+    "megatron.core.transformer.utils:get_default_causal_mask": "4638b2c6665fc284",
+    "megatron.core.fusions.fused_softmax:FusedScaleMaskSoftmax.forward_torch_softmax": "af74f78c0020665e",
+    "megatron.core.tensor_parallel.random:CudaRNGStatesTracker.fork": "6821e1e397253d43",
+    "megatron.core.tensor_parallel.random:CudaRNGStatesTracker.add": "e5e9ab39a7c1e085",
+    "megatron.core.tensor_parallel.random:initialize_rng_tracker": "4bc461df7c7f7a43",
+    "megatron.core.tensor_parallel.random:model_parallel_cuda_manual_seed": "7423a4a62741adea",
+    "megatron.core.transformer.moe.moe_utils:RouterGatingLinearFunction.forward": "dcba4f9f02b30a36",
+    "megatron.core.utils:GlobalMemoryBuffer.get_tensor": "2b843a83eb762098",
+    "megatron.core.models.common.embeddings.rotary_pos_embedding:RotaryEmbedding.get_emb": "d36bc7732392e419",
 }
 
 _applied = False
+# Upstream objects as they were before ``apply`` replaced them (fingerprints read these).
+_originals: dict[str, object] = {}
 
 
 def megatron_version() -> str:
@@ -74,8 +78,11 @@ def check_version() -> None:
 def source_fingerprint(target: str) -> str:
     """sha256 prefix of the source of ``module:Qual.name`` (what a patch depends on)."""
     module_name, qualname = target.split(":")
-    obj = importlib.import_module(module_name)
-    for part in qualname.split("."):
+    head, _, rest = qualname.partition(".")
+    obj = _originals.get(f"{module_name}:{head}") or getattr(
+        importlib.import_module(module_name), head
+    )
+    for part in rest.split(".") if rest else []:
         obj = getattr(obj, part)
     return hashlib.sha256(inspect.getsource(obj).encode()).hexdigest()[:16]
 
@@ -119,6 +126,11 @@ def _cpu_current_device() -> str:
     return "cpu"
 
 
+def changed_sources() -> list[str]:
+    """Patched upstream functions whose source differs from the version this was written for."""
+    return [t for t, h in PATCHED_SOURCES.items() if source_fingerprint(t) != h]
+
+
 def apply(force: bool = False) -> bool:
     """Patch Megatron-Core for the CPU when there is no GPU. Idempotent; returns whether applied."""
     global _applied
@@ -132,6 +144,17 @@ def apply(force: bool = False) -> bool:
     from megatron.core.transformer import utils as tutils
     from megatron.core.transformer.moe import moe_utils
 
+    if megatron_version() not in SUPPORTED_VERSIONS and changed_sources():
+        warnings.warn(
+            f"megatron-core sources changed under the CPU patches: {changed_sources()}",
+            stacklevel=2,
+        )
+    _originals["megatron.core.transformer.utils:get_default_causal_mask"] = (
+        tutils.get_default_causal_mask
+    )
+    _originals["megatron.core.tensor_parallel.random:CudaRNGStatesTracker"] = (
+        mrandom.CudaRNGStatesTracker
+    )
     torch.cuda.current_device = _cpu_current_device  # type: ignore[assignment]
     torch.cuda.manual_seed = lambda seed: None  # type: ignore[assignment]
     tutils.get_default_causal_mask = _cpu_causal_mask
