@@ -77,7 +77,7 @@ def _moe_fields(cfg: Mapping[str, Any]) -> dict[str, Any]:
         raise UnsupportedModel(
             "config keys mlp_only_layers/decoder_sparse_step: all layers must be MoE"
         )
-    experts = cfg.get("num_experts", cfg.get("num_local_experts"))
+    experts = cfg.get("num_experts") or cfg.get("num_local_experts")
     if not experts:
         raise UnsupportedModel("config key num_experts (num_local_experts) is missing")
     return {
