@@ -182,7 +182,7 @@ def test_live_load_refuses_a_checkpoint_of_another_model(tmp_path: Path) -> None
     save_random_hf_model("llama", tmp_path / "a")
     save_random_hf_model("llama", tmp_path / "b", hidden_size=32)
     model = build_model(read_config(tmp_path / "a"))
-    with pytest.raises(CheckpointError, match="config.json describes"):
+    with pytest.raises(CheckpointError, match=r"config.json describes"):
         load_hf_into_megatron(model, tmp_path / "b")
 
 
@@ -190,14 +190,14 @@ def test_bad_megatron_folders_name_the_problem(tmp_path: Path) -> None:
     save_random_hf_model("llama", tmp_path / "hf")
     convert_hf_to_megatron(tmp_path / "hf", tmp_path / "mg", tp=2)
     (tmp_path / "mg/tp01_ep00.safetensors").unlink()
-    with pytest.raises(CheckpointError, match="shard file tp01_ep00.safetensors is missing"):
+    with pytest.raises(CheckpointError, match=r"shard file tp01_ep00.safetensors is missing"):
         export_megatron_to_hf(tmp_path / "mg", tmp_path / "out")
     convert_hf_to_megatron(tmp_path / "hf", tmp_path / "mg", tp=2)
     shard = load_file(tmp_path / "mg/tp01_ep00.safetensors")
     shard.pop("decoder.layers.0.mlp.linear_fc2.weight")
     save_file(shard, tmp_path / "mg/tp01_ep00.safetensors")
     with pytest.raises(
-        CheckpointError, match="linear_fc2.weight' is missing from tensor-parallel rank 1"
+        CheckpointError, match=r"linear_fc2.weight' is missing from tensor-parallel rank 1"
     ):
         export_megatron_to_hf(tmp_path / "mg", tmp_path / "out")
 

@@ -59,7 +59,7 @@ def test_shard_unshard_round_trip(rule, tp: int) -> None:  # type: ignore[no-unt
 
 def test_indivisible_shard_names_the_tensor() -> None:
     rule = next(r for r in RULES if r.megatron.endswith("linear_proj.weight"))
-    with pytest.raises(ValueError, match="linear_proj.weight.*not divisible"):
+    with pytest.raises(ValueError, match=r"linear_proj.weight.*not divisible"):
         shard(rule, torch.zeros(4, 6), 4, 0)
 
 
@@ -79,7 +79,7 @@ def test_rank_views_cover_every_hf_tensor_once() -> None:
 
 
 def test_unknown_megatron_name_is_refused() -> None:
-    with pytest.raises(KeyError, match="decoder.layers.0.mystery.weight"):
+    with pytest.raises(KeyError, match=r"decoder.layers.0.mystery.weight"):
         match_megatron("decoder.layers.0.mystery.weight")
 
 
