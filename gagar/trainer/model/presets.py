@@ -91,6 +91,10 @@ def train_tokenizer(texts: Iterable[str] | None = None, vocab_size: int = 4096) 
     )
     tok.train_from_iterator(texts if texts is not None else default_corpus(), trainer)
     tok.add_tokens([AddedToken(m, special=False, normalized=False) for m in TOOL_MARKERS])
+    # A small corpus yields fewer merges than asked: pad with reserved tokens so the vocabulary
+    # (and the model's embedding) has exactly ``vocab_size`` rows, divisible for tensor parallelism.
+    reserved = range(vocab_size - tok.get_vocab_size())
+    tok.add_special_tokens([AddedToken(f"<|reserved_{i}|>", special=True) for i in reserved])
     return tok
 
 
