@@ -1,6 +1,7 @@
 """TP=2 (dense) and EP=2 (MoE) on two CPU processes (gloo) match TP=1/EP=1 and transformers.
 
-One two-process job (spawned once, since starting Megatron costs seconds per process) runs every
+A PP=2 run checks that two pipeline stages compute transformers' logits and that the weight
+gather collects both stages. One two-process job (spawned once, since starting Megatron costs seconds per process) runs every
 case twice on the same HF weights and batch: first with TP=1/EP=1 (each process holds the whole
 model and the whole batch), then re-initialized with TP=2 or EP=2 (with EP, data parallelism
 splits the batch and gradients are summed over replicas). The loss is the global-batch token
@@ -11,6 +12,7 @@ weight sync uses; the ground truth is the ``transformers`` model on the full bat
 from __future__ import annotations
 
 import time
+from pathlib import Path
 
 import pytest
 import torch
@@ -59,11 +61,39 @@ def _loss_and_grads(hf_dir: str, rank: int, sizes: dict) -> dict:
     return {"loss": total, "grads": dict(iter_hf_weights(model))}
 
 
+def _pipeline_logits_and_weights(hf_dir: str, rank: int) -> dict:
+    """PP=2: stage 0 sends its hidden states to stage 1, which computes the logits."""
+    import torch.distributed as dist
+
+    from gagar.trainer.model import build_model, iter_hf_weights, load_hf_into_megatron, read_config
+
+    config = read_config(hf_dir)
+    model = build_model(config)
+    load_hf_into_megatron(model, hf_dir)
+    ids, _ = _batch()
+    pos = torch.arange(SEQ).expand(BATCH, SEQ)
+    hidden = torch.empty(SEQ, BATCH, config["hidden_size"])  # Megatron's [s, b, h]
+    with torch.no_grad():
+        if rank == 0:
+            dist.send(model(ids, pos, None).contiguous(), dst=1)
+            logits = None
+        else:
+            dist.recv(hidden, src=0)
+            model.set_input_tensor(hidden)
+            logits = model(ids, pos, None)
+    return {"logits": logits, "weights": dict(iter_hf_weights(model, all_ranks=True))}
+
+
 def _worker(rank: int, tmp: str, hf_dirs: dict) -> None:
     import torch.distributed as dist
 
     from gagar.trainer.model import Parallel, destroy_distributed, init_distributed
 
+    init_distributed(Parallel(pp=2), rank, WORLD, init_method=f"file://{tmp}/rdzv")
+    pipeline = _pipeline_logits_and_weights(hf_dirs["qwen2-tp2"], rank)
+    destroy_distributed(keep_process_group=True)
+    if rank == 1:
+        torch.save(pipeline, f"{tmp}/pipeline.pt")
     results, timings = {}, {}
     for case, (_, sizes) in CASES.items():
         for label, layout in (("single", {}), ("parallel", sizes)):
@@ -116,7 +146,8 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> dict:
     out = torch.load(tmp / "result.pt")
     timings = ", ".join(f"{c}/{k}: {t:.1f}s" for (c, k), t in out["timings"].items())
     print(f"\n2-process job {time.perf_counter() - start:.1f}s ({timings})")
-    return {"references": references, **out}
+    pipeline = torch.load(tmp / "pipeline.pt")
+    return {"references": references, "hf_dirs": hf_dirs, "pipeline": pipeline, **out}
 
 
 def _assert_same(got: dict, want: dict, what: str) -> None:
@@ -138,3 +169,19 @@ def test_parallel_matches_single_process(runs: dict, case: str) -> None:
     _assert_same(parallel, single, case)
     # Not vacuous: the gradients are not all zero.
     assert any(g.abs().max() > 0 for g in parallel["grads"].values())
+
+
+def test_pipeline_parallel_stages_compute_transformers_logits(runs: dict) -> None:
+    from safetensors.torch import load_file
+
+    from gagar.trainer.model.tiny import random_hf_model
+
+    hf = random_hf_model("qwen2", vocab_size=VOCAB)
+    ids, _ = _batch()
+    with torch.no_grad():
+        want = hf(ids).logits
+    assert (runs["pipeline"]["logits"] - want).abs().max().item() <= 1e-4
+    weights = load_file(Path(runs["hf_dirs"]["qwen2-tp2"]) / "model.safetensors")
+    got = runs["pipeline"]["weights"]  # gathered from both stages onto the last one
+    assert set(got) == set(weights)
+    assert all(torch.equal(got[n], weights[n]) for n in weights)
