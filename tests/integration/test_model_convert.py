@@ -206,5 +206,10 @@ def test_indivisible_layouts_are_refused(tmp_path: Path) -> None:
     save_random_hf_model("llama", tmp_path / "hf")
     with pytest.raises(ValueError, match="ep=2 needs a MoE model"):
         convert_hf_to_megatron(tmp_path / "hf", tmp_path / "mg", ep=2)
-    with pytest.raises(ValueError, match="vocab_size 256 is not divisible by tp=3"):
-        convert_hf_to_megatron(tmp_path / "hf", tmp_path / "mg", tp=3)
+    with pytest.raises(
+        ValueError, match="num_key_value_heads=2 is not divisible by parallel size 4"
+    ):
+        convert_hf_to_megatron(tmp_path / "hf", tmp_path / "mg", tp=4)
+    save_random_hf_model("llama", tmp_path / "hf3", num_key_value_heads=4, vocab_size=255)
+    with pytest.raises(ValueError, match="vocab_size=255 is not divisible by parallel size 2"):
+        convert_hf_to_megatron(tmp_path / "hf3", tmp_path / "mg", tp=2)

@@ -19,6 +19,11 @@ Public API (what the trainer driver and the rollout weight sync call):
 - ``create_preset("tiny", out)`` and ``fetch_model("smollm2-135m", out)``: offline policies.
 
 CLI: ``gagar model convert|export|init|fetch`` (``cli.py``).
+
+Limits: MoE runs with tp=1 (Megatron needs sequence parallelism for MoE+TP, which the
+Transformer-Engine-free norm refuses) and the ``allgather`` token dispatcher; no virtual
+pipeline stages; RoPE scaling other than the default is refused; on the CPU the patches in
+``cpu_compat`` are pinned to megatron-core 0.16.1.
 """
 
 from gagar.trainer.model.arch import Arch, UnsupportedModel, arch_from_hf

@@ -17,6 +17,7 @@ import torch
 import torch.nn.functional as F
 
 from gagar.trainer.model.arch import Arch, arch_from_hf
+from gagar.trainer.model.mapping import check_layout
 from gagar.trainer.model.parallel import Parallel, current_parallel
 
 
@@ -101,8 +102,7 @@ def build_model(
 
     arch = arch_from_hf(as_config_dict(hf_config))
     parallel = parallel or current_parallel()
-    if arch.vocab_size % parallel.tp:
-        raise ValueError(f"vocab_size {arch.vocab_size} is not divisible by tp={parallel.tp}")
+    check_layout(arch, parallel.tp, parallel.ep)
     if arch.is_moe and parallel.tp > 1:
         raise ValueError("MoE with tp>1 needs sequence parallelism, which the local spec lacks")
     config = transformer_config(arch, parallel, dtype)

@@ -30,6 +30,7 @@ from gagar.trainer.model.hf_io import (
 )
 from gagar.trainer.model.mapping import (
     RankView,
+    check_layout,
     hf_to_megatron_rank,
     match_megatron,
     megatron_to_hf,
@@ -73,10 +74,7 @@ def convert_hf_to_megatron(
     """Shard an HF checkpoint folder for ``tp`` x ``ep`` ranks."""
     config = read_config(hf_dir)
     arch = arch_from_hf(config)
-    if arch.vocab_size % tp:
-        raise ValueError(f"vocab_size {arch.vocab_size} is not divisible by tp={tp}")
-    if ep > 1 and not arch.is_moe:
-        raise ValueError(f"ep={ep} needs a MoE model; {arch.family} is dense")
+    check_layout(arch, tp, ep)
     reader = HFReader(hf_dir, arch)
     out = Path(out_dir)
     copy_side_files(hf_dir, out)

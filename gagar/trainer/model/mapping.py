@@ -220,14 +220,26 @@ def _slots(rule: Rule, arch: Arch, view: RankView) -> Iterator[tuple[int, int, i
             yield layer, local, view.ep_rank * per_rank + local
 
 
+def check_layout(arch: Arch, tp: int, ep: int) -> None:
+    """Refuse tensor/expert-parallel sizes that would cut a head group, the vocabulary or experts."""
+    sizes = {
+        "num_key_value_heads": (arch.num_kv_heads, tp),  # qkv shards must hold whole groups
+        "vocab_size": (arch.vocab_size, tp),
+        "intermediate_size": (arch.ffn_hidden_size, tp),
+        "num_experts": (arch.num_experts, ep),
+    }
+    for key, (value, size) in sizes.items():
+        if value % size:
+            raise ValueError(f"{key}={value} is not divisible by parallel size {size}")
+    if ep > 1 and not arch.is_moe:
+        raise ValueError(f"ep={ep} needs a MoE model; {arch.family} is dense")
+
+
 def hf_to_megatron_rank(
     get_hf: Callable[[str], torch.Tensor], arch: Arch, view: RankView
 ) -> dict[str, torch.Tensor]:
     """The Megatron state dict (global layer names) of one rank, reading HF tensors by name."""
-    if arch.is_moe and arch.num_experts % view.ep:
-        raise ValueError(
-            f"{arch.num_experts} experts do not divide over expert-parallel size {view.ep}"
-        )
+    check_layout(arch, view.tp, view.ep)
     out = {}
     for rule in rules_for(arch):
         for layer, local, hf_expert in _slots(rule, arch, view):
