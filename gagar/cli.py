@@ -18,6 +18,7 @@ COMMAND_MODULES = [
     "gagar.commands",
     "gagar.sandbox.cli",
     "gagar.driver.cli",
+    "gagar.trainer.model.cli",
 ]
 
 

