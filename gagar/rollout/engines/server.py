@@ -63,6 +63,9 @@ class ServerConfig:
     extra_args: list[str] = field(default_factory=list)
     cpu_kvcache_gib: int = 1  # VLLM_CPU_KVCACHE_SPACE takes whole GiB
     threads: int | None = None  # OMP threads for vLLM-CPU; None: all cores
+    # Skip torch.compile and graph capture: a much faster start (tests, small policies) for
+    # somewhat slower decoding.
+    enforce_eager: bool = False
 
 
 def server_command(cfg: ServerConfig, python: str, port: int) -> list[str]:
@@ -74,6 +77,8 @@ def server_command(cfg: ServerConfig, python: str, port: int) -> list[str]:
     # vLLM resets it on weight updates, so it stays on (agent turns share long prefixes).
     cmd += ["--weight-transfer-config", json.dumps({"backend": cfg.weight_transfer_backend})]
     cmd += ["--max-logprobs", "20", "--logprobs-mode", "raw_logprobs"]
+    if cfg.enforce_eager:
+        cmd.append("--enforce-eager")
     if cfg.tool_call_parser:
         cmd += ["--enable-auto-tool-choice", "--tool-call-parser", cfg.tool_call_parser]
     return cmd + list(cfg.extra_args)
