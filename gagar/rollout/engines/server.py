@@ -110,31 +110,39 @@ class VllmServer:
         self.port = cfg.port or free_port(cfg.host)
         self.proc: subprocess.Popen | None = None
         self.startup_seconds: float | None = None
+        self._t0 = 0.0
 
     @property
     def base_url(self) -> str:
         return f"http://{self.cfg.host}:{self.port}"
 
     def start(self, timeout: float = 600.0) -> VllmServer:
+        """Launch and wait until ready; several servers start faster launched first, then waited."""
+        self.launch()
+        return self.wait_ready(timeout)
+
+    def launch(self) -> VllmServer:
         if not self.cfg.model.is_dir():
             raise VllmServerError(f"model folder {self.cfg.model} does not exist")
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
-        log = self.log_path.open("ab")
-        t0 = time.perf_counter()
-        self.proc = subprocess.Popen(
-            server_command(self.cfg, self.python, self.port),
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            env=server_env(self.cfg),
-            start_new_session=True,  # its own process group: stop() ends the engine core too
-        )
-        log.close()
+        self._t0 = time.perf_counter()
+        with self.log_path.open("ab") as log:
+            self.proc = subprocess.Popen(
+                server_command(self.cfg, self.python, self.port),
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                env=server_env(self.cfg),
+                start_new_session=True,  # own process group: stop() ends the engine core too
+            )
+        return self
+
+    def wait_ready(self, timeout: float = 600.0) -> VllmServer:
         try:
             self._wait_ready(timeout)
         except BaseException:
             self.stop()
             raise
-        self.startup_seconds = time.perf_counter() - t0
+        self.startup_seconds = time.perf_counter() - self._t0
         return self
 
     def _wait_ready(self, timeout: float) -> None:
@@ -164,18 +172,27 @@ class VllmServer:
             return "(no log)"
 
     def stop(self, grace: float = 20.0) -> None:
-        if self.proc is None or self.proc.poll() is not None:
+        """SIGTERM the server's process group (API server, engine core, workers), then SIGKILL."""
+        if self.proc is None:
             return
-        pgid = os.getpgid(self.proc.pid)
-        os.killpg(pgid, signal.SIGTERM)
+        pgid = self.proc.pid  # start_new_session made the server its group's leader
+        _signal_group(pgid, signal.SIGTERM)
         try:
             self.proc.wait(grace)
         except subprocess.TimeoutExpired:
-            os.killpg(pgid, signal.SIGKILL)
+            _signal_group(pgid, signal.SIGKILL)
             self.proc.wait()
+        _signal_group(pgid, signal.SIGKILL)  # children that outlived the API server
 
     def __enter__(self) -> VllmServer:
         return self.start() if self.proc is None else self
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
+
+
+def _signal_group(pgid: int, sig: int) -> None:
+    try:
+        os.killpg(pgid, sig)
+    except (ProcessLookupError, PermissionError):
+        pass

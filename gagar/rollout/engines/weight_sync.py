@@ -216,6 +216,11 @@ class SafetensorsWeightSync:
         return SyncReport(version, len(pub.names), pub.num_bytes, t1 - t0, t2 - t1, len(self.replicas))
 
     def _load_into(self, replica: ReplicaClient, pub: PublishedVersion) -> None:
+        """pause → start → update per chunk → finish(version) → resume on one replica.
+
+        A replica whose update failed may hold a mix of old and new layers, so it stays paused
+        (its requests wait) until a later sync succeeds; the error says so.
+        """
         # vLLM's own VLLMWeightSyncClient has no pause/resume; gagar's ReplicaClient does.
         pausable = hasattr(replica, "pause")
         if pausable:
@@ -226,6 +231,9 @@ class SafetensorsWeightSync:
             for names in chunked(pub.names, self.chunk):
                 replica.update_weights({"file": file, "names": names})
             replica.finish_weight_update(weight_version=str(pub.version))
-        finally:
-            if pausable:
-                replica.resume()
+        except WeightSyncError as e:
+            raise WeightSyncError(
+                f"{e}\n(version {pub.version} not loaded; the replica stays paused until a sync succeeds)"
+            ) from e
+        if pausable:
+            replica.resume()
