@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import concurrent.futures as cf
 import importlib.util
+import re
 import sys
 from pathlib import Path
 
@@ -74,7 +75,10 @@ def trainer_logprobs(model, prompt: list[int], completion: list[int]) -> torch.T
 
 def max_gap(model, completions) -> float:
     return max(
-        (trainer_logprobs(model, c.prompt_ids, c.token_ids) - torch.tensor(c.logprobs)).abs().max().item()
+        (trainer_logprobs(model, c.prompt_ids, c.token_ids) - torch.tensor(c.logprobs))
+        .abs()
+        .max()
+        .item()
         for c in completions
     )
 
@@ -101,7 +105,10 @@ def test_chat_prompt_is_the_chat_template_exactly(servers, tiny):
     from transformers import AutoTokenizer
 
     tok = AutoTokenizer.from_pretrained(tiny)
-    messages = [{"role": "system", "content": "Fix the bug."}, {"role": "user", "content": "def add(a, b):"}]
+    messages = [
+        {"role": "system", "content": "Fix the bug."},
+        {"role": "user", "content": "def add(a, b):"},
+    ]
     turn = OpenAIEngine([servers[0].base_url]).chat(messages, SamplingParams(max_tokens=5, seed=1))
     expected = tok.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
     expected = expected["input_ids"] if isinstance(expected, dict) else expected
@@ -134,14 +141,20 @@ def test_bad_update_names_the_tensor_and_a_full_sync_recovers(servers, trainer, 
     client = engine.weight_sync.replicas[0]
     file = str(tmp_path / "published" / "v2" / "model.safetensors")
     client.start_weight_update()
-    with pytest.raises(WeightSyncError, match="model.layers.9.mlp.up_proj.weight"):
+    with pytest.raises(WeightSyncError, match=re.escape("model.layers.9.mlp.up_proj.weight")):
         client.update_weights({"file": file, "names": ["model.layers.9.mlp.up_proj.weight"]})
     with pytest.raises(WeightSyncError, match="outside the weight-transfer root"):
         client.update_weights({"file": "/etc/passwd", "names": ["x"]})
     # vLLM ended the session when the chunk failed; a full sync starts a new one and resumes.
     engine.update_weights(trainer.state_dict().items(), version=3)
     assert engine.policy_version() == ["3"]
-    assert max_gap(trainer, [c for g in engine.generate(PROMPTS, SamplingParams(max_tokens=4, seed=2)) for c in g]) < TOL
+    assert (
+        max_gap(
+            trainer,
+            [c for g in engine.generate(PROMPTS, SamplingParams(max_tokens=4, seed=2)) for c in g],
+        )
+        < TOL
+    )
 
 
 def test_generation_during_many_concurrent_requests_stays_exact(servers, trainer):

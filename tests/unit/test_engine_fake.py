@@ -45,7 +45,7 @@ def test_chat_tool_call_then_text_with_exact_tokens(fake):
     assert turn.completion.prompt_ids == encode("<|user|>fix the bug\n")
     assert turn.completion.policy_version == "default"
     # The request carried the tool schemas and asked for token ids and log-probs.
-    path, body = [r for r in fake.requests if r[0] == "/v1/chat/completions"][0]
+    _, body = next(r for r in fake.requests if r[0] == "/v1/chat/completions")
     assert body["tools"] == TOOLS and body["return_token_ids"] and body["logprobs"]
 
     second = engine.chat([*msgs, turn.message], SamplingParams(max_tokens=200), tools=TOOLS)
@@ -80,7 +80,9 @@ def test_generate_splits_the_batch_across_replicas():
         out = engine.generate([[1], [2], [3]], SamplingParams(max_tokens=2))
         single = OpenAIEngine([f1.base_url]).generate([[1], [2], [3]], SamplingParams(max_tokens=2))
         assert out == single
-        sizes = [[len(b["prompt"]) for p, b in f.requests if p == "/v1/completions"] for f in (f1, f2)]
+        sizes = [
+            [len(b["prompt"]) for p, b in f.requests if p == "/v1/completions"] for f in (f1, f2)
+        ]
         assert sizes == [[2, 3], [1]]  # split 2+1, then the single-replica engine's 3
         assert engine.policy_version() == ["default", "default"]
 
@@ -116,8 +118,19 @@ def test_parsers_reject_responses_without_tokens():
         parse_chat({"choices": []}, None)
     with pytest.raises(EngineError, match="log-probs"):
         parse_completions(
-            {"choices": [{"index": 0, "text": "", "token_ids": [1, 2], "logprobs": {"token_logprobs": [0.0]}}]},
-            [[1]], 1, None,
+            {
+                "choices": [
+                    {
+                        "index": 0,
+                        "text": "",
+                        "token_ids": [1, 2],
+                        "logprobs": {"token_logprobs": [0.0]},
+                    }
+                ]
+            },
+            [[1]],
+            1,
+            None,
         )
 
 

@@ -87,8 +87,13 @@ def test_sync_drives_vllm_routes_in_order_on_every_replica(tmp_path, base_model)
         for r in (r1, r2):
             paths = [p for p, _ in r.requests if p != "/weight_info"]
             assert paths == [
-                "/init_weight_transfer_engine", "/pause", "/start_weight_update",
-                "/update_weights", "/update_weights", "/finish_weight_update", "/resume",
+                "/init_weight_transfer_engine",
+                "/pause",
+                "/start_weight_update",
+                "/update_weights",
+                "/update_weights",
+                "/finish_weight_update",
+                "/resume",
             ]
             assert set(r.state.loaded) == set(weights())
             assert not r.state.paused and not r.state.updating
@@ -105,7 +110,9 @@ def test_failed_update_names_the_replica_and_keeps_it_paused_until_a_sync_succee
         sync = SafetensorsWeightSync([ReplicaClient(r1.base_url)], tmp_path / "pub", base_model)
         sync.init()
         r1.fail_next("/update_weights", 500)
-        with pytest.raises(WeightSyncError, match=rf"(?s){r1.base_url}/update_weights -> 500.*stays paused"):
+        with pytest.raises(
+            WeightSyncError, match=rf"(?s){r1.base_url}/update_weights -> 500.*stays paused"
+        ):
             sync.sync(weights().items(), 1)
         assert r1.state.paused  # no generation on half-loaded weights
         r1.state.updating = False  # vLLM ends the session when a chunk fails
@@ -120,7 +127,9 @@ def test_worker_refuses_files_outside_the_root_and_missing_tensors(tmp_path, bas
         pub = publish_version(weights().items(), tmp_path / "elsewhere", 1, base_model)
         client.start_weight_update()
         with pytest.raises(WeightSyncError, match="outside the weight-transfer root"):
-            client.update_weights({"file": str(pub.path / "model.safetensors"), "names": ["lm_head.weight"]})
+            client.update_weights(
+                {"file": str(pub.path / "model.safetensors"), "names": ["lm_head.weight"]}
+            )
         good = publish_version(weights().items(), tmp_path / "pub", 1, base_model)
         with pytest.raises(WeightSyncError, match="'nope' missing"):
             client.update_weights({"file": str(good.path / "model.safetensors"), "names": ["nope"]})

@@ -29,6 +29,7 @@ class SamplingParams:
     seed: int | None = None
     stop: tuple[str, ...] = ()
     n: int = 1
+    ignore_eos: bool = False  # fixed-length samples (benchmarks); vLLM extension
 
     def __post_init__(self) -> None:
         if self.max_tokens < 1:
@@ -53,6 +54,8 @@ class SamplingParams:
             body["seed"] = self.seed
         if self.stop:
             body["stop"] = list(self.stop)
+        if self.ignore_eos:
+            body["ignore_eos"] = True
         return body
 
 
@@ -69,9 +72,7 @@ class Completion:
 
     def __post_init__(self) -> None:
         if len(self.token_ids) != len(self.logprobs):
-            raise EngineError(
-                f"{len(self.token_ids)} token ids but {len(self.logprobs)} log-probs"
-            )
+            raise EngineError(f"{len(self.token_ids)} token ids but {len(self.logprobs)} log-probs")
 
 
 @dataclass(frozen=True)

@@ -96,7 +96,9 @@ def chat_response(reply: Reply, body: dict[str, Any], version: str) -> dict[str,
                 "message": message,
                 "finish_reason": finish,
                 "token_ids": ids,
-                "logprobs": {"content": [{"token": f"token_id:{t}", "logprob": fake_logprob(t)} for t in ids]},
+                "logprobs": {
+                    "content": [{"token": f"token_id:{t}", "logprob": fake_logprob(t)} for t in ids]
+                },
             }
         ],
         "gagar_fake_version": version,
@@ -171,67 +173,70 @@ def rl_route(state: FakeState, path: str, body: dict[str, Any]) -> dict[str, Any
     return {"status": "ok"}
 
 
+class _Handler(BaseHTTPRequestHandler):
+    state: FakeState  # set per server by make_handler
+
+    def log_message(self, *args: Any) -> None:  # keep test output quiet
+        pass
+
+    def _send(self, status: int, payload: dict[str, Any]) -> None:
+        data = json.dumps(payload).encode()
+        self.send_response(status)
+        self.send_header("content-type", "application/json")
+        self.send_header("content-length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+    def _injected(self, path: str) -> bool:
+        with self.state.lock:
+            status, left = self.state.failures.get(path, (0, 0))
+            if left <= 0:
+                return False
+            self.state.failures[path] = (status, left - 1)
+        self._send(status, {"error": f"injected failure on {path}"})
+        return True
+
+    def do_GET(self) -> None:
+        path = self.path.split("?")[0]
+        self.state.requests.append((path, None))
+        if self._injected(path):
+            return
+        if path == "/health":
+            self._send(200, {})
+        elif path == "/weight_info":
+            self._send(200, {"weight_version": self.state.version})
+        elif path == "/v1/models":
+            self._send(200, {"data": [{"id": "policy", "object": "model"}]})
+        else:
+            self._send(404, {"error": f"no route {path}"})
+
+    def do_POST(self) -> None:
+        path = self.path.split("?")[0]
+        size = int(self.headers.get("content-length") or 0)
+        body = json.loads(self.rfile.read(size) or b"{}") if size else {}
+        self.state.requests.append((path, body))
+        if self._injected(path):
+            return
+        try:
+            with self.state.lock:
+                payload = self._dispatch(path, body)
+        except KeyError as e:
+            self._send(404, {"error": f"no route {e}"})
+        except (ValueError, IndexError) as e:
+            self._send(400, {"error": str(e)})
+        else:
+            self._send(200, payload)
+
+    def _dispatch(self, path: str, body: dict[str, Any]) -> dict[str, Any]:
+        if path == "/v1/chat/completions":
+            return chat_response(self.state.next_reply(body), body, self.state.version)
+        if path == "/v1/completions":
+            return completions_response(body)
+        return rl_route(self.state, path, body)
+
+
 def make_handler(state: FakeState) -> type[BaseHTTPRequestHandler]:
-    class Handler(BaseHTTPRequestHandler):
-        def log_message(self, *args: Any) -> None:  # keep test output quiet
-            pass
-
-        def _send(self, status: int, payload: dict[str, Any]) -> None:
-            data = json.dumps(payload).encode()
-            self.send_response(status)
-            self.send_header("content-type", "application/json")
-            self.send_header("content-length", str(len(data)))
-            self.end_headers()
-            self.wfile.write(data)
-
-        def _injected(self, path: str) -> bool:
-            with state.lock:
-                status, left = state.failures.get(path, (0, 0))
-                if left <= 0:
-                    return False
-                state.failures[path] = (status, left - 1)
-            self._send(status, {"error": f"injected failure on {path}"})
-            return True
-
-        def do_GET(self) -> None:
-            path = self.path.split("?")[0]
-            state.requests.append((path, None))
-            if self._injected(path):
-                return
-            if path == "/health":
-                self._send(200, {})
-            elif path == "/weight_info":
-                self._send(200, {"weight_version": state.version})
-            elif path == "/v1/models":
-                self._send(200, {"data": [{"id": "policy", "object": "model"}]})
-            else:
-                self._send(404, {"error": f"no route {path}"})
-
-        def do_POST(self) -> None:
-            path = self.path.split("?")[0]
-            size = int(self.headers.get("content-length") or 0)
-            body = json.loads(self.rfile.read(size) or b"{}") if size else {}
-            state.requests.append((path, body))
-            if self._injected(path):
-                return
-            try:
-                with state.lock:
-                    payload = self._dispatch(path, body)
-            except KeyError as e:
-                self._send(404, {"error": f"no route {e}"})
-            except (ValueError, IndexError) as e:
-                self._send(400, {"error": str(e)})
-            else:
-                self._send(200, payload)
-
-        def _dispatch(self, path: str, body: dict[str, Any]) -> dict[str, Any]:
-            if path == "/v1/chat/completions":
-                return chat_response(state.next_reply(body), body, state.version)
-            if path == "/v1/completions":
-                return completions_response(body)
-            return rl_route(state, path, body)
-
-    return Handler
+    return type("FakeHandler", (_Handler,), {"state": state})
 
 
 class FakeOpenAIServer:

@@ -35,8 +35,12 @@ def parse_completions(
             raise EngineError("response lacks token_ids/logprobs: is this a vLLM server?")
         out[i].append(
             Completion(
-                list(prompts[i]), ids, [float(x) for x in lps], c["text"],
-                c.get("finish_reason") or "", version,
+                list(prompts[i]),
+                ids,
+                [float(x) for x in lps],
+                c["text"],
+                c.get("finish_reason") or "",
+                version,
             )
         )
     return out
@@ -53,8 +57,12 @@ def parse_chat(body: dict[str, Any], version: str | None) -> ChatTurn:
         raise EngineError("chat response lacks token ids/logprobs: is this a vLLM server?")
     message = {k: v for k, v in c["message"].items() if v is not None}
     completion = Completion(
-        prompt_ids, ids, [float(t["logprob"]) for t in content], message.get("content") or "",
-        c.get("finish_reason") or "", version,
+        prompt_ids,
+        ids,
+        [float(t["logprob"]) for t in content],
+        message.get("content") or "",
+        c.get("finish_reason") or "",
+        version,
     )
     return ChatTurn(message, completion, list(message.get("tool_calls") or []))
 
@@ -111,7 +119,9 @@ class OpenAIEngine:
         body = {"model": self.model, "prompt": prompts, "logprobs": 0, "return_token_ids": True}
         body.update(params.to_openai())
         version = self._version(client)
-        return parse_completions(self._post(client, "/v1/completions", body), prompts, params.n, version)
+        return parse_completions(
+            self._post(client, "/v1/completions", body), prompts, params.n, version
+        )
 
     def generate(
         self, prompts: Sequence[Sequence[int]], params: SamplingParams
@@ -170,7 +180,12 @@ class AsyncOpenAIEngine:
     async def generate(self, prompt_ids: list[int], params: Any) -> Completion:
         if not prompt_ids:
             raise ValueError("the prompt needs at least one token id")
-        body = {"model": self.model, "prompt": list(prompt_ids), "logprobs": 0, "return_token_ids": True}
+        body = {
+            "model": self.model,
+            "prompt": list(prompt_ids),
+            "logprobs": 0,
+            "return_token_ids": True,
+        }
         for key in ("max_tokens", "temperature", "top_p", "seed"):
             if getattr(params, key, None) is not None:
                 body[key] = getattr(params, key)

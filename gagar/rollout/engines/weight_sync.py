@@ -155,6 +155,9 @@ class ReplicaClient:
         body = {"weight_version": weight_version} if weight_version is not None else None
         self._post("/finish_weight_update", body)
 
+    def update_weight_version(self, new_version: str) -> None:
+        self._post("/update_weight_version", {"new_version": new_version})
+
     def weight_version(self) -> str | None:
         r = self._http.get("/weight_info")
         r.raise_for_status()
@@ -213,7 +216,9 @@ class SafetensorsWeightSync:
         for replica in self.replicas:
             self._load_into(replica, pub)
         t2 = time.perf_counter()
-        return SyncReport(version, len(pub.names), pub.num_bytes, t1 - t0, t2 - t1, len(self.replicas))
+        return SyncReport(
+            version, len(pub.names), pub.num_bytes, t1 - t0, t2 - t1, len(self.replicas)
+        )
 
     def _load_into(self, replica: ReplicaClient, pub: PublishedVersion) -> None:
         """pause → start → update per chunk → finish(version) → resume on one replica.
