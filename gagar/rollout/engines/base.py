@@ -68,6 +68,9 @@ class Completion:
     logprobs: list[float]
     text: str
     finish_reason: str  # "stop" | "length" | "tool_calls" | ...
+    # The version the replica reported just before serving the request. A sync during the
+    # request (pause mode "keep" continues it on the new weights) can mix two versions; the
+    # per-token log-probs are still those of the weights that sampled each token.
     policy_version: str | None = None
 
     def __post_init__(self) -> None:
