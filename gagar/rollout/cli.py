@@ -68,7 +68,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, default=8000, help="0 picks a free port")
     p.add_argument("--dtype", default="float32")
-    p.add_argument("--max-model-len", type=int, default=4096)
+    p.add_argument("--max-model-len", type=int, default=None, help="default: the model's")
     p.add_argument("--served-name", default="policy")
     p.add_argument(
         "--weight-transfer-backend",

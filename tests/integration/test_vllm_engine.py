@@ -165,3 +165,51 @@ def test_generation_during_many_concurrent_requests_stays_exact(servers, trainer
     with cf.ThreadPoolExecutor(4) as pool:
         outs = list(pool.map(lambda p: engine.generate([p], params)[0][0], PROMPTS * 3))
     assert max_gap(trainer, outs) < TOL
+
+
+VLLM_FACTORY_TRAINER = r"""
+import sys, torch
+from transformers import AutoModelForCausalLM
+from vllm.distributed.weight_transfer import (
+    HTTPVLLMWeightSyncClient, ModuleSource, WeightTransferTrainerFactory,
+)
+from gagar.rollout.engines.vllm_plugin import SafetensorsTrainerInitInfo, register
+
+register()  # what vLLM's plugin loader does in its own processes
+model_dir, url, root = sys.argv[1:4]
+model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+engine = WeightTransferTrainerFactory.trainer_init(
+    SafetensorsTrainerInitInfo(rank=0, root=root, base_model=model_dir, first_version=7),
+    client=HTTPVLLMWeightSyncClient(url), source=ModuleSource(model),
+)
+engine.send_weights()
+"""
+
+
+def test_vllm_trainer_factory_drives_the_same_backend(servers, trainer, tmp_path):
+    """vLLM's own trainer API (factory + HTTP client + ModuleSource) with gagar's backend."""
+    import subprocess
+
+    from gagar.rollout.engines.server import REPO_ROOT
+
+    trainer.save_pretrained(tmp_path / "current")
+    (tmp_path / "trainer.py").write_text(VLLM_FACTORY_TRAINER)
+    url = servers[0].base_url
+    proc = subprocess.run(
+        [
+            vllm_python(),
+            str(tmp_path / "trainer.py"),
+            str(tmp_path / "current"),
+            url,
+            str(tmp_path / "pub"),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        cwd=REPO_ROOT,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    engine = OpenAIEngine([url])
+    assert engine.policy_version() == ["7"]
+    out = engine.generate(PROMPTS, SamplingParams(max_tokens=4, seed=9))
+    assert max_gap(trainer, [c for g in out for c in g]) < TOL

@@ -54,7 +54,7 @@ class ServerConfig:
     port: int = 0  # 0: pick a free one
     host: str = "127.0.0.1"
     dtype: str = "float32"  # exact log-probs for the importance ratio
-    max_model_len: int = 2048
+    max_model_len: int | None = None  # None: the model config's context length
     served_name: str = "policy"
     weight_transfer_backend: str = BACKEND
     # Agent loops send tool schemas; the parser turns the model's tool-call text into
@@ -72,7 +72,9 @@ def server_command(cfg: ServerConfig, python: str, port: int) -> list[str]:
     """The command line of ``python -m vllm.entrypoints.openai.api_server`` for RL."""
     cmd = [python, "-m", "vllm.entrypoints.openai.api_server", "--model", str(cfg.model)]
     cmd += ["--host", cfg.host, "--port", str(port), "--dtype", cfg.dtype]
-    cmd += ["--served-model-name", cfg.served_name, "--max-model-len", str(cfg.max_model_len)]
+    cmd += ["--served-model-name", cfg.served_name]
+    if cfg.max_model_len:
+        cmd += ["--max-model-len", str(cfg.max_model_len)]
     # Prefix caching would return cached KV from old weights after a sync only if not reset;
     # vLLM resets it on weight updates, so it stays on (agent turns share long prefixes).
     cmd += ["--weight-transfer-config", json.dumps({"backend": cfg.weight_transfer_backend})]
