@@ -51,5 +51,6 @@ helm-lint: ## Lint and render the Helm chart for every example values file (real
 bench: ## Run the benchmarks (print tables, write JSON under bench/results/)
 	$(PYTHON) bench/advantages.py
 	$(PYTHON) bench/sandbox.py
+	$(PYTHON) bench/engine.py
 
 .PHONY: help install run test test-slow lint format crd check-generated helm-lint bench

@@ -19,6 +19,7 @@ COMMAND_MODULES = [
     "gagar.sandbox.cli",
     "gagar.driver.cli",
     "gagar.trainer.model.cli",
+    "gagar.rollout.cli",
 ]
 
 

