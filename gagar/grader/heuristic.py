@@ -136,20 +136,14 @@ class _Context:
 def _behaviour(c: Candidate, cfg: HeuristicConfig) -> tuple[float, list[Finding]]:
     s = c.stats or checks.trajectory_stats(c.trajectory)
     points = cfg.redundant_action * s.redundant + cfg.churn * s.churn + cfg.tool_error * s.errors
-    out = []
-    for kind, n in (
-        ("redundant_actions", s.redundant),
-        ("churn", s.churn),
-        ("tool_errors", s.errors),
-    ):
-        if n:
-            out.append(
-                Finding(
-                    member=c.member,
-                    kind=kind,
-                    reason=f"{n} {kind.replace('_', ' ')} in the trajectory",
-                )
-            )
+    labels = {"redundant_actions": "redundant tool calls", "churn": "edits later overwritten"}
+    labels["tool_errors"] = "tool errors"
+    counts = {"redundant_actions": s.redundant, "churn": s.churn, "tool_errors": s.errors}
+    out = [
+        Finding(member=c.member, kind=k, reason=f"{n} {labels[k]} in the trajectory")
+        for k, n in counts.items()
+        if n
+    ]
     return points, out
 
 
