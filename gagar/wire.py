@@ -80,7 +80,9 @@ class Ranking(_Wire):
 
     def check_complete(self, passes: list[int]) -> str | None:
         """Return why the ranking is unusable for these passing members, or None if usable."""
-        ranked = sorted([m for g in self.tied_groups for m in g.members] + [h.member for h in self.hacks])
+        ranked = sorted(
+            [m for g in self.tied_groups for m in g.members] + [h.member for h in self.hacks]
+        )
         if ranked != sorted(passes):
             return f"ranking covers {ranked} but the passes are {sorted(passes)}"
         return None
@@ -112,7 +114,9 @@ class ToolStats(_Wire):
     """Behaviour counts of a trajectory (rollout computes them; the heuristic can recompute)."""
 
     actions: int = Field(default=0, ge=0)
-    redundant: int = Field(default=0, ge=0, description="Identical calls repeated with no state change.")
+    redundant: int = Field(
+        default=0, ge=0, description="Identical calls repeated with no state change."
+    )
     errors: int = Field(default=0, ge=0, description="Tool or format errors.")
     churn: int = Field(default=0, ge=0, description="Edits later reverted or overwritten.")
 
@@ -124,7 +128,9 @@ class Candidate(_Wire):
     passed: bool = Field(description="Hidden tests passed against pristine test files.")
     valid: bool = Field(default=True, description="False after an infrastructure failure.")
     files: dict[str, str] = Field(description="Final repository: relative path -> text.")
-    patch: str = Field(default="", description="Unified diff of the final repository against the base.")
+    patch: str = Field(
+        default="", description="Unified diff of the final repository against the base."
+    )
     trajectory: list[Action] = Field(default_factory=list)
     test_log: str = ""
     stats: ToolStats | None = Field(default=None, description="None: derive from the trajectory.")

@@ -223,5 +223,5 @@ def test_unsafe_paths_rejected_at_the_boundary(path):
 
 
 def test_members_must_be_in_order():
-    with pytest.raises(ValueError, match="0..n-1"):
+    with pytest.raises(ValueError, match=r"0\.\.n-1"):
         GradingGroup(task_id="t", statement="s", base_files=BASE, candidates=[variant("clean", 1)])
