@@ -9,6 +9,7 @@ session over the shared workspace directory and only ever calls ``exec``, ``read
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -66,7 +67,7 @@ class HeuristicGrader:
         return ranking.model_copy(update={"latency_seconds": time.perf_counter() - start})
 
     async def grade(self, group: GradingGroup) -> Ranking:
-        return self.grade_sync(group)
+        return await asyncio.to_thread(self.grade_sync, group)  # keep the event loop responsive
 
 
 def unusable(reason: FallbackReason, detail: str, usage: Usage, latency: float) -> Ranking:
