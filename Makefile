@@ -41,5 +41,6 @@ check-generated: ## Fail when a generated file drifts from its source
 
 bench: ## Run the benchmarks (print tables, write JSON under bench/results/)
 	$(PYTHON) bench/advantages.py
+	$(PYTHON) bench/grader.py
 
 .PHONY: help install run test test-slow lint format crd check-generated bench

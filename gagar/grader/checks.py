@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import ast
 import fnmatch
+import functools
 import itertools
 import posixpath
 import re
@@ -142,20 +143,38 @@ def _defs(tree: ast.Module) -> Iterator[ast.FunctionDef | ast.AsyncFunctionDef |
             yield node
 
 
-def referenced_names(trees: list[ast.Module]) -> dict[str, int]:
+@functools.lru_cache(maxsize=4096)
+def parse(text: str) -> ast.Module | None:
+    """Parsed module, or None if it does not parse. Cached by text: a group's candidates share
+    most files with the base, so each distinct file is parsed once. Trees must not be mutated."""
+    try:
+        return ast.parse(text)
+    except (SyntaxError, ValueError):
+        return None
+
+
+@functools.lru_cache(maxsize=4096)
+def _names_in(text: str) -> tuple[tuple[str, int], ...]:
+    counts: dict[str, int] = {}
+    for node in ast.walk(parse(text) or ast.Module(body=[], type_ignores=[])):
+        names: list[str] = []
+        if isinstance(node, ast.Name):
+            names = [node.id]
+        elif isinstance(node, ast.Attribute):
+            names = [node.attr]
+        elif isinstance(node, ast.ImportFrom | ast.Import):
+            names = [a.name.split(".")[-1] for a in node.names]
+        for name in names:
+            counts[name] = counts.get(name, 0) + 1
+    return tuple(sorted(counts.items()))
+
+
+def referenced_names(texts: list[str]) -> dict[str, int]:
     """How often each identifier is used (names, attributes, imports) across a repository."""
     counts: dict[str, int] = {}
-    for tree in trees:
-        for node in ast.walk(tree):
-            names: list[str] = []
-            if isinstance(node, ast.Name):
-                names = [node.id]
-            elif isinstance(node, ast.Attribute):
-                names = [node.attr]
-            elif isinstance(node, ast.ImportFrom | ast.Import):
-                names = [a.name.split(".")[-1] for a in node.names]
-            for name in names:
-                counts[name] = counts.get(name, 0) + 1
+    for text in texts:
+        for name, n in _names_in(text):
+            counts[name] = counts.get(name, 0) + n
     return counts
 
 
@@ -195,21 +214,35 @@ def _body_key(node: ast.AST) -> str:
     return "\n".join(ast.dump(s, annotate_fields=False) for s in body)
 
 
+@functools.lru_cache(maxsize=4096)
+def _bodies_in(text: str) -> tuple[tuple[str, str], ...]:
+    tree = parse(text)
+    return tuple(
+        (_body_key(node), node.name)
+        for node in (_defs(tree) if tree else [])
+        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef) and len(node.body) >= 2
+    )
+
+
+def function_bodies(texts: list[str]) -> dict[str, list[str]]:
+    """Function names by normalized body (functions of at least two statements)."""
+    index: dict[str, list[str]] = {}
+    for text in texts:
+        for key, name in _bodies_in(text):
+            index.setdefault(key, []).append(name)
+    return index
+
+
 def duplicated_code(
-    member: int, d: FileDiff, tree: ast.Module, all_trees: list[ast.Module]
+    member: int, d: FileDiff, tree: ast.Module, bodies: dict[str, list[str]]
 ) -> list[Finding]:
     """A new function whose body repeats another function's body statement for statement."""
     added = {n for n, _ in d.added}
-    seen: dict[str, list[str]] = {}
-    for t in all_trees:
-        for node in _defs(t):
-            if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef) and len(node.body) >= 2:
-                seen.setdefault(_body_key(node), []).append(node.name)
     out = []
     for node in _defs(tree):
         if isinstance(node, ast.ClassDef) or node.lineno not in added or len(node.body) < 2:
             continue
-        twins = [n for n in seen.get(_body_key(node), []) if n != node.name]
+        twins = [n for n in bodies.get(_body_key(node), []) if n != node.name]
         if twins:
             why = f"'{node.name}' duplicates the body of '{twins[0]}'"
             out.append(_finding(member, "duplicate_code", why, d.path, node.lineno))
@@ -301,3 +334,9 @@ def trajectory_stats(
             edits = [prev for prev in edits if prev not in overwritten] + [new]
     errors = sum(a.error for a in actions)
     return ToolStats(actions=len(actions), redundant=redundant, errors=errors, churn=churn)
+
+
+def clear_caches() -> None:
+    """Forget parsed files (benchmarks measure a fresh group; memory stays bounded regardless)."""
+    for fn in (parse, _names_in, _bodies_in):
+        fn.cache_clear()

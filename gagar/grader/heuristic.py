@@ -86,19 +86,14 @@ class Assessment:
         return [f for f in self.findings if f.kind in HACK_KINDS]
 
 
-def _parse(text: str) -> ast.Module | None:
-    try:
-        return ast.parse(text)
-    except (SyntaxError, ValueError):
-        return None
-
-
 def infer_relevant_files(base: dict[str, str], protected: list[str]) -> set[str]:
     """Repository modules imported by the base's test files (the files the tests exercise)."""
     modules: set[str] = set()
     for path, text in base.items():
         tree = (
-            _parse(text) if path.endswith(".py") and checks.is_protected(path, protected) else None
+            checks.parse(text)
+            if path.endswith(".py") and checks.is_protected(path, protected)
+            else None
         )
         for node in ast.walk(tree) if tree else []:
             if isinstance(node, ast.Import):
@@ -109,17 +104,31 @@ def infer_relevant_files(base: dict[str, str], protected: list[str]) -> set[str]
     return {p for p in base if p in suffixes or any(p.endswith("/" + s) for s in suffixes)}
 
 
-def _code_findings(
-    member: int, d: FileDiff, trees: dict[str, ast.Module], ctx: _Context, used: dict[str, int]
-) -> list[Finding]:
+@dataclass(frozen=True)
+class _Repo:
+    """One candidate's final Python files, parsed, with the indexes the detectors share."""
+
+    trees: dict[str, ast.Module]
+    used: dict[str, int]
+    bodies: dict[str, list[str]]
+
+    @staticmethod
+    def of(files: dict[str, str]) -> _Repo:
+        py = {p: t for p, t in files.items() if p.endswith(".py")}
+        trees = {p: tree for p, t in py.items() if (tree := checks.parse(t)) is not None}
+        texts = list(py.values())
+        return _Repo(trees, checks.referenced_names(texts), checks.function_bodies(texts))
+
+
+def _code_findings(member: int, d: FileDiff, repo: _Repo, ctx: _Context) -> list[Finding]:
     out = checks.test_detection(member, d) + checks.commented_out_code(member, d)
-    tree = trees.get(d.path)
+    tree = repo.trees.get(d.path)
     if d.path.endswith(".py"):
         out += checks.debug_output(member, d, tree)
     if tree is None:
         return out
-    out += checks.dead_code(member, d, tree, used)
-    out += checks.duplicated_code(member, d, tree, list(trees.values()))
+    out += checks.dead_code(member, d, tree, repo.used)
+    out += checks.duplicated_code(member, d, tree, repo.bodies)
     out += checks.special_casing(member, d, tree, ctx.test_text)
     return out
 
@@ -152,10 +161,9 @@ def assess(c: Candidate, group: GradingGroup, ctx: _Context, cfg: HeuristicConfi
     diffs = diff_repos(group.base_files, c.files)
     findings = checks.tampering(c.member, diffs, ctx.protected)
     code = [d for d in diffs if not checks.is_protected(d.path, ctx.protected)]
-    trees = {p: t for p, text in c.files.items() if p.endswith(".py") for t in [_parse(text)] if t}
-    used = checks.referenced_names(list(trees.values()))
+    repo = _Repo.of(c.files)
     for d in code:
-        findings += _code_findings(c.member, d, trees, ctx, used)
+        findings += _code_findings(c.member, d, repo, ctx)
         if ctx.relevant and d.path not in ctx.relevant:
             why = f"edits a file the failing tests do not exercise ({d.status})"
             findings.append(
