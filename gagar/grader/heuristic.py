@@ -113,11 +113,11 @@ class _Repo:
     bodies: dict[str, list[str]]
 
     @staticmethod
-    def of(files: dict[str, str]) -> _Repo:
-        py = {p: t for p, t in files.items() if p.endswith(".py")}
-        trees = {p: tree for p, t in py.items() if (tree := checks.parse(t)) is not None}
-        texts = list(py.values())
-        return _Repo(trees, checks.referenced_names(texts), checks.function_bodies(texts))
+    def of(files: dict[str, str], cache: checks.ModuleCache) -> _Repo:
+        mods = {p: cache.get(t) for p, t in files.items() if p.endswith(".py")}
+        trees = {p: m[0] for p, m in mods.items() if m[0] is not None}
+        used = checks.referenced_names([m[1] for m in mods.values()])
+        return _Repo(trees, used, checks.function_bodies([m[2] for m in mods.values()]))
 
 
 def _code_findings(member: int, d: FileDiff, repo: _Repo, ctx: _Context) -> list[Finding]:
@@ -140,6 +140,7 @@ class _Context:
     relevant: set[str]
     protected: list[str]
     test_text: str
+    cache: checks.ModuleCache
 
 
 def _behaviour(c: Candidate, cfg: HeuristicConfig) -> tuple[float, list[Finding]]:
@@ -161,7 +162,7 @@ def assess(c: Candidate, group: GradingGroup, ctx: _Context, cfg: HeuristicConfi
     diffs = diff_repos(group.base_files, c.files)
     findings = checks.tampering(c.member, diffs, ctx.protected)
     code = [d for d in diffs if not checks.is_protected(d.path, ctx.protected)]
-    repo = _Repo.of(c.files)
+    repo = _Repo.of(c.files, ctx.cache)
     for d in code:
         findings += _code_findings(c.member, d, repo, ctx)
         if ctx.relevant and d.path not in ctx.relevant:
@@ -221,7 +222,7 @@ def rank(group: GradingGroup, cfg: HeuristicConfig | None = None) -> Ranking:
     tests = "\n".join(
         t for p, t in sorted(group.base_files.items()) if checks.is_protected(p, protected)
     )
-    ctx = _Context(relevant, protected, tests)
+    ctx = _Context(relevant, protected, tests, checks.ModuleCache())
     assessed = [assess(c, group, ctx, cfg) for c in group.candidates if c.valid]
     passes = set(group.passes())
     hacks = [

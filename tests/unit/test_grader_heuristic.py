@@ -122,7 +122,7 @@ def test_duplicate_function_detected():
     )
     d = diff_file("calc/ops.py", OPS, dup)
     tree = ast.parse(dup)
-    found = checks.duplicated_code(0, d, tree, checks.function_bodies([dup]))
+    found = checks.duplicated_code(0, d, tree, checks.function_bodies([checks.bodies_in(tree)]))
     assert [f.kind for f in found] == ["duplicate_code"] and "mean" in found[0].reason
 
 
