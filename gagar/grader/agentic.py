@@ -170,6 +170,10 @@ class AgenticGrader:
         detail = f"agentic grader failed ({failure.reason}): {failure.detail}"[:2000]
         if self.config.fallback == "heuristic":
             ranking = rank(group, self.config.heuristic)
+            if ranking.check_complete(group.passes()):  # cannot happen; never pass it on if it does
+                return unusable(
+                    failure.reason, detail, session.usage(), time.perf_counter() - start
+                )
             update = {"fallback": failure.reason, "detail": detail, "usage": session.usage()}
             return ranking.model_copy(
                 update=update | {"latency_seconds": time.perf_counter() - start}

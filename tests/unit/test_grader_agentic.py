@@ -6,6 +6,8 @@ import asyncio
 import json
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from gagar.grader.agentic import AgenticConfig, AgenticGrader, parse_final_message, to_ranking
 from gagar.grader.local_sandbox import unsafe_local_factory
@@ -191,3 +193,32 @@ def test_submission_schema_and_validation():
     assert parse_final_message('```json\n{"a": 1}\n```') == {"a": 1}
     with pytest.raises(ValueError):
         parse_final_message("no json here")
+
+
+_member = st.integers(min_value=-1, max_value=5)
+_group = st.fixed_dictionaries(
+    {
+        "tier": st.sampled_from(["T1", "T2", "T3", "T4", ""]),
+        "members": st.lists(_member, max_size=4),
+    }
+)
+_hack = st.fixed_dictionaries({"member": _member, "reason": st.sampled_from(["", "x"])})
+_payload = st.one_of(
+    st.fixed_dictionaries(
+        {"tied_groups": st.lists(_group, max_size=4), "hacks": st.lists(_hack, max_size=3)}
+    ),
+    st.dictionaries(st.text(max_size=5), st.integers(), max_size=3),
+    st.lists(st.integers(), max_size=3),
+    st.none(),
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(payload=_payload, passes=st.lists(st.integers(0, 4), unique=True, max_size=4))
+def test_to_ranking_never_returns_an_unusable_ranking(payload, passes):
+    try:
+        ranking = to_ranking(payload, passes)
+    except ValueError:
+        return
+    assert ranking.check_complete(passes) is None
+    assert all(g.tier in ("T1", "T2", "T3") for g in ranking.tied_groups)
