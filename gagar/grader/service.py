@@ -185,6 +185,9 @@ class GraderService:
             )
         try:
             ranking = await asyncio.shield(job.future)
+        except asyncio.CancelledError:  # the caller went away: a queued job is skipped
+            job.future.cancel()
+            raise
         except ShuttingDown as err:
             return self._error(503, "unavailable", str(err))
         except Exception as err:

@@ -166,6 +166,13 @@ def load_workspace(root: Path) -> GradingGroup:
     if not index_path.is_file():
         raise FileNotFoundError(f"{root} is not a grading workspace: index.json is missing")
     index = json.loads(index_path.read_text(encoding="utf-8"))
+    try:
+        return _group_from_index(root, index)
+    except (KeyError, TypeError) as err:
+        raise ValueError(f"{index_path}: missing or malformed field {err}") from None
+
+
+def _group_from_index(root: Path, index: dict) -> GradingGroup:
     return GradingGroup(
         task_id=index["task_id"],
         statement=_read_opt(root / "task.md"),

@@ -28,6 +28,13 @@ class GatedGrader:
         return Ranking(grader="heuristic", tied_groups=[{"tier": "T1", "members": group.passes()}])
 
 
+class FallbackGrader:
+    async def grade(self, group: GradingGroup) -> Ranking:
+        return Ranking(
+            grader="none", fallback="timeout", detail="deadline", usage={"prompt_tokens": 7}
+        )
+
+
 class BrokenGrader:
     async def grade(self, group: GradingGroup) -> Ranking:
         raise RuntimeError("bug in grader")
@@ -189,3 +196,17 @@ def test_grader_bug_is_a_500_and_the_worker_survives():
 def test_client_gives_up_on_dead_service():
     with pytest.raises(GraderUnavailable, match="2 attempts"):
         GraderClient("http://127.0.0.1:9", retries=1, backoff=0.01).grade_sync(sample_group())
+
+
+def test_fallbacks_and_tokens_are_counted():
+    async def main():
+        async with running(GraderService(FallbackGrader())) as (url, _):
+            ranking = await GraderClient(url).grade(sample_group())
+            async with httpx.AsyncClient() as http:
+                return ranking, (await http.get(f"{url}/metrics")).text
+
+    ranking, metrics = asyncio.run(main())
+    assert ranking.fallback == "timeout" and ranking.grader == "none"
+    assert _metric(metrics, 'gagar_grader_requests_total{outcome="fallback"}') == 1.0
+    assert _metric(metrics, 'gagar_grader_fallbacks_total{reason="timeout"}') == 1.0
+    assert _metric(metrics, 'gagar_grader_tokens_total{kind="prompt"}') == 7.0

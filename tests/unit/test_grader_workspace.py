@@ -93,3 +93,13 @@ def test_local_sandbox_confines_paths_and_kills_on_timeout(tmp_path):
     )
     assert capped.truncated and len(capped.output) == 10
     assert json.loads(box.read_file("index.json"))["task_id"] == "sample/calc-mean-off-by-one"
+
+
+def test_malformed_index_is_a_clear_error(tmp_path):
+    root = write_workspace(sample_group(), tmp_path / "ws")
+    (root / "index.json").write_text('{"candidates": []}')
+    with pytest.raises(ValueError, match="task_id"):
+        load_workspace(root)
+    (root / "index.json").write_text("{not json")
+    with pytest.raises(ValueError):
+        load_workspace(root)
