@@ -140,29 +140,23 @@ class AgenticGrader:
     async def grade(self, group: GradingGroup) -> Ranking:
         start = time.perf_counter()
         session = _Session(messages=[])
-        if (
-            not group.passes()
-        ):  # nothing to rank: no model call; the heuristic still reports findings
+        if not group.passes():  # nothing to rank: no model call; the heuristic reports findings
             ranking = rank(group, self.config.heuristic)
-            return ranking.model_copy(
-                update={"latency_seconds": time.perf_counter() - start, "detail": "no passes"}
-            )
+            update = {"latency_seconds": time.perf_counter() - start, "detail": "no passes"}
+            return ranking.model_copy(update=update)
+        deadline = self.config.deadline_seconds
         try:
-            ranking = await asyncio.wait_for(
-                self._grade(group, session), self.config.deadline_seconds
-            )
+            ranking = await asyncio.wait_for(self._grade(group, session), deadline)
         except TimeoutError:
-            return self._fallback(
-                group,
-                GraderFailure("timeout", f"no ranking within {self.config.deadline_seconds}s"),
-                session,
-                start,
-            )
+            failure = GraderFailure("timeout", f"no ranking within {deadline}s")
+            return self._fallback(group, failure, session, start)
         except GraderFailure as failure:
             return self._fallback(group, failure, session, start)
-        return ranking.model_copy(
-            update={"latency_seconds": time.perf_counter() - start, "usage": session.usage()}
-        )
+        except Exception as err:  # sandbox or workspace failure: infrastructure, not the model
+            failure = GraderFailure("grader_error", f"{type(err).__name__}: {err}")
+            return self._fallback(group, failure, session, start)
+        update = {"latency_seconds": time.perf_counter() - start, "usage": session.usage()}
+        return ranking.model_copy(update=update)
 
     def _fallback(
         self, group: GradingGroup, failure: GraderFailure, session: _Session, start: float

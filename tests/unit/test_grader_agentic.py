@@ -222,3 +222,14 @@ def test_to_ranking_never_returns_an_unusable_ranking(payload, passes):
         return
     assert ranking.check_complete(passes) is None
     assert all(g.tier in ("T1", "T2", "T3") for g in ranking.tied_groups)
+
+
+def test_sandbox_failure_is_a_grader_error(tmp_path):
+    def broken_factory(root):
+        raise RuntimeError("bubblewrap is not usable here")
+
+    with FakeOpenAI([tool_call("submit_ranking", GOOD)]) as fake:
+        config = AgenticConfig(base_url=fake.base_url, model="m")
+        ranking = asyncio.run(AgenticGrader(config, broken_factory, tmp_path).grade(sample_group()))
+    assert ranking.fallback == "grader_error" and ranking.grader == "heuristic"
+    assert "bubblewrap" in ranking.detail and not fake.requests
