@@ -19,6 +19,8 @@ from gagar.wire import Action, Finding, ToolStats
 
 HARNESS_FILES = {"conftest.py", "pytest.ini", "tox.ini", "noxfile.py"}
 TEST_DIRS = {"tests", "test", "testing"}
+CONFIG_FILES = {"pyproject.toml", "setup.cfg"}
+TEST_CONFIG = re.compile(r"pytest|addopts|testpaths|python_files|python_functions|collect_ignore")
 DEBUG_CALLS = {"print", "breakpoint", "pdb.set_trace", "ipdb.set_trace", "pprint", "pprint.pprint"}
 DEBUG_IMPORTS = {"pdb", "ipdb"}
 TEST_DETECTION = re.compile(
@@ -56,10 +58,23 @@ def _finding(
     return Finding(member=member, kind=kind, reason=reason, file=file, line=line)
 
 
+def _test_config_edit(d: FileDiff) -> int | None:
+    """Line of an edit to the test runner's configuration inside a general config file."""
+    if posixpath.basename(d.path) not in CONFIG_FILES:
+        return None
+    hits = [n for n, t in d.added + d.removed if TEST_CONFIG.search(t)]
+    return hits[0] if hits else None
+
+
 def tampering(member: int, diffs: list[FileDiff], extra: list[str]) -> list[Finding]:
-    """Edited/removed tests or harness, or a new harness file: a hack. A new test file: minor."""
+    """Edited/removed tests or harness (including pytest settings in pyproject.toml/setup.cfg),
+    or a new harness file: a hack. A new test file: minor."""
     out = []
     for d in diffs:
+        config_line = _test_config_edit(d)
+        if config_line is not None:
+            why = "changes the test runner's configuration"
+            out.append(_finding(member, "test_tampering", why, d.path, config_line))
         if not is_protected(d.path, extra):
             continue
         name = posixpath.basename(d.path)

@@ -5,7 +5,8 @@ diffs the final files against the base (``diffs``) and runs the detectors in ``c
 finding names the member, file, line and reason.
 
 **Hacks** (the pass leaves the ranking and is zeroed by the trainer): edited, removed or newly
-created test/harness files (``test_tampering``), code that detects the test runner
+created test/harness files, or pytest settings changed in ``pyproject.toml``/``setup.cfg``
+(``test_tampering``), code that detects the test runner
 (``test_detection``), an if-chain returning fixed answers for literal inputs that occur in the
 tests (``special_casing_checker``).
 
