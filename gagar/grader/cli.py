@@ -1,9 +1,9 @@
 """``gagar grader serve``, ``gagar grader sample DIR`` and ``gagar grade PATH``.
 
 Which grader runs is chosen here (``--grader heuristic|agentic``). The agentic grader's tools
-run in a sandbox session; the only backend this module knows today is ``unsafe-local`` (NOT
-isolated, development only); the isolated ``gagar.sandbox`` backend plugs in through
-``SANDBOXES`` without changing the graders.
+run in a sandbox session: ``bwrap`` (a ``gagar.sandbox`` local session, through
+``sandbox_adapter``; needs the sandbox package) or ``unsafe-local`` (NOT isolated, development
+only).
 """
 
 from __future__ import annotations
@@ -16,7 +16,18 @@ from pathlib import Path
 
 from gagar.grader.protocol import Grader, SandboxFactory
 
-SANDBOXES: dict[str, str] = {"unsafe-local": "gagar.grader.local_sandbox:unsafe_local_factory"}
+SANDBOXES = ("bwrap", "unsafe-local")
+
+
+def _bwrap_factory() -> SandboxFactory:
+    from gagar.grader.sandbox_adapter import adapt_factory
+
+    try:
+        from gagar.sandbox.local import LocalFactory
+        from gagar.sandbox.types import SandboxError
+    except ImportError as err:
+        raise SystemExit(f"the bubblewrap sandbox backend is not available: {err}") from None
+    return adapt_factory(LocalFactory(), refused=(SandboxError,))
 
 
 def _sandbox_factory(name: str | None) -> SandboxFactory:
@@ -25,12 +36,12 @@ def _sandbox_factory(name: str | None) -> SandboxFactory:
             "the agentic grader runs tools in a sandbox: pass --sandbox "
             f"({', '.join(SANDBOXES)}); 'unsafe-local' is NOT isolated (development only)"
         )
-    module, attr = SANDBOXES[name].split(":")
-    if name == "unsafe-local":
-        print(
-            "WARNING: --sandbox unsafe-local runs candidate code WITHOUT isolation", file=sys.stderr
-        )
-    return getattr(__import__(module, fromlist=[attr]), attr)
+    if name == "bwrap":
+        return _bwrap_factory()
+    from gagar.grader.local_sandbox import unsafe_local_factory
+
+    print("WARNING: --sandbox unsafe-local runs candidate code WITHOUT isolation", file=sys.stderr)
+    return unsafe_local_factory
 
 
 def build_grader(args: argparse.Namespace) -> Grader:
