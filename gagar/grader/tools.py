@@ -56,6 +56,9 @@ def _fn(name: str, description: str, properties: dict[str, Any], required: list[
 
 
 _PATH = {"type": "string", "description": "Path relative to the workspace root."}
+# Caches that running tests leaves behind; hidden from list/grep/diff so they are not mistaken
+# for a candidate's changes.
+JUNK = ("__pycache__", ".pytest_cache", ".benchmarks", ".hypothesis", ".mypy_cache")
 
 
 def tool_specs() -> list[dict]:
@@ -141,10 +144,20 @@ class Toolbox:
             raise ToolError(str(err)) from None
 
     def _tool_list_files(self, args: dict) -> str:
-        res = self._run(
-            ["find", _path(args, "path", "."), "-type", "f", "-not", "-path", "*/__pycache__/*"],
-            self.exec_timeout,
-        )
+        prune = [x for name in JUNK for x in ("-name", name, "-o")][:-1]
+        argv = [
+            "find",
+            _path(args, "path", "."),
+            "(",
+            *prune,
+            ")",
+            "-prune",
+            "-o",
+            "-type",
+            "f",
+            "-print",
+        ]
+        res = self._run(argv, self.exec_timeout)
         return "\n".join(sorted(res.output.splitlines())) or "(no files)"
 
     def _tool_read_file(self, args: dict) -> str:
@@ -162,7 +175,14 @@ class Toolbox:
         if not isinstance(pattern, str) or not pattern:
             raise ToolError("argument 'pattern' must be a non-empty string")
         res = self._run(
-            ["grep", "-rnIE", "--exclude-dir=__pycache__", "--", pattern, _path(args, "path", ".")],
+            [
+                "grep",
+                "-rnIE",
+                *(f"--exclude-dir={x}" for x in JUNK),
+                "--",
+                pattern,
+                _path(args, "path", "."),
+            ],
             self.exec_timeout,
         )
         if res.exit_code == 1:
@@ -171,7 +191,14 @@ class Toolbox:
 
     def _tool_diff(self, args: dict) -> str:
         res = self._run(
-            ["diff", "-ru", "-x", "__pycache__", "--", _path(args, "a"), _path(args, "b")],
+            [
+                "diff",
+                "-ru",
+                *(a for x in JUNK for a in ("-x", x)),
+                "--",
+                _path(args, "a"),
+                _path(args, "b"),
+            ],
             self.exec_timeout,
         )
         if res.exit_code == 0:
