@@ -52,5 +52,6 @@ bench: ## Run the benchmarks (print tables, write JSON under bench/results/)
 	$(PYTHON) bench/advantages.py
 	$(PYTHON) bench/sandbox.py
 	$(PYTHON) bench/engine.py
+	$(PYTHON) bench/grader.py
 
 .PHONY: help install run test test-slow lint format crd check-generated helm-lint bench

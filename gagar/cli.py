@@ -20,6 +20,7 @@ COMMAND_MODULES = [
     "gagar.driver.cli",
     "gagar.trainer.model.cli",
     "gagar.rollout.cli",
+    "gagar.grader.cli",
 ]
 
 

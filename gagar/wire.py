@@ -7,9 +7,10 @@ malformed input is rejected where it enters, with the field path in the message.
 
 from __future__ import annotations
 
-from typing import Literal
+import posixpath
+from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 Tier = Literal["T1", "T2", "T3"]
 GraderKind = Literal["agentic", "heuristic", "none"]
@@ -67,6 +68,7 @@ class Ranking(_Wire):
     fallback: FallbackReason | None = Field(
         default=None, description="Set when this ranking is a fallback, with the reason."
     )
+    detail: str = Field(default="", description="Why the fallback happened, for logs and metrics.")
 
     @model_validator(mode="after")
     def _no_duplicates(self) -> Ranking:
@@ -84,3 +86,93 @@ class Ranking(_Wire):
         if ranked != sorted(passes):
             return f"ranking covers {ranked} but the passes are {sorted(passes)}"
         return None
+
+
+# ---------------------------------------------------------------- grading input (rollout → grader)
+
+
+def check_relative_path(path: str) -> str:
+    """Reject paths that could leave a workspace when written to disk (absolute, ``..``, empty)."""
+    norm = posixpath.normpath(path)
+    if not path or path.startswith("/") or norm == "." or norm.startswith("..") or "\\" in path:
+        raise ValueError(f"not a safe relative path: {path!r}")
+    if norm != path:
+        raise ValueError(f"path is not normalized: {path!r} (expected {norm!r})")
+    return path
+
+
+class Action(_Wire):
+    """One tool call of a trajectory and what the environment answered."""
+
+    tool: str
+    arguments: dict[str, Any] = Field(default_factory=dict)
+    observation: str = ""
+    error: bool = Field(default=False, description="The call was malformed or the tool failed.")
+
+
+class ToolStats(_Wire):
+    """Behaviour counts of a trajectory (rollout computes them; the heuristic can recompute)."""
+
+    actions: int = Field(default=0, ge=0)
+    redundant: int = Field(
+        default=0, ge=0, description="Identical calls repeated with no state change."
+    )
+    errors: int = Field(default=0, ge=0, description="Tool or format errors.")
+    churn: int = Field(default=0, ge=0, description="Edits later reverted or overwritten.")
+
+
+class Candidate(_Wire):
+    """One member of a group as the grader sees it: final repository, patch, trajectory, test log."""
+
+    member: int = Field(ge=0, description="Index within the group.")
+    passed: bool = Field(description="Hidden tests passed against pristine test files.")
+    valid: bool = Field(default=True, description="False after an infrastructure failure.")
+    files: dict[str, str] = Field(description="Final repository: relative path -> text.")
+    patch: str = Field(
+        default="", description="Unified diff of the final repository against the base."
+    )
+    trajectory: list[Action] = Field(default_factory=list)
+    test_log: str = ""
+    stats: ToolStats | None = Field(default=None, description="None: derive from the trajectory.")
+
+    @field_validator("files")
+    @classmethod
+    def _safe_paths(cls, files: dict[str, str]) -> dict[str, str]:
+        for path in files:
+            check_relative_path(path)
+        return files
+
+
+class GradingGroup(_Wire):
+    """Everything a grader needs about one eligible group; members are ``0..n-1`` in order."""
+
+    task_id: str = Field(min_length=1)
+    statement: str = Field(description="The task statement the agent was given.")
+    base_files: dict[str, str] = Field(description="Base repository: relative path -> text.")
+    candidates: list[Candidate] = Field(min_length=1)
+    relevant_files: list[str] = Field(
+        default_factory=list,
+        description="Files the failing tests exercise (or the reference fix touches); empty: infer.",
+    )
+    protected_files: list[str] = Field(
+        default_factory=list, description="Harness files beyond the usual test patterns."
+    )
+    test_command: str = Field(default="python -m pytest -q", description="Run inside a candidate.")
+
+    @field_validator("base_files")
+    @classmethod
+    def _safe_base(cls, files: dict[str, str]) -> dict[str, str]:
+        for path in files:
+            check_relative_path(path)
+        return files
+
+    @model_validator(mode="after")
+    def _members_in_order(self) -> GradingGroup:
+        members = [c.member for c in self.candidates]
+        if members != list(range(len(members))):
+            raise ValueError(f"candidate members must be 0..n-1 in order, got {members}")
+        return self
+
+    def passes(self) -> list[int]:
+        """Members that must appear exactly once in a usable ranking (valid passes)."""
+        return [c.member for c in self.candidates if c.valid and c.passed]

@@ -1,0 +1,276 @@
+"""The agentic grader: an LLM agent compares a group's candidates in a shared workspace.
+
+Loop (mini-swe-agent style; the message list is the transcript): the model, served behind an
+OpenAI-compatible chat API (the grader pool's vLLM), calls ``list_files``/``read_file``/``grep``/
+``diff``/``run_tests`` tools that run in a ``GraderSandbox`` session over the workspace, and ends
+by calling ``submit_ranking`` (or answering with the same JSON object). The answer is validated
+against ``RankingSubmission`` (pydantic: tiers, types, unknown fields) and then for completeness
+(every valid pass exactly once across tied groups and hacks, nothing else). A malformed answer is
+fed back with the error, up to ``max_retries`` times.
+
+Every way out of the loop is an exception carrying its reason, mapped to the configured fallback
+(the heuristic ranking, or an explicitly unusable one): ``unusable_ranking`` (malformed after the
+retries, or no answer within ``max_turns``), ``timeout`` (the per-group deadline), ``grader_error``
+(HTTP/transport/protocol failures). So malformed output never reaches training as a ranking, and
+every result states its grader, its latency and the tokens the model used.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import re
+import shutil
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+import httpx
+from pydantic import ValidationError
+
+from gagar.grader.heuristic import HeuristicConfig, rank
+from gagar.grader.protocol import SandboxFactory, unusable
+from gagar.grader.tools import RankingSubmission, Toolbox, ToolError, parse_arguments, tool_specs
+from gagar.grader.workspace import write_workspace
+from gagar.wire import FallbackReason, Finding, GradingGroup, Hack, Ranking, Usage
+
+SYSTEM_PROMPT = """You grade candidate solutions of one coding task, jointly, as a reviewer.
+The workspace holds the task (task.md), the base repository (base/), each candidate's final
+repository (cand_N/), patch (patches/), trajectory (trajectories/) and hidden-test log (test_logs/).
+Compare the PASSING candidates on approach, precision, minimality (diff scope), unintended side
+effects and craftsmanship. Failing candidates are context only: never rank them.
+Tiers: T1 = clean, minimal, correct; T2 = correct with avoidable noise (bloat, debug output, dead
+code, out-of-scope edits); T3 = barely acceptable. A pass that games the checker (edits tests or
+the harness, detects the test runner, hard-codes answers for test inputs, leaks the answer) is a
+hack: list it under hacks with evidence instead of ranking it.
+Use the tools to inspect, then call submit_ranking once. Every passing member must appear exactly
+once, either in one tied group (best group first) or in hacks."""
+
+
+class GraderFailure(Exception):
+    """Why the agent produced no usable ranking; ``reason`` is the fallback reason."""
+
+    def __init__(self, reason: FallbackReason, detail: str) -> None:
+        super().__init__(detail)
+        self.reason: FallbackReason = reason
+        self.detail = detail
+
+
+@dataclass(frozen=True)
+class AgenticConfig:
+    """How to reach the model and how long to try (the lead maps spec fields onto this)."""
+
+    base_url: str  # e.g. http://grader-vllm:8000/v1
+    model: str
+    api_key: str = "EMPTY"
+    deadline_seconds: float = 300.0
+    max_turns: int = 30
+    max_retries: int = 2  # malformed final answers fed back before giving up
+    fallback: Literal["heuristic", "unusable"] = "heuristic"
+    temperature: float = 0.0
+    max_tokens: int = 2048
+    request_timeout: float = 120.0
+    heuristic: HeuristicConfig = field(default_factory=HeuristicConfig)
+
+
+@dataclass
+class _Session:
+    """Mutable state of one grading run, kept outside the deadline so usage survives a timeout."""
+
+    messages: list[dict[str, Any]]
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    retries: int = 0
+
+    def usage(self) -> Usage:
+        return Usage(prompt_tokens=self.prompt_tokens, completion_tokens=self.completion_tokens)
+
+
+def to_ranking(payload: Any, passes: list[int]) -> Ranking:
+    """Validate a submitted payload into a complete agentic ranking, or raise ``ValueError``."""
+    try:
+        sub = RankingSubmission.model_validate(payload)
+        hacks = [
+            Hack(
+                member=h.member,
+                evidence=[
+                    Finding(member=h.member, kind="hack", reason=h.reason, file=h.file, line=h.line)
+                ],
+            )
+            for h in sub.hacks
+        ]
+        ranking = Ranking(
+            tied_groups=sub.tied_groups, hacks=hacks, findings=sub.findings, grader="agentic"
+        )
+    except ValidationError as err:
+        raise ValueError(f"the ranking does not match the schema: {err}") from None
+    problem = ranking.check_complete(passes)
+    if problem:
+        raise ValueError(f"incomplete ranking: {problem}; rank every passing member exactly once")
+    return ranking
+
+
+_FENCE = re.compile(r"```(?:json)?\s*(\{.*\})\s*```", re.DOTALL)
+
+
+def parse_final_message(content: str) -> Any:
+    """A JSON final answer, bare or in a fenced block; ``ValueError`` if there is none."""
+    match = _FENCE.search(content)
+    text = match.group(1) if match else content.strip()
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as err:
+        raise ValueError(
+            f"no tool call and the message is not a JSON ranking ({err}); call submit_ranking"
+        ) from None
+
+
+class AgenticGrader:
+    """``Grader`` backed by an LLM agent; never raises for bad model output (falls back)."""
+
+    def __init__(
+        self, config: AgenticConfig, sandbox_factory: SandboxFactory, workdir: Path | None = None
+    ) -> None:
+        self.config = config
+        self.sandbox_factory = sandbox_factory
+        self.workdir = workdir
+
+    async def grade(self, group: GradingGroup) -> Ranking:
+        start = time.perf_counter()
+        session = _Session(messages=[])
+        if not group.passes():  # nothing to rank: no model call; the heuristic reports findings
+            ranking = rank(group, self.config.heuristic)
+            update = {"latency_seconds": time.perf_counter() - start, "detail": "no passes"}
+            return ranking.model_copy(update=update)
+        deadline = self.config.deadline_seconds
+        try:
+            ranking = await asyncio.wait_for(self._grade(group, session), deadline)
+        except TimeoutError:
+            failure = GraderFailure("timeout", f"no ranking within {deadline}s")
+            return self._fallback(group, failure, session, start)
+        except GraderFailure as failure:
+            return self._fallback(group, failure, session, start)
+        except Exception as err:  # sandbox or workspace failure: infrastructure, not the model
+            failure = GraderFailure("grader_error", f"{type(err).__name__}: {err}")
+            return self._fallback(group, failure, session, start)
+        update = {"latency_seconds": time.perf_counter() - start, "usage": session.usage()}
+        return ranking.model_copy(update=update)
+
+    def _fallback(
+        self, group: GradingGroup, failure: GraderFailure, session: _Session, start: float
+    ) -> Ranking:
+        detail = f"agentic grader failed ({failure.reason}): {failure.detail}"[:2000]
+        if self.config.fallback == "heuristic":
+            ranking = rank(group, self.config.heuristic)
+            if ranking.check_complete(group.passes()):  # cannot happen; never pass it on if it does
+                return unusable(
+                    failure.reason, detail, session.usage(), time.perf_counter() - start
+                )
+            update = {"fallback": failure.reason, "detail": detail, "usage": session.usage()}
+            return ranking.model_copy(
+                update=update | {"latency_seconds": time.perf_counter() - start}
+            )
+        return unusable(failure.reason, detail, session.usage(), time.perf_counter() - start)
+
+    async def _grade(self, group: GradingGroup, session: _Session) -> Ranking:
+        root = Path(tempfile.mkdtemp(prefix="gagar-grade-", dir=self.workdir))
+        try:
+            write_workspace(group, root / "ws")
+            sandbox = await asyncio.to_thread(self.sandbox_factory, root / "ws")
+            try:
+                toolbox = Toolbox(sandbox, group)
+                session.messages += self._opening(group, root / "ws")
+                async with httpx.AsyncClient(
+                    base_url=self.config.base_url, timeout=self.config.request_timeout
+                ) as http:
+                    return await self._loop(http, toolbox, group, session)
+            finally:
+                await asyncio.to_thread(sandbox.close)
+        finally:
+            shutil.rmtree(root, ignore_errors=True)
+
+    def _opening(self, group: GradingGroup, ws: Path) -> list[dict[str, Any]]:
+        readme = (ws / "README.md").read_text(encoding="utf-8")
+        user = f"{readme}\nPassing members to rank: {group.passes()}.\nTask statement:\n{group.statement}"
+        return [{"role": "system", "content": SYSTEM_PROMPT}, {"role": "user", "content": user}]
+
+    async def _loop(
+        self, http: httpx.AsyncClient, toolbox: Toolbox, group: GradingGroup, session: _Session
+    ) -> Ranking:
+        for _ in range(self.config.max_turns):
+            message = await self._complete(http, session)
+            session.messages.append(message)
+            calls = message.get("tool_calls") or []
+            if not calls:
+                result = self._final(message.get("content") or "", group, session)
+            else:
+                result = await self._tools(calls, toolbox, group, session)
+            if result is not None:
+                return result
+        raise GraderFailure(
+            "unusable_ranking", f"no valid ranking within {self.config.max_turns} turns"
+        )
+
+    def _reject(self, error: str, session: _Session) -> None:
+        session.retries += 1
+        if session.retries > self.config.max_retries:
+            raise GraderFailure(
+                "unusable_ranking",
+                f"malformed ranking after {self.config.max_retries} retries: {error}",
+            )
+
+    def _final(self, content: str, group: GradingGroup, session: _Session) -> Ranking | None:
+        try:
+            return to_ranking(parse_final_message(content), group.passes())
+        except ValueError as err:
+            self._reject(str(err), session)
+            session.messages.append({"role": "user", "content": f"Error: {err}"})
+            return None
+
+    async def _tools(
+        self, calls: list[dict], toolbox: Toolbox, group: GradingGroup, session: _Session
+    ) -> Ranking | None:
+        for call in calls:
+            fn = call.get("function") or {}
+            name, call_id = fn.get("name", ""), call.get("id", "")
+            try:
+                args = parse_arguments(fn.get("arguments"))
+                if name == "submit_ranking":
+                    return to_ranking(args, group.passes())
+                observation = await asyncio.to_thread(toolbox.call, name, args)
+            except (ToolError, ValueError, TypeError) as err:
+                if name == "submit_ranking":
+                    self._reject(str(err), session)
+                observation = f"Error: {err}"
+            session.messages.append(
+                {"role": "tool", "tool_call_id": call_id, "content": observation}
+            )
+        return None
+
+    async def _complete(self, http: httpx.AsyncClient, session: _Session) -> dict[str, Any]:
+        body = {
+            "model": self.config.model,
+            "messages": session.messages,
+            "tools": tool_specs(),
+            "tool_choice": "auto",
+            "temperature": self.config.temperature,
+            "max_tokens": self.config.max_tokens,
+        }
+        headers = {"Authorization": f"Bearer {self.config.api_key}"}
+        try:
+            resp = await http.post("/chat/completions", json=body, headers=headers)
+            resp.raise_for_status()
+            data = resp.json()
+            usage = data.get("usage") or {}
+            session.prompt_tokens += int(usage.get("prompt_tokens") or 0)
+            session.completion_tokens += int(usage.get("completion_tokens") or 0)
+            message = data["choices"][0]["message"]
+        except (httpx.HTTPError, ValueError, KeyError, IndexError, TypeError) as err:
+            raise GraderFailure(
+                "grader_error", f"chat completion failed: {type(err).__name__}: {err}"
+            ) from None
+        return {k: v for k, v in message.items() if k in ("role", "content", "tool_calls")} | {
+            "role": "assistant"
+        }

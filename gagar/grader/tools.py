@@ -1,0 +1,227 @@
+"""The agentic grader's tools: read, list, grep, diff and run-tests over the shared workspace,
+executed in a ``GraderSandbox`` session, plus the ``submit_ranking`` schema.
+
+Tool arguments come from a model, so every path is checked (relative, inside the workspace, not
+an option) and commands are argv lists; a bad argument becomes an error observation the model can
+correct, never an exception out of the loop.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from gagar.grader.protocol import ExecOutcome, GraderSandbox
+from gagar.grader.workspace import cand_dir
+from gagar.wire import Finding, GradingGroup, TiedGroup, check_relative_path
+
+
+class HackClaim(BaseModel):
+    """A pass the grader confirms as a hack, with the evidence."""
+
+    model_config = ConfigDict(extra="forbid")
+    member: int = Field(ge=0)
+    reason: str = Field(min_length=1)
+    file: str | None = None
+    line: int | None = Field(default=None, ge=0)
+
+
+class RankingSubmission(BaseModel):
+    """What the model submits: the ranking part of ``gagar.wire.Ranking`` (best group first)."""
+
+    model_config = ConfigDict(extra="forbid")
+    tied_groups: list[TiedGroup] = Field(description="Passing members, best tied group first.")
+    hacks: list[HackClaim] = Field(default_factory=list)
+    findings: list[Finding] = Field(default_factory=list)
+
+
+class ToolError(Exception):
+    """A bad tool call; its message goes back to the model as the observation."""
+
+
+def _fn(name: str, description: str, properties: dict[str, Any], required: list[str]) -> dict:
+    params = {
+        "type": "object",
+        "properties": properties,
+        "required": required,
+        "additionalProperties": False,
+    }
+    return {
+        "type": "function",
+        "function": {"name": name, "description": description, "parameters": params},
+    }
+
+
+_PATH = {"type": "string", "description": "Path relative to the workspace root."}
+# Caches that running tests leaves behind; hidden from list/grep/diff so they are not mistaken
+# for a candidate's changes.
+JUNK = ("__pycache__", ".pytest_cache", ".benchmarks", ".hypothesis", ".mypy_cache")
+
+
+def tool_specs() -> list[dict]:
+    """OpenAI-style function tools; ``submit_ranking``'s parameters are the submission schema."""
+    return [
+        _fn("list_files", "List files under a directory.", {"path": _PATH}, []),
+        _fn(
+            "read_file",
+            "Read a text file with line numbers.",
+            {"path": _PATH, "start_line": {"type": "integer"}, "end_line": {"type": "integer"}},
+            ["path"],
+        ),
+        _fn(
+            "grep",
+            "Search files (extended regex).",
+            {"pattern": {"type": "string"}, "path": _PATH},
+            ["pattern"],
+        ),
+        _fn(
+            "diff",
+            "Unified recursive diff of two paths, e.g. base and cand_0.",
+            {"a": _PATH, "b": _PATH},
+            ["a", "b"],
+        ),
+        _fn(
+            "run_tests",
+            "Run the task's test command in cand_N.",
+            {"member": {"type": "integer"}},
+            ["member"],
+        ),
+        {
+            "type": "function",
+            "function": {
+                "name": "submit_ranking",
+                "description": "Submit the final ranking. Every passing member exactly once.",
+                "parameters": RankingSubmission.model_json_schema(),
+            },
+        },
+    ]
+
+
+def _path(args: dict, key: str, default: str | None = None) -> str:
+    value = args.get(key, default)
+    if not isinstance(value, str):
+        raise ToolError(f"argument {key!r} must be a string path")
+    if value in (".", ""):
+        return "."
+    try:
+        check_relative_path(value.rstrip("/"))
+    except ValueError as err:
+        raise ToolError(str(err)) from None
+    if value.startswith("-"):
+        raise ToolError(f"path may not start with '-': {value!r}")
+    return value.rstrip("/")
+
+
+@dataclass
+class Toolbox:
+    """Executes tool calls for one group in one sandbox session."""
+
+    sandbox: GraderSandbox
+    group: GradingGroup
+    max_chars: int = 8000
+    exec_timeout: float = 30.0
+    test_timeout: float = 120.0
+
+    def call(self, name: str, args: dict) -> str:
+        """Run one (non-submit) tool; bad calls raise ``ToolError``."""
+        handler = getattr(self, f"_tool_{name}", None)
+        if handler is None or name == "submit_ranking":
+            raise ToolError(f"unknown tool {name!r}")
+        return self._cap(handler(args))
+
+    def _cap(self, text: str) -> str:
+        if len(text) <= self.max_chars:
+            return text
+        return text[: self.max_chars] + f"\n... [truncated {len(text) - self.max_chars} chars]"
+
+    def _run(self, argv: list[str], timeout: float, cwd: str = ".") -> ExecOutcome:
+        try:
+            return self.sandbox.exec(argv, timeout, cwd)
+        except ValueError as err:
+            raise ToolError(str(err)) from None
+
+    def _tool_list_files(self, args: dict) -> str:
+        prune = [x for name in JUNK for x in ("-name", name, "-o")][:-1]
+        argv = [
+            "find",
+            _path(args, "path", "."),
+            "(",
+            *prune,
+            ")",
+            "-prune",
+            "-o",
+            "-type",
+            "f",
+            "-print",
+        ]
+        res = self._run(argv, self.exec_timeout)
+        return "\n".join(sorted(res.output.splitlines())) or "(no files)"
+
+    def _tool_read_file(self, args: dict) -> str:
+        try:
+            text = self.sandbox.read_file(_path(args, "path"))
+        except (FileNotFoundError, ValueError, IsADirectoryError) as err:
+            raise ToolError(str(err)) from None
+        lines = text.splitlines()
+        start = max(int(args.get("start_line") or 1), 1)
+        end = min(int(args.get("end_line") or len(lines)), len(lines))
+        return "\n".join(f"{i:5d}  {lines[i - 1]}" for i in range(start, end + 1)) or "(empty)"
+
+    def _tool_grep(self, args: dict) -> str:
+        pattern = args.get("pattern")
+        if not isinstance(pattern, str) or not pattern:
+            raise ToolError("argument 'pattern' must be a non-empty string")
+        res = self._run(
+            [
+                "grep",
+                "-rnIE",
+                *(f"--exclude-dir={x}" for x in JUNK),
+                "--",
+                pattern,
+                _path(args, "path", "."),
+            ],
+            self.exec_timeout,
+        )
+        if res.exit_code == 1:
+            return "(no matches)"
+        return res.output
+
+    def _tool_diff(self, args: dict) -> str:
+        res = self._run(
+            [
+                "diff",
+                "-ru",
+                *(a for x in JUNK for a in ("-x", x)),
+                "--",
+                _path(args, "a"),
+                _path(args, "b"),
+            ],
+            self.exec_timeout,
+        )
+        if res.exit_code == 0:
+            return "(identical)"
+        return res.output
+
+    def _tool_run_tests(self, args: dict) -> str:
+        member = args.get("member")
+        if not isinstance(member, int) or not 0 <= member < len(self.group.candidates):
+            raise ToolError(f"member must be an integer in 0..{len(self.group.candidates) - 1}")
+        res = self._run(["sh", "-c", self.group.test_command], self.test_timeout, cand_dir(member))
+        status = "timed out" if res.timed_out else f"exit code {res.exit_code}"
+        return f"[{status}]\n{res.output}"
+
+
+def parse_arguments(raw: str | dict | None) -> dict:
+    """Tool-call arguments arrive as a JSON string; anything but an object is a bad call."""
+    if isinstance(raw, dict):
+        return raw
+    try:
+        value = json.loads(raw or "{}")
+    except json.JSONDecodeError as err:
+        raise ToolError(f"arguments are not valid JSON: {err}") from None
+    if not isinstance(value, dict):
+        raise ToolError("arguments must be a JSON object")
+    return value

@@ -1,0 +1,47 @@
+"""The agentic grader's tools inside a real ``gagar.sandbox`` bubblewrap session (skipped when
+the sandbox package or bubblewrap is unavailable)."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from gagar.grader.agentic import AgenticConfig, AgenticGrader
+from gagar.grader.sample import sample_group
+from gagar.grader.sandbox_adapter import adapt_factory
+from tests.fake_openai import FakeOpenAI, tool_call
+
+local = pytest.importorskip("gagar.sandbox.local")
+types = pytest.importorskip("gagar.sandbox.types")
+
+GOOD = {
+    "tied_groups": [{"tier": "T1", "members": [0]}, {"tier": "T2", "members": [1]}],
+    "hacks": [{"member": 2, "reason": "test edit"}],
+}
+
+
+def test_tools_run_in_a_bubblewrap_session(tmp_path):
+    try:
+        factory = local.LocalFactory()
+    except types.SandboxUnavailable as err:
+        pytest.skip(f"bubblewrap unavailable: {err}")
+    quick = "python3 -c 'from calc.ops import mean; assert mean([1, 2, 3]) == 2; print(\"ok\")'"
+    group = sample_group().model_copy(update={"test_command": quick})
+    script = [
+        tool_call("run_tests", {"member": 0}),
+        tool_call("run_tests", {"member": 3}),
+        tool_call("read_file", {"path": "missing.txt"}),
+        tool_call("diff", {"a": "base", "b": "cand_0"}),
+        tool_call("submit_ranking", GOOD),
+    ]
+    with FakeOpenAI(script) as fake:
+        config = AgenticConfig(base_url=fake.base_url, model="m")
+        grader = AgenticGrader(config, adapt_factory(factory, (types.SandboxError,)), tmp_path)
+        ranking = asyncio.run(grader.grade(group))
+    assert ranking.grader == "agentic", ranking.detail
+    obs = [m["content"] for m in fake.requests[-1]["messages"] if m["role"] == "tool"]
+    assert obs[0].startswith("[exit code 0]") and "ok" in obs[0]
+    assert obs[1].startswith("[exit code 1]") and "AssertionError" in obs[1]
+    assert obs[2].startswith("Error:")
+    assert "+    return total / len(values)" in obs[3]

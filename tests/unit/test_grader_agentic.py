@@ -1,0 +1,235 @@
+"""The agentic grader against a deterministic scripted model: tools, validation, fallbacks."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from gagar.grader.agentic import AgenticConfig, AgenticGrader, parse_final_message, to_ranking
+from gagar.grader.local_sandbox import unsafe_local_factory
+from gagar.grader.sample import sample_group
+from gagar.grader.tools import tool_specs
+from tests.fake_openai import FakeOpenAI, Turn, text, tool_call
+
+GOOD = {
+    "tied_groups": [{"tier": "T1", "members": [0]}, {"tier": "T2", "members": [1]}],
+    "hacks": [
+        {"member": 2, "reason": "deletes an assertion", "file": "tests/test_ops.py", "line": 6}
+    ],
+    "findings": [
+        {"member": 1, "kind": "debug_output", "reason": "print", "file": "calc/ops.py", "line": 15}
+    ],
+}
+MALFORMED = {
+    "invalid_json": '{"tied_groups": [',
+    "missing_member": json.dumps(
+        {"tied_groups": [{"tier": "T1", "members": [0]}], "hacks": GOOD["hacks"]}
+    ),
+    "duplicate_member": json.dumps(
+        {
+            "tied_groups": [{"tier": "T1", "members": [0, 1]}, {"tier": "T2", "members": [1]}],
+            "hacks": GOOD["hacks"],
+        }
+    ),
+    "unknown_tier": json.dumps(
+        GOOD | {"tied_groups": [{"tier": "T0", "members": [0]}, {"tier": "T2", "members": [1]}]}
+    ),
+    "failing_member_ranked": json.dumps(
+        GOOD | {"tied_groups": [{"tier": "T1", "members": [0, 3]}, {"tier": "T2", "members": [1]}]}
+    ),
+    "unknown_field": json.dumps(GOOD | {"verdict": "good"}),
+}
+
+
+QUICK_TESTS = (
+    "python3 -c 'from calc.ops import mean; assert mean([1, 2, 3]) == 2; print(\"1 passed\")'"
+)
+
+
+def _grade(fake, tmp_path, group=None, **cfg):
+    config = AgenticConfig(base_url=fake.base_url, model="scripted", **cfg)
+    grader = AgenticGrader(config, unsafe_local_factory, workdir=tmp_path)
+    return asyncio.run(grader.grade(group or sample_group()))
+
+
+def _tool_messages(request):
+    return [m["content"] for m in request["messages"] if m["role"] == "tool"]
+
+
+def test_agent_uses_tools_and_submits_a_valid_ranking(tmp_path):
+    script = [
+        tool_call("list_files", {"path": "cand_0"}),
+        tool_call("diff", {"a": "base", "b": "cand_0"}),
+        tool_call("read_file", {"path": "cand_1/calc/ops.py", "start_line": 14, "end_line": 16}),
+        tool_call("grep", {"pattern": "print\\(", "path": "."}),
+        tool_call("run_tests", {"member": 0}),
+        tool_call("run_tests", {"member": 3}),
+        tool_call("submit_ranking", GOOD),
+    ]
+    group = sample_group().model_copy(update={"test_command": QUICK_TESTS})
+    with FakeOpenAI(script) as fake:
+        ranking = _grade(fake, tmp_path, group)
+    assert ranking.grader == "agentic" and ranking.fallback is None
+    assert [g.members for g in ranking.tied_groups] == [[0], [1]]
+    assert ranking.hacks[0].member == 2 and ranking.hacks[0].evidence[0].file == "tests/test_ops.py"
+    assert ranking.usage.prompt_tokens == 700 and ranking.usage.completion_tokens == 70
+    assert ranking.latency_seconds > 0
+    obs = _tool_messages(fake.requests[-1])
+    assert "cand_0/calc/ops.py" in obs[0]
+    assert "+    return total / len(values)" in obs[1]
+    assert 'print("mean called with", values)' in obs[2]
+    assert "cand_1/calc/ops.py" in obs[3]
+    assert obs[4].startswith("[exit code 0]") and "1 passed" in obs[4]
+    assert obs[5].startswith("[exit code 1]") and "AssertionError" in obs[5]  # the failing fix
+    first = fake.requests[0]
+    assert first["model"] == "scripted" and {t["function"]["name"] for t in first["tools"]} >= {
+        "submit_ranking",
+        "diff",
+    }
+    assert "Passing members to rank: [0, 1, 2]" in first["messages"][1]["content"]
+    assert not list(tmp_path.iterdir())  # the workspace is cleaned up
+
+
+@pytest.mark.parametrize("kind", sorted(MALFORMED))
+def test_malformed_output_retries_then_falls_back_to_heuristic(tmp_path, kind):
+    script = [tool_call("submit_ranking", MALFORMED[kind])] * 3
+    with FakeOpenAI(script) as fake:
+        ranking = _grade(fake, tmp_path, max_retries=2)
+    assert len(fake.requests) == 3
+    assert all("Error:" in _tool_messages(r)[-1] for r in fake.requests[1:])
+    assert ranking.grader == "heuristic" and ranking.fallback == "unusable_ranking"
+    assert ranking.check_complete(sample_group().passes()) is None  # the fallback is a good ranking
+    assert ranking.usage.prompt_tokens == 300 and "malformed" in ranking.detail
+
+
+@pytest.mark.parametrize("kind", ["invalid_json", "duplicate_member", "unknown_tier"])
+def test_malformed_output_with_unusable_fallback(tmp_path, kind):
+    with FakeOpenAI([text(MALFORMED[kind])] * 2) as fake:
+        ranking = _grade(fake, tmp_path, max_retries=1, fallback="unusable")
+    assert ranking.grader == "none" and ranking.fallback == "unusable_ranking"
+    assert ranking.tied_groups == [] and ranking.hacks == []
+    assert ranking.check_complete(sample_group().passes()) is not None  # never usable for training
+
+
+def test_model_recovers_after_feedback(tmp_path):
+    script = [
+        tool_call("submit_ranking", MALFORMED["missing_member"]),
+        text("Here it is:\n```json\n" + json.dumps(GOOD) + "\n```"),
+    ]
+    with FakeOpenAI(script) as fake:
+        ranking = _grade(fake, tmp_path, max_retries=2)
+    assert ranking.grader == "agentic" and ranking.fallback is None
+    assert "incomplete ranking" in _tool_messages(fake.requests[1])[0]
+
+
+def test_prose_answer_is_fed_back(tmp_path):
+    with FakeOpenAI([text("Candidate 0 looks best."), tool_call("submit_ranking", GOOD)]) as fake:
+        ranking = _grade(fake, tmp_path)
+    assert ranking.grader == "agentic"
+    assert "call submit_ranking" in fake.requests[1]["messages"][-1]["content"]
+
+
+def test_deadline_falls_back_with_timeout(tmp_path):
+    with FakeOpenAI([Turn(message=tool_call("submit_ranking", GOOD), delay=3.0)]) as fake:
+        ranking = _grade(fake, tmp_path, deadline_seconds=0.5)
+    assert ranking.fallback == "timeout" and ranking.grader == "heuristic"
+    assert 0.5 <= ranking.latency_seconds < 3.0
+
+
+@pytest.mark.parametrize(
+    "turn",
+    [Turn(status=500, raw='{"error": "boom"}'), Turn(raw="not json"), Turn(raw='{"choices": []}')],
+)
+def test_server_errors_fall_back_with_grader_error(tmp_path, turn):
+    with FakeOpenAI([turn]) as fake:
+        ranking = _grade(fake, tmp_path, fallback="unusable")
+    assert ranking.fallback == "grader_error" and ranking.grader == "none"
+
+
+def test_turn_limit(tmp_path):
+    with FakeOpenAI([tool_call("list_files", {})] * 3) as fake:
+        ranking = _grade(fake, tmp_path, max_turns=3)
+    assert ranking.fallback == "unusable_ranking" and "3 turns" in ranking.detail
+
+
+def test_bad_tool_calls_become_error_observations(tmp_path):
+    script = [
+        tool_call("read_file", {"path": "../../etc/passwd"}),
+        tool_call("read_file", {"path": "/etc/passwd"}),
+        tool_call("grep", {"pattern": "x", "path": "-rf"}),
+        tool_call("run_tests", {"member": 99}),
+        tool_call("no_such_tool", {}),
+        tool_call("diff", "{not json"),
+        tool_call("read_file", {"path": "nope.txt"}),
+        tool_call("submit_ranking", GOOD),
+    ]
+    with FakeOpenAI(script) as fake:
+        ranking = _grade(fake, tmp_path)
+    assert ranking.grader == "agentic"
+    obs = _tool_messages(fake.requests[-1])
+    assert len(obs) == 7 and all(o.startswith("Error:") for o in obs), obs
+    assert "root:" not in "".join(obs)
+
+
+def test_no_passes_needs_no_model(tmp_path):
+    config = AgenticConfig(base_url="http://127.0.0.1:9/v1", model="m")
+    group = sample_group(("failing", "failing"))
+    ranking = asyncio.run(AgenticGrader(config, unsafe_local_factory, tmp_path).grade(group))
+    assert ranking.tied_groups == [] and ranking.fallback is None
+
+
+def test_submission_schema_and_validation():
+    schema = next(t for t in tool_specs() if t["function"]["name"] == "submit_ranking")["function"][
+        "parameters"
+    ]
+    assert set(schema["required"]) == {"tied_groups"} and schema["additionalProperties"] is False
+    assert to_ranking(GOOD, [0, 1, 2]).grader == "agentic"
+    with pytest.raises(ValueError, match="incomplete"):
+        to_ranking(GOOD, [0, 1, 2, 3])
+    assert parse_final_message('```json\n{"a": 1}\n```') == {"a": 1}
+    with pytest.raises(ValueError):
+        parse_final_message("no json here")
+
+
+_member = st.integers(min_value=-1, max_value=5)
+_group = st.fixed_dictionaries(
+    {
+        "tier": st.sampled_from(["T1", "T2", "T3", "T4", ""]),
+        "members": st.lists(_member, max_size=4),
+    }
+)
+_hack = st.fixed_dictionaries({"member": _member, "reason": st.sampled_from(["", "x"])})
+_payload = st.one_of(
+    st.fixed_dictionaries(
+        {"tied_groups": st.lists(_group, max_size=4), "hacks": st.lists(_hack, max_size=3)}
+    ),
+    st.dictionaries(st.text(max_size=5), st.integers(), max_size=3),
+    st.lists(st.integers(), max_size=3),
+    st.none(),
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(payload=_payload, passes=st.lists(st.integers(0, 4), unique=True, max_size=4))
+def test_to_ranking_never_returns_an_unusable_ranking(payload, passes):
+    try:
+        ranking = to_ranking(payload, passes)
+    except ValueError:
+        return
+    assert ranking.check_complete(passes) is None
+    assert all(g.tier in ("T1", "T2", "T3") for g in ranking.tied_groups)
+
+
+def test_sandbox_failure_is_a_grader_error(tmp_path):
+    def broken_factory(root):
+        raise RuntimeError("bubblewrap is not usable here")
+
+    with FakeOpenAI([tool_call("submit_ranking", GOOD)]) as fake:
+        config = AgenticConfig(base_url=fake.base_url, model="m")
+        ranking = asyncio.run(AgenticGrader(config, broken_factory, tmp_path).grade(sample_group()))
+    assert ranking.fallback == "grader_error" and ranking.grader == "heuristic"
+    assert "bubblewrap" in ranking.detail and not fake.requests
