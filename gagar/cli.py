@@ -16,6 +16,7 @@ from collections.abc import Sequence
 # ``gagar validate`` does not pay for torch or kopf.
 COMMAND_MODULES = [
     "gagar.commands",
+    "gagar.operator.cli",
 ]
 
 
