@@ -9,8 +9,6 @@ OPTIONAL_CRDS = ("monitoring.coreos.com", "keda.sh", "jobset.x-k8s.io")
 
 
 def _render(args: argparse.Namespace) -> int:
-    import yaml
-
     from gagar.manifest import load_run
     from gagar.operator.builders import BuildContext, build_all
 
@@ -24,14 +22,31 @@ def _render(args: argparse.Namespace) -> int:
         crds=frozenset(args.with_crd or ()),
         state="terminal" if args.terminal else "active",
     )
-    yaml.safe_dump_all(build_all(run, ctx), sys.stdout, sort_keys=False)
+    sys.stdout.write(to_yaml_stream(build_all(run, ctx)))
     return 0
+
+
+def to_yaml_stream(objects: list[dict]) -> str:
+    """A YAML stream with multi-line strings (ConfigMap JSON, shell scripts) as literal blocks."""
+    import yaml
+
+    class Dumper(yaml.SafeDumper):
+        pass
+
+    def text(dumper: yaml.SafeDumper, value: str) -> yaml.ScalarNode:
+        style = "|" if "\n" in value else None
+        return dumper.represent_scalar("tag:yaml.org,2002:str", value, style=style)
+
+    Dumper.add_representer(str, text)
+    return yaml.dump_all(objects, Dumper=Dumper, sort_keys=False)
 
 
 def _operator(args: argparse.Namespace) -> int:
     from gagar.operator.main import run_operator
 
-    return run_operator(namespace=args.namespace, standalone=args.standalone, port=args.metrics_port)
+    return run_operator(
+        namespace=args.namespace, standalone=args.standalone, port=args.metrics_port
+    )
 
 
 def register(sub: argparse._SubParsersAction) -> None:

@@ -100,8 +100,11 @@ def _deployment(
     )
 
 
-def vllm_command(model: str | None, served_name: str, extra: list[str]) -> list[str]:
-    """Shell entry: boot from the newest published weights, else the base model (else wait)."""
+def vllm_command(
+    model: str | None, served_name: str, extra: list[str], published: bool = True
+) -> list[str]:
+    """Shell entry of a vLLM server. The policy (``published``) boots from the newest weights the
+    trainer published, else the base model, else waits for the first publication."""
     args = " ".join(
         shlex.quote(a)
         for a in [
@@ -114,10 +117,12 @@ def vllm_command(model: str | None, served_name: str, extra: list[str]) -> list[
             *extra,
         ]
     )
-    fallback = f"M={shlex.quote(model)}" if model else "sleep 10; continue"
+    if not published:
+        return ["/bin/sh", "-c", f"exec vllm serve {shlex.quote(model or '')} {args}"]
+    fallback = f"M={shlex.quote(model)}; break" if model else "sleep 10"
     script = (
         f'while true; do M={PUBLISHED_DIR}; [ -f "$M/config.json" ] && break; '
-        f'{fallback}; break; done; exec vllm serve "$M" {args}'
+        f'{fallback}; done; exec vllm serve "$M" {args}'
     )
     return ["/bin/sh", "-c", script]
 
@@ -198,6 +203,7 @@ def _grader_containers(run: GagarRun, mounts: list[dict[str, Any]]) -> list[dict
             model_path,
             "grader",
             [f"--tensor-parallel-size={max(grader.resources.gpus, 1)}", *streamer_args(model_path)],
+            published=False,
         ),
         "env": common_env(run, "grader-model"),
         "ports": [{"name": "model", "containerPort": VLLM_PORT}],
