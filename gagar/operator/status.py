@@ -280,7 +280,7 @@ def _phase(f: _Facts, parts: dict[str, Condition]) -> str:
         return "Suspended"
     job = f.obs.trainer
     started = job is not None and (job.active > 0 or job.ready > 0)
-    return "Running" if started or _step(f) > 0 else "Pending"
+    return "Running" if started or _step(f) > 0 or f.verdict.restarts > 0 else "Pending"
 
 
 def _checkpoint(f: _Facts) -> CheckpointStatus | None:
