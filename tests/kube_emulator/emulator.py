@@ -1,0 +1,252 @@
+"""``KubeEmulator``: the emulated API server in a background thread, plus the Python API tests use.
+
+Start it (``with KubeEmulator() as kube:``), point clients at ``kube.url`` or at
+``kube.kubeconfig_path``, and drive the simulated cluster from the test: load manifests, read and
+write objects without HTTP, mark Jobs done, hold Deployments unready, inject faults, drop watch
+streams, or forget history so that resumed watches get 410 Gone.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import pathlib
+import socket
+import tempfile
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+import yaml
+from aiohttp import web
+
+from .controllers import Controllers
+from .faults import Faults
+from .resources import ResourceType
+from .selectors import make_predicate
+from .server import Server
+from .store import Store, WriteOptions
+
+
+class KubeEmulator:
+    def __init__(
+        self,
+        *,
+        bookmark_interval: float = 1.0,
+        history_limit: int = 10_000,
+        deployment_delay: float = 0.1,
+        strict_fields: bool = False,
+    ) -> None:
+        self.store = Store(history_limit=history_limit)
+        self.store.strict_fields = strict_fields
+        self.faults = Faults()
+        self.controllers = Controllers(self.store, deployment_delay=deployment_delay)
+        self.server = Server(self.store, self.faults, bookmark_interval)
+        self.port = 0
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._runner: web.AppRunner | None = None
+        self._thread: threading.Thread | None = None
+        self._tmp = tempfile.TemporaryDirectory(prefix="kube-emulator-")
+        self.kubeconfig_path = pathlib.Path(self._tmp.name) / "kubeconfig"
+
+    # ----- lifecycle -------------------------------------------------------------------------
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def start(self) -> KubeEmulator:
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            self.port = s.getsockname()[1]
+        ready = threading.Event()
+        self._thread = threading.Thread(
+            target=self._serve, args=(ready,), name="kube-emulator", daemon=True
+        )
+        self._thread.start()
+        if not ready.wait(10):
+            raise RuntimeError("the Kubernetes API emulator did not start within 10 s")
+        self.controllers.start()
+        self.write_kubeconfig(self.kubeconfig_path)
+        return self
+
+    def _serve(self, ready: threading.Event) -> None:
+        self._loop = asyncio.new_event_loop()
+        asyncio.set_event_loop(self._loop)
+        self._runner = web.AppRunner(self.server.app(), handle_signals=False, shutdown_timeout=0.5)
+        self._loop.run_until_complete(self._runner.setup())
+        site = web.TCPSite(self._runner, "127.0.0.1", self.port)
+        self._loop.run_until_complete(site.start())
+        ready.set()
+        self._loop.run_forever()
+        self._loop.close()
+
+    def stop(self) -> None:
+        self.controllers.stop()
+        if self._loop is not None and self._runner is not None:
+            self.drop_watches()
+            future = asyncio.run_coroutine_threadsafe(self._runner.cleanup(), self._loop)
+            future.result(timeout=10)
+            self._loop.call_soon_threadsafe(self._loop.stop)
+        if self._thread is not None:
+            self._thread.join(timeout=10)
+        self._tmp.cleanup()
+
+    def __enter__(self) -> KubeEmulator:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    # ----- clients ---------------------------------------------------------------------------
+
+    def write_kubeconfig(
+        self, path: str | pathlib.Path, namespace: str = "default"
+    ) -> pathlib.Path:
+        config = {
+            "apiVersion": "v1",
+            "kind": "Config",
+            "current-context": "emulator",
+            "clusters": [{"name": "emulator", "cluster": {"server": self.url}}],
+            "users": [{"name": "emulator", "user": {"token": "emulator-token"}}],
+            "contexts": [
+                {
+                    "name": "emulator",
+                    "context": {"cluster": "emulator", "user": "emulator", "namespace": namespace},
+                }
+            ],
+        }
+        path = pathlib.Path(path)
+        path.write_text(yaml.safe_dump(config))
+        return path
+
+    def api_client(self) -> Any:
+        """A ``kubernetes.client.ApiClient`` bound to this emulator (not the global default)."""
+        import kubernetes
+
+        configuration = kubernetes.client.Configuration()
+        kubernetes.config.load_kube_config(
+            config_file=str(self.kubeconfig_path), client_configuration=configuration
+        )
+        return kubernetes.client.ApiClient(configuration)
+
+    # ----- objects without HTTP --------------------------------------------------------------
+
+    def resource(self, api_version: str, kind: str) -> ResourceType:
+        return self.store.type_by_kind(api_version, kind)
+
+    def create(self, obj: dict, namespace: str | None = None) -> dict:
+        rt = self.resource(obj["apiVersion"], obj["kind"])
+        ns = (
+            (namespace or obj.get("metadata", {}).get("namespace") or "default")
+            if rt.namespaced
+            else None
+        )
+        return self.store.create(rt, ns, obj, "test")
+
+    def load_yaml(self, source: str | pathlib.Path, namespace: str | None = None) -> list[dict]:
+        """Create every document of a YAML file (or YAML text), CRDs included, in order."""
+        text = (
+            pathlib.Path(source).read_text()
+            if isinstance(source, pathlib.Path) or "\n" not in str(source)
+            else str(source)
+        )
+        return [self.create(doc, namespace) for doc in yaml.safe_load_all(text) if doc]
+
+    def get(self, api_version: str, kind: str, name: str, namespace: str | None = None) -> dict:
+        rt = self.resource(api_version, kind)
+        return self.store.get(rt, (namespace or "default") if rt.namespaced else None, name)
+
+    def find(
+        self, api_version: str, kind: str, name: str, namespace: str | None = None
+    ) -> dict | None:
+        try:
+            return self.get(api_version, kind, name, namespace)
+        except Exception:
+            return None
+
+    def list(
+        self,
+        api_version: str,
+        kind: str,
+        namespace: str | None = None,
+        label_selector: str | None = None,
+    ) -> list[dict]:
+        rt = self.resource(api_version, kind)
+        return self.store.list(
+            rt, namespace if rt.namespaced else None, make_predicate(label_selector, None)
+        )[0]
+
+    def patch(
+        self,
+        api_version: str,
+        kind: str,
+        name: str,
+        change: Callable[[dict], dict],
+        namespace: str | None = None,
+        subresource: str = "",
+        manager: str = "test",
+    ) -> dict:
+        """Read-modify-write by a Python function (``change`` gets a copy, returns the new body)."""
+        rt = self.resource(api_version, kind)
+        ns = (namespace or "default") if rt.namespaced else None
+        return self.store.write(rt, ns, name, change, WriteOptions(manager, subresource))
+
+    def delete(
+        self,
+        api_version: str,
+        kind: str,
+        name: str,
+        namespace: str | None = None,
+        propagation: str = "Background",
+    ) -> dict:
+        rt = self.resource(api_version, kind)
+        ns = (namespace or "default") if rt.namespaced else None
+        return self.store.delete(rt, ns, name, {"propagationPolicy": propagation})
+
+    # ----- simulation and faults -------------------------------------------------------------
+
+    def succeed_job(self, name: str, namespace: str = "default") -> None:
+        self.controllers.succeed_job(namespace, name)
+
+    def fail_job(
+        self, name: str, namespace: str = "default", reason: str = "BackoffLimitExceeded"
+    ) -> None:
+        self.controllers.fail_job(namespace, name, reason)
+
+    def hold_deployment(self, name: str, ready: int | None, namespace: str = "default") -> None:
+        self.controllers.hold_deployment(namespace, name, ready)
+
+    def drop_watches(self, plural: str | None = None) -> int:
+        """Cut every open watch stream (of one resource plural, or all); return how many."""
+        with self.store.lock:
+            victims = [
+                w for w in self.store.watchers if plural is None or w.storage_key[1] == plural
+            ]
+        for w in victims:
+            w.drop()
+        return len(victims)
+
+    def compact_history(self) -> None:
+        self.store.compact()
+
+    def requests_for(self, verb: str | None = None, path: str | None = None) -> list[dict]:
+        """Recorded requests (method, path, query, verb, code, content_type), filtered."""
+        return [
+            r
+            for r in list(self.server.requests)
+            if (verb is None or r["verb"] == verb) and (path is None or path in r["path"])
+        ]
+
+    def wait_for(
+        self, condition: Callable[[], Any], timeout: float = 10.0, interval: float = 0.02
+    ) -> Any:
+        """Poll ``condition`` until it returns something truthy; raise ``TimeoutError`` otherwise."""
+        deadline = time.monotonic() + timeout
+        while True:
+            result = condition()
+            if result:
+                return result
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"condition not met within {timeout} s: {condition}")
+            time.sleep(interval)

@@ -1,0 +1,477 @@
+"""The HTTP surface: aiohttp handlers mapping Kubernetes REST paths onto the store.
+
+Paths: ``/api``, ``/apis``, ``/api/v1``, ``/apis/{group}[/{version}]`` (discovery), ``/version``,
+``/healthz``/``/livez``/``/readyz``, and the resource paths
+``/api/v1[/namespaces/{ns}]/{plural}[/{name}[/{subresource}]]`` and the same under
+``/apis/{group}/{version}``. Writes take ``fieldManager`` from the query or, like the server,
+from the User-Agent's product name; ``dryRun`` is not supported (rejected with 400).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import json
+import logging
+from dataclasses import dataclass
+from urllib.parse import parse_qsl
+
+import yaml
+from aiohttp import web
+
+from . import patching, ssa
+from .errors import ApiError
+from .faults import Faults
+from .resources import ResourceType, api_group_list, api_resource_list
+from .scale import read_scale, write_scale
+from .selectors import SelectorError, make_predicate
+from .store import Store, WriteOptions
+from .watching import Watcher
+
+log = logging.getLogger(__name__)
+VERSION = {
+    "major": "1",
+    "minor": "31",
+    "gitVersion": "v1.31.0-gagar-emulator",
+    "gitCommit": "0" * 40,
+    "gitTreeState": "clean",
+    "buildDate": "2026-01-01T00:00:00Z",
+    "goVersion": "go1.22",
+    "compiler": "gc",
+    "platform": "linux/amd64",
+}
+PATCH_TYPES = {
+    "application/merge-patch+json": patching.merge_patch,
+    "application/strategic-merge-patch+json": patching.strategic_merge_patch,
+    "application/json-patch+json": patching.json_patch,
+}
+APPLY_TYPE = "application/apply-patch+yaml"
+
+
+@dataclass
+class Target:
+    rt: ResourceType
+    namespace: str | None
+    name: str | None
+    sub: str
+
+
+def _json(body: dict, code: int = 200, warnings: list[str] | None = None) -> web.Response:
+    headers = {"Warning": ", ".join(f'299 - "{w}"' for w in warnings)} if warnings else None
+    return web.json_response(body, status=code, headers=headers)
+
+
+class Server:
+    def __init__(self, store: Store, faults: Faults, bookmark_interval: float = 1.0) -> None:
+        self.store = store
+        self.faults = faults
+        self.bookmark_interval = bookmark_interval
+        self.requests: list[dict] = []
+
+    def app(self) -> web.Application:
+        app = web.Application(client_max_size=64 * 1024 * 1024)
+        app.router.add_route("*", "/{tail:.*}", self.handle)
+        return app
+
+    # ----- entry -----------------------------------------------------------------------------
+
+    async def handle(self, request: web.Request) -> web.StreamResponse:
+        query = dict(parse_qsl(request.query_string, keep_blank_values=True))
+        record = {
+            "method": request.method,
+            "path": request.path,
+            "query": query,
+            "content_type": request.content_type,
+            "verb": None,
+            "code": None,
+        }
+        self.requests.append(record)
+        try:
+            response = await self._route(request, query, record)
+        except ApiError as e:
+            response = _json(e.status(), e.code)
+        except patching.PatchError as e:
+            response = _json(ApiError(e.code, str(e)).status(), e.code)
+        except (SelectorError, json.JSONDecodeError, yaml.YAMLError, UnicodeDecodeError) as e:
+            response = _json(ApiError(400, str(e)).status(), 400)
+        except Exception as e:  # a bug in the emulator: report it as the server would
+            log.exception("emulator failure on %s %s", request.method, request.path)
+            response = _json(ApiError(500, f"emulator error: {e!r}").status(), 500)
+        record["code"] = response.status
+        return response
+
+    async def _route(self, request: web.Request, query: dict, record: dict) -> web.StreamResponse:
+        path = request.path.rstrip("/") or "/"
+        static = self._static(path)
+        if static is not None:
+            record["verb"] = "get"
+            return static
+        target = self._parse(path)
+        verb = _verb(request.method, target, query)
+        record["verb"] = verb
+        for rule in self.faults.take(verb, request.path):
+            if rule.action == "latency":
+                await asyncio.sleep(rule.delay)
+            elif rule.action == "conflict":
+                raise ApiError(
+                    409,
+                    "injected conflict: the object has been modified; please apply your changes to the latest version and try again",
+                    "Conflict",
+                )
+            else:
+                raise ApiError(rule.code, rule.message)
+        if query.get("dryRun"):
+            raise ApiError(400, "dryRun is not supported by the emulator")
+        handler = getattr(self, f"_{verb}")
+        return await handler(request, target, query)
+
+    def _static(self, path: str) -> web.Response | None:
+        types = list(self.store.types.values())
+        if path in ("/healthz", "/livez", "/readyz"):
+            return web.Response(text="ok")
+        if path == "/version":
+            return _json(VERSION)
+        if path == "/api":
+            return _json(
+                {
+                    "kind": "APIVersions",
+                    "versions": ["v1"],
+                    "serverAddressByClientCIDRs": [
+                        {"clientCIDR": "0.0.0.0/0", "serverAddress": "127.0.0.1"}
+                    ],
+                }
+            )
+        if path == "/apis":
+            return _json(api_group_list(types))
+        parts = path.strip("/").split("/")
+        if parts[0] == "api" and len(parts) == 2:
+            return self._resource_list("", parts[1], types)
+        if parts[0] == "apis" and len(parts) == 2:
+            groups = [g for g in api_group_list(types)["groups"] if g["name"] == parts[1]]
+            if not groups:
+                raise ApiError(
+                    404, f"the server could not find the requested resource (group {parts[1]})"
+                )
+            return _json({"kind": "APIGroup", "apiVersion": "v1", **groups[0]})
+        if parts[0] == "apis" and len(parts) == 3:
+            return self._resource_list(parts[1], parts[2], types)
+        return None
+
+    def _resource_list(self, group: str, version: str, types: list[ResourceType]) -> web.Response:
+        matching = [t for t in types if (t.group, t.version) == (group, version)]
+        if not matching:
+            raise ApiError(
+                404, f"the server could not find the requested resource ({group}/{version})"
+            )
+        return _json(api_resource_list(f"{group}/{version}" if group else version, matching))
+
+    def _parse(self, path: str) -> Target:
+        parts = path.strip("/").split("/")
+        if parts[0] == "api" and len(parts) >= 3:
+            group, version, rest = "", parts[1], parts[2:]
+        elif parts[0] == "apis" and len(parts) >= 4:
+            group, version, rest = parts[1], parts[2], parts[3:]
+        else:
+            raise ApiError(404, f"the server could not find the requested resource ({path})")
+        ns = None
+        if rest[0] == "namespaces" and len(rest) >= 3 and rest[2] not in ("status", "finalize"):
+            ns, rest = rest[1], rest[2:]
+        if len(rest) > 3:
+            raise ApiError(404, f"the server could not find the requested resource ({path})")
+        rt = self.store.type_for(group, version, rest[0])
+        name = rest[1] if len(rest) > 1 else None
+        sub = rest[2] if len(rest) > 2 else ""
+        if sub == "finalize" and rt.plural == "namespaces":
+            sub = ""
+        if (ns is not None and not rt.namespaced) or (rt.namespaced and ns is None and name):
+            raise ApiError(404, f"the server could not find the requested resource ({path})")
+        if sub and sub not in rt.subresources:
+            raise ApiError(
+                404, f"the server could not find the requested resource ({rt.plural}/{sub})"
+            )
+        return Target(rt, ns, name, sub)
+
+    # ----- reads -----------------------------------------------------------------------------
+
+    async def _get(self, request: web.Request, t: Target, query: dict) -> web.Response:
+        obj = self.store.get(t.rt, t.namespace, t.name)
+        return _json(read_scale(t.rt, obj) if t.sub == "scale" else obj)
+
+    async def _list(self, request: web.Request, t: Target, query: dict) -> web.Response:
+        predicate = make_predicate(query.get("labelSelector"), query.get("fieldSelector"))
+        items, rv = self.store.list(t.rt, t.namespace, predicate)
+        start = 0
+        if query.get("continue"):
+            after = base64.urlsafe_b64decode(query["continue"].encode()).decode()
+            start = next((i for i, o in enumerate(items) if _key(o) > after), len(items))
+        limit = int(query.get("limit") or 0) or len(items)
+        page = items[start : start + limit]
+        meta: dict = {"resourceVersion": str(rv)}
+        if start + limit < len(items):
+            meta["continue"] = base64.urlsafe_b64encode(_key(page[-1]).encode()).decode()
+            meta["remainingItemCount"] = len(items) - start - limit
+        return _json(
+            {
+                "kind": f"{t.rt.kind}List",
+                "apiVersion": t.rt.api_version,
+                "metadata": meta,
+                "items": page,
+            }
+        )
+
+    # ----- writes ----------------------------------------------------------------------------
+
+    async def _create(self, request: web.Request, t: Target, query: dict) -> web.Response:
+        body = await request.json()
+        _check_kind(t.rt, body)
+        obj = self.store.create(t.rt, t.namespace, body, _manager(request, query))
+        return _json(obj, 201)
+
+    async def _update(self, request: web.Request, t: Target, query: dict) -> web.Response:
+        body = await request.json()
+        if t.sub == "scale":
+            return _json(write_scale(self.store, t, lambda _: body, _manager(request, query)))
+        _check_kind(t.rt, body)
+        if (body.get("metadata") or {}).get("name") not in (None, t.name):
+            raise ApiError(400, "the name of the object does not match the name on the URL")
+        how = WriteOptions(_manager(request, query), t.sub)
+        return _json(self.store.write(t.rt, t.namespace, t.name, lambda _: body, how))
+
+    async def _patch(self, request: web.Request, t: Target, query: dict) -> web.Response:
+        ctype = request.content_type
+        if ctype == APPLY_TYPE:
+            return await self._apply(request, t, query)
+        if ctype not in PATCH_TYPES:
+            raise ApiError(
+                415,
+                f"the body of the request was in an unknown format - accepted media types include: {', '.join([*PATCH_TYPES, APPLY_TYPE])}",
+            )
+        patch, algorithm = await request.json(), PATCH_TYPES[ctype]
+        manager = _manager(request, query)
+        if t.sub == "scale":
+            return _json(write_scale(self.store, t, lambda scale: algorithm(scale, patch), manager))
+        how = WriteOptions(manager, t.sub)
+        return _json(
+            self.store.write(t.rt, t.namespace, t.name, lambda o: algorithm(o, patch), how)
+        )
+
+    async def _apply(self, request: web.Request, t: Target, query: dict) -> web.Response:
+        applied = yaml.safe_load(await request.text())
+        manager = query.get("fieldManager")
+        if not manager:
+            raise ApiError(
+                400, "PATCH, application/apply-patch+yaml requires fieldManager to be set"
+            )
+        if not isinstance(applied, dict):
+            raise ApiError(400, "the applied configuration must be an object")
+        _check_kind(t.rt, applied, required=True)
+        if (applied.get("metadata") or {}).get("name") not in (None, t.name):
+            raise ApiError(400, "the name of the object does not match the name on the URL")
+        applied.setdefault("metadata", {})["name"] = t.name
+        scoped = _apply_scope(t.rt, applied, t.sub)
+        key = (manager, "Apply", t.sub)
+        with self.store.lock:
+            try:
+                self.store.get(t.rt, t.namespace, t.name)
+            except ApiError:
+                if t.sub:
+                    raise
+                return _json(self._apply_create(t, scoped, key), 201)
+            how = WriteOptions(manager, t.sub)
+
+            def mutate(current: dict) -> dict:
+                result, how.entries = ssa.apply(current, scoped, key, query.get("force") == "true")
+                return result
+
+            try:
+                return _json(self.store.write(t.rt, t.namespace, t.name, mutate, how))
+            except ssa.ApplyConflict as e:
+                causes = [
+                    {
+                        "type": "FieldManagerConflict",
+                        "message": f'conflict with "{m}"',
+                        "field": "." + ".".join(p),
+                    }
+                    for p, m in e.conflicts
+                ]
+                raise ApiError(
+                    409,
+                    e.message(),
+                    "Conflict",
+                    {"name": t.name, "group": t.rt.group, "kind": t.rt.plural, "causes": causes},
+                ) from e
+
+    def _apply_create(self, t: Target, applied: dict, key: ssa.EntryKey) -> dict:
+        return self.store.create(t.rt, t.namespace, applied, key[0], operation="Apply")
+
+    async def _delete(self, request: web.Request, t: Target, query: dict) -> web.Response:
+        options = await _delete_options(request, query)
+        return _json(self.store.delete(t.rt, t.namespace, t.name, options))
+
+    async def _deletecollection(self, request: web.Request, t: Target, query: dict) -> web.Response:
+        options = await _delete_options(request, query)
+        predicate = make_predicate(query.get("labelSelector"), query.get("fieldSelector"))
+        items, _ = self.store.list(t.rt, t.namespace, predicate)
+        deleted = [
+            self.store.delete(t.rt, o["metadata"].get("namespace"), o["metadata"]["name"], options)
+            for o in items
+        ]
+        return _json(
+            {
+                "kind": f"{t.rt.kind}List",
+                "apiVersion": t.rt.api_version,
+                "metadata": {"resourceVersion": str(self.store.rv)},
+                "items": deleted,
+            }
+        )
+
+    # ----- watch -----------------------------------------------------------------------------
+
+    async def _watch(self, request: web.Request, t: Target, query: dict) -> web.StreamResponse:
+        predicate = make_predicate(query.get("labelSelector"), query.get("fieldSelector"))
+        if t.name:
+            name_pred = make_predicate(None, f"metadata.name={t.name}")
+            predicate = (lambda p, q: lambda o: p(o) and q(o))(predicate, name_pred)
+        since = _since(query.get("resourceVersion"))
+        watcher = Watcher(t.rt.storage_key, t.namespace, predicate, asyncio.get_running_loop())
+        response = web.StreamResponse(headers={"Content-Type": "application/json"})
+        await response.prepare(request)
+        try:
+            last_rv = self.store.register_watcher(
+                watcher, t.rt, since, query.get("sendInitialEvents") == "true"
+            )
+        except ApiError as e:
+            await response.write(_line({"type": "ERROR", "object": e.status()}))
+            return response
+        try:
+            await self._stream(response, watcher, t.rt, query, last_rv)
+        except (ConnectionResetError, asyncio.CancelledError):
+            pass
+        finally:
+            self.store.unregister_watcher(watcher)
+        return response
+
+    async def _stream(
+        self, response: web.StreamResponse, w: Watcher, rt: ResourceType, query: dict, last_rv: int
+    ) -> None:
+        loop = asyncio.get_running_loop()
+        timeout = float(query["timeoutSeconds"]) if query.get("timeoutSeconds") else None
+        deadline = loop.time() + timeout if timeout is not None else None
+        bookmarks = query.get("allowWatchBookmarks") == "true"
+        while True:
+            wait = (
+                self.bookmark_interval
+                if deadline is None
+                else min(self.bookmark_interval, deadline - loop.time())
+            )
+            if wait <= 0:
+                return
+            try:
+                kind, obj, rv = await asyncio.wait_for(w.queue.get(), wait)
+            except TimeoutError:
+                if bookmarks and (deadline is None or loop.time() < deadline):
+                    await response.write(_line(_bookmark(rt, last_rv)))
+                continue
+            if kind == "DROP":
+                response.force_close()
+                if response._req is not None and response._req.transport is not None:
+                    response._req.transport.abort()
+                return
+            last_rv = max(last_rv, rv)
+            if kind == "INITIAL-END":
+                await response.write(_line(_bookmark(rt, last_rv, initial_end=True)))
+            elif kind is not None:
+                await response.write(
+                    _line(
+                        {
+                            "type": kind,
+                            "object": {**obj, "apiVersion": rt.api_version, "kind": rt.kind},
+                        }
+                    )
+                )
+
+
+def _line(event: dict) -> bytes:
+    return json.dumps(event, separators=(",", ":")).encode() + b"\n"
+
+
+def _bookmark(rt: ResourceType, rv: int, initial_end: bool = False) -> dict:
+    meta: dict = {"resourceVersion": str(rv)}
+    if initial_end:
+        meta["annotations"] = {"k8s.io/initial-events-end": "true"}
+    return {
+        "type": "BOOKMARK",
+        "object": {"kind": rt.kind, "apiVersion": rt.api_version, "metadata": meta},
+    }
+
+
+def _since(value: str | None) -> int | None:
+    if value in (None, "", "0"):
+        return None
+    if not value.isdigit():
+        raise ApiError(400, f"invalid resource version {value!r}")
+    return int(value)
+
+
+def _key(obj: dict) -> str:
+    return f"{obj['metadata'].get('namespace', '')}/{obj['metadata']['name']}"
+
+
+def _verb(method: str, t: Target, query: dict) -> str:
+    if method == "GET":
+        if query.get("watch") in ("true", "1"):
+            return "watch"
+        return "get" if t.name else "list"
+    verbs = {
+        "POST": "create",
+        "PUT": "update",
+        "PATCH": "patch",
+        "DELETE": "delete" if t.name else "deletecollection",
+    }
+    if (
+        method not in verbs
+        or (method in ("PUT", "PATCH") and not t.name)
+        or (method == "POST" and t.name)
+    ):
+        raise ApiError(
+            405, f"the server does not allow this method on the requested resource ({method})"
+        )
+    return verbs[method]
+
+
+def _manager(request: web.Request, query: dict) -> str:
+    if query.get("fieldManager"):
+        return query["fieldManager"]
+    agent = request.headers.get("User-Agent", "unknown")
+    return agent.split("/")[0].strip() or "unknown"
+
+
+def _check_kind(rt: ResourceType, body: dict, required: bool = False) -> None:
+    if not isinstance(body, dict):
+        raise ApiError(400, "the request body must be a JSON object")
+    api_version, kind = body.get("apiVersion"), body.get("kind")
+    if required and (not api_version or not kind):
+        raise ApiError(400, "apiVersion and kind must be set in an applied configuration")
+    if (kind and kind != rt.kind) or (api_version and api_version != rt.api_version):
+        raise ApiError(
+            400,
+            f"the object provided ({api_version}, {kind}) does not match the resource ({rt.api_version}, {rt.kind})",
+        )
+
+
+def _apply_scope(rt: ResourceType, applied: dict, sub: str) -> dict:
+    """An apply to the main resource never touches status; one to /status touches only status."""
+    if sub == "status":
+        keep = {k: applied[k] for k in ("apiVersion", "kind", "status") if k in applied}
+        return {**keep, "metadata": {"name": applied["metadata"]["name"]}}
+    return {k: v for k, v in applied.items() if k != "status"} if rt.status else applied
+
+
+async def _delete_options(request: web.Request, query: dict) -> dict:
+    options = {}
+    if request.can_read_body:
+        text = await request.text()
+        options = json.loads(text) if text.strip() else {}
+    if query.get("propagationPolicy"):
+        options["propagationPolicy"] = query["propagationPolicy"]
+    return options

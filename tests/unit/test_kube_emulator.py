@@ -1,0 +1,716 @@
+"""The Kubernetes API emulator over HTTP: CRUD, versions, conflicts, selectors, watch, deletion,
+subresources, server-side apply, CR schemas and fault injection."""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+
+import httpx
+import pytest
+
+from tests.kube_emulator import KubeEmulator
+
+CM = "/api/v1/namespaces/default/configmaps"
+DEPLOY = "/apis/apps/v1/namespaces/default/deployments"
+TOYS = "/apis/example.com/v1/namespaces/default/toys"
+MERGE = {"Content-Type": "application/merge-patch+json"}
+JSONP = {"Content-Type": "application/json-patch+json"}
+APPLY = {"Content-Type": "application/apply-patch+yaml"}
+
+TOY_CRD = {
+    "apiVersion": "apiextensions.k8s.io/v1",
+    "kind": "CustomResourceDefinition",
+    "metadata": {"name": "toys.example.com"},
+    "spec": {
+        "group": "example.com",
+        "scope": "Namespaced",
+        "names": {"plural": "toys", "singular": "toy", "kind": "Toy"},
+        "versions": [
+            {
+                "name": "v1",
+                "served": True,
+                "storage": True,
+                "subresources": {
+                    "status": {},
+                    "scale": {
+                        "specReplicasPath": ".spec.replicas",
+                        "statusReplicasPath": ".status.replicas",
+                        "labelSelectorPath": ".status.selector",
+                    },
+                },
+                "schema": {
+                    "openAPIV3Schema": {
+                        "type": "object",
+                        "properties": {
+                            "spec": {
+                                "type": "object",
+                                "required": ["size"],
+                                "properties": {
+                                    "size": {"type": "integer", "minimum": 1, "maximum": 10},
+                                    "replicas": {"type": "integer", "default": 1},
+                                    "mode": {"type": "string", "enum": ["fast", "slow"]},
+                                    "tags": {
+                                        "type": "array",
+                                        "items": {"type": "string"},
+                                        "maxItems": 2,
+                                    },
+                                    "extra": {
+                                        "type": "object",
+                                        "x-kubernetes-preserve-unknown-fields": True,
+                                    },
+                                },
+                            },
+                            "status": {
+                                "type": "object",
+                                "properties": {
+                                    "replicas": {"type": "integer"},
+                                    "selector": {"type": "string"},
+                                    "phase": {"type": "string"},
+                                },
+                            },
+                        },
+                    }
+                },
+            }
+        ],
+    },
+}
+
+
+@pytest.fixture
+def kube():
+    with KubeEmulator(bookmark_interval=0.2) as emulator:
+        yield emulator
+
+
+@pytest.fixture
+def http(kube):
+    with httpx.Client(base_url=kube.url, timeout=10) as client:
+        yield client
+
+
+def cm(name: str, labels: dict | None = None, **data: str) -> dict:
+    return {
+        "apiVersion": "v1",
+        "kind": "ConfigMap",
+        "metadata": {"name": name, "labels": labels or {}},
+        "data": data,
+    }
+
+
+def deployment(name: str, replicas: int = 2) -> dict:
+    return {
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "metadata": {"name": name},
+        "spec": {
+            "replicas": replicas,
+            "selector": {"matchLabels": {"app": name}},
+            "template": {
+                "metadata": {"labels": {"app": name}},
+                "spec": {"containers": [{"name": "c", "image": "i"}]},
+            },
+        },
+    }
+
+
+def toy(name: str, **spec) -> dict:
+    return {
+        "apiVersion": "example.com/v1",
+        "kind": "Toy",
+        "metadata": {"name": name},
+        "spec": {"size": 3, **spec},
+    }
+
+
+def watch_events(
+    kube: KubeEmulator, path: str, params: dict, count: int, timeout: float = 5.0
+) -> list[dict]:
+    """Read ``count`` events (or until the server ends the stream) from a watch."""
+    events: list[dict] = []
+    with httpx.Client(base_url=kube.url, timeout=timeout) as client:
+        with client.stream("GET", path, params={"watch": "true", **params}) as response:
+            for line in response.iter_lines():
+                if line.strip():
+                    events.append(json.loads(line))
+                if len(events) >= count:
+                    break
+    return events
+
+
+# ----- discovery ---------------------------------------------------------------------------------
+
+
+def test_discovery_lists_builtin_and_custom_kinds(kube, http):
+    assert "v1" in http.get("/api").json()["versions"]
+    groups = {g["name"] for g in http.get("/apis").json()["groups"]}
+    assert {
+        "apps",
+        "batch",
+        "autoscaling",
+        "coordination.k8s.io",
+        "events.k8s.io",
+        "apiextensions.k8s.io",
+    } <= groups
+    apps = {r["name"]: r for r in http.get("/apis/apps/v1").json()["resources"]}
+    assert (
+        "deployments/scale" in apps
+        and "deployments/status" in apps
+        and apps["deployments"]["namespaced"]
+    )
+    assert http.get("/apis/example.com/v1").status_code == 404
+    kube.create(TOY_CRD)
+    toys = {r["name"] for r in http.get("/apis/example.com/v1").json()["resources"]}
+    assert toys == {"toys", "toys/status", "toys/scale"}
+    assert http.get("/version").json()["major"] == "1"
+    assert http.get("/healthz").text == "ok"
+
+
+def test_kubernetes_client_round_trip(kube):
+    from kubernetes.client import CoreV1Api
+    from kubernetes.client.exceptions import ApiException
+
+    with kube.api_client() as client:
+        core = CoreV1Api(client)
+        created = core.create_namespaced_config_map("default", cm("a", {"x": "1"}, k="v"))
+        assert created.metadata.uid and created.metadata.resource_version
+        assert core.read_namespaced_config_map("a", "default").data == {"k": "v"}
+        with pytest.raises(ApiException) as err:
+            core.read_namespaced_config_map("missing", "default")
+        assert err.value.status == 404
+
+
+# ----- CRUD, resourceVersion, generation ---------------------------------------------------------
+
+
+def test_create_get_list_delete(http):
+    created = http.post(CM, json=cm("a", k="v"))
+    assert created.status_code == 201
+    body = created.json()
+    assert (
+        body["metadata"]["uid"]
+        and body["metadata"]["creationTimestamp"]
+        and body["metadata"]["generation"] == 1
+    )
+    assert http.get(f"{CM}/a").json()["data"] == {"k": "v"}
+    assert http.post(CM, json=cm("a")).json()["reason"] == "AlreadyExists"
+    generated = http.post(CM, json={"metadata": {"generateName": "gen-"}}).json()
+    assert (
+        generated["metadata"]["name"].startswith("gen-") and len(generated["metadata"]["name"]) == 9
+    )
+    assert len(http.get(CM).json()["items"]) == 2
+    assert http.delete(f"{CM}/a").status_code == 200
+    assert http.get(f"{CM}/a").status_code == 404
+
+
+def test_bad_requests_are_rejected(http):
+    assert http.post("/api/v1/namespaces/nope/configmaps", json=cm("a")).status_code == 404
+    assert http.post(CM, json=cm("Bad_Name")).status_code == 422
+    assert (
+        http.post(
+            CM, json={"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "a"}}
+        ).status_code
+        == 400
+    )
+    assert http.get("/apis/nothing.io/v1/things").status_code == 404
+    assert http.get(CM, params={"labelSelector": "a in b"}).status_code == 400
+    http.post(CM, json=cm("a"))
+    assert (
+        http.patch(f"{CM}/a", content="{}", headers={"Content-Type": "text/plain"}).status_code
+        == 415
+    )
+
+
+def test_resource_version_is_global_and_monotonic(http):
+    rvs = [
+        int(http.post(CM, json=cm(f"c{i}")).json()["metadata"]["resourceVersion"]) for i in range(3)
+    ]
+    assert rvs == sorted(rvs) and len(set(rvs)) == 3
+    updated = http.patch(f"{CM}/c0", json={"data": {"x": "1"}}, headers=MERGE).json()
+    assert int(updated["metadata"]["resourceVersion"]) > rvs[-1]
+    assert int(http.get(CM).json()["metadata"]["resourceVersion"]) == int(
+        updated["metadata"]["resourceVersion"]
+    )
+
+
+def test_noop_write_keeps_resource_version(http):
+    rv = http.post(CM, json=cm("a", k="v")).json()["metadata"]["resourceVersion"]
+    same = http.patch(f"{CM}/a", json={"data": {"k": "v"}}, headers=MERGE).json()
+    assert same["metadata"]["resourceVersion"] == rv
+
+
+def test_put_with_stale_resource_version_conflicts(http):
+    body = http.post(CM, json=cm("a", k="1")).json()
+    fresh = http.put(f"{CM}/a", json={**body, "data": {"k": "2"}})
+    assert fresh.status_code == 200
+    stale = http.put(f"{CM}/a", json={**body, "data": {"k": "3"}})
+    assert stale.status_code == 409 and stale.json()["reason"] == "Conflict"
+    assert http.get(f"{CM}/a").json()["data"] == {"k": "2"}
+
+
+def test_generation_bumps_on_spec_changes_only(kube, http):
+    http.post(DEPLOY, json=deployment("d"))
+    http.patch(f"{DEPLOY}/d", json={"metadata": {"labels": {"x": "y"}}}, headers=MERGE)
+    assert http.get(f"{DEPLOY}/d").json()["metadata"]["generation"] == 1
+    http.patch(f"{DEPLOY}/d/status", json={"status": {"replicas": 7}}, headers=MERGE)
+    assert http.get(f"{DEPLOY}/d").json()["metadata"]["generation"] == 1
+    http.patch(f"{DEPLOY}/d", json={"spec": {"replicas": 3}}, headers=MERGE)
+    assert http.get(f"{DEPLOY}/d").json()["metadata"]["generation"] == 2
+
+
+# ----- patches -----------------------------------------------------------------------------------
+
+
+def test_merge_strategic_and_json_patches(http):
+    http.post(CM, json=cm("a", k="v", drop="me"))
+    merged = http.patch(f"{CM}/a", json={"data": {"drop": None, "n": "1"}}, headers=MERGE).json()
+    assert merged["data"] == {"k": "v", "n": "1"}
+    strategic = http.patch(
+        f"{CM}/a",
+        json={"data": {"s": "2"}},
+        headers={"Content-Type": "application/strategic-merge-patch+json"},
+    ).json()
+    assert strategic["data"]["s"] == "2"
+    rv = strategic["metadata"]["resourceVersion"]
+    ops = [
+        {"op": "test", "path": "/metadata/resourceVersion", "value": rv},
+        {"op": "add", "path": "/metadata/finalizers", "value": ["f"]},
+    ]
+    assert http.patch(f"{CM}/a", json=ops, headers=JSONP).json()["metadata"]["finalizers"] == ["f"]
+    failed = http.patch(f"{CM}/a", json=ops, headers=JSONP)  # the RV moved on: the test op fails
+    assert failed.status_code == 422
+
+
+# ----- selectors ---------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("selector", "expected"),
+    [
+        ("app=web", {"a", "b"}),
+        ("app!=web", {"c", "d"}),
+        ("app in (web,db)", {"a", "b", "c"}),
+        ("app notin (web)", {"c", "d"}),
+        ("tier", {"a"}),
+        ("!tier", {"b", "c", "d"}),
+        ("app=web,tier=front", {"a"}),
+    ],
+)
+def test_label_selectors(http, selector, expected):
+    http.post(CM, json=cm("a", {"app": "web", "tier": "front"}))
+    http.post(CM, json=cm("b", {"app": "web"}))
+    http.post(CM, json=cm("c", {"app": "db"}))
+    http.post(CM, json=cm("d"))
+    items = http.get(CM, params={"labelSelector": selector}).json()["items"]
+    assert {i["metadata"]["name"] for i in items} == expected
+
+
+def test_field_selectors_and_namespaces(http):
+    http.post("/api/v1/namespaces", json={"metadata": {"name": "other"}})
+    http.post(CM, json=cm("a"))
+    http.post("/api/v1/namespaces/other/configmaps", json=cm("a"))
+    everywhere = http.get("/api/v1/configmaps", params={"fieldSelector": "metadata.name=a"}).json()[
+        "items"
+    ]
+    assert {i["metadata"]["namespace"] for i in everywhere} == {"default", "other"}
+    only = http.get(
+        "/api/v1/configmaps", params={"fieldSelector": "metadata.namespace!=default"}
+    ).json()["items"]
+    assert [i["metadata"]["namespace"] for i in only] == ["other"]
+
+
+def test_list_pagination(http):
+    for i in range(5):
+        http.post(CM, json=cm(f"c{i}"))
+    first = http.get(CM, params={"limit": 2}).json()
+    second = http.get(CM, params={"limit": 2, "continue": first["metadata"]["continue"]}).json()
+    third = http.get(CM, params={"limit": 2, "continue": second["metadata"]["continue"]}).json()
+    names = [i["metadata"]["name"] for page in (first, second, third) for i in page["items"]]
+    assert names == [f"c{i}" for i in range(5)] and "continue" not in third["metadata"]
+
+
+# ----- watch -------------------------------------------------------------------------------------
+
+
+def test_watch_without_version_lists_then_streams(kube, http):
+    http.post(CM, json=cm("a"))
+
+    def later():
+        time.sleep(0.2)
+        http.post(CM, json=cm("b"))
+
+    threading.Thread(target=later).start()
+    events = watch_events(kube, CM, {}, 2)
+    assert [(e["type"], e["object"]["metadata"]["name"]) for e in events] == [
+        ("ADDED", "a"),
+        ("ADDED", "b"),
+    ]
+
+
+def test_watch_resumes_from_version_without_duplicates(kube, http):
+    rv = http.post(CM, json=cm("a")).json()["metadata"]["resourceVersion"]
+    http.patch(f"{CM}/a", json={"data": {"k": "1"}}, headers=MERGE)
+    http.post(CM, json=cm("b"))
+    http.delete(f"{CM}/a")
+    events = watch_events(kube, CM, {"resourceVersion": rv, "timeoutSeconds": "1"}, 10)
+    assert [(e["type"], e["object"]["metadata"]["name"]) for e in events] == [
+        ("MODIFIED", "a"),
+        ("ADDED", "b"),
+        ("DELETED", "a"),
+    ]
+
+
+def test_watch_from_compacted_version_is_410_expired(kube, http):
+    rv = http.post(CM, json=cm("a")).json()["metadata"]["resourceVersion"]
+    http.post(CM, json=cm("b"))
+    kube.compact_history()
+    (event,) = watch_events(kube, CM, {"resourceVersion": rv}, 1)
+    assert (
+        event["type"] == "ERROR"
+        and event["object"]["code"] == 410
+        and event["object"]["reason"] == "Expired"
+    )
+
+
+def test_watch_history_is_bounded():
+    with KubeEmulator(history_limit=5) as kube:
+        with httpx.Client(base_url=kube.url) as http:
+            rv = http.post(CM, json=cm("a")).json()["metadata"]["resourceVersion"]
+            for i in range(6):
+                http.patch(f"{CM}/a", json={"data": {"i": str(i)}}, headers=MERGE)
+        (event,) = watch_events(kube, CM, {"resourceVersion": rv}, 1)
+        assert event["object"]["code"] == 410
+
+
+def test_watch_bookmarks_timeout_and_selector_transitions(kube, http):
+    rv = http.post(CM, json=cm("a", {"app": "x"})).json()["metadata"]["resourceVersion"]
+    http.patch(f"{CM}/a", json={"metadata": {"labels": {"app": "y"}}}, headers=MERGE)
+    http.patch(f"{CM}/a", json={"metadata": {"labels": {"app": "x"}}}, headers=MERGE)
+    started = time.monotonic()
+    events = watch_events(
+        kube,
+        CM,
+        {
+            "resourceVersion": rv,
+            "labelSelector": "app=x",
+            "allowWatchBookmarks": "true",
+            "timeoutSeconds": "1",
+        },
+        100,
+    )
+    assert time.monotonic() - started < 3  # the server ended the stream at timeoutSeconds
+    kinds = [e["type"] for e in events]
+    assert kinds[:2] == ["DELETED", "ADDED"]  # leaving and re-entering the selector
+    assert "BOOKMARK" in kinds
+    bookmark = next(e for e in events if e["type"] == "BOOKMARK")
+    assert int(bookmark["object"]["metadata"]["resourceVersion"]) >= int(
+        events[1]["object"]["metadata"]["resourceVersion"]
+    )
+
+
+def test_watch_initial_events_end_with_bookmark(kube, http):
+    http.post(CM, json=cm("a"))
+    events = watch_events(kube, CM, {"sendInitialEvents": "true", "allowWatchBookmarks": "true"}, 2)
+    assert events[0]["type"] == "ADDED"
+    assert events[1]["object"]["metadata"]["annotations"] == {"k8s.io/initial-events-end": "true"}
+
+
+def test_dropped_watch_ends_the_stream(kube, http):
+    result: list = []
+
+    def watch():
+        try:
+            result.extend(watch_events(kube, CM, {"resourceVersion": "1"}, 100, timeout=10))
+        except httpx.HTTPError as e:
+            result.append(e)
+
+    thread = threading.Thread(target=watch)
+    thread.start()
+    kube.wait_for(lambda: kube.store.watchers)
+    assert kube.drop_watches("configmaps") == 1
+    thread.join(5)
+    assert not thread.is_alive()
+
+
+# ----- deletion ----------------------------------------------------------------------------------
+
+
+def test_finalizers_delay_deletion(kube, http):
+    http.post(CM, json={**cm("a"), "metadata": {"name": "a", "finalizers": ["test/hold"]}})
+    deleted = http.delete(f"{CM}/a").json()
+    assert deleted["metadata"]["deletionTimestamp"]
+    assert http.get(f"{CM}/a").status_code == 200
+    refused = http.patch(
+        f"{CM}/a", json={"metadata": {"finalizers": ["test/hold", "new"]}}, headers=MERGE
+    )
+    assert refused.status_code == 422
+    http.patch(f"{CM}/a", json={"metadata": {"finalizers": []}}, headers=MERGE)
+    assert http.get(f"{CM}/a").status_code == 404
+
+
+def test_owner_references_are_garbage_collected(kube, http):
+    owner = http.post(CM, json=cm("owner")).json()
+    ref = {
+        "apiVersion": "v1",
+        "kind": "ConfigMap",
+        "name": "owner",
+        "uid": owner["metadata"]["uid"],
+    }
+    http.post(CM, json={**cm("child"), "metadata": {"name": "child", "ownerReferences": [ref]}})
+    http.post(CM, json={**cm("kept"), "metadata": {"name": "kept", "ownerReferences": [ref]}})
+    http.patch(f"{CM}/kept", json={"metadata": {"finalizers": ["x/y"]}}, headers=MERGE)
+    http.delete(f"{CM}/owner")
+    kube.wait_for(lambda: http.get(f"{CM}/child").status_code == 404)
+    assert http.get(f"{CM}/kept").json()["metadata"]["deletionTimestamp"]  # its finalizer holds it
+
+
+def test_orphan_and_foreground_propagation(kube, http):
+    for name in ("o1", "o2"):
+        owner = http.post(CM, json=cm(name)).json()
+        ref = {
+            "apiVersion": "v1",
+            "kind": "ConfigMap",
+            "name": name,
+            "uid": owner["metadata"]["uid"],
+        }
+        http.post(
+            CM,
+            json={
+                **cm(f"{name}-child"),
+                "metadata": {"name": f"{name}-child", "ownerReferences": [ref]},
+            },
+        )
+    http.delete(f"{CM}/o1", params={"propagationPolicy": "Orphan"})
+    time.sleep(0.3)
+    assert http.get(f"{CM}/o1-child").json()["metadata"]["ownerReferences"] == []
+    held = http.request("DELETE", f"{CM}/o2", json={"propagationPolicy": "Foreground"}).json()
+    assert "foregroundDeletion" in held["metadata"]["finalizers"]
+    kube.wait_for(lambda: http.get(f"{CM}/o2").status_code == 404)
+    assert http.get(f"{CM}/o2-child").status_code == 404
+
+
+def test_namespace_deletion_empties_it(kube, http):
+    http.post("/api/v1/namespaces", json={"metadata": {"name": "gone"}})
+    http.post("/api/v1/namespaces/gone/configmaps", json=cm("a"))
+    assert http.delete("/api/v1/namespaces/gone").json()["status"]["phase"] == "Terminating"
+    assert http.post("/api/v1/namespaces/gone/configmaps", json=cm("b")).status_code == 403
+    kube.wait_for(lambda: http.get("/api/v1/namespaces/gone").status_code == 404)
+
+
+# ----- subresources ------------------------------------------------------------------------------
+
+
+def test_status_subresource_is_separate(http):
+    http.post(DEPLOY, json={**deployment("d"), "status": {"replicas": 99}})
+    assert "replicas" not in (
+        http.get(f"{DEPLOY}/d").json().get("status") or {}
+    )  # ignored on create
+    http.patch(
+        f"{DEPLOY}/d/status",
+        json={"status": {"observedGeneration": 5}, "spec": {"replicas": 9}},
+        headers=MERGE,
+    )
+    body = http.get(f"{DEPLOY}/d").json()
+    assert body["status"]["observedGeneration"] == 5 and body["spec"]["replicas"] == 2
+    http.patch(f"{DEPLOY}/d", json={"status": {"observedGeneration": 1}}, headers=MERGE)
+    assert http.get(f"{DEPLOY}/d").json()["status"]["observedGeneration"] == 5
+    assert http.get(f"{CM}/x/status").status_code == 404
+
+
+def test_deployment_scale_and_simulated_status(kube, http):
+    http.post(DEPLOY, json=deployment("d", 2))
+    kube.wait_for(
+        lambda: (http.get(f"{DEPLOY}/d").json().get("status") or {}).get("readyReplicas") == 2
+    )
+    scale = http.get(f"{DEPLOY}/d/scale").json()
+    assert (
+        scale["kind"] == "Scale"
+        and scale["spec"]["replicas"] == 2
+        and scale["status"]["selector"] == "app=d"
+    )
+    http.patch(f"{DEPLOY}/d/scale", json={"spec": {"replicas": 4}}, headers=MERGE)
+    kube.hold_deployment("d", ready=1)
+    body = kube.wait_for(
+        lambda: (lambda b: b if (b.get("status") or {}).get("replicas") == 4 else None)(
+            http.get(f"{DEPLOY}/d").json()
+        )
+    )
+    assert body["spec"]["replicas"] == 4 and body["metadata"]["generation"] == 2
+    assert body["status"]["readyReplicas"] == 1 and body["status"]["observedGeneration"] == 2
+    stale = http.put(f"{DEPLOY}/d/scale", json={**scale, "spec": {"replicas": 1}})
+    assert stale.status_code == 409
+
+
+def test_job_status_is_driven_by_the_test(kube, http):
+    jobs = "/apis/batch/v1/namespaces/default/jobs"
+    http.post(
+        jobs,
+        json={
+            "apiVersion": "batch/v1",
+            "kind": "Job",
+            "metadata": {"name": "ok"},
+            "spec": {
+                "parallelism": 2,
+                "completions": 2,
+                "completionMode": "Indexed",
+                "template": {},
+            },
+        },
+    )
+    http.post(
+        jobs,
+        json={
+            "apiVersion": "batch/v1",
+            "kind": "Job",
+            "metadata": {"name": "bad"},
+            "spec": {"template": {}},
+        },
+    )
+    kube.wait_for(lambda: (http.get(f"{jobs}/ok").json().get("status") or {}).get("active") == 2)
+    kube.succeed_job("ok")
+    kube.fail_job("bad", reason="PodFailurePolicy")
+    ok = kube.wait_for(lambda: (http.get(f"{jobs}/ok").json().get("status") or {}).get("succeeded"))
+    assert ok == 2 and http.get(f"{jobs}/ok").json()["status"]["completedIndexes"] == "0-1"
+    bad = http.get(f"{jobs}/bad").json()["status"]
+    assert bad["failed"] == 1 and any(
+        c["type"] == "Failed" and c["reason"] == "PodFailurePolicy" for c in bad["conditions"]
+    )
+
+
+# ----- server-side apply -------------------------------------------------------------------------
+
+
+def apply(http, path, body, manager, force=False):
+    params = {"fieldManager": manager, **({"force": "true"} if force else {})}
+    return http.patch(path, content=json.dumps(body), headers=APPLY, params=params)
+
+
+def test_apply_creates_merges_and_prunes_own_fields(http):
+    first = apply(http, f"{CM}/a", {**cm("a", x="1", y="2")}, "op")
+    assert first.status_code == 201
+    apply(http, f"{CM}/a", {**cm("a", x="1")}, "op")  # y no longer applied: removed
+    http.patch(f"{CM}/a", json={"data": {"z": "3"}}, headers=MERGE)  # another writer
+    body = apply(http, f"{CM}/a", {**cm("a", x="1")}, "op").json()
+    assert body["data"] == {"x": "1", "z": "3"}  # fields of others survive
+    managers = {m["manager"]: m["operation"] for m in body["metadata"]["managedFields"]}
+    assert managers["op"] == "Apply"
+    assert apply(http, f"{CM}/a", cm("a"), "").status_code == 400  # fieldManager is required
+
+
+def test_apply_conflicts_with_another_owner_unless_forced(http):
+    apply(http, f"{DEPLOY}/d", deployment("d", 2), "op")
+    http.patch(
+        f"{DEPLOY}/d/scale",
+        json={"spec": {"replicas": 5}},
+        headers=MERGE,
+        params={"fieldManager": "hpa"},
+    )
+    conflict = apply(http, f"{DEPLOY}/d", deployment("d", 2), "op")
+    assert conflict.status_code == 409 and ".spec.replicas" in conflict.json()["message"]
+    same_value = apply(http, f"{DEPLOY}/d", deployment("d", 5), "op")
+    assert same_value.status_code == 200  # equal values: shared ownership, no conflict
+    without = {
+        **deployment("d"),
+        "spec": {k: v for k, v in deployment("d")["spec"].items() if k != "replicas"},
+    }
+    assert (
+        apply(http, f"{DEPLOY}/d", without, "op").json()["spec"]["replicas"] == 5
+    )  # hpa still owns it
+    http.patch(
+        f"{DEPLOY}/d/scale",
+        json={"spec": {"replicas": 6}},
+        headers=MERGE,
+        params={"fieldManager": "hpa"},
+    )
+    forced = apply(http, f"{DEPLOY}/d", deployment("d", 2), "op", force=True)
+    assert forced.status_code == 200 and forced.json()["spec"]["replicas"] == 2
+
+
+# ----- custom resources --------------------------------------------------------------------------
+
+
+def test_custom_resource_schema_validation_and_defaults(kube, http):
+    assert (
+        http.post(
+            "/apis/apiextensions.k8s.io/v1/customresourcedefinitions", json=TOY_CRD
+        ).status_code
+        == 201
+    )
+    crd = http.get(
+        "/apis/apiextensions.k8s.io/v1/customresourcedefinitions/toys.example.com"
+    ).json()
+    assert any(
+        c["type"] == "Established" and c["status"] == "True" for c in crd["status"]["conditions"]
+    )
+    good = http.post(TOYS, json=toy("t", extra={"any": {"thing": 1}}))
+    assert good.status_code == 201 and good.json()["spec"]["replicas"] == 1  # defaulted
+    cases = [
+        ({"size": 0}, "greater than or equal to 1"),
+        ({"size": "3"}, "must be of type integer"),
+        ({"mode": "warp"}, "Unsupported value"),
+        ({"tags": ["a", "b", "c"]}, "at most 2 items"),
+    ]
+    for spec, message in cases:
+        bad = http.post(TOYS, json={**toy("b"), "spec": {"size": 3, **spec}})
+        assert bad.status_code == 422 and message in bad.json()["message"], spec
+    missing = http.post(TOYS, json={**toy("m"), "spec": {}})
+    assert "spec.size: Required value" in missing.json()["message"]
+    pruned = http.post(TOYS, json=toy("p", unknown=1)).json()
+    assert "unknown" not in pruned["spec"]
+
+
+def test_strict_field_validation_rejects_unknown_fields():
+    with KubeEmulator(strict_fields=True) as kube:
+        kube.create(TOY_CRD)
+        with httpx.Client(base_url=kube.url) as http:
+            rejected = http.post(TOYS, json=toy("p", unknown=1))
+    assert (
+        rejected.status_code == 422 and 'unknown field "spec.unknown"' in rejected.json()["message"]
+    )
+
+
+def test_invalid_crd_is_rejected(http):
+    bad = {**TOY_CRD, "metadata": {"name": "wrong.example.com"}}
+    assert (
+        http.post("/apis/apiextensions.k8s.io/v1/customresourcedefinitions", json=bad).status_code
+        == 422
+    )
+
+
+def test_custom_scale_and_crd_deletion(kube, http):
+    kube.create(TOY_CRD)
+    http.post(TOYS, json=toy("t", replicas=2))
+    http.patch(
+        f"{TOYS}/t/status", json={"status": {"replicas": 2, "selector": "app=t"}}, headers=MERGE
+    )
+    scale = http.get(f"{TOYS}/t/scale").json()
+    assert (
+        scale["spec"]["replicas"],
+        scale["status"]["replicas"],
+        scale["status"]["selector"],
+    ) == (2, 2, "app=t")
+    http.patch(f"{TOYS}/t/scale", json={"spec": {"replicas": 3}}, headers=MERGE)
+    assert http.get(f"{TOYS}/t").json()["spec"]["replicas"] == 3
+    http.delete("/apis/apiextensions.k8s.io/v1/customresourcedefinitions/toys.example.com")
+    kube.wait_for(lambda: http.get("/apis/example.com/v1").status_code == 404)
+
+
+# ----- fault injection ---------------------------------------------------------------------------
+
+
+def test_fault_injection(kube, http):
+    kube.faults.fail_next(2, verb="create", path="/configmaps")
+    assert [http.post(CM, json=cm(f"f{i}")).status_code for i in range(3)] == [500, 500, 201]
+    assert (
+        http.get("/api/v1/namespaces/default/configmaps/f0").status_code == 404
+    )  # nothing written
+    kube.faults.conflict_next()
+    assert http.patch(f"{CM}/f2", json={"data": {"a": "b"}}, headers=MERGE).status_code == 409
+    assert http.patch(f"{CM}/f2", json={"data": {"a": "b"}}, headers=MERGE).status_code == 200
+    kube.faults.add_latency(0.3, verb="get", times=1)
+    started = time.monotonic()
+    http.get(f"{CM}/f2")
+    assert time.monotonic() - started >= 0.3
+    assert [r["code"] for r in kube.requests_for(verb="create")] == [500, 500, 201]
