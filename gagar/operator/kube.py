@@ -62,11 +62,12 @@ def path(api_version: str, kind: str, namespace: str | None, name: str | None = 
     return f"{base}{ns}/{PLURALS[kind]}{tail}"
 
 
-def _message(err: ApiException) -> str:
+def _message(body: Any, reason: Any) -> str:
+    """The ``message`` of a Kubernetes ``Status`` body, else the HTTP reason."""
     try:
-        return json.loads(err.body).get("message") or err.reason
+        return json.loads(body).get("message") or str(reason)
     except (TypeError, ValueError, AttributeError):
-        return str(err.reason)
+        return str(reason)
 
 
 class Kube:
@@ -83,22 +84,24 @@ class Kube:
         query: list[tuple[str, str]] | None = None,
         content_type: str = "application/json",
     ) -> Any:
+        headers = {"Content-Type": content_type, "Accept": "application/json"}
         try:
-            resp = self.client.call_api(
-                url,
+            _, full_url, headers, body, _ = self.client.param_serialize(
                 method,
+                url,
                 query_params=query or [],
-                header_params={"Content-Type": content_type, "Accept": "application/json"},
+                header_params=headers,
                 body=body,
                 auth_settings=["BearerToken"],
-                _preload_content=False,
-                _request_timeout=30,
             )
+            resp = self.client.call_api(method, full_url, headers, body, _request_timeout=30)
+            data = resp.read()
         except ApiException as err:
-            raise KubeError(err.status or 0, _message(err)) from None
-        except OSError as err:  # connection refused/reset: transient
+            raise KubeError(err.status or 0, _message(err.body, err.reason)) from None
+        except OSError as err:  # connection refused/reset (urllib3 errors are OSErrors): transient
             raise KubeError(0, str(err)) from None
-        data = resp[0].data if isinstance(resp, tuple) else resp.data
+        if not 200 <= resp.status <= 299:
+            raise KubeError(resp.status, _message(data, resp.reason))
         return json.loads(data) if data else None
 
     def get(
