@@ -83,10 +83,7 @@ class _RunMemory:
     lock: threading.Lock = field(default_factory=threading.Lock)
     applied: str = ""  # fingerprint of the last manifests applied successfully
     apply_error: tuple[int, str] | None = None  # (generation, message) of a permanent failure
-
-
-def _plain(body: Mapping[str, Any]) -> dict[str, Any]:
-    return json.loads(json.dumps(dict(body), default=dict))
+    dirty: bool = False  # a child changed since the last reconcile started
 
 
 def parse_run(body: dict[str, Any]) -> tuple[GagarRun | None, str | None]:
@@ -131,19 +128,43 @@ class Reconciler:
         return groups
 
     def reconcile_named(self, namespace: str, run_name: str, force_apply: bool = False) -> None:
-        body = self.kube.get(f"{API_GROUP}/{API_VERSION}", "GagarRun", namespace, run_name)
-        if body is not None and not body["metadata"].get("deletionTimestamp"):
-            self.reconcile(body, force_apply=force_apply)
+        """Reconcile after a child changed. Coalesced: bursts of child events (a Deployment
+        rolling, the trainer reporting) cost one reconcile at a time, and none is lost: whoever
+        holds the run's lock goes again while the ``dirty`` flag is set."""
+        mem = self.memory(namespace, run_name)
+        mem.dirty = True
+        while mem.dirty:
+            if not mem.lock.acquire(blocking=False):
+                return
+            try:
+                while mem.dirty:
+                    self._locked_reconcile(namespace, run_name, mem, force_apply)
+            finally:
+                mem.lock.release()
 
-    def reconcile(self, body: Mapping[str, Any], force_apply: bool = False) -> Outcome:
-        """One full reconcile; raises ``kopf.TemporaryError`` on transient API errors."""
-        raw = _plain(body)
-        meta = raw["metadata"]
-        mem = self.memory(meta.get("namespace", ""), meta["name"])
+    def reconcile(self, body: Mapping[str, Any], force_apply: bool = False) -> Outcome | None:
+        """One full reconcile (waits for one in progress); raises ``kopf.TemporaryError`` on
+        transient API errors."""
+        namespace, run_name = body["metadata"].get("namespace", ""), body["metadata"]["name"]
+        mem = self.memory(namespace, run_name)
+        with mem.lock:
+            outcome = self._locked_reconcile(namespace, run_name, mem, force_apply)
+        if mem.dirty:
+            self.reconcile_named(namespace, run_name)
+        return outcome
+
+    def _locked_reconcile(
+        self, namespace: str, run_name: str, mem: _RunMemory, force_apply: bool
+    ) -> Outcome | None:
+        """Re-read the run first: the body kopf hands over may predate our last status write."""
         started, result = time.monotonic(), "error"
+        mem.dirty = False  # everything before this read is seen by it
         try:
-            with mem.lock:
-                outcome = self._reconcile(raw, mem, force_apply)
+            fresh = self.kube.get(f"{API_GROUP}/{API_VERSION}", "GagarRun", namespace, run_name)
+            if fresh is None or fresh["metadata"].get("deletionTimestamp"):
+                result = "gone"
+                return None
+            outcome = self._reconcile(fresh, mem, force_apply)
             result = "invalid" if outcome.status.phase == "Stalled" else "ok"
             return outcome
         except KubeError as err:
@@ -151,10 +172,10 @@ class Reconciler:
                 raise kopf.TemporaryError(f"API error, retrying: {err}", delay=1) from None
             raise
         finally:
+            elapsed = time.monotonic() - started
+            log.debug("reconcile %s/%s: %s in %.3f s", namespace, run_name, result, elapsed)
             self.metrics["gagar_operator_reconciles_total"].labels(result=result).inc()
-            self.metrics["gagar_operator_reconcile_duration_seconds"].observe(
-                time.monotonic() - started
-            )
+            self.metrics["gagar_operator_reconcile_duration_seconds"].observe(elapsed)
 
     def _reconcile(self, raw: dict[str, Any], mem: _RunMemory, force_apply: bool) -> Outcome:
         generation = int(raw["metadata"].get("generation", 1))
@@ -324,7 +345,7 @@ def register(registry: kopf.OperatorRegistry, reconciler: Reconciler) -> kopf.Op
     @kopf.on.update(API_GROUP, API_VERSION, PLURAL, field="spec", **on_run)
     def run_changed(body: kopf.Body, **_: Any) -> None:
         outcome = reconciler.reconcile(body, force_apply=True)
-        if outcome.status.phase == "Stalled":
+        if outcome is not None and outcome.status.phase == "Stalled":
             stalled = next(c for c in outcome.status.conditions if c.type == "Stalled")
             if stalled.reason == "InvalidSpec":  # retrying cannot help; the next edit will
                 raise kopf.PermanentError(stalled.message)

@@ -34,6 +34,9 @@ PLURALS = {
     "PodMonitor": "podmonitors",
     "ServiceMonitor": "servicemonitors",
     "Pod": "pods",
+    "Event": "events",
+    "Namespace": "namespaces",
+    "CustomResourceDefinition": "customresourcedefinitions",
     KIND: "gagarruns",
 }
 RUN_API = f"{API_GROUP}/{API_VERSION}"
