@@ -28,6 +28,11 @@ def build_registry(kube: Kube, metrics: Metrics, config: OperatorConfig) -> kopf
     registry = kopf.OperatorRegistry()
     register(registry, Reconciler(kube, metrics, config))
 
+    @kopf.on.login(registry=registry)
+    def _login(**kwargs: object) -> kopf.ConnectionInfo | None:
+        # a fresh registry has none of kopf's default login handlers: in-cluster or KUBECONFIG
+        return kopf.login_via_client(**kwargs)  # type: ignore[arg-type]
+
     @kopf.on.startup(registry=registry)
     def _settings(settings: kopf.OperatorSettings, **_: object) -> None:
         configure_settings(settings)

@@ -373,7 +373,8 @@ def test_operator_restart_mid_reconcile(env: Env) -> None:
         if (kind, child) in before:
             assert before[(kind, child)] == uid
     status = env.status(name)
-    assert status["startTime"] == status.get("startTime")
+    assert status["trainerRestarts"] == status_before["trainerRestarts"] == 0
+    assert env.run(name)["metadata"]["generation"] == 1
     kept = {c["type"]: c["lastTransitionTime"] for c in status_before["conditions"]}
     for c in status["conditions"]:
         if c["type"] in ("Stalled", "Failed", "Complete", "Suspended"):
@@ -390,7 +391,9 @@ def test_delete_garbage_collects_children(env: Env) -> None:
         env.wait(lambda: env.get("batch/v1", "Job", f"{name}-trainer"), what="children")
         # no finalizer of gagar's own: children go by owner references; kopf keeps one only to
         # stop the resync timer cleanly, and removes it
-        assert set(env.run(name)["metadata"].get("finalizers") or []) <= {"kopf.gagar.dev/finalizer"}
+        assert set(env.run(name)["metadata"].get("finalizers") or []) <= {
+            "kopf.gagar.dev/finalizer"
+        }
         env.kube.delete(RUN_API, "GagarRun", env.namespace, name)
         env.wait(lambda: env.run(name) is None, what="run gone")
         env.wait(lambda: env.children(name) == [], what="children collected")
