@@ -308,7 +308,7 @@ def test_rollout_vllm_weight_transfer() -> None:
     ]
     env = {e["name"]: e.get("value") for e in c["env"]}
     assert env["VLLM_SERVER_DEV_MODE"] == "1"
-    assert "'--weight-transfer-config={\"backend\": \"nccl\"}'" in c["command"][2]
+    assert '\'--weight-transfer-config={"backend": "nccl"}\'' in c["command"][2]
     assert transport(example("local")) == "gagar-cpu"  # auto without GPUs
     grader = one(objs, "Deployment", "qwen3-swe-1node-grader")["spec"]["template"]["spec"]
     names = [x["name"] for x in grader["containers"]]
