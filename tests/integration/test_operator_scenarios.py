@@ -24,7 +24,13 @@ from prometheus_client import CollectorRegistry
 
 from gagar.crd import build_crd
 from gagar.metrics import Metrics
-from gagar.operator.handlers import OperatorConfig, Reconciler, configure_settings, register
+from gagar.operator.handlers import (
+    OperatorConfig,
+    Reconciler,
+    configure_settings,
+    parse_run,
+    register,
+)
 from gagar.operator.kube import RUN_API, Kube
 from tests.kube_emulator import KubeEmulator
 from tests.kube_emulator.kopf_runner import run_operator
@@ -451,3 +457,15 @@ def test_api_errors_then_recovery(env: Env) -> None:
         env.wait(lambda: env.condition(name, "Ready").get("status") == "True", what="Ready")
     assert (applies.hits, reads.hits, status.hits) == (2, 1, 1)
     assert len([c for c in env.children(name) if c[0] == "Job"]) == 1
+
+
+def test_parse_run_names_every_bad_field() -> None:
+    """The handler's boundary: problems become one message with field paths, never an exception."""
+    run = manifest()
+    run["spec"]["rollout"]["autoscaling"] = HPA
+    run["spec"]["trainer"]["nodes"] = 0
+    parsed, error = parse_run(run)
+    assert parsed is None and error is not None
+    assert "spec.trainer.nodes" in error and "spec.rollout" in error
+    ok, none = parse_run(manifest())
+    assert ok is not None and none is None

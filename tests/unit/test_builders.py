@@ -6,6 +6,7 @@ import json
 import os
 import stat
 import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -337,3 +338,16 @@ def test_vllm_entry_script_boots_base_model(tmp_path: Path) -> None:
     assert '--x={"a": 1}' in out and "--served-model-name policy" in out
     plain = _run_entry(tmp_path, vllm_command("m", "grader", [], published=False))
     assert plain.startswith("serve m --host 0.0.0.0")
+
+
+def test_pure_modules_import_no_io_libraries() -> None:
+    """Builders, observe and status load without kopf, kubernetes, HTTP or distributed code."""
+    code = (
+        "import sys, gagar.operator.builders, gagar.operator.status, gagar.operator.observe\n"
+        "bad = ('kopf', 'kubernetes', 'httpx', 'requests', 'aiohttp', 'vllm', 'megatron', 'gagar.sandbox', 'torch')\n"
+        "print([m for m in sys.modules if m.startswith(bad)])\n"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True
+    )
+    assert out.stdout.strip() == "[]"
