@@ -15,7 +15,7 @@ import os
 import time
 import uuid
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import kopf
@@ -48,6 +48,7 @@ class Env:
     namespace: str
     emulator: KubeEmulator | None
     resync: float = 3.0
+    created: list[str] = field(default_factory=list)
 
     def need_emulator(self) -> KubeEmulator:
         if self.emulator is None:
@@ -65,7 +66,7 @@ class Env:
         registry = register(kopf.OperatorRegistry(), reconciler)
         if self.emulator is None:
             registry._kube_emulator_login = True  # type: ignore[attr-defined]
-            kopf.on.login(registry=registry)(lambda **_: kopf.login_with_kubeconfig())
+            kopf.on.login(registry=registry)(lambda **kw: kopf.login_with_kubeconfig(**kw))
         with run_operator(
             self.emulator, registry, namespaces=(self.namespace,), configure=configure_settings
         ):  # type: ignore[arg-type]
@@ -84,6 +85,7 @@ class Env:
     # -- runs
     def create(self, run: dict[str, Any]) -> dict[str, Any]:
         run = {**run, "metadata": {**run["metadata"], "namespace": self.namespace}}
+        self.created.append(run["metadata"]["name"])
         return self.kube._call(
             "POST", f"/apis/{RUN_API}/namespaces/{self.namespace}/gagarruns", body=run
         )
@@ -141,7 +143,10 @@ def env() -> Iterator[Env]:
         os.environ["KUBECONFIG"] = REAL
         kube = Kube(kubernetes.client.ApiClient(config))
         kube.apply(build_crd())
-        yield Env(kube, os.environ.get("GAGAR_TEST_NAMESPACE", "default"), None, resync=5.0)
+        real = Env(kube, os.environ.get("GAGAR_TEST_NAMESPACE", "default"), None, resync=5.0)
+        yield real
+        for name in real.created:  # a real cluster outlives the test: leave nothing behind
+            kube.delete(RUN_API, "GagarRun", real.namespace, name)
         return
     with KubeEmulator(bookmark_interval=0.5, deployment_delay=0.05) as emulator:
         emulator.create(build_crd())
