@@ -227,12 +227,10 @@ class Reconciler:
             if dep is not None:
                 pools[pool] = parse_deployment(dep)
         progress = self.kube.get("v1", "ConfigMap", ns, name(run, "progress")) or {}
-        pods = self.kube.list(
-            "v1",
-            "Pod",
-            ns,
-            f"gagar.dev/run={run.metadata.name},app.kubernetes.io/component=trainer",
-        )
+        pods = []
+        if trainer is None or trainer.ready < spec.trainer.nodes:  # why it waits, when it does
+            selector = f"gagar.dev/run={run.metadata.name},app.kubernetes.io/component=trainer"
+            pods = self.kube.list("v1", "Pod", ns, selector)
         error = mem.apply_error[1] if mem.apply_error and mem.apply_error[0] == generation else None
         return Observed(
             generation=generation,

@@ -88,8 +88,8 @@ def judge_trainer(spec: GagarRunSpec, job: TrainerObserved | None, restarts: int
     budget = spec.trainer.failure_policy.max_restarts
     if job is None:
         return _Trainer(restarts, restarts, "running")
-    if job.kind == "JobSet":
-        restarts = max(restarts, job.restarts)
+    # the child remembers too: a lost or stale status never lowers the count
+    restarts = max(restarts, job.restarts if job.kind == "JobSet" else job.attempt)
     if job.complete:
         return _Trainer(restarts, restarts, "complete", "TrainerSucceeded", "the trainer completed")
     if job.kind == "Job" and job.attempt < restarts:

@@ -428,3 +428,13 @@ def test_parse_job_and_friends() -> None:
         },
     ]
     assert waiting_reasons(pods) == ("ImagePullBackOff", "Unschedulable")
+
+
+def test_lost_status_recovers_restarts_from_the_job() -> None:
+    """The Job's attempt annotation outlives a wiped status: the count never goes down."""
+    out = compute_status(SPEC, obs(trainer=replace(RUNNING, attempt=2)), None, T0)
+    assert out.status.trainer_restarts == 2 and out.attempt == 2
+    last = compute_status(SPEC, obs(trainer=failed(2)), None, T0)
+    assert last.status.trainer_restarts == 3 and last.attempt == 3
+    done = compute_status(SPEC, obs(trainer=failed(3)), last.status, T1)
+    assert done.status.phase == "Failed"
