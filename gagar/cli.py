@@ -21,6 +21,7 @@ COMMAND_MODULES = [
     "gagar.trainer.model.cli",
     "gagar.rollout.cli",
     "gagar.grader.cli",
+    "gagar.operator.cli",
 ]
 
 

@@ -1,0 +1,75 @@
+"""ServiceAccounts and least-privilege RBAC of a run's pods.
+
+Only the trainer talks to the API: it reads its ConfigMap, writes its progress ConfigMap (by name;
+``resourceNames`` pins both) and lists EndpointSlices to find every rollout replica for weight
+sync. Rollout, grader and sandbox pods get no Role and no mounted token. No Role grants anything on
+``gagar.dev``: only the operator patches a GagarRun (its status).
+"""
+
+from __future__ import annotations
+
+from gagar.operator.builders.common import BuildContext, Manifest, metadata, name, obj
+from gagar.spec import GagarRun
+
+RBAC = "rbac.authorization.k8s.io/v1"
+
+
+def components(run: GagarRun) -> list[str]:
+    """Components with pods (and so a ServiceAccount) in this run."""
+    out = ["trainer"]
+    out += [
+        c
+        for c, pool in (("rollout", run.spec.rollout), ("grader", run.spec.grader))
+        if pool.endpoint is None
+    ]
+    return out + (["sandbox"] if run.spec.sandbox.backend == "pods" else [])
+
+
+def build_service_account(run: GagarRun, ctx: BuildContext, component: str) -> Manifest:
+    meta = metadata(run, ctx, name(run, component), component)
+    return obj("v1", "ServiceAccount", meta, automountServiceAccountToken=component == "trainer")
+
+
+def build_trainer_role(run: GagarRun, ctx: BuildContext) -> Manifest:
+    rules = [
+        {
+            "apiGroups": [""],
+            "resources": ["configmaps"],
+            "verbs": ["get"],
+            "resourceNames": [name(run, "config"), name(run, "progress")],
+        },
+        {
+            "apiGroups": [""],
+            "resources": ["configmaps"],
+            "verbs": ["patch", "update"],
+            "resourceNames": [name(run, "progress")],
+        },
+        {
+            "apiGroups": ["discovery.k8s.io"],
+            "resources": ["endpointslices"],
+            "verbs": ["get", "list", "watch"],
+        },
+    ]
+    return obj(RBAC, "Role", metadata(run, ctx, name(run, "trainer"), "trainer"), rules=rules)
+
+
+def build_trainer_role_binding(run: GagarRun, ctx: BuildContext) -> Manifest:
+    subject = {"kind": "ServiceAccount", "name": name(run, "trainer")}
+    if run.metadata.namespace:
+        subject["namespace"] = run.metadata.namespace
+    return obj(
+        RBAC,
+        "RoleBinding",
+        metadata(run, ctx, name(run, "trainer"), "trainer"),
+        roleRef={
+            "apiGroup": "rbac.authorization.k8s.io",
+            "kind": "Role",
+            "name": name(run, "trainer"),
+        },
+        subjects=[subject],
+    )
+
+
+def build_access(run: GagarRun, ctx: BuildContext) -> list[Manifest]:
+    accounts = [build_service_account(run, ctx, c) for c in components(run)]
+    return [*accounts, build_trainer_role(run, ctx), build_trainer_role_binding(run, ctx)]

@@ -1,0 +1,165 @@
+"""Shared pieces of every child manifest: names, labels, owner references, the build context.
+
+Child names are deterministic (``<run>-<component>[-<suffix>]``) so that server-side apply is
+idempotent across operator restarts: applying the same name twice updates, never duplicates.
+Pure: no I/O, no clock, no environment.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from gagar import API_GROUP, API_VERSION, KIND
+from gagar.spec import GagarRun
+
+Manifest = dict[str, Any]
+State = Literal["active", "terminal"]
+
+# Optional API groups whose CRDs change what is built (the handler discovers them; tests pass them).
+MONITORING = "monitoring.coreos.com"
+KEDA = "keda.sh"
+JOBSET = "jobset.x-k8s.io"
+
+CONFIG_MOUNT = "/etc/gagar/config"
+CHECKPOINT_MOUNT = "/gagar/checkpoints"
+PUBLISHED_DIR = f"{CHECKPOINT_MOUNT}/published/latest"  # the trainer's newest safetensors
+ATTEMPT_ANNOTATION = "gagar.dev/attempt"
+PLACEHOLDER_UID = "00000000-0000-0000-0000-000000000000"
+
+
+@dataclass(frozen=True)
+class BuildContext:
+    """Inputs besides the run that decide the manifests (all observed by the handler, passed in).
+
+    ``uid``: the GagarRun's uid for owner references. ``crds``: API groups of optional CRDs
+    installed in the cluster. ``attempt``: trainer attempt (restarts so far); a new attempt means
+    a new Job. ``state``: ``terminal`` once the run completed or failed (accelerators released).
+    """
+
+    uid: str = PLACEHOLDER_UID
+    crds: frozenset[str] = field(default_factory=frozenset)
+    attempt: int = 0
+    state: State = "active"
+
+
+def name(run: GagarRun, component: str, suffix: str = "") -> str:
+    """Deterministic child name."""
+    base = f"{run.metadata.name}-{component}"
+    return f"{base}-{suffix}" if suffix else base
+
+
+def labels(run: GagarRun, component: str) -> dict[str, str]:
+    """Recommended labels plus ``gagar.dev/run`` (the operator's watch and prune selector)."""
+    return {
+        "app.kubernetes.io/name": "gagar",
+        "app.kubernetes.io/instance": run.metadata.name,
+        "app.kubernetes.io/component": component,
+        "app.kubernetes.io/managed-by": "gagar-operator",
+        "gagar.dev/run": run.metadata.name,
+    }
+
+
+def selector(run: GagarRun, component: str) -> dict[str, str]:
+    """The immutable subset of labels used in selectors (never changes for a run)."""
+    return {"gagar.dev/run": run.metadata.name, "app.kubernetes.io/component": component}
+
+
+def owner_reference(run: GagarRun, uid: str) -> dict[str, Any]:
+    return {
+        "apiVersion": f"{API_GROUP}/{API_VERSION}",
+        "kind": KIND,
+        "name": run.metadata.name,
+        "uid": uid,
+        "controller": True,
+        "blockOwnerDeletion": True,
+    }
+
+
+def metadata(
+    run: GagarRun, ctx: BuildContext, obj_name: str, component: str, **extra: Any
+) -> dict[str, Any]:
+    """Metadata of a namespaced child: name, namespace, labels, owner reference."""
+    meta: dict[str, Any] = {"name": obj_name}
+    if run.metadata.namespace:
+        meta["namespace"] = run.metadata.namespace
+    meta["labels"] = labels(run, component)
+    meta["ownerReferences"] = [owner_reference(run, ctx.uid)]
+    meta.update({k: v for k, v in extra.items() if v})
+    return meta
+
+
+def obj(api_version: str, kind: str, meta: dict[str, Any], **body: Any) -> Manifest:
+    return {"apiVersion": api_version, "kind": kind, "metadata": meta, **body}
+
+
+def resources(req: Any) -> dict[str, Any]:
+    """A container ``resources`` block from a ``ResourceRequirements`` (empty parts omitted)."""
+    out: dict[str, Any] = {}
+    if req.requests:
+        out["requests"] = dict(req.requests)
+    if req.limits:
+        out["limits"] = dict(req.limits)
+    return out
+
+
+def common_env(run: GagarRun, component: str) -> list[dict[str, Any]]:
+    """Environment every gagar container gets: who it is and where its config lies."""
+    return [
+        {"name": "GAGAR_RUN", "value": run.metadata.name},
+        {"name": "GAGAR_COMPONENT", "value": component},
+        {"name": "GAGAR_CONFIG_DIR", "value": CONFIG_MOUNT},
+        {"name": "GAGAR_LOG_LEVEL", "value": run.spec.observability.log_level},
+        {"name": "GAGAR_METRICS_PORT", "value": str(run.spec.observability.metrics_port)},
+        {
+            "name": "GAGAR_NAMESPACE",
+            "valueFrom": {"fieldRef": {"fieldPath": "metadata.namespace"}},
+        },
+    ]
+
+
+def config_volume(run: GagarRun) -> tuple[dict[str, Any], dict[str, Any]]:
+    """(volume, mount) of the run's ConfigMap of validated sub-specs."""
+    volume = {"name": "config", "configMap": {"name": name(run, "config")}}
+    return volume, {"name": "config", "mountPath": CONFIG_MOUNT, "readOnly": True}
+
+
+def checkpoint_claim(run: GagarRun) -> str | None:
+    """The PVC holding checkpoints and published weights, or None when an object store is used."""
+    ckpt = run.spec.trainer.checkpoint
+    if ckpt.existing_claim:
+        return ckpt.existing_claim
+    return None if ckpt.uri else name(run, "checkpoints")
+
+
+def checkpoint_volume(
+    run: GagarRun, read_only: bool
+) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """(volumes, mounts) of the checkpoint PVC; empty when checkpoints go to an object store."""
+    claim = checkpoint_claim(run)
+    if claim is None:
+        return [], []
+    pvc: dict[str, Any] = {"claimName": claim}
+    if read_only:
+        pvc["readOnly"] = True
+    volume = {"name": "checkpoints", "persistentVolumeClaim": pvc}
+    mount = {"name": "checkpoints", "mountPath": CHECKPOINT_MOUNT, "readOnly": read_only}
+    return [volume], [mount]
+
+
+def metrics_port(run: GagarRun) -> dict[str, Any]:
+    return {"name": "metrics", "containerPort": run.spec.observability.metrics_port}
+
+
+def pod_security() -> dict[str, Any]:
+    """Pod security context of gagar's own (non-sandbox) pods: non-root, default seccomp."""
+    return {
+        "runAsNonRoot": True,
+        "runAsUser": 1000,
+        "fsGroup": 1000,
+        "seccompProfile": {"type": "RuntimeDefault"},
+    }
+
+
+def container_security() -> dict[str, Any]:
+    return {"allowPrivilegeEscalation": False, "capabilities": {"drop": ["ALL"]}}

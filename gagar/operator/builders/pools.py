@@ -1,0 +1,333 @@
+"""Rollout and grader pools: Deployments + Services, with fixed replicas XOR an autoscaler.
+
+One writer per field: when a pool is autoscaled the Deployment manifest omits ``spec.replicas``
+entirely, so the operator's server-side apply never owns it and the HPA/KEDA is its only writer.
+Suspended or terminal runs scale every pool to zero: KEDA pools (suspended) get the
+``autoscaling.keda.sh/paused-replicas: "0"`` annotation (KEDA scales to 0 and holds); HPA pools
+(an HPA cannot hold 0) and every pool of a terminal run lose their autoscaler and get
+``replicas: 0`` from the operator, which is then the only writer again. A pool with ``endpoint``
+builds nothing (the run uses the external server).
+
+The rollout pod is vLLM with its RL weight-transfer API enabled (``VLLM_SERVER_DEV_MODE=1``,
+``--weight-transfer-config``), booting from the newest safetensors the trainer published on the
+checkpoint volume (falling back to the base model), so new autoscaled replicas start current.
+"""
+
+from __future__ import annotations
+
+import json
+import shlex
+from typing import Any
+
+from gagar.operator.builders.common import (
+    PUBLISHED_DIR,
+    BuildContext,
+    Manifest,
+    checkpoint_volume,
+    common_env,
+    config_volume,
+    container_security,
+    labels,
+    metadata,
+    metrics_port,
+    name,
+    obj,
+    pod_security,
+    resources,
+    selector,
+)
+from gagar.spec import Autoscaling, GagarRun, GraderSpec, RolloutSpec
+
+VLLM_PORT = 8000
+GRADER_PORT = 8080
+KEDA_PAUSED = "autoscaling.keda.sh/paused-replicas"
+BASE_MODEL_MOUNT = "/gagar/base-model"
+
+
+def quantity(x: float) -> str:
+    """A Kubernetes quantity for a float (``4.0`` → ``"4"``, ``2.5`` → ``"2500m"``)."""
+    return str(int(x)) if float(x).is_integer() else f"{round(x * 1000)}m"
+
+
+def transport(run: GagarRun) -> str:
+    """vLLM weight-transfer backend: ``auto`` is NCCL on GPU replicas, gagar's CPU transport else."""
+    chosen = run.spec.rollout.weight_sync.transport
+    if chosen != "auto":
+        return chosen
+    return "nccl" if run.spec.rollout.resources.gpus > 0 else "gagar-cpu"
+
+
+def base_model(
+    location: str | None,
+) -> tuple[str | None, list[dict[str, Any]], list[dict[str, Any]]]:
+    """(path inside the pod, volumes, mounts) of a model location; ``pvc://claim/sub`` is mounted."""
+    if location is None or not location.startswith("pvc://"):
+        return location, [], []
+    claim, _, sub = location.removeprefix("pvc://").partition("/")
+    volume = {"name": "base-model", "persistentVolumeClaim": {"claimName": claim, "readOnly": True}}
+    mount = {"name": "base-model", "mountPath": BASE_MODEL_MOUNT, "readOnly": True}
+    return f"{BASE_MODEL_MOUNT}/{sub}".rstrip("/"), [volume], [mount]
+
+
+def streamer_args(model: str | None) -> list[str]:
+    """Object-store models are streamed by vLLM's Run:ai model streamer."""
+    return (
+        ["--load-format=runai_streamer"] if model and model.startswith(("s3://", "gs://")) else []
+    )
+
+
+def _replicas(run: GagarRun, pool: RolloutSpec | GraderSpec, ctx: BuildContext) -> int | None:
+    """``spec.replicas`` the operator writes, or None when an autoscaler owns it."""
+    stopped = run.spec.suspend or ctx.state == "terminal"
+    if pool.autoscaling is None:
+        return 0 if stopped else pool.replicas
+    if ctx.state == "terminal" or (stopped and pool.autoscaling.backend == "hpa"):
+        return 0
+    return None
+
+
+def _deployment(
+    run: GagarRun, ctx: BuildContext, component: str, pod: dict[str, Any], replicas: int | None
+) -> Manifest:
+    spec: dict[str, Any] = {
+        "selector": {"matchLabels": selector(run, component)},
+        "template": {"metadata": {"labels": labels(run, component)}, "spec": pod},
+    }
+    if replicas is not None:
+        spec = {"replicas": replicas, **spec}
+    return obj(
+        "apps/v1", "Deployment", metadata(run, ctx, name(run, component), component), spec=spec
+    )
+
+
+def vllm_command(
+    model: str | None, served_name: str, extra: list[str], published: bool = True
+) -> list[str]:
+    """Shell entry of a vLLM server. The policy (``published``) boots from the newest weights the
+    trainer published, else the base model, else waits for the first publication."""
+    args = " ".join(
+        shlex.quote(a)
+        for a in [
+            "--host",
+            "0.0.0.0",
+            "--port",
+            str(VLLM_PORT),
+            "--served-model-name",
+            served_name,
+            *extra,
+        ]
+    )
+    if not published:
+        return ["/bin/sh", "-c", f"exec vllm serve {shlex.quote(model or '')} {args}"]
+    fallback = f"M={shlex.quote(model)}; break" if model else "sleep 10"
+    script = (
+        f'while true; do M={PUBLISHED_DIR}; [ -f "$M/config.json" ] && break; '
+        f'{fallback}; done; exec vllm serve "$M" {args}'
+    )
+    return ["/bin/sh", "-c", script]
+
+
+def _vllm_container(
+    run: GagarRun, model: str | None, mounts: list[dict[str, Any]]
+) -> dict[str, Any]:
+    rollout = run.spec.rollout
+    extra = [
+        f"--tensor-parallel-size={rollout.tensor_parallel_size}",
+        f"--gpu-memory-utilization={rollout.gpu_memory_utilization}",
+        f"--max-model-len={rollout.agent.max_context_tokens}",
+        f"--weight-transfer-config={json.dumps({'backend': transport(run)})}",
+        *streamer_args(model),
+    ]
+    return {
+        "name": "vllm",
+        "image": rollout.image,
+        "command": vllm_command(model, "policy", extra),
+        "env": [*common_env(run, "rollout"), {"name": "VLLM_SERVER_DEV_MODE", "value": "1"}],
+        "ports": [{"name": "http", "containerPort": VLLM_PORT}],
+        "readinessProbe": {"httpGet": {"path": "/health", "port": "http"}, "periodSeconds": 10},
+        "resources": resources(rollout.resources),
+        "volumeMounts": mounts,
+        "securityContext": container_security(),
+    }
+
+
+def build_rollout_deployment(run: GagarRun, ctx: BuildContext) -> Manifest:
+    model, model_vols, model_mounts = base_model(run.spec.model.path)
+    publish = run.spec.rollout.weight_sync.publish_safetensors
+    ckpt_vols, ckpt_mounts = checkpoint_volume(run, read_only=True) if publish else ([], [])
+    cfg_vol, cfg_mount = config_volume(run)
+    shm = {"name": "dshm", "emptyDir": {"medium": "Memory"}}
+    mounts = [cfg_mount, *ckpt_mounts, *model_mounts, {"name": "dshm", "mountPath": "/dev/shm"}]
+    pod = {
+        "serviceAccountName": name(run, "rollout"),
+        "automountServiceAccountToken": False,
+        "securityContext": pod_security(),
+        "containers": [_vllm_container(run, model, mounts)],
+        "volumes": [cfg_vol, *ckpt_vols, *model_vols, shm],
+    }
+    return _deployment(run, ctx, "rollout", pod, _replicas(run, run.spec.rollout, ctx))
+
+
+def _grader_containers(run: GagarRun, mounts: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    grader = run.spec.grader
+    agentic = grader.kind == "agentic"
+    service = {
+        "name": "grader",
+        "image": grader.image,
+        "command": [
+            "gagar",
+            "grader",
+            "serve",
+            f"--port={GRADER_PORT}",
+            "--config-dir=/etc/gagar/config",
+        ],
+        "env": [*common_env(run, "grader")]
+        + (
+            [{"name": "GAGAR_GRADER_MODEL_URL", "value": f"http://127.0.0.1:{VLLM_PORT}/v1"}]
+            if agentic
+            else []
+        ),
+        "ports": [{"name": "http", "containerPort": GRADER_PORT}, metrics_port(run)],
+        "readinessProbe": {"httpGet": {"path": "/healthz", "port": "http"}, "periodSeconds": 10},
+        "volumeMounts": mounts[:1],
+        "securityContext": container_security(),
+    }
+    if not agentic:
+        service["resources"] = resources(grader.resources)
+        return [service]
+    model_path, _, model_mounts = base_model(grader.model)
+    server = {
+        "name": "model",
+        "image": run.spec.rollout.image,
+        "command": vllm_command(
+            model_path,
+            "grader",
+            [f"--tensor-parallel-size={max(grader.resources.gpus, 1)}", *streamer_args(model_path)],
+            published=False,
+        ),
+        "env": common_env(run, "grader-model"),
+        "ports": [{"name": "model", "containerPort": VLLM_PORT}],
+        "readinessProbe": {"httpGet": {"path": "/health", "port": "model"}, "periodSeconds": 10},
+        "resources": resources(grader.resources),
+        "volumeMounts": [*mounts[1:], *model_mounts],
+        "securityContext": container_security(),
+    }
+    return [service, server]
+
+
+def build_grader_deployment(run: GagarRun, ctx: BuildContext) -> Manifest:
+    """Grader service (``gagar grader serve``) and, for the agentic grader, its model server beside it."""
+    cfg_vol, cfg_mount = config_volume(run)
+    _, model_vols, _ = base_model(
+        run.spec.grader.model if run.spec.grader.kind == "agentic" else None
+    )
+    shm = {"name": "dshm", "emptyDir": {"medium": "Memory"}}
+    pod = {
+        "serviceAccountName": name(run, "grader"),
+        "automountServiceAccountToken": False,
+        "securityContext": pod_security(),
+        "containers": _grader_containers(
+            run, [cfg_mount, {"name": "dshm", "mountPath": "/dev/shm"}]
+        ),
+        "volumes": [cfg_vol, shm, *model_vols],
+    }
+    return _deployment(run, ctx, "grader", pod, _replicas(run, run.spec.grader, ctx))
+
+
+def build_pool_service(run: GagarRun, ctx: BuildContext, component: str) -> Manifest:
+    port = VLLM_PORT if component == "rollout" else GRADER_PORT
+    ports = [{"name": "http", "port": port, "targetPort": "http"}]
+    if component == "grader":
+        mp = run.spec.observability.metrics_port
+        ports.append({"name": "metrics", "port": mp, "targetPort": "metrics"})
+    spec = {"selector": selector(run, component), "ports": ports}
+    return obj("v1", "Service", metadata(run, ctx, name(run, component), component), spec=spec)
+
+
+def queue_query(run: GagarRun, component: str) -> str:
+    """PromQL of the pool's waiting work (KEDA divides it by the per-replica target)."""
+    ns = f'namespace="{run.metadata.namespace}",' if run.metadata.namespace else ""
+    if component == "rollout":
+        return f'sum(vllm:num_requests_waiting{{{ns}service="{name(run, "rollout")}"}})'
+    return f'sum(gagar_grader_queue_depth{{{ns}run="{run.metadata.name}"}})'
+
+
+def build_scaled_object(
+    run: GagarRun, ctx: BuildContext, component: str, auto: Autoscaling
+) -> Manifest:
+    """KEDA ScaledObject with a Prometheus trigger on the pool's queue."""
+    paused = {KEDA_PAUSED: "0"} if run.spec.suspend else None
+    meta = metadata(run, ctx, name(run, component), component, annotations=paused)
+    trigger = {
+        "type": "prometheus",
+        "metadata": {
+            "serverAddress": auto.prometheus_address,
+            "query": queue_query(run, component),
+            "threshold": f"{auto.target_queue_depth:g}",
+        },
+    }
+    spec = {
+        "scaleTargetRef": {
+            "apiVersion": "apps/v1",
+            "kind": "Deployment",
+            "name": name(run, component),
+        },
+        "minReplicaCount": auto.min_replicas,
+        "maxReplicaCount": auto.max_replicas,
+        "cooldownPeriod": auto.cooldown_seconds,
+        "pollingInterval": 15,
+        "triggers": [trigger],
+    }
+    return obj("keda.sh/v1alpha1", "ScaledObject", meta, spec=spec)
+
+
+def build_hpa(run: GagarRun, ctx: BuildContext, component: str, auto: Autoscaling) -> Manifest:
+    """HPA (autoscaling/v2) on a Pods metric served by a metrics adapter (e.g. prometheus-adapter,
+    which exposes ``vllm:num_requests_waiting`` as ``vllm_num_requests_waiting``)."""
+    metric = "vllm_num_requests_waiting" if component == "rollout" else "gagar_grader_queue_depth"
+    spec = {
+        "scaleTargetRef": {
+            "apiVersion": "apps/v1",
+            "kind": "Deployment",
+            "name": name(run, component),
+        },
+        "minReplicas": auto.min_replicas,
+        "maxReplicas": auto.max_replicas,
+        "metrics": [
+            {
+                "type": "Pods",
+                "pods": {
+                    "metric": {"name": metric},
+                    "target": {
+                        "type": "AverageValue",
+                        "averageValue": quantity(auto.target_queue_depth),
+                    },
+                },
+            }
+        ],
+        "behavior": {"scaleDown": {"stabilizationWindowSeconds": auto.cooldown_seconds}},
+    }
+    meta = metadata(run, ctx, name(run, component), component)
+    return obj("autoscaling/v2", "HorizontalPodAutoscaler", meta, spec=spec)
+
+
+def build_autoscaler(run: GagarRun, ctx: BuildContext, component: str) -> list[Manifest]:
+    pool = run.spec.rollout if component == "rollout" else run.spec.grader
+    auto = pool.autoscaling
+    if auto is None or ctx.state == "terminal":
+        return []
+    if auto.backend == "keda":
+        return [build_scaled_object(run, ctx, component, auto)]
+    return [] if run.spec.suspend else [build_hpa(run, ctx, component, auto)]
+
+
+def build_pools(run: GagarRun, ctx: BuildContext) -> list[Manifest]:
+    """Every object of the rollout and grader pools (nothing for an ``endpoint`` pool)."""
+    out: list[Manifest] = []
+    if run.spec.rollout.endpoint is None:
+        out += [build_rollout_deployment(run, ctx), build_pool_service(run, ctx, "rollout")]
+        out += build_autoscaler(run, ctx, "rollout")
+    if run.spec.grader.endpoint is None:
+        out += [build_grader_deployment(run, ctx), build_pool_service(run, ctx, "grader")]
+        out += build_autoscaler(run, ctx, "grader")
+    return out

@@ -1,0 +1,136 @@
+"""The sandbox pool: hardened executor pods and the NetworkPolicy that cuts them off.
+
+What the pod spec guards against: privilege (non-root uid, no privilege escalation, every
+capability dropped, seccomp ``RuntimeDefault``), persistence and tampering (read-only root; only
+emptyDir workspaces are writable), credential theft (no service-account token mounted), and
+exfiltration or lateral movement (deny-all egress, ingress only from this run's trainer and grader
+pods). An optional ``runtimeClassName`` (e.g. gVisor) adds a kernel boundary. What it does not
+guard against: kernel exploits without such a runtime class, and resource exhaustion beyond the
+executor's own limits and the pod's resources. Only built for ``sandbox.backend: pods``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from gagar.operator.builders.common import (
+    BuildContext,
+    Manifest,
+    common_env,
+    config_volume,
+    labels,
+    metadata,
+    name,
+    obj,
+    resources,
+    selector,
+)
+from gagar.spec import GagarRun
+
+SANDBOX_PORT = 8090
+SANDBOX_UID = 65534
+
+
+def _container(run: GagarRun) -> dict[str, Any]:
+    sb = run.spec.sandbox
+    _, cfg_mount = config_volume(run)
+    return {
+        "name": "executor",
+        "image": sb.image,
+        "command": [
+            "gagar",
+            "sandbox",
+            "serve",
+            f"--port={SANDBOX_PORT}",
+            "--workspace-root=/workspace",
+        ],
+        "env": common_env(run, "sandbox"),
+        "ports": [{"name": "executor", "containerPort": SANDBOX_PORT}],
+        "readinessProbe": {"tcpSocket": {"port": "executor"}, "periodSeconds": 10},
+        "resources": resources(sb.resources),
+        "volumeMounts": [
+            cfg_mount,
+            {"name": "workspace", "mountPath": "/workspace"},
+            {"name": "tmp", "mountPath": "/tmp"},
+        ],
+        "securityContext": {
+            "runAsNonRoot": True,
+            "runAsUser": SANDBOX_UID,
+            "runAsGroup": SANDBOX_UID,
+            "readOnlyRootFilesystem": True,
+            "allowPrivilegeEscalation": False,
+            "privileged": False,
+            "capabilities": {"drop": ["ALL"]},
+            "seccompProfile": {"type": "RuntimeDefault"},
+        },
+    }
+
+
+def _pod(run: GagarRun) -> dict[str, Any]:
+    cfg_vol, _ = config_volume(run)
+    pod: dict[str, Any] = {
+        "serviceAccountName": name(run, "sandbox"),
+        "automountServiceAccountToken": False,
+        "enableServiceLinks": False,
+        "securityContext": {
+            "runAsNonRoot": True,
+            "runAsUser": SANDBOX_UID,
+            "runAsGroup": SANDBOX_UID,
+            "fsGroup": SANDBOX_UID,
+            "seccompProfile": {"type": "RuntimeDefault"},
+        },
+        "containers": [_container(run)],
+        "volumes": [
+            cfg_vol,
+            {"name": "workspace", "emptyDir": {"sizeLimit": "4Gi"}},
+            {"name": "tmp", "emptyDir": {"sizeLimit": "1Gi"}},
+        ],
+    }
+    if run.spec.sandbox.runtime_class_name:
+        pod["runtimeClassName"] = run.spec.sandbox.runtime_class_name
+    return pod
+
+
+def build_sandbox_deployment(run: GagarRun, ctx: BuildContext) -> Manifest:
+    """Warm pool of ``poolSize`` executor pods (0 while suspended or after the run ended)."""
+    stopped = run.spec.suspend or ctx.state == "terminal"
+    spec = {
+        "replicas": 0 if stopped else run.spec.sandbox.pool_size,
+        "selector": {"matchLabels": selector(run, "sandbox")},
+        "template": {"metadata": {"labels": labels(run, "sandbox")}, "spec": _pod(run)},
+    }
+    meta = metadata(run, ctx, name(run, "sandbox"), "sandbox")
+    return obj("apps/v1", "Deployment", meta, spec=spec)
+
+
+def build_sandbox_service(run: GagarRun, ctx: BuildContext) -> Manifest:
+    """Headless: a session is pinned to one pod (its workspace), so clients address pods by IP."""
+    spec = {
+        "clusterIP": "None",
+        "selector": selector(run, "sandbox"),
+        "ports": [{"name": "executor", "port": SANDBOX_PORT, "targetPort": "executor"}],
+    }
+    return obj("v1", "Service", metadata(run, ctx, name(run, "sandbox"), "sandbox"), spec=spec)
+
+
+def build_sandbox_network_policy(run: GagarRun, ctx: BuildContext) -> Manifest:
+    """Deny all egress (no DNS either); ingress only from this run's trainer and grader pods."""
+    peers = [{"podSelector": {"matchLabels": selector(run, c)}} for c in ("trainer", "grader")]
+    spec = {
+        "podSelector": {"matchLabels": selector(run, "sandbox")},
+        "policyTypes": ["Ingress", "Egress"],
+        "ingress": [{"from": peers, "ports": [{"protocol": "TCP", "port": SANDBOX_PORT}]}],
+        "egress": [],
+    }
+    meta = metadata(run, ctx, name(run, "sandbox"), "sandbox")
+    return obj("networking.k8s.io/v1", "NetworkPolicy", meta, spec=spec)
+
+
+def build_sandbox(run: GagarRun, ctx: BuildContext) -> list[Manifest]:
+    if run.spec.sandbox.backend != "pods":
+        return []
+    return [
+        build_sandbox_deployment(run, ctx),
+        build_sandbox_service(run, ctx),
+        build_sandbox_network_policy(run, ctx),
+    ]

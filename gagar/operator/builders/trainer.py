@@ -1,0 +1,186 @@
+"""The trainer: an indexed Job (one pod per node) plus a headless rendezvous Service, or a JobSet.
+
+Every pod runs ``torchrun`` with static rendezvous: node rank = the Job's completion index, master
+= index 0 reached through the headless Service (``<run>-trainer-0.<run>-trainer-rdzv``). Restarts
+are whole-trainer restarts from the last checkpoint (SPMD ranks cannot continue without a lost
+peer): the Job itself never retries (``backoffLimit: 0``); the operator recreates it, counting
+``failurePolicy.maxRestarts`` (the Job carries the attempt number in ``gagar.dev/attempt``). A JobSet
+restarts natively with ``failurePolicy.maxRestarts``. Pod failure policy: evictions and preemptions
+(``DisruptionTarget``) are ignored (the pod is recreated, no restart is spent); exit code
+``EXIT_PERMANENT`` (the trainer found its configuration unusable) fails the run at once.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from gagar.operator.builders.common import (
+    ATTEMPT_ANNOTATION,
+    JOBSET,
+    BuildContext,
+    Manifest,
+    checkpoint_volume,
+    common_env,
+    config_volume,
+    container_security,
+    labels,
+    metadata,
+    metrics_port,
+    name,
+    obj,
+    pod_security,
+    resources,
+    selector,
+)
+from gagar.spec import GagarRun
+
+RDZV_PORT = 29500
+EXIT_PERMANENT = 3
+JOBSET_REPLICATED_JOB = "node"
+# The trainer's entry point inside its image (torchrun runs it as a module on every rank).
+TRAINER_MODULE = "gagar.trainer.worker"
+
+
+def uses_jobset(run: GagarRun, ctx: BuildContext) -> bool:
+    """A JobSet only when the spec asks for one and its CRD is installed."""
+    return run.spec.trainer.use_job_set and JOBSET in ctx.crds
+
+
+def master_host(run: GagarRun, ctx: BuildContext) -> str:
+    """DNS name of rank 0's pod behind the headless Service."""
+    rdzv = name(run, "trainer", "rdzv")
+    if uses_jobset(run, ctx):
+        return f"{name(run, 'trainer')}-{JOBSET_REPLICATED_JOB}-0-0.{rdzv}"
+    return f"{name(run, 'trainer')}-0.{rdzv}"
+
+
+def torchrun_args(run: GagarRun, ctx: BuildContext) -> list[str]:
+    t = run.spec.trainer
+    return [
+        f"--nnodes={t.nodes}",
+        f"--nproc-per-node={t.processes_per_node}",
+        "--node-rank=$(NODE_RANK)",
+        f"--master-addr={master_host(run, ctx)}",
+        f"--master-port={RDZV_PORT}",
+        "-m",
+        TRAINER_MODULE,
+        "--config-dir=/etc/gagar/config",
+    ]
+
+
+def _trainer_env(run: GagarRun) -> list[dict[str, Any]]:
+    index = "metadata.annotations['batch.kubernetes.io/job-completion-index']"
+    return [
+        *common_env(run, "trainer"),
+        {"name": "NODE_RANK", "valueFrom": {"fieldRef": {"fieldPath": index}}},
+        {"name": "GAGAR_PROGRESS_CONFIGMAP", "value": name(run, "progress")},
+        {"name": "GAGAR_EXIT_PERMANENT", "value": str(EXIT_PERMANENT)},
+    ]
+
+
+def _trainer_pod(run: GagarRun, ctx: BuildContext) -> dict[str, Any]:
+    cfg_vol, cfg_mount = config_volume(run)
+    ckpt_vols, ckpt_mounts = checkpoint_volume(run, read_only=False)
+    shm = {"name": "dshm", "emptyDir": {"medium": "Memory"}}
+    container = {
+        "name": "trainer",
+        "image": run.spec.trainer.image,
+        "command": ["torchrun"],
+        "args": torchrun_args(run, ctx),
+        "env": _trainer_env(run),
+        "ports": [{"name": "rdzv", "containerPort": RDZV_PORT}, metrics_port(run)],
+        "resources": resources(run.spec.trainer.resources),
+        "volumeMounts": [cfg_mount, *ckpt_mounts, {"name": "dshm", "mountPath": "/dev/shm"}],
+        "securityContext": container_security(),
+    }
+    spec: dict[str, Any] = {
+        "serviceAccountName": name(run, "trainer"),
+        "restartPolicy": "Never",
+        "securityContext": pod_security(),
+        "containers": [container],
+        "volumes": [cfg_vol, *ckpt_vols, shm],
+    }
+    if not uses_jobset(run, ctx):
+        spec["subdomain"] = name(run, "trainer", "rdzv")
+    return {"metadata": {"labels": labels(run, "trainer")}, "spec": spec}
+
+
+def _job_spec(run: GagarRun, ctx: BuildContext) -> dict[str, Any]:
+    nodes = run.spec.trainer.nodes
+    return {
+        "completionMode": "Indexed",
+        "completions": nodes,
+        "parallelism": nodes,
+        "backoffLimit": 0,
+        "podFailurePolicy": {
+            "rules": [
+                {
+                    "action": "Ignore",
+                    "onPodConditions": [{"type": "DisruptionTarget", "status": "True"}],
+                },
+                {
+                    "action": "FailJob",
+                    "onExitCodes": {
+                        "containerName": "trainer",
+                        "operator": "In",
+                        "values": [EXIT_PERMANENT],
+                    },
+                },
+            ]
+        },
+        "template": _trainer_pod(run, ctx),
+    }
+
+
+def build_trainer_job(run: GagarRun, ctx: BuildContext) -> Manifest:
+    """The indexed Job (completions = parallelism = nodes)."""
+    meta = metadata(
+        run,
+        ctx,
+        name(run, "trainer"),
+        "trainer",
+        annotations={ATTEMPT_ANNOTATION: str(ctx.attempt)},
+    )
+    spec = {"suspend": run.spec.suspend, **_job_spec(run, ctx)}
+    return obj("batch/v1", "Job", meta, spec=spec)
+
+
+def build_trainer_jobset(run: GagarRun, ctx: BuildContext) -> Manifest:
+    """The JobSet (jobset.x-k8s.io/v1alpha2): one replicated Job, native whole-set restarts."""
+    meta = metadata(run, ctx, name(run, "trainer"), "trainer")
+    spec = {
+        "suspend": run.spec.suspend,
+        "failurePolicy": {"maxRestarts": run.spec.trainer.failure_policy.max_restarts},
+        "successPolicy": {"operator": "All", "targetReplicatedJobs": [JOBSET_REPLICATED_JOB]},
+        "network": {"enableDNSHostnames": True, "subdomain": name(run, "trainer", "rdzv")},
+        "replicatedJobs": [
+            {
+                "name": JOBSET_REPLICATED_JOB,
+                "replicas": 1,
+                "template": {
+                    "metadata": {"labels": labels(run, "trainer")},
+                    "spec": _job_spec(run, ctx),
+                },
+            }
+        ],
+    }
+    return obj("jobset.x-k8s.io/v1alpha2", "JobSet", meta, spec=spec)
+
+
+def build_rdzv_service(run: GagarRun, ctx: BuildContext) -> Manifest:
+    """Headless Service giving every trainer pod a stable DNS name (rendezvous before readiness)."""
+    meta = metadata(run, ctx, name(run, "trainer", "rdzv"), "trainer")
+    spec = {
+        "clusterIP": "None",
+        "publishNotReadyAddresses": True,
+        "selector": selector(run, "trainer"),
+        "ports": [{"name": "rdzv", "port": RDZV_PORT, "targetPort": RDZV_PORT}],
+    }
+    return obj("v1", "Service", meta, spec=spec)
+
+
+def build_trainer(run: GagarRun, ctx: BuildContext) -> list[Manifest]:
+    """Trainer objects: JobSet (which makes its own headless Service) or Job + Service."""
+    if uses_jobset(run, ctx):
+        return [build_trainer_jobset(run, ctx)]
+    return [build_rdzv_service(run, ctx), build_trainer_job(run, ctx)]

@@ -1,0 +1,80 @@
+"""Operator subcommands: ``gagar render`` (a dry run of the builders) and ``gagar operator``."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+OPTIONAL_CRDS = ("monitoring.coreos.com", "keda.sh", "jobset.x-k8s.io")
+
+
+def _render(args: argparse.Namespace) -> int:
+    from gagar.manifest import load_run
+    from gagar.operator.builders import BuildContext, build_all
+
+    try:
+        run = load_run(args.file)
+    except ValueError as err:
+        print(err, file=sys.stderr)
+        return 1
+    ctx = BuildContext(
+        uid=args.uid,
+        crds=frozenset(args.with_crd or ()),
+        state="terminal" if args.terminal else "active",
+    )
+    sys.stdout.write(to_yaml_stream(build_all(run, ctx)))
+    return 0
+
+
+def to_yaml_stream(objects: list[dict]) -> str:
+    """A YAML stream with multi-line strings (ConfigMap JSON, shell scripts) as literal blocks."""
+    import yaml
+
+    class Dumper(yaml.SafeDumper):
+        pass
+
+    def text(dumper: yaml.SafeDumper, value: str) -> yaml.ScalarNode:
+        style = "|" if "\n" in value else None
+        return dumper.represent_scalar("tag:yaml.org,2002:str", value, style=style)
+
+    Dumper.add_representer(str, text)
+    return yaml.dump_all(objects, Dumper=Dumper, sort_keys=False)
+
+
+def _operator(args: argparse.Namespace) -> int:
+    from gagar.operator.main import run_operator
+
+    return run_operator(
+        namespace=args.namespace, standalone=args.standalone, port=args.metrics_port
+    )
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "render", help="print every child object of a GagarRun as a YAML stream (dry run)"
+    )
+    p.add_argument("file", metavar="RUN.yaml")
+    p.add_argument(
+        "--uid",
+        default="00000000-0000-0000-0000-000000000000",
+        help="uid of the GagarRun for owner references (kubectl get gagarrun X -o jsonpath='{.metadata.uid}')",
+    )
+    p.add_argument(
+        "--with-crd",
+        action="append",
+        choices=OPTIONAL_CRDS,
+        metavar="GROUP",
+        help=f"render as for a cluster with this optional CRD group installed ({', '.join(OPTIONAL_CRDS)}); repeatable",
+    )
+    p.add_argument(
+        "--terminal", action="store_true", help="render the released state of an ended run"
+    )
+    p.set_defaults(func=_render)
+
+    p = sub.add_parser("operator", help="run the GagarRun operator (kopf)")
+    p.add_argument("--namespace", help="watch only this namespace (default: all)")
+    p.add_argument(
+        "--standalone", action="store_true", help="no peering with other operator instances"
+    )
+    p.add_argument("--metrics-port", type=int, default=9400, help="port of the operator's /metrics")
+    p.set_defaults(func=_operator)

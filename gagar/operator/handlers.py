@@ -1,0 +1,391 @@
+"""kopf handlers: the imperative shell around the pure builders and status calculator.
+
+One reconcile (``Reconciler.reconcile``) per trigger: validate the spec once (an invalid spec
+becomes a ``Stalled`` condition naming the field, never a crash), observe the children, compute the
+status (pure), write it when it changed, apply the failure policy (a failed trainer Job of the
+current attempt is deleted and recreated as the next attempt, from the last checkpoint), apply
+every child with server-side apply under the ``gagar-operator`` field manager (``force``), prune
+children the spec no longer wants (an HPA while suspended, a pool switched to an endpoint), and post
+events. Triggers: create/update/resume of a GagarRun, a resync timer, and watch events of owned
+Jobs, Deployments and the trainer's progress ConfigMap.
+
+Crash safety: names are deterministic and SSA is idempotent, so a restarted operator converges
+without duplicates; the status (restart count included) is written *before* the trainer Job is
+deleted, so a crash in between never loses or double-counts a restart. Deletion needs no
+finalizer: every child carries a controller owner reference and is garbage-collected.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import threading
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any
+
+import kopf
+
+from gagar import API_GROUP, API_VERSION
+from gagar.manifest import validate_document
+from gagar.metrics import Metrics
+from gagar.operator.builders import (
+    CHILD_KINDS,
+    JOBSET,
+    KEDA,
+    MONITORING,
+    BuildContext,
+    build_all,
+    name,
+    uses_jobset,
+)
+from gagar.operator.kube import Kube, KubeError
+from gagar.operator.observe import (
+    Observed,
+    parse_deployment,
+    parse_job,
+    parse_jobset,
+    parse_progress,
+    waiting_reasons,
+)
+from gagar.operator.status import Event, Outcome, compute_status
+from gagar.spec import GagarRun, GagarRunStatus
+
+log = logging.getLogger("gagar.operator")
+PLURAL = "gagarruns"
+MANAGED = {"app.kubernetes.io/managed-by": "gagar-operator"}
+# Kinds that can stop being wanted while the run exists (PVCs are never pruned: checkpoints).
+OPTIONAL_GROUPS = frozenset({JOBSET, KEDA, MONITORING})
+PRUNABLE = tuple(k for k in CHILD_KINDS if k[1] not in ("PersistentVolumeClaim", "ConfigMap"))
+
+
+def now_rfc3339() -> str:
+    return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+@dataclass
+class OperatorConfig:
+    """Operator knobs. ``resync_seconds``: full re-apply period; ``crd_cache_seconds``: how long
+    the list of installed API groups is trusted."""
+
+    resync_seconds: float = 30.0
+    crd_cache_seconds: float = 60.0
+    clock: Callable[[], str] = now_rfc3339
+
+
+@dataclass
+class _RunMemory:
+    """Per-run state kept in memory only (safe to lose: a restart just re-applies once)."""
+
+    lock: threading.Lock = field(default_factory=threading.Lock)
+    applied: str = ""  # fingerprint of the last manifests applied successfully
+    apply_error: tuple[int, str] | None = None  # (generation, message) of a permanent failure
+    dirty: bool = False  # a child changed since the last reconcile started
+
+
+def parse_run(body: dict[str, Any]) -> tuple[GagarRun | None, str | None]:
+    """Validate once at the boundary: the run, or the problems (with field paths) as one message."""
+    doc = {k: body.get(k) for k in ("apiVersion", "kind", "spec")}
+    meta = body.get("metadata") or {}
+    doc["metadata"] = {
+        k: meta[k] for k in ("name", "namespace", "labels", "annotations") if k in meta
+    }
+    run, problems = validate_document(doc, "GagarRun", 0)
+    if run is None:
+        return None, "; ".join(f"{p.path}: {p.message}" if p.path else p.message for p in problems)
+    return run, None
+
+
+def previous_status(body: dict[str, Any]) -> GagarRunStatus | None:
+    try:
+        return GagarRunStatus.model_validate(body.get("status") or {})
+    except ValueError:
+        return None  # a status this version cannot read is recomputed from scratch
+
+
+class Reconciler:
+    """Reconciles GagarRuns through a ``Kube`` client; thread-safe per run."""
+
+    def __init__(self, kube: Kube, metrics: Metrics, config: OperatorConfig | None = None) -> None:
+        self.kube, self.metrics, self.config = kube, metrics, config or OperatorConfig()
+        self._memory: dict[tuple[str, str], _RunMemory] = {}
+        self._groups: tuple[float, frozenset[str]] = (0.0, frozenset())
+        self._phases: dict[tuple[str, str], str] = {}
+        self._guard = threading.Lock()
+
+    def memory(self, namespace: str, run_name: str) -> _RunMemory:
+        with self._guard:
+            return self._memory.setdefault((namespace, run_name), _RunMemory())
+
+    def crds(self) -> frozenset[str]:
+        stamp, groups = self._groups
+        if time.monotonic() - stamp > self.config.crd_cache_seconds:
+            groups = frozenset(self.kube.api_groups())
+            self._groups = (time.monotonic(), groups)
+        return groups
+
+    def reconcile_named(self, namespace: str, run_name: str, force_apply: bool = False) -> None:
+        """Reconcile after a child changed. Coalesced: bursts of child events (a Deployment
+        rolling, the trainer reporting) cost one reconcile at a time, and none is lost: whoever
+        holds the run's lock goes again while the ``dirty`` flag is set."""
+        mem = self.memory(namespace, run_name)
+        mem.dirty = True
+        while mem.dirty:
+            if not mem.lock.acquire(blocking=False):
+                return
+            try:
+                while mem.dirty:
+                    self._locked_reconcile(namespace, run_name, mem, force_apply)
+            finally:
+                mem.lock.release()
+
+    def reconcile(self, body: Mapping[str, Any], force_apply: bool = False) -> Outcome | None:
+        """One full reconcile (waits for one in progress); raises ``kopf.TemporaryError`` on
+        transient API errors."""
+        namespace, run_name = body["metadata"].get("namespace", ""), body["metadata"]["name"]
+        mem = self.memory(namespace, run_name)
+        with mem.lock:
+            outcome = self._locked_reconcile(namespace, run_name, mem, force_apply)
+        if mem.dirty:
+            self.reconcile_named(namespace, run_name)
+        return outcome
+
+    def _locked_reconcile(
+        self, namespace: str, run_name: str, mem: _RunMemory, force_apply: bool
+    ) -> Outcome | None:
+        """Re-read the run first: the body kopf hands over may predate our last status write."""
+        started, result = time.monotonic(), "error"
+        mem.dirty = False  # everything before this read is seen by it
+        try:
+            fresh = self.kube.get(f"{API_GROUP}/{API_VERSION}", "GagarRun", namespace, run_name)
+            if fresh is None or fresh["metadata"].get("deletionTimestamp"):
+                result = "gone"
+                return None
+            outcome = self._reconcile(fresh, mem, force_apply)
+            result = "invalid" if outcome.status.phase == "Stalled" else "ok"
+            return outcome
+        except KubeError as err:
+            if err.transient:
+                raise kopf.TemporaryError(f"API error, retrying: {err}", delay=1) from None
+            raise
+        finally:
+            elapsed = time.monotonic() - started
+            log.debug("reconcile %s/%s: %s in %.3f s", namespace, run_name, result, elapsed)
+            self.metrics["gagar_operator_reconciles_total"].labels(result=result).inc()
+            self.metrics["gagar_operator_reconcile_duration_seconds"].observe(elapsed)
+
+    def _reconcile(self, raw: dict[str, Any], mem: _RunMemory, force_apply: bool) -> Outcome:
+        generation = int(raw["metadata"].get("generation", 1))
+        prev = previous_status(raw)
+        run, error = parse_run(raw)
+        if run is None:
+            outcome = compute_status(
+                None, Observed(generation, spec_error=error), prev, self.config.clock()
+            )
+            self._write_status(raw, prev, outcome)
+            return outcome
+        crds = self.crds()
+        observed = self._observe(run, generation, crds, mem)
+        outcome = compute_status(run.spec, observed, prev, self.config.clock())
+        self._write_status(raw, prev, outcome)  # before acting: a restart is counted exactly once
+        restarted = self._restart_trainer(run, crds, observed, outcome.attempt)
+        ctx = BuildContext(
+            uid=raw["metadata"]["uid"],
+            crds=crds,
+            attempt=outcome.attempt,
+            state="terminal" if outcome.terminal else "active",
+        )
+        before = mem.apply_error
+        self._apply(run, build_all(run, ctx), mem, generation, force_apply or restarted)
+        if mem.apply_error != before:
+            observed = self._observe(run, generation, crds, mem)
+            final = compute_status(run.spec, observed, outcome.status, self.config.clock())
+            self._write_status(raw, outcome.status, final)
+            outcome = final
+        return outcome
+
+    # ------------------------------------------------------------------ observe
+    def _observe(
+        self, run: GagarRun, generation: int, crds: frozenset[str], mem: _RunMemory
+    ) -> Observed:
+        ns, spec = run.metadata.namespace, run.spec
+        trainer = None
+        if uses_jobset(run, BuildContext(crds=crds)):
+            js = self.kube.get("jobset.x-k8s.io/v1alpha2", "JobSet", ns, name(run, "trainer"))
+            trainer = parse_jobset(js, spec.trainer.nodes) if js else None
+        else:
+            job = self.kube.get("batch/v1", "Job", ns, name(run, "trainer"))
+            trainer = (
+                parse_job(job) if job and not job["metadata"].get("deletionTimestamp") else None
+            )
+        pools = {}
+        for pool in ("rollout", "grader", "sandbox"):
+            dep = self.kube.get("apps/v1", "Deployment", ns, name(run, pool))
+            if dep is not None:
+                pools[pool] = parse_deployment(dep)
+        progress = self.kube.get("v1", "ConfigMap", ns, name(run, "progress")) or {}
+        pods = []
+        if trainer is None or trainer.ready < spec.trainer.nodes:  # why it waits, when it does
+            selector = f"gagar.dev/run={run.metadata.name},app.kubernetes.io/component=trainer"
+            pods = self.kube.list("v1", "Pod", ns, selector)
+        error = mem.apply_error[1] if mem.apply_error and mem.apply_error[0] == generation else None
+        return Observed(
+            generation=generation,
+            trainer=trainer,
+            pools=pools,
+            progress=parse_progress(progress.get("data")),
+            apply_error=error,
+            waiting=waiting_reasons(pods),
+        )
+
+    # ------------------------------------------------------------------ act
+    def _restart_trainer(
+        self, run: GagarRun, crds: frozenset[str], observed: Observed, attempt: int
+    ) -> bool:
+        """Delete the trainer Job of an older attempt (failure policy); the apply recreates it."""
+        job = observed.trainer
+        if job is None or job.kind != "Job" or job.attempt >= attempt:
+            return False
+        self.kube.delete("batch/v1", "Job", run.metadata.namespace, name(run, "trainer"))
+        log.info("deleted trainer Job of attempt %d; creating attempt %d", job.attempt, attempt)
+        return True
+
+    def _apply(
+        self,
+        run: GagarRun,
+        desired: list[dict[str, Any]],
+        mem: _RunMemory,
+        generation: int,
+        force: bool,
+    ) -> None:
+        fingerprint = hashlib.sha256(json.dumps(desired, sort_keys=True).encode()).hexdigest()
+        if fingerprint == mem.applied and not force:
+            return
+        errors = []
+        for obj in desired:
+            try:
+                self.kube.apply(obj)
+            except KubeError as err:
+                if err.transient:
+                    raise
+                errors.append(f"{obj['kind']}/{obj['metadata']['name']}: {err.message}")
+        self._prune(run, desired)
+        mem.apply_error = (generation, "; ".join(errors)) if errors else None
+        mem.applied = "" if errors else fingerprint
+
+    def _prune(self, run: GagarRun, desired: list[dict[str, Any]]) -> None:
+        """Delete children (by the run's label) that the current spec does not build."""
+        wanted = {(o["kind"], o["metadata"]["name"]) for o in desired}
+        groups = self.crds()
+        for api_version, kind in PRUNABLE:
+            if api_version.split("/")[0] in OPTIONAL_GROUPS - groups:
+                continue  # optional CRD not installed
+            selector = f"gagar.dev/run={run.metadata.name}"
+            for obj in self.kube.list(api_version, kind, run.metadata.namespace, selector):
+                if (kind, obj["metadata"]["name"]) not in wanted and _owned_by(obj, run):
+                    self.kube.delete(
+                        api_version, kind, run.metadata.namespace, obj["metadata"]["name"]
+                    )
+
+    def _write_status(
+        self, raw: dict[str, Any], prev: GagarRunStatus | None, outcome: Outcome
+    ) -> None:
+        new = outcome.status.to_wire()
+        if prev is None or new != prev.to_wire():
+            meta = raw["metadata"]
+            self.kube.patch_status(meta.get("namespace"), meta["name"], new)
+            raw["status"] = new
+        self._post(raw, outcome.events)
+        self._export(raw, outcome.status)
+
+    def _post(self, raw: dict[str, Any], events: list[Event]) -> None:
+        for event in events:
+            post = kopf.warn if event.type == "Warning" else kopf.info
+            try:
+                post(raw, reason=event.reason, message=event.message)
+            except Exception as err:  # outside a kopf context (e.g. unit use): log instead
+                log.info("event %s %s: %s (%s)", event.type, event.reason, event.message, err)
+
+    def _export(self, raw: dict[str, Any], status: GagarRunStatus) -> None:
+        meta = raw["metadata"]
+        key = (meta.get("namespace", ""), meta["name"])
+        self._phases[key] = status.phase
+        gauge = self.metrics["gagar_operator_runs"]
+        for phase in ("Pending", "Running", "Suspended", "Succeeded", "Failed", "Stalled"):
+            gauge.labels(phase=phase).set(sum(p == phase for p in self._phases.values()))
+        cond = self.metrics["gagar_run_condition"]
+        for c in status.conditions:
+            for value in ("True", "False", "Unknown"):
+                cond.labels(run=key[1], namespace=key[0], condition=c.type, status=value).set(
+                    int(c.status == value)
+                )
+
+    def forget(self, namespace: str, run_name: str) -> None:
+        with self._guard:
+            self._memory.pop((namespace, run_name), None)
+            self._phases.pop((namespace, run_name), None)
+
+
+def _owned_by(obj: dict[str, Any], run: GagarRun) -> bool:
+    refs = obj["metadata"].get("ownerReferences") or []
+    return any(r.get("kind") == "GagarRun" and r.get("name") == run.metadata.name for r in refs)
+
+
+def register(registry: kopf.OperatorRegistry, reconciler: Reconciler) -> kopf.OperatorRegistry:
+    """Attach the handlers to ``registry`` (a fresh one per operator: tests run several)."""
+    on_run = dict(registry=registry)
+
+    @kopf.on.resume(API_GROUP, API_VERSION, PLURAL, **on_run)
+    @kopf.on.create(API_GROUP, API_VERSION, PLURAL, **on_run)
+    @kopf.on.update(API_GROUP, API_VERSION, PLURAL, field="spec", **on_run)
+    def run_changed(body: kopf.Body, **_: Any) -> None:
+        outcome = reconciler.reconcile(body, force_apply=True)
+        if outcome is not None and outcome.status.phase == "Stalled":
+            stalled = next(c for c in outcome.status.conditions if c.type == "Stalled")
+            if stalled.reason == "InvalidSpec":  # retrying cannot help; the next edit will
+                raise kopf.PermanentError(stalled.message)
+
+    @kopf.timer(
+        API_GROUP,
+        API_VERSION,
+        PLURAL,
+        interval=reconciler.config.resync_seconds,
+        initial_delay=reconciler.config.resync_seconds,
+        **on_run,
+    )
+    def resync(body: kopf.Body, **_: Any) -> None:
+        reconciler.reconcile(body, force_apply=True)
+
+    @kopf.on.delete(API_GROUP, API_VERSION, PLURAL, optional=True, **on_run)
+    def run_deleted(name: str, namespace: str, **_: Any) -> None:
+        reconciler.forget(namespace, name)  # children go by owner-reference garbage collection
+
+    def child_changed(body: kopf.Body, type: str | None, **_: Any) -> None:
+        labels = body.get("metadata", {}).get("labels") or {}
+        run_name, namespace = labels.get("gagar.dev/run"), body.get("metadata", {}).get("namespace")
+        if run_name:
+            reconciler.reconcile_named(namespace, run_name, force_apply=type == "DELETED")
+
+    for group, version, plural, extra in (
+        ("batch", "v1", "jobs", {}),
+        ("apps", "v1", "deployments", {}),
+        ("", "v1", "configmaps", {"app.kubernetes.io/component": "progress"}),
+    ):
+        resource = (group, version, plural) if group else (version, plural)
+        kopf.on.event(*resource, labels={**MANAGED, **extra}, id=f"child-{plural}", **on_run)(
+            child_changed
+        )
+    return registry
+
+
+def configure_settings(settings: kopf.OperatorSettings) -> None:
+    """Keep kopf's bookkeeping in annotations: the CRD's status schema has no room for it."""
+    settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix="kopf.gagar.dev")
+    settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(
+        prefix="kopf.gagar.dev", key="last-handled-configuration"
+    )
+    settings.persistence.finalizer = "kopf.gagar.dev/finalizer"
+    settings.posting.level = logging.INFO

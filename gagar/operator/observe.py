@@ -1,0 +1,156 @@
+"""Pure parsing of observed children (dicts from the API) into the small facts status needs.
+
+Kept apart from the calculator so ``status.py`` never looks into raw API objects. Pure: no I/O.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from gagar.operator.builders.common import ATTEMPT_ANNOTATION
+
+
+@dataclass(frozen=True)
+class TrainerObserved:
+    """The trainer Job or JobSet, as far as status is concerned."""
+
+    kind: str = "Job"
+    attempt: int = 0
+    active: int = 0
+    ready: int = 0
+    suspended: bool = False
+    complete: bool = False
+    failed: bool = False
+    failed_reason: str = ""
+    failed_message: str = ""
+    restarts: int = 0  # JobSet's own restart counter (a Job never restarts itself)
+    start_time: str | None = None
+
+
+@dataclass(frozen=True)
+class PoolObserved:
+    """A pool's Deployment: desired (whoever wrote it), current and ready replicas."""
+
+    desired: int = 0
+    replicas: int = 0
+    ready: int = 0
+
+
+@dataclass(frozen=True)
+class Progress:
+    """What the trainer last reported in ``<run>-progress`` (see builders.config)."""
+
+    step: int | None = None
+    policy_version: int | None = None
+    rollout_policy_version: int | None = None
+    checkpoint_step: int | None = None
+    checkpoint_uri: str | None = None
+    checkpoint_time: str | None = None
+    start_time: str | None = None
+
+
+@dataclass(frozen=True)
+class Observed:
+    """Everything the status calculator looks at besides the spec and the previous status.
+
+    ``spec_error``: why the spec is invalid (with the field path), when it is. ``apply_error``: a
+    permanent error applying children (e.g. 422), which needs a human. ``waiting``: reasons pods
+    wait (``ImagePullBackOff``, ``Unschedulable``...), for messages.
+    """
+
+    generation: int = 1
+    trainer: TrainerObserved | None = None
+    pools: dict[str, PoolObserved] = field(default_factory=dict)
+    progress: Progress = field(default_factory=Progress)
+    spec_error: str | None = None
+    apply_error: str | None = None
+    waiting: tuple[str, ...] = ()
+
+
+def _condition(obj: dict[str, Any], kind: str) -> dict[str, Any] | None:
+    for cond in obj.get("status", {}).get("conditions") or []:
+        if cond.get("type") == kind and cond.get("status") == "True":
+            return cond
+    return None
+
+
+def parse_job(job: dict[str, Any]) -> TrainerObserved:
+    status = job.get("status") or {}
+    failed = _condition(job, "Failed") or {}
+    annotations = job.get("metadata", {}).get("annotations") or {}
+    return TrainerObserved(
+        kind="Job",
+        attempt=int(annotations.get(ATTEMPT_ANNOTATION, "0")),
+        active=int(status.get("active", 0)),
+        ready=int(status.get("ready", 0)),
+        suspended=bool(job.get("spec", {}).get("suspend")),
+        complete=_condition(job, "Complete") is not None,
+        failed=bool(failed),
+        failed_reason=failed.get("reason", ""),
+        failed_message=failed.get("message", ""),
+        start_time=status.get("startTime"),
+    )
+
+
+def parse_jobset(jobset: dict[str, Any], nodes: int) -> TrainerObserved:
+    """A JobSet with one replicated Job: ready means its Job has all pods ready."""
+    status = jobset.get("status") or {}
+    jobs = status.get("replicatedJobsStatus") or [{}]
+    failed = _condition(jobset, "Failed") or {}
+    return TrainerObserved(
+        kind="JobSet",
+        active=int(jobs[0].get("active", 0)) * nodes,
+        ready=int(jobs[0].get("ready", 0)) * nodes,
+        suspended=bool(jobset.get("spec", {}).get("suspend")),
+        complete=_condition(jobset, "Completed") is not None,
+        failed=bool(failed),
+        failed_reason=failed.get("reason", ""),
+        failed_message=failed.get("message", ""),
+        restarts=int(status.get("restarts", 0)),
+    )
+
+
+def parse_deployment(deployment: dict[str, Any]) -> PoolObserved:
+    status = deployment.get("status") or {}
+    return PoolObserved(
+        desired=int(deployment.get("spec", {}).get("replicas", 1)),
+        replicas=int(status.get("replicas", 0)),
+        ready=int(status.get("readyReplicas", 0)),
+    )
+
+
+def _int(data: dict[str, str], key: str) -> int | None:
+    try:
+        return int(data[key]) if key in data else None
+    except ValueError:
+        return None  # a malformed report is ignored, not fatal
+
+
+def parse_progress(data: dict[str, str] | None) -> Progress:
+    """The trainer's ``<run>-progress`` data (string values)."""
+    data = data or {}
+    return Progress(
+        step=_int(data, "step"),
+        policy_version=_int(data, "policyVersion"),
+        rollout_policy_version=_int(data, "rolloutPolicyVersion"),
+        checkpoint_step=_int(data, "checkpointStep"),
+        checkpoint_uri=data.get("checkpointUri"),
+        checkpoint_time=data.get("checkpointTime"),
+        start_time=data.get("startTime"),
+    )
+
+
+def waiting_reasons(pods: list[dict[str, Any]]) -> tuple[str, ...]:
+    """Distinct reasons pods are stuck (container waiting reasons, unschedulable), sorted."""
+    reasons: set[str] = set()
+    for pod in pods:
+        status = pod.get("status") or {}
+        for cond in status.get("conditions") or []:
+            if cond.get("type") == "PodScheduled" and cond.get("status") == "False":
+                reasons.add(cond.get("reason") or "Unschedulable")
+        for cs in status.get("containerStatuses") or []:
+            reason = (cs.get("state") or {}).get("waiting", {}).get("reason")
+            if reason and reason not in ("ContainerCreating", "PodInitializing"):
+                reasons.add(reason)
+    return tuple(sorted(reasons))

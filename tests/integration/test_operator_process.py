@@ -1,0 +1,84 @@
+"""``gagar operator`` as a separate process (kopf's own login from KUBECONFIG) against the
+emulator: it reconciles a run and serves its metrics from the catalogue on its port."""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+
+from gagar.crd import build_crd
+from tests.integration.test_operator_scenarios import manifest
+from tests.kube_emulator import KubeEmulator
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.mark.skipif(bool(os.environ.get("GAGAR_TEST_KUBECONFIG")), reason="emulator only")
+def test_gagar_operator_process(tmp_path: Path) -> None:
+    with KubeEmulator(deployment_delay=0.05) as kube:
+        kube.create(build_crd())
+        kubeconfig = kube.write_kubeconfig(tmp_path / "kubeconfig")
+        port = free_port()
+        env = {**os.environ, "KUBECONFIG": str(kubeconfig)}
+        cmd = [
+            sys.executable,
+            "-m",
+            "gagar.cli",
+            "operator",
+            "--namespace",
+            "default",
+            "--standalone",
+            "--metrics-port",
+            str(port),
+        ]
+        proc = subprocess.Popen(
+            cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+        )
+        try:
+            run = manifest("local")
+            name = run["metadata"]["name"]
+            kube.create(run)
+
+            def phase() -> str | None:
+                return (kube.get("gagar.dev/v1alpha1", "GagarRun", name).get("status") or {}).get(
+                    "phase"
+                )
+
+            kube.wait_for(lambda: phase() == "Running" or proc.poll() is not None, timeout=60)
+            assert proc.poll() is None, proc.stdout.read() if proc.stdout else ""
+            assert kube.find("batch/v1", "Job", f"{name}-trainer") is not None
+            deadline = time.monotonic() + 10
+            while True:
+                try:
+                    text = httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=2).text
+                    if 'gagar_operator_runs{phase="Running"} 1.0' in text:
+                        break
+                except httpx.HTTPError:
+                    pass
+                assert time.monotonic() < deadline, "operator metrics not served"
+                time.sleep(0.2)
+            assert 'gagar_operator_reconciles_total{result="ok"}' in text
+            assert (
+                f'gagar_run_condition{{condition="Ready",namespace="default",run="{name}",status="True"}} 1.0'
+                in text
+            )
+        finally:
+            proc.terminate()
+            try:
+                proc.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()

@@ -1,0 +1,353 @@
+"""Pure builders: structure and invariants of every child manifest."""
+
+from __future__ import annotations
+
+import json
+import os
+import stat
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from gagar.manifest import load_run
+from gagar.operator.builders import BuildContext, build_all
+from gagar.operator.builders.pools import transport, vllm_command
+from gagar.spec import GagarRun
+
+ROOT = Path(__file__).resolve().parents[2]
+UID = "1234-uid"
+ALL_CRDS = frozenset({"monitoring.coreos.com", "keda.sh", "jobset.x-k8s.io"})
+
+
+def example(name: str, **changes: Any) -> GagarRun:
+    """An example run with ``changes`` merged into its spec (dotted keys: "rollout.replicas")."""
+    raw = load_run(ROOT / "examples" / f"{name}.yaml").model_dump(
+        mode="json", by_alias=True, exclude_none=True
+    )
+    raw.pop("status", None)
+    for dotted, value in changes.items():
+        node = raw["spec"]
+        *parents, leaf = dotted.split(".")
+        for key in parents:
+            node = node.setdefault(key, {})
+        if value is None:
+            node.pop(leaf, None)
+        else:
+            node[leaf] = value
+    return GagarRun.model_validate(raw)
+
+
+def by_kind(objs: list[dict[str, Any]], kind: str) -> list[dict[str, Any]]:
+    return [o for o in objs if o["kind"] == kind]
+
+
+def one(objs: list[dict[str, Any]], kind: str, name: str) -> dict[str, Any]:
+    found = [o for o in objs if o["kind"] == kind and o["metadata"]["name"] == name]
+    assert len(found) == 1, f"{kind}/{name}: {len(found)} found"
+    return found[0]
+
+
+@pytest.mark.parametrize("name", ["local", "single-gpu", "flash-moe"])
+def test_labels_owner_references_and_unique_names(name: str) -> None:
+    run = example(name)
+    objs = build_all(run, BuildContext(uid=UID, crds=ALL_CRDS))
+    keys = [(o["kind"], o["metadata"]["name"]) for o in objs]
+    assert len(keys) == len(set(keys))
+    for o in objs:
+        meta = o["metadata"]
+        assert meta["labels"]["app.kubernetes.io/name"] == "gagar"
+        assert meta["labels"]["app.kubernetes.io/instance"] == run.metadata.name
+        assert meta["labels"]["gagar.dev/run"] == run.metadata.name
+        assert meta["labels"]["app.kubernetes.io/component"]
+        assert meta.get("namespace") == run.metadata.namespace
+        (ref,) = meta["ownerReferences"]
+        assert ref == {
+            "apiVersion": "gagar.dev/v1alpha1",
+            "kind": "GagarRun",
+            "name": run.metadata.name,
+            "uid": UID,
+            "controller": True,
+            "blockOwnerDeletion": True,
+        }
+        assert len(meta["name"]) <= 63
+
+
+def test_builders_are_deterministic() -> None:
+    run = example("flash-moe")
+    ctx = BuildContext(uid=UID, crds=ALL_CRDS)
+    assert build_all(run, ctx) == build_all(run, ctx)
+
+
+def test_trainer_indexed_job() -> None:
+    run = example("single-gpu", **{"trainer.nodes": 2, "trainer.processesPerNode": 4})
+    objs = build_all(run, BuildContext(uid=UID, attempt=2))
+    job = one(objs, "Job", "qwen3-swe-1node-trainer")
+    spec = job["spec"]
+    assert spec["completionMode"] == "Indexed"
+    assert spec["completions"] == spec["parallelism"] == 2
+    assert spec["backoffLimit"] == 0
+    assert spec["suspend"] is False
+    assert job["metadata"]["annotations"]["gagar.dev/attempt"] == "2"
+    rules = spec["podFailurePolicy"]["rules"]
+    assert rules[0]["action"] == "Ignore" and rules[1]["action"] == "FailJob"
+    pod = spec["template"]["spec"]
+    assert pod["subdomain"] == "qwen3-swe-1node-trainer-rdzv"
+    assert pod["restartPolicy"] == "Never"
+    (c,) = pod["containers"]
+    assert c["command"] == ["torchrun"]
+    assert "--nnodes=2" in c["args"] and "--nproc-per-node=4" in c["args"]
+    assert "--node-rank=$(NODE_RANK)" in c["args"]
+    assert "--master-addr=qwen3-swe-1node-trainer-0.qwen3-swe-1node-trainer-rdzv" in c["args"]
+    env = {e["name"]: e for e in c["env"]}
+    assert "job-completion-index" in env["NODE_RANK"]["valueFrom"]["fieldRef"]["fieldPath"]
+    assert c["resources"]["limits"] == {"nvidia.com/gpu": "8"}
+    svc = one(objs, "Service", "qwen3-swe-1node-trainer-rdzv")
+    assert svc["spec"]["clusterIP"] == "None" and svc["spec"]["publishNotReadyAddresses"]
+    labels = spec["template"]["metadata"]["labels"]
+    assert all(labels[k] == v for k, v in svc["spec"]["selector"].items())
+    claim = {v["name"]: v for v in pod["volumes"]}["checkpoints"]["persistentVolumeClaim"]
+    assert claim == {"claimName": "qwen3-swe-1node-checkpoints"}
+
+
+def test_jobset_only_when_asked_and_installed() -> None:
+    run = example("flash-moe")
+    assert run.spec.trainer.use_job_set
+    without = build_all(run, BuildContext())
+    assert by_kind(without, "JobSet") == [] and len(by_kind(without, "Job")) == 1
+    objs = build_all(run, BuildContext(crds=ALL_CRDS))
+    assert by_kind(objs, "Job") == []
+    (js,) = by_kind(objs, "JobSet")
+    assert js["apiVersion"] == "jobset.x-k8s.io/v1alpha2"
+    assert js["spec"]["failurePolicy"] == {"maxRestarts": 5}
+    assert js["spec"]["network"]["subdomain"] == "flash-moe-310b-trainer-rdzv"
+    (rj,) = js["spec"]["replicatedJobs"]
+    assert rj["template"]["spec"]["completions"] == 32
+    args = rj["template"]["spec"]["template"]["spec"]["containers"][0]["args"]
+    assert "--master-addr=flash-moe-310b-trainer-node-0-0.flash-moe-310b-trainer-rdzv" in args
+    # JobSet creates its own headless Service
+    assert not any(o["metadata"]["name"].endswith("-rdzv") for o in by_kind(objs, "Service"))
+    assert not build_all(example("single-gpu"), BuildContext(crds=ALL_CRDS)) == []
+    assert by_kind(build_all(example("single-gpu"), BuildContext(crds=ALL_CRDS)), "JobSet") == []
+
+
+def test_fixed_replicas_written() -> None:
+    objs = build_all(example("single-gpu"))
+    assert one(objs, "Deployment", "qwen3-swe-1node-rollout")["spec"]["replicas"] == 2
+    assert one(objs, "Deployment", "qwen3-swe-1node-grader")["spec"]["replicas"] == 1
+    assert one(objs, "Deployment", "qwen3-swe-1node-sandbox")["spec"]["replicas"] == 32
+    assert by_kind(objs, "HorizontalPodAutoscaler") == by_kind(objs, "ScaledObject") == []
+
+
+def test_autoscaled_pool_omits_replicas_keda() -> None:
+    objs = build_all(example("flash-moe"))
+    for pool in ("rollout", "grader"):
+        dep = one(objs, "Deployment", f"flash-moe-310b-{pool}")
+        assert "replicas" not in dep["spec"]
+        so = one(objs, "ScaledObject", f"flash-moe-310b-{pool}")
+        assert so["spec"]["scaleTargetRef"]["name"] == dep["metadata"]["name"]
+        (trigger,) = so["spec"]["triggers"]
+        assert trigger["type"] == "prometheus"
+        assert "paused-replicas" not in json.dumps(so["metadata"])
+    rq = one(objs, "ScaledObject", "flash-moe-310b-rollout")["spec"]["triggers"][0]["metadata"]
+    assert (
+        rq["query"]
+        == 'sum(vllm:num_requests_waiting{namespace="gagar",service="flash-moe-310b-rollout"})'
+    )
+    assert rq["threshold"] == "8"
+    gq = one(objs, "ScaledObject", "flash-moe-310b-grader")["spec"]["triggers"][0]["metadata"]
+    assert gq["query"] == 'sum(gagar_grader_queue_depth{namespace="gagar",run="flash-moe-310b"})'
+    assert one(objs, "ScaledObject", "flash-moe-310b-rollout")["spec"]["minReplicaCount"] == 4
+
+
+def hpa_run(**more: Any) -> GagarRun:
+    auto = {"minReplicas": 1, "maxReplicas": 6, "backend": "hpa", "targetQueueDepth": 2.5}
+    return example("local", **{"rollout.replicas": None, "rollout.autoscaling": auto}, **more)
+
+
+def test_autoscaled_pool_hpa() -> None:
+    objs = build_all(hpa_run())
+    assert "replicas" not in one(objs, "Deployment", "local-rollout")["spec"]
+    hpa = one(objs, "HorizontalPodAutoscaler", "local-rollout")
+    assert hpa["apiVersion"] == "autoscaling/v2"
+    assert (hpa["spec"]["minReplicas"], hpa["spec"]["maxReplicas"]) == (1, 6)
+    (metric,) = hpa["spec"]["metrics"]
+    assert metric["type"] == "Pods"
+    assert metric["pods"]["target"] == {"type": "AverageValue", "averageValue": "2500m"}
+    assert one(objs, "Deployment", "local-grader")["spec"]["replicas"] == 1
+
+
+def test_suspend_stops_trainer_and_pools() -> None:
+    objs = build_all(example("single-gpu", suspend=True))
+    assert one(objs, "Job", "qwen3-swe-1node-trainer")["spec"]["suspend"] is True
+    for pool in ("rollout", "grader", "sandbox"):
+        assert one(objs, "Deployment", f"qwen3-swe-1node-{pool}")["spec"]["replicas"] == 0
+    keda = build_all(example("flash-moe", suspend=True))
+    for pool in ("rollout", "grader"):
+        so = one(keda, "ScaledObject", f"flash-moe-310b-{pool}")
+        assert so["metadata"]["annotations"] == {"autoscaling.keda.sh/paused-replicas": "0"}
+        assert "replicas" not in one(keda, "Deployment", f"flash-moe-310b-{pool}")["spec"]
+    hpa = build_all(hpa_run(suspend=True))
+    assert by_kind(hpa, "HorizontalPodAutoscaler") == []  # an HPA cannot hold 0
+    assert one(hpa, "Deployment", "local-rollout")["spec"]["replicas"] == 0
+
+
+def test_terminal_releases_accelerators() -> None:
+    for run in (example("flash-moe"), hpa_run(), example("single-gpu")):
+        objs = build_all(run, BuildContext(state="terminal"))
+        assert by_kind(objs, "HorizontalPodAutoscaler") == by_kind(objs, "ScaledObject") == []
+        for dep in by_kind(objs, "Deployment"):
+            assert dep["spec"]["replicas"] == 0, dep["metadata"]["name"]
+
+
+def test_endpoint_pool_builds_nothing() -> None:
+    run = example(
+        "local",
+        **{
+            "rollout.replicas": None,
+            "rollout.endpoint": "http://vllm:8000/v1",
+            "grader.replicas": None,
+            "grader.endpoint": "http://g:8000/v1",
+        },
+    )
+    objs = build_all(run)
+    names = {o["metadata"]["name"] for o in objs}
+    assert not {n for n in names if n.endswith(("-rollout", "-grader"))}
+
+
+def test_sandbox_pods_are_hardened() -> None:
+    objs = build_all(example("single-gpu"))
+    pod = one(objs, "Deployment", "qwen3-swe-1node-sandbox")["spec"]["template"]["spec"]
+    assert pod["automountServiceAccountToken"] is False
+    assert pod["runtimeClassName"] == "gvisor"
+    assert pod["securityContext"]["runAsNonRoot"] is True
+    assert pod["securityContext"]["seccompProfile"] == {"type": "RuntimeDefault"}
+    (c,) = pod["containers"]
+    sc = c["securityContext"]
+    assert sc["readOnlyRootFilesystem"] and not sc["allowPrivilegeEscalation"]
+    assert sc["capabilities"] == {"drop": ["ALL"]} and sc["runAsNonRoot"]
+    writable = {m["mountPath"] for m in c["volumeMounts"] if not m.get("readOnly")}
+    empty_dirs = {v["name"] for v in pod["volumes"] if "emptyDir" in v}
+    assert {m["name"] for m in c["volumeMounts"] if m["mountPath"] in writable} <= empty_dirs
+    sa = one(objs, "ServiceAccount", "qwen3-swe-1node-sandbox")
+    assert sa["automountServiceAccountToken"] is False
+    np = one(objs, "NetworkPolicy", "qwen3-swe-1node-sandbox")["spec"]
+    assert np["egress"] == [] and set(np["policyTypes"]) == {"Ingress", "Egress"}
+    sources = [
+        p["podSelector"]["matchLabels"]["app.kubernetes.io/component"]
+        for p in np["ingress"][0]["from"]
+    ]
+    assert sorted(sources) == ["grader", "trainer"]
+    assert by_kind(build_all(example("local")), "NetworkPolicy") == []  # local backend: no pods
+
+
+def test_rbac_least_privilege() -> None:
+    objs = build_all(example("single-gpu"))
+    roles = by_kind(objs, "Role")
+    assert [r["metadata"]["name"] for r in roles] == ["qwen3-swe-1node-trainer"]
+    for rule in roles[0]["rules"]:
+        assert "gagar.dev" not in rule["apiGroups"]
+        assert "*" not in rule["verbs"] and "*" not in rule["resources"]
+        if rule["resources"] == ["configmaps"]:
+            assert rule["resourceNames"]
+        if {"patch", "update"} & set(rule["verbs"]):
+            assert rule["resourceNames"] == ["qwen3-swe-1node-progress"]
+    (rb,) = by_kind(objs, "RoleBinding")
+    assert rb["subjects"] == [
+        {"kind": "ServiceAccount", "name": "qwen3-swe-1node-trainer", "namespace": "gagar"}
+    ]
+    for pool in ("rollout", "grader"):
+        pod = one(objs, "Deployment", f"qwen3-swe-1node-{pool}")["spec"]["template"]["spec"]
+        assert pod["automountServiceAccountToken"] is False
+
+
+def test_config_map_holds_validated_subspecs() -> None:
+    run = example("flash-moe")
+    objs = build_all(run)
+    data = one(objs, "ConfigMap", "flash-moe-310b-config")["data"]
+    assert json.loads(data["trainer.json"]) == run.spec.trainer.to_wire()
+    assert json.loads(data["grader.json"])["kind"] == "agentic"
+    whole = json.loads(data["run.json"])
+    assert GagarRun.model_validate(whole).spec == run.spec
+    progress = one(objs, "ConfigMap", "flash-moe-310b-progress")
+    assert "data" not in progress  # the trainer owns data
+
+
+def test_checkpoint_pvc() -> None:
+    objs = build_all(example("single-gpu"))
+    pvc = one(objs, "PersistentVolumeClaim", "qwen3-swe-1node-checkpoints")
+    assert pvc["spec"]["storageClassName"] == "fast-rwx"
+    assert pvc["spec"]["resources"]["requests"]["storage"] == "500Gi"
+    assert pvc["spec"]["accessModes"] == ["ReadWriteMany"]
+    assert by_kind(build_all(example("flash-moe")), "PersistentVolumeClaim") == []  # uri
+    existing = example("single-gpu", **{"trainer.checkpoint.existingClaim": "ckpts"})
+    objs = build_all(existing)
+    assert by_kind(objs, "PersistentVolumeClaim") == []
+    pod = one(objs, "Job", "qwen3-swe-1node-trainer")["spec"]["template"]["spec"]
+    assert {v["name"]: v for v in pod["volumes"]}["checkpoints"]["persistentVolumeClaim"][
+        "claimName"
+    ] == "ckpts"
+
+
+def test_monitors_follow_crds_and_mode() -> None:
+    run = example("single-gpu")
+    assert by_kind(build_all(run), "ServiceMonitor") == []
+    objs = build_all(run, BuildContext(crds=frozenset({"monitoring.coreos.com"})))
+    assert len(by_kind(objs, "ServiceMonitor")) == 2 and len(by_kind(objs, "PodMonitor")) == 1
+    off = example("single-gpu", **{"observability.monitors": "disabled"})
+    assert by_kind(build_all(off, BuildContext(crds=ALL_CRDS)), "PodMonitor") == []
+    on = example("single-gpu", **{"observability.monitors": "enabled"})
+    assert len(by_kind(build_all(on), "PodMonitor")) == 1
+
+
+def test_rollout_vllm_weight_transfer() -> None:
+    objs = build_all(example("single-gpu"))
+    (c,) = one(objs, "Deployment", "qwen3-swe-1node-rollout")["spec"]["template"]["spec"][
+        "containers"
+    ]
+    env = {e["name"]: e.get("value") for e in c["env"]}
+    assert env["VLLM_SERVER_DEV_MODE"] == "1"
+    assert '\'--weight-transfer-config={"backend": "nccl"}\'' in c["command"][2]
+    assert transport(example("local")) == "gagar-cpu"  # auto without GPUs
+    grader = one(objs, "Deployment", "qwen3-swe-1node-grader")["spec"]["template"]["spec"]
+    names = [x["name"] for x in grader["containers"]]
+    assert names == ["grader", "model"]
+    assert grader["containers"][0]["command"][:3] == ["gagar", "grader", "serve"]
+    heur = one(build_all(example("local")), "Deployment", "local-grader")["spec"]["template"][
+        "spec"
+    ]
+    assert [x["name"] for x in heur["containers"]] == ["grader"]
+
+
+def _run_entry(tmp_path: Path, command: list[str]) -> str:
+    """Run a vLLM entry script with a fake ``vllm`` that prints its arguments."""
+    fake = tmp_path / "bin" / "vllm"
+    fake.parent.mkdir(exist_ok=True)
+    fake.write_text('#!/bin/sh\necho "$@"\n')
+    fake.chmod(fake.stat().st_mode | stat.S_IEXEC)
+    env = {**os.environ, "PATH": f"{fake.parent}:{os.environ['PATH']}"}
+    out = subprocess.run(command, env=env, capture_output=True, text=True, timeout=10, check=True)
+    return out.stdout
+
+
+def test_vllm_entry_script_boots_base_model(tmp_path: Path) -> None:
+    out = _run_entry(tmp_path, vllm_command("/models/base dir", "policy", ['--x={"a": 1}']))
+    assert out.split()[:2] == ["serve", "/models/base"]  # quoting keeps the space in one arg
+    assert '--x={"a": 1}' in out and "--served-model-name policy" in out
+    plain = _run_entry(tmp_path, vllm_command("m", "grader", [], published=False))
+    assert plain.startswith("serve m --host 0.0.0.0")
+
+
+def test_pure_modules_import_no_io_libraries() -> None:
+    """Builders, observe and status load without kopf, kubernetes, HTTP or distributed code."""
+    code = (
+        "import sys, gagar.operator.builders, gagar.operator.status, gagar.operator.observe\n"
+        "bad = ('kopf', 'kubernetes', 'httpx', 'requests', 'aiohttp', 'vllm', 'megatron', 'gagar.sandbox', 'torch')\n"
+        "print([m for m in sys.modules if m.startswith(bad)])\n"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True
+    )
+    assert out.stdout.strip() == "[]"

@@ -1,0 +1,440 @@
+"""Pure status calculator: conditions, phase, failure policy, progress, transitions."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import Any
+
+import pytest
+
+from gagar.operator.observe import (
+    Observed,
+    PoolObserved,
+    Progress,
+    TrainerObserved,
+    parse_deployment,
+    parse_job,
+    parse_jobset,
+    parse_progress,
+    waiting_reasons,
+)
+from gagar.operator.status import (
+    CONDITION_TYPES,
+    compute_status,
+    get_condition,
+    set_condition,
+)
+from gagar.spec import Condition, GagarRunSpec, GagarRunStatus
+from tests.unit.test_builders import example
+
+T0, T1, T2 = "2026-01-01T00:00:00Z", "2026-01-01T00:01:00Z", "2026-01-01T00:02:00Z"
+SPEC = example("single-gpu").spec  # nodes 1, pools rollout 2, grader 1, sandbox 32, budget 3
+READY_POOLS = {
+    "rollout": PoolObserved(2, 2, 2),
+    "grader": PoolObserved(1, 1, 1),
+    "sandbox": PoolObserved(32, 32, 32),
+}
+RUNNING = TrainerObserved(active=1, ready=1, start_time=T0)
+
+
+def obs(**kw: Any) -> Observed:
+    base = {"generation": 1, "trainer": RUNNING, "pools": READY_POOLS}
+    return Observed(**{**base, **kw})
+
+
+def cond(status: GagarRunStatus, kind: str) -> tuple[str, str]:
+    c = get_condition(status, kind)
+    assert c is not None, kind
+    return c.status, c.reason
+
+
+def spec(**changes: Any) -> GagarRunSpec:
+    return example("single-gpu", **changes).spec
+
+
+# ------------------------------------------------------------------ the table
+CASES: list[tuple[str, GagarRunSpec, Observed, str, dict[str, tuple[str, str]]]] = [
+    (
+        "nothing created yet",
+        SPEC,
+        obs(trainer=None, pools={}),
+        "Pending",
+        {
+            "Ready": ("False", "NotCreated"),
+            "TrainerReady": ("False", "NotCreated"),
+            "PoolsReady": ("False", "PoolsNotReady"),
+            "Reconciling": ("True", "Progressing"),
+        },
+    ),
+    (
+        "trainer starting, image pull stuck",
+        SPEC,
+        obs(trainer=TrainerObserved(), waiting=("ImagePullBackOff",)),
+        "Pending",
+        {
+            "TrainerReady": ("False", "Starting"),
+            "Ready": ("False", "Starting"),
+            "Stalled": ("False", "NotStalled"),
+        },
+    ),
+    (
+        "all ready",
+        SPEC,
+        obs(),
+        "Running",
+        {
+            "Ready": ("True", "Running"),
+            "TrainerReady": ("True", "Running"),
+            "PoolsReady": ("True", "PoolsReady"),
+            "Reconciling": ("False", "Settled"),
+            "Suspended": ("False", "NotSuspended"),
+            "Complete": ("False", "InProgress"),
+            "Failed": ("False", "NoFailure"),
+        },
+    ),
+    (
+        "pool lagging",
+        SPEC,
+        obs(pools={**READY_POOLS, "rollout": PoolObserved(2, 2, 1)}),
+        "Running",
+        {
+            "Ready": ("False", "PoolsNotReady"),
+            "PoolsReady": ("False", "PoolsNotReady"),
+            "Reconciling": ("True", "Progressing"),
+        },
+    ),
+    (
+        "autoscaled at zero is ready",
+        spec(
+            **{
+                "rollout.replicas": None,
+                "rollout.autoscaling": {"minReplicas": 0, "maxReplicas": 4},
+            }
+        ),
+        obs(pools={**READY_POOLS, "rollout": PoolObserved(0, 0, 0)}),
+        "Running",
+        {"PoolsReady": ("True", "PoolsReady"), "Ready": ("True", "Running")},
+    ),
+    (
+        "suspending",
+        spec(suspend=True),
+        obs(trainer=replace(RUNNING, suspended=True)),
+        "Suspended",
+        {
+            "Suspended": ("True", "Suspending"),
+            "Reconciling": ("True", "Progressing"),
+            "Ready": ("False", "Suspending"),
+            "TrainerReady": ("False", "Suspended"),
+        },
+    ),
+    (
+        "suspended and drained",
+        spec(suspend=True),
+        obs(
+            trainer=TrainerObserved(suspended=True),
+            pools={p: PoolObserved(0, 0, 0) for p in READY_POOLS},
+        ),
+        "Suspended",
+        {
+            "Suspended": ("True", "Suspended"),
+            "Reconciling": ("False", "Settled"),
+            "PoolsReady": ("False", "Suspended"),
+        },
+    ),
+    (
+        "trainer complete",
+        SPEC,
+        obs(trainer=TrainerObserved(complete=True)),
+        "Succeeded",
+        {
+            "Complete": ("True", "TrainerSucceeded"),
+            "Ready": ("False", "Succeeded"),
+            "Reconciling": ("False", "Settled"),
+            "PoolsReady": ("False", "Released"),
+        },
+    ),
+    (
+        "permanent trainer failure (pod failure policy)",
+        SPEC,
+        obs(
+            trainer=TrainerObserved(
+                failed=True, failed_reason="PodFailurePolicy", failed_message="exit 3"
+            )
+        ),
+        "Failed",
+        {"Failed": ("True", "TrainerFailedPermanently"), "Ready": ("False", "Failed")},
+    ),
+    (
+        "permanent apply error",
+        SPEC,
+        obs(apply_error="Job.batch is invalid: spec.template: field is immutable"),
+        "Stalled",
+        {
+            "Stalled": ("True", "ApplyFailed"),
+            "Ready": ("False", "ApplyFailed"),
+            "Reconciling": ("False", "Settled"),
+        },
+    ),
+    (
+        "endpoint pools only",
+        spec(
+            **{
+                "rollout.replicas": None,
+                "rollout.endpoint": "http://x/v1",
+                "grader.replicas": None,
+                "grader.endpoint": "http://y/v1",
+                "sandbox.backend": "local",
+            }
+        ),
+        obs(pools={}),
+        "Running",
+        {"PoolsReady": ("True", "PoolsReady"), "Ready": ("True", "Running")},
+    ),
+]
+
+
+@pytest.mark.parametrize("case", CASES, ids=[c[0] for c in CASES])
+def test_status_table(
+    case: tuple[str, GagarRunSpec, Observed, str, dict[str, tuple[str, str]]],
+) -> None:
+    _, the_spec, observed, phase, expected = case
+    out = compute_status(the_spec, observed, None, T0)
+    assert out.status.phase == phase
+    assert [c.type for c in out.status.conditions] == list(CONDITION_TYPES)  # all present, ordered
+    for kind, want in expected.items():
+        assert cond(out.status, kind) == want, kind
+    for c in out.status.conditions:
+        assert c.observed_generation == 1 and c.last_transition_time == T0
+    assert out.status.observed_generation == 1
+
+
+def test_messages_explain() -> None:
+    out = compute_status(
+        SPEC, obs(trainer=TrainerObserved(), waiting=("ImagePullBackOff",)), None, T0
+    )
+    assert (
+        get_condition(out.status, "TrainerReady").message
+        == "0/1 trainer pods ready (waiting: ImagePullBackOff)"
+    )
+    lag = compute_status(SPEC, obs(pools={"rollout": PoolObserved(2, 2, 1)}), None, T0)
+    msg = get_condition(lag.status, "PoolsReady").message
+    assert msg == "rollout 1/2 ready; grader not created; sandbox not created"
+
+
+# ------------------------------------------------------------------ set_condition
+def test_set_condition_keeps_time_unless_flipped() -> None:
+    a = Condition(type="Ready", status="False", reason="X")
+    conds = set_condition([], a, T0)
+    assert conds[0].last_transition_time == T0
+    same = set_condition(conds, a.model_copy(update={"reason": "Y", "message": "m"}), T1)
+    assert same[0].last_transition_time == T0 and same[0].reason == "Y"
+    flipped = set_condition(same, a.model_copy(update={"status": "True"}), T2)
+    assert flipped[0].last_transition_time == T2 and len(flipped) == 1
+
+
+def test_same_observation_gives_identical_status() -> None:
+    """The handler patches only on change: a re-run with a later clock must be a no-op."""
+    first = compute_status(SPEC, obs(), None, T0).status
+    again = compute_status(SPEC, obs(), first, T2).status
+    assert again == first
+
+
+def test_transition_times_move_only_for_flipped_conditions() -> None:
+    starting = compute_status(SPEC, obs(trainer=TrainerObserved()), None, T0).status
+    ready = compute_status(SPEC, obs(), starting, T1).status
+    assert get_condition(ready, "Ready").last_transition_time == T1
+    assert get_condition(ready, "Failed").last_transition_time == T0
+    assert get_condition(ready, "TrainerReady").last_transition_time == T1
+
+
+# ------------------------------------------------------------------ failure policy
+def failed(attempt: int, reason: str = "BackoffLimitExceeded") -> TrainerObserved:
+    return TrainerObserved(
+        attempt=attempt, failed=True, failed_reason=reason, failed_message="pod failed"
+    )
+
+
+def test_restart_budget_then_failed() -> None:
+    status: GagarRunStatus | None = None
+    for n in range(3):  # budget 3: three restarts
+        out = compute_status(SPEC, obs(trainer=failed(n)), status, T1)
+        assert out.attempt == n + 1 and out.status.trainer_restarts == n + 1
+        assert not out.terminal and out.status.phase == "Running"
+        assert cond(out.status, "TrainerReady") == ("False", "TrainerRestarted")
+        assert [e.reason for e in out.events if e.type == "Warning"][:1] == ["TrainerRestarted"]
+        status = out.status
+        # the old Job is still there until the handler deletes it: no double counting
+        again = compute_status(SPEC, obs(trainer=failed(n)), status, T1)
+        assert (
+            again.status.trainer_restarts == n + 1
+            and cond(again.status, "TrainerReady")[1] == "Restarting"
+        )
+        assert not [e for e in again.events if e.reason == "TrainerRestarted"]
+    out = compute_status(SPEC, obs(trainer=failed(3)), status, T2)
+    assert out.terminal and out.status.phase == "Failed" and out.status.trainer_restarts == 3
+    assert cond(out.status, "Failed") == ("True", "RestartBudgetExhausted")
+    assert out.status.completion_time == T2
+    assert any(e.type == "Warning" and e.reason == "RestartBudgetExhausted" for e in out.events)
+
+
+def test_zero_budget_fails_at_once() -> None:
+    out = compute_status(
+        spec(**{"trainer.failurePolicy.maxRestarts": 0}), obs(trainer=failed(0)), None, T0
+    )
+    assert out.status.phase == "Failed" and out.attempt == 0
+
+
+def test_restart_resumes_running_with_new_attempt() -> None:
+    s1 = compute_status(SPEC, obs(trainer=failed(0)), None, T0).status
+    s2 = compute_status(SPEC, obs(trainer=replace(RUNNING, attempt=1)), s1, T1)
+    assert s2.status.phase == "Running" and cond(s2.status, "Ready") == ("True", "Running")
+    assert s2.attempt == 1 and s2.status.trainer_restarts == 1
+
+
+def test_jobset_restarts_are_copied() -> None:
+    js = TrainerObserved(kind="JobSet", active=1, ready=1, restarts=2)
+    out = compute_status(SPEC, obs(trainer=js), None, T0)
+    assert out.status.trainer_restarts == 2 and out.status.phase == "Running"
+    dead = compute_status(
+        SPEC,
+        obs(trainer=replace(js, active=0, failed=True, failed_reason="FailedJobs")),
+        out.status,
+        T1,
+    )
+    assert (
+        dead.status.phase == "Failed" and cond(dead.status, "Failed")[1] == "RestartBudgetExhausted"
+    )
+
+
+def test_terminal_is_sticky() -> None:
+    done = compute_status(SPEC, obs(trainer=TrainerObserved(complete=True)), None, T0).status
+    later = compute_status(SPEC, obs(trainer=None, pools={}), done, T2)
+    assert later.status.phase == "Succeeded" and later.terminal
+    assert cond(later.status, "Complete") == ("True", "TrainerSucceeded")
+    assert later.status.completion_time == T0
+    assert get_condition(later.status, "Complete").last_transition_time == T0
+
+
+# ------------------------------------------------------------------ invalid spec
+def test_invalid_spec_stalls_with_field_path() -> None:
+    running = compute_status(SPEC, obs(), None, T0).status
+    msg = "spec.rollout.replicas: Input should be greater than or equal to 0"
+    out = compute_status(None, Observed(generation=2, spec_error=msg), running, T1)
+    assert out.status.phase == "Stalled"
+    assert cond(out.status, "Stalled") == ("True", "InvalidSpec")
+    assert get_condition(out.status, "Stalled").message == msg
+    assert get_condition(out.status, "Ready").observed_generation == 2
+    assert out.status.observed_generation == 2
+    assert any(e.type == "Warning" and e.reason == "InvalidSpec" for e in out.events)
+    fresh = compute_status(None, Observed(spec_error=msg), None, T0)
+    assert [c.type for c in fresh.status.conditions] == list(CONDITION_TYPES)
+    fixed = compute_status(SPEC, obs(generation=3), out.status, T2)
+    assert (
+        cond(fixed.status, "Stalled") == ("False", "NotStalled") and fixed.status.phase == "Running"
+    )
+
+
+# ------------------------------------------------------------------ progress
+def test_progress_step_checkpoint_and_pools() -> None:
+    p = Progress(
+        step=12,
+        policy_version=12,
+        rollout_policy_version=11,
+        checkpoint_step=10,
+        checkpoint_uri="pvc://c/step-10",
+        checkpoint_time=T1,
+        start_time=T0,
+    )
+    out = compute_status(SPEC, obs(progress=p), None, T1).status
+    assert (out.step, out.policy_version) == (12, 12)
+    assert out.last_checkpoint is not None and out.last_checkpoint.step == 10
+    assert out.pools["rollout"].ready_replicas == 2 and out.pools["rollout"].policy_version == 11
+    assert out.pools["sandbox"].replicas == 32 and out.start_time == T0
+    later = compute_status(SPEC, obs(), out, T2).status  # no report this time: keep the last one
+    assert later.step == 12 and later.last_checkpoint == out.last_checkpoint
+
+
+def test_events_on_suspend_and_resume() -> None:
+    drained = obs(
+        trainer=TrainerObserved(suspended=True),
+        pools={p: PoolObserved(0, 0, 0) for p in READY_POOLS},
+    )
+    running = compute_status(SPEC, obs(), None, T0).status
+    sus = compute_status(spec(suspend=True), drained, running, T1)
+    assert "Suspended" in [e.reason for e in sus.events] or "Suspending" in [
+        e.reason for e in sus.events
+    ]
+    back = compute_status(SPEC, obs(), sus.status, T2)
+    assert "Resumed" in [e.reason for e in back.events]
+    assert back.status.phase == "Running"
+
+
+# ------------------------------------------------------------------ parsing
+def test_parse_job_and_friends() -> None:
+    job = {
+        "metadata": {"annotations": {"gagar.dev/attempt": "2"}},
+        "spec": {"suspend": False},
+        "status": {
+            "active": 0,
+            "ready": 0,
+            "startTime": T0,
+            "conditions": [
+                {"type": "FailureTarget", "status": "True", "reason": "PodFailurePolicy"},
+                {
+                    "type": "Failed",
+                    "status": "True",
+                    "reason": "PodFailurePolicy",
+                    "message": "exit 3",
+                },
+            ],
+        },
+    }
+    seen = parse_job(job)
+    assert (
+        seen.attempt == 2
+        and seen.failed
+        and seen.failed_reason == "PodFailurePolicy"
+        and not seen.complete
+    )
+    assert parse_job({"metadata": {}, "spec": {}}).attempt == 0
+    js = parse_jobset(
+        {
+            "spec": {"suspend": True},
+            "status": {
+                "restarts": 1,
+                "replicatedJobsStatus": [{"name": "node", "ready": 1, "active": 1}],
+                "conditions": [{"type": "Completed", "status": "False"}],
+            },
+        },
+        nodes=4,
+    )
+    assert (js.restarts, js.ready, js.suspended, js.complete) == (1, 4, True, False)
+    dep = parse_deployment({"spec": {"replicas": 3}, "status": {"replicas": 3, "readyReplicas": 2}})
+    assert dep == PoolObserved(3, 3, 2)
+    assert parse_progress({"step": "7", "checkpointStep": "x"}) == Progress(step=7)
+    pods = [
+        {
+            "status": {
+                "conditions": [
+                    {"type": "PodScheduled", "status": "False", "reason": "Unschedulable"}
+                ]
+            }
+        },
+        {"status": {"containerStatuses": [{"state": {"waiting": {"reason": "ImagePullBackOff"}}}]}},
+        {
+            "status": {
+                "containerStatuses": [{"state": {"waiting": {"reason": "ContainerCreating"}}}]
+            }
+        },
+    ]
+    assert waiting_reasons(pods) == ("ImagePullBackOff", "Unschedulable")
+
+
+def test_lost_status_recovers_restarts_from_the_job() -> None:
+    """The Job's attempt annotation outlives a wiped status: the count never goes down."""
+    out = compute_status(SPEC, obs(trainer=replace(RUNNING, attempt=2)), None, T0)
+    assert out.status.trainer_restarts == 2 and out.attempt == 2
+    last = compute_status(SPEC, obs(trainer=failed(2)), None, T0)
+    assert last.status.trainer_restarts == 3 and last.attempt == 3
+    done = compute_status(SPEC, obs(trainer=failed(3)), last.status, T1)
+    assert done.status.phase == "Failed"
