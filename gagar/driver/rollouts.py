@@ -22,7 +22,10 @@ from gagar.wire import Action, Candidate, GradingGroup, ToolStats
 
 SYSTEM_PROMPT = (
     "You are a careful software engineer. Fix the bug described by the user in the repository. "
-    "Use the tools, change as little as needed, run the tests, then submit."
+    "Change as little as needed, run the tests, then submit. Call exactly one tool per message as "
+    '<tool_call>{"name": ..., "arguments": {...}}</tool_call>. Tools: view(path), '
+    "search(pattern, path), edit(path, old, new), create(path, content), run_tests(tests), "
+    "run(command), submit()."
 )
 STATE_CHANGING = frozenset({"edit", "create", "run"})
 

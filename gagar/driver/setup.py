@@ -22,7 +22,6 @@ from gagar.driver.sampling import TaskSampler
 from gagar.driver.sft import expert_trajectories, sft
 from gagar.metrics import Metrics
 from gagar.rollout.chat import HFChatFormat
-from gagar.rollout.envs.tools import tool_definitions
 from gagar.spec import GagarRun
 from gagar.trainer.checkpoint import CheckpointManager
 from gagar.trainer.learner import Learner, LearnerConfig
@@ -60,7 +59,9 @@ def chat_format(policy_dir: Path) -> tuple[HFChatFormat, int]:
     from transformers import AutoTokenizer
 
     tokenizer = AutoTokenizer.from_pretrained(policy_dir)
-    return HFChatFormat(tokenizer, tools=tool_definitions()), int(tokenizer.convert_tokens_to_ids(tokenizer.eos_token))
+    # The tools are described compactly in the system prompt (rollouts.SYSTEM_PROMPT) rather than
+    # as JSON schemas: a small policy's context is precious, and every turn re-reads it.
+    return HFChatFormat(tokenizer), int(tokenizer.convert_tokens_to_ids(tokenizer.eos_token))
 
 
 def warm_start(run: GagarRun, model: Any, policy_dir: Path, factory: Any, tasks: list[Any], console: Console) -> dict[str, Any]:

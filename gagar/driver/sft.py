@@ -43,11 +43,10 @@ def reference_fix(task: Task) -> Fix:
     a, b = buggy.splitlines(keepends=True), fixed.splitlines(keepends=True)
     ops = [op for op in difflib.SequenceMatcher(a=a, b=b).get_opcodes() if op[0] != "equal"]
     i1, i2, j1, j2 = ops[0][1], ops[-1][2], ops[0][3], ops[-1][4]
+    # widen the hunk with the lines before it until the old text occurs once (edits must be exact)
+    while buggy.count("".join(a[i1:i2])) > 1 and i1 > 0:
+        i1, j1 = i1 - 1, j1 - 1
     return Fix(path, "".join(a[i1:i2]).rstrip("\n"), "".join(b[j1:j2]).rstrip("\n"))
-
-
-def _indent(line: str) -> str:
-    return line[: len(line) - len(line.lstrip())]
 
 
 def expert_turns(task: Task, style: Style) -> list[str]:
@@ -58,10 +57,10 @@ def expert_turns(task: Task, style: Style) -> list[str]:
     submit = format_tool_call("submit", {})
     if style == "clean":
         return [view, format_tool_call("edit", {"path": fix.path, "old": fix.old, "new": fix.new}), tests, submit]
-    if style == "bloated":
-        pad = _indent(fix.new.splitlines()[-1])
-        new = f"{fix.new}\n{pad}print('debug: fixed')\n{pad}_unused = None"
-        return [view, format_tool_call("edit", {"path": fix.path, "old": fix.old, "new": new}), tests, submit]
+    if style == "bloated":  # the right fix plus an unrequested debugging module: passes, but sprawls
+        helper = fix.path.rsplit("/", 1)[0] + "/debug_helpers.py" if "/" in fix.path else "debug_helpers.py"
+        extra = format_tool_call("create", {"path": helper, "content": "def trace(*args):\n    print('debug:', *args)\n    return args\n"})
+        return [view, format_tool_call("edit", {"path": fix.path, "old": fix.old, "new": fix.new}), extra, tests, submit]
     if style == "redundant":
         edit = format_tool_call("edit", {"path": fix.path, "old": fix.old, "new": fix.new})
         return [view, view, edit, tests, tests, submit]
