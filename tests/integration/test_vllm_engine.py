@@ -141,22 +141,21 @@ def test_bad_update_names_the_tensor_and_a_full_sync_recovers(servers, trainer, 
     engine.update_weights(trainer.state_dict().items(), version=2)
     client = engine.weight_sync.replicas[0]
     file = str(tmp_path / "published" / "v2" / "model.safetensors")
+    client.pause()
     client.start_weight_update()
     with pytest.raises(WeightSyncError, match=re.escape("model.layers.9.mlp.up_proj.weight")):
         client.update_weights({"file": file, "names": ["model.layers.9.mlp.up_proj.weight"]})
     client.start_weight_update()  # vLLM ended the session when the chunk failed
     with pytest.raises(WeightSyncError, match="outside the weight-transfer root"):
         client.update_weights({"file": "/etc/passwd", "names": ["x"]})
-    # Ended again by the failure; a full sync starts a fresh session and loads every tensor.
+    client.resume()
+    # The failed update left the replica servable (old layers back in place), version unchanged.
+    params = SamplingParams(max_tokens=4, seed=2)
+    assert max_gap(trainer, [c for g in engine.generate(PROMPTS, params) for c in g]) < TOL
+    assert engine.policy_version() == ["2"]
     engine.update_weights(trainer.state_dict().items(), version=3)
     assert engine.policy_version() == ["3"]
-    assert (
-        max_gap(
-            trainer,
-            [c for g in engine.generate(PROMPTS, SamplingParams(max_tokens=4, seed=2)) for c in g],
-        )
-        < TOL
-    )
+    assert max_gap(trainer, [c for g in engine.generate(PROMPTS, params) for c in g]) < TOL
 
 
 def test_generation_during_many_concurrent_requests_stays_exact(servers, trainer):

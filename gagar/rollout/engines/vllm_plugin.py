@@ -73,7 +73,15 @@ class SafetensorsWeightTransferEngine(
     def update_weights(self, update_info: dict[str, Any]) -> None:
         # The base class ends with torch.accelerator.synchronize(), which has no accelerator
         # to wait for on CPU; file reads are synchronous anyway.
-        self.receive_weights(self.parse_update_info(update_info))
+        try:
+            self.receive_weights(self.parse_update_info(update_info))
+        except BaseException:
+            # vLLM ends the session when a chunk fails but does not finish the layerwise
+            # reload, which leaves parameters on the meta device: the next forward pass would
+            # kill the engine core. Finishing here puts every layer that got no new weights
+            # back on its old kernel tensors, so the replica stays servable.
+            self.finish_weight_update()
+            raise
 
     def receive_weights(self, update_info: SafetensorsUpdateInfo) -> None:
         from safetensors import safe_open

@@ -118,7 +118,11 @@ class ReplicaClient:
 
     def __init__(self, base_url: str, timeout: float = 300.0) -> None:
         self.base_url = base_url.rstrip("/")
-        self._http = httpx.Client(base_url=self.base_url, timeout=timeout)
+        # One connection per call: vLLM's server drops a connection after a route raised, and
+        # reusing it would turn the next control call into a connection reset.
+        self._http = httpx.Client(
+            base_url=self.base_url, timeout=timeout, headers={"Connection": "close"}
+        )
 
     def _post(self, path: str, payload: dict | None = None, params: dict | None = None) -> dict:
         try:
