@@ -148,13 +148,13 @@ class AgenticGrader:
         try:
             ranking = await asyncio.wait_for(self._grade(group, session), deadline)
         except TimeoutError:
-            failure = GraderFailure("timeout", f"no ranking within {deadline}s")
-            return self._fallback(group, failure, session, start)
+            timeout = GraderFailure("timeout", f"no ranking within {deadline}s")
+            return self._fallback(group, timeout, session, start)
         except GraderFailure as failure:
             return self._fallback(group, failure, session, start)
         except Exception as err:  # sandbox or workspace failure: infrastructure, not the model
-            failure = GraderFailure("grader_error", f"{type(err).__name__}: {err}")
-            return self._fallback(group, failure, session, start)
+            infra = GraderFailure("grader_error", f"{type(err).__name__}: {err}")
+            return self._fallback(group, infra, session, start)
         update = {"latency_seconds": time.perf_counter() - start, "usage": session.usage()}
         return ranking.model_copy(update=update)
 
