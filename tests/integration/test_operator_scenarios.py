@@ -478,3 +478,27 @@ def test_parse_run_names_every_bad_field() -> None:
     assert "spec.trainer.nodes" in error and "spec.rollout" in error
     ok, none = parse_run(manifest())
     assert ok is not None and none is None
+
+
+def test_completion_releases_accelerators(env: Env) -> None:
+    emulator = env.need_emulator()
+    run = manifest(**{"rollout.replicas": None, "rollout.autoscaling": HPA})
+    name = run["metadata"]["name"]
+    hpa = ("autoscaling/v2", "HorizontalPodAutoscaler", f"{name}-rollout")
+    with env.operator():
+        env.create(run)
+        env.wait(lambda: env.get(*hpa), what="HPA")
+        env.wait(phase(env, name, "Running"), what="Running")
+        emulator.succeed_job(f"{name}-trainer")
+        env.wait(phase(env, name, "Succeeded"), what="Succeeded")
+        assert env.condition(name, "Complete")["status"] == "True"
+        env.wait(lambda: env.get(*hpa) is None, what="autoscaler removed")
+        for pool in ("rollout", "grader", "sandbox"):
+            env.wait(
+                lambda p=pool: (
+                    env.get("apps/v1", "Deployment", f"{name}-{p}")["spec"]["replicas"] == 0
+                ),
+                what=f"{pool} released",
+            )
+        assert env.status(name)["completionTime"]
+        assert env.condition(name, "PoolsReady")["reason"] == "Released"
