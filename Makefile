@@ -39,7 +39,16 @@ crd: ## Regenerate the CRD (manifests/ and the chart) from gagar/spec.py
 check-generated: ## Fail when a generated file drifts from its source
 	$(PYTHON) -m gagar.cli crd --check
 
+helm-lint: ## Lint and render the Helm chart for every example values file (real helm), kustomize, promtool
+	bash scripts/install.d/20-helm.sh
+	.tools/bin/helm lint --strict charts/gagar
+	for f in charts/gagar/ci/*-values.yaml; do \
+	  .tools/bin/helm lint --strict charts/gagar -f $$f && .tools/bin/helm template gagar charts/gagar -f $$f >/dev/null || exit 1; \
+	done
+	.tools/bin/kubectl kustomize manifests >/dev/null
+	promtool check rules charts/gagar/rules/gagar-alerts.yaml
+
 bench: ## Run the benchmarks (print tables, write JSON under bench/results/)
 	$(PYTHON) bench/advantages.py
 
-.PHONY: help install run test test-slow lint format crd check-generated bench
+.PHONY: help install run test test-slow lint format crd check-generated helm-lint bench

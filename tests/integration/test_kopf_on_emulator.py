@@ -156,7 +156,9 @@ def test_operator_survives_api_errors_dropped_watches_and_expired_history(
         kube.create({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "unrelated"}})
         kube.compact_history()  # kopf's last toys version is now older than the history
         kube.wait_for(lambda: kube.drop_watches("toys"))
-        kube.wait_for(lambda: len(kube.requests_for(verb="list", path="/toys")) > lists)  # 410: re-list
+        kube.wait_for(
+            lambda: len(kube.requests_for(verb="list", path="/toys")) > lists
+        )  # 410: re-list
         kube.create(toy("t3"))
         kube.wait_for(lambda: kube.find("v1", "ConfigMap", "t3-child"))
     assert sorted(calls["create"]) == ["t1", "t2", "t3"]
@@ -177,3 +179,35 @@ def test_kopf_default_login_reads_the_kubeconfig(kube: KubeEmulator) -> None:
         [sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=60
     )
     assert out.stdout.strip() == kube.url, out.stderr
+
+
+def test_registry_runs_against_successive_emulators_with_the_default_client() -> None:
+    """Cluster-wide kopf, one registry reused, operator code using the default ApiClient()."""
+    from kubernetes.client import ApiClient
+
+    calls: dict[str, list[str]] = {"create": [], "update": [], "delete": []}
+    registry = kopf.OperatorRegistry()
+
+    @kopf.on.create("", "v1", "configmaps", labels={"watched": "yes"}, registry=registry)
+    def create(name: str, namespace: str, **_: object) -> None:
+        calls["create"].append(name)
+        with ApiClient() as client:  # the global default, as operator code may use it
+            CoreV1Api(client).create_namespaced_config_map(
+                namespace, {"metadata": {"name": f"{name}-seen"}}
+            )
+
+    for run in ("first", "second"):
+        with (
+            KubeEmulator() as kube,
+            kube.as_default_client(),
+            run_operator(kube, registry, namespaces=()),
+        ):
+            kube.create(
+                {
+                    "apiVersion": "v1",
+                    "kind": "ConfigMap",
+                    "metadata": {"name": run, "labels": {"watched": "yes"}},
+                }
+            )
+            kube.wait_for(lambda kube=kube, run=run: kube.find("v1", "ConfigMap", f"{run}-seen"))
+    assert calls["create"] == ["first", "second"]

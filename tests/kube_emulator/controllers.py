@@ -21,7 +21,8 @@ from __future__ import annotations
 import threading
 import time
 
-from .store import CRD_FINALIZER, CRD_KEY, NS_KEY, Store, WriteOptions, now_iso
+from .admission import CRD_FINALIZER, CRD_KEY, NS_KEY, now_iso
+from .store import Store, WriteOptions
 
 DEPLOY_KEY = ("apps", "deployments")
 JOB_KEY = ("batch", "jobs")

@@ -9,12 +9,13 @@ streams, or forget history so that resumed watches get 410 Gone.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import pathlib
 import socket
 import tempfile
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import yaml
@@ -29,6 +30,8 @@ from .store import Store, WriteOptions
 
 
 class KubeEmulator:
+    emulated = True
+
     def __init__(
         self,
         *,
@@ -73,7 +76,9 @@ class KubeEmulator:
     def _serve(self, ready: threading.Event) -> None:
         self._loop = asyncio.new_event_loop()
         asyncio.set_event_loop(self._loop)
-        self._runner = web.AppRunner(self.server.app(), handle_signals=False, shutdown_timeout=0.5)
+        self._runner = web.AppRunner(
+            self.server.app(), handle_signals=False, shutdown_timeout=0.5, access_log=None
+        )
         self._loop.run_until_complete(self._runner.setup())
         site = web.TCPSite(self._runner, "127.0.0.1", self.port)
         self._loop.run_until_complete(site.start())
@@ -129,6 +134,26 @@ class KubeEmulator:
             config_file=str(self.kubeconfig_path), client_configuration=configuration
         )
         return kubernetes.client.ApiClient(configuration)
+
+    @contextlib.contextmanager
+    def as_default_client(self) -> Iterator[None]:
+        """Make ``kubernetes.client.ApiClient()`` (no arguments) talk to this emulator.
+
+        For operator code that builds its clients from the global default configuration; the
+        previous default is restored afterwards.
+        """
+        import kubernetes
+
+        previous = kubernetes.client.Configuration.get_default_copy()
+        configuration = kubernetes.client.Configuration()
+        kubernetes.config.load_kube_config(
+            config_file=str(self.kubeconfig_path), client_configuration=configuration
+        )
+        kubernetes.client.Configuration.set_default(configuration)
+        try:
+            yield
+        finally:
+            kubernetes.client.Configuration.set_default(previous)
 
     # ----- objects without HTTP --------------------------------------------------------------
 

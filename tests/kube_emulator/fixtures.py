@@ -3,18 +3,20 @@
     from tests.kube_emulator.fixtures import kube, kube_client  # noqa: F401
 
 ``kube`` is a started :class:`KubeEmulator` (fresh per test, stopped after it); ``kube_client``
-is a ``kubernetes.client.ApiClient`` pointing at it. When ``GAGAR_TEST_KUBECONFIG`` is set, tests
-that can also run against a real cluster should use that file instead of ``kube.kubeconfig_path``;
-the emulator-only controls (faults, job outcomes) have no real-cluster equivalent.
+is a ``kubernetes.client.ApiClient`` pointing at it. ``cluster`` is a :class:`RealCluster` on
+``GAGAR_TEST_KUBECONFIG`` when that is set, else a fresh emulator: scenario tests that use only
+the shared object API run on both; guard emulator-only controls with ``cluster.emulated``.
 """
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator
 from typing import Any
 
 import pytest
 
+from .cluster import RealCluster
 from .emulator import KubeEmulator
 
 
@@ -31,3 +33,13 @@ def kube_client(kube: KubeEmulator) -> Iterator[Any]:
         yield client
     finally:
         client.close()
+
+
+@pytest.fixture
+def cluster() -> Iterator[KubeEmulator | RealCluster]:
+    kubeconfig = os.environ.get("GAGAR_TEST_KUBECONFIG")
+    if kubeconfig:
+        yield RealCluster(kubeconfig)
+        return
+    with KubeEmulator() as emulator:
+        yield emulator

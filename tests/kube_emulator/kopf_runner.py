@@ -58,14 +58,16 @@ def run_operator(
     ``namespaces=()`` runs cluster-wide. ``configure`` can adjust the settings further.
     """
 
-    if not getattr(registry, "_kube_emulator_login", False):  # a registry may be run again
+    # The login handler is added once per registry (kopf keeps handlers forever) and reads the
+    # emulator of the current run, so a registry (e.g. kopf's default one) can be run again.
+    if getattr(registry, "_kube_emulator", None) is None:
 
         @kopf.on.login(registry=registry)
         def _login(**_: object) -> kopf.ConnectionInfo:
-            return kopf.ConnectionInfo(server=kube.url, scheme="Bearer", token="emulator-token")
+            target = registry._kube_emulator  # type: ignore[attr-defined]
+            return kopf.ConnectionInfo(server=target.url, scheme="Bearer", token="emulator-token")
 
-        registry._kube_emulator_login = True  # type: ignore[attr-defined]
-
+    registry._kube_emulator = kube  # type: ignore[attr-defined]
     settings = test_settings(kopf.OperatorSettings())
     if configure is not None:
         configure(settings)

@@ -8,8 +8,9 @@ exclusive flags), ``multipleOf``, ``minLength``/``maxLength``, ``pattern``, ``mi
 ``maxItems``, ``uniqueItems``, ``minProperties``/``maxProperties``, ``items``,
 ``additionalProperties``, ``allOf``/``anyOf``/``oneOf``/``not``.
 
-Not evaluated: CEL rules (``x-kubernetes-validations``) are skipped entirely, ``format`` is not
-checked, and ``metadata`` is only checked for the object name, as the server does for CRs.
+CEL rules (``x-kubernetes-validations``) are evaluated separately by :mod:`.cel` (a subset;
+rules outside it are skipped). Not checked: ``format``; ``metadata`` is only checked for the
+object name, as the server does for CRs.
 """
 
 from __future__ import annotations

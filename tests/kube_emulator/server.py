@@ -26,7 +26,7 @@ from .resources import ResourceType, api_group_list, api_resource_list
 from .scale import read_scale, write_scale
 from .selectors import SelectorError, make_predicate
 from .store import Store, WriteOptions
-from .watching import Watcher
+from .watch_http import serve_watch
 
 log = logging.getLogger(__name__)
 VERSION = {
@@ -56,9 +56,8 @@ class Target:
     sub: str
 
 
-def _json(body: dict, code: int = 200, warnings: list[str] | None = None) -> web.Response:
-    headers = {"Warning": ", ".join(f'299 - "{w}"' for w in warnings)} if warnings else None
-    return web.json_response(body, status=code, headers=headers)
+def _json(body: dict, code: int = 200) -> web.Response:
+    return web.json_response(body, status=code)
 
 
 class Server:
@@ -87,7 +86,13 @@ class Server:
         }
         self.requests.append(record)
         try:
+            self.store.begin_request(query.get("fieldValidation"))
             response = await self._route(request, query, record)
+            warnings = self.store.take_warnings()
+            if warnings:
+                response.headers["Warning"] = ", ".join(
+                    '299 - "{}"'.format(w.replace('"', '\\"')) for w in warnings
+                )
         except ApiError as e:
             response = _json(e.status(), e.code)
         except patching.PatchError as e:
@@ -246,6 +251,8 @@ class Server:
                 415,
                 f"the body of the request was in an unknown format - accepted media types include: {', '.join([*PATCH_TYPES, APPLY_TYPE])}",
             )
+        if t.rt.custom and ctype == "application/strategic-merge-patch+json":
+            raise ApiError(415, "strategic merge patch is not supported for custom resources")
         patch, algorithm = await request.json(), PATCH_TYPES[ctype]
         manager = _manager(request, query)
         if t.sub == "scale":
@@ -325,92 +332,8 @@ class Server:
             }
         )
 
-    # ----- watch -----------------------------------------------------------------------------
-
     async def _watch(self, request: web.Request, t: Target, query: dict) -> web.StreamResponse:
-        predicate = make_predicate(query.get("labelSelector"), query.get("fieldSelector"))
-        if t.name:
-            name_pred = make_predicate(None, f"metadata.name={t.name}")
-            predicate = (lambda p, q: lambda o: p(o) and q(o))(predicate, name_pred)
-        since = _since(query.get("resourceVersion"))
-        watcher = Watcher(t.rt.storage_key, t.namespace, predicate, asyncio.get_running_loop())
-        response = web.StreamResponse(headers={"Content-Type": "application/json"})
-        await response.prepare(request)
-        try:
-            last_rv = self.store.register_watcher(
-                watcher, t.rt, since, query.get("sendInitialEvents") == "true"
-            )
-        except ApiError as e:
-            await response.write(_line({"type": "ERROR", "object": e.status()}))
-            return response
-        try:
-            await self._stream(response, watcher, t.rt, query, last_rv)
-        except (ConnectionResetError, asyncio.CancelledError):
-            pass
-        finally:
-            self.store.unregister_watcher(watcher)
-        return response
-
-    async def _stream(
-        self, response: web.StreamResponse, w: Watcher, rt: ResourceType, query: dict, last_rv: int
-    ) -> None:
-        loop = asyncio.get_running_loop()
-        timeout = float(query["timeoutSeconds"]) if query.get("timeoutSeconds") else None
-        deadline = loop.time() + timeout if timeout is not None else None
-        bookmarks = query.get("allowWatchBookmarks") == "true"
-        while True:
-            wait = (
-                self.bookmark_interval
-                if deadline is None
-                else min(self.bookmark_interval, deadline - loop.time())
-            )
-            if wait <= 0:
-                return
-            try:
-                kind, obj, rv = await asyncio.wait_for(w.queue.get(), wait)
-            except TimeoutError:
-                if bookmarks and (deadline is None or loop.time() < deadline):
-                    await response.write(_line(_bookmark(rt, last_rv)))
-                continue
-            if kind == "DROP":
-                response.force_close()
-                if response._req is not None and response._req.transport is not None:
-                    response._req.transport.abort()
-                return
-            last_rv = max(last_rv, rv)
-            if kind == "INITIAL-END":
-                await response.write(_line(_bookmark(rt, last_rv, initial_end=True)))
-            elif kind is not None:
-                await response.write(
-                    _line(
-                        {
-                            "type": kind,
-                            "object": {**obj, "apiVersion": rt.api_version, "kind": rt.kind},
-                        }
-                    )
-                )
-
-
-def _line(event: dict) -> bytes:
-    return json.dumps(event, separators=(",", ":")).encode() + b"\n"
-
-
-def _bookmark(rt: ResourceType, rv: int, initial_end: bool = False) -> dict:
-    meta: dict = {"resourceVersion": str(rv)}
-    if initial_end:
-        meta["annotations"] = {"k8s.io/initial-events-end": "true"}
-    return {
-        "type": "BOOKMARK",
-        "object": {"kind": rt.kind, "apiVersion": rt.api_version, "metadata": meta},
-    }
-
-
-def _since(value: str | None) -> int | None:
-    if value in (None, "", "0"):
-        return None
-    if not value.isdigit():
-        raise ApiError(400, f"invalid resource version {value!r}")
-    return int(value)
+        return await serve_watch(self.store, request, t, query, self.bookmark_interval)
 
 
 def _key(obj: dict) -> str:

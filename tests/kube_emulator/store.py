@@ -8,31 +8,22 @@ the bounded history keep references to them.
 
 from __future__ import annotations
 
+import contextvars
 import copy
-import datetime as dt
 import random
-import re
 import threading
 import uuid
 from collections import deque
 from collections.abc import Callable
 
-from . import schema as oas
 from . import ssa
+from .admission import CRD_KEY, NS_KEY, admit, check_name, now_iso
 from .errors import ApiError, conflict, invalid, not_found
-from .resources import BUILTINS, CRDError, ResourceType, types_from_crd
+from .resources import BUILTINS, ResourceType
 from .selectors import Predicate
 from .watching import Change, Watcher
 
-_NAME_RE = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
 _SERVER_META = ("uid", "creationTimestamp", "deletionTimestamp", "generation", "selfLink")
-CRD_KEY = ("apiextensions.k8s.io", "customresourcedefinitions")
-NS_KEY = ("", "namespaces")
-CRD_FINALIZER = "customresourcecleanup.apiextensions.k8s.io"
-
-
-def now_iso() -> str:
-    return dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 def _meta(obj: dict) -> dict:
@@ -53,6 +44,9 @@ def _spec_part(obj: dict, status_is_separate: bool) -> dict:
     return {k: v for k, v in obj.items() if k not in drop}
 
 
+_REQUEST: contextvars.ContextVar[dict | None] = contextvars.ContextVar("request", default=None)
+
+
 class Store:
     def __init__(self, history_limit: int = 10_000) -> None:
         self.lock = threading.RLock()
@@ -68,6 +62,20 @@ class Store:
             self._register(rt)
         for ns in ("default", "kube-system", "kube-public"):
             self.create(self.type_for("", "v1", "namespaces"), None, {"metadata": {"name": ns}})
+
+    def begin_request(self, field_validation: str | None) -> None:
+        """Set the ``fieldValidation`` (Strict, Warn, Ignore) of the current HTTP request.
+
+        A context variable: each aiohttp request runs in its own task, so concurrent requests
+        never see each other's mode or warnings; Python-side writes use the emulator default.
+        """
+        if field_validation not in (None, "", "Strict", "Warn", "Ignore"):
+            raise ApiError(400, f"invalid fieldValidation {field_validation!r}")
+        _REQUEST.set({"mode": field_validation or None, "warnings": []})
+
+    def take_warnings(self) -> list[str]:
+        request = _REQUEST.get() or {}
+        return list(request.get("warnings") or [])
 
     # ----- types -----------------------------------------------------------------------------
 
@@ -178,17 +186,8 @@ class Store:
         if not meta.get("name") and meta.get("generateName"):
             suffix = "".join(random.choices("bcdfghjklmnpqrstvwxz2456789", k=5))
             meta["name"] = meta["generateName"] + suffix
-        name = meta.get("name") or ""
-        if not name or len(name) > 253 or not _NAME_RE.match(name):
-            raise invalid(
-                rt.kind,
-                name,
-                [
-                    f"metadata.name: Invalid value: {name!r}: a lowercase RFC 1123 subdomain must consist of lower case alphanumeric characters, '-' or '.'"
-                ],
-                rt.group,
-            )
-        return name
+        check_name(rt, meta.get("name") or "")
+        return meta["name"]
 
     def create(
         self,
@@ -222,48 +221,25 @@ class Store:
             meta.update(uid=str(uuid.uuid4()), creationTimestamp=now_iso(), generation=1)
             if rt.status:
                 obj.pop("status", None)
+            sent = ssa.leaf_paths(obj)  # what the client sent, before server defaulting
             obj = self._admit(rt, obj, None)
-            ssa.write_entries(
-                obj, ssa.record_update({}, obj, (manager, operation, "")), rt.api_version
-            )
+            key = (manager, operation, "")
+            # An applier owns only what it applied; an updater also owns what defaulting added.
+            owned = sent & ssa.leaf_paths(obj) if operation == "Apply" else ssa.leaf_paths(obj)
+            ssa.write_entries(obj, {key: owned}, rt.api_version)
             self._store(rt, obj)
             self._emit(rt, "ADDED", obj, None)
             return self._view(rt, obj)
 
     def _admit(self, rt: ResourceType, obj: dict, old: dict | None) -> dict:
-        """Kind-specific admission: CR schemas, CRD registration, server-set defaults."""
-        obj["apiVersion"], obj["kind"] = rt.api_version, rt.kind
-        if rt.custom and rt.schema is not None:
-            obj = self._validate_custom(rt, obj)
-        if rt.storage_key == CRD_KEY:
-            try:
-                served = types_from_crd(obj)
-            except CRDError as e:
-                raise invalid(rt.kind, obj["metadata"]["name"], [str(e)], rt.group) from e
-            for t in served:
-                self._register(t)
-            obj["status"] = _crd_status(obj)
-            if old is None:
-                _meta(obj).setdefault("finalizers", []).append(CRD_FINALIZER)
-        if rt.storage_key == NS_KEY and old is None:
-            obj["status"] = {"phase": "Active"}
-            obj.setdefault("spec", {"finalizers": ["kubernetes"]})
-        return obj
-
-    def _validate_custom(self, rt: ResourceType, obj: dict) -> dict:
-        schema = rt.schema or {}
-        obj = oas.apply_defaults(obj, schema)
-        obj, dropped = oas.prune(obj, schema, root=True)
-        if dropped and self.strict_fields:
-            raise invalid(
-                rt.kind,
-                obj["metadata"]["name"],
-                [f'unknown field "{p}"' for p in dropped],
-                rt.group,
-            )
-        errors = oas.validate(obj, schema, root=True)
-        if errors:
-            raise invalid(rt.kind, obj["metadata"]["name"], errors, rt.group)
+        request = _REQUEST.get() or {}
+        mode = request.get("mode") or ("Strict" if self.strict_fields else "Warn")
+        warnings: list[str] = []
+        obj, served = admit(rt, obj, old, mode == "Strict", warnings)
+        if mode == "Warn" and "warnings" in request:
+            request["warnings"].extend(warnings)
+        for t in served:
+            self._register(t)
         return obj
 
     def write(
@@ -460,26 +436,3 @@ def _blocked(rt: ResourceType, obj: dict) -> bool:
     if obj["metadata"].get("finalizers"):
         return True
     return rt.storage_key == NS_KEY and bool((obj.get("spec") or {}).get("finalizers"))
-
-
-def _crd_status(crd: dict) -> dict:
-    names = crd["spec"]["names"]
-    accepted = {
-        k: v
-        for k, v in names.items()
-        if k in ("plural", "singular", "kind", "listKind", "shortNames", "categories")
-    }
-    accepted.setdefault("singular", names["kind"].lower())
-    accepted.setdefault("listKind", names["kind"] + "List")
-    conds = [
-        {"type": t, "status": "True", "reason": r, "message": m, "lastTransitionTime": now_iso()}
-        for t, r, m in (
-            ("NamesAccepted", "NoConflicts", "no conflicts found for CRD names"),
-            ("Established", "InitialNamesAccepted", "the initial names have been accepted"),
-        )
-    ]
-    return {
-        "acceptedNames": accepted,
-        "conditions": conds,
-        "storedVersions": [v["name"] for v in crd["spec"]["versions"] if v.get("storage")],
-    }

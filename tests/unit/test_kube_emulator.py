@@ -493,16 +493,22 @@ def test_orphan_and_foreground_propagation(kube, http):
 
 def test_namespace_deletion_empties_it(kube, http):
     http.post("/api/v1/namespaces", json={"metadata": {"name": "gone"}})
-    http.post("/api/v1/namespaces/gone/configmaps", json=cm("a"))
+    held = {**cm("a"), "metadata": {"name": "a", "finalizers": ["test/hold"]}}
+    http.post("/api/v1/namespaces/gone/configmaps", json=held)
     assert http.delete("/api/v1/namespaces/gone").json()["status"]["phase"] == "Terminating"
     assert http.post("/api/v1/namespaces/gone/configmaps", json=cm("b")).status_code == 403
+    path = "/api/v1/namespaces/gone/configmaps/a"
+    kube.wait_for(lambda: http.get(path).json()["metadata"].get("deletionTimestamp"))
+    assert http.get("/api/v1/namespaces/gone").status_code == 200  # content still held
+    http.patch(path, json={"metadata": {"finalizers": None}}, headers=MERGE)
     kube.wait_for(lambda: http.get("/api/v1/namespaces/gone").status_code == 404)
 
 
 # ----- subresources ------------------------------------------------------------------------------
 
 
-def test_status_subresource_is_separate(http):
+def test_status_subresource_is_separate(kube, http):
+    kube.controllers.deployments = False  # nobody else writes the status here
     http.post(DEPLOY, json={**deployment("d"), "status": {"replicas": 99}})
     assert "replicas" not in (
         http.get(f"{DEPLOY}/d").json().get("status") or {}
@@ -530,8 +536,8 @@ def test_deployment_scale_and_simulated_status(kube, http):
         and scale["spec"]["replicas"] == 2
         and scale["status"]["selector"] == "app=d"
     )
-    http.patch(f"{DEPLOY}/d/scale", json={"spec": {"replicas": 4}}, headers=MERGE)
     kube.hold_deployment("d", ready=1)
+    http.patch(f"{DEPLOY}/d/scale", json={"spec": {"replicas": 4}}, headers=MERGE)
     body = kube.wait_for(
         lambda: (lambda b: b if (b.get("status") or {}).get("replicas") == 4 else None)(
             http.get(f"{DEPLOY}/d").json()
@@ -657,8 +663,13 @@ def test_custom_resource_schema_validation_and_defaults(kube, http):
         assert bad.status_code == 422 and message in bad.json()["message"], spec
     missing = http.post(TOYS, json={**toy("m"), "spec": {}})
     assert "spec.size: Required value" in missing.json()["message"]
-    pruned = http.post(TOYS, json=toy("p", unknown=1)).json()
-    assert "unknown" not in pruned["spec"]
+    pruned = http.post(TOYS, json=toy("p", unknown=1))
+    assert "unknown" not in pruned.json()["spec"]
+    assert pruned.headers["Warning"] == r'299 - "unknown field \"spec.unknown\""'
+    strict = http.post(TOYS, json=toy("s", unknown=1), params={"fieldValidation": "Strict"})
+    assert strict.status_code == 422
+    ignored = http.post(TOYS, json=toy("i", unknown=1), params={"fieldValidation": "Ignore"})
+    assert ignored.status_code == 201 and "Warning" not in ignored.headers
 
 
 def test_strict_field_validation_rejects_unknown_fields():
@@ -714,3 +725,269 @@ def test_fault_injection(kube, http):
     http.get(f"{CM}/f2")
     assert time.monotonic() - started >= 0.3
     assert [r["code"] for r in kube.requests_for(verb="create")] == [500, 500, 201]
+
+
+def test_strategic_merge_patch_merges_lists_by_key(kube, http):
+    http.post(DEPLOY, json=deployment("d"))
+    containers = [
+        {"name": "c", "env": [{"name": "A", "value": "1"}]},
+        {"name": "side", "image": "s"},
+    ]
+    sm = {"Content-Type": "application/strategic-merge-patch+json"}
+    patch = {"spec": {"template": {"spec": {"containers": containers}}}}
+    body = http.patch(f"{DEPLOY}/d", json=patch, headers=sm).json()
+    merged = body["spec"]["template"]["spec"]["containers"]
+    assert [c["name"] for c in merged] == ["c", "side"] and merged[0]["image"] == "i"
+    assert merged[0]["env"] == [{"name": "A", "value": "1"}]
+    delete = {
+        "spec": {"template": {"spec": {"containers": [{"name": "side", "$patch": "delete"}]}}}
+    }
+    body = http.patch(f"{DEPLOY}/d", json=delete, headers=sm).json()
+    assert [c["name"] for c in body["spec"]["template"]["spec"]["containers"]] == ["c"]
+    kube.create(TOY_CRD)
+    http.post(TOYS, json=toy("t"))
+    assert http.patch(f"{TOYS}/t", json={"spec": {"size": 4}}, headers=sm).status_code == 415
+
+
+def test_controllers_can_be_switched_off_and_jobs_suspend(kube, http):
+    kube.controllers.deployments = False
+    http.post(DEPLOY, json=deployment("d"))
+    jobs = "/apis/batch/v1/namespaces/default/jobs"
+    job = {
+        "apiVersion": "batch/v1",
+        "kind": "Job",
+        "metadata": {"name": "j"},
+        "spec": {"suspend": True},
+    }
+    http.post(jobs, json=job)
+    status = kube.wait_for(lambda: http.get(f"{jobs}/j").json().get("status"))
+    assert status["active"] == 0 and status["conditions"][0]["type"] == "Suspended"
+    time.sleep(0.3)
+    assert "status" not in http.get(f"{DEPLOY}/d").json()
+
+
+def test_apply_to_status_subresource_owns_status_only(http):
+    apply(http, f"{DEPLOY}/d", deployment("d"), "op")
+    status_apply = {
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "metadata": {"name": "d"},
+        "status": {"replicas": 9},
+        "spec": {"replicas": 7},
+    }
+    body = apply(http, f"{DEPLOY}/d/status", status_apply, "reporter").json()
+    assert body["status"]["replicas"] == 9 and body["spec"]["replicas"] == 2
+    entry = next(m for m in body["metadata"]["managedFields"] if m["manager"] == "reporter")
+    assert entry["subresource"] == "status" and "f:spec" not in entry["fieldsV1"]
+
+
+def test_shipped_crd_serves_the_examples_and_rejects_bad_specs(kube):
+    import pathlib
+
+    import yaml
+
+    root = pathlib.Path(__file__).resolve().parents[2]
+    kube.load_yaml(root / "manifests" / "crd" / "gagarruns.gagar.dev.yaml")
+    kube.create({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "gagar"}})
+    examples = sorted((root / "examples").glob("*.yaml"))
+    assert examples
+    for path in examples:
+        (run,) = kube.load_yaml(path)
+        assert run["kind"] == "GagarRun" and run["metadata"]["generation"] == 1
+    bad = yaml.safe_load((root / "examples" / "local.yaml").read_text())
+    bad["metadata"]["name"] = "bad"
+    bad["spec"]["algorithm"]["mode"] = "nope"
+    with pytest.raises(Exception, match=r"spec\.algorithm\.mode: Unsupported value"):
+        kube.create(bad)
+    long_name = yaml.safe_load((root / "examples" / "local.yaml").read_text())
+    long_name["metadata"]["name"] = "x" * 43
+    with pytest.raises(Exception, match="at most 42 characters"):  # a CEL rule of the CRD
+        kube.create(long_name)
+
+
+CEL_CRD = {
+    **TOY_CRD,
+    "spec": {
+        **TOY_CRD["spec"],
+        "versions": [
+            {
+                "name": "v1",
+                "served": True,
+                "storage": True,
+                "schema": {
+                    "openAPIV3Schema": {
+                        "type": "object",
+                        "properties": {
+                            "spec": {
+                                "type": "object",
+                                "x-kubernetes-validations": [
+                                    {
+                                        "rule": "self.low <= self.high",
+                                        "message": "low must not exceed high",
+                                        "fieldPath": ".low",
+                                    },
+                                    {
+                                        "rule": "has(self.a) != has(self.b)",
+                                        "message": "exactly one of a and b",
+                                    },
+                                    {"rule": "self.tags.all(t, t.startsWith('x-'))"},
+                                    {"rule": "self.whatever == oldSelf.whatever"},
+                                    {"rule": "self.q.isQuantity()"},
+                                ],
+                                "properties": {
+                                    "low": {"type": "integer"},
+                                    "high": {"type": "integer"},
+                                    "a": {"type": "string"},
+                                    "b": {"type": "string"},
+                                    "tags": {
+                                        "type": "array",
+                                        "items": {"type": "string"},
+                                        "default": [],
+                                    },
+                                },
+                            }
+                        },
+                    }
+                },
+            }
+        ],
+    },
+}
+
+
+@pytest.mark.parametrize(
+    ("spec", "message"),
+    [
+        ({"low": 1, "high": 2, "a": "x"}, None),
+        (
+            {"low": 3, "high": 2, "a": "x"},
+            'spec.low: Invalid value: "object": low must not exceed high',
+        ),
+        ({"low": 1, "high": 2}, "exactly one of a and b"),
+        ({"low": 1, "high": 2, "a": "x", "tags": ["x-1", "y"]}, "failed rule: self.tags.all"),
+        ({"high": 2, "a": "x"}, "no such key: low"),
+    ],
+)
+def test_crd_cel_rules_subset(kube, http, spec, message):
+    kube.create(CEL_CRD)
+    response = http.post(
+        TOYS,
+        json={
+            "apiVersion": "example.com/v1",
+            "kind": "Toy",
+            "metadata": {"name": "t"},
+            "spec": spec,
+        },
+    )
+    if message is None:
+        assert response.status_code == 201  # the oldSelf and unsupported rules were skipped
+    else:
+        assert response.status_code == 422 and message in response.json()["message"]
+
+
+def test_real_cluster_adapter_speaks_the_same_object_api(kube):
+    """RealCluster (for GAGAR_TEST_KUBECONFIG) exercised over HTTP against the emulator."""
+    from tests.kube_emulator.cluster import RealCluster
+
+    real = RealCluster(kube.kubeconfig_path)
+    assert real.url == kube.url and not real.emulated
+    real.create(TOY_CRD)
+    real.create(toy("t"))
+    assert real.get("example.com/v1", "Toy", "t")["spec"]["replicas"] == 1
+    real.patch("example.com/v1", "Toy", "t", lambda o: {**o, "spec": {**o["spec"], "size": 5}})
+    real.patch(
+        "example.com/v1",
+        "Toy",
+        "t",
+        lambda o: {**o, "status": {"phase": "Up"}},
+        subresource="status",
+    )
+    body = kube.get("example.com/v1", "Toy", "t")
+    assert (body["spec"]["size"], body["status"]["phase"], body["metadata"]["generation"]) == (
+        5,
+        "Up",
+        2,
+    )
+    assert [o["metadata"]["name"] for o in real.list("example.com/v1", "Toy", "default")] == ["t"]
+    real.delete("example.com/v1", "Toy", "t")
+    assert real.wait_for(lambda: real.find("example.com/v1", "Toy", "t") is None, timeout=5)
+
+
+def test_apply_dropping_replicas_falls_back_to_the_default(http):
+    """An applier that stops sending a field it alone owned loses it; the server defaults it."""
+    apply(http, f"{DEPLOY}/d", deployment("d", 3), "op")
+    without = {
+        **deployment("d"),
+        "spec": {k: v for k, v in deployment("d")["spec"].items() if k != "replicas"},
+    }
+    body = apply(http, f"{DEPLOY}/d", without, "op").json()
+    assert body["spec"]["replicas"] == 1
+    again = apply(http, f"{DEPLOY}/d", without, "op").json()
+    assert again["metadata"]["resourceVersion"] == body["metadata"]["resourceVersion"]  # a no-op
+
+
+def test_watch_opened_during_concurrent_writes_has_no_gaps_or_duplicates(kube, http):
+    start_rv = int(http.post(CM, json=cm("seed")).json()["metadata"]["resourceVersion"])
+    writes = 40
+
+    def writer(index: int) -> None:
+        with httpx.Client(base_url=kube.url) as client:
+            client.post(CM, json=cm(f"w{index}"))
+            for i in range(writes):
+                client.patch(f"{CM}/w{index}", json={"data": {"i": str(i)}}, headers=MERGE)
+
+    threads = [threading.Thread(target=writer, args=(n,)) for n in range(3)]
+    for t in threads:
+        t.start()
+    time.sleep(0.05)  # the watch registers while the writers are busy
+    total = 3 * (writes + 1)
+    events = watch_events(kube, CM, {"resourceVersion": str(start_rv)}, total, timeout=30)
+    for t in threads:
+        t.join()
+    rvs = [int(e["object"]["metadata"]["resourceVersion"]) for e in events]
+    assert rvs == sorted(set(rvs)) and len(rvs) == total  # ordered, unique, complete
+    assert rvs[0] > start_rv
+
+
+def test_immutable_fields_and_job_defaults(http):
+    jobs = "/apis/batch/v1/namespaces/default/jobs"
+    job = {
+        "apiVersion": "batch/v1",
+        "kind": "Job",
+        "metadata": {"name": "j"},
+        "spec": {"template": {"spec": {"containers": [{"name": "t", "image": "a"}]}}},
+    }
+    created = http.post(jobs, json=job).json()
+    uid = created["metadata"]["uid"]
+    assert created["spec"]["selector"] == {
+        "matchLabels": {"batch.kubernetes.io/controller-uid": uid}
+    }
+    assert created["spec"]["template"]["metadata"]["labels"]["job-name"] == "j"
+    assert created["spec"]["backoffLimit"] == 6 and created["spec"]["parallelism"] == 1
+    new_template = {"spec": {"template": {"spec": {"containers": [{"name": "t", "image": "b"}]}}}}
+    refused = http.patch(f"{jobs}/j", json=new_template, headers=MERGE)
+    assert (
+        refused.status_code == 422
+        and "spec.template: Invalid value: field is immutable" in refused.json()["message"]
+    )
+    assert (
+        http.patch(f"{jobs}/j", json={"spec": {"parallelism": 3}}, headers=MERGE).status_code == 200
+    )
+    http.post(CM, json={**cm("frozen", k="v"), "immutable": True})
+    assert http.patch(f"{CM}/frozen", json={"data": {"k": "w"}}, headers=MERGE).status_code == 422
+
+
+def test_reapplying_a_job_keeps_server_defaulted_fields(http):
+    jobs = "/apis/batch/v1/namespaces/default/jobs"
+    job = {
+        "apiVersion": "batch/v1",
+        "kind": "Job",
+        "metadata": {"name": "j"},
+        "spec": {"template": {"spec": {"containers": [{"name": "t", "image": "a"}]}}},
+    }
+    first = apply(http, f"{jobs}/j", job, "op")
+    assert first.status_code == 201
+    again = apply(http, f"{jobs}/j", job, "op")
+    assert again.status_code == 200, again.json()
+    assert again.json()["spec"]["selector"] == first.json()["spec"]["selector"]
+    assert again.json()["metadata"]["generation"] == 1  # nothing in the spec changed

@@ -1,0 +1,150 @@
+"""Prometheus alerting rules for gagar runs, built from the metric catalogue.
+
+Each alert is a *signal* (a PromQL expression with one series per run) compared with a threshold,
+so a test can check separately that the signal has data and that the comparison fires. The time
+windows are parameters: production rules use minutes and hours, the Prometheus test uses seconds
+with the same expressions, so it can drive a real server into every alert within a minute.
+The generated file is plain Prometheus rules (``promtool check rules``) and the chart's
+PrometheusRule embeds it verbatim. Pure: no I/O.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import yaml
+
+from gagar.metrics import CATALOGUE
+
+BY = "namespace, run"
+
+
+def metric(name: str, suffix: str = "") -> str:
+    """A catalogue metric's exposed series name: fails for names not in the catalogue."""
+    d = CATALOGUE[name]
+    if suffix and d.kind != "histogram":
+        raise ValueError(f"{name} is a {d.kind}, it has no {suffix} series")
+    if suffix not in ("", "_bucket", "_sum", "_count"):
+        raise ValueError(f"unknown histogram suffix {suffix!r}")
+    return name + suffix
+
+
+@dataclass(frozen=True)
+class Windows:
+    """Time windows of the rules (PromQL durations)."""
+
+    short: str = "15m"
+    """Recent behaviour (rates, the current mean length)."""
+    long: str = "6h"
+    """Baseline the recent behaviour is compared with."""
+    resolution: str = "5m"
+    """Step of the baseline subqueries."""
+    stall: str = "30m"
+    """No step completed in this long means the run is stalled."""
+    hold: str = "10m"
+    """How long a condition must hold before the alert fires (``for``)."""
+
+
+@dataclass(frozen=True)
+class Alert:
+    name: str
+    signal: str
+    op: str
+    threshold: str
+    severity: str
+    summary: str
+    description: str
+
+    @property
+    def expr(self) -> str:
+        return f"{self.signal} {self.op} {self.threshold}"
+
+
+def _mean_length(w: str) -> str:
+    tokens = metric("gagar_response_tokens", "_sum")
+    count = metric("gagar_response_tokens", "_count")
+    return f"(sum by ({BY}) (rate({tokens}[{w}])) / sum by ({BY}) (rate({count}[{w}])))"
+
+
+def alerts(w: Windows) -> list[Alert]:
+    """The alert catalogue (DESIGN §4): what goes wrong in GAGAR/GRPO runs, per run."""
+    mean = _mean_length(w.short)
+    variance = metric("gagar_gradient_variance")
+    fallbacks = metric("gagar_grader_fallbacks_total")
+    requests = metric("gagar_grader_requests_total")
+    return [
+        Alert(
+            "GagarLengthExplosion",
+            f"{mean} / quantile_over_time(0.5, {mean}[{w.long}:{w.resolution}])",
+            ">",
+            "2",
+            "warning",
+            "Response length of run {{ $labels.run }} more than doubled",
+            "Mean generated tokens per trajectory over the last "
+            f"{w.short} is {{{{ $value | humanize }}}}× its median over {w.long}. Down-weighting "
+            "without the λ rescale, or a length penalty that is off, lets lengths blow up.",
+        ),
+        Alert(
+            "GagarGraderFallbackRate",
+            f"sum by ({BY}) (rate({fallbacks}[{w.short}])) / clamp_min(sum by ({BY}) "
+            f"(rate({requests}[{w.short}])), 1e-9)",
+            ">",
+            "0.2",
+            "warning",
+            "Grader fallbacks on run {{ $labels.run }}",
+            "{{ $value | humanizePercentage }} of grading requests fell back (timeout, error or "
+            "malformed ranking): those groups train without redistribution.",
+        ),
+        Alert(
+            "GagarGradientVarianceSpike",
+            f"max by ({BY}) ({variance}) / clamp_min(max by ({BY}) "
+            f"(quantile_over_time(0.5, {variance}[{w.long}])), 1e-12)",
+            ">",
+            "4",
+            "warning",
+            "Gradient variance spike on run {{ $labels.run }}",
+            "Micro-batch gradient variance is {{ $value | humanize }}× its median over "
+            f"{w.long}; training may be about to diverge.",
+        ),
+        Alert(
+            "GagarStalledStep",
+            f"max by ({BY}) (changes({metric('gagar_trainer_step')}[{w.stall}]))",
+            "==",
+            "0",
+            "critical",
+            "Run {{ $labels.run }} made no training step",
+            f"No training step completed in {w.stall} (plus {w.hold} pending): check the "
+            "trainer pods, the rollout pool and the grader queue.",
+        ),
+        Alert(
+            "GagarPoolNotReady",
+            f'max by ({BY}) ({metric("gagar_run_condition")}{{condition="PoolsReady",status!="True"}})',
+            "==",
+            "1",
+            "warning",
+            "Pools of run {{ $labels.run }} are not ready",
+            "The rollout, grader or sandbox pool of the run has fewer ready replicas than "
+            "it needs; see `kubectl describe gr {{ $labels.run }}`.",
+        ),
+    ]
+
+
+def rule_groups(w: Windows | None = None) -> dict[str, Any]:
+    """The rules file: one group of alerting rules."""
+    w = w or Windows()
+    rules = [
+        {
+            "alert": a.name,
+            "expr": a.expr,
+            "for": w.hold,
+            "labels": {"severity": a.severity},
+            "annotations": {"summary": a.summary, "description": a.description},
+        }
+        for a in alerts(w)
+    ]
+    return {"groups": [{"name": "gagar", "rules": rules}]}
+
+
+def rules_yaml(w: Windows | None = None) -> str:
+    return yaml.safe_dump(rule_groups(w), sort_keys=False, width=120, allow_unicode=True)

@@ -1,0 +1,263 @@
+"""The Helm chart's values, as pydantic models: the source of ``charts/gagar/values.schema.json``.
+
+Helm validates every install's values against that schema, so a typo in a values file
+(``serviceMonitor.enable``) is an error at ``helm install`` time instead of a silently ignored key.
+The chart README's values table is generated from the same schema. Field names are camelCase
+(Helm convention); every model forbids unknown keys. Pure: no I/O.
+"""
+
+from __future__ import annotations
+
+import json
+import textwrap
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+from pydantic.alias_generators import to_camel
+
+from gagar.spec import Quantity
+
+OPERATOR_IMAGE = "ghcr.io/gagar-dev/gagar-operator"
+NAMESPACE = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"
+
+
+class Values(BaseModel):
+    """Base of every values model: camelCase keys, no unknown keys, attribute docstrings."""
+
+    model_config = ConfigDict(
+        extra="forbid",
+        alias_generator=to_camel,
+        populate_by_name=True,
+        use_attribute_docstrings=True,
+        frozen=True,
+    )
+
+
+class Image(Values):
+    """A container image."""
+
+    repository: str = OPERATOR_IMAGE
+    """Image repository."""
+    tag: str = ""
+    """Image tag; empty uses the chart's appVersion."""
+    pull_policy: Literal["Always", "IfNotPresent", "Never"] = "IfNotPresent"
+    """Kubernetes imagePullPolicy."""
+
+
+class Resources(Values):
+    """Compute resources of the operator container."""
+
+    requests: dict[str, Quantity] = Field(
+        default_factory=lambda: {"cpu": "100m", "memory": "256Mi"}
+    )
+    """Requested resources."""
+    limits: dict[str, Quantity] = Field(default_factory=lambda: {"memory": "512Mi"})
+    """Resource limits."""
+
+
+class ServiceAccount(Values):
+    """The operator's ServiceAccount."""
+
+    create: bool = True
+    """Create the ServiceAccount."""
+    name: str = ""
+    """Name; empty uses the release's full name."""
+    annotations: dict[str, str] = Field(default_factory=dict)
+    """Annotations, e.g. for workload identity."""
+
+
+class Rbac(Values):
+    """The operator's RBAC: least privilege, no access to Secrets."""
+
+    create: bool = True
+    """Create the (Cluster)Role and its binding; false when RBAC is managed elsewhere."""
+
+
+class Integrations(Values):
+    """Optional CRDs the operator may manage; each adds its RBAC rules only when enabled."""
+
+    keda: bool = False
+    """Grant access to KEDA ``scaledobjects`` (pools with ``autoscaling.backend: keda``)."""
+    jobset: bool = False
+    """Grant access to JobSet ``jobsets`` (trainers with ``useJobSet: true``)."""
+    prometheus_operator: bool = False
+    """Grant access to ``servicemonitors``/``podmonitors`` the operator creates per run."""
+
+
+class ServiceMonitorValues(Values):
+    """A ServiceMonitor for the operator's own ``/metrics`` (needs the Prometheus Operator)."""
+
+    enabled: bool = False
+    """Create the ServiceMonitor."""
+    interval: str = Field(default="30s", pattern=r"^[0-9]+(ms|s|m|h)$")
+    """Scrape interval."""
+    labels: dict[str, str] = Field(default_factory=dict)
+    """Extra labels, e.g. the ``release`` label your Prometheus selects monitors by."""
+
+
+class DashboardValues(Values):
+    """Grafana dashboards shipped as ConfigMaps for the Grafana sidecar."""
+
+    enabled: bool = False
+    """Create one ConfigMap per dashboard."""
+    label: str = "grafana_dashboard"
+    """Label key the Grafana sidecar watches."""
+    label_value: str = "1"
+    """Value of that label."""
+    namespace: str = ""
+    """Namespace of the ConfigMaps; empty uses the release namespace."""
+    annotations: dict[str, str] = Field(default_factory=dict)
+    """Annotations, e.g. ``grafana_folder: gagar``."""
+
+
+class PrometheusRuleValues(Values):
+    """PrometheusRule alerts (length explosion, grader fallbacks, gradient variance, stalls, pools)."""
+
+    enabled: bool = False
+    """Create the PrometheusRule (needs the Prometheus Operator)."""
+    labels: dict[str, str] = Field(default_factory=dict)
+    """Extra labels, e.g. the ``release`` label your Prometheus selects rules by."""
+
+
+class OperatorValues(Values):
+    """The operator Deployment."""
+
+    image: Image = Field(default_factory=Image)
+    """Operator image."""
+    log_level: Literal["debug", "info", "warning", "error"] = "info"
+    """Log level (passed as ``GAGAR_LOG_LEVEL``)."""
+    metrics_port: int = Field(default=9400, ge=1024, le=65535)
+    """Port of ``/metrics``."""
+    health_port: int = Field(default=8080, ge=1024, le=65535)
+    """Port of kopf's liveness endpoint ``/healthz`` (``--health-port``), probed for liveness
+    and readiness."""
+    resources: Resources = Field(default_factory=Resources)
+    """Resources of the operator container."""
+    node_selector: dict[str, str] = Field(default_factory=dict)
+    """Node selector of the operator pod."""
+    tolerations: list[dict[str, Any]] = Field(default_factory=list)
+    """Tolerations of the operator pod."""
+    affinity: dict[str, Any] = Field(default_factory=dict)
+    """Affinity of the operator pod."""
+    pod_annotations: dict[str, str] = Field(default_factory=dict)
+    """Annotations of the operator pod."""
+    priority_class_name: str = ""
+    """PriorityClass of the operator pod."""
+
+
+class ChartValues(Values):
+    """Values of the gagar chart."""
+
+    watch_namespaces: list[str] = Field(default_factory=list)
+    """Namespaces whose GagarRuns the operator reconciles. Empty: every namespace, with a
+    ClusterRole; otherwise one Role per listed namespace and no cluster-wide access."""
+    operator: OperatorValues = Field(default_factory=OperatorValues)
+    """The operator Deployment."""
+    image_pull_secrets: list[str] = Field(default_factory=list)
+    """Names of Secrets to pull the operator image with."""
+    service_account: ServiceAccount = Field(default_factory=ServiceAccount)
+    """The operator's ServiceAccount."""
+    rbac: Rbac = Field(default_factory=Rbac)
+    """RBAC of the operator."""
+    integrations: Integrations = Field(default_factory=Integrations)
+    """Optional CRDs the operator may manage."""
+    service_monitor: ServiceMonitorValues = Field(default_factory=ServiceMonitorValues)
+    """ServiceMonitor for the operator."""
+    dashboards: DashboardValues = Field(default_factory=DashboardValues)
+    """Grafana dashboards."""
+    prometheus_rule: PrometheusRuleValues = Field(default_factory=PrometheusRuleValues)
+    """PrometheusRule alerts."""
+
+
+def _inline(node: Any, defs: dict[str, Any]) -> Any:
+    """Replace every ``$ref`` by its definition and drop pydantic's titles (Helm's validator
+    resolves references, but a self-contained schema reads better in the README generator)."""
+    if isinstance(node, list):
+        return [_inline(v, defs) for v in node]
+    if not isinstance(node, dict):
+        return node
+    if "$ref" in node:
+        target = defs[node["$ref"].split("/")[-1]]
+        node = {**target, **{k: v for k, v in node.items() if k != "$ref"}}
+    out = {k: _inline(v, defs) for k, v in node.items() if k not in ("title", "$defs")}
+    if "description" in out:
+        out["description"] = " ".join(out["description"].split()).replace("``", "`")
+    return out
+
+
+def values_schema() -> dict[str, Any]:
+    """JSON Schema (draft 7) of the chart's values."""
+    raw = ChartValues.model_json_schema(by_alias=True, mode="validation")
+    schema = _inline(raw, raw.get("$defs", {}))
+    schema["properties"]["watchNamespaces"]["items"]["pattern"] = NAMESPACE
+    # Helm passes a parent chart's `global` values to subcharts; accept them when gagar is one.
+    schema["properties"]["global"] = {
+        "type": "object",
+        "description": "Global values of a parent chart.",
+    }
+    return {
+        "$schema": "http://json-schema.org/draft-07/schema#",
+        "title": "gagar chart values",
+        **schema,
+    }
+
+
+def default_values() -> dict[str, Any]:
+    """The defaults, as the values.yaml holds them."""
+    return ChartValues().model_dump(mode="json", by_alias=True)
+
+
+def _yaml_scalar(value: Any) -> str:
+    """JSON scalars and flow collections are valid YAML, and unambiguous (``"1"`` stays a string)."""
+    return json.dumps(value)
+
+
+def _values_lines(model: type[Values], data: dict[str, Any], indent: int) -> list[str]:
+    lines: list[str] = []
+    pad = " " * indent
+    for name, field in model.model_fields.items():
+        key = field.alias or name
+        if field.description:
+            lines += [f"{pad}# {line}" for line in _wrap(field.description, 98 - indent)]
+        sub = field.annotation
+        if isinstance(sub, type) and issubclass(sub, Values):
+            lines.append(f"{pad}{key}:")
+            lines += _values_lines(sub, data[key], indent + 2)
+        else:
+            lines.append(f"{pad}{key}: {_yaml_scalar(data[key])}")
+    return lines
+
+
+def _wrap(text: str, width: int) -> list[str]:
+    return textwrap.wrap(" ".join(text.split()).replace("``", "`"), width)
+
+
+def values_yaml() -> str:
+    """values.yaml: every default, each key preceded by its description."""
+    header = (
+        "# Default values of the gagar chart. Generated from gagar/chart_values.py: do not edit.\n"
+    )
+    return header + "\n".join(_values_lines(ChartValues, default_values(), 0)) + "\n"
+
+
+def _rows(node: dict[str, Any], data: dict[str, Any], prefix: str) -> list[tuple[str, ...]]:
+    rows = []
+    for key, sub in node.get("properties", {}).items():
+        path = f"{prefix}{key}"
+        if sub.get("type") == "object" and "properties" in sub:
+            rows += _rows(sub, data[key], f"{path}.")
+            continue
+        kind = sub.get("type", "")
+        if "enum" in sub:
+            kind = " \\| ".join(f"`{v}`" for v in sub["enum"])
+        doc = sub.get("description", "").replace("|", "\\|")
+        rows.append((path, kind, _yaml_scalar(data.get(key, {})), doc))
+    return rows
+
+
+def values_table() -> str:
+    """The README's values table (Markdown), one row per leaf of the schema."""
+    lines = ["| key | type | default | description |", "|---|---|---|---|"]
+    for path, kind, default, doc in _rows(values_schema(), default_values(), ""):
+        lines.append(f"| `{path}` | {kind} | `{default}` | {doc} |")
+    return "\n".join(lines) + "\n"

@@ -1,0 +1,170 @@
+"""Atomic, resumable checkpoints.
+
+A checkpoint is a directory ``step_<N>`` holding torch-serialized parts (model, optimizer, scheduler,
+RNG states, data-sampler position, ...) and ``state.json`` (step, policy version, metrics so far).
+It is complete iff its ``COMPLETE`` manifest exists and every file it lists has the recorded size and
+SHA-256. Writing goes to ``step_<N>.tmp-<pid>``; files are fsync'ed, the manifest is written last,
+then the directory is renamed into place and the parent fsync'ed. A kill at any moment therefore
+leaves either the previous complete checkpoint or the new one, never a half-written one that
+``latest`` would pick; leftovers are removed on the next save.
+
+Guarantees: no step is lost or repeated across a kill as long as the driver checkpoints *after* a
+step's update and its metrics record, and truncates ``metrics.jsonl`` to the resumed step
+(``truncate_jsonl``). What it does not protect against: a filesystem that lies about fsync, or
+two writers on one directory (one trainer per run directory).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+import os
+import re
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+MANIFEST = "COMPLETE"
+STATE = "state.json"
+_STEP_DIR = re.compile(r"^step_(\d{8})$")
+
+
+class CheckpointError(RuntimeError):
+    """A checkpoint is missing, incomplete or corrupt."""
+
+
+@dataclass(frozen=True)
+class Checkpoint:
+    step: int
+    path: Path
+
+    def state(self) -> dict[str, Any]:
+        return json.loads((self.path / STATE).read_text())
+
+    def load(self, part: str, map_location: str | torch.device = "cpu") -> Any:
+        """Load one torch-serialized part (e.g. ``model``, ``optimizer``, ``rng``)."""
+        file = self.path / f"{part}.pt"
+        if not file.exists():
+            raise CheckpointError(f"{self.path}: no part {part!r}")
+        return torch.load(file, map_location=map_location, weights_only=False)
+
+
+def _fsync_write(path: Path, data: bytes) -> str:
+    with open(path, "wb") as fh:
+        fh.write(data)
+        fh.flush()
+        os.fsync(fh.fileno())
+    return hashlib.sha256(data).hexdigest()
+
+
+def _fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+class CheckpointManager:
+    """Saves, finds, verifies and prunes the checkpoints under one directory."""
+
+    def __init__(self, root: str | Path, keep: int = 3) -> None:
+        if keep < 1:
+            raise ValueError("keep must be >= 1")
+        self.root = Path(root)
+        self.keep = keep
+        self.root.mkdir(parents=True, exist_ok=True)
+
+    def save(self, step: int, parts: dict[str, Any], state: dict[str, Any]) -> Checkpoint:
+        """Write ``parts`` (torch-serializable) and ``state`` (JSON) as the checkpoint of ``step``."""
+        self._remove_leftovers()
+        final = self.root / f"step_{step:08d}"
+        tmp = self.root / f"{final.name}.tmp-{os.getpid()}"
+        shutil.rmtree(tmp, ignore_errors=True)
+        tmp.mkdir()
+        files = {}
+        for name, obj in parts.items():
+            buf = io.BytesIO()
+            torch.save(obj, buf)
+            files[f"{name}.pt"] = self._write(tmp / f"{name}.pt", buf.getvalue())
+        files[STATE] = self._write(tmp / STATE, json.dumps({**state, "step": step}).encode())
+        self._write(tmp / MANIFEST, json.dumps({"step": step, "files": files}).encode())
+        _fsync_dir(tmp)
+        if (
+            final.exists()
+        ):  # a complete checkpoint of the same step (re-run after a kill): replace it
+            shutil.rmtree(final)
+        os.rename(tmp, final)
+        _fsync_dir(self.root)
+        self._prune()
+        return Checkpoint(step, final)
+
+    @staticmethod
+    def _write(path: Path, data: bytes) -> dict[str, Any]:
+        return {"sha256": _fsync_write(path, data), "size": len(data)}
+
+    def verify(self, path: Path) -> None:
+        """Raise ``CheckpointError`` naming the first problem of the checkpoint at ``path``."""
+        manifest = path / MANIFEST
+        if not manifest.exists():
+            raise CheckpointError(f"{path}: incomplete (no {MANIFEST} manifest)")
+        try:
+            files = json.loads(manifest.read_text())["files"]
+        except (ValueError, KeyError) as err:
+            raise CheckpointError(f"{path}: unreadable manifest: {err}") from err
+        for name, meta in files.items():
+            file = path / name
+            if not file.exists() or file.stat().st_size != meta["size"]:
+                raise CheckpointError(f"{path}: {name} is missing or has the wrong size")
+            if hashlib.sha256(file.read_bytes()).hexdigest() != meta["sha256"]:
+                raise CheckpointError(f"{path}: {name} does not match its checksum")
+
+    def complete(self) -> list[Checkpoint]:
+        """Complete checkpoints, oldest first (incomplete or corrupt ones are skipped)."""
+        found = []
+        for path in sorted(self.root.iterdir()) if self.root.exists() else []:
+            match = _STEP_DIR.match(path.name)
+            if match and (path / MANIFEST).exists():
+                found.append(Checkpoint(int(match.group(1)), path))
+        return found
+
+    def latest(self) -> Checkpoint | None:
+        """The newest checkpoint that verifies; corrupt newer ones are reported and skipped."""
+        for ckpt in reversed(self.complete()):
+            try:
+                self.verify(ckpt.path)
+                return ckpt
+            except CheckpointError as err:
+                print(f"gagar: skipping corrupt checkpoint: {err}")
+        return None
+
+    def _prune(self) -> None:
+        for ckpt in self.complete()[: -self.keep]:
+            shutil.rmtree(ckpt.path, ignore_errors=True)
+
+    def _remove_leftovers(self) -> None:
+        for path in self.root.glob("step_*.tmp-*"):
+            shutil.rmtree(path, ignore_errors=True)
+
+
+def truncate_jsonl(path: str | Path, max_step: int) -> int:
+    """Drop records with ``step > max_step`` (and a torn last line) from a JSONL log; return kept."""
+    path = Path(path)
+    if not path.exists():
+        return 0
+    kept = []
+    for line in path.read_text().splitlines():
+        try:
+            record = json.loads(line)
+        except ValueError:
+            continue  # torn write from a kill mid-append
+        if int(record.get("step", 0)) <= max_step:
+            kept.append(line)
+    tmp = path.with_suffix(path.suffix + ".tmp")
+    _fsync_write(tmp, ("\n".join(kept) + "\n" if kept else "").encode())
+    os.replace(tmp, path)
+    return len(kept)

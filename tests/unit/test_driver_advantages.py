@@ -1,0 +1,122 @@
+"""The driver's advantage glue: rankings → factors/hacks/usable, modes, token broadcast and shaping."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from gagar.driver.advantages import Rollout, group_advantages, token_advantages
+from gagar.rollout.agent import Observation, ToolCall, Trajectory, Turn
+from gagar.spec import AlgorithmSpec
+from gagar.wire import Finding, Hack, Ranking, TiedGroup
+
+
+def traj(turns: int, tokens_per_turn: int = 4, redundant_turn: int | None = None) -> Trajectory:
+    ids, mask, out = [0, 0, 0], [0, 0, 0], []
+    for k in range(turns):
+        start = len(ids)
+        ids += [1] * tokens_per_turn + [2, 2]
+        mask += [1] * tokens_per_turn + [0, 0]
+        t = Turn(
+            start, start + tokens_per_turn, "", ToolCall("view", {"path": "a"}), Observation("x")
+        )
+        if k == redundant_turn:
+            t.flags.add("redundant")
+        out.append(t)
+    return Trajectory(ids, [0.0] * len(ids), mask, 3, [], out, "submitted")
+
+
+def group() -> list[Rollout]:
+    return [
+        Rollout(traj(2), passed=True, valid=True),  # clean
+        Rollout(traj(3, redundant_turn=1), passed=True, valid=True),  # bloated
+        Rollout(traj(2), passed=False, valid=True),
+        Rollout(traj(2), passed=False, valid=True),
+    ]
+
+
+RANKING = Ranking(
+    tied_groups=[TiedGroup(tier="T1", members=[0]), TiedGroup(tier="T2", members=[1])],
+    grader="heuristic",
+)
+NO_LP = AlgorithmSpec.model_validate({"lengthPenalty": {"enabled": False}})
+
+
+def test_redistribution_moves_credit_to_the_better_pass_and_keeps_the_sum() -> None:
+    batch = group_advantages([group()], [RANKING], NO_LP)
+    adv = batch.adv[0]
+    assert adv[0] > adv[1] > 0 > adv[2]
+    assert torch.isclose(adv[:2].sum(), batch.result.adv_before[0, :2].sum())
+    assert torch.isclose(adv.sum(), torch.tensor(0.0, dtype=adv.dtype), atol=1e-9)
+    assert batch.usable.tolist() == [True] and batch.result.fallback.tolist() == [0]
+
+
+def test_grpo_mode_ignores_the_grader() -> None:
+    alg = AlgorithmSpec(mode="grpo")
+    batch = group_advantages([group()], [RANKING], alg)
+    assert batch.adv[0].tolist() == pytest.approx([0.5, 0.5, -0.5, -0.5])
+    per_token = token_advantages([group()], batch.adv, alg)
+    assert {round(v, 6) for v in per_token[1] if v} == {0.5}
+
+
+@pytest.mark.parametrize(
+    "ranking",
+    [
+        None,
+        Ranking(tied_groups=[TiedGroup(tier="T1", members=[0])], grader="agentic"),  # misses pass 1
+        Ranking(
+            tied_groups=[TiedGroup(tier="T1", members=[0, 2])], grader="agentic"
+        ),  # ranks a failure
+        Ranking(
+            tied_groups=[TiedGroup(tier="T1", members=[0, 1])],
+            grader="heuristic",
+            fallback="timeout",
+        ),
+    ],
+)
+def test_unusable_rankings_fall_back_to_grpo(ranking: Ranking | None) -> None:
+    batch = group_advantages([group()], [ranking], NO_LP)
+    assert batch.usable.tolist() == [False]
+    assert batch.adv[0].tolist() == pytest.approx([0.5, 0.5, -0.5, -0.5])
+
+
+def test_confirmed_hack_is_zeroed() -> None:
+    ranking = Ranking(
+        tied_groups=[TiedGroup(tier="T1", members=[0])],
+        hacks=[
+            Hack(
+                member=1, evidence=[Finding(member=1, kind="test_tampering", reason="edited tests")]
+            )
+        ],
+        grader="heuristic",
+    )
+    batch = group_advantages([group()], [ranking], NO_LP)
+    assert batch.hacks[0].tolist() == [False, True, False, False]
+    assert batch.adv[0, 1] < 0 and batch.adv[0, 0] > 0
+
+
+def test_segment_shaping_zeroes_flagged_positive_tokens_and_conserves_mass() -> None:
+    groups = [group()]
+    batch = group_advantages(groups, [RANKING], NO_LP)
+    per_token = token_advantages(groups, batch.adv, NO_LP)
+    bloated = groups[0][1].trajectory
+    flagged = bloated.flagged_mask()
+    assert all(per_token[1][i] == 0 for i, f in enumerate(flagged) if f)
+    positive_before = sum(
+        float(batch.adv[0, j]) * groups[0][j].trajectory.response_tokens
+        for j in range(4)
+        if batch.adv[0, j] > 0
+    )
+    positive_after = sum(v for row in per_token for v in row if v > 0)
+    assert positive_after == pytest.approx(positive_before)
+    assert all(
+        v == 0
+        for row, r in zip(per_token, groups[0], strict=True)
+        for v, m in zip(row, r.trajectory.loss_mask, strict=True)
+        if not m
+    )
+
+
+def test_groups_must_have_one_size() -> None:
+    with pytest.raises(ValueError, match="same size"):
+        group_advantages([group(), group()[:3]], [None, None], NO_LP)

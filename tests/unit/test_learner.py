@@ -1,0 +1,86 @@
+"""The learner: the update does not depend on micro-batching; it moves log-probs the right way."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+
+from gagar.trainer.learner import Learner, LearnerConfig, Sample, causal_lm_logprobs
+
+
+class TinyLM(torch.nn.Module):
+    def __init__(self, vocab: int = 11, dim: int = 8) -> None:
+        super().__init__()
+        self.emb = torch.nn.Embedding(vocab, dim)
+        self.rnn = torch.nn.GRU(dim, dim, batch_first=True)
+        self.out = torch.nn.Linear(dim, vocab)
+
+    def token_logprobs(self, input_ids, attention_mask):
+        hidden, _ = self.rnn(self.emb(input_ids))
+        return causal_lm_logprobs(self.out(hidden), input_ids)
+
+
+def _samples() -> list[Sample]:
+    g = torch.Generator().manual_seed(0)
+    out = []
+    for i in range(8):
+        length = 5 + i % 3
+        ids = torch.randint(0, 11, (length,), generator=g).tolist()
+        mask = [0, 0] + [1] * (length - 2)
+        adv = [1.0 if i % 2 else -1.0] * length
+        out.append(Sample(ids, mask, [-2.0] * length, adv, group=i // 4))
+    return out
+
+
+def _run(mb: int, model: TinyLM) -> tuple[dict[str, float], list[torch.Tensor]]:
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    learner = Learner(model, opt, LearnerConfig(micro_batch_size=mb, grad_clip=1e9))
+    metrics = learner.update(_samples())
+    return metrics, [p.detach().clone() for p in model.parameters()]
+
+
+def test_update_is_invariant_to_micro_batching() -> None:
+    torch.manual_seed(0)
+    base = TinyLM()
+    results = {mb: _run(mb, copy.deepcopy(base)) for mb in (1, 2, 4, 8)}
+    ref_metrics, ref_params = results[8]
+    for mb, (metrics, params) in results.items():
+        assert abs(metrics["loss"] - ref_metrics["loss"]) < 1e-5, mb
+        for p, q in zip(params, ref_params, strict=True):
+            assert torch.allclose(p, q, atol=1e-6), mb
+    assert results[1][0]["micro_batches"] == 8 and results[1][0]["gradient_variance"] > 0
+    assert results[8][0]["gradient_variance"] == 0.0
+
+
+def test_update_raises_positive_and_lowers_negative_logprobs() -> None:
+    torch.manual_seed(1)
+    model = TinyLM()
+    samples = _samples()
+    ids = torch.tensor(samples[0].token_ids)[None]
+    pos_ids = torch.tensor(samples[1].token_ids)[None]
+    with torch.no_grad():
+        before_neg = model.token_logprobs(ids, None)[0][0, 2:].sum()
+        before_pos = model.token_logprobs(pos_ids, None)[0][0, 2:].sum()
+    opt = torch.optim.Adam(model.parameters(), lr=1e-2)
+    learner = Learner(model, opt, LearnerConfig(micro_batch_size=4))
+    for _ in range(10):
+        learner.update(samples)
+    with torch.no_grad():
+        assert model.token_logprobs(ids, None)[0][0, 2:].sum() < before_neg
+        assert model.token_logprobs(pos_ids, None)[0][0, 2:].sum() > before_pos
+
+
+@pytest.mark.parametrize(
+    ("sample", "message"),
+    [
+        (Sample([1, 2, 3], [0, 1], [0.0] * 3, [1.0] * 3, 0), "differ in length"),
+        (Sample([1, 2, 3], [1, 1, 1], [0.0] * 3, [1.0] * 3, 0), "first token"),
+        (Sample([1, 2, 3], [0, 1, 1], [0.0] * 3, [float("nan")] * 3, 0), "non-finite"),
+    ],
+)
+def test_bad_samples_are_rejected(sample: Sample, message: str) -> None:
+    learner = Learner(TinyLM(), torch.optim.SGD(TinyLM().parameters(), lr=0.1), LearnerConfig(2))
+    with pytest.raises(ValueError, match=message):
+        learner.update([sample])
