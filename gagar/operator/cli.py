@@ -45,7 +45,10 @@ def _operator(args: argparse.Namespace) -> int:
     from gagar.operator.main import run_operator
 
     return run_operator(
-        namespace=args.namespace, standalone=args.standalone, port=args.metrics_port
+        namespaces=args.namespace or [],
+        standalone=args.standalone,
+        port=args.metrics_port,
+        health_port=args.health_port,
     )
 
 
@@ -72,9 +75,16 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(func=_render)
 
     p = sub.add_parser("operator", help="run the GagarRun operator (kopf)")
-    p.add_argument("--namespace", help="watch only this namespace (default: all)")
+    p.add_argument(
+        "--namespace",
+        action="append",
+        help="watch this namespace (repeatable; default: all namespaces)",
+    )
     p.add_argument(
         "--standalone", action="store_true", help="no peering with other operator instances"
     )
     p.add_argument("--metrics-port", type=int, default=9400, help="port of the operator's /metrics")
+    p.add_argument(
+        "--health-port", type=int, default=8080, help="port of kopf's liveness probe (/healthz)"
+    )
     p.set_defaults(func=_operator)

@@ -144,11 +144,27 @@ class Kube:
             raise
         return True
 
-    def patch_status(self, namespace: str | None, name: str, status: dict[str, Any]) -> None:
-        url = path(RUN_API, KIND, namespace, name) + "/status"
-        self._call(
-            "PATCH", url, body={"status": status}, content_type="application/merge-patch+json"
+    def create(self, obj: dict[str, Any]) -> dict[str, Any]:
+        meta = obj["metadata"]
+        return self._call(
+            "POST", path(obj["apiVersion"], obj["kind"], meta.get("namespace")), body=obj
         )
+
+    def merge_patch(
+        self,
+        api_version: str,
+        kind: str,
+        namespace: str | None,
+        name: str,
+        body: dict[str, Any],
+        subresource: str = "",
+    ) -> dict[str, Any]:
+        """A JSON merge patch (RFC 7386) of an object or one of its subresources."""
+        url = path(api_version, kind, namespace, name) + (f"/{subresource}" if subresource else "")
+        return self._call("PATCH", url, body=body, content_type="application/merge-patch+json")
+
+    def patch_status(self, namespace: str | None, name: str, status: dict[str, Any]) -> None:
+        self.merge_patch(RUN_API, KIND, namespace, name, {"status": status}, "status")
 
     def api_groups(self) -> set[str]:
         """API groups the server serves (to know which optional CRDs are installed)."""

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import os
 
 import kopf
 from prometheus_client import CollectorRegistry, start_http_server
@@ -40,11 +41,10 @@ def build_registry(kube: Kube, metrics: Metrics, config: OperatorConfig) -> kopf
     return registry
 
 
-def run_operator(namespace: str | None, standalone: bool, port: int) -> int:
-    """Serve /metrics on ``port`` and run kopf until interrupted."""
-    logging.basicConfig(
-        level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
-    )
+def run_operator(namespaces: list[str], standalone: bool, port: int, health_port: int) -> int:
+    """Serve /metrics on ``port`` and /healthz on ``health_port``; run kopf until interrupted."""
+    level = os.environ.get("GAGAR_LOG_LEVEL", "info").upper()
+    logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     prom = CollectorRegistry()
     metrics = Metrics(prom, "operator")
     start_http_server(port, registry=prom)
@@ -52,7 +52,8 @@ def run_operator(namespace: str | None, standalone: bool, port: int) -> int:
     kopf.run(
         registry=registry,
         standalone=standalone,
-        namespaces=[namespace] if namespace else [],
-        clusterwide=namespace is None,
+        namespaces=namespaces,
+        clusterwide=not namespaces,
+        liveness_endpoint=f"http://0.0.0.0:{health_port}/healthz",
     )
     return 0

@@ -31,7 +31,7 @@ def test_gagar_operator_process(tmp_path: Path) -> None:
     with KubeEmulator(deployment_delay=0.05) as kube:
         kube.create(build_crd())
         kubeconfig = kube.write_kubeconfig(tmp_path / "kubeconfig")
-        port = free_port()
+        port, health = free_port(), free_port()
         env = {**os.environ, "KUBECONFIG": str(kubeconfig)}
         cmd = [
             sys.executable,
@@ -43,6 +43,8 @@ def test_gagar_operator_process(tmp_path: Path) -> None:
             "--standalone",
             "--metrics-port",
             str(port),
+            "--health-port",
+            str(health),
         ]
         proc = subprocess.Popen(
             cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
@@ -71,6 +73,7 @@ def test_gagar_operator_process(tmp_path: Path) -> None:
                 assert time.monotonic() < deadline, "operator metrics not served"
                 time.sleep(0.2)
             assert 'gagar_operator_reconciles_total{result="ok"}' in text
+            assert httpx.get(f"http://127.0.0.1:{health}/healthz", timeout=5).status_code == 200
             assert (
                 f'gagar_run_condition{{condition="Ready",namespace="default",run="{name}",status="True"}} 1.0'
                 in text
