@@ -11,8 +11,13 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 
 
 def _train(args: argparse.Namespace) -> int:
+    import warnings
+
     from gagar.manifest import load_run
 
+    # Megatron-Core warns at import that Transformer Engine/Apex are absent; on CPU that is expected.
+    warnings.filterwarnings("ignore", message=".*(Transformer Engine|Apex) (and Apex )?(is|are) not installed.*")
+    warnings.filterwarnings("ignore", message=".*cuda_graph_scope.*")
     console = Console(stderr=True)
     try:
         run = load_run(args.run)

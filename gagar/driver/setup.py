@@ -15,6 +15,7 @@ from typing import Any
 import torch
 from prometheus_client import CollectorRegistry, start_http_server
 from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from gagar.driver import components as comp
 from gagar.driver.loop import Context, restore, rollout_config
@@ -73,7 +74,9 @@ def warm_start(run: GagarRun, model: Any, policy_dir: Path, factory: Any, tasks:
     for group in learner.optimizer.param_groups:
         group["lr"] = 1e-3  # SFT from scratch needs a far larger step than RL fine-tuning
     console.print(f"[bold]SFT warm start[/]: {len(trajs)} expert trajectories, {steps} steps")
-    losses = sft(learner, [t for _, t, _ in trajs], steps, batch_size=8, seed=run.spec.algorithm.seed)
+    with Progress(TextColumn("[bold]SFT"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(), TextColumn("{task.description}"), console=console) as bar:
+        task = bar.add_task("", total=steps)
+        losses = sft(learner, [t for _, t, _ in trajs], steps, batch_size=8, seed=run.spec.algorithm.seed, on_step=lambda i, nll: bar.update(task, completed=i, description=f"nll/token {nll:.3f}"))
     styles: dict[str, list[bool]] = {}
     for style, _, passed in trajs:
         styles.setdefault(style, []).append(passed)

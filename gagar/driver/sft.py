@@ -102,7 +102,7 @@ async def expert_trajectories(tasks: list[Task], factory: SessionFactory, fmt: A
     return await asyncio.gather(*(one(t, s) for t, s in zip(scripted, _styles(len(scripted), seed), strict=True)))
 
 
-def sft(learner: Learner, trajectories: list[Trajectory], steps: int, batch_size: int, seed: int = 0) -> list[float]:
+def sft(learner: Learner, trajectories: list[Trajectory], steps: int, batch_size: int, seed: int = 0, on_step: Any = None) -> list[float]:
     """``steps`` updates of maximum likelihood on the generated tokens; returns the NLL per token."""
     usable = [t for t in trajectories if t.valid and t.response_tokens]
     if not usable:
@@ -113,4 +113,6 @@ def sft(learner: Learner, trajectories: list[Trajectory], steps: int, batch_size
         batch = rng.sample(usable, min(batch_size, len(usable)))
         samples = [Sample(t.token_ids, t.loss_mask, t.logprobs, [float(m) for m in t.loss_mask], i) for i, t in enumerate(batch)]
         losses.append(learner.update(samples)["nll"])
+        if on_step is not None:
+            on_step(len(losses), losses[-1])
     return losses
