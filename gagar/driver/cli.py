@@ -24,11 +24,22 @@ def _train(args: argparse.Namespace) -> int:
     except ValueError as err:
         console.print(f"[red]invalid GagarRun[/]\n{err}")
         return 2
-    if args.steps is not None:
-        run = run.model_copy(update={"spec": run.spec.model_copy(update={"algorithm": run.spec.algorithm.model_copy(update={"total_steps": args.steps})})})
+    run = _override(run, args)
     out = Path(args.out or f"runs/{run.metadata.name}")
     out.mkdir(parents=True, exist_ok=True)
     return asyncio.run(_main(run, out, console, args))
+
+
+def _override(run, args: argparse.Namespace):  # noqa: ANN001, ANN202 - GagarRun in, GagarRun out
+    """Apply --steps/--sft-steps by re-validating the manifest, so overrides obey the same rules."""
+    from gagar.spec import GagarRun
+
+    doc = run.to_wire()
+    if args.steps is not None:
+        doc["spec"]["algorithm"]["totalSteps"] = args.steps
+    if args.sft_steps is not None:
+        doc["spec"]["model"]["sftWarmupSteps"] = args.sft_steps
+    return GagarRun.model_validate(doc)
 
 
 async def _main(run, out: Path, console: Console, args: argparse.Namespace) -> int:  # noqa: ANN001
@@ -69,6 +80,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("run", help="GagarRun manifest (YAML)")
     p.add_argument("--out", help="run directory (default: runs/<name>)")
     p.add_argument("--steps", type=int, help="override spec.algorithm.totalSteps")
+    p.add_argument("--sft-steps", type=int, help="override spec.model.sftWarmupSteps")
     p.add_argument("--resume", action="store_true", help="continue from the newest complete checkpoint in --out")
     p.add_argument("--metrics-port", type=int, default=None, help="serve /metrics here (default: spec.observability.metricsPort; 0 picks a free port)")
     p.add_argument("--eval-tasks", type=int, default=16, help="held-out tasks evaluated at the end (0 skips)")
