@@ -76,7 +76,7 @@ def warm_start(run: GagarRun, model: Any, policy_dir: Path, factory: Any, tasks:
     console.print(f"[bold]SFT warm start[/]: {len(trajs)} expert trajectories, {steps} steps")
     with Progress(TextColumn("[bold]SFT"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(), TextColumn("{task.description}"), console=console) as bar:
         task = bar.add_task("", total=steps)
-        losses = sft(learner, [t for _, t, _ in trajs], steps, batch_size=8, seed=run.spec.algorithm.seed, on_step=lambda i, nll: bar.update(task, completed=i, description=f"nll/token {nll:.3f}"))
+        losses = sft(learner, [t for _, t, _ in trajs], steps, batch_size=4, seed=run.spec.algorithm.seed, on_step=lambda i, nll: bar.update(task, completed=i, description=f"nll/token {nll:.3f}"))
     styles: dict[str, list[bool]] = {}
     for style, _, passed in trajs:
         styles.setdefault(style, []).append(passed)
