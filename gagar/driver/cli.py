@@ -27,7 +27,15 @@ def _train(args: argparse.Namespace) -> int:
     run = _override(run, args)
     out = Path(args.out or f"runs/{run.metadata.name}")
     out.mkdir(parents=True, exist_ok=True)
-    return asyncio.run(_main(run, out, console, args))
+    from gagar.driver.components import SetupError
+    from gagar.driver.setup import build
+
+    try:  # in the main thread: vLLM's parent-death signal is tied to the thread that starts it
+        ctx = build(run, out, console, args.resume or run.spec.trainer.checkpoint.resume, args.metrics_port)
+    except SetupError as err:
+        console.print(f"[red]cannot start[/]: {err}")
+        return 2
+    return asyncio.run(_main(ctx, out, console, args))
 
 
 def _override(run, args: argparse.Namespace):  # noqa: ANN001, ANN202 - GagarRun in, GagarRun out
@@ -42,17 +50,10 @@ def _override(run, args: argparse.Namespace):  # noqa: ANN001, ANN202 - GagarRun
     return GagarRun.model_validate(doc)
 
 
-async def _main(run, out: Path, console: Console, args: argparse.Namespace) -> int:  # noqa: ANN001
-    from gagar.driver.components import SetupError
+async def _main(ctx, out: Path, console: Console, args: argparse.Namespace) -> int:  # noqa: ANN001
     from gagar.driver.loop import close, evaluate, rl_step, save_checkpoint, summary_line, write_final_report
-    from gagar.driver.setup import build
 
-    try:
-        resume = args.resume or run.spec.trainer.checkpoint.resume
-        ctx = await asyncio.to_thread(build, run, out, console, resume, args.metrics_port)
-    except SetupError as err:
-        console.print(f"[red]cannot start[/]: {err}")
-        return 2
+    run = ctx.run
     total = run.spec.algorithm.total_steps
     console.print(f"run [bold]{run.metadata.name}[/] ({run.spec.algorithm.mode}) → {out} · metrics on 127.0.0.1:{ctx.info['metrics_port']}/metrics")
     try:

@@ -135,6 +135,7 @@ class VllmServer:
                 stderr=subprocess.STDOUT,
                 env=server_env(self.cfg),
                 start_new_session=True,  # own process group: stop() ends the engine core too
+                preexec_fn=_die_with_parent,
             )
         return self
 
@@ -191,6 +192,15 @@ class VllmServer:
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
+
+
+def _die_with_parent() -> None:
+    """In the child: get SIGTERM when the process that started us dies, even by SIGKILL, so a
+    killed trainer never leaves an orphaned vLLM holding the machine's memory (Linux only)."""
+    import ctypes
+
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
 
 
 def _signal_group(pgid: int, sig: int) -> None:
