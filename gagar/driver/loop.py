@@ -204,6 +204,7 @@ async def rl_step(ctx: Context) -> dict[str, Any]:
     t1 = time.perf_counter()
     record, extras = _train(ctx, collected)
     t2 = time.perf_counter()
+    dump_rollouts(ctx.out / "rollouts" / f"step_{ctx.step + 1:06d}.jsonl", collected.all_groups)
     sync_seconds = _sync(ctx)
     facts = _rollout_facts(collected.all_groups)
     extras.update(response_tokens=facts.pop("response_tokens"), turns=facts.pop("turns"))
@@ -226,6 +227,17 @@ async def rl_step(ctx: Context) -> dict[str, Any]:
         training_tokens_per_second=record["tokens_trained"] / max(1e-9, t2 - t1),
     )
     return _finish_step(ctx, record, extras)
+
+
+def dump_rollouts(path: Path, groups: list[GroupResult]) -> None:
+    """The step's trajectories as readable JSONL (one line per trajectory), for inspection."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "w") as fh:
+        for g in groups:
+            for i, r in enumerate(g.rollouts):
+                turns = [{"assistant": t.text, "observation": (t.observation.text[:1000] if t.observation else None), "flags": sorted(t.flags)} for t in r.trajectory.turns]
+                line = {"task": g.task.instance_id, "member": i, "passed": r.passed, "valid": r.valid, "exit": r.trajectory.exit_reason, "tampered": r.tampered, "turns": turns}
+                fh.write(json.dumps(line) + "\n")
 
 
 def _finish_step(ctx: Context, record: dict[str, Any], extras: dict[str, Any]) -> dict[str, Any]:
