@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
 import stat
 import sys
 import time
@@ -72,13 +71,13 @@ def _live_members(pgid: int) -> list[int]:
     made this pytest process a child subreaper (the sandbox executor does), orphaned grandchildren
     are reparented here and stay zombies until it reaps them, yet they are dead."""
     alive = []
-    for stat in Path("/proc").glob("[0-9]*/stat"):
+    for stat_file in Path("/proc").glob("[0-9]*/stat"):
         try:
-            fields = stat.read_text().rsplit(")", 1)[1].split()
+            fields = stat_file.read_text().rsplit(")", 1)[1].split()
         except OSError:
             continue
         if int(fields[2]) == pgid and fields[0] != "Z":
-            alive.append(int(stat.parent.name))
+            alive.append(int(stat_file.parent.name))
     return alive
 
 
