@@ -16,7 +16,9 @@ def _train(args: argparse.Namespace) -> int:
     from gagar.manifest import load_run
 
     # Megatron-Core warns at import that Transformer Engine/Apex are absent; on CPU that is expected.
-    warnings.filterwarnings("ignore", message=".*(Transformer Engine|Apex) (and Apex )?(is|are) not installed.*")
+    warnings.filterwarnings(
+        "ignore", message=".*(Transformer Engine|Apex) (and Apex )?(is|are) not installed.*"
+    )
     warnings.filterwarnings("ignore", message=".*cuda_graph_scope.*")
     console = Console(stderr=True)
     try:
@@ -31,14 +33,16 @@ def _train(args: argparse.Namespace) -> int:
     from gagar.driver.setup import build
 
     try:  # in the main thread: vLLM's parent-death signal is tied to the thread that starts it
-        ctx = build(run, out, console, args.resume or run.spec.trainer.checkpoint.resume, args.metrics_port)
+        ctx = build(
+            run, out, console, args.resume or run.spec.trainer.checkpoint.resume, args.metrics_port
+        )
     except SetupError as err:
         console.print(f"[red]cannot start[/]: {err}")
         return 2
     return asyncio.run(_main(ctx, out, console, args))
 
 
-def _override(run, args: argparse.Namespace):  # noqa: ANN001, ANN202 - GagarRun in, GagarRun out
+def _override(run, args: argparse.Namespace):
     """Apply --steps/--sft-steps by re-validating the manifest, so overrides obey the same rules."""
     from gagar.spec import GagarRun
 
@@ -50,21 +54,41 @@ def _override(run, args: argparse.Namespace):  # noqa: ANN001, ANN202 - GagarRun
     return GagarRun.model_validate(doc)
 
 
-async def _main(ctx, out: Path, console: Console, args: argparse.Namespace) -> int:  # noqa: ANN001
-    from gagar.driver.loop import close, evaluate, rl_step, save_checkpoint, summary_line, write_final_report
+async def _main(ctx, out: Path, console: Console, args: argparse.Namespace) -> int:
+    from gagar.driver.loop import (
+        close,
+        evaluate,
+        rl_step,
+        save_checkpoint,
+        summary_line,
+        write_final_report,
+    )
 
     run = ctx.run
     total = run.spec.algorithm.total_steps
-    console.print(f"run [bold]{run.metadata.name}[/] ({run.spec.algorithm.mode}) → {out} · metrics on 127.0.0.1:{ctx.info['metrics_port']}/metrics")
+    console.print(
+        f"run [bold]{run.metadata.name}[/] ({run.spec.algorithm.mode}) → {out} · metrics on 127.0.0.1:{ctx.info['metrics_port']}/metrics"
+    )
     try:
-        with Progress(TextColumn("[bold]step"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(), TextColumn("{task.description}"), console=console) as bar:
+        with Progress(
+            TextColumn("[bold]step"),
+            BarColumn(),
+            MofNCompleteColumn(),
+            TimeElapsedColumn(),
+            TextColumn("{task.description}"),
+            console=console,
+        ) as bar:
             task = bar.add_task("", total=total, completed=ctx.step)
             while ctx.step < total:
                 record = await rl_step(ctx)
                 bar.update(task, completed=ctx.step, description=summary_line(record))
         evaluation = await evaluate(ctx, ctx.held_out[: args.eval_tasks]) if args.eval_tasks else {}
-        report = write_final_report(ctx, {"warm_start": ctx.info.get("warm_start", {}), "held_out": evaluation})
-        console.print(f"done: {report['steps']} steps, held-out {evaluation} · report {out / 'report.json'}")
+        report = write_final_report(
+            ctx, {"warm_start": ctx.info.get("warm_start", {}), "held_out": evaluation}
+        )
+        console.print(
+            f"done: {report['steps']} steps, held-out {evaluation} · report {out / 'report.json'}"
+        )
         return 0
     except (KeyboardInterrupt, asyncio.CancelledError):
         # Cancellation only lands at an await, i.e. between steps or during rollouts, never between
@@ -82,8 +106,18 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--out", help="run directory (default: runs/<name>)")
     p.add_argument("--steps", type=int, help="override spec.algorithm.totalSteps")
     p.add_argument("--sft-steps", type=int, help="override spec.model.sftWarmupSteps")
-    p.add_argument("--resume", action="store_true", help="continue from the newest complete checkpoint in --out")
-    p.add_argument("--metrics-port", type=int, default=None, help="serve /metrics here (default: spec.observability.metricsPort; 0 picks a free port)")
-    p.add_argument("--eval-tasks", type=int, default=16, help="held-out tasks evaluated at the end (0 skips)")
+    p.add_argument(
+        "--resume",
+        action="store_true",
+        help="continue from the newest complete checkpoint in --out",
+    )
+    p.add_argument(
+        "--metrics-port",
+        type=int,
+        default=None,
+        help="serve /metrics here (default: spec.observability.metricsPort; 0 picks a free port)",
+    )
+    p.add_argument(
+        "--eval-tasks", type=int, default=16, help="held-out tasks evaluated at the end (0 skips)"
+    )
     p.set_defaults(func=_train)
-

@@ -23,9 +23,14 @@ class SetupError(ValueError):
 
 
 def check_devices(spec: GagarRunSpec, cuda_available: bool) -> None:
-    for path, device in (("spec.trainer.device", spec.trainer.device), ("spec.rollout.device", spec.rollout.device)):
+    for path, device in (
+        ("spec.trainer.device", spec.trainer.device),
+        ("spec.rollout.device", spec.rollout.device),
+    ):
         if device == "cuda" and not cuda_available:
-            raise SetupError(f"{path} is 'cuda' but this machine has no CUDA GPU: use 'cpu' or 'auto'")
+            raise SetupError(
+                f"{path} is 'cuda' but this machine has no CUDA GPU: use 'cpu' or 'auto'"
+            )
     if spec.trainer.world_size != 1:
         raise SetupError(
             f"spec.trainer: the embedded runner trains in one process; nodes × processesPerNode = "
@@ -49,7 +54,9 @@ def prepare_policy(model: ModelSpec, run_dir: Path) -> Path:
         return out
     assert model.path is not None
     if "://" in model.path:
-        raise SetupError(f"spec.model.path {model.path!r}: object-store URIs are read by cluster runs only; give a local HF folder")
+        raise SetupError(
+            f"spec.model.path {model.path!r}: object-store URIs are read by cluster runs only; give a local HF folder"
+        )
     path = Path(model.path)
     if not (path / "config.json").exists():
         raise SetupError(f"spec.model.path {model.path!r}: no HF checkpoint (config.json) there")
@@ -80,7 +87,11 @@ def load_datasets(dataset: DatasetSpec) -> tuple[list[Task], list[Task]]:
                 raise SetupError(f"{where}.path {src.path!r} does not exist")
             tasks = load_tasks(src.path)[: src.size]
         random.Random(src.seed).shuffle(tasks)
-        cut = max(1, int(round(len(tasks) * dataset.held_out_fraction))) if dataset.held_out_fraction and len(tasks) > 1 else 0
+        cut = (
+            max(1, round(len(tasks) * dataset.held_out_fraction))
+            if dataset.held_out_fraction and len(tasks) > 1
+            else 0
+        )
         held += tasks[:cut]
         train += tasks[cut:]
     if not train:
@@ -90,7 +101,9 @@ def load_datasets(dataset: DatasetSpec) -> tuple[list[Task], list[Task]]:
 
 def sandbox_factory(sandbox: SandboxSpec) -> LocalFactory:
     if sandbox.backend != "local":
-        raise SetupError("spec.sandbox.backend 'pods' needs the cluster; the embedded runner uses 'local' (bubblewrap)")
+        raise SetupError(
+            "spec.sandbox.backend 'pods' needs the cluster; the embedded runner uses 'local' (bubblewrap)"
+        )
     lim = sandbox.limits
     limits = Limits(
         wall_time_s=lim.wall_seconds,

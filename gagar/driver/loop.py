@@ -23,7 +23,7 @@ import torch
 
 from gagar.driver import advantages as adv_mod
 from gagar.driver import report as rep
-from gagar.driver.rollouts import GroupResult, RolloutConfig, grading_group, rollout_group
+from gagar.driver.rollouts import GroupResult, RolloutConfig, Rollouts, grading_group
 from gagar.driver.sampling import SamplingPlan, TaskSampler, collect, grade_with_deadline
 from gagar.metrics import Metrics
 from gagar.rollout.agent import AgentLimits, Engine
@@ -65,7 +65,13 @@ class Context:
 
 def rollout_config(run: GagarRun) -> RolloutConfig:
     a, lim = run.spec.rollout.agent, run.spec.sandbox.limits
-    limits = AgentLimits(a.max_turns, a.max_tokens_per_turn, a.max_context_tokens, temperature=a.temperature, top_p=a.top_p)
+    limits = AgentLimits(
+        a.max_turns,
+        a.max_tokens_per_turn,
+        a.max_context_tokens,
+        temperature=a.temperature,
+        top_p=a.top_p,
+    )
     return RolloutConfig(limits, command_timeout=lim.wall_seconds, verify_timeout=lim.wall_seconds)
 
 
@@ -83,14 +89,23 @@ async def _grade(ctx: Context, group: GroupResult) -> Ranking:
     return await grade_with_deadline(ctx.grader.grade, wire, spec.deadline_seconds, fallback)
 
 
+def _rollouts(ctx: Context) -> Rollouts:
+    limiter = asyncio.Semaphore(ctx.run.spec.rollout.agent.concurrency)
+    return Rollouts(ctx.factory, ctx.engine, ctx.fmt, rollout_config(ctx.run), limiter)
+
+
 async def _collect(ctx: Context, step: int) -> Any:
     alg = ctx.alg
-    plan = SamplingPlan(alg.tasks_per_step, alg.dynamic_sampling.max_extra_rounds, alg.dynamic_sampling.enabled, grade=alg.mode == "gagar")
-    limiter = asyncio.Semaphore(ctx.run.spec.rollout.agent.concurrency)
-    cfg = rollout_config(ctx.run)
+    plan = SamplingPlan(
+        alg.tasks_per_step,
+        alg.dynamic_sampling.max_extra_rounds,
+        alg.dynamic_sampling.enabled,
+        grade=alg.mode == "gagar",
+    )
+    rollouts = _rollouts(ctx)
 
     async def rollout(task: Any, draw: int) -> GroupResult:
-        return await rollout_group(task, alg.group_size, ctx.factory, ctx.engine, ctx.fmt, cfg, alg.seed * 1_000_003 + draw, limiter)
+        return await rollouts.group(task, alg.group_size, alg.seed * 1_000_003 + draw)
 
     return await collect(ctx.sampler, plan, rollout, lambda g: _grade(ctx, g))
 
@@ -104,7 +119,9 @@ def _samples(groups: list[GroupResult], per_token: list[list[float]]) -> list[Sa
     ]
 
 
-def _group_facts(groups: list[GroupResult], rankings: list[Ranking | None], batch: Any) -> dict[str, Any]:
+def _group_facts(
+    groups: list[GroupResult], rankings: list[Ranking | None], batch: Any
+) -> dict[str, Any]:
     """Per-step facts about grading: fallbacks, hacks, λ, factors, bloat."""
     fallbacks: dict[str, int] = {}
     for code in batch.result.fallback.tolist():
@@ -115,8 +132,17 @@ def _group_facts(groups: list[GroupResult], rankings: list[Ranking | None], batc
         if ranking is not None and ranking.fallback and ranking.grader != "none":
             key = f"heuristic_after_{ranking.fallback}"
             fallbacks[key] = fallbacks.get(key, 0) + 1
-    redistributed = [float(x) for x, code in zip(batch.result.lam.tolist(), batch.result.fallback.tolist(), strict=True) if code == 0]
-    passes = [(gi, j) for gi, g in enumerate(groups) for j, r in enumerate(g.rollouts) if r.valid and r.passed and rankings[gi] is not None]
+    redistributed = [
+        float(x)
+        for x, code in zip(batch.result.lam.tolist(), batch.result.fallback.tolist(), strict=True)
+        if code == 0
+    ]
+    passes = [
+        (gi, j)
+        for gi, g in enumerate(groups)
+        for j, r in enumerate(g.rollouts)
+        if r.valid and r.passed and rankings[gi] is not None
+    ]
     below_t1 = [float(batch.factors[gi, j]) < 1.0 for gi, j in passes]
     return {
         "fallbacks": fallbacks,
@@ -158,9 +184,25 @@ def _train(ctx: Context, collected: Any) -> tuple[dict[str, Any], dict[str, Any]
     """Advantages and the update; returns (record fields, extras for Prometheus)."""
     groups, rankings = collected.groups, collected.rankings
     if not groups:
-        empty = {"loss": 0.0, "grad_norm": 0.0, "gradient_variance": 0.0, "gradient_mean_norm": 0.0, "tokens_trained": 0, "lambda_mean": 0.0}
-        zero = {f"adv_{s}_{k}": 0.0 for s in ("before", "after") for k in ("mean", "std", "abs_max")}
-        return {**empty, **zero, "fallbacks": {}, "hacks": 0, "bloated_passes_ratio": 0.0, "trained_groups": 0}, {}
+        empty = {
+            "loss": 0.0,
+            "grad_norm": 0.0,
+            "gradient_variance": 0.0,
+            "gradient_mean_norm": 0.0,
+            "tokens_trained": 0,
+            "lambda_mean": 0.0,
+        }
+        zero = {
+            f"adv_{s}_{k}": 0.0 for s in ("before", "after") for k in ("mean", "std", "abs_max")
+        }
+        return {
+            **empty,
+            **zero,
+            "fallbacks": {},
+            "hacks": 0,
+            "bloated_passes_ratio": 0.0,
+            "trained_groups": 0,
+        }, {}
     rollouts = [g.rollouts for g in groups]
     batch = adv_mod.group_advantages(rollouts, rankings, ctx.alg)
     per_token = adv_mod.token_advantages(rollouts, batch.adv, ctx.alg)
@@ -185,7 +227,12 @@ def _train(ctx: Context, collected: Any) -> tuple[dict[str, Any], dict[str, Any]
         **{f"adv_after_{k}": v for k, v in rep.summarize(after).items()},
         **{k: facts[k] for k in ("fallbacks", "hacks", "bloated_passes_ratio")},
     }
-    return record, {"adv_before": before, "adv_after": after, "lambdas": facts["lambdas"], "factors": facts["factors"]}
+    return record, {
+        "adv_before": before,
+        "adv_after": after,
+        "lambdas": facts["lambdas"],
+        "factors": facts["factors"],
+    }
 
 
 def _sync(ctx: Context) -> float:
@@ -217,7 +264,8 @@ async def rl_step(ctx: Context) -> dict[str, Any]:
         sampled_groups=collected.sampled,
         sampling_rounds=collected.rounds,
         shortfall=collected.shortfall,
-        eligible_groups_ratio=sum(g.eligible for g in collected.all_groups) / max(1, collected.sampled),
+        eligible_groups_ratio=sum(g.eligible for g in collected.all_groups)
+        / max(1, collected.sampled),
         rollout_seconds=collected.rollout_seconds,
         grading_seconds=collected.grading_wait_seconds,
         training_seconds=t2 - t1,
@@ -235,8 +283,23 @@ def dump_rollouts(path: Path, groups: list[GroupResult]) -> None:
     with open(path, "w") as fh:
         for g in groups:
             for i, r in enumerate(g.rollouts):
-                turns = [{"assistant": t.text, "observation": (t.observation.text[:1000] if t.observation else None), "flags": sorted(t.flags)} for t in r.trajectory.turns]
-                line = {"task": g.task.instance_id, "member": i, "passed": r.passed, "valid": r.valid, "exit": r.trajectory.exit_reason, "tampered": r.tampered, "turns": turns}
+                turns = [
+                    {
+                        "assistant": t.text,
+                        "observation": (t.observation.text[:1000] if t.observation else None),
+                        "flags": sorted(t.flags),
+                    }
+                    for t in r.trajectory.turns
+                ]
+                line = {
+                    "task": g.task.instance_id,
+                    "member": i,
+                    "passed": r.passed,
+                    "valid": r.valid,
+                    "exit": r.trajectory.exit_reason,
+                    "tampered": r.tampered,
+                    "turns": turns,
+                }
                 fh.write(json.dumps(line) + "\n")
 
 
@@ -254,8 +317,16 @@ def _finish_step(ctx: Context, record: dict[str, Any], extras: dict[str, Any]) -
 
 
 def save_checkpoint(ctx: Context) -> None:
-    state = {"policy_version": ctx.version, "sampler": ctx.sampler.state(), "python_rng": repr(random.getstate())}
-    parts = {"model": ctx.model.state_dict(), "optimizer": ctx.learner.optimizer.state_dict(), "rng": torch.get_rng_state()}
+    state = {
+        "policy_version": ctx.version,
+        "sampler": ctx.sampler.state(),
+        "python_rng": repr(random.getstate()),
+    }
+    parts = {
+        "model": ctx.model.state_dict(),
+        "optimizer": ctx.learner.optimizer.state_dict(),
+        "rng": torch.get_rng_state(),
+    }
     ctx.ckpt.save(ctx.step, parts, state)
 
 
@@ -289,7 +360,12 @@ def close(ctx: Context) -> None:
 
 def write_final_report(ctx: Context, extra: dict[str, Any]) -> dict[str, Any]:
     records = rep.read_jsonl(ctx.out / "metrics.jsonl")
-    summary = {"run": ctx.run.metadata.name, "mode": ctx.alg.mode, "policy_version": ctx.version, **extra}
+    summary = {
+        "run": ctx.run.metadata.name,
+        "mode": ctx.alg.mode,
+        "policy_version": ctx.version,
+        **extra,
+    }
     report = rep.write_report(ctx.out, records, summary)
     (ctx.out / "run.json").write_text(json.dumps(ctx.run.to_wire(), indent=2))
     return report
@@ -299,9 +375,10 @@ async def evaluate(ctx: Context, tasks: list[Any], seed: int = 0) -> dict[str, A
     """Resolution rate on held-out tasks (one rollout each), length, and bloat among passes."""
     if not tasks:
         return {"tasks": 0}
-    limiter = asyncio.Semaphore(ctx.run.spec.rollout.agent.concurrency)
-    cfg = rollout_config(ctx.run)
-    groups = await asyncio.gather(*(rollout_group(t, 1, ctx.factory, ctx.engine, ctx.fmt, cfg, 7_000_000 + seed + i, limiter) for i, t in enumerate(tasks)))
+    rollouts = _rollouts(ctx)
+    groups = await asyncio.gather(
+        *(rollouts.group(t, 1, 7_000_000 + seed + i) for i, t in enumerate(tasks))
+    )
     rollouts = [g.rollouts[0] for g in groups]
     valid = [r for r in rollouts if r.valid]
     passes = [(g, r) for g, r in zip(groups, rollouts, strict=True) if r.valid and r.passed]
@@ -313,7 +390,8 @@ async def evaluate(ctx: Context, tasks: list[Any], seed: int = 0) -> dict[str, A
         "tasks": len(tasks),
         "valid": len(valid),
         "resolution_rate": len(passes) / len(valid) if valid else 0.0,
-        "response_tokens_mean": sum(r.trajectory.response_tokens for r in valid) / max(1, len(valid)),
+        "response_tokens_mean": sum(r.trajectory.response_tokens for r in valid)
+        / max(1, len(valid)),
         "turns_mean": sum(r.trajectory.num_turns for r in valid) / max(1, len(valid)),
         "bloated_pass_share": bloated / len(passes) if passes else 0.0,
         "tampering_passes": sum(r.tampered for _, r in passes),

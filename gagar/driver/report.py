@@ -39,7 +39,11 @@ def summarize(values: Iterable[float]) -> dict[str, float]:
     vals = list(values)
     if not vals:
         return {"mean": 0.0, "std": 0.0, "abs_max": 0.0}
-    return {"mean": statistics.fmean(vals), "std": statistics.pstdev(vals), "abs_max": max(abs(v) for v in vals)}
+    return {
+        "mean": statistics.fmean(vals),
+        "std": statistics.pstdev(vals),
+        "abs_max": max(abs(v) for v in vals),
+    }
 
 
 def append_jsonl(path: Path, record: dict[str, Any]) -> None:
@@ -62,14 +66,20 @@ def export(metrics: Metrics, run: str, record: dict[str, Any], extras: dict[str,
             metrics[name].labels(run=run).set(float(record[key]))
     metrics["gagar_trainer_step_duration_seconds"].labels(run=run).observe(record["step_seconds"])
     for stage in ("rollout", "grading", "training", "sync", "checkpoint"):
-        metrics["gagar_trainer_stage_duration_seconds"].labels(run=run, stage=stage).observe(record.get(f"{stage}_seconds", 0.0))
+        metrics["gagar_trainer_stage_duration_seconds"].labels(run=run, stage=stage).observe(
+            record.get(f"{stage}_seconds", 0.0)
+        )
     for stage in ("before", "after"):
         for stat in ("mean", "std", "abs_max"):
-            metrics[f"gagar_advantage_{stat}"].labels(run=run, stage=stage).set(record[f"adv_{stage}_{stat}"])
+            metrics[f"gagar_advantage_{stat}"].labels(run=run, stage=stage).set(
+                record[f"adv_{stage}_{stat}"]
+            )
         for value in extras.get(f"adv_{stage}", []):
             metrics["gagar_advantage"].labels(run=run, stage=stage).observe(value)
     for stage in ("rollout", "training"):
-        metrics["gagar_tokens_per_second"].labels(run=run, stage=stage).set(record.get(f"{stage}_tokens_per_second", 0.0))
+        metrics["gagar_tokens_per_second"].labels(run=run, stage=stage).set(
+            record.get(f"{stage}_tokens_per_second", 0.0)
+        )
     _counters(metrics, run, record, extras)
 
 
@@ -96,15 +106,23 @@ def _counters(metrics: Metrics, run: str, record: dict[str, Any], extras: dict[s
 
 PLOTS = {
     "pass_rate.png": (("pass_rate",), "pass rate (training rollouts)"),
-    "length.png": (("response_tokens_mean", "turns_mean"), "response tokens and turns per trajectory"),
+    "length.png": (
+        ("response_tokens_mean", "turns_mean"),
+        "response tokens and turns per trajectory",
+    ),
     "bloat.png": (("bloated_passes_ratio",), "share of passes graded below T1"),
     "lambda.png": (("lambda_mean",), "mean λ of redistributed groups"),
     "gradient_variance.png": (("gradient_variance",), "tr Cov of micro-batch gradients"),
-    "advantages.png": (("adv_before_abs_max", "adv_after_abs_max", "adv_before_std", "adv_after_std"), "advantages before/after redistribution"),
+    "advantages.png": (
+        ("adv_before_abs_max", "adv_after_abs_max", "adv_before_std", "adv_after_std"),
+        "advantages before/after redistribution",
+    ),
 }
 
 
-def write_report(out: Path, records: list[dict[str, Any]], summary: dict[str, Any]) -> dict[str, Any]:
+def write_report(
+    out: Path, records: list[dict[str, Any]], summary: dict[str, Any]
+) -> dict[str, Any]:
     """``report.json`` (summary + first/last records) and one PNG per plot in ``PLOTS``."""
     import matplotlib
 
@@ -122,6 +140,12 @@ def write_report(out: Path, records: list[dict[str, Any]], summary: dict[str, An
         fig.tight_layout()
         fig.savefig(out / name, dpi=90)
         plt.close(fig)
-    report = {**summary, "steps": len(records), "first": records[0] if records else None, "last": records[-1] if records else None, "plots": sorted(PLOTS)}
+    report = {
+        **summary,
+        "steps": len(records),
+        "first": records[0] if records else None,
+        "last": records[-1] if records else None,
+        "plots": sorted(PLOTS),
+    }
     (out / "report.json").write_text(json.dumps(report, indent=2))
     return report

@@ -46,11 +46,15 @@ class SandboxTools:
         return envtools.tool_definitions()
 
     async def execute(self, call: agent.ToolCall) -> agent.Observation:
-        obs = await asyncio.to_thread(envtools.execute, self.env, {"name": call.name, "arguments": call.arguments})
+        obs = await asyncio.to_thread(
+            envtools.execute, self.env, {"name": call.name, "arguments": call.arguments}
+        )
         if obs.infra_error:
             raise agent.SandboxInfraError(obs.infra_error)
         changed = call.name in STATE_CHANGING and not obs.error
-        return agent.Observation(obs.content, error=obs.error, changed_state=changed, done=obs.submitted)
+        return agent.Observation(
+            obs.content, error=obs.error, changed_state=changed, done=obs.submitted
+        )
 
 
 @dataclass
@@ -83,51 +87,112 @@ def _text_files(session: Any) -> dict[str, str]:
     return out
 
 
-def _finish(task: Task, session: Any, factory: SessionFactory, traj: agent.Trajectory, timeout: float) -> tuple[Rollout, dict[str, str]]:
+def _finish(
+    task: Task, session: Any, factory: SessionFactory, traj: agent.Trajectory, timeout: float
+) -> tuple[Rollout, dict[str, str]]:
     """Verify the final repository (blocking) and collect what the grader needs."""
     if not traj.valid:
         return Rollout(traj, passed=False, valid=False), {}
     verdict = verify(task, session, factory, timeout)
     files = _text_files(session) if verdict.valid else {}
     patch = session.diff() if verdict.valid else ""
-    rollout = Rollout(traj, passed=verdict.passed, valid=verdict.valid, tampered=bool(verdict.suspected_tampering), patch=patch, test_log=verdict.log)
+    rollout = Rollout(
+        traj,
+        passed=verdict.passed,
+        valid=verdict.valid,
+        tampered=bool(verdict.suspected_tampering),
+        patch=patch,
+        test_log=verdict.log,
+    )
     return rollout, files
 
 
-async def rollout_one(task: Task, factory: SessionFactory, engine: agent.Engine, fmt: agent.ChatFormat, cfg: RolloutConfig, seed: int | None) -> tuple[Rollout, dict[str, str]]:
-    session = await asyncio.to_thread(factory.create, files=task.repo_files())
-    try:
-        env = envtools.Env(task, session, command_timeout_s=cfg.command_timeout)
-        traj = await agent.Agent(engine, fmt, SandboxTools(env), cfg.limits, seed).run(task_messages(task))
-        return await asyncio.to_thread(_finish, task, session, factory, traj, cfg.verify_timeout)
-    except Exception as err:  # a sandbox that cannot even be created or verified: infrastructure
-        traj = agent.Trajectory([0], [0.0], [0], 1, [], exit_reason="sandbox_error", exit_detail=str(err))
-        return Rollout(traj, passed=False, valid=False), {}
-    finally:
-        await asyncio.to_thread(session.close)
+@dataclass(frozen=True)
+class Rollouts:
+    """Where trajectories run: sandbox sessions, the engine, the chat format, limits, concurrency."""
 
+    factory: SessionFactory
+    engine: agent.Engine
+    fmt: agent.ChatFormat
+    cfg: RolloutConfig
+    limiter: asyncio.Semaphore | None = None
 
-async def rollout_group(task: Task, n: int, factory: SessionFactory, engine: agent.Engine, fmt: agent.ChatFormat, cfg: RolloutConfig, seed: int, limiter: asyncio.Semaphore) -> GroupResult:
-    async def one(i: int) -> tuple[Rollout, dict[str, str]]:
-        async with limiter:
-            return await rollout_one(task, factory, engine, fmt, cfg, seed * 1000 + i)
+    async def one(self, task: Task, seed: int | None) -> tuple[Rollout, dict[str, str]]:
+        """One trajectory in a fresh sandbox, verified; infrastructure failures make it invalid."""
+        session = await asyncio.to_thread(self.factory.create, files=task.repo_files())
+        try:
+            env = envtools.Env(task, session, command_timeout_s=self.cfg.command_timeout)
+            traj = await agent.Agent(
+                self.engine, self.fmt, SandboxTools(env), self.cfg.limits, seed
+            ).run(task_messages(task))
+            return await asyncio.to_thread(
+                _finish, task, session, self.factory, traj, self.cfg.verify_timeout
+            )
+        except (
+            Exception
+        ) as err:  # a sandbox that cannot even be created or verified: infrastructure
+            traj = agent.Trajectory(
+                [0], [0.0], [0], 1, [], exit_reason="sandbox_error", exit_detail=str(err)
+            )
+            return Rollout(traj, passed=False, valid=False), {}
+        finally:
+            await asyncio.to_thread(session.close)
 
-    results = await asyncio.gather(*(one(i) for i in range(n)))
-    return GroupResult(task, [r for r, _ in results], [f for _, f in results])
+    async def group(self, task: Task, n: int, seed: int) -> GroupResult:
+        """``n`` trajectories on one task, concurrently (bounded by ``limiter``)."""
+
+        async def member(i: int) -> tuple[Rollout, dict[str, str]]:
+            if self.limiter is None:
+                return await self.one(task, seed * 1000 + i)
+            async with self.limiter:
+                return await self.one(task, seed * 1000 + i)
+
+        results = await asyncio.gather(*(member(i) for i in range(n)))
+        return GroupResult(task, [r for r, _ in results], [f for _, f in results])
 
 
 def grading_group(group: GroupResult) -> GradingGroup:
     """The grader's view of a group (wire type): base repo, each candidate's final repo and trajectory."""
-    base = {p: d.decode() if isinstance(d, bytes) else d for p, d in group.task.repo_files().items()}
+    base = {
+        p: d.decode() if isinstance(d, bytes) else d for p, d in group.task.repo_files().items()
+    }
     candidates = []
     for i, (r, files) in enumerate(zip(group.rollouts, group.final_files, strict=True)):
         actions = [
-            Action(tool=t.call.name, arguments=t.call.arguments, observation=(t.observation.text if t.observation else "")[:4000], error=bool(t.observation and t.observation.error))
+            Action(
+                tool=t.call.name,
+                arguments=t.call.arguments,
+                observation=(t.observation.text if t.observation else "")[:4000],
+                error=bool(t.observation and t.observation.error),
+            )
             for t in r.trajectory.turns
             if t.call is not None
         ]
         counts = r.trajectory.flag_counts()
-        stats = ToolStats(actions=len(actions), redundant=counts["redundant"], errors=counts["tool_error"], churn=counts["churn"])
-        candidates.append(Candidate(member=i, passed=r.passed, valid=r.valid, files=files or base, patch=r.patch, trajectory=actions, test_log=r.test_log[-4000:], stats=stats))
+        stats = ToolStats(
+            actions=len(actions),
+            redundant=counts["redundant"],
+            errors=counts["tool_error"],
+            churn=counts["churn"],
+        )
+        candidates.append(
+            Candidate(
+                member=i,
+                passed=r.passed,
+                valid=r.valid,
+                files=files or base,
+                patch=r.patch,
+                trajectory=actions,
+                test_log=r.test_log[-4000:],
+                stats=stats,
+            )
+        )
     relevant = sorted(group.task.reference_files or {})
-    return GradingGroup(task_id=group.task.instance_id, statement=group.task.problem_statement, base_files=base, candidates=candidates, relevant_files=relevant, test_command=group.task.test_command)
+    return GradingGroup(
+        task_id=group.task.instance_id,
+        statement=group.task.problem_statement,
+        base_files=base,
+        candidates=candidates,
+        relevant_files=relevant,
+        test_command=group.task.test_command,
+    )

@@ -78,7 +78,9 @@ class SamplingPlan:
     grade: bool
 
 
-async def collect(sampler: TaskSampler, plan: SamplingPlan, rollout: RolloutFn, grade: GradeFn) -> Collected:
+async def collect(
+    sampler: TaskSampler, plan: SamplingPlan, rollout: RolloutFn, grade: GradeFn
+) -> Collected:
     out = Collected()
     pending: list[asyncio.Task[Ranking]] = []
     rounds = 1 + (plan.max_extra_rounds if plan.dynamic else 0)
@@ -105,7 +107,12 @@ async def collect(sampler: TaskSampler, plan: SamplingPlan, rollout: RolloutFn, 
     return out
 
 
-async def grade_with_deadline(grade: Callable[[GradingGroup], Awaitable[Ranking]], group: GradingGroup, deadline: float, fallback: Callable[[GradingGroup, str], Awaitable[Ranking]]) -> Ranking:
+async def grade_with_deadline(
+    grade: Callable[[GradingGroup], Awaitable[Ranking]],
+    group: GradingGroup,
+    deadline: float,
+    fallback: Callable[[GradingGroup, str], Awaitable[Ranking]],
+) -> Ranking:
     """Grade within ``deadline`` seconds; on timeout or error, the configured fallback."""
     try:
         return await asyncio.wait_for(grade(group), timeout=deadline)

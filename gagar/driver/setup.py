@@ -37,9 +37,17 @@ def _free_port() -> int:
 
 
 def build_model(policy_dir: Path) -> Any:
-    from gagar.trainer.model import Parallel, build_model, init_distributed, load_hf_into_megatron, read_config
+    from gagar.trainer.model import (
+        Parallel,
+        build_model,
+        init_distributed,
+        load_hf_into_megatron,
+        read_config,
+    )
 
-    init_distributed(Parallel(1, 1, 1), rank=0, world_size=1, init_method=f"tcp://127.0.0.1:{_free_port()}")
+    init_distributed(
+        Parallel(1, 1, 1), rank=0, world_size=1, init_method=f"tcp://127.0.0.1:{_free_port()}"
+    )
     model = build_model(read_config(policy_dir))
     load_hf_into_megatron(model, policy_dir)
     return model
@@ -48,12 +56,16 @@ def build_model(policy_dir: Path) -> Any:
 def build_learner(run: GagarRun, model: Any, loss_mode: str | None = None) -> Learner:
     alg = run.spec.algorithm
     o, lo = alg.optimizer, alg.loss
-    optimizer = torch.optim.AdamW(model.parameters(), lr=o.lr, betas=o.betas, weight_decay=o.weight_decay)
+    optimizer = torch.optim.AdamW(
+        model.parameters(), lr=o.lr, betas=o.betas, weight_decay=o.weight_decay
+    )
     loss = LossConfig(
         eps_low=lo.clip_low, eps_high=lo.clip_high, dual_clip=lo.dual_clip, agg_mode=loss_mode or lo.aggregation,  # type: ignore[arg-type]
         max_len=run.spec.rollout.agent.max_context_tokens, tis_cap=lo.truncated_is_cap, kl_coef=lo.kl.coef, kl_estimator=lo.kl.estimator,
     )  # fmt: skip
-    return Learner(MegatronPolicy(model), optimizer, LearnerConfig(alg.micro_batch_size, o.grad_clip, loss))
+    return Learner(
+        MegatronPolicy(model), optimizer, LearnerConfig(alg.micro_batch_size, o.grad_clip, loss)
+    )
 
 
 def chat_format(policy_dir: Path) -> tuple[HFChatFormat, int]:
@@ -65,25 +77,54 @@ def chat_format(policy_dir: Path) -> tuple[HFChatFormat, int]:
     return HFChatFormat(tokenizer), int(tokenizer.convert_tokens_to_ids(tokenizer.eos_token))
 
 
-def warm_start(run: GagarRun, model: Any, policy_dir: Path, factory: Any, tasks: list[Any], console: Console) -> dict[str, Any]:
+def warm_start(
+    run: GagarRun, model: Any, policy_dir: Path, factory: Any, tasks: list[Any], console: Console
+) -> dict[str, Any]:
     """SFT on scripted expert trajectories; returns what the report shows about it."""
     steps = run.spec.model.sft_warmup_steps
     fmt, eos = chat_format(policy_dir)
-    trajs = asyncio.run(expert_trajectories(tasks[:24], factory, fmt, eos, rollout_config(run), seed=run.spec.algorithm.seed))
+    trajs = asyncio.run(
+        expert_trajectories(
+            tasks[:24], factory, fmt, eos, rollout_config(run), seed=run.spec.algorithm.seed
+        )
+    )
     learner = build_learner(run, model, loss_mode="token-mean")
     for group in learner.optimizer.param_groups:
         group["lr"] = 1e-3  # SFT from scratch needs a far larger step than RL fine-tuning
     console.print(f"[bold]SFT warm start[/]: {len(trajs)} expert trajectories, {steps} steps")
-    with Progress(TextColumn("[bold]SFT"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(), TextColumn("{task.description}"), console=console) as bar:
+    with Progress(
+        TextColumn("[bold]SFT"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+        TextColumn("{task.description}"),
+        console=console,
+    ) as bar:
         task = bar.add_task("", total=steps)
-        losses = sft(learner, [t for _, t, _ in trajs], steps, batch_size=4, seed=run.spec.algorithm.seed, on_step=lambda i, nll: bar.update(task, completed=i, description=f"nll/token {nll:.3f}"))
+        losses = sft(
+            learner,
+            [t for _, t, _ in trajs],
+            steps,
+            batch_size=4,
+            seed=run.spec.algorithm.seed,
+            on_step=lambda i, nll: bar.update(
+                task, completed=i, description=f"nll/token {nll:.3f}"
+            ),
+        )
     styles: dict[str, list[bool]] = {}
     for style, _, passed in trajs:
         styles.setdefault(style, []).append(passed)
-    return {"sft_steps": steps, "sft_nll_first": losses[0], "sft_nll_last": losses[-1], "sft_experts": {s: f"{sum(p)}/{len(p)} pass" for s, p in styles.items()}}
+    return {
+        "sft_steps": steps,
+        "sft_nll_first": losses[0],
+        "sft_nll_last": losses[-1],
+        "sft_experts": {s: f"{sum(p)}/{len(p)} pass" for s, p in styles.items()},
+    }
 
 
-def start_engine(run: GagarRun, model: Any, policy_dir: Path, out: Path, version: int) -> tuple[Any, Any, Any]:
+def start_engine(
+    run: GagarRun, model: Any, policy_dir: Path, out: Path, version: int
+) -> tuple[Any, Any, Any]:
     """Publish the current weights, serve them with vLLM, and return (engine, sync, server)."""
     from gagar.rollout.engines.openai_engine import AsyncOpenAIEngine
     from gagar.rollout.engines.server import ServerConfig, VllmServer
@@ -92,9 +133,16 @@ def start_engine(run: GagarRun, model: Any, policy_dir: Path, out: Path, version
 
     serving = out / "policy" / "serving"
     save_hf_checkpoint(model, serving, side_files_from=policy_dir)
-    cfg = ServerConfig(model=serving, max_model_len=run.spec.rollout.agent.max_context_tokens, enforce_eager=True, threads=1)
+    cfg = ServerConfig(
+        model=serving,
+        max_model_len=run.spec.rollout.agent.max_context_tokens,
+        enforce_eager=True,
+        threads=1,
+    )
     server = VllmServer(cfg, out / "logs" / "vllm.log").start()
-    sync = SafetensorsWeightSync([ReplicaClient(server.base_url)], out / "policy" / "versions", serving)
+    sync = SafetensorsWeightSync(
+        [ReplicaClient(server.base_url)], out / "policy" / "versions", serving
+    )
     sync.init()
     return AsyncOpenAIEngine(server.base_url), sync, server
 
@@ -110,12 +158,23 @@ def build_graders(run: GagarRun, factory: Any) -> tuple[Any, Any]:
     from gagar.grader.sandbox_adapter import adapt_factory
 
     if spec.endpoint is None:
-        raise comp.SetupError("spec.grader.endpoint: the embedded runner needs the URL of the grader's model server for the agentic grader")
-    cfg = AgenticConfig(base_url=spec.endpoint, model=spec.model or "grader", deadline_seconds=spec.deadline_seconds, max_turns=spec.max_turns, max_retries=spec.max_retries, fallback=spec.fallback)
+        raise comp.SetupError(
+            "spec.grader.endpoint: the embedded runner needs the URL of the grader's model server for the agentic grader"
+        )
+    cfg = AgenticConfig(
+        base_url=spec.endpoint,
+        model=spec.model or "grader",
+        deadline_seconds=spec.deadline_seconds,
+        max_turns=spec.max_turns,
+        max_retries=spec.max_retries,
+        fallback=spec.fallback,
+    )
     return AgenticGrader(cfg, adapt_factory(factory)), heuristic
 
 
-def build(run: GagarRun, out: Path, console: Console, resume: bool, metrics_port: int | None = None) -> Context:
+def build(
+    run: GagarRun, out: Path, console: Console, resume: bool, metrics_port: int | None = None
+) -> Context:
     spec = run.spec
     comp.check_devices(spec, torch.cuda.is_available())
     torch.manual_seed(spec.algorithm.seed)
@@ -134,10 +193,29 @@ def build(run: GagarRun, out: Path, console: Console, resume: bool, metrics_port
     metrics = Metrics(registry, "trainer", "rollout", "grader", "sandbox")
     grader, fallback = build_graders(run, factory)
     fmt, _ = chat_format(policy_dir)
-    ctx = Context(run, out, factory, train_tasks, held_out, fmt, model, learner, ckpt, sampler, None, None, grader, fallback, metrics, policy_dir)  # type: ignore[arg-type]
+    ctx = Context(
+        run,
+        out,
+        factory,
+        train_tasks,
+        held_out,
+        fmt,
+        model,
+        learner,
+        ckpt,
+        sampler,
+        None,
+        None,
+        grader,
+        fallback,
+        metrics,
+        policy_dir,
+    )  # type: ignore[arg-type]
     ctx.info["warm_start"] = warm
     if resume and restore(ctx):
-        console.print(f"[bold]resumed[/] from the checkpoint of step {ctx.step} (policy version {ctx.version})")
+        console.print(
+            f"[bold]resumed[/] from the checkpoint of step {ctx.step} (policy version {ctx.version})"
+        )
     ctx.engine, ctx.sync, server = start_engine(run, model, policy_dir, out, ctx.version)
     ctx.closers.append(server.stop)
     port = spec.observability.metrics_port if metrics_port is None else metrics_port

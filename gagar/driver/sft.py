@@ -16,7 +16,7 @@ import random
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from gagar.driver.rollouts import RolloutConfig, rollout_one
+from gagar.driver.rollouts import RolloutConfig, Rollouts
 from gagar.rollout.agent import Trajectory
 from gagar.rollout.chat import format_tool_call
 from gagar.rollout.envs.task import Task
@@ -56,15 +56,40 @@ def expert_turns(task: Task, style: Style) -> list[str]:
     tests = format_tool_call("run_tests", {})
     submit = format_tool_call("submit", {})
     if style == "clean":
-        return [view, format_tool_call("edit", {"path": fix.path, "old": fix.old, "new": fix.new}), tests, submit]
-    if style == "bloated":  # the right fix plus an unrequested debugging module: passes, but sprawls
-        helper = fix.path.rsplit("/", 1)[0] + "/debug_helpers.py" if "/" in fix.path else "debug_helpers.py"
-        extra = format_tool_call("create", {"path": helper, "content": "def trace(*args):\n    print('debug:', *args)\n    return args\n"})
-        return [view, format_tool_call("edit", {"path": fix.path, "old": fix.old, "new": fix.new}), extra, tests, submit]
+        return [
+            view,
+            format_tool_call("edit", {"path": fix.path, "old": fix.old, "new": fix.new}),
+            tests,
+            submit,
+        ]
+    if (
+        style == "bloated"
+    ):  # the right fix plus an unrequested debugging module: passes, but sprawls
+        helper = (
+            fix.path.rsplit("/", 1)[0] + "/debug_helpers.py"
+            if "/" in fix.path
+            else "debug_helpers.py"
+        )
+        extra = format_tool_call(
+            "create",
+            {
+                "path": helper,
+                "content": "def trace(*args):\n    print('debug:', *args)\n    return args\n",
+            },
+        )
+        return [
+            view,
+            format_tool_call("edit", {"path": fix.path, "old": fix.old, "new": fix.new}),
+            extra,
+            tests,
+            submit,
+        ]
     if style == "redundant":
         edit = format_tool_call("edit", {"path": fix.path, "old": fix.old, "new": fix.new})
         return [view, view, edit, tests, tests, submit]
-    wrong = format_tool_call("edit", {"path": fix.path, "old": fix.old, "new": fix.old + "  # checked"})
+    wrong = format_tool_call(
+        "edit", {"path": fix.path, "old": fix.old, "new": fix.old + "  # checked"}
+    )
     return [view, wrong, submit]
 
 
@@ -88,21 +113,37 @@ def _styles(n: int, seed: int) -> list[Style]:
     return rng.choices(list(STYLE_WEIGHTS), weights=list(STYLE_WEIGHTS.values()), k=n)
 
 
-async def expert_trajectories(tasks: list[Task], factory: SessionFactory, fmt: Any, eos_id: int, cfg: RolloutConfig, seed: int = 0) -> list[tuple[Style, Trajectory, bool]]:
+async def expert_trajectories(
+    tasks: list[Task],
+    factory: SessionFactory,
+    fmt: Any,
+    eos_id: int,
+    cfg: RolloutConfig,
+    seed: int = 0,
+) -> list[tuple[Style, Trajectory, bool]]:
     """Run one scripted expert per task (styles drawn by weight); returns (style, trajectory, passed)."""
     limiter = asyncio.Semaphore(4)
 
     async def one(task: Task, style: Style) -> tuple[Style, Trajectory, bool]:
         async with limiter:
             engine = ScriptedExpert(expert_turns(task, style), fmt.encode, eos_id)
-            rollout, _ = await rollout_one(task, factory, engine, fmt, cfg, None)
+            rollout, _ = await Rollouts(factory, engine, fmt, cfg).one(task, None)
             return style, rollout.trajectory, rollout.passed
 
     scripted = [t for t in tasks if t.reference_files]
-    return await asyncio.gather(*(one(t, s) for t, s in zip(scripted, _styles(len(scripted), seed), strict=True)))
+    return await asyncio.gather(
+        *(one(t, s) for t, s in zip(scripted, _styles(len(scripted), seed), strict=True))
+    )
 
 
-def sft(learner: Learner, trajectories: list[Trajectory], steps: int, batch_size: int, seed: int = 0, on_step: Any = None) -> list[float]:
+def sft(
+    learner: Learner,
+    trajectories: list[Trajectory],
+    steps: int,
+    batch_size: int,
+    seed: int = 0,
+    on_step: Any = None,
+) -> list[float]:
     """``steps`` updates of maximum likelihood on the generated tokens; returns the NLL per token."""
     usable = [t for t in trajectories if t.valid and t.response_tokens]
     if not usable:
@@ -111,7 +152,10 @@ def sft(learner: Learner, trajectories: list[Trajectory], steps: int, batch_size
     losses = []
     for _ in range(steps):
         batch = rng.sample(usable, min(batch_size, len(usable)))
-        samples = [Sample(t.token_ids, t.loss_mask, t.logprobs, [float(m) for m in t.loss_mask], i) for i, t in enumerate(batch)]
+        samples = [
+            Sample(t.token_ids, t.loss_mask, t.logprobs, [float(m) for m in t.loss_mask], i)
+            for i, t in enumerate(batch)
+        ]
         losses.append(learner.update(samples)["nll"])
         if on_step is not None:
             on_step(len(losses), losses[-1])

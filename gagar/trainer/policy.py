@@ -23,13 +23,15 @@ class MegatronPolicy:
         self.model = model
         self.tensor_parallel = tensor_parallel
 
-    def parameters(self):  # noqa: ANN201 - an iterator of parameters, as nn.Module's
+    def parameters(self):
         return self.model.parameters()
 
     def train(self) -> None:
         self.model.train()
 
-    def token_logprobs(self, input_ids: Tensor, attention_mask: Tensor | None) -> tuple[Tensor, Tensor | None]:
+    def token_logprobs(
+        self, input_ids: Tensor, attention_mask: Tensor | None
+    ) -> tuple[Tensor, Tensor | None]:
         b, t = input_ids.shape
         position_ids = torch.arange(t, device=input_ids.device).expand(b, t)
         if self.tensor_parallel == 1:

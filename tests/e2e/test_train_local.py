@@ -30,13 +30,30 @@ RECORD_KEYS = {
 
 
 def _train(out: Path, *extra: str, manifest: Path = EXAMPLE) -> subprocess.Popen[str]:
-    cmd = [sys.executable, "-m", "gagar.cli", "train", str(manifest), "--out", str(out), "--metrics-port", "0", "--sft-steps", "2", *extra]
-    return subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=ROOT)
+    cmd = [
+        sys.executable,
+        "-m",
+        "gagar.cli",
+        "train",
+        str(manifest),
+        "--out",
+        str(out),
+        "--metrics-port",
+        "0",
+        "--sft-steps",
+        "2",
+        *extra,
+    ]
+    return subprocess.Popen(
+        cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=ROOT
+    )
 
 
 def _steps(out: Path) -> list[int]:
     log = out / "metrics.jsonl"
-    return [json.loads(line)["step"] for line in log.read_text().splitlines()] if log.exists() else []
+    return (
+        [json.loads(line)["step"] for line in log.read_text().splitlines()] if log.exists() else []
+    )
 
 
 def test_local_example_trains_and_reports(tmp_path: Path) -> None:
@@ -62,7 +79,9 @@ def test_sigkill_mid_step_then_the_same_command_resumes(tmp_path: Path) -> None:
     out = tmp_path / "run"
     proc = _train(out, "--steps", "3", "--eval-tasks", "0", manifest=manifest)
     deadline = time.time() + 1200
-    while time.time() < deadline and not (out / "checkpoints" / "step_00000001" / "COMPLETE").exists():
+    while (
+        time.time() < deadline and not (out / "checkpoints" / "step_00000001" / "COMPLETE").exists()
+    ):
         assert proc.poll() is None, proc.stdout.read()[-4000:] if proc.stdout else ""
         time.sleep(0.5)
     time.sleep(3)  # now inside step 2: rollouts on the new weights

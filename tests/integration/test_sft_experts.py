@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from gagar.driver.rollouts import RolloutConfig, rollout_one
+from gagar.driver.rollouts import RolloutConfig, Rollouts
 from gagar.driver.sft import ScriptedExpert, expert_turns, reference_fix
 from gagar.rollout.agent import AgentLimits
 from gagar.rollout.envs import synthetic
@@ -26,19 +26,29 @@ def fmt_and_eos():
     tok = Tokenizer(models.BPE(unk_token="<unk>"))
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
-    tok.train_from_iterator(["def f(x):\n    return x + 1\n"] * 10, trainers.BpeTrainer(vocab_size=300, special_tokens=["<unk>", "<|im_start|>", "<|im_end|>"], initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
+    tok.train_from_iterator(
+        ["def f(x):\n    return x + 1\n"] * 10,
+        trainers.BpeTrainer(
+            vocab_size=300,
+            special_tokens=["<unk>", "<|im_start|>", "<|im_end|>"],
+            initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        ),
+    )
     fast = PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<|im_end|>", unk_token="<unk>")
     fast.chat_template = CHATML
     return HFChatFormat(fast), fast.convert_tokens_to_ids("<|im_end|>")
 
 
-@pytest.mark.parametrize(("style", "passes"), [("clean", True), ("bloated", True), ("redundant", True), ("wrong", False)])
+@pytest.mark.parametrize(
+    ("style", "passes"), [("clean", True), ("bloated", True), ("redundant", True), ("wrong", False)]
+)
 def test_expert_styles(fmt_and_eos, style: str, passes: bool, tmp_path: Path) -> None:
     fmt, eos = fmt_and_eos
     task = synthetic.generate(3)
     cfg = RolloutConfig(AgentLimits(8, 512, 8192), 20, 30)
     engine = ScriptedExpert(expert_turns(task, style), fmt.encode, eos)  # type: ignore[arg-type]
-    rollout, files = asyncio.run(rollout_one(task, LocalFactory(Limits(wall_time_s=20)), engine, fmt, cfg, None))
+    rollouts = Rollouts(LocalFactory(Limits(wall_time_s=20)), engine, fmt, cfg)
+    rollout, files = asyncio.run(rollouts.one(task, None))
     traj = rollout.trajectory
     assert rollout.valid and traj.exit_reason == "submitted"
     assert rollout.passed is passes
@@ -48,4 +58,8 @@ def test_expert_styles(fmt_and_eos, style: str, passes: bool, tmp_path: Path) ->
         assert any(p.endswith("debug_helpers.py") for p in files)
     if style == "clean":
         fix = reference_fix(task)
-        assert fix.path in rollout.patch and traj.flag_counts() == {"redundant": 0, "tool_error": 0, "churn": 0}
+        assert fix.path in rollout.patch and traj.flag_counts() == {
+            "redundant": 0,
+            "tool_error": 0,
+            "churn": 0,
+        }

@@ -26,7 +26,9 @@ def test_make_targets_exist() -> None:
     targets = _commands("make")
     assert {"run", "test"} <= targets
     for target in targets:
-        done = subprocess.run(["make", "-n", target], cwd=ROOT, capture_output=True, text=True, check=False)
+        done = subprocess.run(
+            ["make", "-n", target], cwd=ROOT, capture_output=True, text=True, check=False
+        )
         assert done.returncode == 0, f"make {target}: {done.stderr}"
 
 
