@@ -17,10 +17,8 @@ from __future__ import annotations
 import re
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, StringConstraints, model_validator
+from pydantic import BaseModel, ConfigDict, Field, JsonValue, StringConstraints, model_validator
 from pydantic.alias_generators import to_camel
-
-from gagar import API_GROUP, API_VERSION, KIND
 
 # Child objects are named "<run>-<component>[-<suffix>]" (longest: "<run>-trainer-rdzv", and pods of
 # the indexed Job "<run>-trainer-<index>-<5 random>"); 42 keeps every child name within the 63
@@ -34,8 +32,8 @@ Quantity = Annotated[
 Device = Literal["auto", "cpu", "cuda"]
 
 
-def _cel(rule: str, message: str, field_path: str | None = None) -> dict[str, str]:
-    out = {"rule": rule, "message": message}
+def _cel(rule: str, message: str, field_path: str | None = None) -> JsonValue:
+    out: dict[str, JsonValue] = {"rule": rule, "message": message}
     if field_path:
         out["fieldPath"] = field_path
     return out
@@ -793,9 +791,9 @@ class GagarRun(Model):
     """A GagarRun manifest: ``apiVersion``, ``kind``, ``metadata``, ``spec`` and ``status``."""
 
     api_version: Literal["gagar.dev/v1alpha1"] = Field(
-        default=f"{API_GROUP}/{API_VERSION}", alias="apiVersion"
+        default="gagar.dev/v1alpha1", alias="apiVersion"
     )
-    kind: Literal["GagarRun"] = KIND
+    kind: Literal["GagarRun"] = "GagarRun"
     metadata: ObjectMeta
     spec: GagarRunSpec
     status: GagarRunStatus | None = None
