@@ -9,14 +9,20 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
 import time
 from pathlib import Path
 
+import httpx
 import pytest
 import yaml
+
+from gagar.dashboards import DASHBOARDS, queries
+from tests.integration.test_prometheus import free_port
+from tests.support.tools import system_tool
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLE = ROOT / "examples" / "local.yaml"
@@ -56,10 +62,85 @@ def _steps(out: Path) -> list[int]:
     )
 
 
+def _prometheus(tmp: Path, target_port: int) -> tuple[subprocess.Popen[bytes], str]:
+    config = {
+        "global": {"scrape_interval": "1s"},
+        "scrape_configs": [
+            {
+                "job_name": "gagar",
+                "static_configs": [
+                    {"targets": [f"127.0.0.1:{target_port}"], "labels": {"namespace": "local"}}
+                ],
+            }
+        ],
+    }
+    (tmp / "prometheus.yml").write_text(yaml.safe_dump(config))
+    port = free_port()
+    cmd = [
+        system_tool("prometheus"),
+        f"--config.file={tmp / 'prometheus.yml'}",
+        f"--storage.tsdb.path={tmp / 'tsdb'}",
+        f"--web.listen-address=127.0.0.1:{port}",
+    ]
+    return subprocess.Popen(
+        cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+    ), f"http://127.0.0.1:{port}"
+
+
+def _query(url: str, expr: str, at: float) -> list[dict]:
+    body = httpx.get(f"{url}/api/v1/query", params={"query": expr, "time": at}, timeout=10).json()
+    assert body["status"] == "success", body
+    return body["data"]["result"]
+
+
+def _dashboards_against(url: str, at: float) -> tuple[set[str], list[str]]:
+    """Metric names Prometheus scraped from the run, and the dashboard queries over only those
+    names that nevertheless returned nothing."""
+    scraped = {
+        r["metric"]["__name__"] for r in _query(url, '{__name__=~"gagar_.*", run="local"}', at)
+    }
+    empty = []
+    for build in DASHBOARDS:
+        for expr in queries(build()):
+            names = set(re.findall(r"gagar_[a-z0-9_]+", expr))
+            base = {re.sub(r"_(bucket|sum|count)$", "", n) for n in scraped}
+            if names and names <= (
+                scraped
+                | base
+                | {n + suffix for n in base for suffix in ("_bucket", "_sum", "_count")}
+            ):
+                rendered = (
+                    expr.replace("$namespace", "local")
+                    .replace("$run", "local")
+                    .replace("$__rate_interval", "30s")
+                )
+                if "pool=" not in expr and not _query(url, rendered, at):
+                    empty.append(expr)
+    return scraped, empty
+
+
 def test_local_example_trains_and_reports(tmp_path: Path) -> None:
-    proc = _train(tmp_path, "--steps", "2", "--eval-tasks", "2")
-    output, _ = proc.communicate(timeout=1500)
-    assert proc.returncode == 0, output[-4000:]
+    metrics_port = free_port()
+    prom, url = _prometheus(tmp_path, metrics_port)
+    try:
+        proc = _train(tmp_path / "run", "--steps", "2", "--eval-tasks", "2", port=metrics_port)
+        output, _ = proc.communicate(timeout=1500)
+        assert proc.returncode == 0, output[-4000:]
+        # a real Prometheus scraped the real run: the dashboards' queries over what it exported work
+        at = (tmp_path / "run" / "metrics.jsonl").stat().st_mtime + 3
+        scraped, empty = _dashboards_against(url, at)
+    finally:
+        prom.terminate()
+        prom.wait(30)
+    assert {
+        "gagar_trainer_step",
+        "gagar_pass_rate_ratio",
+        "gagar_advantage_bucket",
+        "gagar_gradient_variance",
+        "gagar_tokens_per_second",
+    } <= scraped
+    assert empty == []
+    tmp_path = tmp_path / "run"
     assert _steps(tmp_path) == [1, 2]
     records = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
     assert RECORD_KEYS <= set(records[-1]), RECORD_KEYS - set(records[-1])

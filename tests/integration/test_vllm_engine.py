@@ -212,3 +212,27 @@ def test_vllm_trainer_factory_drives_the_same_backend(servers, trainer, tmp_path
     assert engine.policy_version() == ["7"]
     out = engine.generate(PROMPTS, SamplingParams(max_tokens=4, seed=9))
     assert max_gap(trainer, [c for g in out for c in g]) < TOL
+
+
+def test_agentic_grader_against_a_real_vllm_model_never_passes_on_a_bad_ranking(servers, tmp_path):
+    """The agentic grader talks to a real model served by vLLM on the CPU, its tools run in a real
+    bubblewrap session. A random tiny model cannot produce a valid ranking: the grader must spend
+    real tokens, retry, and then fall back to the heuristic ranking, never return a bad one."""
+    import asyncio
+
+    from gagar.grader.agentic import AgenticConfig, AgenticGrader
+    from gagar.grader.sample import sample_group
+    from gagar.grader.sandbox_adapter import adapt_factory
+    from gagar.sandbox import SandboxError
+    from gagar.sandbox.local import LocalFactory
+
+    group = sample_group()
+    config = AgenticConfig(
+        base_url=f"{servers[0].base_url}/v1", model="policy", deadline_seconds=240, max_turns=3,
+        max_retries=1, max_tokens=64, fallback="heuristic",
+    )  # fmt: skip
+    grader = AgenticGrader(config, adapt_factory(LocalFactory(), (SandboxError,)), tmp_path)
+    ranking = asyncio.run(grader.grade(group))
+    assert ranking.usage.prompt_tokens > 0 and ranking.usage.completion_tokens > 0, "real model calls"
+    assert ranking.grader == "heuristic" and ranking.fallback in {"unusable_ranking", "timeout"}
+    assert ranking.check_complete(group.passes()) is None
