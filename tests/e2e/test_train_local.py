@@ -35,21 +35,11 @@ RECORD_KEYS = {
 }  # fmt: skip
 
 
-def _train(out: Path, *extra: str, manifest: Path = EXAMPLE) -> subprocess.Popen[str]:
-    cmd = [
-        sys.executable,
-        "-m",
-        "gagar.cli",
-        "train",
-        str(manifest),
-        "--out",
-        str(out),
-        "--metrics-port",
-        "0",
-        "--sft-steps",
-        "2",
-        *extra,
-    ]
+def _train(
+    out: Path, *extra: str, manifest: Path = EXAMPLE, port: int = 0
+) -> subprocess.Popen[str]:
+    cmd = [sys.executable, "-m", "gagar.cli", "train", str(manifest), "--out", str(out)]
+    cmd += ["--metrics-port", str(port), "--sft-steps", "2", *extra]
     return subprocess.Popen(
         cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=ROOT
     )
