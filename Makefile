@@ -53,5 +53,7 @@ bench: ## Run the benchmarks (print tables, write JSON under bench/results/)
 	$(PYTHON) bench/sandbox.py
 	$(PYTHON) bench/engine.py
 	$(PYTHON) bench/grader.py
+	$(PYTHON) bench/model.py
+	$(PYTHON) bench/train_step.py
 
 .PHONY: help install run test test-slow lint format crd check-generated helm-lint bench

@@ -1,0 +1,121 @@
+"""Platform overhead of one training step: gagar's learner on the Megatron-Core policy against a
+plain PyTorch loop (transformers' LlamaForCausalLM, the same weights, batch and optimizer), in the
+same process. Prints a table and writes bench/results/train_step.json.
+
+    python bench/train_step.py [--batch 8] [--seq 512] [--micro 4] [--repeats 3]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+from rich.console import Console
+from rich.table import Table
+
+from gagar.driver.setup import build_model
+from gagar.trainer.learner import Learner, LearnerConfig, Sample
+from gagar.trainer.loss import LossConfig
+from gagar.trainer.model.presets import create_preset
+from gagar.trainer.policy import MegatronPolicy
+
+RESULTS = Path(__file__).resolve().parent / "results"
+
+
+def _batch(vocab: int, batch: int, seq: int) -> list[Sample]:
+    g = torch.Generator().manual_seed(0)
+    out = []
+    for i in range(batch):
+        ids = torch.randint(0, vocab, (seq,), generator=g).tolist()
+        mask = [0] * (seq // 4) + [1] * (seq - seq // 4)
+        out.append(Sample(ids, mask, [0.0] * seq, [1.0 if i % 2 else -1.0] * seq, i // 2))
+    return out
+
+
+def _plain_step(
+    model: torch.nn.Module, opt: torch.optim.Optimizer, samples: list[Sample], micro: int
+) -> None:
+    """The same loss (token-mean policy gradient at ratio 1) written the plain way."""
+    opt.zero_grad()
+    total = sum(sum(s.loss_mask) for s in samples)
+    for start in range(0, len(samples), micro):
+        chunk = samples[start : start + micro]
+        ids = torch.tensor([s.token_ids for s in chunk])
+        mask = torch.tensor([s.loss_mask for s in chunk], dtype=torch.bool)[:, 1:]
+        adv = torch.tensor([s.advantages for s in chunk])[:, 1:]
+        logits = model(input_ids=ids).logits[:, :-1].float()
+        logp = torch.log_softmax(logits, -1).gather(-1, ids[:, 1:, None]).squeeze(-1)
+        loss = -(torch.where(mask, adv * torch.exp(logp - logp.detach()), 0)).sum() / total
+        loss.backward()
+    torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+    opt.step()
+
+
+def _time(fn, repeats: int) -> list[float]:
+    fn()  # warm-up
+    times = []
+    for _ in range(repeats):
+        t = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t)
+    return times
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--batch", type=int, default=8)
+    parser.add_argument("--seq", type=int, default=512)
+    parser.add_argument("--micro", type=int, default=4)
+    parser.add_argument("--repeats", type=int, default=3)
+    args = parser.parse_args()
+    from transformers import LlamaForCausalLM
+
+    folder = Path(tempfile.mkdtemp()) / "tiny"
+    create_preset("tiny", folder)
+    samples = _batch(4096, args.batch, args.seq)
+    megatron = build_model(folder)
+    learner = Learner(
+        MegatronPolicy(megatron),
+        torch.optim.AdamW(megatron.parameters(), lr=1e-5),
+        LearnerConfig(args.micro, 1.0, LossConfig(agg_mode="token-mean")),
+    )
+    plain = LlamaForCausalLM.from_pretrained(folder, torch_dtype=torch.float32)
+    plain_opt = torch.optim.AdamW(plain.parameters(), lr=1e-5)
+    gagar_t = _time(lambda: learner.update(samples), args.repeats)
+    plain_t = _time(lambda: _plain_step(plain, plain_opt, samples, args.micro), args.repeats)
+    tokens = sum(len(s.token_ids) for s in samples)
+    rows = {"gagar learner (Megatron-Core)": gagar_t, "plain PyTorch (transformers)": plain_t}
+    table = Table(
+        title=f"one training step: {args.batch} × {args.seq} tokens, micro-batch {args.micro}"
+    )
+    for col in ("implementation", "median s", "tokens/s", "ratio vs plain"):
+        table.add_column(col)
+    base = statistics.median(plain_t)
+    result = {
+        "batch": args.batch,
+        "seq": args.seq,
+        "micro": args.micro,
+        "threads": torch.get_num_threads(),
+        "rows": {},
+    }
+    for name, times in rows.items():
+        med = statistics.median(times)
+        table.add_row(name, f"{med:.3f}", f"{tokens / med:.0f}", f"{med / base:.2f}×")
+        result["rows"][name] = {
+            "median_seconds": med,
+            "all_seconds": times,
+            "tokens_per_second": tokens / med,
+            "ratio_vs_plain": med / base,
+        }
+    Console().print(table)
+    RESULTS.mkdir(exist_ok=True)
+    (RESULTS / "train_step.json").write_text(json.dumps(result, indent=2))
+
+
+if __name__ == "__main__":
+    main()
