@@ -125,7 +125,7 @@ def test_local_example_trains_and_reports(tmp_path: Path) -> None:
     assert {
         "gagar_trainer_step",
         "gagar_pass_rate_ratio",
-        "gagar_advantage_bucket",
+        "gagar_advantage_abs_max",
         "gagar_gradient_variance",
         "gagar_tokens_per_second",
     } <= scraped
