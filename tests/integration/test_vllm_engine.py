@@ -215,9 +215,11 @@ def test_vllm_trainer_factory_drives_the_same_backend(servers, trainer, tmp_path
 
 
 def test_agentic_grader_against_a_real_vllm_model_never_passes_on_a_bad_ranking(servers, tmp_path):
-    """The agentic grader talks to a real model served by vLLM on the CPU, its tools run in a real
-    bubblewrap session. A random tiny model cannot produce a valid ranking: the grader must spend
-    real tokens, retry, and then fall back to the heuristic ranking, never return a bad one."""
+    """The agentic grader talks to a real vLLM server on the CPU (its tools run in a real bubblewrap
+    session). Whatever the real server does with the request — this tiny random model cannot rank,
+    and its 2048-token context and test server without a tool-call parser may reject the request
+    outright — the grader must fall back to a complete heuristic ranking with the reason recorded,
+    never return a bad one."""
     import asyncio
 
     from gagar.grader.agentic import AgenticConfig, AgenticGrader
@@ -233,6 +235,10 @@ def test_agentic_grader_against_a_real_vllm_model_never_passes_on_a_bad_ranking(
     )  # fmt: skip
     grader = AgenticGrader(config, adapt_factory(LocalFactory(), (SandboxError,)), tmp_path)
     ranking = asyncio.run(grader.grade(group))
-    assert ranking.usage.prompt_tokens > 0 and ranking.usage.completion_tokens > 0, "real model calls"
-    assert ranking.grader == "heuristic" and ranking.fallback in {"unusable_ranking", "timeout"}
+    assert ranking.grader == "heuristic" and ranking.fallback is not None
+    assert "agentic grader failed" in ranking.detail
+    if ranking.fallback == "grader_error":  # the real server refused: its answer is in the detail
+        assert servers[0].base_url.split("//")[1] in ranking.detail
+    else:  # it answered: real tokens were spent on the way to the fallback
+        assert ranking.usage.prompt_tokens > 0
     assert ranking.check_complete(group.passes()) is None
