@@ -10,11 +10,12 @@ from __future__ import annotations
 
 import contextlib
 import pathlib
-import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
 import yaml
+
+from .emulator import poll_until
 
 
 class RealCluster:
@@ -105,11 +106,4 @@ class RealCluster:
     def wait_for(
         self, condition: Callable[[], Any], timeout: float = 60.0, interval: float = 0.2
     ) -> Any:
-        deadline = time.monotonic() + timeout
-        while True:
-            result = condition()
-            if result:
-                return result
-            if time.monotonic() > deadline:
-                raise TimeoutError(f"condition not met within {timeout} s: {condition}")
-            time.sleep(interval)
+        return poll_until(condition, timeout, interval)

@@ -29,6 +29,18 @@ from .server import Server
 from .store import Store, WriteOptions
 
 
+def poll_until(condition: Callable[[], Any], timeout: float, interval: float) -> Any:
+    """Poll ``condition`` until it returns something truthy; raise ``TimeoutError`` otherwise."""
+    deadline = time.monotonic() + timeout
+    while True:
+        result = condition()
+        if result:
+            return result
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"condition not met within {timeout} s: {condition}")
+        time.sleep(interval)
+
+
 class KubeEmulator:
     emulated = True
 
@@ -267,11 +279,4 @@ class KubeEmulator:
         self, condition: Callable[[], Any], timeout: float = 10.0, interval: float = 0.02
     ) -> Any:
         """Poll ``condition`` until it returns something truthy; raise ``TimeoutError`` otherwise."""
-        deadline = time.monotonic() + timeout
-        while True:
-            result = condition()
-            if result:
-                return result
-            if time.monotonic() > deadline:
-                raise TimeoutError(f"condition not met within {timeout} s: {condition}")
-            time.sleep(interval)
+        return poll_until(condition, timeout, interval)
