@@ -79,7 +79,7 @@ async def _main(ctx, out: Path, console: Console, args: argparse.Namespace) -> i
             console=console,
         ) as bar:
             task = bar.add_task("", total=total, completed=ctx.step)
-            while ctx.step < total:
+            while ctx.step < total and not args.eval_only:
                 record = await rl_step(ctx)
                 bar.update(task, completed=ctx.step, description=summary_line(record))
         evaluation = await evaluate(ctx, ctx.held_out[: args.eval_tasks]) if args.eval_tasks else {}
@@ -119,5 +119,10 @@ def register(sub: argparse._SubParsersAction) -> None:
     )
     p.add_argument(
         "--eval-tasks", type=int, default=16, help="held-out tasks evaluated at the end (0 skips)"
+    )
+    p.add_argument(
+        "--eval-only",
+        action="store_true",
+        help="no RL steps: warm-start (or resume), evaluate the held-out tasks, write the report",
     )
     p.set_defaults(func=_train)

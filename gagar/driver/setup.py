@@ -77,6 +77,11 @@ def chat_format(policy_dir: Path) -> tuple[HFChatFormat, int]:
     return HFChatFormat(tokenizer), int(tokenizer.convert_tokens_to_ids(tokenizer.eos_token))
 
 
+# Scripted experts run on at most this many training tasks (one trajectory each, a few seconds of
+# sandbox time apiece); more distinct tasks teach the edit better than more passes over few.
+SFT_EXPERT_TASKS = 64
+
+
 def warm_start(
     run: GagarRun, model: Any, policy_dir: Path, factory: Any, tasks: list[Any], console: Console
 ) -> dict[str, Any]:
@@ -85,7 +90,12 @@ def warm_start(
     fmt, eos = chat_format(policy_dir)
     trajs = asyncio.run(
         expert_trajectories(
-            tasks[:24], factory, fmt, eos, rollout_config(run), seed=run.spec.algorithm.seed
+            tasks[:SFT_EXPERT_TASKS],
+            factory,
+            fmt,
+            eos,
+            rollout_config(run),
+            seed=run.spec.algorithm.seed,
         )
     )
     learner = build_learner(run, model, loss_mode="token-mean")
