@@ -82,7 +82,9 @@ class ModelSpec(Model):
     tokenizer: str | None = None
     """Tokenizer location when it is not stored with the checkpoint."""
     dtype: Literal["float32", "bfloat16", "float16"] = "bfloat16"
-    """Parameter and compute dtype of the trainer (CPU runs use float32 regardless)."""
+    """Compute dtype of the trainer. On GPU, parameters and compute; on CPU, parameters stay
+    float32 and ``bfloat16``/``float16`` is the autocast dtype of the forward and backward
+    (mixed precision: float32 master weights, float32 log-probabilities and loss)."""
     num_experts: int | None = Field(default=None, ge=1)
     """Routed experts per MoE layer, for validating ``trainer.parallelism.expert`` before the
     checkpoint is read; the trainer checks it again against the checkpoint's config."""

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import random
 from pathlib import Path
+from typing import Any
 
 from gagar.rollout.envs import humaneval, synthetic
 from gagar.rollout.envs.task import Task, load_tasks
@@ -36,6 +37,15 @@ def check_devices(spec: GagarRunSpec, cuda_available: bool) -> None:
             f"spec.trainer: the embedded runner trains in one process; nodes × processesPerNode = "
             f"{spec.trainer.world_size} needs the cluster (kubectl apply) or torchrun"
         )
+
+
+def compute_autocast(spec: GagarRunSpec, model: Any) -> Any:
+    """Mixed precision for a float32-parameter trainer: ``spec.model.dtype`` as autocast dtype."""
+    import torch
+
+    wanted = {"bfloat16": torch.bfloat16, "float16": torch.float16}.get(spec.model.dtype)
+    params = next(model.parameters()).dtype
+    return wanted if wanted is not None and params == torch.float32 else None
 
 
 def prepare_policy(model: ModelSpec, run_dir: Path) -> Path:

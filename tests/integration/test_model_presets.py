@@ -107,6 +107,40 @@ def test_tiny_preset_converts_to_megatron_with_matching_logits(tiny: Path, one_r
     assert diff.item() <= 1e-4
 
 
+def test_cpu_mixed_precision_keeps_float32_weights_and_close_logprobs(
+    tiny: Path, one_rank: None
+) -> None:
+    """``spec.model.dtype: bfloat16`` on CPU: float32 master weights, bf16 autocast compute."""
+    from gagar.driver.components import compute_autocast
+    from gagar.manifest import load_run
+    from gagar.trainer.policy import MegatronPolicy
+
+    model = build_model(read_config(tiny))
+    load_hf_into_megatron(model, tiny)
+    run = load_run(Path(__file__).resolve().parents[2] / "examples" / "local.yaml")
+    bf16 = run.model_copy(
+        update={
+            "spec": run.spec.model_copy(
+                update={"model": run.spec.model.model_copy(update={"dtype": "bfloat16"})}
+            )
+        }
+    )
+    fp32 = run.model_copy(
+        update={
+            "spec": run.spec.model_copy(
+                update={"model": run.spec.model.model_copy(update={"dtype": "float32"})}
+            )
+        }
+    )
+    assert compute_autocast(bf16.spec, model) is torch.bfloat16
+    assert compute_autocast(fp32.spec, model) is None
+    ids = torch.randint(0, 4096, (2, 64), generator=torch.Generator().manual_seed(0))
+    exact, _ = MegatronPolicy(model).token_logprobs(ids, None)
+    mixed, _ = MegatronPolicy(model, autocast=torch.bfloat16).token_logprobs(ids, None)
+    assert mixed.dtype == torch.float32 and next(model.parameters()).dtype == torch.float32
+    assert 0 < (mixed - exact).abs().max().item() < 0.1  # really bf16, and close
+
+
 def test_tokenizer_trains_on_given_texts() -> None:
     texts = ["frobnicate_widget(x) " * 50, "plain words here " * 20]
     tok = train_tokenizer(texts, vocab_size=400)
