@@ -64,9 +64,11 @@ def build_learner(run: GagarRun, model: Any, loss_mode: str | None = None) -> Le
         max_len=run.spec.rollout.agent.max_context_tokens, tis_cap=lo.truncated_is_cap, kl_coef=lo.kl.coef, kl_estimator=lo.kl.estimator,
     )  # fmt: skip
     return Learner(
-        MegatronPolicy(model, autocast=comp.compute_autocast(run.spec, model)),
+        MegatronPolicy(model),
         optimizer,
-        LearnerConfig(alg.micro_batch_size, o.grad_clip, loss),
+        LearnerConfig(
+            alg.micro_batch_size, o.grad_clip, loss, comp.compute_autocast(run.spec, model)
+        ),
     )
 
 

@@ -13,10 +13,11 @@ rollout engine's log-probs enter through the optional truncated importance corre
 
 from __future__ import annotations
 
+import contextlib
 import math
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Any, Protocol
 
 import torch
 from torch import Tensor
@@ -59,6 +60,10 @@ class LearnerConfig:
     micro_batch_size: int
     grad_clip: float = 1.0
     loss: LossConfig = field(default_factory=LossConfig)
+    autocast: torch.dtype | None = None
+    """Mixed precision for float32 parameters: forward *and* backward run under
+    ``torch.autocast`` (Megatron's linear layers are custom autograd functions whose backward
+    matmuls need it too); log-probabilities, the loss and the gradients stay float32."""
 
 
 def _pad(rows: list[list[float]] | list[list[int]], width: int, dtype: torch.dtype) -> Tensor:
@@ -160,10 +165,16 @@ class Learner:
         )
         return totals
 
+    def _precision(self, like: Tensor) -> Any:
+        if self.cfg.autocast is None:
+            return contextlib.nullcontext()
+        return torch.autocast(like.device.type, dtype=self.cfg.autocast)
+
     def _micro_step(
         self, batch: _MicroBatch, counts: GlobalCounts
     ) -> tuple[Tensor, dict[str, Tensor]]:
-        logp, entropy = self.model.token_logprobs(batch.input_ids, batch.attention)
+        with self._precision(batch.input_ids):
+            logp, entropy = self.model.token_logprobs(batch.input_ids, batch.attention)
         policy = PolicyBatch(
             logp=logp,
             old_logp=logp.detach(),
@@ -173,7 +184,8 @@ class Learner:
             rollout_logp=batch.rollout_logp,
         )
         loss, metrics = policy_loss(policy, counts, self.cfg.loss)
-        loss.backward()
+        with self._precision(batch.input_ids):
+            loss.backward()
         metrics["nll"] = -torch.where(batch.mask, logp.detach(), 0).sum() / counts.num_tokens
         if entropy is not None:
             metrics["entropy"] = (

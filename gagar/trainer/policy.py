@@ -4,10 +4,6 @@ Megatron's ``GPTModel`` returns vocab-parallel logits under tensor parallelism; 
 computes the vocab-parallel cross entropy itself, which is ``-log π(label)`` gathered correctly
 across tensor-parallel ranks. With TP = 1 we take the full logits instead, so that the entropy
 metric is available too.
-
-``autocast``: mixed precision for float32 parameters (the CPU trainer keeps float32 master weights
-and runs the forward/backward matmuls in bfloat16 through oneDNN/AMX, about 3x faster on this
-machine's Xeon); log-probabilities and the loss are always computed in float32.
 """
 
 from __future__ import annotations
@@ -23,12 +19,9 @@ from gagar.trainer.learner import causal_lm_logprobs
 class MegatronPolicy:
     """``token_logprobs(input_ids, attention_mask)`` over a (possibly sharded) ``GPTModel``."""
 
-    def __init__(
-        self, model: Any, tensor_parallel: int = 1, autocast: torch.dtype | None = None
-    ) -> None:
+    def __init__(self, model: Any, tensor_parallel: int = 1) -> None:
         self.model = model
         self.tensor_parallel = tensor_parallel
-        self.autocast = autocast
 
     def parameters(self):
         return self.model.parameters()
@@ -39,12 +32,6 @@ class MegatronPolicy:
     def token_logprobs(
         self, input_ids: Tensor, attention_mask: Tensor | None
     ) -> tuple[Tensor, Tensor | None]:
-        if self.autocast is not None:
-            with torch.autocast(input_ids.device.type, dtype=self.autocast):
-                return self._token_logprobs(input_ids)
-        return self._token_logprobs(input_ids)
-
-    def _token_logprobs(self, input_ids: Tensor) -> tuple[Tensor, Tensor | None]:
         b, t = input_ids.shape
         position_ids = torch.arange(t, device=input_ids.device).expand(b, t)
         if self.tensor_parallel == 1:
