@@ -96,8 +96,34 @@ async def _main(ctx, out: Path, console: Console, args: argparse.Namespace) -> i
         console.print("[yellow]interrupted[/]: writing a checkpoint of the last completed step")
         save_checkpoint(ctx)
         return 130
+    except Exception as err:  # an engine that died, a sandbox host that failed, a disk that filled
+        _explain_failure(ctx, out, console, err)
+        return 1
     finally:
         close(ctx)
+
+
+def _explain_failure(ctx, out: Path, console: Console, err: Exception) -> None:
+    """One clear message (the vLLM server's own exit if that is the cause), the traceback in a
+    log, and where the run stands: a failed step is never recorded, so re-running resumes."""
+    import traceback
+
+    log = out / "logs" / "error.log"
+    log.parent.mkdir(parents=True, exist_ok=True)
+    log.write_text(traceback.format_exc())
+    cause = f"{type(err).__name__}: {err}"
+    server = ctx.info.get("engine_server")
+    if server is not None:
+        try:
+            server.check_alive()
+        except Exception as dead:  # VllmServerError, with the exit code and the log
+            cause = str(dead).splitlines()[0]
+    done = ctx.ckpt.complete()
+    console.print(
+        f"[red]step {ctx.step + 1} failed[/]: {cause}\n"
+        f"nothing of that step was recorded (traceback: {log}); the newest complete checkpoint "
+        f"is of step {done[-1].step if done else 0}: re-run the same command to resume from it"
+    )
 
 
 def register(sub: argparse._SubParsersAction) -> None:

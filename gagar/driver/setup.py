@@ -232,6 +232,7 @@ def build(
         )
     ctx.engine, ctx.sync, server = start_engine(run, model, policy_dir, out, ctx.version)
     ctx.closers.append(server.stop)
+    ctx.info["engine_server"] = server  # to tell a dead engine from other failures
     port = spec.observability.metrics_port if metrics_port is None else metrics_port
     server_http, _ = start_http_server(port, addr="127.0.0.1", registry=registry)
     ctx.info["metrics_port"] = server_http.server_port

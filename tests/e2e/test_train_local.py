@@ -142,7 +142,7 @@ def test_local_example_trains_and_reports(tmp_path: Path) -> None:
     assert (tmp_path / "policy" / "versions").exists()
 
 
-def test_sigkill_mid_step_then_the_same_command_resumes(tmp_path: Path) -> None:
+def test_sigkill_mid_step_resumes_and_a_dead_engine_is_a_clear_error(tmp_path: Path) -> None:
     manifest = tmp_path / "run.yaml"
     doc = yaml.safe_load(EXAMPLE.read_text())
     doc["spec"]["trainer"]["checkpoint"]["intervalSteps"] = 1
@@ -160,7 +160,24 @@ def test_sigkill_mid_step_then_the_same_command_resumes(tmp_path: Path) -> None:
     proc.wait()
     assert _steps(out)[:1] == [1]
     again = _train(out, "--steps", "3", "--eval-tasks", "0", manifest=manifest)
-    output, _ = again.communicate(timeout=1500)
-    assert again.returncode == 0, output[-4000:]
+    # the resumed run does step 2; then its engine dies in the middle of step 3
+    while (
+        time.time() < deadline and not (out / "checkpoints" / "step_00000002" / "COMPLETE").exists()
+    ):
+        assert again.poll() is None, again.stdout.read()[-4000:] if again.stdout else ""
+        time.sleep(0.5)
+    time.sleep(3)
+    serving = str(out / "policy" / "serving")
+    found = subprocess.run(["pgrep", "-f", serving], capture_output=True, text=True, check=False)
+    assert found.stdout.split(), "the run's vLLM server is running"
+    for pid in {os.getpgid(int(p)) for p in found.stdout.split()}:
+        os.killpg(pid, signal.SIGKILL)  # the server and its engine core
+    output, _ = again.communicate(timeout=900)
     assert "resumed" in output
-    assert _steps(out) == [1, 2, 3], "every step exactly once"
+    assert again.returncode == 1, output[-4000:]
+    message = " ".join(output.split())
+    assert "step 3 failed" in message and "vLLM exited" in message, output[-4000:]
+    assert "newest complete checkpoint is of step 2" in message
+    assert _steps(out) == [1, 2], "every completed step exactly once; the failed one not at all"
+    assert (out / "logs" / "error.log").read_text().startswith("Traceback")
+    assert not (out / "checkpoints" / "step_00000003").exists()
