@@ -127,7 +127,9 @@ def megatron_data_parallel() -> GroupDataParallel:
         return bool(param_is_not_tensor_parallel_duplicate(p))
 
     def first_copy(p: Param) -> bool:
-        dp_rank = ps.get_expert_data_parallel_rank() if _is_expert(p) else ps.get_data_parallel_rank()
+        dp_rank = (
+            ps.get_expert_data_parallel_rank() if _is_expert(p) else ps.get_data_parallel_rank()
+        )
         return dp_rank == 0 and counted(p)
 
     size = ps.get_data_parallel_world_size()
