@@ -51,12 +51,28 @@ class ConfigError(ValueError):
     """The run's configuration is unusable here; the message names the file, variable or field."""
 
 
+# Set by gagar.driver.launch for its workers: a worker that gives up for good writes its reason
+# there before it exits, so the launcher knows even when torchrun saw another rank fail first
+# (a peer whose collective broke when this rank went away) and stopped this one.
+PERMANENT_MARKER = "GAGAR_PERMANENT_MARKER"
+
+
 def exit_permanent(env: Mapping[str, str] | None = None) -> int:
     env = os.environ if env is None else env
     try:
         return int(env.get("GAGAR_EXIT_PERMANENT", EXIT_PERMANENT))
     except ValueError:
         return EXIT_PERMANENT
+
+
+def give_up(reason: str) -> int:
+    """Log why the run cannot go on, leave the launcher's marker, return the permanent code."""
+    code = exit_permanent()
+    log.error("the run cannot go on (exit %d, not retried): %s", code, reason)
+    marker = os.environ.get(PERMANENT_MARKER)
+    if marker:
+        Path(marker).write_text(reason)
+    return code
 
 
 def load_config(config_dir: Path) -> GagarRun:
@@ -239,22 +255,28 @@ def replica_urls(slices: list[dict[str, Any]], port_name: str = "http") -> list[
 
 
 def discover_replicas(cluster: Cluster, api: Any | None) -> list[str]:
-    """Every rollout replica to load weights into: fixed URLs, else the Service's EndpointSlices,
-    else the rollout URL itself (one server, e.g. ``spec.rollout.endpoint``)."""
+    """Every rollout replica to load weights into: fixed URLs, else the ready endpoints of the
+    pool's Service, else the rollout URL itself (``spec.rollout.endpoint``, or no API access)."""
     if cluster.rollout_replicas:
         return list(cluster.rollout_replicas)
     namespace = namespace_of(cluster)
-    if api is not None and cluster.rollout_service and namespace:
-        from kubernetes import client
-
-        found = client.DiscoveryV1Api(api).list_namespaced_endpoint_slice(
-            namespace, label_selector=f"kubernetes.io/service-name={cluster.rollout_service}"
+    if cluster.rollout_service is None:
+        return [cluster.rollout_url]
+    if api is None or namespace is None:
+        # Each control call could reach another replica through the Service: right only for one.
+        log.warning(
+            "cannot list the replicas of %s: syncing through the Service", cluster.rollout_service
         )
-        urls = replica_urls(api.sanitize_for_serialization(found).get("items", []))
-        if urls:
-            return urls
-        log.warning("no ready endpoints behind Service %s yet", cluster.rollout_service)
-    return [cluster.rollout_url]
+        return [cluster.rollout_url]
+    from kubernetes import client
+
+    found = client.DiscoveryV1Api(api).list_namespaced_endpoint_slice(
+        namespace, label_selector=f"kubernetes.io/service-name={cluster.rollout_service}"
+    )
+    urls = replica_urls(api.sanitize_for_serialization(found).get("items", []))
+    if not urls:  # transient: the Service answered a moment ago (the trainer waits for it first)
+        raise RuntimeError(f"no ready endpoints behind Service {cluster.rollout_service}")
+    return urls
 
 
 class ReplicaSync:

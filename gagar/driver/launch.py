@@ -8,17 +8,27 @@ failure policy fails the run at once only on ``GAGAR_EXIT_PERMANENT``. So this l
 checks the configuration (an invalid GagarRun exits with ``GAGAR_EXIT_PERMANENT`` before any
 worker starts), then runs torchrun's launcher in this process and exits with
 ``GAGAR_EXIT_PERMANENT`` when any worker did (torchrun stops the other workers of a failed group
-itself), 1 for any other failure, 0 when every worker finished.
+itself), 1 for any other failure, 0 when every worker finished. A worker that gives up also
+leaves a marker file (``GAGAR_PERMANENT_MARKER``, set here): when that rank's exit broke a peer's
+collective, torchrun may see the peer fail first and stop the rank before its exit code is in.
 """
 
 from __future__ import annotations
 
 import logging
 import os
+import shutil
 import sys
+import tempfile
 from pathlib import Path
 
-from gagar.driver.cluster import ConfigError, exit_permanent, load_config, resolve
+from gagar.driver.cluster import (
+    PERMANENT_MARKER,
+    ConfigError,
+    exit_permanent,
+    load_config,
+    resolve,
+)
 
 log = logging.getLogger("gagar.launch")
 
@@ -33,9 +43,9 @@ def config_dir(argv: list[str]) -> Path | None:
     return None
 
 
-def exit_code(worker_codes: list[int], permanent: int) -> int:
-    """The pod's exit code from its failed workers' codes."""
-    return permanent if permanent in worker_codes else 1
+def exit_code(worker_codes: list[int], permanent: int, marked: bool = False) -> int:
+    """The pod's exit code from its failed workers' codes (and whether one left the marker)."""
+    return permanent if marked or permanent in worker_codes else 1
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -53,13 +63,18 @@ def main(argv: list[str] | None = None) -> int:
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.run import parse_args, run
 
+    marker = Path(tempfile.mkdtemp(prefix="gagar-launch-")) / "permanent"
+    os.environ[PERMANENT_MARKER] = str(marker)  # the workers inherit it
     try:
         run(parse_args(argv))
     except ChildFailedError as err:
         codes = [failure.exitcode for failure in err.failures.values()]
-        code = exit_code(codes, permanent)
-        log.error("trainer workers failed with exit codes %s: exit %d", codes, code)
+        code = exit_code(codes, permanent, marker.exists())
+        reason = f" ({marker.read_text()})" if marker.exists() else ""
+        log.error("trainer workers failed with exit codes %s%s: exit %d", codes, reason, code)
         return code
+    finally:
+        shutil.rmtree(marker.parent, ignore_errors=True)
     return 0
 
 

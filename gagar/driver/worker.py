@@ -39,7 +39,7 @@ from gagar.driver.cluster import (
     ConfigError,
     ProgressReporter,
     ReplicaSync,
-    exit_permanent,
+    give_up,
     kube_api,
     load_config,
     now,
@@ -293,24 +293,19 @@ def main(argv: list[str] | None = None) -> int:
     )
     args = parser.parse_args(argv)
     _logging()
-    permanent = exit_permanent()
     try:
         run = load_config(Path(args.config_dir))
         cluster = resolve(os.environ, run)
     except ConfigError as err:
-        log.error("invalid configuration (exit %d, not retried): %s", permanent, err)
-        return permanent
+        return give_up(f"invalid configuration: {err}")
     try:
         rank = start(run, cluster)
-        ctx = context(rank) if rank.team.leader else None
-    except _permanent_errors() as err:
-        log.error("the run cannot start (exit %d, not retried): %s", permanent, err)
-        return permanent
-    try:
-        if ctx is None:
+        if not rank.team.leader:
             rank.team.follow()
             return 0
-        return lead(rank, ctx)
+        return lead(rank, context(rank))
+    except _permanent_errors() as err:  # at start, or a checkpoint of another layout on resume
+        return give_up(str(err))
     finally:
         _shutdown()
 

@@ -111,10 +111,13 @@ def test_worker_exits_permanently_on_an_invalid_run(tmp_path: Path, caplog, monk
     cfg = write_config(example("local"), tmp_path / "config")
     (cfg / RUN_FILE).write_text('{"apiVersion": "gagar.dev/v1alpha1", "kind": "GagarRun"}')
     monkeypatch.setenv("GAGAR_EXIT_PERMANENT", str(EXIT_PERMANENT))
+    marker = tmp_path / "permanent"
+    monkeypatch.setenv("GAGAR_PERMANENT_MARKER", str(marker))
     with caplog.at_level(logging.ERROR, logger="gagar"):
         assert worker.main([f"--config-dir={cfg}"]) == EXIT_PERMANENT == 3
-    assert "invalid configuration (exit 3, not retried)" in caplog.text
+    assert "the run cannot go on (exit 3, not retried): invalid configuration" in caplog.text
     assert "metadata: Field required" in caplog.text and "spec: Field required" in caplog.text
+    assert "spec: Field required" in marker.read_text()  # for the launcher, whatever torchrun saw
 
 
 def test_worker_uses_the_exit_code_it_is_given(tmp_path: Path, monkeypatch) -> None:
@@ -140,6 +143,8 @@ def test_launcher_passes_the_permanent_code_through_torchrun() -> None:
     assert launch.exit_code([3, -15], 3) == 3  # one worker gave up, torchrun stopped the other
     assert launch.exit_code([1, -15], 3) == 1
     assert launch.exit_code([-9], 3) == 1
+    # the rank that gave up was stopped by torchrun after its peer's broken collective failed
+    assert launch.exit_code([1, -15], 3, marked=True) == 3
 
 
 def test_progress_is_what_the_operator_reads() -> None:
@@ -215,6 +220,13 @@ def test_replicas_from_endpoint_slices() -> None:
     assert discover_replicas(Cluster(Path("/r"), "u", "http://svc:8000"), None) == [
         "http://svc:8000"
     ]
+
+
+def test_without_api_access_weights_go_through_the_service_with_a_warning(caplog) -> None:
+    pool = Cluster(Path("/r"), "u", "http://svc:8000", rollout_service="svc", namespace="ns")
+    with caplog.at_level(logging.WARNING, logger="gagar"):
+        assert discover_replicas(pool, None) == ["http://svc:8000"]
+    assert "cannot list the replicas of svc" in caplog.text
 
 
 def test_sandbox_sessions_spread_over_the_executor_pods() -> None:
