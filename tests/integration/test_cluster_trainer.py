@@ -13,8 +13,9 @@ it implements vLLM's weight-transfer routes over the published safetensors.
 One step must leave a metrics record, a complete checkpoint with one part per rank whose weights
 are identical on both ranks (each rank trained on its own half of the micro-batches, so this
 holds only if gradients are summed across them) and differ from the initial policy, and the new
-policy version loaded into the rollout server. A second run whose dataset file does not exist
-must exit with the permanent exit code through torchrun.
+policy version loaded into the rollout server; a second launch (a restarted Job) resumes from
+that checkpoint and trains step 2. A run whose dataset file does not exist must exit with the
+permanent exit code through torchrun.
 """
 
 from __future__ import annotations
@@ -48,14 +49,14 @@ pytestmark = pytest.mark.e2e
 TASKS, GROUP = 16, 2
 
 
-def spec(**dataset: Any) -> GagarRun:
+def spec(steps: int = 1, **dataset: Any) -> GagarRun:
     source = dataset or {"kind": "synthetic", "size": TASKS, "seed": 0}
     return GagarRun.model_validate({
         "apiVersion": "gagar.dev/v1alpha1", "kind": "GagarRun",
         "metadata": {"name": "cluster-test", "namespace": "gagar"},
         "spec": {
             "model": {"preset": "tiny", "dtype": "float32"},
-            "algorithm": {"mode": "gagar", "groupSize": GROUP, "tasksPerStep": 2, "totalSteps": 1,
+            "algorithm": {"mode": "gagar", "groupSize": GROUP, "tasksPerStep": 2, "totalSteps": steps,
                           "microBatchSize": 1, "seed": 0, "dynamicSampling": {"maxExtraRounds": 0},
                           "optimizer": {"lr": 1.0e-3}},
             "trainer": {"nodes": 1, "processesPerNode": 2, "device": "cpu",
@@ -146,7 +147,7 @@ def services(tmp_path_factory):
 def launch(run: GagarRun, tmp: Path, env: dict[str, str], timeout: float) -> tuple[int, str]:
     """The trainer pod's command on two local ranks; returns (exit code, output)."""
     config = tmp / "config"
-    config.mkdir()
+    config.mkdir(exist_ok=True)
     for key, text in config_data(run).items():  # what the operator's ConfigMap holds
         (config / key).write_text(text)
     cmd = [sys.executable, "-m", "gagar.driver.launch", "--nproc-per-node=2", "--standalone",
@@ -201,6 +202,16 @@ def test_two_ranks_train_one_step_against_the_run_services(services, tmp_path) -
     assert len(changed) > len(before) // 2, "the update left most weights unchanged"
     assert rollout.state.version == "1"  # the rollout server loaded the new policy version
     assert set(rollout.state.loaded) == set(after)
+
+    # The operator restarts a trainer as a whole new Job: it resumes from the checkpoint.
+    code, out = launch(spec(steps=2), tmp_path, env, timeout=240)
+    assert code == 0, out[-6000:]
+    assert "resumed from the checkpoint of step 1 (policy version 1)" in out
+    steps = [
+        json.loads(line)["step"] for line in (run_dir / "metrics.jsonl").read_text().splitlines()
+    ]
+    assert steps == [1, 2] and rollout.state.version == "2"
+    assert (run_dir / "checkpoints" / "step_00000002" / "COMPLETE").exists()
 
 
 def test_a_configuration_error_inside_the_ranks_exits_permanently(services, tmp_path) -> None:
