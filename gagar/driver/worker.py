@@ -167,6 +167,8 @@ def context(rank: Rank) -> Any:
     )  # fmt: skip
     ctx.team = rank.team
     ctx.info["api"] = api
+    if hasattr(factory, "close"):
+        ctx.closers.append(factory.close)
     http, _ = start_http_server(cluster.metrics_port, addr="0.0.0.0", registry=registry)
     ctx.info["metrics_port"] = http.server_port
     ctx.closers.append(http.shutdown)
