@@ -29,6 +29,7 @@ from gagar.metrics import Metrics
 from gagar.rollout.agent import AgentLimits, Engine
 from gagar.spec import GagarRun
 from gagar.trainer.checkpoint import CheckpointManager, truncate_jsonl
+from gagar.trainer.distributed import Team
 from gagar.trainer.learner import Learner, Sample
 from gagar.wire import GradingGroup, Ranking
 
@@ -57,6 +58,14 @@ class Context:
     version: int = 0
     closers: list[Any] = field(default_factory=list)
     info: dict[str, Any] = field(default_factory=dict)
+    # Runs the steps every trainer rank takes part in (update, weights, save, restore): in one
+    # process it just calls them; in the cluster trainer rank 0 announces them to the others.
+    team: Team | None = None
+
+    def call(self, step: str, *args: Any) -> Any:
+        if self.team is None:
+            raise RuntimeError("Context.team is not set (gagar.driver.setup builds it)")
+        return self.team.call(step, *args)
 
     @property
     def alg(self) -> Any:
@@ -210,7 +219,7 @@ def _train(ctx: Context, collected: Any) -> tuple[dict[str, Any], dict[str, Any]
     before, after = batch.result.adv_before[valid].tolist(), batch.adv[valid].tolist()
     facts = _group_facts(groups, rankings, batch)
     samples = _samples(groups, per_token)
-    metrics = ctx.learner.update(samples) if samples else {}
+    metrics = ctx.call("update", samples) if samples else {}
     record = {
         "loss": metrics.get("loss", 0.0),
         "kl": metrics.get("kl", 0.0),
@@ -236,11 +245,9 @@ def _train(ctx: Context, collected: Any) -> tuple[dict[str, Any], dict[str, Any]
 
 
 def _sync(ctx: Context) -> float:
-    from gagar.trainer.model import iter_hf_weights
-
     start = time.perf_counter()
     ctx.version += 1
-    ctx.sync.sync(iter_hf_weights(ctx.model), ctx.version)
+    ctx.sync.sync(ctx.call("weights"), ctx.version)
     return time.perf_counter() - start
 
 
@@ -322,12 +329,7 @@ def save_checkpoint(ctx: Context) -> None:
         "sampler": ctx.sampler.state(),
         "python_rng": repr(random.getstate()),
     }
-    parts = {
-        "model": ctx.model.state_dict(),
-        "optimizer": ctx.learner.optimizer.state_dict(),
-        "rng": torch.get_rng_state(),
-    }
-    ctx.ckpt.save(ctx.step, parts, state)
+    ctx.call("save", ctx.step, state)  # every rank writes its model/optimizer/RNG parts
 
 
 def restore(ctx: Context) -> bool:
@@ -335,10 +337,7 @@ def restore(ctx: Context) -> bool:
     latest = ctx.ckpt.latest()
     if latest is None:
         return False
-    ctx.model.load_state_dict(latest.load("model"))
-    ctx.learner.optimizer.load_state_dict(latest.load("optimizer"))
-    torch.set_rng_state(latest.load("rng"))
-    state = latest.state()
+    state = ctx.call("restore", latest.step)  # every rank loads its own parts
     ctx.step, ctx.version = latest.step, int(state["policy_version"])
     ctx.sampler.load_state(state["sampler"])
     truncate_jsonl(ctx.out / "metrics.jsonl", ctx.step)

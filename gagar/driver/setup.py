@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import asyncio
 import socket
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -20,12 +22,13 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from gagar.driver import components as comp
 from gagar.driver.loop import Context, restore, rollout_config
 from gagar.driver.sampling import TaskSampler
-from gagar.driver.sft import expert_trajectories, sft
+from gagar.driver.sft import SFT_LR, expert_trajectories, sft, sft_batches
 from gagar.metrics import Metrics
 from gagar.rollout.chat import HFChatFormat
 from gagar.spec import GagarRun
 from gagar.trainer.checkpoint import CheckpointManager
-from gagar.trainer.learner import Learner, LearnerConfig
+from gagar.trainer.distributed import RankState, Team
+from gagar.trainer.learner import DataParallel, Learner, LearnerConfig, Sample
 from gagar.trainer.loss import LossConfig
 from gagar.trainer.policy import MegatronPolicy
 
@@ -37,23 +40,29 @@ def _free_port() -> int:
 
 
 def build_model(policy_dir: Path) -> Any:
-    from gagar.trainer.model import (
-        Parallel,
-        build_model,
-        init_distributed,
-        load_hf_into_megatron,
-        read_config,
-    )
+    """The policy in this single process (torch.distributed on a free loopback port)."""
+    from gagar.trainer.model import Parallel, init_distributed
 
     init_distributed(
         Parallel(1, 1, 1), rank=0, world_size=1, init_method=f"tcp://127.0.0.1:{_free_port()}"
     )
+    return load_policy(policy_dir)
+
+
+def load_policy(policy_dir: Path) -> Any:
+    """This rank's shard of the policy, loaded from an HF folder (after ``init_distributed``)."""
+    from gagar.trainer.model import build_model, load_hf_into_megatron, read_config
+
     model = build_model(read_config(policy_dir))
     load_hf_into_megatron(model, policy_dir)
     return model
 
 
-def build_learner(run: GagarRun, model: Any, loss_mode: str | None = None) -> Learner:
+def build_learner(
+    run: GagarRun, model: Any, loss_mode: str | None = None, parallel: DataParallel | None = None
+) -> Learner:
+    from gagar.trainer.model.parallel import current_parallel
+
     alg = run.spec.algorithm
     o, lo = alg.optimizer, alg.loss
     optimizer = torch.optim.AdamW(
@@ -63,13 +72,45 @@ def build_learner(run: GagarRun, model: Any, loss_mode: str | None = None) -> Le
         eps_low=lo.clip_low, eps_high=lo.clip_high, dual_clip=lo.dual_clip, agg_mode=loss_mode or lo.aggregation,  # type: ignore[arg-type]
         max_len=run.spec.rollout.agent.max_context_tokens, tis_cap=lo.truncated_is_cap, kl_coef=lo.kl.coef, kl_estimator=lo.kl.estimator,
     )  # fmt: skip
+    policy = MegatronPolicy(model, tensor_parallel=current_parallel().tp)
     return Learner(
-        MegatronPolicy(model),
+        policy,
         optimizer,
         LearnerConfig(
             alg.micro_batch_size, o.grad_clip, loss, comp.compute_autocast(run.spec, model)
         ),
+        parallel,
     )
+
+
+@dataclass
+class SftStep:
+    """The team step of the SFT warm start: its own token-mean learner, then one update per batch.
+
+    ``on_step(i, nll)`` (rank 0's progress display) is set by the caller, never sent to other ranks.
+    """
+
+    run: GagarRun
+    model: Any
+    parallel: DataParallel | None = None
+    on_step: Callable[[int, float], None] | None = None
+
+    def __call__(self, batches: list[list[Sample]]) -> list[float]:
+        learner = build_learner(self.run, self.model, "token-mean", self.parallel)
+        for group in learner.optimizer.param_groups:
+            group["lr"] = SFT_LR
+        return sft(learner, batches, self.on_step)
+
+
+def rank_team(
+    run: GagarRun, model: Any, learner: Learner, ckpt: CheckpointManager, group: Any = None
+) -> Team:
+    """The team steps of this rank (update, weights, save, restore, sft) over ``group``."""
+    from gagar.trainer.model.parallel import current_parallel
+
+    p = current_parallel()
+    rank = RankState(model, learner, ckpt, {"tp": p.tp, "ep": p.ep, "pp": p.pp}, group)
+    return Team({**rank.handlers(), "sft": SftStep(run, model, learner.parallel)}, group)
 
 
 def chat_format(policy_dir: Path) -> tuple[HFChatFormat, int]:
@@ -86,11 +127,10 @@ def chat_format(policy_dir: Path) -> tuple[HFChatFormat, int]:
 SFT_EXPERT_TASKS = 64
 
 
-def warm_start(
-    run: GagarRun, model: Any, policy_dir: Path, factory: Any, tasks: list[Any], console: Console
-) -> dict[str, Any]:
-    """SFT on scripted expert trajectories; returns what the report shows about it."""
-    steps = run.spec.model.sft_warmup_steps
+def expert_batches(
+    run: GagarRun, policy_dir: Path, factory: Any, tasks: list[Any]
+) -> tuple[list[list[Sample]], list[Any]]:
+    """The SFT warm start's per-step batches, and the (style, trajectory, passed) they come from."""
     fmt, eos = chat_format(policy_dir)
     trajs = asyncio.run(
         expert_trajectories(
@@ -102,9 +142,39 @@ def warm_start(
             seed=run.spec.algorithm.seed,
         )
     )
-    learner = build_learner(run, model, loss_mode="token-mean")
-    for group in learner.optimizer.param_groups:
-        group["lr"] = 1e-3  # SFT from scratch needs a far larger step than RL fine-tuning
+    batches = sft_batches(
+        [t for _, t, _ in trajs],
+        run.spec.model.sft_warmup_steps,
+        batch_size=4,
+        seed=run.spec.algorithm.seed,
+    )
+    return batches, trajs
+
+
+def warm_summary(run: GagarRun, trajs: list[Any], losses: list[float]) -> dict[str, Any]:
+    """What the report shows about the warm start."""
+    styles: dict[str, list[bool]] = {}
+    for style, _, passed in trajs:
+        styles.setdefault(style, []).append(passed)
+    return {
+        "sft_steps": run.spec.model.sft_warmup_steps,
+        "sft_nll_first": losses[0],
+        "sft_nll_last": losses[-1],
+        "sft_experts": {s: f"{sum(p)}/{len(p)} pass" for s, p in styles.items()},
+    }
+
+
+def warm_start(
+    run: GagarRun,
+    team: Team,
+    policy_dir: Path,
+    factory: Any,
+    tasks: list[Any],
+    console: Console,
+) -> dict[str, Any]:
+    """SFT on scripted expert trajectories (every rank updates); returns the report's summary."""
+    steps = run.spec.model.sft_warmup_steps
+    batches, trajs = expert_batches(run, policy_dir, factory, tasks)
     console.print(f"[bold]SFT warm start[/]: {len(trajs)} expert trajectories, {steps} steps")
     with Progress(
         TextColumn("[bold]SFT"),
@@ -115,25 +185,11 @@ def warm_start(
         console=console,
     ) as bar:
         task = bar.add_task("", total=steps)
-        losses = sft(
-            learner,
-            [t for _, t, _ in trajs],
-            steps,
-            batch_size=4,
-            seed=run.spec.algorithm.seed,
-            on_step=lambda i, nll: bar.update(
-                task, completed=i, description=f"nll/token {nll:.3f}"
-            ),
+        team.handlers["sft"].on_step = lambda i, nll: bar.update(
+            task, completed=i, description=f"nll/token {nll:.3f}"
         )
-    styles: dict[str, list[bool]] = {}
-    for style, _, passed in trajs:
-        styles.setdefault(style, []).append(passed)
-    return {
-        "sft_steps": steps,
-        "sft_nll_first": losses[0],
-        "sft_nll_last": losses[-1],
-        "sft_experts": {s: f"{sum(p)}/{len(p)} pass" for s, p in styles.items()},
-    }
+        losses = team.call("sft", batches)
+    return warm_summary(run, trajs, losses)
 
 
 def start_engine(
@@ -197,11 +253,12 @@ def build(
     policy_dir = comp.prepare_policy(spec.model, out)
     model = build_model(policy_dir)
     ckpt = CheckpointManager(out / "checkpoints", keep=spec.trainer.checkpoint.keep)
+    learner = build_learner(run, model)
+    team = rank_team(run, model, learner, ckpt)
     warm: dict[str, Any] = {}
     if ckpt.latest() is None or not resume:
         if spec.model.sft_warmup_steps:
-            warm = warm_start(run, model, policy_dir, factory, train_tasks, console)
-    learner = build_learner(run, model)
+            warm = warm_start(run, team, policy_dir, factory, train_tasks, console)
     sampler = TaskSampler(train_tasks, spec.algorithm.seed)
     registry = CollectorRegistry()
     metrics = Metrics(registry, "trainer", "rollout", "grader", "sandbox")
@@ -225,6 +282,7 @@ def build(
         metrics,
         policy_dir,
     )  # type: ignore[arg-type]
+    ctx.team = team
     ctx.info["warm_start"] = warm
     if resume and restore(ctx):
         console.print(

@@ -24,6 +24,7 @@ from gagar.sandbox import SessionFactory
 from gagar.trainer.learner import Learner, Sample
 
 Style = Literal["clean", "bloated", "redundant", "wrong"]
+SFT_LR = 1e-3  # SFT from scratch needs a far larger step than RL fine-tuning
 STYLE_WEIGHTS: dict[Style, float] = {"clean": 0.4, "bloated": 0.25, "redundant": 0.2, "wrong": 0.15}
 
 
@@ -136,27 +137,31 @@ async def expert_trajectories(
     )
 
 
-def sft(
-    learner: Learner,
-    trajectories: list[Trajectory],
-    steps: int,
-    batch_size: int,
-    seed: int = 0,
-    on_step: Any = None,
-) -> list[float]:
-    """``steps`` updates of maximum likelihood on the generated tokens; returns the NLL per token."""
+def sft_batches(
+    trajectories: list[Trajectory], steps: int, batch_size: int, seed: int = 0
+) -> list[list[Sample]]:
+    """``steps`` batches of maximum likelihood on the generated tokens (advantage 1 on each)."""
     usable = [t for t in trajectories if t.valid and t.response_tokens]
     if not usable:
         raise ValueError("no valid expert trajectories to warm-start from")
     rng = random.Random(seed)
-    losses = []
+    batches = []
     for _ in range(steps):
         batch = rng.sample(usable, min(batch_size, len(usable)))
-        samples = [
-            Sample(t.token_ids, t.loss_mask, t.logprobs, [float(m) for m in t.loss_mask], i)
-            for i, t in enumerate(batch)
-        ]
-        losses.append(learner.update(samples)["nll"])
+        batches.append(
+            [
+                Sample(t.token_ids, t.loss_mask, t.logprobs, [float(m) for m in t.loss_mask], i)
+                for i, t in enumerate(batch)
+            ]
+        )
+    return batches
+
+
+def sft(learner: Learner, batches: list[list[Sample]], on_step: Any = None) -> list[float]:
+    """One update per batch; returns the NLL per token of each."""
+    losses = []
+    for batch in batches:
+        losses.append(learner.update(batch)["nll"])
         if on_step is not None:
             on_step(len(losses), losses[-1])
     return losses

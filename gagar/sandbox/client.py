@@ -1,5 +1,8 @@
 """HTTP client of ``gagar sandbox serve``: the same ``Session`` protocol, remote.
 
+``HttpFactory`` talks to one executor server; ``HttpPoolFactory`` spreads sessions over every
+executor pod behind a headless Service (what the cluster trainer uses for ``sandbox.backend: pods``).
+
 Transport failures during ``exec`` come back as an ``ExecResult`` with ``infra_error`` set (the
 code did not fail; the infrastructure did); other calls raise ``SandboxInfraError`` for them and
 ``SandboxError`` for requests the server refused.
@@ -8,8 +11,12 @@ code did not fail; the infrastructure did); other calls raise ``SandboxInfraErro
 from __future__ import annotations
 
 import base64
-from collections.abc import Mapping
+import itertools
+import socket
+import threading
+from collections.abc import Callable, Mapping
 from typing import Any
+from urllib.parse import urlsplit
 
 import httpx
 
@@ -77,6 +84,67 @@ class HttpFactory:
 
     def close(self) -> None:
         self.client.close()
+
+
+def resolve_all(host: str, port: int) -> list[str]:
+    """Every address ``host`` resolves to (a headless Service: one per ready pod), sorted."""
+    try:
+        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+    except OSError as e:
+        raise SandboxInfraError(f"cannot resolve sandbox executors {host!r}: {e}") from e
+    return sorted({str(info[4][0]) for info in infos})
+
+
+class HttpPoolFactory:
+    """Sessions spread round-robin over every executor behind one name (a headless Service).
+
+    A session lives on the pod that created it (its workspace is there), so a Service that load
+    balances each request cannot front executors; a headless Service's name resolves to every
+    ready pod instead. The name is resolved again for each session, as pods come and go.
+    """
+
+    def __init__(
+        self,
+        base_url: str,
+        timeout_s: float = 3600.0,
+        resolve: Callable[[str, int], list[str]] = resolve_all,
+    ) -> None:
+        url = urlsplit(base_url)
+        if not url.hostname:
+            raise SandboxError(f"sandbox URL {base_url!r} has no host")
+        self.scheme, self.host = url.scheme or "http", url.hostname
+        self.port = url.port or (443 if self.scheme == "https" else 80)
+        self.timeout_s, self._resolve = timeout_s, resolve
+        self._factories: dict[str, HttpFactory] = {}
+        self._turn = itertools.count()
+        self._lock = threading.Lock()
+
+    def _pick(self) -> HttpFactory:
+        addresses = self._resolve(self.host, self.port)
+        if not addresses:
+            raise SandboxInfraError(f"no sandbox executor behind {self.host!r}")
+        with self._lock:
+            addr = addresses[next(self._turn) % len(addresses)]
+            if addr not in self._factories:
+                host = f"[{addr}]" if ":" in addr else addr
+                self._factories[addr] = HttpFactory(
+                    f"{self.scheme}://{host}:{self.port}", self.timeout_s
+                )
+            return self._factories[addr]
+
+    def create(
+        self,
+        files: Mapping[str, FileData] | None = None,
+        tarball: bytes | None = None,
+        limits: Limits | None = None,
+    ) -> HttpSession:
+        return self._pick().create(files=files, tarball=tarball, limits=limits)
+
+    def close(self) -> None:
+        with self._lock:
+            for factory in self._factories.values():
+                factory.close()
+            self._factories.clear()
 
 
 class HttpSession:

@@ -81,24 +81,49 @@ class CheckpointManager:
 
     def save(self, step: int, parts: dict[str, Any], state: dict[str, Any]) -> Checkpoint:
         """Write ``parts`` (torch-serializable) and ``state`` (JSON) as the checkpoint of ``step``."""
+        staging = self.stage(step, str(os.getpid()))
+        return self.commit(step, staging, self.write_parts(staging, parts), state)
+
+    def stage(self, step: int, tag: str) -> Path:
+        """An empty staging directory for ``step`` (leftovers of interrupted saves removed).
+
+        Several processes may write parts into it (``write_parts``, one set of names each);
+        exactly one then ``commit``s it with every writer's file records.
+        """
         self._remove_leftovers()
-        final = self.root / f"step_{step:08d}"
-        tmp = self.root / f"{final.name}.tmp-{os.getpid()}"
-        shutil.rmtree(tmp, ignore_errors=True)
+        tmp = self.staging_path(step, tag)
         tmp.mkdir()
+        return tmp
+
+    def staging_path(self, step: int, tag: str) -> Path:
+        """Where ``stage(step, tag)`` puts its directory (for the other writers)."""
+        return self.root / f"step_{step:08d}.tmp-{tag}"
+
+    def write_parts(self, staging: Path, parts: dict[str, Any]) -> dict[str, dict[str, Any]]:
+        """Write and fsync ``<name>.pt`` per part; returns their manifest records."""
         files = {}
         for name, obj in parts.items():
             buf = io.BytesIO()
             torch.save(obj, buf)
-            files[f"{name}.pt"] = self._write(tmp / f"{name}.pt", buf.getvalue())
-        files[STATE] = self._write(tmp / STATE, json.dumps({**state, "step": step}).encode())
-        self._write(tmp / MANIFEST, json.dumps({"step": step, "files": files}).encode())
-        _fsync_dir(tmp)
+            files[f"{name}.pt"] = self._write(staging / f"{name}.pt", buf.getvalue())
+        return files
+
+    def commit(
+        self, step: int, staging: Path, files: dict[str, dict[str, Any]], state: dict[str, Any]
+    ) -> Checkpoint:
+        """Write ``state`` and the manifest (last), then rename the staging directory into place."""
+        files = {
+            **files,
+            STATE: self._write(staging / STATE, json.dumps({**state, "step": step}).encode()),
+        }
+        self._write(staging / MANIFEST, json.dumps({"step": step, "files": files}).encode())
+        _fsync_dir(staging)
+        final = self.root / f"step_{step:08d}"
         if (
             final.exists()
         ):  # a complete checkpoint of the same step (re-run after a kill): replace it
             shutil.rmtree(final)
-        os.rename(tmp, final)
+        os.rename(staging, final)
         _fsync_dir(self.root)
         self._prune()
         return Checkpoint(step, final)

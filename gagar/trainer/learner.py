@@ -6,7 +6,16 @@ about rollouts, graders or Megatron (the Megatron adapter implements ``PolicyMod
 
 One optimizer step per training step: the loss is a sum of micro-batch contributions, each
 normalized by counts over the *global* batch (``loss.global_counts``), so the gradient does not
-depend on the micro-batch size or the data-parallel size. ``old_logp`` is the current policy's
+depend on the micro-batch size or the data-parallel size.
+
+Data parallelism (``DataParallel``): every replica is handed the *whole* step batch (the driver
+broadcasts it), so counts and per-prompt token numbers are computed on the full batch, and
+replica ``r`` of ``R`` runs micro-batches ``r, r + R, ...``. Gradients are then summed over the
+replicas (each is already a global-normalized partial sum), so the update equals the one a single
+process would make on the whole batch. When collectives run inside the forward pass (expert
+parallelism's token dispatch), every replica must run the same number of equally shaped
+micro-batches: ``equal_shapes`` pads them and gives the replicas short of work a zero-weight
+micro-batch. ``old_logp`` is the current policy's
 log-prob detached (the data is used for exactly one update, so the PPO ratio starts at 1); the
 rollout engine's log-probs enter through the optional truncated importance correction.
 """
@@ -15,8 +24,8 @@ from __future__ import annotations
 
 import contextlib
 import math
-from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
+from collections.abc import Iterator
+from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
 
 import torch
@@ -55,6 +64,34 @@ class PolicyModel(Protocol):
         ...
 
 
+class DataParallel(Protocol):
+    """This process's place among data-parallel replicas, and the collectives the update needs."""
+
+    rank: int
+    size: int
+    equal_shapes: bool
+
+    def sync_grads(self, params: list[torch.nn.Parameter]) -> None:
+        """Sum gradients over the replicas (in place)."""
+        ...
+
+    def grad_norm(self, params: list[torch.nn.Parameter]) -> float:
+        """L2 norm of the whole model's (synced) gradient, the same number on every rank."""
+        ...
+
+    def counted(self, param: torch.nn.Parameter) -> bool:
+        """Whether this rank counts ``param`` in its replica's norms (TP duplicates count once)."""
+        ...
+
+    def reduce_variance(self, stats: Tensor) -> Tensor:
+        """``[S2, M, ‖ḡ‖²]`` of this rank → the same for the whole job (see ``gradvar``)."""
+        ...
+
+    def sum_metrics(self, totals: dict[str, float]) -> dict[str, float]:
+        """Sum additive metrics over the replicas."""
+        ...
+
+
 @dataclass(frozen=True)
 class LearnerConfig:
     micro_batch_size: int
@@ -82,9 +119,19 @@ class _MicroBatch:
     adv: Tensor  # (B, T)
     prompt_tokens: Tensor  # (B,)
 
+    def to(self, device: torch.device) -> _MicroBatch:
+        return _MicroBatch(*(getattr(self, f).to(device) for f in self.__dataclass_fields__))
 
-def _collate(samples: list[Sample], prompt_tokens: Tensor) -> _MicroBatch:
-    width = max(len(s.token_ids) for s in samples)
+
+def _collate(
+    samples: list[Sample], prompt_tokens: Tensor, shape: tuple[int, int] | None = None
+) -> _MicroBatch:
+    """Pad to the longest sample, or to ``shape`` (rows, width) with zero-weight rows."""
+    rows, width = shape or (len(samples), max(len(s.token_ids) for s in samples))
+    filler = Sample([0], [0], [0.0], [0.0], -1)  # no loss token: contributes nothing
+    samples = samples + [filler] * (rows - len(samples))
+    # A padded row's prompt has no loss tokens; 1 keeps prompt-mean's division finite.
+    prompt_tokens = torch.cat([prompt_tokens, torch.ones(rows - len(prompt_tokens))])
     return _MicroBatch(
         input_ids=_pad([s.token_ids for s in samples], width, torch.long),
         attention=_pad([[1] * len(s.token_ids) for s in samples], width, torch.long).bool(),
@@ -93,6 +140,11 @@ def _collate(samples: list[Sample], prompt_tokens: Tensor) -> _MicroBatch:
         adv=_pad([s.advantages for s in samples], width, torch.float32),
         prompt_tokens=prompt_tokens,
     )
+
+
+def _zero_weight(samples: list[Sample]) -> list[Sample]:
+    """The same shapes with no loss token: a micro-batch that only joins the collectives."""
+    return [replace(s, loss_mask=[0] * len(s.loss_mask)) for s in samples]
 
 
 def _check(samples: list[Sample]) -> None:
@@ -118,50 +170,70 @@ class Learner:
         model: PolicyModel,
         optimizer: torch.optim.Optimizer,
         cfg: LearnerConfig,
-        reduce: Callable[[Tensor], Tensor] | None = None,
+        parallel: DataParallel | None = None,
     ) -> None:
-        self.model, self.optimizer, self.cfg, self.reduce = model, optimizer, cfg, reduce
+        self.model, self.optimizer, self.cfg, self.parallel = model, optimizer, cfg, parallel
 
-    def _counts(self, samples: list[Sample]) -> tuple[GlobalCounts, Tensor]:
-        width = max(len(s.token_ids) for s in samples)
-        mask = _pad([s.loss_mask for s in samples], width, torch.long).bool()
-        groups = torch.tensor([s.group for s in samples])
-        counts = global_counts(mask, groups)
-        if self.reduce is not None:  # data parallel: every rank normalizes by the global numbers
-            total = self.reduce(
-                torch.tensor(
-                    [counts.num_tokens, counts.num_seqs, counts.num_prompts], dtype=torch.float64
-                )
-            )
-            counts = GlobalCounts(*(float(x) for x in total))
-        return counts, prompt_token_counts(mask, groups)
+    def _batches(
+        self, samples: list[Sample], prompt_tokens: Tensor, width: int
+    ) -> Iterator[tuple[_MicroBatch, bool]]:
+        """This replica's micro-batches, each with whether it carries weight (see module doc)."""
+        mb, dp = self.cfg.micro_batch_size, self.parallel
+        chunks = [range(i, min(i + mb, len(samples))) for i in range(0, len(samples), mb)]
+        mine = chunks if dp is None else chunks[dp.rank :: dp.size]
+        shape = (mb, width) if dp is not None and dp.equal_shapes else None
+        rounds = -(-len(chunks) // dp.size) if shape and dp is not None else len(mine)
+        for i in range(rounds):
+            real = i < len(mine)
+            rows = mine[i] if real else chunks[0]
+            part = [samples[j] for j in rows]
+            tokens = prompt_tokens[rows.start : rows.stop]
+            yield _collate(part if real else _zero_weight(part), tokens, shape), real
 
     def update(self, samples: list[Sample]) -> dict[str, float]:
         _check(samples)
-        counts, prompt_tokens = self._counts(samples)
+        width = max(len(s.token_ids) for s in samples)
+        mask = _pad([s.loss_mask for s in samples], width, torch.long).bool()
+        groups = torch.tensor([s.group for s in samples])
+        # Every replica holds the whole batch: the global counts are computed, not reduced.
+        counts, prompt_tokens = global_counts(mask, groups), prompt_token_counts(mask, groups)
         params = list(self.model.parameters())
-        tracker = GradVarianceTracker(params)
+        tracker = GradVarianceTracker(params, self.parallel.counted if self.parallel else None)
         self.optimizer.zero_grad(set_to_none=True)
         totals: dict[str, float] = {}
-        mb = self.cfg.micro_batch_size
-        for start in range(0, len(samples), mb):
-            batch = _collate(samples[start : start + mb], prompt_tokens[start : start + mb])
+        for batch, real in self._batches(samples, prompt_tokens, width):
             loss, metrics = self._micro_step(batch, counts)
-            tracker.after_micro_batch()
-            for key, value in {"loss": loss.detach(), **metrics}.items():
-                totals[key] = totals.get(key, 0.0) + float(value)
-        variance, mean_norm = tracker.result(self.reduce)
-        grad_norm = float(torch.nn.utils.clip_grad_norm_(params, self.cfg.grad_clip))
+            if real:  # a zero-weight round adds nothing to the gradient or the metrics
+                tracker.after_micro_batch()
+                for key, value in {"loss": loss.detach(), **metrics}.items():
+                    totals[key] = totals.get(key, 0.0) + float(value)
+        return self._step(params, tracker, totals, counts)
+
+    def _step(
+        self,
+        params: list[Any],
+        tracker: GradVarianceTracker,
+        totals: dict[str, float],
+        counts: GlobalCounts,
+    ) -> dict[str, float]:
+        """Sum over replicas, clip by the global norm, step; returns the step's metrics."""
+        dp = self.parallel
+        if dp is not None:
+            dp.sync_grads(params)
+            totals = dp.sum_metrics(totals)
+        variance, mean_norm = tracker.result(dp.reduce_variance if dp is not None else None)
+        grad_norm = dp.grad_norm(params) if dp is not None else _local_norm(params)
         if not math.isfinite(grad_norm):
             self.optimizer.zero_grad(set_to_none=True)
             raise FloatingPointError(f"non-finite gradient norm {grad_norm}: update skipped")
+        _clip(params, self.cfg.grad_clip, grad_norm)
         self.optimizer.step()
         totals.update(
             grad_norm=grad_norm,
             gradient_variance=variance,
             gradient_mean_norm=mean_norm,
             tokens_trained=counts.num_tokens,
-            micro_batches=float(tracker.num_micro),
+            micro_batches=float(tracker.num_micro) if dp is None else _global_micro(tracker, dp),
         )
         return totals
 
@@ -173,6 +245,8 @@ class Learner:
     def _micro_step(
         self, batch: _MicroBatch, counts: GlobalCounts
     ) -> tuple[Tensor, dict[str, Tensor]]:
+        device = next(iter(self.model.parameters())).device  # the batch goes where the model is
+        batch = batch.to(device)
         with self._precision(batch.input_ids):
             logp, entropy = self.model.token_logprobs(batch.input_ids, batch.attention)
         policy = PolicyBatch(
@@ -192,6 +266,30 @@ class Learner:
                 torch.where(batch.mask, entropy.detach(), 0).sum() / counts.num_tokens
             )
         return loss, metrics
+
+
+def _local_norm(params: list[Any]) -> float:
+    grads = [p.grad for p in params if p.grad is not None]
+    return (
+        float(torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(g) for g in grads])))
+        if grads
+        else 0.0
+    )
+
+
+def _clip(params: list[Any], max_norm: float, norm: float) -> None:
+    """Scale gradients by ``max_norm / norm`` when above it (torch's ``clip_grad_norm_`` rule),
+    with a norm every rank agrees on, so replicas and tensor-parallel shards stay consistent."""
+    coef = max_norm / (norm + 1e-6)
+    if coef < 1.0:
+        for p in params:
+            if p.grad is not None:
+                p.grad.mul_(coef)
+
+
+def _global_micro(tracker: GradVarianceTracker, dp: DataParallel) -> float:
+    stats = torch.tensor([0.0, float(tracker.num_micro), 0.0], dtype=torch.float64)
+    return float(dp.reduce_variance(stats)[1])
 
 
 def causal_lm_logprobs(logits: Tensor, input_ids: Tensor) -> tuple[Tensor, Tensor]:

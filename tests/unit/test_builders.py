@@ -97,7 +97,9 @@ def test_trainer_indexed_job() -> None:
     assert pod["subdomain"] == "qwen3-swe-1node-trainer-rdzv"
     assert pod["restartPolicy"] == "Never"
     (c,) = pod["containers"]
-    assert c["command"] == ["torchrun"]
+    # torchrun's launcher in process, so that a worker's EXIT_PERMANENT reaches the Job
+    assert c["command"] == ["python", "-m", "gagar.driver.launch"]
+    assert c["args"][-3:] == ["-m", "gagar.driver.worker", "--config-dir=/etc/gagar/config"]
     assert "--nnodes=2" in c["args"] and "--nproc-per-node=4" in c["args"]
     assert "--node-rank=$(NODE_RANK)" in c["args"]
     assert "--master-addr=qwen3-swe-1node-trainer-0.qwen3-swe-1node-trainer-rdzv" in c["args"]
@@ -110,6 +112,50 @@ def test_trainer_indexed_job() -> None:
     assert all(labels[k] == v for k, v in svc["spec"]["selector"].items())
     claim = {v["name"]: v for v in pod["volumes"]}["checkpoints"]["persistentVolumeClaim"]
     assert claim == {"claimName": "qwen3-swe-1node-checkpoints"}
+
+
+def _trainer_container(run: GagarRun) -> dict[str, Any]:
+    job = one(build_all(run), "Job", f"{run.metadata.name}-trainer")
+    (c,) = job["spec"]["template"]["spec"]["containers"]
+    return c
+
+
+def test_trainer_env_points_at_the_run_services() -> None:
+    c = _trainer_container(example("single-gpu"))
+    env = {e["name"]: e.get("value") for e in c["env"]}
+    assert env["GAGAR_ROLLOUT_URL"] == "http://qwen3-swe-1node-rollout:8000"
+    assert env["GAGAR_ROLLOUT_SERVICE"] == "qwen3-swe-1node-rollout"
+    assert env["GAGAR_GRADER_URL"] == "http://qwen3-swe-1node-grader:8080"
+    assert env["GAGAR_SANDBOX_URL"] == "http://qwen3-swe-1node-sandbox:8090"
+    assert env["GAGAR_RUN_DIR"] == "/gagar/checkpoints"
+    assert env["GAGAR_CHECKPOINT_URI"] == "pvc://qwen3-swe-1node-checkpoints"
+    assert env["GAGAR_PROGRESS_CONFIGMAP"] == "qwen3-swe-1node-progress"
+    assert env["GAGAR_WEIGHT_TRANSPORT"] == "nccl"
+    # the pvc:// base model is mounted in the trainer too, and the trainer is told where
+    assert env["GAGAR_MODEL_DIR"] == "/gagar/base-model/Qwen3-1.7B"
+    mounts = {m["name"]: m["mountPath"] for m in c["volumeMounts"]}
+    assert (
+        mounts["base-model"] == "/gagar/base-model"
+        and mounts["checkpoints"] == "/gagar/checkpoints"
+    )
+    # every Service the trainer is pointed at is one the operator builds
+    services = {o["metadata"]["name"] for o in by_kind(build_all(example("single-gpu")), "Service")}
+    for key in ("GAGAR_ROLLOUT_URL", "GAGAR_GRADER_URL", "GAGAR_SANDBOX_URL"):
+        assert env[key].removeprefix("http://").split(":")[0] in services
+
+
+def test_trainer_env_with_external_endpoints_and_local_sandboxes() -> None:
+    run = example(
+        "local",
+        **{"rollout.replicas": None, "rollout.endpoint": "http://vllm.example:8000",
+           "grader.replicas": None, "grader.endpoint": "http://llm.example/v1"},
+    )  # fmt: skip
+    env = {e["name"]: e.get("value") for e in _trainer_container(run)["env"]}
+    assert env["GAGAR_ROLLOUT_URL"] == "http://vllm.example:8000"
+    assert "GAGAR_ROLLOUT_SERVICE" not in env  # no pool: weights go to the endpoint itself
+    assert "GAGAR_GRADER_URL" not in env  # no grader pool: the trainer grades in process
+    assert "GAGAR_SANDBOX_URL" not in env and "GAGAR_MODEL_DIR" not in env
+    assert env["GAGAR_WEIGHT_TRANSPORT"] == "gagar-cpu"
 
 
 def test_jobset_only_when_asked_and_installed() -> None:
@@ -311,6 +357,10 @@ def test_rollout_vllm_weight_transfer() -> None:
     assert env["VLLM_SERVER_DEV_MODE"] == "1"
     assert '\'--weight-transfer-config={"backend": "nccl"}\'' in c["command"][2]
     assert transport(example("local")) == "gagar-cpu"  # auto without GPUs
+    local = one(build_all(example("local")), "Deployment", "local-rollout")
+    (cpu,) = local["spec"]["template"]["spec"]["containers"]
+    # vLLM knows gagar's CPU transport by the name its plugin registers
+    assert '\'--weight-transfer-config={"backend": "gagar_safetensors"}\'' in cpu["command"][2]
     grader = one(objs, "Deployment", "qwen3-swe-1node-grader")["spec"]["template"]["spec"]
     names = [x["name"] for x in grader["containers"]]
     assert names == ["grader", "model"]

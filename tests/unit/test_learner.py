@@ -84,3 +84,68 @@ def test_bad_samples_are_rejected(sample: Sample, message: str) -> None:
     learner = Learner(TinyLM(), torch.optim.SGD(TinyLM().parameters(), lr=0.1), LearnerConfig(2))
     with pytest.raises(ValueError, match=message):
         learner.update([sample])
+
+
+class SoloReplica:
+    """``DataParallel`` of one replica of ``size`` with no communication: each replica's update
+    is then its own share of the batch, and the shares must add up to the whole update."""
+
+    def __init__(self, rank: int, size: int, equal_shapes: bool = False) -> None:
+        self.rank, self.size, self.equal_shapes = rank, size, equal_shapes
+
+    def sync_grads(self, params) -> None:
+        pass
+
+    def grad_norm(self, params) -> float:
+        return 0.0  # below grad_clip: no clipping
+
+    def counted(self, param) -> bool:
+        return True
+
+    def reduce_variance(self, stats: torch.Tensor) -> torch.Tensor:
+        return stats
+
+    def sum_metrics(self, totals: dict[str, float]) -> dict[str, float]:
+        return totals
+
+
+class CountingLM(TinyLM):
+    def __init__(self) -> None:
+        super().__init__()
+        self.shapes: list[tuple[int, ...]] = []
+
+    def token_logprobs(self, input_ids, attention_mask):
+        self.shapes.append(tuple(input_ids.shape))
+        return super().token_logprobs(input_ids, attention_mask)
+
+
+@pytest.mark.parametrize("equal_shapes", [False, True])
+def test_data_parallel_replicas_share_the_batch(equal_shapes: bool) -> None:
+    """Replica r of 2 runs micro-batches r, r+2, ... of the whole batch, normalized globally:
+    with plain SGD the replicas' updates sum to the single-process update."""
+    torch.manual_seed(2)
+    base, samples = CountingLM(), _samples()[:6]  # 3 micro-batches of 2: replica 1 gets one
+    whole = copy.deepcopy(base)
+    ref = Learner(whole, torch.optim.SGD(whole.parameters(), lr=0.1), LearnerConfig(2, 1e9))
+    ref_metrics = ref.update(samples)
+    deltas, losses = [], 0.0
+    for rank in (0, 1):
+        model = copy.deepcopy(base)
+        dp = SoloReplica(rank, 2, equal_shapes)
+        learner = Learner(
+            model, torch.optim.SGD(model.parameters(), lr=0.1), LearnerConfig(2, 1e9), dp
+        )
+        losses += learner.update(samples)["loss"]
+        deltas.append(
+            [
+                p.detach() - q.detach()
+                for p, q in zip(model.parameters(), base.parameters(), strict=True)
+            ]
+        )
+        if equal_shapes:  # every replica runs the same rounds of same-shaped micro-batches
+            assert model.shapes == [(2, max(len(s.token_ids) for s in samples))] * 2
+        else:
+            assert len(model.shapes) == (2 if rank == 0 else 1)
+    assert abs(losses - ref_metrics["loss"]) < 1e-6
+    for d0, d1, p, q in zip(*deltas, whole.parameters(), base.parameters(), strict=True):
+        assert torch.allclose(d0 + d1, p.detach() - q.detach(), atol=1e-6)

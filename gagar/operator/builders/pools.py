@@ -49,12 +49,23 @@ def quantity(x: float) -> str:
     return str(int(x)) if float(x).is_integer() else f"{round(x * 1000)}m"
 
 
+# vLLM's name of a transport where it differs from the spec's: gagar's CPU-capable transport is
+# the ``gagar_safetensors`` backend that gagar's vLLM plugin registers.
+VLLM_BACKEND = {"gagar-cpu": "gagar_safetensors"}
+
+
 def transport(run: GagarRun) -> str:
     """vLLM weight-transfer backend: ``auto`` is NCCL on GPU replicas, gagar's CPU transport else."""
     chosen = run.spec.rollout.weight_sync.transport
     if chosen != "auto":
         return chosen
     return "nccl" if run.spec.rollout.resources.gpus > 0 else "gagar-cpu"
+
+
+def vllm_backend(run: GagarRun) -> str:
+    """The ``backend`` of vLLM's ``--weight-transfer-config`` for the run's transport."""
+    chosen = transport(run)
+    return VLLM_BACKEND.get(chosen, chosen)
 
 
 def base_model(
@@ -135,7 +146,7 @@ def _vllm_container(
         f"--tensor-parallel-size={rollout.tensor_parallel_size}",
         f"--gpu-memory-utilization={rollout.gpu_memory_utilization}",
         f"--max-model-len={rollout.agent.max_context_tokens}",
-        f"--weight-transfer-config={json.dumps({'backend': transport(run)})}",
+        f"--weight-transfer-config={json.dumps({'backend': vllm_backend(run)})}",
         *streamer_args(model),
     ]
     return {

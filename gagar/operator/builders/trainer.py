@@ -8,6 +8,12 @@ peer): the Job itself never retries (``backoffLimit: 0``); the operator recreate
 restarts natively with ``failurePolicy.maxRestarts``. Pod failure policy: evictions and preemptions
 (``DisruptionTarget``) are ignored (the pod is recreated, no restart is spent); exit code
 ``EXIT_PERMANENT`` (the trainer found its configuration unusable) fails the run at once.
+
+The container runs ``python -m gagar.driver.launch`` with torchrun's arguments rather than
+``torchrun``: torchrun exits 1 whatever its workers exit with, and the launcher passes
+``EXIT_PERMANENT`` through. The environment tells the trainer (``gagar.driver.worker``) where
+the rest of the run is: the rollout, grader and sandbox Services, the checkpoint volume, the
+base model's mount (``gagar.driver.cluster`` lists every variable).
 """
 
 from __future__ import annotations
@@ -16,9 +22,11 @@ from typing import Any
 
 from gagar.operator.builders.common import (
     ATTEMPT_ANNOTATION,
+    CHECKPOINT_MOUNT,
     JOBSET,
     BuildContext,
     Manifest,
+    checkpoint_claim,
     checkpoint_volume,
     common_env,
     config_volume,
@@ -32,13 +40,17 @@ from gagar.operator.builders.common import (
     resources,
     selector,
 )
+from gagar.operator.builders.pools import GRADER_PORT, VLLM_PORT, base_model, transport
+from gagar.operator.builders.sandbox import SANDBOX_PORT
 from gagar.spec import GagarRun
 
 RDZV_PORT = 29500
 EXIT_PERMANENT = 3
 JOBSET_REPLICATED_JOB = "node"
-# The trainer's entry point inside its image (torchrun runs it as a module on every rank).
-TRAINER_MODULE = "gagar.trainer.worker"
+# The trainer's entry point inside its image (torchrun runs it as a module on every rank), and
+# the launcher the container runs (torchrun's launcher, keeping EXIT_PERMANENT).
+TRAINER_MODULE = "gagar.driver.worker"
+LAUNCHER_MODULE = "gagar.driver.launch"
 
 
 def uses_jobset(run: GagarRun, ctx: BuildContext) -> bool:
@@ -75,22 +87,47 @@ def _trainer_env(run: GagarRun) -> list[dict[str, Any]]:
         {"name": "NODE_RANK", "valueFrom": {"fieldRef": {"fieldPath": index}}},
         {"name": "GAGAR_PROGRESS_CONFIGMAP", "value": name(run, "progress")},
         {"name": "GAGAR_EXIT_PERMANENT", "value": str(EXIT_PERMANENT)},
+        *({"name": k, "value": v} for k, v in endpoint_env(run).items()),
     ]
+
+
+def endpoint_env(run: GagarRun) -> dict[str, str]:
+    """Where the trainer finds the run's other parts (Services in the run's namespace)."""
+    spec = run.spec
+    env: dict[str, str] = {"GAGAR_WEIGHT_TRANSPORT": transport(run)}
+    claim = checkpoint_claim(run)
+    if claim is not None:
+        env.update(GAGAR_RUN_DIR=CHECKPOINT_MOUNT, GAGAR_CHECKPOINT_URI=f"pvc://{claim}")
+    if spec.rollout.endpoint is None:
+        env["GAGAR_ROLLOUT_URL"] = f"http://{name(run, 'rollout')}:{VLLM_PORT}"
+        env["GAGAR_ROLLOUT_SERVICE"] = name(run, "rollout")
+    else:
+        env["GAGAR_ROLLOUT_URL"] = spec.rollout.endpoint
+    if spec.grader.endpoint is None:  # a grader pool; with an endpoint the trainer grades itself
+        env["GAGAR_GRADER_URL"] = f"http://{name(run, 'grader')}:{GRADER_PORT}"
+    if spec.sandbox.backend == "pods":
+        env["GAGAR_SANDBOX_URL"] = f"http://{name(run, 'sandbox')}:{SANDBOX_PORT}"
+    model_dir, _, _ = base_model(spec.model.path)
+    if model_dir is not None and spec.model.path != model_dir:  # a pvc:// model, mounted
+        env["GAGAR_MODEL_DIR"] = model_dir
+    return env
 
 
 def _trainer_pod(run: GagarRun, ctx: BuildContext) -> dict[str, Any]:
     cfg_vol, cfg_mount = config_volume(run)
     ckpt_vols, ckpt_mounts = checkpoint_volume(run, read_only=False)
+    _, model_vols, model_mounts = base_model(run.spec.model.path)
     shm = {"name": "dshm", "emptyDir": {"medium": "Memory"}}
+    mounts = [cfg_mount, *ckpt_mounts, *model_mounts, {"name": "dshm", "mountPath": "/dev/shm"}]
     container = {
         "name": "trainer",
         "image": run.spec.trainer.image,
-        "command": ["torchrun"],
+        "command": ["python", "-m", LAUNCHER_MODULE],
         "args": torchrun_args(run, ctx),
         "env": _trainer_env(run),
         "ports": [{"name": "rdzv", "containerPort": RDZV_PORT}, metrics_port(run)],
         "resources": resources(run.spec.trainer.resources),
-        "volumeMounts": [cfg_mount, *ckpt_mounts, {"name": "dshm", "mountPath": "/dev/shm"}],
+        "volumeMounts": mounts,
         "securityContext": container_security(),
     }
     spec: dict[str, Any] = {
@@ -98,7 +135,7 @@ def _trainer_pod(run: GagarRun, ctx: BuildContext) -> dict[str, Any]:
         "restartPolicy": "Never",
         "securityContext": pod_security(),
         "containers": [container],
-        "volumes": [cfg_vol, *ckpt_vols, shm],
+        "volumes": [cfg_vol, *ckpt_vols, *model_vols, shm],
     }
     if not uses_jobset(run, ctx):
         spec["subdomain"] = name(run, "trainer", "rdzv")

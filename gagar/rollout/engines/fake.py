@@ -8,7 +8,8 @@ It speaks the subset of vLLM's HTTP API that gagar uses, over real HTTP, so the 
   emits (content, then each tool call as JSON), log-probs a fixed function of the id, so every
   run gives the same numbers.
 * ``/v1/completions`` continues token-id prompts with ids derived from (prompt, seed, sample
-  index): the same request always gets the same answer.
+  index): the same request always gets the same answer; or, given ``completions``, answers from
+  that function of the request (a scripted policy that speaks a real tokenizer).
 * the RL routes (``/pause`` ... ``/weight_info``) with vLLM's state rules (update only between
   start and finish), reading published safetensors like the real backend does.
 
@@ -27,6 +28,7 @@ from typing import Any
 
 Reply = dict[str, Any]  # {"content": str} and/or {"tool_calls": [{"name", "arguments"}]}
 Script = list[Reply] | Callable[[dict[str, Any]], Reply]
+Completions = Callable[[dict[str, Any]], dict[str, Any]]  # /v1/completions body -> response
 VOCAB = 1000
 
 
@@ -52,8 +54,9 @@ def render(messages: list[dict[str, Any]]) -> str:
 class FakeState:
     """Everything the fake server knows; guarded by one lock (handlers run in threads)."""
 
-    def __init__(self, script: Script) -> None:
+    def __init__(self, script: Script, completions: Completions | None = None) -> None:
         self.script, self.lock = script, threading.Lock()
+        self.completions = completions or completions_response
         self.requests: list[tuple[str, Any]] = []
         self.failures: dict[str, tuple[int, int]] = {}  # path -> (status, remaining)
         self.version, self.paused, self.updating = "default", False, False
@@ -231,7 +234,7 @@ class _Handler(BaseHTTPRequestHandler):
         if path == "/v1/chat/completions":
             return chat_response(self.state.next_reply(body), body, self.state.version)
         if path == "/v1/completions":
-            return completions_response(body)
+            return self.state.completions(body)
         return rl_route(self.state, path, body)
 
 
@@ -242,8 +245,10 @@ def make_handler(state: FakeState) -> type[BaseHTTPRequestHandler]:
 class FakeOpenAIServer:
     """``with FakeOpenAIServer(script) as fake: OpenAIEngine([fake.base_url])``."""
 
-    def __init__(self, script: Script | None = None) -> None:
-        self.state = FakeState(script if script is not None else [])
+    def __init__(
+        self, script: Script | None = None, completions: Completions | None = None
+    ) -> None:
+        self.state = FakeState(script if script is not None else [], completions)
         self._server = ThreadingHTTPServer(("127.0.0.1", 0), make_handler(self.state))
         self._thread = threading.Thread(target=self._server.serve_forever, daemon=True)
 

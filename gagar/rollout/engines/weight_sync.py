@@ -215,14 +215,22 @@ class SafetensorsWeightSync:
 
     def sync(self, weights: Iterable[tuple[str, object]], version: int) -> SyncReport:
         t0 = time.perf_counter()
-        pub = publish_version(weights, self.root, version, self.base_model)
+        pub = self.publish(weights, version)
         t1 = time.perf_counter()
-        for replica in self.replicas:
-            self._load_into(replica, pub)
+        self.load(pub)
         t2 = time.perf_counter()
         return SyncReport(
             version, len(pub.names), pub.num_bytes, t1 - t0, t2 - t1, len(self.replicas)
         )
+
+    def publish(self, weights: Iterable[tuple[str, object]], version: int) -> PublishedVersion:
+        """Only write the version (replicas booting from ``root/latest`` pick it up)."""
+        return publish_version(weights, self.root, version, self.base_model)
+
+    def load(self, pub: PublishedVersion) -> None:
+        """Load a published version into every replica, one after another."""
+        for replica in self.replicas:
+            self._load_into(replica, pub)
 
     def _load_into(self, replica: ReplicaClient, pub: PublishedVersion) -> None:
         """pause → start → update per chunk → finish(version) → resume on one replica.

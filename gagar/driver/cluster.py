@@ -1,0 +1,341 @@
+"""What the cluster trainer reads from its pod, and how it reaches the rest of the run.
+
+The operator (``gagar.operator.builders.trainer``) mounts the run's ConfigMap at ``--config-dir``,
+whose ``run.json`` is the whole GagarRun as the operator validated it, and sets the environment:
+
+=============================  =================================================================
+``GAGAR_RUN_DIR``              the checkpoint volume: checkpoints, ``metrics.jsonl``, published
+                               policy versions (``published/``, which rollout replicas boot from)
+``GAGAR_CHECKPOINT_URI``       how status names that directory (``pvc://<claim>``)
+``GAGAR_ROLLOUT_URL``          the rollout pool's Service (or ``spec.rollout.endpoint``)
+``GAGAR_ROLLOUT_SERVICE``      the Service whose EndpointSlices list every replica (weight sync)
+``GAGAR_ROLLOUT_REPLICA_URLS`` fixed replica URLs (comma-separated) instead of discovery
+``GAGAR_WEIGHT_TRANSPORT``     the rollout pool's weight-transfer transport
+``GAGAR_GRADER_URL``           the grader pool's Service; unset grades in the trainer
+``GAGAR_SANDBOX_URL``          the sandbox pool's headless Service (``sandbox.backend: pods``)
+``GAGAR_MODEL_DIR``            the base policy's HF folder in the pod (a mounted ``pvc://`` path)
+``GAGAR_PROGRESS_CONFIGMAP``   ``<run>-progress``, patched with step, versions and checkpoints
+``GAGAR_NAMESPACE``            the run's namespace
+``GAGAR_METRICS_PORT``         where rank 0 serves ``/metrics``
+``GAGAR_EXIT_PERMANENT``       the exit code that fails the run at once (configuration errors)
+=============================  =================================================================
+
+Everything here that can be wrong about the configuration raises ``ConfigError``, which the
+trainer turns into ``GAGAR_EXIT_PERMANENT``; the rest (a pool not up yet, an API error) is
+transient and left to the operator's restarts.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from gagar.spec import GagarRun
+
+log = logging.getLogger("gagar.trainer")
+
+RUN_FILE = "run.json"  # the key of the whole run in the operator's <run>-config ConfigMap
+EXIT_PERMANENT = 3
+SAFETENSORS_TRANSPORT = (
+    "gagar-cpu"  # gagar's safetensors transport (vLLM backend gagar_safetensors)
+)
+_SA_NAMESPACE = Path("/var/run/secrets/kubernetes.io/serviceaccount/namespace")
+
+
+class ConfigError(ValueError):
+    """The run's configuration is unusable here; the message names the file, variable or field."""
+
+
+# Set by gagar.driver.launch for its workers: a worker that gives up for good writes its reason
+# there before it exits, so the launcher knows even when torchrun saw another rank fail first
+# (a peer whose collective broke when this rank went away) and stopped this one.
+PERMANENT_MARKER = "GAGAR_PERMANENT_MARKER"
+
+
+def exit_permanent(env: Mapping[str, str] | None = None) -> int:
+    env = os.environ if env is None else env
+    try:
+        return int(env.get("GAGAR_EXIT_PERMANENT", EXIT_PERMANENT))
+    except ValueError:
+        return EXIT_PERMANENT
+
+
+def give_up(reason: str) -> int:
+    """Log why the run cannot go on, leave the launcher's marker, return the permanent code."""
+    code = exit_permanent()
+    log.error("the run cannot go on (exit %d, not retried): %s", code, reason)
+    marker = os.environ.get(PERMANENT_MARKER)
+    if marker:
+        Path(marker).write_text(reason)
+    return code
+
+
+def load_config(config_dir: Path) -> GagarRun:
+    """The GagarRun in ``config_dir/run.json``, validated again (the same rules as the CRD)."""
+    from gagar.manifest import load_run
+
+    file = config_dir / RUN_FILE
+    if not file.is_file():
+        raise ConfigError(f"{file} is missing: is the run's ConfigMap mounted at {config_dir}?")
+    try:
+        return load_run(file)  # JSON is YAML: every problem is named with its field path
+    except ValueError as err:
+        raise ConfigError(f"invalid GagarRun in {file}:\n{err}") from err
+
+
+@dataclass(frozen=True)
+class Cluster:
+    """Where the trainer finds the rest of the run (see the module docstring for each source)."""
+
+    run_dir: Path
+    checkpoint_uri: str
+    rollout_url: str
+    rollout_service: str | None = None
+    rollout_replicas: tuple[str, ...] = ()
+    grader_url: str | None = None
+    sandbox_url: str | None = None
+    model_dir: Path | None = None
+    progress_configmap: str | None = None
+    namespace: str | None = None
+    metrics_port: int = 9400
+
+
+def _unsupported(run: GagarRun, env: Mapping[str, str]) -> str | None:
+    """Why this trainer cannot run ``run`` (a field it does not implement yet), or None."""
+    t = run.spec.trainer
+    if t.checkpoint.uri is not None:
+        return "spec.trainer.checkpoint.uri: object-store checkpoints are not written by the trainer yet; use the checkpoint PVC"
+    if t.parallelism.pipeline > 1 or t.parallelism.context > 1:
+        return "spec.trainer.parallelism: the learner has no pipeline or context-parallel schedule yet; use pipeline: 1 and context: 1"
+    transport = env.get("GAGAR_WEIGHT_TRANSPORT", SAFETENSORS_TRANSPORT)
+    if transport != SAFETENSORS_TRANSPORT:
+        return (
+            f"spec.rollout.weightSync.transport resolves to {transport!r}: the cluster trainer syncs weights "
+            f"through gagar's safetensors transport only so far; set transport: {SAFETENSORS_TRANSPORT}"
+        )
+    return None
+
+
+def resolve(env: Mapping[str, str], run: GagarRun) -> Cluster:
+    """The run's endpoints and directories from the pod's environment (``ConfigError`` if unusable)."""
+    problem = _unsupported(run, env)
+    if problem:
+        raise ConfigError(problem)
+    rollout = env.get("GAGAR_ROLLOUT_URL") or run.spec.rollout.endpoint
+    if not rollout:
+        raise ConfigError("GAGAR_ROLLOUT_URL is not set and spec.rollout.endpoint is empty")
+    sandbox = env.get("GAGAR_SANDBOX_URL") or None
+    if run.spec.sandbox.backend == "pods" and sandbox is None:
+        raise ConfigError("spec.sandbox.backend is 'pods' but GAGAR_SANDBOX_URL is not set")
+    if "GAGAR_RUN_DIR" not in env:
+        raise ConfigError("GAGAR_RUN_DIR is not set: where is the checkpoint volume mounted?")
+    try:
+        port = int(env.get("GAGAR_METRICS_PORT", run.spec.observability.metrics_port))
+    except ValueError as err:
+        raise ConfigError(f"GAGAR_METRICS_PORT: {err}") from err
+    replicas = tuple(
+        u.strip() for u in env.get("GAGAR_ROLLOUT_REPLICA_URLS", "").split(",") if u.strip()
+    )
+    model_dir = env.get("GAGAR_MODEL_DIR")
+    return Cluster(
+        run_dir=Path(env["GAGAR_RUN_DIR"]),
+        checkpoint_uri=env.get("GAGAR_CHECKPOINT_URI") or Path(env["GAGAR_RUN_DIR"]).as_uri(),
+        rollout_url=rollout,
+        rollout_service=env.get("GAGAR_ROLLOUT_SERVICE") or None,
+        rollout_replicas=replicas,
+        grader_url=env.get("GAGAR_GRADER_URL") or None,
+        sandbox_url=sandbox,
+        model_dir=Path(model_dir) if model_dir else None,
+        progress_configmap=env.get("GAGAR_PROGRESS_CONFIGMAP") or None,
+        namespace=env.get("GAGAR_NAMESPACE") or run.metadata.namespace,
+        metrics_port=port,
+    )
+
+
+# ---------------------------------------------------------------- Kubernetes API (optional)
+
+
+def kube_api() -> Any | None:
+    """An API client from the pod's service account, or None (with the reason logged)."""
+    try:
+        from kubernetes import client, config
+    except ImportError:
+        log.info(
+            "the kubernetes client is not installed: no progress reports, no replica discovery"
+        )
+        return None
+    try:
+        config.load_incluster_config()
+    except config.ConfigException as err:
+        log.info("not running in a cluster (%s): no progress reports, no replica discovery", err)
+        return None
+    return client.ApiClient()
+
+
+def namespace_of(cluster: Cluster) -> str | None:
+    if cluster.namespace:
+        return cluster.namespace
+    return _SA_NAMESPACE.read_text().strip() if _SA_NAMESPACE.exists() else None
+
+
+def progress_data(
+    step: int,
+    policy_version: int,
+    rollout_version: int | None,
+    checkpoint: tuple[int, str, str] | None,
+    start_time: str,
+) -> dict[str, str]:
+    """The ``<run>-progress`` data the operator parses (``builders.config.PROGRESS_KEYS``);
+    ``checkpoint`` is (step, uri, time)."""
+    data = {"step": str(step), "policyVersion": str(policy_version), "startTime": start_time}
+    if rollout_version is not None:
+        data["rolloutPolicyVersion"] = str(rollout_version)
+    if checkpoint is not None:
+        data.update(
+            checkpointStep=str(checkpoint[0]),
+            checkpointUri=checkpoint[1],
+            checkpointTime=checkpoint[2],
+        )
+    return data
+
+
+def now() -> str:
+    return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+class ProgressReporter:
+    """Patches ``data`` of ``<run>-progress`` (pods never patch the GagarRun; the operator folds
+    this ConfigMap into status). Best effort: a failed patch is logged, training goes on."""
+
+    def __init__(self, core: Any, name: str, namespace: str) -> None:
+        self.core, self.name, self.namespace = core, name, namespace
+
+    @classmethod
+    def from_cluster(cls, cluster: Cluster, api: Any | None) -> ProgressReporter | None:
+        if cluster.progress_configmap is None:
+            log.info("GAGAR_PROGRESS_CONFIGMAP is not set: progress is not reported")
+            return None
+        namespace = namespace_of(cluster)
+        if api is None or namespace is None:
+            log.info(
+                "no in-cluster API access: progress is not reported to %s",
+                cluster.progress_configmap,
+            )
+            return None
+        from kubernetes import client
+
+        return cls(client.CoreV1Api(api), cluster.progress_configmap, namespace)
+
+    def report(self, data: dict[str, str]) -> None:
+        try:
+            self.core.patch_namespaced_config_map(self.name, self.namespace, {"data": data})
+        except Exception as err:  # progress is status only: never stop training for it
+            log.warning("cannot patch ConfigMap %s/%s: %s", self.namespace, self.name, err)
+
+
+def replica_urls(slices: list[dict[str, Any]], port_name: str = "http") -> list[str]:
+    """Ready endpoints of EndpointSlices (API JSON) as ``http://addr:port``, sorted, unique."""
+    urls = set()
+    for s in slices:
+        ports = [p.get("port") for p in s.get("ports") or [] if p.get("name") == port_name]
+        if not ports:
+            continue
+        for ep in s.get("endpoints") or []:
+            if (ep.get("conditions") or {}).get("ready") is False:
+                continue
+            for addr in ep.get("addresses") or []:
+                host = f"[{addr}]" if ":" in addr else addr
+                urls.add(f"http://{host}:{ports[0]}")
+    return sorted(urls)
+
+
+def discover_replicas(cluster: Cluster, api: Any | None) -> list[str]:
+    """Every rollout replica to load weights into: fixed URLs, else the ready endpoints of the
+    pool's Service, else the rollout URL itself (``spec.rollout.endpoint``, or no API access)."""
+    if cluster.rollout_replicas:
+        return list(cluster.rollout_replicas)
+    namespace = namespace_of(cluster)
+    if cluster.rollout_service is None:
+        return [cluster.rollout_url]
+    if api is None or namespace is None:
+        # Each control call could reach another replica through the Service: right only for one.
+        log.warning(
+            "cannot list the replicas of %s: syncing through the Service", cluster.rollout_service
+        )
+        return [cluster.rollout_url]
+    from kubernetes import client
+
+    found = client.DiscoveryV1Api(api).list_namespaced_endpoint_slice(
+        namespace, label_selector=f"kubernetes.io/service-name={cluster.rollout_service}"
+    )
+    urls = replica_urls(api.sanitize_for_serialization(found).get("items", []))
+    if not urls:  # transient: the Service answered a moment ago (the trainer waits for it first)
+        raise RuntimeError(f"no ready endpoints behind Service {cluster.rollout_service}")
+    return urls
+
+
+class ReplicaSync:
+    """Weight sync into whichever replicas the rollout pool has at each sync (autoscaled pools
+    change): new replicas get vLLM's ``init_weight_transfer_engine`` first; a replica that fails
+    (e.g. restarted in place) is initialised again and retried once. Old versions are pruned."""
+
+    def __init__(
+        self, cluster: Cluster, api: Any | None, root: Path, base_model: Path, keep: int = 2
+    ) -> None:
+        self.cluster, self.api, self.root, self.base_model, self.keep = (
+            cluster,
+            api,
+            root,
+            base_model,
+            keep,
+        )
+        self._clients: dict[str, Any] = {}
+        self.rollout_version: int | None = None
+
+    def _client(self, url: str, fresh: bool = False) -> Any:
+        from gagar.rollout.engines.weight_sync import ReplicaClient
+
+        if fresh or url not in self._clients:
+            client = ReplicaClient(url)
+            client.init_weight_transfer_engine({"root": str(self.root.resolve())})
+            self._clients[url] = client
+        return self._clients[url]
+
+    def publish(self, weights: Any, version: int) -> Any:
+        from gagar.rollout.engines.weight_sync import publish_version
+
+        return publish_version(weights, self.root, version, self.base_model)
+
+    def load(self, pub: Any) -> None:
+        from gagar.rollout.engines.weight_sync import (
+            SafetensorsWeightSync,
+            WeightSyncError,
+            prune_versions,
+        )
+
+        urls = discover_replicas(self.cluster, self.api)
+        for url in urls:
+            try:
+                SafetensorsWeightSync([self._client(url)], self.root, self.base_model).load(pub)
+            except WeightSyncError as err:
+                log.warning("weight sync into %s failed (%s); initialising it again", url, err)
+                fresh = self._client(url, fresh=True)
+                SafetensorsWeightSync([fresh], self.root, self.base_model).load(pub)
+        self.rollout_version = _oldest([self._clients[u].weight_version() for u in urls])
+        prune_versions(self.root, self.keep)
+
+    def sync(self, weights: Any, version: int) -> None:
+        self.load(self.publish(weights, version))
+
+
+def _oldest(versions: list[str | None]) -> int | None:
+    """The oldest policy version any replica serves (None when one serves an unknown version)."""
+    try:
+        return min(int(v) for v in versions if v is not None) if all(versions) else None
+    except ValueError:
+        return None
