@@ -9,7 +9,6 @@ dies), and stops the whole process group on exit.
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 import socket
@@ -21,6 +20,7 @@ from pathlib import Path
 
 import httpx
 
+from gagar.rollout.engines.vllm_args import VllmArgs, vllm_args
 from gagar.rollout.engines.weight_sync import BACKEND
 
 REPO_ROOT = Path(__file__).resolve().parents[3]
@@ -70,20 +70,18 @@ class ServerConfig:
 
 def server_command(cfg: ServerConfig, python: str, port: int) -> list[str]:
     """The command line of ``python -m vllm.entrypoints.openai.api_server`` for RL."""
+    args = VllmArgs(
+        host=cfg.host,
+        port=port,
+        served_name=cfg.served_name,
+        weight_transfer_backend=cfg.weight_transfer_backend,
+        dtype=cfg.dtype,
+        max_model_len=cfg.max_model_len,
+        tool_call_parser=cfg.tool_call_parser,
+        enforce_eager=cfg.enforce_eager,
+    )
     cmd = [python, "-m", "vllm.entrypoints.openai.api_server", "--model", str(cfg.model)]
-    cmd += ["--host", cfg.host, "--port", str(port), "--dtype", cfg.dtype]
-    cmd += ["--served-model-name", cfg.served_name]
-    if cfg.max_model_len:
-        cmd += ["--max-model-len", str(cfg.max_model_len)]
-    # Prefix caching would return cached KV from old weights after a sync only if not reset;
-    # vLLM resets it on weight updates, so it stays on (agent turns share long prefixes).
-    cmd += ["--weight-transfer-config", json.dumps({"backend": cfg.weight_transfer_backend})]
-    cmd += ["--max-logprobs", "20", "--logprobs-mode", "raw_logprobs"]
-    if cfg.enforce_eager:
-        cmd.append("--enforce-eager")
-    if cfg.tool_call_parser:
-        cmd += ["--enable-auto-tool-choice", "--tool-call-parser", cfg.tool_call_parser]
-    return cmd + list(cfg.extra_args)
+    return cmd + vllm_args(args) + list(cfg.extra_args)
 
 
 def server_env(cfg: ServerConfig) -> dict[str, str]:
