@@ -10,3 +10,6 @@ __version__ = "0.1.0"
 API_GROUP = "gagar.dev"
 API_VERSION = "v1alpha1"
 KIND = "GagarRun"
+# The key of the whole validated run in the operator's ``<run>-config`` ConfigMap, mounted at every
+# component's ``--config-dir``.
+RUN_FILE = "run.json"

@@ -35,11 +35,11 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from gagar import RUN_FILE
 from gagar.spec import GagarRun
 
 log = logging.getLogger("gagar.trainer")
 
-RUN_FILE = "run.json"  # the key of the whole run in the operator's <run>-config ConfigMap
 EXIT_PERMANENT = 3
 SAFETENSORS_TRANSPORT = (
     "gagar-cpu"  # gagar's safetensors transport (vLLM backend gagar_safetensors)

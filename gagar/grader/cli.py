@@ -2,8 +2,13 @@
 
 Which grader runs is chosen here (``--grader heuristic|agentic``). The agentic grader's tools
 run in a sandbox session: ``bwrap`` (a ``gagar.sandbox`` local session, through
-``sandbox_adapter``; needs the sandbox package) or ``unsafe-local`` (NOT isolated, development
-only).
+``sandbox_adapter``; needs the sandbox package), ``pool`` (the run's sandbox pods behind
+``--sandbox-url``) or ``unsafe-local`` (NOT isolated, development only).
+
+In a grader pod, ``gagar grader serve --config-dir=DIR`` takes its settings from the run's
+``spec.grader`` in ``DIR/run.json`` (the operator's ConfigMap): kind, deadline, fallback, turns,
+retries, queue size (and the model endpoint, if the spec names one). A flag given on the command
+line wins over the config dir; both win over the built-in defaults.
 """
 
 from __future__ import annotations
@@ -13,10 +18,25 @@ import asyncio
 import os
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
+from gagar import RUN_FILE
 from gagar.grader.protocol import Grader, SandboxFactory
 
-SANDBOXES = ("bwrap", "unsafe-local")
+if TYPE_CHECKING:
+    from gagar.spec import GagarRun
+
+SANDBOXES = ("bwrap", "pool", "unsafe-local")
+# The settings a run's config dir can give, with their built-in values (``None`` flags take them).
+DEFAULTS: dict[str, Any] = {
+    "grader": "heuristic",
+    "deadline": 300.0,
+    "max_turns": 30,
+    "max_retries": 2,
+    "fallback": "heuristic",
+    "queue_size": 64,
+}
+SERVED_MODEL = "grader"  # the name a grader model server without one in the spec serves under
 
 
 def _bwrap_factory() -> SandboxFactory:
@@ -30,7 +50,20 @@ def _bwrap_factory() -> SandboxFactory:
     return adapt_factory(LocalFactory(), refused=(SandboxError,))
 
 
-def _sandbox_factory(name: str | None) -> SandboxFactory:
+def _pool_factory(url: str | None) -> SandboxFactory:
+    from gagar.grader.sandbox_adapter import adapt_factory
+
+    if not url:
+        raise SystemExit("--sandbox pool needs --sandbox-url (the run's sandbox Service)")
+    try:
+        from gagar.sandbox.client import HttpPoolFactory
+    except ImportError as err:
+        raise SystemExit(f"the sandbox pool client is not available: {err}") from None
+    return adapt_factory(HttpPoolFactory(url))
+
+
+def _sandbox_factory(args: argparse.Namespace) -> SandboxFactory:
+    name = args.sandbox
     if name is None:
         raise SystemExit(
             "the agentic grader runs tools in a sandbox: pass --sandbox "
@@ -38,6 +71,8 @@ def _sandbox_factory(name: str | None) -> SandboxFactory:
         )
     if name == "bwrap":
         return _bwrap_factory()
+    if name == "pool":
+        return _pool_factory(args.sandbox_url)
     from gagar.grader.local_sandbox import unsafe_local_factory
 
     print("WARNING: --sandbox unsafe-local runs candidate code WITHOUT isolation", file=sys.stderr)
@@ -48,6 +83,7 @@ def build_grader(args: argparse.Namespace) -> Grader:
     """The grader named by the command-line options."""
     from gagar.grader.protocol import HeuristicGrader
 
+    settle(args)
     if args.grader == "heuristic":
         return HeuristicGrader()
     from gagar.grader.agentic import AgenticConfig, AgenticGrader
@@ -63,11 +99,52 @@ def build_grader(args: argparse.Namespace) -> Grader:
         max_retries=args.max_retries,
         fallback=args.fallback,
     )
-    return AgenticGrader(config, _sandbox_factory(args.sandbox))
+    return AgenticGrader(config, _sandbox_factory(args))
+
+
+def load_run(config_dir: Path) -> GagarRun:
+    """The GagarRun in ``config_dir/run.json``, validated again (a clear exit if unusable)."""
+    from gagar.manifest import load_run as load
+
+    file = config_dir / RUN_FILE
+    if not file.is_file():
+        raise SystemExit(f"{file} is missing: is the run's ConfigMap mounted at {config_dir}?")
+    try:
+        return load(file)  # JSON is YAML: every problem is named with its field path
+    except ValueError as err:
+        raise SystemExit(f"invalid GagarRun in {file}:\n{err}") from None
+
+
+def settings(run: GagarRun) -> dict[str, Any]:
+    """The run's ``spec.grader`` as ``gagar grader serve`` settings (``DEFAULTS``' keys)."""
+    g = run.spec.grader
+    found: dict[str, Any] = {
+        "grader": g.kind,
+        "deadline": g.deadline_seconds,
+        "max_turns": g.max_turns,
+        "max_retries": g.max_retries,
+        "fallback": g.fallback,
+        "queue_size": g.queue_size,
+    }
+    if g.endpoint:  # an external model server (as ``gagar train`` uses it)
+        found |= {"model_url": g.endpoint, "model": g.model or SERVED_MODEL}
+    return found
+
+
+def settle(args: argparse.Namespace) -> argparse.Namespace:
+    """Fill the settings not given as flags: from ``--config-dir`` if given, else ``DEFAULTS``."""
+    config_dir = getattr(args, "config_dir", None)
+    found = settings(load_run(Path(config_dir))) if config_dir else {}
+    for key, value in {**DEFAULTS, **found}.items():
+        if hasattr(args, key) and getattr(args, key) is None:
+            setattr(args, key, value)
+    return args
 
 
 def _grader_options(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--grader", choices=["heuristic", "agentic"], default="heuristic")
+    p.add_argument(
+        "--grader", choices=["heuristic", "agentic"], help=f"default: {DEFAULTS['grader']}"
+    )
     p.add_argument(
         "--model-url",
         help="OpenAI-compatible base URL of the grader model, e.g. http://host:8000/v1",
@@ -78,26 +155,37 @@ def _grader_options(p: argparse.ArgumentParser) -> None:
         default="GAGAR_GRADER_API_KEY",
         help="environment variable holding the API key",
     )
-    p.add_argument("--deadline", type=float, default=300.0, help="per-group deadline in seconds")
-    p.add_argument("--max-turns", type=int, default=30)
     p.add_argument(
-        "--max-retries", type=int, default=2, help="malformed answers fed back before falling back"
+        "--deadline",
+        type=float,
+        help=f"per-group deadline in seconds (default {DEFAULTS['deadline']:g})",
     )
-    p.add_argument("--fallback", choices=["heuristic", "unusable"], default="heuristic")
+    p.add_argument("--max-turns", type=int, help=f"default: {DEFAULTS['max_turns']}")
+    p.add_argument(
+        "--max-retries",
+        type=int,
+        help=f"malformed answers fed back before falling back (default {DEFAULTS['max_retries']})",
+    )
+    p.add_argument(
+        "--fallback", choices=["heuristic", "unusable"], help=f"default: {DEFAULTS['fallback']}"
+    )
     p.add_argument(
         "--sandbox", choices=sorted(SANDBOXES), help="where the agentic grader's tools run"
     )
+    p.add_argument("--sandbox-url", help="the sandbox pool's Service URL (--sandbox pool)")
 
 
 def _serve(args: argparse.Namespace) -> int:
     from gagar.grader.service import GraderService, ServiceConfig, serve
 
+    settle(args)
     cfg = ServiceConfig(
         host=args.host,
         port=args.port,
         queue_size=args.queue_size,
         workers=args.workers,
         drain_seconds=args.drain_seconds,
+        metrics_port=args.metrics_port,
     )
     serve(GraderService(build_grader(args), cfg))
     return 0
@@ -140,7 +228,20 @@ def register(sub: argparse._SubParsersAction) -> None:
     serve = gsub.add_parser("serve", help="serve POST /v1/grade, /healthz, /metrics")
     serve.add_argument("--host", default="0.0.0.0")
     serve.add_argument("--port", type=int, default=8080)
-    serve.add_argument("--queue-size", type=int, default=64, help="waiting groups before 429")
+    serve.add_argument(
+        "--metrics-port",
+        type=int,
+        help="also serve /metrics on this port (the pod's metrics port); /metrics is on --port too",
+    )
+    serve.add_argument(
+        "--config-dir",
+        help=f"the run's config (its {RUN_FILE}, the operator's ConfigMap): spec.grader's settings",
+    )
+    serve.add_argument(
+        "--queue-size",
+        type=int,
+        help=f"waiting groups before 429 (default {DEFAULTS['queue_size']})",
+    )
     serve.add_argument("--workers", type=int, default=2, help="groups graded concurrently")
     serve.add_argument(
         "--drain-seconds", type=float, default=30.0, help="time to finish work on shutdown"

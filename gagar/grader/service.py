@@ -21,7 +21,14 @@ from dataclasses import dataclass
 
 import httpx
 from aiohttp import web
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client import (
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    Histogram,
+    generate_latest,
+    start_http_server,
+)
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 from pydantic import ValidationError
 
@@ -37,6 +44,7 @@ class ServiceConfig:
     workers: int = 2
     drain_seconds: float = 30.0
     max_body_bytes: int = 256 * 1024 * 1024
+    metrics_port: int | None = None  # also serve /metrics there (a pod's metrics port)
 
 
 class ShuttingDown(Exception):
@@ -217,8 +225,12 @@ class GraderService:
 
 
 def serve(service: GraderService) -> None:
-    """Run until SIGINT/SIGTERM, then drain (aiohttp's runner calls ``on_shutdown``)."""
+    """Run until SIGINT/SIGTERM, then drain (aiohttp's runner calls ``on_shutdown``). With a
+    ``metrics_port``, ``/metrics`` is served there too (a thread), where the pod's monitors and
+    the autoscaler scrape ``gagar_grader_queue_depth``."""
     cfg = service.config
+    if cfg.metrics_port is not None and cfg.metrics_port != cfg.port:
+        start_http_server(cfg.metrics_port, addr=cfg.host, registry=service.registry)
     web.run_app(
         service.app(),
         host=cfg.host,

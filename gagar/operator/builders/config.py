@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from gagar import RUN_FILE
 from gagar.operator.builders.common import (
     BuildContext,
     Manifest,
@@ -50,7 +51,7 @@ def config_data(run: GagarRun) -> dict[str, str]:
         "metadata": meta,
     }
     parts = {
-        "run.json": {**wire, "spec": spec.to_wire()},
+        RUN_FILE: {**wire, "spec": spec.to_wire()},
         "model.json": spec.model.to_wire(),
         "algorithm.json": spec.algorithm.to_wire(),
         "trainer.json": spec.trainer.to_wire(),
