@@ -8,14 +8,15 @@ import sys
 from pathlib import Path
 
 
-def _factory(args: argparse.Namespace, **limit_overrides: object):
+def _factory(args: argparse.Namespace, root: str | None = None, **limit_overrides: object):
     from gagar.sandbox.local import LocalFactory, check_isolation
     from gagar.sandbox.types import Limits
 
     if not args.unsafe_no_isolation:
         check_isolation()
     limits = Limits.model_validate({k: v for k, v in limit_overrides.items() if v is not None})
-    return LocalFactory(limits=limits, isolation="none" if args.unsafe_no_isolation else "bwrap")
+    isolation = "none" if args.unsafe_no_isolation else "bwrap"
+    return LocalFactory(limits=limits, isolation=isolation, root=root)
 
 
 def _read_dir(root: Path) -> dict[str, bytes]:
@@ -59,8 +60,12 @@ def _serve(args: argparse.Namespace) -> int:
     from gagar.sandbox.server import make_server
     from gagar.sandbox.types import SandboxError
 
+    root = args.workspace_root
+    if root is not None and not Path(root).is_dir():
+        print(f"gagar sandbox: --workspace-root {root} is not a directory", file=sys.stderr)
+        return 2
     try:
-        factory = _factory(args)
+        factory = _factory(args, root=root)
     except SandboxError as e:
         print(f"gagar sandbox: {e}", file=sys.stderr)
         return 3
@@ -108,9 +113,17 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("cmd", nargs=argparse.REMAINDER, help="-- CMD ...")
     p.set_defaults(func=_exec)
     s = ssub.add_parser("serve", help="serve sandbox sessions over HTTP (for sandbox pods)")
-    s.add_argument("--host", default="127.0.0.1")
+    s.add_argument(
+        "--host", default="127.0.0.1", help="address to listen on (0.0.0.0 in a sandbox pod)"
+    )
     s.add_argument("--port", type=int, default=8700)
     s.add_argument("--max-sessions", type=int, default=64)
+    s.add_argument(
+        "--workspace-root",
+        default=None,
+        help="directory holding the sessions' workspaces (a sandbox pod's writable volume; "
+        "default: the temp dir)",
+    )
     _unsafe_flag(s)
     s.set_defaults(func=_serve)
     c = ssub.add_parser("check", help="check that isolation works on this machine")

@@ -160,3 +160,20 @@ def test_cli_serve_starts_and_answers(tmp_path) -> None:
     finally:
         proc.terminate()
         proc.wait(10)
+
+
+def test_serve_keeps_sessions_under_the_workspace_root(tmp_path) -> None:
+    """A sandbox pod's root filesystem is read-only: sessions must live on its workspace volume."""
+    from gagar.cli import build_parser
+    from gagar.sandbox.cli import _factory
+
+    root = tmp_path / "workspace"
+    root.mkdir()
+    args = build_parser().parse_args(
+        ["sandbox", "serve", "--host=0.0.0.0", f"--workspace-root={root}"]
+    )
+    check_isolation()
+    with _factory(args, root=args.workspace_root).create(files={"a.py": "X = 1\n"}) as s:
+        assert s.dir.parent == root
+    missing = ["sandbox", "serve", f"--workspace-root={tmp_path / 'none'}"]
+    assert args.func(build_parser().parse_args(missing)) == 2
