@@ -348,6 +348,10 @@ def test_monitors_follow_crds_and_mode() -> None:
     assert len(by_kind(build_all(on), "PodMonitor")) == 1
 
 
+def _opt(args: list[str], flag: str) -> str:
+    return args[args.index(flag) + 1]
+
+
 def test_rollout_vllm_weight_transfer() -> None:
     objs = build_all(example("single-gpu"))
     (c,) = one(objs, "Deployment", "qwen3-swe-1node-rollout")["spec"]["template"]["spec"][
@@ -355,38 +359,52 @@ def test_rollout_vllm_weight_transfer() -> None:
     ]
     env = {e["name"]: e.get("value") for e in c["env"]}
     assert env["VLLM_SERVER_DEV_MODE"] == "1"
-    assert '\'--weight-transfer-config={"backend": "nccl"}\'' in c["command"][2]
+    assert json.loads(_opt(c["args"], "--weight-transfer-config")) == {"backend": "nccl"}
+    assert _opt(c["args"], "--logprobs-mode") == "raw_logprobs"  # exact log-probs, as embedded
+    assert _opt(c["args"], "--dtype") == "bfloat16"  # the trainer's dtype on GPU replicas
+    assert _opt(c["args"], "--served-model-name") == "policy"
     assert transport(example("local")) == "gagar-cpu"  # auto without GPUs
     local = one(build_all(example("local")), "Deployment", "local-rollout")
     (cpu,) = local["spec"]["template"]["spec"]["containers"]
     # vLLM knows gagar's CPU transport by the name its plugin registers
-    assert '\'--weight-transfer-config={"backend": "gagar_safetensors"}\'' in cpu["command"][2]
+    assert json.loads(_opt(cpu["args"], "--weight-transfer-config")) == {
+        "backend": "gagar_safetensors"
+    }
+    assert _opt(cpu["args"], "--dtype") == "float32"  # CPU: the trainer's float32 parameters
     grader = one(objs, "Deployment", "qwen3-swe-1node-grader")["spec"]["template"]["spec"]
     names = [x["name"] for x in grader["containers"]]
     assert names == ["grader", "model"]
-    assert grader["containers"][0]["command"][:3] == ["gagar", "grader", "serve"]
+    service, model = grader["containers"]
+    assert [*service["command"], *service["args"][:2]] == ["gagar", "grader", "serve"]
+    assert "--config-dir=/etc/gagar/config" in service["args"]
+    assert _opt(model["args"], "--served-model-name") == "grader"
+    assert _opt(model["args"], "--tool-call-parser") == "hermes"  # the grader calls tools
+    assert "--weight-transfer-config" not in model["args"]  # a fixed model
     heur = one(build_all(example("local")), "Deployment", "local-grader")["spec"]["template"][
         "spec"
     ]
     assert [x["name"] for x in heur["containers"]] == ["grader"]
 
 
-def _run_entry(tmp_path: Path, command: list[str]) -> str:
+def _run_entry(tmp_path: Path, command: list[str], args: list[str]) -> str:
     """Run a vLLM entry script with a fake ``vllm`` that prints its arguments."""
     fake = tmp_path / "bin" / "vllm"
     fake.parent.mkdir(exist_ok=True)
     fake.write_text('#!/bin/sh\necho "$@"\n')
     fake.chmod(fake.stat().st_mode | stat.S_IEXEC)
     env = {**os.environ, "PATH": f"{fake.parent}:{os.environ['PATH']}"}
-    out = subprocess.run(command, env=env, capture_output=True, text=True, timeout=10, check=True)
+    out = subprocess.run(
+        [*command, *args], env=env, capture_output=True, text=True, timeout=10, check=True
+    )
     return out.stdout
 
 
 def test_vllm_entry_script_boots_base_model(tmp_path: Path) -> None:
-    out = _run_entry(tmp_path, vllm_command("/models/base dir", "policy", ['--x={"a": 1}']))
+    args = ['--x={"a": 1}', "--served-model-name", "policy"]
+    out = _run_entry(tmp_path, vllm_command("/models/base dir"), args)
     assert out.split()[:2] == ["serve", "/models/base"]  # quoting keeps the space in one arg
     assert '--x={"a": 1}' in out and "--served-model-name policy" in out
-    plain = _run_entry(tmp_path, vllm_command("m", "grader", [], published=False))
+    plain = _run_entry(tmp_path, vllm_command("m", published=False), ["--host", "0.0.0.0"])
     assert plain.startswith("serve m --host 0.0.0.0")
 
 

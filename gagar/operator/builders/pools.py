@@ -15,11 +15,11 @@ checkpoint volume (falling back to the base model), so new autoscaled replicas s
 
 from __future__ import annotations
 
-import json
 import shlex
 from typing import Any
 
 from gagar.operator.builders.common import (
+    CONFIG_MOUNT,
     PUBLISHED_DIR,
     BuildContext,
     Manifest,
@@ -36,12 +36,15 @@ from gagar.operator.builders.common import (
     resources,
     selector,
 )
+from gagar.operator.builders.sandbox import SANDBOX_PORT
+from gagar.rollout.engines.vllm_args import VllmArgs, vllm_args
 from gagar.spec import Autoscaling, GagarRun, GraderSpec, RolloutSpec
 
 VLLM_PORT = 8000
 GRADER_PORT = 8080
 KEDA_PAUSED = "autoscaling.keda.sh/paused-replicas"
 BASE_MODEL_MOUNT = "/gagar/base-model"
+GRADER_MODEL_NAME = "grader"  # the agentic grader's model server serves its model by this name
 
 
 def quantity(x: float) -> str:
@@ -80,11 +83,15 @@ def base_model(
     return f"{BASE_MODEL_MOUNT}/{sub}".rstrip("/"), [volume], [mount]
 
 
-def streamer_args(model: str | None) -> list[str]:
+def load_format(model: str | None) -> str | None:
     """Object-store models are streamed by vLLM's Run:ai model streamer."""
-    return (
-        ["--load-format=runai_streamer"] if model and model.startswith(("s3://", "gs://")) else []
-    )
+    return "runai_streamer" if model and model.startswith(("s3://", "gs://")) else None
+
+
+def rollout_dtype(run: GagarRun) -> str:
+    """The policy's dtype in vLLM: the trainer's on GPU replicas; float32 on CPU replicas, where
+    the trainer keeps float32 parameters (exact log-probs for the importance ratio)."""
+    return run.spec.model.dtype if run.spec.rollout.resources.gpus > 0 else "float32"
 
 
 def _replicas(run: GagarRun, pool: RolloutSpec | GraderSpec, ctx: BuildContext) -> int | None:
@@ -111,48 +118,63 @@ def _deployment(
     )
 
 
-def vllm_command(
-    model: str | None, served_name: str, extra: list[str], published: bool = True
-) -> list[str]:
-    """Shell entry of a vLLM server. The policy (``published``) boots from the newest weights the
-    trainer published, else the base model, else waits for the first publication."""
-    args = " ".join(
-        shlex.quote(a)
-        for a in [
-            "--host",
-            "0.0.0.0",
-            "--port",
-            str(VLLM_PORT),
-            "--served-model-name",
-            served_name,
-            *extra,
-        ]
-    )
+def vllm_command(model: str | None, published: bool = True) -> list[str]:
+    """Shell entry of a vLLM server; its options follow as the container's ``args`` (``"$@"``).
+    The policy (``published``) boots from the newest weights the trainer published, else the base
+    model, else waits for the first publication."""
     if not published:
-        return ["/bin/sh", "-c", f"exec vllm serve {shlex.quote(model or '')} {args}"]
-    fallback = f"M={shlex.quote(model)}; break" if model else "sleep 10"
-    script = (
-        f'while true; do M={PUBLISHED_DIR}; [ -f "$M/config.json" ] && break; '
-        f'{fallback}; done; exec vllm serve "$M" {args}'
+        script = f'exec vllm serve {shlex.quote(model or "")} "$@"'
+    else:
+        fallback = f"M={shlex.quote(model)}; break" if model else "sleep 10"
+        script = (
+            f'while true; do M={PUBLISHED_DIR}; [ -f "$M/config.json" ] && break; '
+            f'{fallback}; done; exec vllm serve "$M" "$@"'
+        )
+    return ["/bin/sh", "-c", script, "vllm"]  # "vllm" is $0, the args are "$@"
+
+
+def rollout_args(run: GagarRun, model: str | None) -> list[str]:
+    """The policy server's vLLM options (the embedded server's, through ``vllm_args``)."""
+    rollout = run.spec.rollout
+    return vllm_args(
+        VllmArgs(
+            host="0.0.0.0",
+            port=VLLM_PORT,
+            served_name="policy",
+            weight_transfer_backend=vllm_backend(run),
+            dtype=rollout_dtype(run),
+            max_model_len=rollout.agent.max_context_tokens,
+            tensor_parallel_size=rollout.tensor_parallel_size,
+            gpu_memory_utilization=rollout.gpu_memory_utilization,
+            load_format=load_format(model),
+        )
     )
-    return ["/bin/sh", "-c", script]
+
+
+def grader_model_args(run: GagarRun, model: str | None) -> list[str]:
+    """The agentic grader's model server: a fixed model answering OpenAI tool calls."""
+    grader = run.spec.grader
+    return vllm_args(
+        VllmArgs(
+            host="0.0.0.0",
+            port=VLLM_PORT,
+            served_name=GRADER_MODEL_NAME,
+            tensor_parallel_size=max(grader.resources.gpus, 1),
+            tool_call_parser=grader.tool_call_parser,
+            load_format=load_format(model),
+        )
+    )
 
 
 def _vllm_container(
     run: GagarRun, model: str | None, mounts: list[dict[str, Any]]
 ) -> dict[str, Any]:
     rollout = run.spec.rollout
-    extra = [
-        f"--tensor-parallel-size={rollout.tensor_parallel_size}",
-        f"--gpu-memory-utilization={rollout.gpu_memory_utilization}",
-        f"--max-model-len={rollout.agent.max_context_tokens}",
-        f"--weight-transfer-config={json.dumps({'backend': vllm_backend(run)})}",
-        *streamer_args(model),
-    ]
     return {
         "name": "vllm",
         "image": rollout.image,
-        "command": vllm_command(model, "policy", extra),
+        "command": vllm_command(model),
+        "args": rollout_args(run, model),
         "env": [*common_env(run, "rollout"), {"name": "VLLM_SERVER_DEV_MODE", "value": "1"}],
         "ports": [{"name": "http", "containerPort": VLLM_PORT}],
         "readinessProbe": {"httpGet": {"path": "/health", "port": "http"}, "periodSeconds": 10},
@@ -179,43 +201,52 @@ def build_rollout_deployment(run: GagarRun, ctx: BuildContext) -> Manifest:
     return _deployment(run, ctx, "rollout", pod, _replicas(run, run.spec.rollout, ctx))
 
 
+def grader_serve_args(run: GagarRun) -> list[str]:
+    """``gagar grader serve`` in the pod: the settings come from the run's ``grader.json`` in the
+    config dir; the flags say where this pod's parts are (its model server beside it, the
+    sandbox pool)."""
+    args = [
+        "grader",
+        "serve",
+        "--host=0.0.0.0",
+        f"--port={GRADER_PORT}",
+        f"--metrics-port={run.spec.observability.metrics_port}",
+        f"--config-dir={CONFIG_MOUNT}",
+    ]
+    if run.spec.grader.kind != "agentic":
+        return args
+    args += [f"--model-url=http://127.0.0.1:{VLLM_PORT}/v1", f"--model={GRADER_MODEL_NAME}"]
+    if run.spec.sandbox.backend == "pods":
+        return [
+            *args,
+            "--sandbox=pool",
+            f"--sandbox-url=http://{name(run, 'sandbox')}:{SANDBOX_PORT}",
+        ]
+    return [*args, "--sandbox=bwrap"]
+
+
 def _grader_containers(run: GagarRun, mounts: list[dict[str, Any]]) -> list[dict[str, Any]]:
     grader = run.spec.grader
-    agentic = grader.kind == "agentic"
     service = {
         "name": "grader",
         "image": grader.image,
-        "command": [
-            "gagar",
-            "grader",
-            "serve",
-            f"--port={GRADER_PORT}",
-            "--config-dir=/etc/gagar/config",
-        ],
-        "env": [*common_env(run, "grader")]
-        + (
-            [{"name": "GAGAR_GRADER_MODEL_URL", "value": f"http://127.0.0.1:{VLLM_PORT}/v1"}]
-            if agentic
-            else []
-        ),
+        "command": ["gagar"],
+        "args": grader_serve_args(run),
+        "env": common_env(run, "grader"),
         "ports": [{"name": "http", "containerPort": GRADER_PORT}, metrics_port(run)],
         "readinessProbe": {"httpGet": {"path": "/healthz", "port": "http"}, "periodSeconds": 10},
         "volumeMounts": mounts[:1],
         "securityContext": container_security(),
     }
-    if not agentic:
+    if grader.kind != "agentic":
         service["resources"] = resources(grader.resources)
         return [service]
     model_path, _, model_mounts = base_model(grader.model)
     server = {
         "name": "model",
         "image": run.spec.rollout.image,
-        "command": vllm_command(
-            model_path,
-            "grader",
-            [f"--tensor-parallel-size={max(grader.resources.gpus, 1)}", *streamer_args(model_path)],
-            published=False,
-        ),
+        "command": vllm_command(model_path, published=False),
+        "args": grader_model_args(run, model_path),
         "env": common_env(run, "grader-model"),
         "ports": [{"name": "model", "containerPort": VLLM_PORT}],
         "readinessProbe": {"httpGet": {"path": "/health", "port": "model"}, "periodSeconds": 10},

@@ -29,6 +29,18 @@ from gagar.spec import GagarRun
 
 SANDBOX_PORT = 8090
 SANDBOX_UID = 65534
+WORKSPACE_ROOT = "/workspace"  # the workspace emptyDir: every session's directory lies under it
+
+
+def serve_args() -> list[str]:
+    """``gagar sandbox serve`` on every interface (the trainer and grader reach the pod by its IP)."""
+    return [
+        "sandbox",
+        "serve",
+        "--host=0.0.0.0",
+        f"--port={SANDBOX_PORT}",
+        f"--workspace-root={WORKSPACE_ROOT}",
+    ]
 
 
 def _container(run: GagarRun) -> dict[str, Any]:
@@ -37,20 +49,15 @@ def _container(run: GagarRun) -> dict[str, Any]:
     return {
         "name": "executor",
         "image": sb.image,
-        "command": [
-            "gagar",
-            "sandbox",
-            "serve",
-            f"--port={SANDBOX_PORT}",
-            "--workspace-root=/workspace",
-        ],
+        "command": ["gagar"],
+        "args": serve_args(),
         "env": common_env(run, "sandbox"),
         "ports": [{"name": "executor", "containerPort": SANDBOX_PORT}],
         "readinessProbe": {"tcpSocket": {"port": "executor"}, "periodSeconds": 10},
         "resources": resources(sb.resources),
         "volumeMounts": [
             cfg_mount,
-            {"name": "workspace", "mountPath": "/workspace"},
+            {"name": "workspace", "mountPath": WORKSPACE_ROOT},
             {"name": "tmp", "mountPath": "/tmp"},
         ],
         "securityContext": {
