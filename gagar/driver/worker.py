@@ -288,12 +288,16 @@ def _permanent_errors() -> tuple[type[BaseException], ...]:
     return (ConfigError, SetupError, LayoutMismatch, UnsupportedModel, CheckpointError)
 
 
-def main(argv: list[str] | None = None) -> int:
+def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="gagar.driver.worker", description="the cluster trainer")
     parser.add_argument(
         "--config-dir", default=os.environ.get("GAGAR_CONFIG_DIR", "/etc/gagar/config")
     )
-    args = parser.parse_args(argv)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
     _logging()
     try:
         run = load_config(Path(args.config_dir))
