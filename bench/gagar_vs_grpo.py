@@ -70,7 +70,8 @@ def gagar_train(doc: dict[str, Any], out: Path, *args: str) -> float:
 
 
 def read_run(out: Path) -> dict[str, Any]:
-    records = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines() if x]
+    log = out / "metrics.jsonl"  # absent for the SFT start (no RL step)
+    records = [json.loads(x) for x in log.read_text().splitlines() if x] if log.exists() else []
     report = json.loads((out / "report.json").read_text())
     return {"records": records, "held_out": report.get("held_out", {}), "report": report}
 
@@ -154,6 +155,9 @@ def main() -> int:
     p.add_argument("--dataset-size", type=int, default=128, help="synthetic tasks (25%% held out)")
     p.add_argument("--work", default=str(ROOT / "runs" / "gagar_vs_grpo"))
     p.add_argument("--json", default=str(RESULTS / "gagar_vs_grpo.json"))
+    p.add_argument(
+        "--reuse-sft", action="store_true", help="start from --work's finished SFT run if present"
+    )
     args = p.parse_args()
     from rich.console import Console
 
@@ -168,10 +172,14 @@ def main() -> int:
     sft_doc = manifest(
         base, "sft", model={**base["spec"]["model"], "sftWarmupSteps": args.sft_steps}
     )
-    console.print(f"[bold]SFT[/] {args.sft_steps} steps → {work / 'sft'}")
-    sft_seconds = gagar_train(
-        sft_doc, work / "sft", "--eval-only", "--eval-tasks", str(args.eval_tasks)
-    )
+    if args.reuse_sft and (work / "sft" / "report.json").exists():
+        console.print(f"[bold]SFT[/]: reusing {work / 'sft'}")
+        sft_seconds = float("nan")
+    else:
+        console.print(f"[bold]SFT[/] {args.sft_steps} steps → {work / 'sft'}")
+        sft_seconds = gagar_train(
+            sft_doc, work / "sft", "--eval-only", "--eval-tasks", str(args.eval_tasks)
+        )
     sft = read_run(work / "sft")
     start = work / "sft-policy"
     if start.exists():

@@ -378,6 +378,7 @@ async def evaluate(ctx: Context, tasks: list[Any], seed: int = 0) -> dict[str, A
     groups = await asyncio.gather(
         *(rollouts.group(t, 1, 7_000_000 + seed + i) for i, t in enumerate(tasks))
     )
+    dump_rollouts(ctx.out / "rollouts" / "held_out.jsonl", list(groups))
     rollouts = [g.rollouts[0] for g in groups]
     valid = [r for r in rollouts if r.valid]
     passes = [(g, r) for g, r in zip(groups, rollouts, strict=True) if r.valid and r.passed]
