@@ -315,6 +315,8 @@ def test_rollout_vllm_weight_transfer() -> None:
     names = [x["name"] for x in grader["containers"]]
     assert names == ["grader", "model"]
     assert grader["containers"][0]["command"][:3] == ["gagar", "grader", "serve"]
+    model_cmd = grader["containers"][1]["command"][2]
+    assert "--enable-auto-tool-choice --tool-call-parser=hermes" in model_cmd
     heur = one(build_all(example("local")), "Deployment", "local-grader")["spec"]["template"][
         "spec"
     ]

@@ -202,7 +202,13 @@ def _grader_containers(run: GagarRun, mounts: list[dict[str, Any]]) -> list[dict
         "command": vllm_command(
             model_path,
             "grader",
-            [f"--tensor-parallel-size={max(grader.resources.gpus, 1)}", *streamer_args(model_path)],
+            [
+                f"--tensor-parallel-size={max(grader.resources.gpus, 1)}",
+                # the agentic grader calls tools through the OpenAI API: vLLM refuses without these
+                "--enable-auto-tool-choice",
+                f"--tool-call-parser={grader.tool_call_parser}",
+                *streamer_args(model_path),
+            ],
             published=False,
         ),
         "env": common_env(run, "grader-model"),
