@@ -545,7 +545,7 @@ class GraderSpec(_Pool):
     max_retries: int = Field(default=2, ge=0)
     """Retries on malformed structured output."""
     max_turns: int = Field(default=24, ge=1)
-    """Tool-calling turns of the agentic grader."""
+    """Tool-calling turns of the agentic grader; the last one must call ``submit_ranking``."""
     queue_size: int = Field(default=64, ge=1)
     """Bounded queue of the grader service (back-pressure beyond it)."""
 
