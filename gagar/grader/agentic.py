@@ -6,8 +6,9 @@ OpenAI-compatible chat API (the grader pool's vLLM), calls ``list_files``/``read
 by calling ``submit_ranking`` (or answering with the same JSON object). The answer is validated
 against ``RankingSubmission`` (pydantic: tiers, types, unknown fields) and then for completeness
 (every valid pass exactly once across tied groups and hacks, nothing else). A malformed answer is
-fed back with the error, up to ``max_retries`` times. The last allowed turn requires a
-``submit_ranking`` call (``tool_choice``), and the submission's schema is narrowed to the group, so a
+fed back with the error, up to ``max_retries`` times. The last allowed turn, and every turn after a
+rejected answer, requires a ``submit_ranking`` call (``tool_choice``), and the submission's schema
+is narrowed to the group, so a
 server that constrains strict tool arguments (vLLM with a tool-call parser) decodes a well-formed
 submission even from a small model; its completeness is still checked here.
 
@@ -82,7 +83,9 @@ class AgenticConfig:
     temperature: float = 0.0
     max_tokens: int = 2048
     request_timeout: float = 120.0
-    force_submit_last_turn: bool = True  # the last turn's tool_choice names submit_ranking
+    # tool_choice names submit_ranking on the last turn and on every turn after a rejected answer
+    # (the model has stopped inspecting and is answering; only the structured answer can count)
+    require_submit: bool = True
     heuristic: HeuristicConfig = field(default_factory=HeuristicConfig)
 
 
@@ -214,7 +217,7 @@ class AgenticGrader:
     ) -> Ranking:
         last = self.config.max_turns - 1
         for turn in range(self.config.max_turns):
-            force = self.config.force_submit_last_turn and turn == last
+            force = self.config.require_submit and (turn == last or session.retries > 0)
             message = await self._complete(http, session, force)
             session.messages.append(message)
             calls = message.get("tool_calls") or []

@@ -163,8 +163,17 @@ def test_last_turn_requires_submit_ranking_under_the_group_schema(tmp_path):
     tied = submit["parameters"]["$defs"]["TiedGroup"]["properties"]["members"]
     assert tied["items"]["enum"] == [0, 1, 2] and tied["maxItems"] == 3  # the passes of the group
     with FakeOpenAI([tool_call("list_files", {})] * 2) as fake:
-        _grade(fake, tmp_path, max_turns=2, force_submit_last_turn=False)
+        _grade(fake, tmp_path, max_turns=2, require_submit=False)
     assert [r["tool_choice"] for r in fake.requests] == ["auto", "auto"]
+
+
+def test_after_a_rejected_answer_every_turn_requires_submit_ranking(tmp_path):
+    script = [text("Member 0 is best."), tool_call("submit_ranking", MALFORMED["missing_member"])]
+    with FakeOpenAI([*script, tool_call("submit_ranking", GOOD)]) as fake:
+        ranking = _grade(fake, tmp_path, max_turns=10, max_retries=2)
+    assert ranking.grader == "agentic"
+    choices = [r["tool_choice"] for r in fake.requests]
+    assert choices[0] == "auto" and all(c != "auto" for c in choices[1:]) and len(choices) == 3
 
 
 def test_narrowed_schema_accepts_exactly_what_a_complete_submission_can_be():
