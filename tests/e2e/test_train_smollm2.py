@@ -88,7 +88,8 @@ def test_one_full_step_of_the_smollm2_preset(tmp_path: Path) -> None:
         close(ctx)
     print(
         f"setup {t1 - t0:.0f}s, step {record['step_seconds']:.0f}s (rollouts "
-        f"{record['rollout_seconds']:.0f}s, training {record['training_seconds']:.0f}s, sync "
+        f"{record['rollout_seconds']:.0f}s for {record['generated_tokens']} tokens, training "
+        f"{record['training_seconds']:.0f}s for {record['tokens_trained']} tokens, sync "
         f"{record['sync_seconds']:.1f}s, checkpoint {record['checkpoint_seconds']:.1f}s); pass rate "
         f"{record['pass_rate']}, graded_by {record['graded_by']}, fallbacks {record['fallbacks']}; "
         f"trainer/vLLM log-prob gap {record['rollout_logp_abs_diff']:.1e} before, {gap:.1e} after "
