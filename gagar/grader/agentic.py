@@ -6,7 +6,11 @@ OpenAI-compatible chat API (the grader pool's vLLM), calls ``list_files``/``read
 by calling ``submit_ranking`` (or answering with the same JSON object). The answer is validated
 against ``RankingSubmission`` (pydantic: tiers, types, unknown fields) and then for completeness
 (every valid pass exactly once across tied groups and hacks, nothing else). A malformed answer is
-fed back with the error, up to ``max_retries`` times.
+fed back with the error, up to ``max_retries`` times. The last allowed turn, and every turn after a
+rejected answer, requires a ``submit_ranking`` call (``tool_choice``), and the submission's schema
+is narrowed to the group, so a
+server that constrains strict tool arguments (vLLM with a tool-call parser) decodes a well-formed
+submission even from a small model; its completeness is still checked here.
 
 Every way out of the loop is an exception carrying its reason, mapped to the configured fallback
 (the heuristic ranking, or an explicitly unusable one): ``unusable_ranking`` (malformed after the
@@ -32,7 +36,14 @@ from pydantic import ValidationError
 
 from gagar.grader.heuristic import HeuristicConfig, rank
 from gagar.grader.protocol import SandboxFactory, unusable
-from gagar.grader.tools import RankingSubmission, Toolbox, ToolError, parse_arguments, tool_specs
+from gagar.grader.tools import (
+    SUBMIT,
+    RankingSubmission,
+    Toolbox,
+    ToolError,
+    parse_arguments,
+    tool_specs,
+)
 from gagar.grader.workspace import write_workspace
 from gagar.wire import FallbackReason, Finding, GradingGroup, Hack, Ranking, Usage
 
@@ -72,6 +83,9 @@ class AgenticConfig:
     temperature: float = 0.0
     max_tokens: int = 2048
     request_timeout: float = 120.0
+    # tool_choice names submit_ranking on the last turn and on every turn after a rejected answer
+    # (the model has stopped inspecting and is answering; only the structured answer can count)
+    require_submit: bool = True
     heuristic: HeuristicConfig = field(default_factory=HeuristicConfig)
 
 
@@ -80,6 +94,7 @@ class _Session:
     """Mutable state of one grading run, kept outside the deadline so usage survives a timeout."""
 
     messages: list[dict[str, Any]]
+    tools: list[dict[str, Any]] = field(default_factory=list)
     prompt_tokens: int = 0
     completion_tokens: int = 0
     retries: int = 0
@@ -182,6 +197,7 @@ class AgenticGrader:
             try:
                 toolbox = Toolbox(sandbox, group)
                 session.messages += self._opening(group, root / "ws")
+                session.tools = tool_specs(group.passes(), len(group.candidates))
                 async with httpx.AsyncClient(
                     base_url=self.config.base_url, timeout=self.config.request_timeout
                 ) as http:
@@ -199,8 +215,10 @@ class AgenticGrader:
     async def _loop(
         self, http: httpx.AsyncClient, toolbox: Toolbox, group: GradingGroup, session: _Session
     ) -> Ranking:
-        for _ in range(self.config.max_turns):
-            message = await self._complete(http, session)
+        last = self.config.max_turns - 1
+        for turn in range(self.config.max_turns):
+            force = self.config.require_submit and (turn == last or session.retries > 0)
+            message = await self._complete(http, session, force)
             session.messages.append(message)
             calls = message.get("tool_calls") or []
             if not calls:
@@ -237,11 +255,11 @@ class AgenticGrader:
             name, call_id = fn.get("name", ""), call.get("id", "")
             try:
                 args = parse_arguments(fn.get("arguments"))
-                if name == "submit_ranking":
+                if name == SUBMIT:
                     return to_ranking(args, group.passes())
                 observation = await asyncio.to_thread(toolbox.call, name, args)
             except (ToolError, ValueError, TypeError) as err:
-                if name == "submit_ranking":
+                if name == SUBMIT:
                     self._reject(str(err), session)
                 observation = f"Error: {err}"
             session.messages.append(
@@ -249,12 +267,15 @@ class AgenticGrader:
             )
         return None
 
-    async def _complete(self, http: httpx.AsyncClient, session: _Session) -> dict[str, Any]:
+    async def _complete(
+        self, http: httpx.AsyncClient, session: _Session, force_submit: bool
+    ) -> dict[str, Any]:
+        choice = {"type": "function", "function": {"name": SUBMIT}} if force_submit else "auto"
         body = {
             "model": self.config.model,
             "messages": session.messages,
-            "tools": tool_specs(),
-            "tool_choice": "auto",
+            "tools": session.tools or tool_specs(),
+            "tool_choice": choice,
             "temperature": self.config.temperature,
             "max_tokens": self.config.max_tokens,
         }

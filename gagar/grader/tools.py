@@ -55,14 +55,47 @@ def _fn(name: str, description: str, properties: dict[str, Any], required: list[
     }
 
 
+SUBMIT = "submit_ranking"
 _PATH = {"type": "string", "description": "Path relative to the workspace root."}
 # Caches that running tests leaves behind; hidden from list/grep/diff so they are not mistaken
 # for a candidate's changes.
 JUNK = ("__pycache__", ".pytest_cache", ".benchmarks", ".hypothesis", ".mypy_cache")
 
 
-def tool_specs() -> list[dict]:
-    """OpenAI-style function tools; ``submit_ranking``'s parameters are the submission schema."""
+def submission_schema(passes: list[int] | None = None, members: int | None = None) -> dict:
+    """``submit_ranking``'s parameters: ``RankingSubmission``'s JSON schema, narrowed to one group
+    when its passes are given.
+
+    Narrowed, a ranked or hack member must be one of the passes, no list can be longer than the
+    group, and free-text reasons are bounded. Servers that constrain strict tool arguments (vLLM's
+    structural tags with xgrammar) then decode only submissions of this shape, which is what lets a
+    small grader model answer at all; duplicates and omissions stay possible (JSON schema cannot
+    express "every pass exactly once"), so ``to_ranking`` still checks completeness.
+    """
+    schema = RankingSubmission.model_json_schema()
+    if not passes:
+        return schema
+    defs, n = schema["$defs"], len(passes)
+    pass_id = {"type": "integer", "enum": sorted(passes)}
+    reason = {"type": "string", "minLength": 1, "maxLength": 300}
+    tied = defs["TiedGroup"]["properties"]
+    tied["members"].update(items=pass_id, maxItems=n)
+    defs["HackClaim"]["properties"].update(member=pass_id, reason=reason)
+    finding = defs["Finding"]["properties"]
+    finding["reason"] = reason | {"description": finding["reason"].get("description", "")}
+    finding["kind"] = finding["kind"] | {"maxLength": 60}
+    if members:
+        finding["member"] = finding["member"] | {"maximum": members - 1}
+    props = schema["properties"]
+    props["tied_groups"].update(minItems=1, maxItems=n)
+    props["hacks"].update(maxItems=n)
+    props["findings"].update(maxItems=2 * (members or n))
+    return schema
+
+
+def tool_specs(passes: list[int] | None = None, members: int | None = None) -> list[dict]:
+    """OpenAI-style function tools; ``submit_ranking`` is strict (servers that support it decode
+    its arguments under ``submission_schema``), the others are free-form."""
     return [
         _fn("list_files", "List files under a directory.", {"path": _PATH}, []),
         _fn(
@@ -92,9 +125,10 @@ def tool_specs() -> list[dict]:
         {
             "type": "function",
             "function": {
-                "name": "submit_ranking",
+                "name": SUBMIT,
                 "description": "Submit the final ranking. Every passing member exactly once.",
-                "parameters": RankingSubmission.model_json_schema(),
+                "parameters": submission_schema(passes, members),
+                "strict": True,
             },
         },
     ]

@@ -261,6 +261,10 @@ class Learner:
         with self._precision(batch.input_ids):
             loss.backward()
         metrics["nll"] = -torch.where(batch.mask, logp.detach(), 0).sum() / counts.num_tokens
+        # Trainer vs rollout engine on the same tokens: ~0 when conversion, serving and weight sync
+        # agree (the policy's sampled tokens are scored by both with the weights that sampled them).
+        gap = (logp.detach() - batch.rollout_logp).abs()
+        metrics["rollout_logp_abs_diff"] = torch.where(batch.mask, gap, 0).sum() / counts.num_tokens
         if entropy is not None:
             metrics["entropy"] = (
                 torch.where(batch.mask, entropy.detach(), 0).sum() / counts.num_tokens

@@ -212,6 +212,7 @@ def validate_object(obj: dict[str, Any]) -> None:
 
 VARIANTS = {
     "local": lambda: example("local"),
+    "local-smollm2": lambda: example("local-smollm2"),
     "single-gpu": lambda: example("single-gpu"),
     "flash-moe": lambda: example("flash-moe"),
     "hpa-autoscaled": hpa_run,
@@ -263,7 +264,7 @@ def test_structural_checks_catch_errors() -> None:
         validate_object({**dep, "spec": {**dep["spec"], "replica": 2}})  # strict: unknown field
 
 
-@pytest.mark.parametrize("name", ["local", "single-gpu", "flash-moe"])
+@pytest.mark.parametrize("name", ["local", "local-smollm2", "single-gpu", "flash-moe"])
 def test_gagar_render_cli(name: str) -> None:
     """The CLI prints a YAML stream of exactly the builders' objects."""
     out = subprocess.run(

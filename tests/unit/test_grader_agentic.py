@@ -150,6 +150,50 @@ def test_server_errors_fall_back_with_grader_error(tmp_path, turn):
     assert ranking.fallback == "grader_error" and ranking.grader == "none"
 
 
+def test_last_turn_requires_submit_ranking_under_the_group_schema(tmp_path):
+    script = [tool_call("list_files", {}), tool_call("submit_ranking", GOOD)]
+    with FakeOpenAI(script) as fake:
+        ranking = _grade(fake, tmp_path, max_turns=2)
+    assert ranking.grader == "agentic"
+    first, last = fake.requests
+    assert first["tool_choice"] == "auto"
+    assert last["tool_choice"] == {"type": "function", "function": {"name": "submit_ranking"}}
+    (submit,) = [t["function"] for t in last["tools"] if t["function"]["name"] == "submit_ranking"]
+    assert submit["strict"] is True
+    tied = submit["parameters"]["$defs"]["TiedGroup"]["properties"]["members"]
+    assert tied["items"]["enum"] == [0, 1, 2] and tied["maxItems"] == 3  # the passes of the group
+    with FakeOpenAI([tool_call("list_files", {})] * 2) as fake:
+        _grade(fake, tmp_path, max_turns=2, require_submit=False)
+    assert [r["tool_choice"] for r in fake.requests] == ["auto", "auto"]
+
+
+def test_after_a_rejected_answer_every_turn_requires_submit_ranking(tmp_path):
+    script = [text("Member 0 is best."), tool_call("submit_ranking", MALFORMED["missing_member"])]
+    with FakeOpenAI([*script, tool_call("submit_ranking", GOOD)]) as fake:
+        ranking = _grade(fake, tmp_path, max_turns=10, max_retries=2)
+    assert ranking.grader == "agentic"
+    choices = [r["tool_choice"] for r in fake.requests]
+    assert choices[0] == "auto" and all(c != "auto" for c in choices[1:]) and len(choices) == 3
+
+
+def test_narrowed_schema_accepts_exactly_what_a_complete_submission_can_be():
+    import jsonschema
+
+    from gagar.grader.tools import submission_schema
+
+    schema = submission_schema([0, 1, 2], members=4)
+    jsonschema.validate(GOOD, schema)
+    for bad in (
+        {"tied_groups": []},  # a pass must be ranked
+        {"tied_groups": [{"tier": "T1", "members": [3]}]},  # member 3 failed
+        {"tied_groups": [{"tier": "T1", "members": [0]}], "hacks": [{"member": 7, "reason": "x"}]},
+        {"tied_groups": [{"tier": "T1", "members": [0, 1, 2, 0]}]},  # longer than the passes
+    ):
+        with pytest.raises(jsonschema.ValidationError):
+            jsonschema.validate(bad, schema)
+    assert submission_schema() == submission_schema([])  # no group: the plain schema
+
+
 def test_turn_limit(tmp_path):
     with FakeOpenAI([tool_call("list_files", {})] * 3) as fake:
         ranking = _grade(fake, tmp_path, max_turns=3)

@@ -102,6 +102,9 @@ def test_missing_model_folder_is_refused(tmp_path):
 def test_command_and_env_configure_vllm_for_rl(model):
     cfg = ServerConfig(model=model, tool_call_parser="hermes", enforce_eager=True, threads=1)
     cmd = server_command(cfg, "py", 1234)
+    assert "--distributed-executor-backend" not in cmd
+    uni = server_command(ServerConfig(model=model, executor_backend="uni"), "py", 1234)
+    assert uni[uni.index("--distributed-executor-backend") + 1] == "uni"
     assert cmd[:3] == ["py", "-m", "vllm.entrypoints.openai.api_server"]
     assert json.loads(cmd[cmd.index("--weight-transfer-config") + 1]) == {
         "backend": "gagar_safetensors"

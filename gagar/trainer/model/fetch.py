@@ -7,13 +7,22 @@ transformers dequantizes the GGUF to float32; the result is rebuilt as a plain
 ``LlamaForCausalLM`` (no quantization config left in config.json), so vLLM, transformers and
 ``gagar model convert`` load it like any other Llama checkpoint. The tokenizer gets gagar's
 ChatML + Hermes tool-call template (the GGUF's own template cannot render tools or tool
-results); SmolLM2 speaks ChatML, but ``<tool_call>`` is several tokens in its vocabulary, so
-vLLM's ``hermes`` parser (which wants single marker tokens) does not apply to it as is.
+results). SmolLM2 speaks ChatML; ``<tool_call>`` is several tokens in its vocabulary, which
+vLLM 0.32's ``hermes`` parser accepts (it matches the text), so a server with
+``--tool-call-parser hermes`` turns SmolLM2's tool calls into OpenAI ``tool_calls``.
+
+``cached_model`` converts once per machine (a minute and a half on 2 CPU cores) into a cache shared
+by every run and by the agentic grader's model server, keyed by the wheel's version and the chat
+template, and published with an atomic rename so concurrent runs never see half a folder.
 """
 
 from __future__ import annotations
 
+import hashlib
+import importlib.metadata
 import importlib.util
+import os
+import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -67,3 +76,37 @@ def fetch_model(name: str, out: str | Path) -> Path:
     plain.save_pretrained(str(out))
     tokenizer.save_pretrained(str(out))
     return out
+
+
+def cache_root() -> Path:
+    """``$GAGAR_MODEL_CACHE``, else ``$XDG_CACHE_HOME/gagar/models`` (``~/.cache`` by default)."""
+    if os.environ.get("GAGAR_MODEL_CACHE"):
+        return Path(os.environ["GAGAR_MODEL_CACHE"])
+    xdg = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(xdg) / "gagar" / "models"
+
+
+def cache_key(name: str) -> str:
+    """A new wheel version or a new chat template makes a new cache entry."""
+    wheel_gguf_path(name)  # unknown name or missing wheel: the message says how to install it
+    version = importlib.metadata.version(MODELS[name].package)
+    template = hashlib.sha256(CHAT_TEMPLATE.encode()).hexdigest()[:10]
+    return f"{name}-{version}-{template}"
+
+
+def cached_model(name: str) -> Path:
+    """``name`` as an HF folder in the cache, converted on first use."""
+    target = cache_root() / cache_key(name)
+    if (target / "config.json").is_file():
+        return target
+    target.parent.mkdir(parents=True, exist_ok=True)
+    partial = target.with_name(f".{target.name}.{os.getpid()}.partial")
+    shutil.rmtree(partial, ignore_errors=True)
+    fetch_model(name, partial)
+    try:
+        partial.rename(target)  # atomic; fails if another process published first
+    except OSError:
+        if not (target / "config.json").is_file():
+            raise
+        shutil.rmtree(partial, ignore_errors=True)
+    return target
