@@ -550,9 +550,6 @@ class GraderSpec(_Pool):
     """Tool-calling turns of the agentic grader; the last one must call ``submit_ranking``."""
     queue_size: int = Field(default=64, ge=1)
     """Bounded queue of the grader service (back-pressure beyond it)."""
-    tool_call_parser: str = "hermes"
-    """vLLM tool-call parser of the agentic grader's model server (``hermes`` fits Qwen models):
-    the grader calls its tools through OpenAI tool calls."""
 
     model_config = ConfigDict(
         json_schema_extra={
