@@ -13,7 +13,7 @@ from typing import Any
 import yaml
 from pydantic import ValidationError
 
-from gagar import API_GROUP, API_VERSION, KIND
+from gagar import API_GROUP, API_VERSION, KIND, RUN_FILE
 from gagar.spec import GagarRun
 
 
@@ -105,3 +105,19 @@ def load_run(path: str | Path) -> GagarRun:
     if len(loaded.runs) != 1:
         raise ValueError(f"{path}: expected exactly one GagarRun, found {len(loaded.runs)}")
     return loaded.runs[0][2]
+
+
+class ConfigError(ValueError):
+    """The run's configuration is unusable here; the message names the file, variable or field."""
+
+
+def load_config_dir(config_dir: Path) -> GagarRun:
+    """The GagarRun a pod finds in ``config_dir/run.json`` (the operator's ConfigMap), validated
+    again with the same rules as the CRD; ``ConfigError`` naming the file if missing or invalid."""
+    file = config_dir / RUN_FILE
+    if not file.is_file():
+        raise ConfigError(f"{file} is missing: is the run's ConfigMap mounted at {config_dir}?")
+    try:
+        return load_run(file)  # JSON is YAML: every problem is named with its field path
+    except ValueError as err:
+        raise ConfigError(f"invalid GagarRun in {file}:\n{err}") from err

@@ -35,7 +35,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from gagar import RUN_FILE
+from gagar.manifest import ConfigError
 from gagar.spec import GagarRun
 
 log = logging.getLogger("gagar.trainer")
@@ -45,10 +45,6 @@ SAFETENSORS_TRANSPORT = (
     "gagar-cpu"  # gagar's safetensors transport (vLLM backend gagar_safetensors)
 )
 _SA_NAMESPACE = Path("/var/run/secrets/kubernetes.io/serviceaccount/namespace")
-
-
-class ConfigError(ValueError):
-    """The run's configuration is unusable here; the message names the file, variable or field."""
 
 
 # Set by gagar.driver.launch for its workers: a worker that gives up for good writes its reason
@@ -73,19 +69,6 @@ def give_up(reason: str) -> int:
     if marker:
         Path(marker).write_text(reason)
     return code
-
-
-def load_config(config_dir: Path) -> GagarRun:
-    """The GagarRun in ``config_dir/run.json``, validated again (the same rules as the CRD)."""
-    from gagar.manifest import load_run
-
-    file = config_dir / RUN_FILE
-    if not file.is_file():
-        raise ConfigError(f"{file} is missing: is the run's ConfigMap mounted at {config_dir}?")
-    try:
-        return load_run(file)  # JSON is YAML: every problem is named with its field path
-    except ValueError as err:
-        raise ConfigError(f"invalid GagarRun in {file}:\n{err}") from err
 
 
 @dataclass(frozen=True)

@@ -24,11 +24,11 @@ from pathlib import Path
 
 from gagar.driver.cluster import (
     PERMANENT_MARKER,
-    ConfigError,
     exit_permanent,
-    load_config,
     resolve,
 )
+from gagar.manifest import ConfigError
+from gagar.manifest import load_config_dir as load_config
 
 log = logging.getLogger("gagar.launch")
 

@@ -36,17 +36,17 @@ from typing import Any
 
 from gagar.driver.cluster import (
     Cluster,
-    ConfigError,
     ProgressReporter,
     ReplicaSync,
     give_up,
     kube_api,
-    load_config,
     now,
     progress_data,
     resolve,
 )
 from gagar.driver.components import SetupError
+from gagar.manifest import ConfigError
+from gagar.manifest import load_config_dir as load_config
 from gagar.spec import GagarRun
 
 log = logging.getLogger("gagar.trainer")

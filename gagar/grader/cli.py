@@ -104,15 +104,12 @@ def build_grader(args: argparse.Namespace) -> Grader:
 
 def load_run(config_dir: Path) -> GagarRun:
     """The GagarRun in ``config_dir/run.json``, validated again (a clear exit if unusable)."""
-    from gagar.manifest import load_run as load
+    from gagar.manifest import ConfigError, load_config_dir
 
-    file = config_dir / RUN_FILE
-    if not file.is_file():
-        raise SystemExit(f"{file} is missing: is the run's ConfigMap mounted at {config_dir}?")
     try:
-        return load(file)  # JSON is YAML: every problem is named with its field path
-    except ValueError as err:
-        raise SystemExit(f"invalid GagarRun in {file}:\n{err}") from None
+        return load_config_dir(config_dir)
+    except ConfigError as err:
+        raise SystemExit(str(err)) from None
 
 
 def settings(run: GagarRun) -> dict[str, Any]:

@@ -14,19 +14,19 @@ from typing import Any
 
 import pytest
 
+from gagar import RUN_FILE
 from gagar.driver import launch, worker
 from gagar.driver.cluster import (
-    RUN_FILE,
     Cluster,
-    ConfigError,
     ProgressReporter,
     discover_replicas,
     exit_permanent,
-    load_config,
     progress_data,
     replica_urls,
     resolve,
 )
+from gagar.manifest import ConfigError
+from gagar.manifest import load_config_dir as load_config
 from gagar.operator.builders import build_all
 from gagar.operator.builders.config import PROGRESS_KEYS, config_data
 from gagar.operator.builders.trainer import EXIT_PERMANENT
