@@ -122,3 +122,50 @@ def test_cli_serve_dry_run_and_missing_model(model, capsys):
     assert "vllm.entrypoints.openai.api_server" in out and "--port 9001" in out
     assert main(["rollout", "serve", "--model", str(model / "absent")]) == 2
     assert "does not exist" in capsys.readouterr().err
+
+
+REAP_SCRIPT = r"""
+import os, signal, subprocess, sys, time
+from pathlib import Path
+from gagar.sandbox.runner import become_subreaper
+from gagar.rollout.engines.server import _reap_group
+
+assert become_subreaper()
+# a group leader that leaves two workers behind, as vLLM's API server does when it dies first
+leader = subprocess.Popen(
+    [sys.executable, "-c", "import subprocess as s; [s.Popen(['sleep', '60']) for _ in range(2)]"],
+    start_new_session=True,
+)
+leader.wait()
+time.sleep(0.3)
+os.killpg(leader.pid, signal.SIGKILL)
+if sys.argv[1] == "reap":
+    _reap_group(leader.pid)
+else:
+    time.sleep(0.5)
+me = os.getpid()
+zombies = []
+for pid in filter(str.isdigit, os.listdir("/proc")):
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        continue
+    fields = stat[stat.rfind(")") + 2 :].split()
+    if fields[0] == "Z" and int(fields[1]) == me:
+        zombies.append(pid)
+print(len(zombies))
+"""
+
+
+@pytest.mark.parametrize(("mode", "left"), [("reap", "0"), ("no-reap", "2")])
+def test_stopping_a_server_reaps_its_reparented_workers(mode: str, left: str) -> None:
+    """A subreaper (the sandbox runner makes the driver one) inherits vLLM's orphaned workers;
+    ``stop`` must wait for them or they stay zombies for the life of the run."""
+    import subprocess
+    import sys
+
+    done = subprocess.run(
+        [sys.executable, "-c", REAP_SCRIPT, mode], capture_output=True, text=True, timeout=60
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == left

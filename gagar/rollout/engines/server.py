@@ -9,6 +9,7 @@ dies), and stops the whole process group on exit.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import socket
@@ -190,12 +191,39 @@ class VllmServer:
             _signal_group(pgid, signal.SIGKILL)
             self.proc.wait()
         _signal_group(pgid, signal.SIGKILL)  # children that outlived the API server
+        _reap_group(pgid)
 
     def __enter__(self) -> VllmServer:
         return self.start() if self.proc is None else self
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
+
+
+def _reap_group(pgid: int, timeout: float = 5.0) -> None:
+    """Wait for the killed group's members that were re-parented to us. The process may be a child
+    subreaper (the sandbox runner makes it one), so vLLM's workers, orphaned when their engine
+    core died first, become *our* children: unwaited, they would stay zombies for the process's
+    life. Waits until no member of the group is left (or ``timeout``)."""
+    me, deadline = os.getpid(), time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        members = []
+        for entry in os.listdir("/proc"):
+            if not entry.isdigit():
+                continue
+            try:
+                stat = Path(f"/proc/{entry}/stat").read_text()
+            except OSError:
+                continue
+            _state, ppid, pgrp = stat[stat.rfind(")") + 2 :].split()[:3]
+            if int(pgrp) == pgid:
+                members.append(int(entry))
+                if int(ppid) == me:
+                    with contextlib.suppress(ChildProcessError):
+                        os.waitpid(int(entry), os.WNOHANG)
+        if not members:
+            return
+        time.sleep(0.05)
 
 
 def _die_with_parent() -> None:
