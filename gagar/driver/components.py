@@ -82,12 +82,35 @@ def pretrained(name: str, field: str) -> Path:
 
 
 def _tokenizer_corpus() -> list[str]:
-    """Text the tiny policy's tokenizer is trained on: the synthetic family's own repositories."""
+    """Text the tiny policy's tokenizer is trained on: what its context will hold.
+
+    The synthetic family's repositories and problem statements, and the chat around them as the
+    agent loop renders it (system prompt, repository listing, numbered ``view`` output, and the
+    scripted experts' tool calls of every style). Without the chat text, the tool-call JSON
+    splits into near single characters (``"name"`` as n/ame, ``.py`` as ./p/y): an edit turn costs
+    twice the tokens and the copy the policy must learn spans twice the positions.
+    """
+    from gagar.driver.rollouts import task_messages
+    from gagar.driver.sft import STYLE_WEIGHTS, expert_turns
+
     texts = []
     for task in synthetic.generate_many(64, seed=12345):
-        texts.append(task.problem_statement)
         texts += [t for t in (task.files or {}).values()]
+        system, user = (m["content"] for m in task_messages(task))
+        turns = [turn for style in STYLE_WEIGHTS for turn in expert_turns(task, style)]
+        _, source = next(iter(sorted((task.reference_files or task.files).items())))
+        numbered = "\n".join(f"{i:>5}  {line}" for i, line in enumerate(source.splitlines(), 1))
+        texts.append(
+            f"<|im_start|>system\n{system}<|im_end|>\n<|im_start|>user\n{user}<|im_end|>\n"
+            + "".join(f"<|im_start|>assistant\n{t}<|im_end|>\n" for t in turns)
+            + f"<|im_start|>user\n<tool_response>\n{numbered}\n</tool_response><|im_end|>\n"
+        )
     return texts
+
+
+def synthetic_seeds(src: Any) -> range:
+    """The generator seeds of a ``synthetic`` dataset source (64 tasks when no size is given)."""
+    return range(src.seed, src.seed + (src.size or 64))
 
 
 def load_datasets(dataset: DatasetSpec) -> tuple[list[Task], list[Task]]:
@@ -96,7 +119,8 @@ def load_datasets(dataset: DatasetSpec) -> tuple[list[Task], list[Task]]:
     for i, src in enumerate(dataset.sources):
         where = f"spec.dataset.sources[{i}]"
         if src.kind == "synthetic":
-            tasks = synthetic.generate_many(src.size or 64, seed=src.seed)
+            seeds = synthetic_seeds(src)
+            tasks = synthetic.generate_many(len(seeds), seed=seeds.start)
         elif src.kind == "humaneval":
             tasks = humaneval.tasks(limit=src.size)
         else:

@@ -23,9 +23,10 @@ from gagar.driver import components as comp
 from gagar.driver import grader_model
 from gagar.driver.loop import Context, restore, rollout_config
 from gagar.driver.sampling import TaskSampler
-from gagar.driver.sft import SFT_LR, expert_trajectories, sft, sft_batches
+from gagar.driver.sft import expert_trajectories, sft, sft_batches, sft_lr
 from gagar.metrics import Metrics
 from gagar.rollout.chat import HFChatFormat
+from gagar.rollout.envs import synthetic
 from gagar.spec import GagarRun
 from gagar.trainer.checkpoint import CheckpointManager
 from gagar.trainer.distributed import RankState, Team
@@ -99,7 +100,7 @@ class SftStep:
     def __call__(self, batches: list[list[Sample]]) -> list[float]:
         learner = build_learner(self.run, self.model, "token-mean", self.parallel)
         for group in learner.optimizer.param_groups:
-            group["lr"] = SFT_LR
+            group["lr"] = sft_lr(self.run.spec.model)
         return sft(learner, batches, self.on_step)
 
 
@@ -123,9 +124,32 @@ def chat_format(policy_dir: Path) -> tuple[HFChatFormat, int]:
     return HFChatFormat(tokenizer), int(tokenizer.convert_tokens_to_ids(tokenizer.eos_token))
 
 
-# Scripted experts run on at most this many training tasks (one trajectory each, a few seconds of
-# sandbox time apiece); more distinct tasks teach the edit better than more passes over few.
-SFT_EXPERT_TASKS = 64
+# One scripted expert per task (a few seconds of sandbox time apiece), each seen about twice over
+# the SFT: distinct tasks teach the policy to read the problem and copy from it; repeated passes
+# over a few tasks teach it to recite them (measured: 150 steps over 64 tasks recite one path).
+SFT_BATCH = 4
+SFT_EXPERT_TASKS = (16, 512)
+FRESH_SYNTHETIC_SEED = 1_000_000  # experts beyond the training tasks come from seeds up here
+
+
+def sft_tasks(run: GagarRun, tasks: list[Any]) -> list[Any]:
+    """The tasks the scripted experts solve: the training tasks with a reference fix, topped up
+    with fresh synthetic tasks none of the run's dataset sources (held-out split included) uses."""
+    lo, hi = SFT_EXPERT_TASKS
+    want = max(lo, min(hi, run.spec.model.sft_warmup_steps * SFT_BATCH // 2))
+    chosen = [t for t in tasks if t.reference_files][:want]
+    used = {
+        seed
+        for src in run.spec.dataset.sources
+        if src.kind == "synthetic"
+        for seed in comp.synthetic_seeds(src)
+    }
+    seed = FRESH_SYNTHETIC_SEED
+    while len(chosen) < want:
+        if seed not in used:
+            chosen.append(synthetic.generate(seed))
+        seed += 1
+    return chosen
 
 
 def expert_batches(
@@ -135,7 +159,7 @@ def expert_batches(
     fmt, eos = chat_format(policy_dir)
     trajs = asyncio.run(
         expert_trajectories(
-            tasks[:SFT_EXPERT_TASKS],
+            sft_tasks(run, tasks),
             factory,
             fmt,
             eos,
@@ -146,7 +170,7 @@ def expert_batches(
     batches = sft_batches(
         [t for _, t, _ in trajs],
         run.spec.model.sft_warmup_steps,
-        batch_size=4,
+        batch_size=SFT_BATCH,
         seed=run.spec.algorithm.seed,
     )
     return batches, trajs

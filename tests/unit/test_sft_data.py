@@ -1,0 +1,109 @@
+"""What the SFT warm start learns from: which tasks the experts solve, and how their turns tokenize."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import yaml
+
+from gagar.driver import components as comp
+from gagar.driver.rollouts import task_messages
+from gagar.driver.setup import FRESH_SYNTHETIC_SEED, SFT_EXPERT_TASKS, sft_tasks
+from gagar.driver.sft import STYLE_WEIGHTS, expert_turns
+from gagar.rollout.envs import synthetic
+from gagar.spec import GagarRun
+
+ROOT = Path(__file__).resolve().parents[2]
+LOCAL = yaml.safe_load((ROOT / "examples" / "local.yaml").read_text())
+
+
+def _run(sft_steps: int, size: int) -> GagarRun:
+    spec = {**LOCAL["spec"]}
+    spec["model"] = {**spec["model"], "sftWarmupSteps": sft_steps}
+    spec["dataset"] = {**spec["dataset"], "sources": [{"kind": "synthetic", "size": size}]}
+    return GagarRun.model_validate({**LOCAL, "spec": spec})
+
+
+@pytest.mark.parametrize(("steps", "expected"), [(2, 16), (16, 32), (150, 300), (10_000, 512)])
+def test_sft_tasks_scale_with_steps(steps: int, expected: int) -> None:
+    assert SFT_EXPERT_TASKS == (16, 512)
+    run = _run(steps, size=128)
+    train, held = comp.load_datasets(run.spec.dataset)
+    tasks = sft_tasks(run, train)
+    assert len(tasks) == expected
+    assert len({t.instance_id for t in tasks}) == expected
+    # the run's own training tasks come first, in order
+    k = min(expected, len(train))
+    assert [t.instance_id for t in tasks[:k]] == [t.instance_id for t in train[:k]]
+    # the top-up never touches a task of the dataset, held-out split included
+    fresh = tasks[k:]
+    dataset_ids = {t.instance_id for t in [*train, *held]}
+    assert not {t.instance_id for t in fresh} & dataset_ids
+    assert all(t.metadata["seed"] >= FRESH_SYNTHETIC_SEED for t in fresh)
+
+
+def test_sft_top_up_skips_seeds_a_source_uses() -> None:
+    run = _run(150, size=8)
+    doc = run.model_dump(by_alias=True)
+    doc["spec"]["dataset"]["sources"].append(
+        {"kind": "synthetic", "size": 10, "seed": FRESH_SYNTHETIC_SEED + 5}
+    )
+    run = GagarRun.model_validate(doc)
+    train, _ = comp.load_datasets(run.spec.dataset)
+    seeds = [t.metadata["seed"] for t in sft_tasks(run, train)[len(train) :]]
+    assert not set(seeds) & set(range(FRESH_SYNTHETIC_SEED + 5, FRESH_SYNTHETIC_SEED + 15))
+
+
+@pytest.fixture(scope="module")
+def tiny_tokenizer(tmp_path_factory: pytest.TempPathFactory):
+    from transformers import AutoTokenizer
+
+    from gagar.trainer.model.presets import create_preset
+
+    out = create_preset("tiny", tmp_path_factory.mktemp("tiny"), texts=comp._tokenizer_corpus())
+    return AutoTokenizer.from_pretrained(out)
+
+
+def test_every_expert_turn_fits_the_local_turn_budget(tiny_tokenizer) -> None:
+    """A turn the policy cannot finish within maxTokensPerTurn is a tool call it can never make."""
+    budget = LOCAL["spec"]["rollout"]["agent"]["maxTokensPerTurn"]
+    longest = max(
+        len(tiny_tokenizer.encode(turn, add_special_tokens=False)) + 1  # + end of turn
+        for task in synthetic.generate_many(300, seed=FRESH_SYNTHETIC_SEED)
+        for style in STYLE_WEIGHTS
+        for turn in expert_turns(task, style)
+    )
+    assert longest <= budget
+
+
+def test_tiny_tokenizer_is_trained_on_the_agent_chat(tiny_tokenizer) -> None:
+    """Tool-call JSON and the task prompt get compact tokens: the names the policy must copy from the
+    problem statement are single tokens, and the scaffold around them is a few."""
+    task = synthetic.generate(7)
+    pieces = lambda s: [  # noqa: E731
+        tiny_tokenizer.decode([i]) for i in tiny_tokenizer.encode(s, add_special_tokens=False)
+    ]
+    package, module = task.repo.split("/")[1], task.problem_statement.split("`")[1].split(".")[1]
+    assert package in pieces(task.problem_statement) and module in pieces(task.problem_statement)
+    # 31 pieces when the tokenizer saw only the repositories' files
+    assert len(pieces('<tool_call>\n{"name": "edit", "arguments": {"path": "')) <= 16
+    text = tiny_tokenizer.apply_chat_template(
+        task_messages(task), tokenize=False, add_generation_prompt=True
+    )
+    # 1.9 characters per token when the tokenizer saw only the repositories' files
+    assert len(text) / len(pieces(text)) > 3.0
+
+
+def test_sft_lr_defaults_to_from_scratch_or_fine_tuning() -> None:
+    from gagar.driver.sft import SFT_LR, SFT_LR_PRETRAINED, sft_lr
+    from gagar.spec import ModelSpec
+
+    assert sft_lr(ModelSpec(preset="tiny")) == SFT_LR == 1e-3
+    assert sft_lr(ModelSpec(preset="smollm2-135m")) == SFT_LR_PRETRAINED == 1e-5
+    assert sft_lr(ModelSpec(path="/models/x")) == SFT_LR_PRETRAINED
+    assert sft_lr(ModelSpec(preset="smollm2-135m", sft_lr=3e-5)) == 3e-5
+    with pytest.raises(ValueError, match=r"sftLr|sft_lr"):
+        GagarRun.model_validate(
+            {**LOCAL, "spec": {**LOCAL["spec"], "model": {"preset": "tiny", "sftLr": 0}}}
+        )
