@@ -90,6 +90,9 @@ class ModelSpec(Model):
     checkpoint is read; the trainer checks it again against the checkpoint's config."""
     sft_warmup_steps: int = Field(default=0, ge=0)
     """Steps of supervised warm start on synthetic expert trajectories before RL (embedded default)."""
+    sft_lr: float | None = Field(default=None, gt=0)
+    """Learning rate of the SFT warm start; by default 1e-3 for the from-scratch ``tiny`` preset
+    and 1e-5 for any other (pretrained) policy."""
 
     model_config = ConfigDict(
         json_schema_extra={

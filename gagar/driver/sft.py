@@ -25,6 +25,7 @@ from gagar.trainer.learner import Learner, Sample
 
 Style = Literal["clean", "bloated", "redundant", "wrong"]
 SFT_LR = 1e-3  # SFT from scratch needs a far larger step than RL fine-tuning
+SFT_LR_PRETRAINED = 1e-5  # a pretrained policy only learns the format and the family's fixes
 STYLE_WEIGHTS: dict[Style, float] = {"clean": 0.4, "bloated": 0.25, "redundant": 0.2, "wrong": 0.15}
 
 
@@ -155,6 +156,13 @@ def sft_batches(
             ]
         )
     return batches
+
+
+def sft_lr(model: Any) -> float:
+    """``spec.model.sftLr``, or the default for a policy trained from scratch or a pretrained one."""
+    if model.sft_lr is not None:
+        return float(model.sft_lr)
+    return SFT_LR if model.preset == "tiny" else SFT_LR_PRETRAINED
 
 
 def sft(learner: Learner, batches: list[list[Sample]], on_step: Any = None) -> list[float]:
