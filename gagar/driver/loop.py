@@ -129,11 +129,14 @@ def _samples(groups: list[GroupResult], per_token: list[list[float]]) -> list[Sa
 
 
 def _group_facts(
-    groups: list[GroupResult], rankings: list[Ranking | None], batch: Any
+    groups: list[GroupResult], rankings: list[Ranking | None], batch: Any, redistributes: bool
 ) -> dict[str, Any]:
-    """Per-step facts about grading: fallbacks, hacks, λ, factors, bloat."""
+    """Per-step facts about grading: fallbacks, hacks, λ, factors, bloat.
+
+    A fallback is a group GAGAR meant to redistribute and did not; plain GRPO (``redistributes``
+    false) never means to, so it has none (every group would otherwise count as "unusable")."""
     fallbacks: dict[str, int] = {}
-    for code in batch.result.fallback.tolist():
+    for code in batch.result.fallback.tolist() if redistributes else []:
         if code:
             name = adv_mod.FALLBACK_NAMES[code]
             fallbacks[name] = fallbacks.get(name, 0) + 1
@@ -223,7 +226,7 @@ def _train(ctx: Context, collected: Any) -> tuple[dict[str, Any], dict[str, Any]
     per_token = adv_mod.token_advantages(rollouts, batch.adv, ctx.alg)
     valid = torch.tensor([[r.valid for r in g] for g in rollouts])
     before, after = batch.result.adv_before[valid].tolist(), batch.adv[valid].tolist()
-    facts = _group_facts(groups, rankings, batch)
+    facts = _group_facts(groups, rankings, batch, ctx.alg.mode == "gagar")
     samples = _samples(groups, per_token)
     metrics = ctx.call("update", samples) if samples else {}
     record = {

@@ -121,3 +121,16 @@ def test_segment_shaping_zeroes_flagged_positive_tokens_and_conserves_mass() -> 
 def test_groups_must_have_one_size() -> None:
     with pytest.raises(ValueError, match="same size"):
         group_advantages([group(), group()[:3]], [None, None], NO_LP)
+
+
+@pytest.mark.parametrize(("mode", "expected"), [("gagar", {"unusable": 1}), ("grpo", {})])
+def test_fallbacks_are_counted_only_where_gagar_meant_to_redistribute(mode, expected) -> None:
+    """An eligible group without a usable ranking is a GAGAR fallback; plain GRPO has none."""
+    from gagar.driver.loop import _group_facts
+    from gagar.driver.rollouts import GroupResult
+    from gagar.rollout.envs.synthetic import generate
+
+    alg = AlgorithmSpec(mode=mode)
+    batch = group_advantages([group()], [None], alg)
+    facts = _group_facts([GroupResult(generate(0), group(), [])], [None], batch, mode == "gagar")
+    assert facts["fallbacks"] == expected
