@@ -296,11 +296,58 @@ def _global_micro(tracker: GradVarianceTracker, dp: DataParallel) -> float:
     return float(dp.reduce_variance(stats)[1])
 
 
+ROWS_PER_CHUNK = 1024  # positions whose full-vocabulary float32 row is materialised at once
+
+
+class _TokenLogprob(torch.autograd.Function):
+    """``log softmax(logits)[target]`` per position without a (B, T, V) float32 log-softmax.
+
+    The plain form keeps the float32 log-softmax for backward and makes more full-vocabulary
+    temporaries: with a 49152-token vocabulary, 4 sequences of 4096 tokens are 3.2 GB each. Here the
+    forward keeps only the log-sum-exp per position, and the backward forms ``onehot - softmax``
+    a chunk of positions at a time, straight into the logits' gradient (in the logits' dtype).
+    """
+
+    @staticmethod
+    def forward(ctx: Any, logits: Tensor, targets: Tensor) -> Tensor:
+        b, t, _ = logits.shape
+        lse = torch.empty(b, t, dtype=torch.float32, device=logits.device)
+        for i in range(b):
+            for j in range(0, t, ROWS_PER_CHUNK):
+                lse[i, j : j + ROWS_PER_CHUNK] = torch.logsumexp(
+                    logits[i, j : j + ROWS_PER_CHUNK].float(), -1
+                )
+        ctx.save_for_backward(logits, targets, lse)
+        return logits.gather(-1, targets[..., None]).squeeze(-1).float() - lse
+
+    @staticmethod
+    def backward(ctx: Any, grad: Tensor) -> tuple[Tensor, None]:
+        logits, targets, lse = ctx.saved_tensors
+        out = torch.empty_like(logits)
+        g = grad.float()
+        for i in range(logits.shape[0]):
+            for j in range(0, logits.shape[1], ROWS_PER_CHUNK):
+                k = slice(j, j + ROWS_PER_CHUNK)
+                d = torch.exp(logits[i, k].float() - lse[i, k, None]).mul_(-g[i, k, None])
+                d.scatter_add_(-1, targets[i, k, None], g[i, k, None])
+                out[i, k] = d
+        return out, None
+
+
 def causal_lm_logprobs(logits: Tensor, input_ids: Tensor) -> tuple[Tensor, Tensor]:
     """From (B, T, V) next-token logits: ``logp`` (B, T) of each token given its prefix (0 at t=0)
-    and the entropy (B, T) of the distribution that produced it."""
-    logsm = torch.log_softmax(logits[:, :-1].float(), dim=-1)  # (B, T-1, V)
-    taken = logsm.gather(-1, input_ids[:, 1:, None]).squeeze(-1)  # (B, T-1)
-    ent = -(logsm.exp() * logsm).sum(-1)  # (B, T-1)
+    and the entropy (B, T) of the distribution that produced it (a metric: no gradient).
+
+    Memory-lean: no full-vocabulary float32 tensor of all positions is kept or made at once."""
+    # The last position predicts nothing; scoring it against any token keeps the logits unsliced
+    # (a slice of a transposed [s, b, v] output would be copied whole).
+    targets = torch.cat([input_ids[:, 1:], input_ids[:, -1:]], 1)
+    taken = _TokenLogprob.apply(logits, targets)  # (B, T): position t scores token t + 1
+    ent = torch.empty_like(taken)
+    with torch.no_grad():
+        for i in range(logits.shape[0]):
+            for j in range(0, logits.shape[1], ROWS_PER_CHUNK):
+                ls = torch.log_softmax(logits[i, j : j + ROWS_PER_CHUNK].float(), -1)
+                ent[i, j : j + ROWS_PER_CHUNK] = -(ls.exp() * ls).sum(-1)
     zero = torch.zeros_like(taken[:, :1])
-    return torch.cat([zero, taken], 1), torch.cat([zero, ent.detach()], 1)
+    return torch.cat([zero, taken[:, :-1]], 1), torch.cat([zero, ent[:, :-1]], 1)

@@ -149,3 +149,35 @@ def test_data_parallel_replicas_share_the_batch(equal_shapes: bool) -> None:
     assert abs(losses - ref_metrics["loss"]) < 1e-6
     for d0, d1, p, q in zip(*deltas, whole.parameters(), base.parameters(), strict=True):
         assert torch.allclose(d0 + d1, p.detach() - q.detach(), atol=1e-6)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_chunked_logprobs_equal_the_plain_log_softmax(monkeypatch, dtype) -> None:
+    """Values, entropies and gradients of the memory-lean form equal log_softmax + gather, across
+    chunk boundaries and on a transposed ([s, b, v] → [b, s, v]) logits view like Megatron's."""
+    import gagar.trainer.learner as learner_mod
+
+    monkeypatch.setattr(learner_mod, "ROWS_PER_CHUNK", 3)  # 10 positions: chunks of 3, 3, 3, 1
+    g = torch.Generator().manual_seed(1)
+    base = torch.randn(10, 2, 17, generator=g).to(dtype)  # [s, b, v]
+    ids = torch.randint(0, 17, (2, 10), generator=g)
+    weights = torch.randn(2, 10, generator=g)
+
+    def plain(logits):
+        logsm = torch.log_softmax(logits[:, :-1].float(), -1)
+        taken = logsm.gather(-1, ids[:, 1:, None]).squeeze(-1)
+        ent = -(logsm.exp() * logsm).sum(-1)
+        zero = torch.zeros(2, 1)
+        return torch.cat([zero, taken], 1), torch.cat([zero, ent], 1)
+
+    results = []
+    for fn in (plain, lambda x: causal_lm_logprobs(x, ids)):
+        leaf = base.clone().requires_grad_(True)
+        logp, ent = fn(leaf.transpose(0, 1))
+        (logp * weights).sum().backward()
+        results.append((logp.detach(), ent.detach(), leaf.grad.float()))
+    (lp_a, ent_a, grad_a), (lp_b, ent_b, grad_b) = results
+    assert torch.allclose(lp_a, lp_b, atol=1e-5) and torch.allclose(ent_a, ent_b, atol=1e-5)
+    tol = 1e-6 if dtype == torch.float32 else 1e-2  # bf16: the gradient is rounded to bf16
+    assert torch.allclose(grad_a, grad_b, atol=tol)
+    assert lp_b[:, 0].eq(0).all() and ent_b[:, 0].eq(0).all()
