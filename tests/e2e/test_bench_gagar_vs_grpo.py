@@ -18,7 +18,10 @@ pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
 def test_comparison_runs_both_modes_from_one_start_and_writes_json(tmp_path: Path) -> None:
     out = tmp_path / "result.json"
-    cmd = [sys.executable, "bench/gagar_vs_grpo.py", "--seeds", "0", "--steps", "1"]
+    # the tiny policy: the bookkeeping end to end in minutes (the default manifest's SmolLM2 takes
+    # about half an hour for its SFT alone)
+    cmd = [sys.executable, "bench/gagar_vs_grpo.py", "--manifest", "examples/local.yaml"]
+    cmd += ["--seeds", "0", "--steps", "1"]
     cmd += ["--sft-steps", "2", "--eval-tasks", "2", "--dataset-size", "16"]
     cmd += ["--work", str(tmp_path / "work"), "--json", str(out)]
     done = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=1500)

@@ -37,6 +37,8 @@ TOL = 1e-3  # trainer vs vLLM log-prob, float32 on both sides
 def _one_step_manifest() -> GagarRun:
     doc = yaml.safe_load(EXAMPLE.read_text())
     spec = doc["spec"]
+    # one SFT step at the pretrained default lr: SmolLM2's tokenizer and chat template on the experts
+    spec["model"]["sftWarmupSteps"] = 1
     spec["algorithm"].update(groupSize=2, tasksPerStep=1, totalSteps=1, microBatchSize=2)
     spec["algorithm"]["dynamicSampling"] = {"enabled": False}
     spec["rollout"]["agent"].update(maxTurns=2, maxTokensPerTurn=48, maxContextTokens=2048)
@@ -96,6 +98,11 @@ def test_one_full_step_of_the_smollm2_preset(tmp_path: Path) -> None:
         f"the sync; grading request → {ranking.grader} (fallback {ranking.fallback}: "
         f"{ranking.detail[:200]!r}), {ranking.usage.completion_tokens} tokens generated"
     )
+    # the warm start: 16 experts (the minimum) through SmolLM2's chat format, one SFT update
+    warm = ctx.info["warm_start"]
+    assert warm["sft_steps"] == 1 and 0 < warm["sft_nll_last"] < 10
+    clean = warm["sft_experts"]["clean"].split()[0].split("/")
+    assert clean[0] == clean[1] != "0", warm  # every clean expert passes
     # the step: rollouts, update on real samples, weight sync, checkpoint, metrics
     assert record["step"] == 1 and record["policy_version"] == 1 and record["sampled_groups"] == 1
     assert record["tokens_trained"] > 0 and record["micro_batches"] >= 1
