@@ -56,6 +56,10 @@ def manifest(base: dict[str, Any], name: str, **changes: Any) -> dict[str, Any]:
     return doc
 
 
+class RunFailed(RuntimeError):
+    """A ``gagar train`` run exited non-zero; the message ends with its output's last lines."""
+
+
 def gagar_train(doc: dict[str, Any], out: Path, *args: str) -> float:
     """Run ``gagar train`` on ``doc`` into ``out`` (fresh); returns the wall time in seconds."""
     if out.exists():
@@ -69,7 +73,9 @@ def gagar_train(doc: dict[str, Any], out: Path, *args: str) -> float:
     with open(out.parent / f"{out.name}.log", "w") as log:
         rc = subprocess.run(cmd, stdout=log, stderr=subprocess.STDOUT, cwd=ROOT).returncode
     if rc != 0:
-        raise SystemExit(f"{' '.join(cmd)} failed with {rc}; see {out.parent / out.name}.log")
+        log_path = out.parent / f"{out.name}.log"
+        tail = log_path.read_text(errors="replace").splitlines()[-6:]
+        raise RunFailed(f"exit {rc} (log: {log_path}): " + " ".join(" ".join(tail).split()))
     return time.perf_counter() - t0
 
 
@@ -129,7 +135,12 @@ ROWS = (
 )
 
 
-def table(per_mode: dict[str, list[dict[str, float]]], sft: dict[str, Any], seeds: list[int]):
+def table(
+    per_mode: dict[str, list[dict[str, float]]],
+    sft: dict[str, Any],
+    seeds: list[int],
+    failed: list[dict[str, Any]] = (),
+):
     from rich.table import Table
 
     t = Table(title=f"GAGAR vs GRPO · mean ± sd over seeds {seeds}")
@@ -146,6 +157,10 @@ def table(per_mode: dict[str, list[dict[str, float]]], sft: dict[str, Any], seed
         f"SFT start: held-out resolution {sft.get('resolution_rate', 0.0):.3f} on "
         f"{sft.get('valid', 0)} tasks, {sft.get('response_tokens_mean', 0.0):.0f} tokens"
     )
+    if failed:
+        t.caption += "; failed, left out: " + ", ".join(
+            f"{f['mode']} seed {f['seed']}" for f in failed
+        )
     return t
 
 
@@ -185,9 +200,13 @@ def main() -> int:
         sft_seconds = float("nan")
     else:
         console.print(f"[bold]SFT[/] {args.sft_steps} steps → {work / 'sft'}")
-        sft_seconds = gagar_train(
-            sft_doc, work / "sft", "--eval-only", "--eval-tasks", str(args.eval_tasks)
-        )
+        try:
+            sft_seconds = gagar_train(
+                sft_doc, work / "sft", "--eval-only", "--eval-tasks", str(args.eval_tasks)
+            )
+        except RunFailed as err:
+            console.print(f"[red]the SFT start failed[/]: {err}")
+            return 1
     sft = read_run(work / "sft")
     start = work / "sft-policy"
     if start.exists():
@@ -197,6 +216,7 @@ def main() -> int:
     sft_rate = sft["held_out"].get("resolution_rate", 0.0)
 
     runs: dict[str, list[dict[str, Any]]] = {m: [] for m in MODES}
+    failed: list[dict[str, Any]] = []
     for seed in args.seeds:
         for mode in MODES:
             doc = manifest(
@@ -209,19 +229,41 @@ def main() -> int:
             )
             out = work / f"{mode}-s{seed}"
             console.print(f"[bold]{mode}[/] seed {seed}: {args.steps} steps → {out}")
-            seconds = gagar_train(doc, out, "--eval-tasks", str(args.eval_tasks))
+            try:
+                seconds = gagar_train(doc, out, "--eval-tasks", str(args.eval_tasks))
+            except RunFailed as err:  # kept out of the table, named in it and in the JSON
+                console.print(f"  [red]failed[/]: {err}")
+                failed.append({"seed": seed, "mode": mode, "error": str(err)})
+                write_result(args, sft, sft_seconds, runs, failed, finished=False)
+                continue
             run = read_run(out)
             run.update(seed=seed, mode=mode, wall_seconds=seconds)
             run["summary"] = summarize(run, sft_rate)
             runs[mode].append(run)
             console.print(f"  {run['summary']} ({seconds:.0f} s)")
+            write_result(args, sft, sft_seconds, runs, failed, finished=False)
 
     per_mode = {m: [r["summary"] for r in rs] for m, rs in runs.items()}
-    console.print(table(per_mode, sft["held_out"], args.seeds))
-    out = Path(args.json)
-    out.parent.mkdir(parents=True, exist_ok=True)
+    console.print(table(per_mode, sft["held_out"], args.seeds, failed))
+    out = write_result(args, sft, sft_seconds, runs, failed, finished=True)
+    console.print(f"wrote {out}")
+    return 1 if failed else 0
+
+
+def write_result(
+    args: argparse.Namespace,
+    sft: dict[str, Any],
+    sft_seconds: float,
+    runs: dict[str, list[dict[str, Any]]],
+    failed: list[dict[str, Any]],
+    *,
+    finished: bool,
+) -> Path:
+    """The JSON, rewritten after every run: a bench stopped half-way keeps what it measured."""
+    per_mode = {m: [r["summary"] for r in rs] for m, rs in runs.items()}
     result = {
         "config": vars(args),
+        "finished": finished,
         "machine": {"cpus": os.cpu_count(), "loadavg": os.getloadavg()},
         "sft": {
             "held_out": sft["held_out"],
@@ -236,10 +278,12 @@ def main() -> int:
             for m, rs in per_mode.items()
         },
         "runs": [{k: v for k, v in r.items() if k != "report"} for rs in runs.values() for r in rs],
+        "failed": failed,
     }
+    out = Path(args.json)
+    out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(result, indent=2))
-    console.print(f"wrote {out}")
-    return 0
+    return out
 
 
 if __name__ == "__main__":

@@ -97,15 +97,18 @@ async def _main(ctx, out: Path, console: Console, args: argparse.Namespace) -> i
         save_checkpoint(ctx)
         return 130
     except Exception as err:  # an engine that died, a sandbox host that failed, a disk that filled
-        _explain_failure(ctx, out, console, err)
+        _explain_failure(ctx, out, console, err, evaluating=ctx.step >= total or args.eval_only)
         return 1
     finally:
         close(ctx)
 
 
-def _explain_failure(ctx, out: Path, console: Console, err: Exception) -> None:
+def _explain_failure(
+    ctx, out: Path, console: Console, err: Exception, *, evaluating: bool = False
+) -> None:
     """One clear message (the vLLM server's own exit if that is the cause), the traceback in a
-    log, and where the run stands: a failed step is never recorded, so re-running resumes."""
+    log, and where the run stands: a failed step is never recorded, so re-running resumes; a
+    failed evaluation writes no report, and ``--eval-only`` repeats it on the last checkpoint."""
     import traceback
 
     log = out / "logs" / "error.log"
@@ -119,6 +122,13 @@ def _explain_failure(ctx, out: Path, console: Console, err: Exception) -> None:
         except Exception as dead:  # VllmServerError, with the exit code and the log
             cause = str(dead).splitlines()[0]
     done = ctx.ckpt.complete()
+    if evaluating:
+        console.print(
+            f"[red]held-out evaluation failed[/]: {cause}\n"
+            f"no report was written (traceback: {log}); the newest complete checkpoint is of step "
+            f"{done[-1].step if done else 0}: re-run the same command with --eval-only to evaluate it"
+        )
+        return
     console.print(
         f"[red]step {ctx.step + 1} failed[/]: {cause}\n"
         f"nothing of that step was recorded (traceback: {log}); the newest complete checkpoint "

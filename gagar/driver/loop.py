@@ -261,10 +261,41 @@ def _sync(ctx: Context) -> float:
     return time.perf_counter() - start
 
 
+ENGINE_EXIT_WAIT_S = 15.0  # a vLLM server whose engine core died exits within seconds
+
+
+class EngineLost(RuntimeError):
+    """Trajectories of an evaluation failed at the engine: its numbers would be wrong."""
+
+
+def check_engine(ctx: Context, groups: list[GroupResult], *, strict: bool) -> None:
+    """Fail at once, with vLLM's exit and log, when trajectories failed because the engine died,
+    instead of training on or scoring what survived. A live engine's errors make trajectories
+    invalid (counted per step); ``strict`` (an evaluation, which must score every task) fails on
+    any."""
+    lost = [
+        r.trajectory.exit_detail or "engine error"
+        for g in groups
+        for r in g.rollouts
+        if r.trajectory.exit_reason == "engine_error"
+    ]
+    if not lost:
+        return
+    server = ctx.info.get("engine_server")
+    if server is not None:
+        server.check_alive(wait=ENGINE_EXIT_WAIT_S)
+    if strict:
+        total = sum(len(g.rollouts) for g in groups)
+        raise EngineLost(
+            f"{len(lost)} of {total} trajectories failed at the engine (first: {lost[0][:300]})"
+        )
+
+
 async def rl_step(ctx: Context) -> dict[str, Any]:
     """One training step; returns its metrics record (also written and exported)."""
     t0 = time.perf_counter()
     collected = await _collect(ctx, ctx.step)
+    check_engine(ctx, collected.all_groups, strict=False)
     t1 = time.perf_counter()
     record, extras = _train(ctx, collected)
     t2 = time.perf_counter()
@@ -381,7 +412,10 @@ def write_final_report(ctx: Context, extra: dict[str, Any]) -> dict[str, Any]:
 
 
 async def evaluate(ctx: Context, tasks: list[Any], seed: int = 0) -> dict[str, Any]:
-    """Resolution rate on held-out tasks (one rollout each), length, and bloat among passes."""
+    """Resolution rate on held-out tasks (one rollout each), length, and bloat among passes.
+
+    Raises ``EngineLost`` (or the dead server's error) when any trajectory failed at the engine;
+    a sandbox failure leaves its task out of the rates (``valid`` < ``tasks``)."""
     if not tasks:
         return {"tasks": 0}
     rollouts = _rollouts(ctx)
@@ -389,6 +423,7 @@ async def evaluate(ctx: Context, tasks: list[Any], seed: int = 0) -> dict[str, A
         *(rollouts.group(t, 1, 7_000_000 + seed + i) for i, t in enumerate(tasks))
     )
     dump_rollouts(ctx.out / "rollouts" / "held_out.jsonl", list(groups))
+    check_engine(ctx, list(groups), strict=True)
     rollouts = [g.rollouts[0] for g in groups]
     valid = [r for r in rollouts if r.valid]
     passes = [(g, r) for g, r in zip(groups, rollouts, strict=True) if r.valid and r.passed]

@@ -50,13 +50,15 @@ else
 fi
 "${pip[@]}" --no-deps -e .
 
-# Fail now, not at the first rollout: vLLM imports and gagar's backend registers with it.
+# Fail now, not at the first rollout: vLLM imports and gagar's plugins load with it.
 "$VENV/bin/python" - <<'PY'
 import torch
 from vllm.distributed.weight_transfer import WeightTransferEngineFactory
-from gagar.rollout.engines.vllm_plugin import register
-register()
+from vllm.plugins import load_general_plugins
+from vllm.v1.worker.gpu_input_batch import InputBatch
+load_general_plugins()
 assert "gagar_safetensors" in WeightTransferEngineFactory._registry
+assert getattr(InputBatch.add_request, "_gagar_rewindless", False), "gagar_cpu_seeds not loaded"
 print(f"install: vLLM ready (torch {torch.__version__}, cuda={torch.cuda.is_available()})")
 PY
 rm -f "$STAMP_DIR"/vllm-"$VLLM_VERSION"-"$(basename "$VENV")"-*

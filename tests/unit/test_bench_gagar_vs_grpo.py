@@ -72,3 +72,39 @@ def test_spread_ignores_undefined_growth():
     assert bench.spread([1.0, 3.0]) == (2.0, pytest.approx(math.sqrt(2)))
     assert bench.spread([2.0, float("nan")]) == (2.0, 0.0)
     assert all(math.isnan(x) for x in bench.spread([float("nan")]))
+
+
+def test_a_failed_run_is_named_and_left_out_and_the_rest_is_kept(tmp_path, monkeypatch, capsys):
+    """A run that exits non-zero (say its engine died in the evaluation) costs only that run:
+    the others are summarized, the failure is in the table and the JSON, the exit status is 1."""
+    import json
+    import sys
+
+    def fake_train(doc, out, *args):
+        name = doc["metadata"]["name"]
+        if name == "gagar-s1":
+            raise bench.RunFailed("exit 1 (log: gagar-s1.log): held-out evaluation failed")
+        (out / "policy" / "serving").mkdir(parents=True)
+        rate = {"sft": 0.125, "grpo": 0.25, "gagar": 0.5}[name.split("-")[0]]
+        held = {"tasks": 8, "valid": 8, "resolution_rate": rate}
+        (out / "report.json").write_text(json.dumps({"held_out": held}))
+        if name != "sft":
+            records = [_record(1, 100, 4), _record(2, 120, 4)]
+            (out / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+        return 1.0
+
+    monkeypatch.setattr(bench, "gagar_train", fake_train)
+    result = tmp_path / "result.json"
+    argv = ["gagar_vs_grpo.py", "--manifest", str(ROOT / "examples" / "local.yaml")]
+    argv += ["--seeds", "0", "1", "--work", str(tmp_path / "work"), "--json", str(result)]
+    monkeypatch.setattr(sys, "argv", argv)
+    assert bench.main() == 1
+    out = " ".join(capsys.readouterr().out.split())
+    assert "failed, left out: gagar seed 1" in out
+    data = json.loads(result.read_text())
+    assert data["finished"] and [f["mode"] for f in data["failed"]] == ["gagar"]
+    assert sorted((r["mode"], r["seed"]) for r in data["runs"]) == [
+        ("gagar", 0), ("grpo", 0), ("grpo", 1)
+    ]  # fmt: skip
+    assert data["summary"]["gagar"]["resolution_rate"] == {"mean": 0.5, "sd": 0.0}
+    assert data["summary"]["grpo"]["resolution_gain"]["mean"] == pytest.approx(0.125)

@@ -95,3 +95,86 @@ def test_grader_in_time_is_used() -> None:
         return RANKING
 
     assert asyncio.run(grade_with_deadline(quick, None, 5, _fallback)) is RANKING
+
+
+def _groups(*exits: str) -> list:
+    from gagar.driver.rollouts import GroupResult, Rollout
+    from gagar.rollout.agent import Trajectory
+
+    rollouts = [
+        Rollout(
+            Trajectory([0], [0.0], [0], 1, [], exit_reason=e, exit_detail=f"{e}!"),
+            False,
+            e == "submitted",
+        )
+        for e in exits
+    ]
+    return [GroupResult(None, rollouts, [{} for _ in rollouts])]
+
+
+def _ctx_with_server(tmp_path: Path, script: str):
+    """A Context as ``check_engine`` sees it, whose engine server is a process running ``script``."""
+    import subprocess
+    import sys
+    from types import SimpleNamespace
+
+    from gagar.rollout.engines.server import ServerConfig, VllmServer
+
+    log = tmp_path / "vllm.log"
+    log.write_text("EngineCore encountered an issue\n")
+    server = VllmServer(ServerConfig(model=tmp_path), log)
+    server.proc = subprocess.Popen([sys.executable, "-c", script])
+    return SimpleNamespace(info={"engine_server": server}), server
+
+
+def test_engine_that_died_during_evaluation_fails_it_with_vllms_exit(tmp_path: Path) -> None:
+    from gagar.driver.loop import check_engine
+    from gagar.rollout.engines.server import VllmServerError
+
+    # the server answers errors first and exits a moment later, as vLLM does after EngineDeadError
+    ctx, _ = _ctx_with_server(tmp_path, "import sys, time; time.sleep(1); sys.exit(3)")
+    with pytest.raises(VllmServerError, match="vLLM exited with code 3") as err:
+        check_engine(ctx, _groups("submitted", "engine_error"), strict=True)
+    assert "EngineCore encountered an issue" in str(err.value)
+    # in a training step too: the step fails before an update on what survived
+    with pytest.raises(VllmServerError, match="code 3"):
+        check_engine(ctx, _groups("engine_error"), strict=False)
+
+
+def test_engine_errors_of_a_live_engine_fail_an_evaluation_but_not_a_step(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from gagar.driver import loop
+
+    monkeypatch.setattr(loop, "ENGINE_EXIT_WAIT_S", 0.5)
+    ctx, server = _ctx_with_server(tmp_path, "import time; time.sleep(60)")
+    try:
+        loop.check_engine(ctx, _groups("submitted", "sandbox_error"), strict=True)
+        loop.check_engine(ctx, _groups("submitted", "engine_error"), strict=False)
+        with pytest.raises(loop.EngineLost, match=r"1 of 2 trajectories failed at the engine"):
+            loop.check_engine(ctx, _groups("submitted", "engine_error"), strict=True)
+    finally:
+        server.proc.kill()
+        server.proc.wait()
+
+
+def test_failed_evaluation_says_so_and_how_to_repeat_it(tmp_path: Path) -> None:
+    from types import SimpleNamespace
+
+    from rich.console import Console
+
+    from gagar.driver.cli import _explain_failure
+    from gagar.driver.loop import EngineLost
+
+    console = Console(record=True, width=200)
+    ckpt = SimpleNamespace(complete=lambda: [SimpleNamespace(step=3)])
+    ctx = SimpleNamespace(info={}, ckpt=ckpt, step=3)
+    try:
+        raise EngineLost("2 of 16 trajectories failed at the engine")
+    except EngineLost as err:
+        _explain_failure(ctx, tmp_path, console, err, evaluating=True)
+    text = " ".join(console.export_text().split())
+    assert "held-out evaluation failed: EngineLost: 2 of 16 trajectories" in text
+    assert "newest complete checkpoint is of step 3" in text and "--eval-only" in text
+    assert "step 4 failed" not in text
+    assert (tmp_path / "logs" / "error.log").read_text().startswith("Traceback")

@@ -165,9 +165,15 @@ class VllmServer:
             time.sleep(0.5)
         raise VllmServerError(f"vLLM not ready after {timeout:.0f}s\n{self.log_tail()}")
 
-    def check_alive(self) -> None:
-        """Raise with the log's tail if the server process has exited."""
-        if self.proc is not None and self.proc.poll() is not None:
+    def check_alive(self, wait: float = 0.0) -> None:
+        """Raise with the log's tail if the server process has exited (or exits within ``wait``
+        seconds: a server whose engine core died shuts itself down after answering errors)."""
+        if self.proc is None:
+            return
+        if wait > 0:
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                self.proc.wait(wait)
+        if self.proc.poll() is not None:
             raise VllmServerError(
                 f"vLLM exited with code {self.proc.returncode} (log: {self.log_path})\n"
                 f"{self.log_tail()}"
