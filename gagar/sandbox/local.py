@@ -19,6 +19,7 @@ import random
 import shutil
 import sys
 import tempfile
+import time
 import warnings
 from collections.abc import Mapping
 from functools import cache
@@ -39,6 +40,8 @@ from gagar.sandbox.types import (
 
 UID_BASE, UID_SLOTS = 1_500_000, 4096
 LOCK_DIR = Path(tempfile.gettempdir()) / "gagar-sandbox-uids"
+SESSION_PREFIX = "gagar-sbx-"
+OWNER_LOCK = ".owner.lock"  # flocked while the session lives: a free lock means its process died
 UNSAFE_WARNING = (
     "WARNING: sandbox isolation is OFF (--unsafe-no-isolation): untrusted code runs directly on "
     "this host with only rlimits. Use this for development on trusted code only."
@@ -64,6 +67,36 @@ class UidLease:
     def release(self) -> None:
         runner.kill_uid(self.uid)
         os.close(self._fd)
+
+
+def sweep_stale_sessions(root: str | None = None, min_age_s: float = 60.0) -> int:
+    """Remove the session directories under ``root`` whose process died without ``close``
+    (SIGKILL, OOM kill). A live session holds an ``flock`` on its ``OWNER_LOCK``; a directory
+    younger than ``min_age_s`` may be one being set up right now and is left alone."""
+    removed = 0
+    for d in Path(root or tempfile.gettempdir()).glob(f"{SESSION_PREFIX}*"):
+        try:
+            if time.time() - d.stat().st_mtime < min_age_s or _owner_alive(d):
+                continue
+        except OSError:
+            continue
+        shutil.rmtree(d, ignore_errors=True)
+        removed += 1
+    return removed
+
+
+def _owner_alive(session_dir: Path) -> bool:
+    try:
+        fd = os.open(session_dir / OWNER_LOCK, os.O_RDWR)
+    except FileNotFoundError:
+        return False  # no owner ever took it (or a gagar from before the lock existed)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return True
+    finally:
+        os.close(fd)
+    return False
 
 
 def python_paths() -> tuple[str, ...]:
@@ -119,6 +152,7 @@ class LocalFactory:
         self.ro_paths, self.use_cgroup = python_paths() + ro_paths, use_cgroup
         if use_cgroup and isolation == "bwrap" and os.geteuid() == 0:
             sweep_stale()
+        sweep_stale_sessions(root)
         if isolation == "none":
             warnings.warn(UNSAFE_WARNING, stacklevel=2)
             print(UNSAFE_WARNING, file=sys.stderr)
@@ -146,7 +180,9 @@ class LocalSession:
     ) -> None:
         self.limits, self._factory, self._closed = limits, factory, False
         self._lease = UidLease() if factory.isolation == "bwrap" and os.geteuid() == 0 else None
-        self.dir = Path(tempfile.mkdtemp(prefix="gagar-sbx-", dir=factory.root))
+        self.dir = Path(tempfile.mkdtemp(prefix=SESSION_PREFIX, dir=factory.root))
+        self._owner = os.open(self.dir / OWNER_LOCK, os.O_CREAT | os.O_RDWR, 0o600)
+        fcntl.flock(self._owner, fcntl.LOCK_EX)  # released by the kernel if this process dies
         self.workspace = self.dir / "workspace"
         try:
             self._layout(files, tarball)
@@ -288,6 +324,7 @@ class LocalSession:
         if self._lease is not None:
             self._lease.release()
         shutil.rmtree(self.dir, ignore_errors=True)
+        os.close(self._owner)
 
     def _check_open(self) -> None:
         if self._closed:

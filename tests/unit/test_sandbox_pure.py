@@ -148,3 +148,34 @@ def test_runner_captures_caps_and_times_out() -> None:
     assert (o.exit_code, o.stdout, o.stderr, o.timed_out) == (7, b"out\n", b"err\n", False)
     o = runner.run(runner.Launch(["sh", "-c", "head -c 5000 /dev/zero; sleep 30"], 0.5, 100))
     assert o.timed_out and o.signal == 9 and len(o.stdout) == 100 and o.truncated
+
+
+def test_sessions_of_a_killed_process_are_swept_and_live_ones_kept(tmp_path: Path) -> None:
+    import subprocess
+    import sys
+
+    script = (
+        "import sys, time\n"
+        "from gagar.sandbox.local import LocalFactory\n"
+        "s = LocalFactory(root=sys.argv[1], check=False).create(files={'a.py': 'x = 1'})\n"
+        "print(s.dir, flush=True)\n"
+        "time.sleep(120)\n"
+    )
+    proc = subprocess.Popen(
+        [sys.executable, "-c", script, str(tmp_path)], stdout=subprocess.PIPE, text=True
+    )
+    dead = Path(proc.stdout.readline().strip())
+    proc.send_signal(signal.SIGKILL)  # no close(): its directory stays behind
+    proc.wait()
+    assert (dead / "workspace" / "a.py").exists()
+    legacy = tmp_path / "gagar-sbx-from-an-older-gagar"  # no owner lock at all
+    legacy.mkdir()
+    live = local.LocalFactory(root=str(tmp_path), check=False).create(files={"b.py": "y = 2"})
+    try:
+        assert dead.exists(), "a factory leaves directories younger than a minute alone"
+        assert local.sweep_stale_sessions(str(tmp_path), min_age_s=0) == 2
+        assert not dead.exists() and not legacy.exists()
+        assert (live.dir / "workspace" / "b.py").exists(), "a live session is never swept"
+    finally:
+        live.close()
+    assert not any(tmp_path.iterdir())
