@@ -593,6 +593,19 @@ class SandboxLimits(Model):
     output_bytes: int = Field(default=1024**2, ge=1024)
     """Captured stdout+stderr; the rest is dropped and the result says so."""
 
+    def executor_limits(self) -> dict[str, Any]:
+        """These limits as the keyword arguments of ``gagar.sandbox.types.Limits`` (what every
+        session of the run gets: bubblewrap here, sandbox pods in a cluster)."""
+        return {
+            "wall_time_s": self.wall_seconds,
+            "cpu_time_s": self.cpu_seconds,
+            "memory_bytes": self.memory_bytes,
+            "processes": min(self.processes, 4096),
+            "open_files": self.open_files,
+            "file_size_bytes": self.file_size_bytes,
+            "output_bytes": self.output_bytes,
+        }
+
 
 class SandboxSpec(Model):
     """Isolated executors for tool calls and tests."""

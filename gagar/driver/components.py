@@ -146,14 +146,4 @@ def sandbox_factory(sandbox: SandboxSpec) -> LocalFactory:
         raise SetupError(
             "spec.sandbox.backend 'pods' needs the cluster; the embedded runner uses 'local' (bubblewrap)"
         )
-    lim = sandbox.limits
-    limits = Limits(
-        wall_time_s=lim.wall_seconds,
-        cpu_time_s=lim.cpu_seconds,
-        memory_bytes=lim.memory_bytes,
-        processes=min(lim.processes, 4096),
-        open_files=lim.open_files,
-        file_size_bytes=lim.file_size_bytes,
-        output_bytes=lim.output_bytes,
-    )
-    return LocalFactory(limits)
+    return LocalFactory(Limits(**sandbox.limits.executor_limits()))

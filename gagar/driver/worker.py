@@ -127,10 +127,12 @@ def _components(rank: Rank) -> tuple[Any, Any, Any]:
     from gagar.grader.protocol import HeuristicGrader
     from gagar.grader.service import GraderClient
     from gagar.sandbox.client import HttpPoolFactory
+    from gagar.sandbox.types import Limits
 
     run, cluster = rank.run, rank.cluster
     if cluster.sandbox_url is not None:
-        factory: Any = HttpPoolFactory(cluster.sandbox_url)
+        limits = Limits(**run.spec.sandbox.limits.executor_limits())
+        factory: Any = HttpPoolFactory(cluster.sandbox_url, limits=limits)
     else:
         factory = comp.sandbox_factory(run.spec.sandbox)
     if cluster.grader_url is not None:

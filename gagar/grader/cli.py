@@ -39,7 +39,14 @@ DEFAULTS: dict[str, Any] = {
 SERVED_MODEL = "grader"  # the name a grader model server without one in the spec serves under
 
 
-def _bwrap_factory() -> SandboxFactory:
+def _executor_limits(limits: dict[str, Any] | None) -> Any:
+    """``gagar.sandbox.types.Limits`` of the run's ``spec.sandbox.limits`` (None: the backend's)."""
+    from gagar.sandbox.types import Limits
+
+    return Limits(**limits) if limits else None
+
+
+def _bwrap_factory(limits: dict[str, Any] | None = None) -> SandboxFactory:
     from gagar.grader.sandbox_adapter import adapt_factory
 
     try:
@@ -47,10 +54,10 @@ def _bwrap_factory() -> SandboxFactory:
         from gagar.sandbox.types import SandboxError
     except ImportError as err:
         raise SystemExit(f"the bubblewrap sandbox backend is not available: {err}") from None
-    return adapt_factory(LocalFactory(), refused=(SandboxError,))
+    return adapt_factory(LocalFactory(_executor_limits(limits)), refused=(SandboxError,))
 
 
-def _pool_factory(url: str | None) -> SandboxFactory:
+def _pool_factory(url: str | None, limits: dict[str, Any] | None = None) -> SandboxFactory:
     from gagar.grader.sandbox_adapter import adapt_factory
 
     if not url:
@@ -59,7 +66,7 @@ def _pool_factory(url: str | None) -> SandboxFactory:
         from gagar.sandbox.client import HttpPoolFactory
     except ImportError as err:
         raise SystemExit(f"the sandbox pool client is not available: {err}") from None
-    return adapt_factory(HttpPoolFactory(url))
+    return adapt_factory(HttpPoolFactory(url, limits=_executor_limits(limits)))
 
 
 def _sandbox_factory(args: argparse.Namespace) -> SandboxFactory:
@@ -69,10 +76,11 @@ def _sandbox_factory(args: argparse.Namespace) -> SandboxFactory:
             "the agentic grader runs tools in a sandbox: pass --sandbox "
             f"({', '.join(SANDBOXES)}); 'unsafe-local' is NOT isolated (development only)"
         )
+    limits = getattr(args, "sandbox_limits", None)  # spec.sandbox.limits, from --config-dir
     if name == "bwrap":
-        return _bwrap_factory()
+        return _bwrap_factory(limits)
     if name == "pool":
-        return _pool_factory(args.sandbox_url)
+        return _pool_factory(args.sandbox_url, limits)
     from gagar.grader.local_sandbox import unsafe_local_factory
 
     print("WARNING: --sandbox unsafe-local runs candidate code WITHOUT isolation", file=sys.stderr)
@@ -122,6 +130,7 @@ def settings(run: GagarRun) -> dict[str, Any]:
         "max_retries": g.max_retries,
         "fallback": g.fallback,
         "queue_size": g.queue_size,
+        "sandbox_limits": run.spec.sandbox.limits.executor_limits(),
     }
     if g.endpoint:  # an external model server (as ``gagar train`` uses it)
         found |= {"model_url": g.endpoint, "model": g.model or SERVED_MODEL}
@@ -244,7 +253,7 @@ def register(sub: argparse._SubParsersAction) -> None:
         "--drain-seconds", type=float, default=30.0, help="time to finish work on shutdown"
     )
     _grader_options(serve)
-    serve.set_defaults(func=_serve)
+    serve.set_defaults(func=_serve, sandbox_limits=None)
     sample = gsub.add_parser("sample", help="write the prepared sample group as a workspace")
     sample.add_argument("dir")
     sample.set_defaults(func=_sample)

@@ -108,6 +108,7 @@ class HttpPoolFactory:
         base_url: str,
         timeout_s: float = 3600.0,
         resolve: Callable[[str, int], list[str]] = resolve_all,
+        limits: Limits | None = None,
     ) -> None:
         url = urlsplit(base_url)
         if not url.hostname:
@@ -115,6 +116,7 @@ class HttpPoolFactory:
         self.scheme, self.host = url.scheme or "http", url.hostname
         self.port = url.port or (443 if self.scheme == "https" else 80)
         self.timeout_s, self._resolve = timeout_s, resolve
+        self.limits = limits  # every session's, unless ``create`` names others (None: the pod's)
         self._factories: dict[str, HttpFactory] = {}
         self._turn = itertools.count()
         self._lock = threading.Lock()
@@ -138,7 +140,7 @@ class HttpPoolFactory:
         tarball: bytes | None = None,
         limits: Limits | None = None,
     ) -> HttpSession:
-        return self._pick().create(files=files, tarball=tarball, limits=limits)
+        return self._pick().create(files=files, tarball=tarball, limits=limits or self.limits)
 
     def close(self) -> None:
         with self._lock:

@@ -243,6 +243,7 @@ def test_grader_pod_reads_its_settings_from_the_config_dir(name: str, tmp_path: 
         g.max_retries,
         g.queue_size,
     )
+    assert ns.sandbox_limits == run.spec.sandbox.limits.executor_limits()
     if g.kind == "agentic":
         assert ns.model_url == "http://127.0.0.1:8000/v1" and ns.model == "grader"
         assert ns.sandbox == ("pool" if run.spec.sandbox.backend == "pods" else "bwrap")

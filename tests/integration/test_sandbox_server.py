@@ -54,6 +54,27 @@ def test_remote_session_round_trip(base_url: str) -> None:
         assert s.exec("sleep 5", timeout=0.5).timed_out
 
 
+def test_pool_sessions_get_the_runs_limits_not_the_pods(base_url: str) -> None:
+    """The trainer's and grader's pool clients send ``spec.sandbox.limits`` with every session
+    (the executor pod's own defaults, LIMITS here, apply only to sessions created without)."""
+    from gagar.sandbox.client import HttpPoolFactory
+    from gagar.spec import SandboxLimits
+
+    spec = SandboxLimits(wall_seconds=1.0, cpu_seconds=1)
+    pool = HttpPoolFactory(base_url, resolve=lambda host, port: ["127.0.0.1"])
+    strict = HttpPoolFactory(
+        base_url, limits=Limits(**spec.executor_limits()), resolve=lambda host, port: ["127.0.0.1"]
+    )
+    try:
+        with strict.create(files={}) as s:
+            assert s.exec("sleep 3").timed_out
+        with pool.create(files={}) as s:
+            assert s.exec("sleep 3").ok
+    finally:
+        pool.close()
+        strict.close()
+
+
 def test_remote_session_from_tarball_and_limits(base_url: str) -> None:
     with LocalFactory().create(files={"a/b.txt": "tar"}) as local:
         blob = local.archive()
