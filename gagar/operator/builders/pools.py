@@ -38,7 +38,7 @@ from gagar.operator.builders.common import (
 )
 from gagar.operator.builders.sandbox import SANDBOX_PORT
 from gagar.rollout.engines.vllm_args import VllmArgs, vllm_args
-from gagar.spec import Autoscaling, GagarRun, GraderSpec, RolloutSpec
+from gagar.spec import HUB_MODELS, Autoscaling, GagarRun, GraderSpec, RolloutSpec
 
 VLLM_PORT = 8000
 GRADER_PORT = 8080
@@ -241,7 +241,7 @@ def _grader_containers(run: GagarRun, mounts: list[dict[str, Any]]) -> list[dict
     if grader.kind != "agentic":
         service["resources"] = resources(grader.resources)
         return [service]
-    model_path, _, model_mounts = base_model(grader.model)
+    model_path, _, model_mounts = base_model(HUB_MODELS.get(grader.model or "", grader.model))
     server = {
         "name": "model",
         "image": run.spec.rollout.image,
