@@ -66,6 +66,9 @@ def test_summary_growth_gain_and_fallbacks():
     assert s["turns_growth"] == pytest.approx(1.25)
     assert s["grader_fallbacks"] == 3
     assert s["trained_groups"] == 2
+    # a step that trained nothing has no gradient: it does not pull the variance down
+    run["records"].append(_record(3, 150, 5, trained_groups=0, gradient_variance=0.0))
+    assert bench.summarize(run, sft_rate=0.125)["gradient_variance"] == 2.0
 
 
 def test_spread_ignores_undefined_growth():
