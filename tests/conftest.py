@@ -1,8 +1,21 @@
-"""Shared pytest configuration: GPU tests skip cleanly without CUDA."""
+"""Shared pytest configuration: GPU tests skip cleanly without CUDA; the header says how much
+disk and memory the run starts with (a CI machine short of either fails in many places at once)."""
 
 from __future__ import annotations
 
+import os
+import shutil
+import tempfile
+
 import pytest
+
+
+def pytest_report_header(config: pytest.Config) -> str:
+    tmp = tempfile.gettempdir()
+    free = shutil.disk_usage(tmp).free / 2**30
+    meminfo = dict(line.split(":", 1) for line in open("/proc/meminfo"))
+    mem = int(meminfo["MemAvailable"].split()[0]) / 2**20
+    return f"resources: {free:.1f} GiB free in {tmp}, {mem:.1f} GiB memory available, {os.cpu_count()} CPUs"
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
