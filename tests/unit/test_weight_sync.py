@@ -64,6 +64,23 @@ def test_publish_rejects_duplicates_empty_and_negative_versions(tmp_path, base_m
     assert not (tmp_path / "p" / "v1").exists()
 
 
+def test_publish_writes_tied_weights_once(tmp_path, base_model):
+    """An HF state dict of a tied model (SmolLM2) names one tensor twice; it is written once, under
+    its first name, and a slice of the same memory with another shape is still its own tensor."""
+    embed = torch.randn(10, 4)
+    tied = [
+        ("model.embed_tokens.weight", embed),
+        ("model.norm.weight", embed[0]),  # same data_ptr, other shape: not an alias
+        ("lm_head.weight", embed),
+    ]
+    pub = publish_version(tied, tmp_path / "p", 1, base_model)
+    loaded = load_file(str(pub.path / "model.safetensors"))
+    assert pub.names == ["model.embed_tokens.weight", "model.norm.weight"] == sorted(loaded)
+    assert torch.equal(loaded["model.embed_tokens.weight"], embed)
+    assert torch.equal(loaded["model.norm.weight"], embed[0])
+    assert pub.num_bytes == (40 + 4) * 4
+
+
 def test_prune_keeps_the_newest(tmp_path, base_model):
     for v in (1, 2, 3, 10):
         publish_version(weights().items(), tmp_path, v, base_model)

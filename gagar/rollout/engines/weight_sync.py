@@ -55,14 +55,28 @@ class PublishedVersion:
 
 
 def _save_safetensors(weights: Iterable[tuple[str, object]], file: Path) -> tuple[list[str], int]:
-    """Write ``(hf_name, tensor)`` pairs to one safetensors file; refuse duplicates."""
+    """Write ``(hf_name, tensor)`` pairs to one safetensors file; refuse duplicate names.
+
+    A tensor that is a view of the same memory as an earlier one (tied weights: an HF state dict's
+    ``lm_head.weight`` is ``model.embed_tokens.weight`` when ``tie_word_embeddings``) is written
+    once, under its first name, as ``save_pretrained`` does; vLLM re-ties it on load."""
     from safetensors.torch import save_file
 
     tensors: dict[str, object] = {}
+    seen: set[tuple[int, tuple[int, ...], tuple[int, ...]]] = set()
+    storages: set[int] = set()
     for name, tensor in weights:
         if name in tensors:
             raise ValueError(f"weight {name!r} yielded twice by the trainer")
-        tensors[name] = tensor.detach().to("cpu").contiguous()  # type: ignore[attr-defined]
+        t = tensor.detach().to("cpu")  # type: ignore[attr-defined]
+        alias = (t.data_ptr(), tuple(t.shape), tuple(t.stride()))
+        if alias in seen:
+            continue
+        seen.add(alias)
+        storage = t.untyped_storage().data_ptr()
+        # another view of memory already written (safetensors refuses shared storage): a copy
+        tensors[name] = t.clone() if storage in storages else t.contiguous()
+        storages.add(storage)
     if not tensors:
         raise ValueError("the trainer yielded no weights")
     save_file(tensors, str(file), metadata={"format": "pt"})
