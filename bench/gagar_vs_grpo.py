@@ -18,8 +18,8 @@ gradient variance (DESIGN §1.9) and grader fallbacks. Everything lands in
     python bench/gagar_vs_grpo.py [--manifest M] [--seeds 0 1] [--steps N] [--sft-steps N] [--eval-tasks 16]
 
 ``--steps`` and ``--sft-steps`` default to the manifest's ``totalSteps`` and ``sftWarmupSteps``.
-Budget on the 2-core machine with the defaults (measured: 60 min 3 s): the SFT run 25 minutes
-(experts, 40 steps, evaluation), then 8.3 to 9.1 minutes per RL run of 2 steps, about 3 of them the
+Budget on the 2-core machine with the defaults (measured: 52 min 37 s): the SFT run 21 minutes
+(experts, 32 steps, evaluation), then 7.3 to 8.4 minutes per RL run of 2 steps, about 3 of them the
 held-out evaluation (`--reuse-sft` skips the SFT when re-running). The JSON is rewritten after every
 run; a run that fails is named and left out, and the bench exits 1.
 """

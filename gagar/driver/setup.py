@@ -231,6 +231,8 @@ def start_engine(
     cfg = ServerConfig(
         model=serving,
         max_model_len=run.spec.rollout.agent.max_context_tokens,
+        # Eager: `bench/engine.py --model <SmolLM2>` measured torch.compile at 69 tokens/s for 8
+        # sequences against 71 eager (122 vs 96 at 32), for a 140 s start instead of 42 s.
         enforce_eager=True,
         # One thread although the trainer waits while the policy generates: with 2 on the 2-core
         # machine an isolated prefill ran 1.9x faster, but in the loop (SmolLM2, 8 trajectories
