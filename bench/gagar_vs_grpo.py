@@ -17,7 +17,8 @@ gradient variance (DESIGN §1.9) and grader fallbacks. Everything lands in
 
     python bench/gagar_vs_grpo.py [--manifest M] [--seeds 0 1] [--steps N] [--sft-steps N] [--eval-tasks 16]
 
-``--steps`` and ``--sft-steps`` default to the manifest's ``totalSteps`` and ``sftWarmupSteps``.
+``--steps`` and ``--sft-steps`` default to the manifest's ``totalSteps`` and ``sftWarmupSteps``;
+``--sft-experts`` and ``--copy-steps`` override ``sftExpertTasks`` and ``copyCurriculumSteps``.
 Budget on the 2-core machine with the defaults (measured: 52 min 37 s): the SFT run 21 minutes
 (experts, 32 steps, evaluation), then 7.3 to 8.4 minutes per RL run of 2 steps, about 3 of them the
 held-out evaluation (`--reuse-sft` skips the SFT when re-running). The JSON is rewritten after every
@@ -42,6 +43,10 @@ import yaml
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "bench" / "results"
 MODES = ("grpo", "gagar")
+
+
+# what makes the SFT start; the RL runs load that start from a path instead
+SFT_RUN_ONLY = ("preset", "path", "copyCurriculumSteps", "sftExpertTasks")
 
 
 def manifest(base: dict[str, Any], name: str, **changes: Any) -> dict[str, Any]:
@@ -179,6 +184,8 @@ def main() -> int:
     p.add_argument("--seeds", type=int, nargs="+", default=[0, 1])
     p.add_argument("--steps", type=int, help="RL steps per run (default: the manifest's)")
     p.add_argument("--sft-steps", type=int, help="SFT steps (default: the manifest's)")
+    p.add_argument("--sft-experts", type=int, help="SFT expert tasks (default: the manifest's)")
+    p.add_argument("--copy-steps", type=int, help="tiny preset: copying curriculum steps")
     p.add_argument("--eval-tasks", type=int, default=16)
     p.add_argument("--dataset-size", type=int, default=128, help="synthetic tasks (25%% held out)")
     p.add_argument("--work", default=str(ROOT / "runs" / "gagar_vs_grpo"))
@@ -200,10 +207,13 @@ def main() -> int:
         {**src, "size": args.dataset_size} if src.get("kind") == "synthetic" else src
         for src in base["spec"]["dataset"]["sources"]
     ]
-    model = {k: v for k, v in base["spec"]["model"].items() if k not in ("preset", "path")}
-    sft_doc = manifest(
-        base, "sft", model={**base["spec"]["model"], "sftWarmupSteps": args.sft_steps}
-    )
+    model = {k: v for k, v in base["spec"]["model"].items() if k not in SFT_RUN_ONLY}
+    sft_model = {**base["spec"]["model"], "sftWarmupSteps": args.sft_steps}
+    if args.sft_experts is not None:
+        sft_model["sftExpertTasks"] = args.sft_experts
+    if args.copy_steps is not None:
+        sft_model["copyCurriculumSteps"] = args.copy_steps
+    sft_doc = manifest(base, "sft", model=sft_model)
     if args.reuse_sft and (work / "sft" / "report.json").exists():
         console.print(f"[bold]SFT[/]: reusing {work / 'sft'}")
         sft_seconds = float("nan")

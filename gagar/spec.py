@@ -98,6 +98,14 @@ class ModelSpec(Model):
     sft_lr: float | None = Field(default=None, gt=0)
     """Learning rate of the SFT warm start; by default 1e-3 for the from-scratch ``tiny`` preset
     and 1e-5 for any other (pretrained) policy."""
+    sft_expert_tasks: int | None = Field(default=None, ge=1)
+    """How many tasks the scripted experts of the SFT solve (one trajectory each): the training
+    tasks with a reference fix first, then fresh synthetic tasks no dataset source uses. By
+    default half of ``sftWarmupSteps`` × 4, between 16 and 512."""
+    copy_curriculum_steps: int = Field(default=0, ge=0)
+    """``tiny`` preset only: steps of a copying curriculum (continue a repeated span of random
+    tokens) the fresh policy is trained on before the SFT, so that it learns to copy paths and
+    lines from its context; see ``gagar.trainer.model.presets.copy_curriculum``."""
 
     model_config = ConfigDict(
         json_schema_extra={
@@ -105,7 +113,12 @@ class ModelSpec(Model):
                 _cel(
                     "has(self.path) != has(self.preset)",
                     "exactly one of spec.model.path and spec.model.preset must be set",
-                )
+                ),
+                _cel(
+                    "!has(self.copyCurriculumSteps) || self.copyCurriculumSteps == 0"
+                    " || (has(self.preset) && self.preset == 'tiny')",
+                    "copyCurriculumSteps trains a policy created from scratch: it needs preset: tiny",
+                ),
             ]
         }
     )
@@ -114,6 +127,10 @@ class ModelSpec(Model):
     def _one_source(self) -> ModelSpec:
         if (self.path is None) == (self.preset is None):
             raise ValueError("exactly one of spec.model.path and spec.model.preset must be set")
+        if self.copy_curriculum_steps and self.preset != "tiny":
+            raise ValueError(
+                "copyCurriculumSteps trains a policy created from scratch: it needs preset: tiny"
+            )
         return self
 
 

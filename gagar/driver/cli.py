@@ -43,7 +43,8 @@ def _train(args: argparse.Namespace) -> int:
 
 
 def _override(run, args: argparse.Namespace):
-    """Apply --steps/--sft-steps by re-validating the manifest, so overrides obey the same rules."""
+    """Apply --steps/--sft-steps/--sft-experts/--copy-steps by re-validating the manifest, so
+    overrides obey the same rules."""
     from gagar.spec import GagarRun
 
     doc = run.to_wire()
@@ -51,6 +52,10 @@ def _override(run, args: argparse.Namespace):
         doc["spec"]["algorithm"]["totalSteps"] = args.steps
     if args.sft_steps is not None:
         doc["spec"]["model"]["sftWarmupSteps"] = args.sft_steps
+    if args.sft_experts is not None:
+        doc["spec"]["model"]["sftExpertTasks"] = args.sft_experts
+    if args.copy_steps is not None:
+        doc["spec"]["model"]["copyCurriculumSteps"] = args.copy_steps
     return GagarRun.model_validate(doc)
 
 
@@ -142,6 +147,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--out", help="run directory (default: runs/<name>)")
     p.add_argument("--steps", type=int, help="override spec.algorithm.totalSteps")
     p.add_argument("--sft-steps", type=int, help="override spec.model.sftWarmupSteps")
+    p.add_argument("--sft-experts", type=int, help="override spec.model.sftExpertTasks")
+    p.add_argument("--copy-steps", type=int, help="override spec.model.copyCurriculumSteps")
     p.add_argument(
         "--resume",
         action="store_true",

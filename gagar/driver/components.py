@@ -9,6 +9,7 @@ cluster.
 from __future__ import annotations
 
 import random
+import shutil
 from pathlib import Path
 from typing import Any
 
@@ -48,15 +49,28 @@ def compute_autocast(spec: GagarRunSpec, model: Any) -> Any:
     return wanted if wanted is not None and params == torch.float32 else None
 
 
-def prepare_policy(model: ModelSpec, run_dir: Path) -> Path:
-    """The base policy as an HF folder: ``tiny`` created once per run, a pretrained preset from the
-    machine's model cache (converted on first use), or an existing path."""
+def prepare_policy(model: ModelSpec, run_dir: Path, on_copy_step: Any = None) -> Path:
+    """The base policy as an HF folder: ``tiny`` created once per run (with its copying
+    curriculum, ``on_copy_step(i, nll)`` reporting it), a pretrained preset from the machine's
+    model cache (converted on first use), or an existing path."""
     from gagar.trainer.model.presets import create_preset
 
     if model.preset == "tiny":
         out = run_dir / "policy" / "base"
         if not (out / "config.json").exists():
-            create_preset("tiny", out, texts=_tokenizer_corpus())
+            # written whole into a temporary folder first: a run killed mid-curriculum leaves no
+            # half-made base policy for the resumed run to pick up
+            tmp = out.with_name("base.partial")
+            shutil.rmtree(tmp, ignore_errors=True)
+            create_preset(
+                "tiny",
+                tmp,
+                texts=_tokenizer_corpus(),
+                copy_steps=model.copy_curriculum_steps,
+                on_copy_step=on_copy_step,
+            )
+            shutil.rmtree(out, ignore_errors=True)
+            tmp.rename(out)
         return out
     if model.preset is not None:
         return pretrained(model.preset, "spec.model.preset")

@@ -8,6 +8,7 @@ the first weight publication so every replica serves a known version.
 from __future__ import annotations
 
 import asyncio
+import json
 import socket
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -136,7 +137,9 @@ def sft_tasks(run: GagarRun, tasks: list[Any]) -> list[Any]:
     """The tasks the scripted experts solve: the training tasks with a reference fix, topped up
     with fresh synthetic tasks none of the run's dataset sources (held-out split included) uses."""
     lo, hi = SFT_EXPERT_TASKS
-    want = max(lo, min(hi, run.spec.model.sft_warmup_steps * SFT_BATCH // 2))
+    want = run.spec.model.sft_expert_tasks or max(
+        lo, min(hi, run.spec.model.sft_warmup_steps * SFT_BATCH // 2)
+    )
     chosen = [t for t in tasks if t.reference_files][:want]
     used = {
         seed
@@ -172,16 +175,24 @@ def expert_batches(
         run.spec.model.sft_warmup_steps,
         batch_size=SFT_BATCH,
         seed=run.spec.algorithm.seed,
+        whole_sequence=run.spec.model.preset == "tiny",
     )
     return batches, trajs
 
 
-def warm_summary(run: GagarRun, trajs: list[Any], losses: list[float]) -> dict[str, Any]:
-    """What the report shows about the warm start."""
+def warm_summary(
+    run: GagarRun, trajs: list[Any], losses: list[float], policy_dir: Path | None = None
+) -> dict[str, Any]:
+    """What the report shows about the warm start (and the tiny preset's copying curriculum)."""
+    from gagar.trainer.model.presets import COPY_SUMMARY
+
     styles: dict[str, list[bool]] = {}
     for style, _, passed in trajs:
         styles.setdefault(style, []).append(passed)
+    copy = policy_dir / COPY_SUMMARY if policy_dir is not None else None
+    extra = {"copy_curriculum": json.loads(copy.read_text())} if copy and copy.exists() else {}
     return {
+        **extra,
         "sft_steps": run.spec.model.sft_warmup_steps,
         "sft_nll_first": losses[0],
         "sft_nll_last": losses[-1],
@@ -214,7 +225,29 @@ def warm_start(
             task, completed=i, description=f"nll/token {nll:.3f}"
         )
         losses = team.call("sft", batches)
-    return warm_summary(run, trajs, losses)
+    return warm_summary(run, trajs, losses, policy_dir)
+
+
+def base_policy(spec: Any, out: Path, console: Console) -> Path:
+    """``comp.prepare_policy`` with a progress bar for the tiny preset's copying curriculum."""
+    steps = spec.model.copy_curriculum_steps
+    if spec.model.preset != "tiny" or not steps or (out / "policy" / "base").exists():
+        return comp.prepare_policy(spec.model, out)
+    console.print(f"[bold]tiny policy[/]: tokenizer, then a copying curriculum of {steps} steps")
+    with Progress(
+        TextColumn("[bold]copy"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+        TextColumn("{task.description}"),
+        console=console,
+    ) as bar:
+        task = bar.add_task("", total=steps)
+        return comp.prepare_policy(
+            spec.model,
+            out,
+            lambda i, nll: bar.update(task, completed=i, description=f"nll/token {nll:.3f}"),
+        )
 
 
 def start_engine(
@@ -285,7 +318,7 @@ def build(
     torch.manual_seed(spec.algorithm.seed)
     train_tasks, held_out = comp.load_datasets(spec.dataset)
     factory = comp.sandbox_factory(spec.sandbox)
-    policy_dir = comp.prepare_policy(spec.model, out)
+    policy_dir = base_policy(spec, out, console)
     model = build_model(policy_dir)
     ckpt = CheckpointManager(out / "checkpoints", keep=spec.trainer.checkpoint.keep)
     learner = build_learner(run, model)

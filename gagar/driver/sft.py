@@ -139,9 +139,19 @@ async def expert_trajectories(
 
 
 def sft_batches(
-    trajectories: list[Trajectory], steps: int, batch_size: int, seed: int = 0
+    trajectories: list[Trajectory],
+    steps: int,
+    batch_size: int,
+    seed: int = 0,
+    whole_sequence: bool = False,
 ) -> list[list[Sample]]:
-    """``steps`` batches of maximum likelihood on the generated tokens (advantage 1 on each)."""
+    """``steps`` batches of maximum likelihood on the generated tokens (advantage 1 on each).
+
+    ``whole_sequence``: on every token after the first instead, prompts and tool results too: a
+    policy created from scratch must also learn to read, and the listing, the ``view`` output and
+    the test report repeat what the statement names (more copying to learn from than the few
+    generated tokens that copy). Used for the ``tiny`` preset; its measured recipe (copying
+    curriculum, then this) is in the README."""
     usable = [t for t in trajectories if t.valid and t.response_tokens]
     if not usable:
         raise ValueError("no valid expert trajectories to warm-start from")
@@ -149,12 +159,11 @@ def sft_batches(
     batches = []
     for _ in range(steps):
         batch = rng.sample(usable, min(batch_size, len(usable)))
-        batches.append(
-            [
-                Sample(t.token_ids, t.loss_mask, t.logprobs, [float(m) for m in t.loss_mask], i)
-                for i, t in enumerate(batch)
-            ]
-        )
+        samples = []
+        for i, t in enumerate(batch):
+            mask = [0] + [1] * (len(t.token_ids) - 1) if whole_sequence else t.loss_mask
+            samples.append(Sample(t.token_ids, mask, t.logprobs, [float(m) for m in mask], i))
+        batches.append(samples)
     return batches
 
 

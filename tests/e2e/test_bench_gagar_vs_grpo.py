@@ -23,6 +23,7 @@ def test_comparison_runs_both_modes_from_one_start_and_writes_json(tmp_path: Pat
     cmd = [sys.executable, "bench/gagar_vs_grpo.py", "--manifest", "examples/local.yaml"]
     cmd += ["--seeds", "0", "--steps", "1"]
     cmd += ["--sft-steps", "2", "--eval-tasks", "2", "--dataset-size", "16"]
+    cmd += ["--sft-experts", "16", "--copy-steps", "2"]
     cmd += ["--work", str(tmp_path / "work"), "--json", str(out)]
     done = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=1500)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]

@@ -39,7 +39,8 @@ def _train(
     out: Path, *extra: str, manifest: Path = EXAMPLE, port: int = 0
 ) -> subprocess.Popen[str]:
     cmd = [sys.executable, "-m", "gagar.cli", "train", str(manifest), "--out", str(out)]
-    cmd += ["--metrics-port", str(port), "--sft-steps", "2", *extra]
+    cmd += ["--metrics-port", str(port), "--sft-steps", "2", "--sft-experts", "16"]
+    cmd += ["--copy-steps", "2", *extra]
     return subprocess.Popen(
         cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=ROOT
     )
@@ -137,6 +138,9 @@ def test_local_example_trains_and_reports(tmp_path: Path) -> None:
     assert records[-1]["policy_version"] == 2
     report = json.loads((tmp_path / "report.json").read_text())
     assert report["steps"] == 2 and report["held_out"]["tasks"] == 2
+    warm = report["warm_start"]
+    assert warm["copy_curriculum"]["steps"] == 2 and warm["sft_steps"] == 2
+    assert sum(int(v.split("/")[1].split()[0]) for v in warm["sft_experts"].values()) == 16
     assert all((tmp_path / name).stat().st_size > 0 for name in report["plots"])
     assert (tmp_path / "checkpoints" / "step_00000002" / "COMPLETE").exists()
     assert (tmp_path / "policy" / "versions").exists()

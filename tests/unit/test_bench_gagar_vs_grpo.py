@@ -34,7 +34,7 @@ def _record(step: int, tokens: float, turns: float, **extra) -> dict:
 
 def test_run_manifests_are_valid_and_differ_only_where_asked():
     base = yaml.safe_load((ROOT / "examples" / "local.yaml").read_text())
-    model = {k: v for k, v in base["spec"]["model"].items() if k != "preset"}
+    model = {k: v for k, v in base["spec"]["model"].items() if k not in bench.SFT_RUN_ONLY}
     doc = bench.manifest(
         base,
         "grpo-s1",

@@ -18,9 +18,12 @@ ROOT = Path(__file__).resolve().parents[2]
 LOCAL = yaml.safe_load((ROOT / "examples" / "local.yaml").read_text())
 
 
-def _run(sft_steps: int, size: int) -> GagarRun:
+def _run(sft_steps: int, size: int, expert_tasks: int | None = None) -> GagarRun:
     spec = {**LOCAL["spec"]}
-    spec["model"] = {**spec["model"], "sftWarmupSteps": sft_steps}
+    model = {k: v for k, v in spec["model"].items() if k != "sftExpertTasks"}
+    if expert_tasks is not None:
+        model["sftExpertTasks"] = expert_tasks
+    spec["model"] = {**model, "sftWarmupSteps": sft_steps}
     spec["dataset"] = {**spec["dataset"], "sources": [{"kind": "synthetic", "size": size}]}
     return GagarRun.model_validate({**LOCAL, "spec": spec})
 
@@ -41,6 +44,27 @@ def test_sft_tasks_scale_with_steps(steps: int, expected: int) -> None:
     dataset_ids = {t.instance_id for t in [*train, *held]}
     assert not {t.instance_id for t in fresh} & dataset_ids
     assert all(t.metadata["seed"] >= FRESH_SYNTHETIC_SEED for t in fresh)
+
+
+def test_sft_expert_tasks_overrides_the_step_scaling() -> None:
+    run = _run(400, size=64, expert_tasks=64)
+    train, _ = comp.load_datasets(run.spec.dataset)
+    tasks = sft_tasks(run, train)
+    assert len(tasks) == 64
+    assert [t.instance_id for t in tasks[: len(train)]] == [t.instance_id for t in train]
+    assert len(train) == 48, "examples/local.yaml: RL starts on tasks the SFT has seen"
+
+
+def test_whole_sequence_sft_trains_every_token_after_the_first() -> None:
+    from gagar.driver.sft import sft_batches
+    from gagar.rollout.agent import Trajectory
+
+    traj = Trajectory([5, 6, 7, 8], [0.0] * 4, [0, 0, 1, 1], prompt_len=2, messages=[])
+    (generated,) = sft_batches([traj], 1, batch_size=1)
+    (whole,) = sft_batches([traj], 1, batch_size=1, whole_sequence=True)
+    assert generated[0].loss_mask == [0, 0, 1, 1] and generated[0].advantages == [0, 0, 1, 1]
+    assert whole[0].loss_mask == [0, 1, 1, 1] and whole[0].advantages == [0, 1, 1, 1]
+    assert whole[0].token_ids == traj.token_ids
 
 
 def test_sft_top_up_skips_seeds_a_source_uses() -> None:
@@ -107,3 +131,32 @@ def test_sft_lr_defaults_to_from_scratch_or_fine_tuning() -> None:
         GagarRun.model_validate(
             {**LOCAL, "spec": {**LOCAL["spec"], "model": {"preset": "tiny", "sftLr": 0}}}
         )
+
+
+def test_tiny_base_policy_is_never_left_half_made(tmp_path: Path, monkeypatch) -> None:
+    from gagar.trainer.model import presets
+
+    calls = []
+
+    def killed(name, out, **kw):  # the curriculum dies after the tokenizer was written
+        Path(out).mkdir(parents=True)
+        (Path(out) / "tokenizer.json").write_text("{}")
+        raise KeyboardInterrupt
+
+    def whole(name, out, **kw):
+        calls.append(kw["copy_steps"])
+        Path(out).mkdir(parents=True)
+        (Path(out) / "config.json").write_text("{}")
+        return Path(out)
+
+    run = _run(2, size=8)
+    monkeypatch.setattr(presets, "create_preset", killed)
+    with pytest.raises(KeyboardInterrupt):
+        comp.prepare_policy(run.spec.model, tmp_path)
+    assert not (tmp_path / "policy" / "base").exists()
+    monkeypatch.setattr(presets, "create_preset", whole)
+    base = comp.prepare_policy(run.spec.model, tmp_path)
+    assert base == tmp_path / "policy" / "base" and (base / "config.json").exists()
+    assert not (tmp_path / "policy" / "base.partial").exists()
+    assert calls == [LOCAL["spec"]["model"]["copyCurriculumSteps"]]
+    assert comp.prepare_policy(run.spec.model, tmp_path) == base and len(calls) == 1

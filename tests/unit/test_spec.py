@@ -105,6 +105,7 @@ INVALID = [
     (("spec.algorithm", {"groupSize": 1}), "groupSize"),
     (("spec.model", {"preset": "tiny", "path": "/x"}), "spec.model"),
     (("spec.model", {"numExperts": 6, "preset": "tiny"}), None),  # paired with expert=4 below
+    (("spec.model", {"path": "/x", "copyCurriculumSteps": 10}), "spec.model"),
     (("spec.dataset", {"sources": [{"kind": "jsonl"}]}), "path"),
     (("spec.dataset", {"sources": [{"kind": "synthetic", "path": "/x.jsonl"}]}), "path"),
     (
