@@ -7,7 +7,6 @@ import asyncio
 from pathlib import Path
 
 from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 
 def _train(args: argparse.Namespace) -> int:
@@ -68,6 +67,7 @@ async def _main(ctx, out: Path, console: Console, args: argparse.Namespace) -> i
         summary_line,
         write_final_report,
     )
+    from gagar.driver.setup import progress_bar
 
     run = ctx.run
     total = run.spec.algorithm.total_steps
@@ -75,14 +75,7 @@ async def _main(ctx, out: Path, console: Console, args: argparse.Namespace) -> i
         f"run [bold]{run.metadata.name}[/] ({run.spec.algorithm.mode}) → {out} · metrics on 127.0.0.1:{ctx.info['metrics_port']}/metrics"
     )
     try:
-        with Progress(
-            TextColumn("[bold]step"),
-            BarColumn(),
-            MofNCompleteColumn(),
-            TimeElapsedColumn(),
-            TextColumn("{task.description}"),
-            console=console,
-        ) as bar:
+        with progress_bar("step", console) as bar:
             task = bar.add_task("", total=total, completed=ctx.step)
             while ctx.step < total and not args.eval_only:
                 record = await rl_step(ctx)

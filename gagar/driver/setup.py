@@ -200,6 +200,18 @@ def warm_summary(
     }
 
 
+def progress_bar(label: str, console: Console) -> Progress:
+    """The bar every long phase shows: label, bar, done/total, elapsed, a live description."""
+    return Progress(
+        TextColumn(f"[bold]{label}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+        TextColumn("{task.description}"),
+        console=console,
+    )
+
+
 def warm_start(
     run: GagarRun,
     team: Team,
@@ -212,14 +224,7 @@ def warm_start(
     steps = run.spec.model.sft_warmup_steps
     batches, trajs = expert_batches(run, policy_dir, factory, tasks)
     console.print(f"[bold]SFT warm start[/]: {len(trajs)} expert trajectories, {steps} steps")
-    with Progress(
-        TextColumn("[bold]SFT"),
-        BarColumn(),
-        MofNCompleteColumn(),
-        TimeElapsedColumn(),
-        TextColumn("{task.description}"),
-        console=console,
-    ) as bar:
+    with progress_bar("SFT", console) as bar:
         task = bar.add_task("", total=steps)
         team.handlers["sft"].on_step = lambda i, nll: bar.update(
             task, completed=i, description=f"nll/token {nll:.3f}"
@@ -234,14 +239,7 @@ def base_policy(spec: Any, out: Path, console: Console) -> Path:
     if spec.model.preset != "tiny" or not steps or (out / "policy" / "base").exists():
         return comp.prepare_policy(spec.model, out)
     console.print(f"[bold]tiny policy[/]: tokenizer, then a copying curriculum of {steps} steps")
-    with Progress(
-        TextColumn("[bold]copy"),
-        BarColumn(),
-        MofNCompleteColumn(),
-        TimeElapsedColumn(),
-        TextColumn("{task.description}"),
-        console=console,
-    ) as bar:
+    with progress_bar("copy", console) as bar:
         task = bar.add_task("", total=steps)
         return comp.prepare_policy(
             spec.model,
