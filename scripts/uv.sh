@@ -8,8 +8,7 @@ mkdir -p "$STAMP_DIR"
 if ! [ -x "$UV" ] || [ "$("$UV" --version | cut -d' ' -f2)" != "$UV_VERSION" ]; then
   echo "install: uv $UV_VERSION into .tools/uv"
   python3 -m venv .tools/uv
-  .tools/uv/bin/python -m pip install -q --disable-pip-version-check "uv==$UV_VERSION" 2>&1 \
-    | grep -v -e "^WARNING: Location 'file:" || true
+  .tools/uv/bin/python -m pip install -q --isolated --disable-pip-version-check "uv==$UV_VERSION"
 fi
 find_links=()
 [ -d "${GAGAR_FIND_LINKS:-/opt/wheels}" ] && find_links=(--find-links "${GAGAR_FIND_LINKS:-/opt/wheels}")

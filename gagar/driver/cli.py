@@ -9,16 +9,31 @@ from pathlib import Path
 from rich.console import Console
 
 
-def _train(args: argparse.Namespace) -> int:
-    import warnings
+def _library_output_to(logs: Path) -> Path:
+    """Send what libraries say (Python warnings, log records, Hugging Face progress bars) to
+    ``logs/libraries.log`` instead of the terminal, which shows gagar's progress and summary only:
+    Megatron-Core warns at import that Transformer Engine/Apex are absent and torch warns of
+    bfloat16 inputs to float32 norm weights on every CPU step, both expected here. gagar's own
+    warnings still reach the terminal."""
+    import logging
+    import os
 
+    os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")  # read when transformers loads
+    logs.mkdir(parents=True, exist_ok=True)
+    handler = logging.FileHandler(logs / "libraries.log")
+    handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    logging.captureWarnings(True)
+    logging.getLogger().addHandler(handler)
+    logging.getLogger().setLevel(logging.INFO)
+    ours = logging.StreamHandler()
+    ours.setLevel(logging.WARNING)
+    logging.getLogger("gagar").addHandler(ours)
+    return logs / "libraries.log"
+
+
+def _train(args: argparse.Namespace) -> int:
     from gagar.manifest import load_run
 
-    # Megatron-Core warns at import that Transformer Engine/Apex are absent; on CPU that is expected.
-    warnings.filterwarnings(
-        "ignore", message=".*(Transformer Engine|Apex) (and Apex )?(is|are) not installed.*"
-    )
-    warnings.filterwarnings("ignore", message=".*cuda_graph_scope.*")
     console = Console(stderr=True)
     try:
         run = load_run(args.run)
@@ -28,6 +43,7 @@ def _train(args: argparse.Namespace) -> int:
     run = _override(run, args)
     out = Path(args.out or f"runs/{run.metadata.name}")
     out.mkdir(parents=True, exist_ok=True)
+    _library_output_to(out / "logs")
     from gagar.driver.components import SetupError
     from gagar.driver.setup import build
 
@@ -84,9 +100,7 @@ async def _main(ctx, out: Path, console: Console, args: argparse.Namespace) -> i
         report = write_final_report(
             ctx, {"warm_start": ctx.info.get("warm_start", {}), "held_out": evaluation}
         )
-        console.print(
-            f"done: {report['steps']} steps, held-out {evaluation} · report {out / 'report.json'}"
-        )
+        _print_summary(console, report, out)
         return 0
     except (KeyboardInterrupt, asyncio.CancelledError):
         # Cancellation only lands at an await, i.e. between steps or during rollouts, never between
@@ -99,6 +113,25 @@ async def _main(ctx, out: Path, console: Console, args: argparse.Namespace) -> i
         return 1
     finally:
         close(ctx)
+
+
+def _print_summary(console: Console, report: dict, out: Path) -> None:
+    """One short table of what the run did, then where its files are."""
+    from rich.table import Table
+
+    from gagar.driver.report import read_jsonl, summary_rows
+
+    table = Table(title=f"gagar train: {report['run']}", title_justify="left", show_header=False)
+    table.add_column(style="bold")
+    table.add_column()
+    for name, value in summary_rows(report, read_jsonl(out / "metrics.jsonl")):
+        table.add_row(name, value)
+    console.print(table)
+    console.print(f"report  [bold]{out / 'report.json'}[/] and plots {out}/*.png", soft_wrap=True)
+    console.print(
+        f"records {out / 'metrics.jsonl'}, trajectories {out / 'rollouts'}", soft_wrap=True
+    )
+    console.print(f"logs    {out / 'logs'}", soft_wrap=True)
 
 
 def _explain_failure(

@@ -149,3 +149,47 @@ def write_report(
     }
     (out / "report.json").write_text(json.dumps(report, indent=2))
     return report
+
+
+def _trend(records: list[dict[str, Any]], key: str, k: int = 5) -> str:
+    """``first k → last k`` means of a per-step value (steps that lack it are skipped)."""
+    vals = [float(r[key]) for r in records if r.get(key) is not None]
+    if not vals:
+        return "–"
+    head, tail = vals[:k], vals[-k:]
+    if len(vals) <= k:
+        return f"{statistics.fmean(vals):.2f}"
+    return f"{statistics.fmean(head):.2f} → {statistics.fmean(tail):.2f}"
+
+
+def summary_rows(report: dict[str, Any], records: list[dict[str, Any]]) -> list[tuple[str, str]]:
+    """The final summary a person reads: (what, value) rows, numbers formatted, no raw dicts."""
+    rows = [("run", f"{report['run']} ({report['mode']}), policy v{report['policy_version']}")]
+    warm = report.get("warm_start") or {}
+    copy = warm.get("copy_curriculum") or {}
+    sft = {k: warm.get(f"sft_{k}") for k in ("steps", "nll_first", "nll_last")}
+    for name, part in (("copy curriculum", copy), ("SFT warm start", sft)):
+        if part.get("steps"):
+            rows.append(
+                (
+                    name,
+                    f"{part['steps']} steps, NLL/token {part['nll_first']:.2f} → {part['nll_last']:.2f}",
+                )
+            )
+    rows.append(("RL steps", str(report["steps"])))
+    if records:
+        k = min(5, max(1, len(records) // 2))
+        rows += [
+            (f"training pass rate (first {k} → last {k} steps)", _trend(records, "pass_rate", k)),
+            ("bloated share of passes", _trend(records, "bloated_passes_ratio", k)),
+            ("response tokens per trajectory", _trend(records, "response_tokens_mean", k)),
+            ("step time, s", f"{statistics.fmean(r['step_seconds'] for r in records):.1f} mean"),
+        ]
+    held = report.get("held_out") or {}
+    if held.get("tasks"):
+        solved = round(held["resolution_rate"] * held["valid"])
+        rows += [
+            ("held-out resolved", f"{solved}/{held['valid']} ({held['resolution_rate']:.0%})"),
+            ("held-out response tokens", f"{held['response_tokens_mean']:.0f}"),
+        ]
+    return rows

