@@ -151,15 +151,15 @@ def write_report(
     return report
 
 
-def _trend(records: list[dict[str, Any]], key: str, k: int = 5) -> str:
+def _trend(records: list[dict[str, Any]], key: str, k: int = 5, fmt: str = ".2f") -> str:
     """``first k → last k`` means of a per-step value (steps that lack it are skipped)."""
     vals = [float(r[key]) for r in records if r.get(key) is not None]
     if not vals:
         return "–"
     head, tail = vals[:k], vals[-k:]
     if len(vals) <= k:
-        return f"{statistics.fmean(vals):.2f}"
-    return f"{statistics.fmean(head):.2f} → {statistics.fmean(tail):.2f}"
+        return f"{statistics.fmean(vals):{fmt}}"
+    return f"{statistics.fmean(head):{fmt}} → {statistics.fmean(tail):{fmt}}"
 
 
 def summary_rows(report: dict[str, Any], records: list[dict[str, Any]]) -> list[tuple[str, str]]:
@@ -182,7 +182,7 @@ def summary_rows(report: dict[str, Any], records: list[dict[str, Any]]) -> list[
         rows += [
             (f"training pass rate (first {k} → last {k} steps)", _trend(records, "pass_rate", k)),
             ("bloated share of passes", _trend(records, "bloated_passes_ratio", k)),
-            ("response tokens per trajectory", _trend(records, "response_tokens_mean", k)),
+            ("response tokens per trajectory", _trend(records, "response_tokens_mean", k, ".0f")),
             ("step time, s", f"{statistics.fmean(r['step_seconds'] for r in records):.1f} mean"),
         ]
     held = report.get("held_out") or {}
