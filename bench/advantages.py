@@ -4,7 +4,7 @@ Times ``gar_advantages`` on G groups × n trajectories (default 4096 × 16, floa
 against ``tests/unit/gar_reference.py`` (the one reference copy, loaded by path), checks they
 agree, prints a table and writes ``bench/results/advantages.json``.
 
-    python bench/advantages.py [--groups 4096] [--n 16] [--repeats 20] [--threads 1]
+    .venv/bin/python bench/advantages.py [--groups 4096] [--n 16] [--repeats 20] [--threads 1]
 
 The machine's load average is recorded with the numbers: on a shared 2-core box, 2 torch threads
 under load thrash, so the default is 1 thread.

@@ -11,7 +11,7 @@ tiny random Llama, written fresh), then:
   times, split into publish and transfer time;
 * the server's startup time.
 
-    python bench/engine.py [--model DIR] [--tokens 32] [--threads 1] [--syncs 3] [--eager]
+    .venv/bin/python bench/engine.py [--model DIR] [--tokens 32] [--threads 1] [--syncs 3] [--eager]
 
 Prints a table and writes ``bench/results/engine.json``. The machine's load average is recorded
 with the numbers: on a shared 2-core machine they move with the neighbours' work.

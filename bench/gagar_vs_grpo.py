@@ -15,7 +15,7 @@ or tampering passes on held-out tasks (judged by the heuristic grader in both mo
 gradient variance (DESIGN §1.9) and grader fallbacks. Everything lands in
 ``bench/results/gagar_vs_grpo.json`` with every run's per-step records.
 
-    python bench/gagar_vs_grpo.py [--manifest M] [--seeds 0 1] [--steps N] [--sft-steps N] [--eval-tasks 16]
+    .venv/bin/python bench/gagar_vs_grpo.py [--manifest M] [--seeds 0 1] [--steps N] [--sft-steps N] [--eval-tasks 16]
 
 ``--steps`` and ``--sft-steps`` default to the manifest's ``totalSteps`` and ``sftWarmupSteps``;
 ``--sft-experts`` and ``--copy-steps`` override ``sftExpertTasks`` and ``copyCurriculumSteps``.

@@ -1,7 +1,7 @@
 """Heuristic grader latency per group size: prints a table, writes bench/results/grader.json.
 
 Every call starts cold (``rank`` keeps no state between calls). Groups come from ``gagar.grader.sample.scaled_group`` (clean, bloated, tampered, failing and
-special-cased candidates in rotation on a small repository). Run: ``python bench/grader.py``.
+special-cased candidates in rotation on a small repository). Run: ``.venv/bin/python bench/grader.py``.
 """
 
 from __future__ import annotations

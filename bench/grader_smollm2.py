@@ -4,7 +4,7 @@ Starts the grader's model server exactly as ``gagar train`` does (SmolLM2-135M-I
 model cache, vLLM's CPU build with the ``hermes`` tool-call parser, one thread) and grades
 ``gagar.grader.sample`` groups of growing size with the preset's grader settings. Each row says
 whether SmolLM2 produced a complete ranking (``agentic``) or the run would have fallen back, and
-why. Greedy decoding, so one pass per group. Run: ``python bench/grader_smollm2.py`` (minutes).
+why. Greedy decoding, so one pass per group. Run: ``.venv/bin/python bench/grader_smollm2.py`` (minutes).
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """Policy model timings on this machine: build, load, forward+backward, conversion, TP=2 step.
 
-Usage: python bench/model.py [--seq 256] [--batch 4] [--steps 3]
+Usage: .venv/bin/python bench/model.py [--seq 256] [--batch 4] [--steps 3]
 Prints a table and writes bench/results/model.json. Uses the tiny preset (created on the fly).
 """
 

@@ -9,7 +9,7 @@ Unisolated commands also start a new session (``setsid``), as bubblewrap's ``--n
 does: with ``sched_autogroup`` on, a new session is its own scheduling group, and on a shared,
 loaded machine that alone made jailed runs look up to 2x *faster* than unisolated ones.
 
-    python bench/sandbox.py [--runs N] [--out bench/results/sandbox.json]
+    .venv/bin/python bench/sandbox.py [--runs N] [--out bench/results/sandbox.json]
 """
 
 from __future__ import annotations

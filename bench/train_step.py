@@ -2,7 +2,7 @@
 plain PyTorch loop (transformers' LlamaForCausalLM, the same weights, batch and optimizer), in the
 same process. Prints a table and writes bench/results/train_step.json.
 
-    python bench/train_step.py [--batch 8] [--seq 512] [--micro 4] [--repeats 3]
+    .venv/bin/python bench/train_step.py [--batch 8] [--seq 512] [--micro 4] [--repeats 3]
 """
 
 from __future__ import annotations

