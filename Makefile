@@ -35,17 +35,17 @@ lint: install ## ruff, mypy on the pure modules, import-linter contracts, deptry
 	lint-imports
 	deptry .
 
-format: ## Apply ruff's formatter and autofixes
+format: install ## Apply ruff's formatter and autofixes
 	ruff format gagar tests bench
 	ruff check --fix gagar tests bench
 
-crd: ## Regenerate the CRD (manifests/ and the chart) from gagar/spec.py
+crd: install ## Regenerate the CRD (manifests/ and the chart) from gagar/spec.py
 	$(PYTHON) -m gagar.cli crd --write
 
-check-generated: ## Fail when a generated file drifts from its source
+check-generated: install ## Fail when a generated file drifts from its source
 	$(PYTHON) -m gagar.cli crd --check
 
-helm-lint: ## Lint and render the Helm chart for every example values file (real helm), kustomize, promtool
+helm-lint: install ## Lint and render the Helm chart for every example values file (real helm), kustomize, promtool
 	bash scripts/install.d/20-helm.sh
 	.tools/bin/helm lint --strict charts/gagar
 	for f in charts/gagar/ci/*-values.yaml; do \
@@ -54,7 +54,7 @@ helm-lint: ## Lint and render the Helm chart for every example values file (real
 	.tools/bin/kubectl kustomize manifests >/dev/null
 	promtool check rules charts/gagar/rules/gagar-alerts.yaml
 
-bench: ## Run the benchmarks (print tables, write JSON under bench/results/)
+bench: install ## Run the benchmarks (print tables, write JSON under bench/results/)
 	$(PYTHON) bench/advantages.py
 	$(PYTHON) bench/sandbox.py
 	$(PYTHON) bench/engine.py
