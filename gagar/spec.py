@@ -33,6 +33,7 @@ from pydantic.alias_generators import to_camel
 # the indexed Job "<run>-trainer-<index>-<5 random>"); 42 keeps every child name within the 63
 # characters of a DNS label and of a label value.
 MAX_NAME_LENGTH = 42
+DNS_SUBDOMAIN = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$"
 DNS_LABEL = r"^[a-z]([-a-z0-9]*[a-z0-9])?$"
 # Every number of a spec lies within +-MAX_NUMBER (also in the CRD's schema): far above any real
 # setting, within the integers JSON and float64 carry exactly, so "1e23 bytes" is refused, not run.
@@ -760,6 +761,11 @@ class GagarRunSpec(Model):
     """Tasks."""
     observability: ObservabilitySpec = Field(default_factory=ObservabilitySpec)
     """Metrics and logs."""
+    auth_token_secret: str | None = Field(default=None, pattern=DNS_SUBDOMAIN, max_length=253)
+    """Name of a Secret (key ``token``) holding a shared token: mounted read-only in the trainer,
+    grader and sandbox pods, where the grader service and the sandbox executors then refuse any
+    call without it (401) and the trainer's and grader's clients send it. Unset: the services rely
+    on the NetworkPolicies alone. The chart can create one (``authSecret.create``)."""
     suspend: bool = False
     """Stop trainer pods and scale pools to zero; resuming continues from the last checkpoint."""
 
