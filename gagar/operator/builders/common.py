@@ -110,7 +110,7 @@ AUTH_COMPONENTS = ("trainer", "grader", "sandbox")  # the services and their one
 def common_env(run: GagarRun, component: str) -> list[dict[str, Any]]:
     """Environment every gagar container gets: who it is and where its config (and, with
     ``spec.authTokenSecret``, the services' shared token) lies."""
-    env = [
+    env: list[dict[str, Any]] = [
         {"name": "GAGAR_RUN", "value": run.metadata.name},
         {"name": "GAGAR_COMPONENT", "value": component},
         {"name": "GAGAR_CONFIG_DIR", "value": CONFIG_MOUNT},
