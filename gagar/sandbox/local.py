@@ -43,7 +43,9 @@ from gagar.sandbox.types import (
 )
 
 UID_BASE, UID_SLOTS = 1_500_000, 4096
-LOCK_DIR = Path(tempfile.gettempdir()) / "gagar-sandbox-uids"
+# Uids are host-wide, so their locks are too: not under $TMPDIR, which differs between processes
+# (only a root executor leases uids, and root can always write /tmp).
+LOCK_DIR = Path("/tmp/gagar-sandbox-uids")
 SESSION_PREFIX = "gagar-sbx-"
 OWNER_LOCK = ".owner.lock"  # flocked while the session lives: a free lock means its process died
 UNSAFE_WARNING = (
