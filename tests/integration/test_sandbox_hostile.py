@@ -171,6 +171,13 @@ def test_seccomp_refuses_namespaces_keys_and_kernel_surfaces(session) -> None:
     assert allowed == {}, f"reachable inside the sandbox: {allowed}"
 
 
+def test_other_abis_cannot_go_around_the_filter(session) -> None:
+    """The x32 number of unshare (bit 30 set) is another ABI's call: the process is killed."""
+    code = "import ctypes; ctypes.CDLL(None).syscall(0x40000000 | 272, 0x10000000); print('ran')"
+    r = session.exec(["python3", "-c", code])
+    assert r.signal == 31 and r.stdout == ""  # SIGSYS
+
+
 def test_nested_user_namespace_is_refused(session) -> None:
     r = session.exec("unshare -Urn id -u")
     assert r.exit_code != 0 and "Operation not permitted" in r.stderr
