@@ -639,10 +639,11 @@ class SandboxLimits(Model):
     output_bytes: int = Field(default=1024**2, ge=1024, le=64 * 1024**2)
     """Captured stdout+stderr; the rest is dropped and the result says so."""
     disk_bytes: int = Field(default=1024**3, ge=1024**2, le=1024**4)
-    """Disk space of one session's workspace and ``/tmp`` together (a size-limited tmpfs when the
-    executor may mount one, i.e. runs as root: locally; in pods the emptyDir's ``sizeLimit``
-    bounds the pod). Past it writes fail with ``ENOSPC`` and the result's ``limit_hit`` is
-    ``disk``. The tmpfs is memory: count it in the machine's memory."""
+    """Disk space of one session's workspace and ``/tmp`` together. Where the executor may mount
+    (root: locally) they sit on a tmpfs of this size: past it writes fail with ``ENOSPC`` and the
+    result's ``limit_hit`` is ``disk``; the tmpfs is memory, count it in the machine's. Where it
+    cannot (non-root sandbox pods) going over is only reported after the command (``limit_hit:
+    disk``) and the pod's emptyDir ``sizeLimit`` bounds the pod."""
     inodes: int = Field(default=100_000, ge=64, le=10_000_000)
     """Files and directories one session may hold (same tmpfs as ``diskBytes``)."""
     shm_bytes: int = Field(default=64 * 1024**2, ge=1024**2, le=1024**4)

@@ -302,8 +302,16 @@ class LocalSession:
                 cg.destroy()  # kills all inside: no process can leave its cgroup unprivileged
             elif self.uid is not None:
                 runner.kill_uid(self.uid)
-        disk_full = self.quota and quota.full(self.dir)
-        return classify(outcome, self.limits, stats, jailed=True, disk_full=disk_full)
+        return classify(outcome, self.limits, stats, jailed=True, disk_full=self._disk_full())
+
+    def _disk_full(self) -> bool:
+        """Out of quota: the tmpfs is full or, without one (a non-root executor cannot mount),
+        the workspace and ``/tmp`` hold more than the limits (measured after the fact: reported,
+        not prevented; the pod's emptyDir ``sizeLimit`` is the bound there)."""
+        if self.quota:
+            return quota.full(self.dir)
+        used, entries = workspace.usage(self.dir)
+        return used > self.limits.disk_bytes or entries > self.limits.inodes
 
     def _exec_unsafe(self, argv: list[str], wall: float) -> ExecResult:
         env = bwrap.sandbox_env([os.path.dirname(sys.executable)], None)

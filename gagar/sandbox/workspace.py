@@ -143,6 +143,17 @@ def walk(root: Path, ignored: frozenset[str] = IGNORED_DIRS) -> Iterator[tuple[s
 Entry = os.stat_result | bytes  # bytes: a marker for what the walk did not enter
 
 
+def usage(root: Path) -> tuple[int, int]:
+    """(bytes allocated, entries) below ``root``, ignored directories included (bounded walk;
+    a walk cut short counts what it saw)."""
+    used = entries = 0
+    for _, st in walk(root, ignored=frozenset()):
+        entries += 1
+        if not isinstance(st, bytes):
+            used += st.st_blocks * 512
+    return used, entries
+
+
 def snapshot(root: Path) -> dict[str, bytes]:
     """Content of every entry; a symlink becomes ``b"symlink -> target"``, a special file, a file
     too large and anything past the read budget a marker (bounded host memory)."""

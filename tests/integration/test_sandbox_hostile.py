@@ -259,6 +259,18 @@ def test_workspace_sits_on_the_quota_filesystem(session) -> None:
         assert fs == "tmpfs" and int(blocks) * int(size) == LIMITS.disk_bytes
 
 
+def test_without_a_mount_the_quota_is_reported(factory: LocalFactory, monkeypatch) -> None:
+    """A non-root executor (a sandbox pod) cannot mount the tmpfs: going over is still reported."""
+    monkeypatch.setattr(quota, "can_mount", lambda: False)
+    small = LIMITS.model_copy(update={"disk_bytes": 2 << 20, "inodes": 100})
+    with factory.create(files={}, limits=small) as s:
+        assert not s.quota
+        r = s.exec("head -c 3145728 /dev/zero > /tmp/big")
+        assert r.ok and r.limit_hit == "disk"
+        assert s.exec("rm /tmp/big && touch a").limit_hit is None
+        assert s.exec("mkdir m && cd m && touch $(seq 200)").limit_hit == "disk"
+
+
 # ---------------------------------------------------------------- 9: /dev/shm
 def test_dev_shm_is_writable_and_bounded(session) -> None:
     r = session.exec(["python3", "-c", "import multiprocessing as mp; mp.Lock(); print('lock')"])
