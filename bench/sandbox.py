@@ -9,15 +9,23 @@ Unisolated commands also start a new session (``setsid``), as bubblewrap's ``--n
 does: with ``sched_autogroup`` on, a new session is its own scheduling group, and on a shared,
 loaded machine that alone made jailed runs look up to 2x *faster* than unisolated ones.
 
+``--fixed-cost`` measures instead the fixed cost of one jailed command (median wall time of
+``exec(["true"])``, and of creating plus closing a session) with the seccomp filter and the disk
+quota each switched off and on, the four variants alternating in rounds. Switching them off is
+done here only (by patching the executor's modules), never offered by the executor itself.
+
     .venv/bin/python bench/sandbox.py [--runs N] [--out bench/results/sandbox.json]
+    .venv/bin/python bench/sandbox.py --fixed-cost [--runs N] [--out bench/results/sandbox-fixed-cost.json]
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import platform
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -28,7 +36,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from gagar.rollout.envs import synthetic
-from gagar.sandbox import bwrap
+from gagar.sandbox import bwrap, local
 from gagar.sandbox.local import LocalFactory, check_isolation
 from gagar.sandbox.types import Limits
 
@@ -94,13 +102,81 @@ def _compare(files, factory, cmd: str, workers: int, runs: int, rounds: int) -> 
     return total / plain, total / jailed
 
 
+@contextlib.contextmanager
+def _variant(seccomp: bool, quota: bool):
+    """The executor with its seccomp filter and/or its disk quota switched off (bench only)."""
+    saved = (local.filter_bpf, local.quota.try_mount, local.bwrap.bwrap_argv)
+
+    def argv_without_seccomp(*a, **k):
+        argv = saved[2](*a, **k)
+        i = argv.index("--seccomp")
+        return argv[:i] + argv[i + 2 :]
+
+    if not seccomp:
+        local.filter_bpf = lambda: None  # type: ignore[assignment]
+        local.bwrap.bwrap_argv = argv_without_seccomp  # type: ignore[assignment]
+    if not quota:
+        local.quota.try_mount = lambda *a: False  # type: ignore[assignment]
+    try:
+        yield
+    finally:
+        local.filter_bpf, local.quota.try_mount, local.bwrap.bwrap_argv = saved
+
+
+def fixed_cost(runs: int, rounds: int, out: str) -> int:
+    """Median ms of ``exec(["true"])`` and of create+close, per variant, alternating in rounds."""
+    factory = LocalFactory(limits=Limits(wall_time_s=60))
+    variants = [(False, False), (True, False), (False, True), (True, True)]
+    execs: dict[tuple[bool, bool], list[float]] = {v: [] for v in variants}
+    lives: dict[tuple[bool, bool], list[float]] = {v: [] for v in variants}
+    for _ in range(rounds):
+        for v in variants:
+            with _variant(*v):
+                t = time.perf_counter()
+                session = factory.create(files={"a.py": "print(1)\n"})
+                for _ in range(runs):
+                    t1 = time.perf_counter()
+                    if not session.exec(["true"]).ok:
+                        raise RuntimeError(f"variant {v}: true failed")
+                    execs[v].append(time.perf_counter() - t1)
+                t2 = time.perf_counter()
+                session.close()
+                lives[v].append(time.perf_counter() - t2 + (t2 - t) - sum(execs[v][-runs:]))
+    rows = []
+    print(f"{'seccomp':<9}{'quota':<7}{'exec true ms':>14}{'create+close ms':>17}")
+    for v in variants:
+        row = {
+            "seccomp": v[0],
+            "quota": v[1],
+            "exec_median_ms": round(statistics.median(execs[v]) * 1e3, 2),
+            "create_close_median_ms": round(statistics.median(lives[v]) * 1e3, 2),
+            "n": len(execs[v]),
+        }
+        rows.append(row)
+        print(
+            f"{v[0]!s:<9}{v[1]!s:<7}{row['exec_median_ms']:>14}{row['create_close_median_ms']:>17}"
+        )
+    result = {"benchmark": "sandbox-fixed-cost", "load_avg": os.getloadavg(), "rows": rows}
+    Path(out).parent.mkdir(parents=True, exist_ok=True)
+    Path(out).write_text(json.dumps(result, indent=2) + "\n")
+    print(f"wrote {out}")
+    return 0
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--runs", type=int, default=2, help="runs per worker per round")
+    ap.add_argument("--runs", type=int, default=2, help="runs per worker (session) per round")
     ap.add_argument("--rounds", type=int, default=3, help="alternating rounds")
-    ap.add_argument("--out", default="bench/results/sandbox.json")
+    ap.add_argument("--out", default=None)
+    ap.add_argument("--fixed-cost", action="store_true", help="fixed cost per command instead")
     args = ap.parse_args()
     check_isolation()
+    if args.fixed_cost:
+        return fixed_cost(
+            args.runs, args.rounds, args.out or "bench/results/sandbox-fixed-cost.json"
+        )
+    args.out = args.out or "bench/results/sandbox.json"
+    print(f"{'command':<8}{'sessions':>9}{'unisolated/s':>16}{'sandboxed/s':>15}{'ratio':>8}")
     load_start = os.getloadavg()
     files = synthetic.generate(3).repo_files()
     factory = LocalFactory(limits=Limits(wall_time_s=120, cpu_time_s=60))
@@ -142,5 +218,4 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    print(f"{'command':<8}{'sessions':>9}{'unisolated/s':>16}{'sandboxed/s':>15}{'ratio':>8}")
     sys.exit(main())

@@ -119,6 +119,16 @@ class PrometheusRuleValues(Values):
     """Extra labels, e.g. the ``release`` label your Prometheus selects rules by."""
 
 
+class AuthSecretValues(Values):
+    """A Secret with a random shared token for the run's services (``spec.authTokenSecret``)."""
+
+    create: bool = False
+    """Create the Secret in the release namespace (kept across upgrades; a run in that namespace
+    names it in ``spec.authTokenSecret``)."""
+    name: str = Field(default="gagar-auth", pattern=r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
+    """Name of the Secret (its key ``token`` holds the token)."""
+
+
 class OperatorValues(Values):
     """The operator Deployment."""
 
@@ -167,6 +177,8 @@ class ChartValues(Values):
     """Grafana dashboards."""
     prometheus_rule: PrometheusRuleValues = Field(default_factory=PrometheusRuleValues)
     """PrometheusRule alerts."""
+    auth_secret: AuthSecretValues = Field(default_factory=AuthSecretValues)
+    """Shared-token Secret for the services of runs (sandbox executors, grader service)."""
 
 
 def _inline(node: Any, defs: dict[str, Any]) -> Any:

@@ -12,7 +12,7 @@ from __future__ import annotations
 from typing import Any
 
 from gagar import API_GROUP, API_VERSION, KIND
-from gagar.spec import DNS_LABEL, MAX_NAME_LENGTH, GagarRunSpec, GagarRunStatus
+from gagar.spec import DNS_LABEL, MAX_NAME_LENGTH, MAX_NUMBER, GagarRunSpec, GagarRunStatus
 
 PLURAL = "gagarruns"
 CRD_NAME = f"{PLURAL}.{API_GROUP}"
@@ -81,6 +81,9 @@ def structural(node: dict[str, Any], defs: dict[str, Any]) -> dict[str, Any]:
         out["type"] = "string"
     if "type" not in out:
         raise ValueError(f"schema node without a type: {node}")
+    if out["type"] in ("integer", "number"):  # finite, as pydantic's ``Model._bounded``
+        out.setdefault("maximum", MAX_NUMBER)
+        out.setdefault("minimum", -MAX_NUMBER)
     return out
 
 

@@ -16,6 +16,48 @@ from pydantic import ValidationError
 from gagar import API_GROUP, API_VERSION, KIND, RUN_FILE
 from gagar.spec import GagarRun
 
+MAX_MANIFEST_BYTES = 1 << 20  # a GagarRun is a few KiB; bigger input is refused before parsing
+MAX_DEPTH = 64  # nesting of collections; the YAML composer recurses once per level
+
+
+class _StrictLoader(yaml.SafeLoader):
+    """``yaml.SafeLoader`` that refuses a mapping with the same key twice (YAML says keys are
+    unique; PyYAML would silently keep the last one)."""
+
+    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
+        seen: set[Any] = set()
+        for key_node, _ in node.value:
+            key = self.construct_object(key_node, deep=deep)
+            if key in seen:
+                raise yaml.constructor.ConstructorError(
+                    None, None, f"duplicate key {key!r}", key_node.start_mark
+                )
+            seen.add(key)
+        return super().construct_mapping(node, deep=deep)
+
+
+_OPEN = (yaml.FlowMappingStartToken, yaml.FlowSequenceStartToken, yaml.BlockMappingStartToken)
+_OPEN += (yaml.BlockSequenceStartToken,)
+_CLOSE = (yaml.FlowMappingEndToken, yaml.FlowSequenceEndToken, yaml.BlockEndToken)
+
+
+def parse_yaml(text: str) -> list[Any]:
+    """Every document of ``text``, after bounding its size and nesting (the scanner is iterative,
+    so this check cannot itself overflow); ``yaml.YAMLError`` for anything refused."""
+    if len(text) > MAX_MANIFEST_BYTES:
+        raise yaml.YAMLError(f"larger than {MAX_MANIFEST_BYTES} bytes")
+    depth = 0
+    for token in yaml.scan(text, Loader=yaml.SafeLoader):
+        depth += isinstance(token, _OPEN) - isinstance(token, _CLOSE)
+        if depth > MAX_DEPTH:
+            raise yaml.YAMLError(
+                f"nested deeper than {MAX_DEPTH} levels (line {token.start_mark.line + 1})"
+            )
+    try:
+        return list(yaml.load_all(text, Loader=_StrictLoader))
+    except ValueError as err:  # e.g. an integer of thousands of digits
+        raise yaml.YAMLError(str(err)) from None
+
 
 @dataclass(frozen=True)
 class Problem:
@@ -75,15 +117,21 @@ def load_files(paths: list[str | Path]) -> Loaded:
     for path in map(str, paths):
         try:
             text = Path(path).read_text()
-            docs = list(yaml.safe_load_all(text))
+            docs = parse_yaml(text)
         except (OSError, UnicodeDecodeError) as err:
             loaded.problems.append(Problem(path, None, "", f"cannot read: {err}"))
             continue
         except yaml.YAMLError as err:
-            loaded.problems.append(Problem(path, None, "", f"invalid YAML: {err}"))
+            loaded.problems.append(Problem(path, None, "", f"invalid YAML: {_one_line(err)}"))
             continue
         _collect(loaded, path, docs)
     return loaded
+
+
+def _one_line(err: yaml.YAMLError) -> str:
+    if isinstance(err, yaml.MarkedYAMLError) and err.problem_mark is not None:
+        return f"{err.problem} (line {err.problem_mark.line + 1})"
+    return " ".join(str(err).split())
 
 
 def _collect(loaded: Loaded, path: str, docs: list[Any]) -> None:

@@ -17,14 +17,27 @@ from __future__ import annotations
 import re
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, JsonValue, StringConstraints, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    JsonValue,
+    StringConstraints,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
 from pydantic.alias_generators import to_camel
 
 # Child objects are named "<run>-<component>[-<suffix>]" (longest: "<run>-trainer-rdzv", and pods of
 # the indexed Job "<run>-trainer-<index>-<5 random>"); 42 keeps every child name within the 63
 # characters of a DNS label and of a label value.
 MAX_NAME_LENGTH = 42
+DNS_SUBDOMAIN = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$"
 DNS_LABEL = r"^[a-z]([-a-z0-9]*[a-z0-9])?$"
+# Every number of a spec lies within +-MAX_NUMBER (also in the CRD's schema): far above any real
+# setting, within the integers JSON and float64 carry exactly, so "1e23 bytes" is refused, not run.
+MAX_NUMBER = 10**15
 
 Quantity = Annotated[
     str, StringConstraints(pattern=r"^[0-9]+(\.[0-9]+)?([eE][0-9]+|[KMGTPE]i?|[munk])?$")
@@ -48,7 +61,17 @@ class Model(BaseModel):
         populate_by_name=True,
         use_attribute_docstrings=True,
         frozen=True,
+        allow_inf_nan=False,
     )
+
+    @field_validator("*", mode="after")
+    @classmethod
+    def _bounded(cls, value: Any, info: ValidationInfo) -> Any:
+        numbers = value if isinstance(value, (list, tuple)) else [value]
+        for x in numbers:
+            if isinstance(x, (int, float)) and not isinstance(x, bool) and abs(x) > MAX_NUMBER:
+                raise ValueError(f"{x:.3g} is out of range (at most {MAX_NUMBER:.0e} in size)")
+        return value
 
     def to_wire(self) -> dict[str, Any]:
         """The camelCase dict a manifest or ConfigMap holds (defaults included)."""
@@ -601,20 +624,30 @@ class GraderSpec(_Pool):
 class SandboxLimits(Model):
     """Per-execution limits inside a sandbox."""
 
-    cpu_seconds: int = Field(default=60, ge=1)
+    cpu_seconds: int = Field(default=60, ge=1, le=3600)
     """CPU time."""
-    wall_seconds: float = Field(default=120.0, gt=0)
+    wall_seconds: float = Field(default=120.0, gt=0, le=3600)
     """Wall-clock time; the whole process group is killed past it."""
-    memory_bytes: int = Field(default=2 * 1024**3, ge=16 * 1024**2)
+    memory_bytes: int = Field(default=2 * 1024**3, ge=32 * 1024**2, le=1024**4)
     """Address space."""
-    processes: int = Field(default=256, ge=1)
+    processes: int = Field(default=256, ge=4, le=4096)
     """Processes (and threads)."""
-    file_size_bytes: int = Field(default=64 * 1024**2, ge=1024)
+    file_size_bytes: int = Field(default=64 * 1024**2, ge=64 * 1024, le=1024**4)
     """Largest file a process may write."""
-    open_files: int = Field(default=1024, ge=16)
+    open_files: int = Field(default=1024, ge=16, le=65536)
     """Open file descriptors."""
-    output_bytes: int = Field(default=1024**2, ge=1024)
+    output_bytes: int = Field(default=1024**2, ge=1024, le=64 * 1024**2)
     """Captured stdout+stderr; the rest is dropped and the result says so."""
+    disk_bytes: int = Field(default=1024**3, ge=1024**2, le=1024**4)
+    """Disk space of one session's workspace and ``/tmp`` together. Where the executor may mount
+    (root: locally) they sit on a tmpfs of this size: past it writes fail with ``ENOSPC`` and the
+    result's ``limit_hit`` is ``disk``; the tmpfs is memory, count it in the machine's. Where it
+    cannot (non-root sandbox pods) going over is only reported after the command (``limit_hit:
+    disk``) and the pod's emptyDir ``sizeLimit`` bounds the pod."""
+    inodes: int = Field(default=100_000, ge=64, le=10_000_000)
+    """Files and directories one session may hold (same tmpfs as ``diskBytes``)."""
+    shm_bytes: int = Field(default=64 * 1024**2, ge=1024**2, le=1024**4)
+    """Size of the writable ``/dev/shm`` of each command (``multiprocessing`` needs one)."""
 
     def executor_limits(self) -> dict[str, Any]:
         """These limits as the keyword arguments of ``gagar.sandbox.types.Limits`` (what every
@@ -623,10 +656,13 @@ class SandboxLimits(Model):
             "wall_time_s": self.wall_seconds,
             "cpu_time_s": self.cpu_seconds,
             "memory_bytes": self.memory_bytes,
-            "processes": min(self.processes, 4096),
+            "processes": self.processes,
             "open_files": self.open_files,
             "file_size_bytes": self.file_size_bytes,
             "output_bytes": self.output_bytes,
+            "disk_bytes": self.disk_bytes,
+            "inodes": self.inodes,
+            "shm_bytes": self.shm_bytes,
         }
 
 
@@ -726,6 +762,11 @@ class GagarRunSpec(Model):
     """Tasks."""
     observability: ObservabilitySpec = Field(default_factory=ObservabilitySpec)
     """Metrics and logs."""
+    auth_token_secret: str | None = Field(default=None, pattern=DNS_SUBDOMAIN, max_length=253)
+    """Name of a Secret (key ``token``) holding a shared token: mounted read-only in the trainer,
+    grader and sandbox pods, where the grader service and the sandbox executors then refuse any
+    call without it (401) and the trainer's and grader's clients send it. Unset: the services rely
+    on the NetworkPolicies alone. The chart can create one (``authSecret.create``)."""
     suspend: bool = False
     """Stop trainer pods and scale pools to zero; resuming continues from the last checkpoint."""
 

@@ -40,9 +40,22 @@ def _train(args: argparse.Namespace) -> int:
     except ValueError as err:
         console.print(f"[red]invalid GagarRun[/]\n{err}")
         return 2
-    run = _override(run, args)
+    from pydantic import ValidationError
+
+    try:
+        run = _override(run, args)
+    except ValidationError as err:
+        bad = "; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in err.errors())
+        console.print(f"[red]invalid override[/]: {bad}", soft_wrap=True)
+        return 2
     out = Path(args.out or f"runs/{run.metadata.name}")
-    out.mkdir(parents=True, exist_ok=True)
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+        (out / ".gagar-write-test").touch()
+        (out / ".gagar-write-test").unlink()
+    except OSError as err:
+        console.print(f"[red]cannot use --out {out}[/]: {err.strerror or err}", soft_wrap=True)
+        return 2
     _library_output_to(out / "logs")
     from gagar.driver.components import SetupError
     from gagar.driver.setup import build

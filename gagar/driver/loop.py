@@ -28,8 +28,8 @@ from gagar.driver.sampling import SamplingPlan, TaskSampler, collect, grade_with
 from gagar.metrics import Metrics
 from gagar.rollout.agent import AgentLimits, Engine
 from gagar.spec import GagarRun
-from gagar.trainer.checkpoint import CheckpointManager, truncate_jsonl
-from gagar.trainer.distributed import Team
+from gagar.trainer.checkpoint import CheckpointError, CheckpointManager, skip, truncate_jsonl
+from gagar.trainer.distributed import LayoutMismatch, Team
 from gagar.trainer.learner import Learner, Sample
 from gagar.wire import GradingGroup, Ranking
 
@@ -375,14 +375,23 @@ def save_checkpoint(ctx: Context) -> None:
 
 def restore(ctx: Context) -> bool:
     """Load the newest complete checkpoint into the context; False when there is none."""
-    latest = ctx.ckpt.latest()
-    if latest is None:
-        return False
-    state = ctx.call("restore", latest.step)  # every rank loads its own parts
-    ctx.step, ctx.version = latest.step, int(state["policy_version"])
-    ctx.sampler.load_state(state["sampler"])
-    truncate_jsonl(ctx.out / "metrics.jsonl", ctx.step)
-    return True
+    tried = []
+    for ckpt in ctx.ckpt.candidates():  # newest first; a part that does not load: the previous
+        tried.append(ckpt.path.name)
+        try:
+            state = ctx.call("restore", ckpt.step)  # every rank loads its own parts
+            ctx.sampler.load_state(state["sampler"])
+            ctx.step, ctx.version = ckpt.step, int(state["policy_version"])
+        except LayoutMismatch:
+            raise  # a different job shape, not a bad checkpoint: every older one is the same
+        except (CheckpointError, RuntimeError, ValueError, KeyError, TypeError) as err:
+            skip(CheckpointError(f"{ckpt.path}: {type(err).__name__}: {err}"))
+            continue
+        truncate_jsonl(ctx.out / "metrics.jsonl", ctx.step)
+        return True
+    if tried:  # never start over silently on top of checkpoints that exist but do not load
+        raise CheckpointError(f"no checkpoint loads ({', '.join(tried)}): see the warnings")
+    return False
 
 
 def summary_line(record: dict[str, Any]) -> str:

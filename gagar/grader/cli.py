@@ -182,10 +182,17 @@ def _grader_options(p: argparse.ArgumentParser) -> None:
 
 
 def _serve(args: argparse.Namespace) -> int:
+    from gagar import auth
     from gagar.grader.service import GraderService, ServiceConfig, serve
 
     settle(args)
+    try:
+        token = auth.token()
+    except RuntimeError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
     cfg = ServiceConfig(
+        token=token,
         host=args.host,
         port=args.port,
         queue_size=args.queue_size,
@@ -232,7 +239,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     grader = sub.add_parser("grader", help="grader service and tools")
     gsub = grader.add_subparsers(dest="grader_command", required=True, metavar="COMMAND")
     serve = gsub.add_parser("serve", help="serve POST /v1/grade, /healthz, /metrics")
-    serve.add_argument("--host", default="0.0.0.0")
+    serve.add_argument(
+        "--host", default="127.0.0.1", help="address to listen on (0.0.0.0 in a grader pod)"
+    )
     serve.add_argument("--port", type=int, default=8080)
     serve.add_argument(
         "--metrics-port",

@@ -32,6 +32,7 @@ from prometheus_client import (
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 from pydantic import ValidationError
 
+from gagar import auth
 from gagar.grader.protocol import Grader
 from gagar.wire import GradingGroup, Ranking
 
@@ -45,6 +46,7 @@ class ServiceConfig:
     drain_seconds: float = 30.0
     max_body_bytes: int = 256 * 1024 * 1024
     metrics_port: int | None = None  # also serve /metrics there (a pod's metrics port)
+    token: str | None = None  # shared token every /v1/grade call must carry (gagar.auth)
 
 
 class ShuttingDown(Exception):
@@ -117,7 +119,10 @@ class GraderService:
         self.draining = False
 
     def app(self) -> web.Application:
-        app = web.Application(client_max_size=self.config.max_body_bytes)
+        app = web.Application(
+            client_max_size=self.config.max_body_bytes,
+            middlewares=[auth.middleware(self.config.token)],
+        )
         app.router.add_post("/v1/grade", self._grade)
         app.router.add_get("/healthz", self._healthz)
         app.router.add_get("/metrics", self._metrics)
@@ -261,7 +266,7 @@ class GraderClient:
     async def grade(self, group: GradingGroup) -> Ranking:
         body = group.model_dump_json()
         last = ""
-        async with httpx.AsyncClient(timeout=self.timeout) as http:
+        async with httpx.AsyncClient(timeout=self.timeout, headers=auth.headers()) as http:
             for attempt in range(self.retries + 1):
                 resp: httpx.Response | None = None
                 try:

@@ -13,27 +13,33 @@ API (everything a caller needs):
   ``SandboxInfraError`` (the machinery failed). ``check_isolation()`` raises ``SandboxUnavailable``
   with the reason when bubblewrap is missing or cannot create its namespaces.
 
-What it protects against (each has a test in ``tests/integration/test_sandbox_adversarial.py``):
-code under test reaching the network (own network namespace: only its own loopback), seeing or
-signalling host processes (own PID namespace, a private unprivileged uid, no capabilities,
-``no_new_privs``), reading host files or the executor's environment (only ``/usr``, the Python
-installation and a few ``/etc`` files exist inside, all read-only; the environment is rebuilt from
-scratch), writing anywhere but its workspace and ``/tmp``, fork bombs (``RLIMIT_NPROC`` and a pids
-cgroup), memory bombs (memory cgroup when available, ``RLIMIT_AS``), infinite loops (CPU rlimit),
-sleeping forever (wall clock, then the whole process group and the PID namespace are killed),
-flooding output (captured up to a cap, the rest dropped), leaving processes behind (the PID
-namespace dies with the command; whatever the session uid still owns is killed), and symlinks or
-FIFOs that would lead the host's file operations out of the workspace.
+What it protects against (each has a test in ``tests/integration/test_sandbox_adversarial.py``
+or ``test_sandbox_hostile.py``; ``docs/security.md`` maps each promise to its test): code under
+test reaching the network (own network namespace: only its own loopback), seeing or signalling
+host processes (own PID namespace, a private unprivileged uid, no capabilities, ``no_new_privs``),
+reading host files or the executor's environment (only ``/usr``, the Python installation and a few
+``/etc`` files exist inside, all read-only; the environment is rebuilt from scratch), writing
+anywhere but its workspace, ``/tmp`` and a bounded ``/dev/shm``, new namespaces, the kernel
+keyring, io_uring, perf, bpf, userfaultfd and mounts (a seccomp filter, ``seccomp.py``), filling
+the disk (workspace and ``/tmp`` on a size- and inode-limited tmpfs when the executor is root:
+``limit_hit="disk"``), fork bombs (``RLIMIT_NPROC`` and a pids cgroup), memory bombs (memory
+cgroup when available, ``RLIMIT_AS``), infinite loops (CPU rlimit), sleeping forever (wall clock,
+then the whole process group and the PID namespace are killed), flooding output (captured up to a
+cap, the rest dropped), leaving processes behind (the PID namespace dies with the command;
+whatever the session uid still owns is killed), symlinks or FIFOs that would lead the host's file
+operations out of the workspace, and trees that would break the host's walks (iterative, bounded
+in depth, entries and bytes read; removal by descriptor, never following links).
 
-What it does not protect against: kernel exploits (bubblewrap shares the host kernel: use a
-gVisor ``runtimeClassName`` in pods for that), exhausting disk space (no quota; the file-size
-rlimit bounds each file, not their number), CPU contention between sessions (no CPU shares), and
-side channels. Exit codes above 128 are read as "killed by signal N" (bubblewrap's convention),
-and a command's own output is never used to decide what happened to it. Python ignores SIGXFSZ, so
-a Python program over the file-size limit sees ``EFBIG`` and is reported as an ordinary failure.
-In sandbox pods whose seccomp profile forbids namespaces, bubblewrap cannot run and the executor
-refuses (``SandboxUnavailable``) unless started with ``--unsafe-no-isolation``, which is only
-appropriate when the pod itself is the isolation boundary.
+What it does not protect against: kernel exploits (bubblewrap shares the host kernel; the filter
+narrows it, a gVisor ``runtimeClassName`` in pods replaces it), disk space when the executor
+cannot mount (a non-root sandbox pod: its emptyDir's ``sizeLimit`` bounds it), CPU contention
+between sessions (no CPU shares), and side channels. Exit codes above 128 are read as "killed by
+signal N" (bubblewrap's convention), and a command's own output is never used to decide what
+happened to it. Python ignores SIGXFSZ, so a Python program over the file-size limit sees
+``EFBIG`` and is reported as an ordinary failure. In sandbox pods whose seccomp profile forbids
+namespaces, bubblewrap cannot run and the executor refuses (``SandboxUnavailable``) unless started
+with ``--unsafe-no-isolation``, which is only appropriate when the pod itself is the isolation
+boundary.
 """
 
 from gagar.sandbox.types import (

@@ -4,7 +4,8 @@ Pure: builds argv lists from a ``Jail`` description, touches nothing. The layout
 
 - ``/usr`` (and the ``/bin``, ``/lib*``, ``/sbin`` links), the Python installation(s) the executor
   names, and a handful of ``/etc`` files needed to run programs, all read-only;
-- fresh ``/proc`` and a minimal ``/dev``; ``/workspace`` (the session's workspace, read-write) and
+- fresh ``/proc``, a minimal ``/dev`` with a writable, size-limited ``/dev/shm`` (a tmpfs of its
+  own: ``multiprocessing`` locks work); ``/workspace`` (the session's workspace, read-write) and
   ``/tmp`` (a per-session directory on disk, read-write); nothing else of the host exists;
 - new PID, network (only a loopback of its own), IPC, UTS, mount and cgroup namespaces, a new
   session (no terminal injection), killed with the executor (``--die-with-parent``);
@@ -12,6 +13,7 @@ Pure: builds argv lists from a ``Jail`` description, touches nothing. The layout
   capabilities and ``no_new_privs`` (a private non-root uid is what makes ``RLIMIT_NPROC`` bind:
   the kernel exempts uid 0, even behind a user namespace's mapping); when it is not root,
   bubblewrap runs unprivileged inside a user namespace instead;
+- a seccomp filter (``seccomp.py``) loaded by bubblewrap just before the command runs;
 - ``prlimit`` sets CPU time, address space, process count, open files, file size and no core dumps.
 """
 
@@ -21,7 +23,7 @@ import os
 from dataclasses import dataclass, field
 from pathlib import PurePosixPath
 
-from gagar.sandbox.runner import STATUS_FD
+from gagar.sandbox.runner import SECCOMP_FD, STATUS_FD
 from gagar.sandbox.types import Limits
 
 WORKDIR = "/workspace"
@@ -40,6 +42,7 @@ class Jail:
     env: dict[str, str] = field(default_factory=dict)
     host_links: dict[str, str] = field(default_factory=dict)  # /bin -> usr/bin etc. on this host
     host_etc: tuple[str, ...] = ()  # which ETC_FILES exist here
+    seccomp: bool = True  # load the filter from the fd the runner passes as SECCOMP_FD
 
 
 def rlimit_argv(limits: Limits, cpu_grace_s: int = 1) -> list[str]:
@@ -107,7 +110,10 @@ def bwrap_argv(jail: Jail, limits: Limits, cmd: list[str]) -> list[str]:
     argv += ["--hostname", "sandbox"]
     argv += _system_argv(jail)
     argv += ["--proc", "/proc", "--dev", "/dev"]
+    argv += ["--perms", "1777", "--size", str(limits.shm_bytes), "--tmpfs", "/dev/shm"]
     argv += ["--bind", jail.tmp, "/tmp", "--bind", jail.workspace, WORKDIR, "--chdir", WORKDIR]
+    if jail.seccomp:
+        argv += ["--seccomp", SECCOMP_FD]
     argv += ["--clearenv"]
     for key, value in sorted(jail.env.items()):
         argv += ["--setenv", key, value]

@@ -13,8 +13,15 @@ from gagar.sandbox.runner import Outcome
 from gagar.sandbox.types import ExecResult, LimitKind, Limits
 
 
-def classify(outcome: Outcome, limits: Limits, stats: Stats | None, jailed: bool) -> ExecResult:
-    """Turn what the executor observed into an ``ExecResult`` (pure)."""
+def classify(
+    outcome: Outcome,
+    limits: Limits,
+    stats: Stats | None,
+    jailed: bool,
+    disk_full: bool = False,
+) -> ExecResult:
+    """Turn what the executor observed into an ``ExecResult`` (pure). ``disk_full``: the
+    session's quota filesystem had no space or inodes left when the command ended."""
     exit_code, sig = outcome.exit_code, outcome.signal
     infra = None
     finished = any("exit-code" in r for r in outcome.status)
@@ -30,7 +37,7 @@ def classify(outcome: Outcome, limits: Limits, stats: Stats | None, jailed: bool
         stdout=outcome.stdout.decode(errors="replace"),
         stderr=outcome.stderr.decode(errors="replace"),
         timed_out=outcome.timed_out,
-        limit_hit=_limit_hit(outcome, sig, limits, stats),
+        limit_hit=_limit_hit(outcome, sig, limits, stats) or ("disk" if disk_full else None),
         truncated=outcome.truncated,
         duration_s=round(outcome.duration_s, 4),
         cpu_time_s=round(_cpu(outcome, stats), 4),

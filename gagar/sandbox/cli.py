@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import sys
 from pathlib import Path
+from typing import Any
 
 
 def _factory(args: argparse.Namespace, root: str | None = None, **limit_overrides: object):
@@ -57,7 +59,8 @@ def _exec(args: argparse.Namespace) -> int:
 
 
 def _serve(args: argparse.Namespace) -> int:
-    from gagar.sandbox.server import make_server
+    from gagar import auth
+    from gagar.sandbox.server import Server, ServerConfig
     from gagar.sandbox.types import SandboxError
 
     root = args.workspace_root
@@ -65,20 +68,39 @@ def _serve(args: argparse.Namespace) -> int:
         print(f"gagar sandbox: --workspace-root {root} is not a directory", file=sys.stderr)
         return 2
     try:
+        token = auth.token()
         factory = _factory(args, root=root)
+        config = ServerConfig(
+            host=args.host,
+            port=args.port,
+            max_sessions=args.max_sessions,
+            idle_timeout_s=args.idle_timeout,
+            token=token,
+        )
+        server = Server(factory, config)
+    except (RuntimeError, OSError) as e:
+        print(f"gagar sandbox: {e}", file=sys.stderr)
+        return 2
     except SandboxError as e:
         print(f"gagar sandbox: {e}", file=sys.stderr)
         return 3
-    server = make_server(factory, args.host, args.port, args.max_sessions)
+    print(f"gagar sandbox: authentication {'by token' if token else 'off'}", file=sys.stderr)
     print(f"gagar sandbox serving on http://{args.host}:{server.server_address[1]}", flush=True)
     try:
-        server.serve_forever()
-    except KeyboardInterrupt:
-        pass
+        server.serve_forever()  # until SIGTERM or SIGINT: then every session is closed
     finally:
-        server.registry.close_all()
         server.server_close()
     return 0
+
+
+def _positive(kind: type) -> Any:
+    def parse(text: str) -> Any:
+        value = kind(text)
+        if not (math.isfinite(value) and value > 0):
+            raise argparse.ArgumentTypeError(f"must be a positive number, got {text}")
+        return value
+
+    return parse
 
 
 def _check(args: argparse.Namespace) -> int:
@@ -106,8 +128,10 @@ def register(sub: argparse._SubParsersAction) -> None:
     sandbox = sub.add_parser("sandbox", help="isolated execution of untrusted code")
     ssub = sandbox.add_subparsers(dest="sandbox_command", required=True, metavar="SUBCOMMAND")
     p = ssub.add_parser("exec", help="run one command in a fresh sandbox; print the result as JSON")
-    p.add_argument("--timeout", type=float, default=None, help="wall-clock limit in seconds")
-    p.add_argument("--memory", type=int, default=None, help="memory limit in bytes")
+    p.add_argument(
+        "--timeout", type=_positive(float), default=None, help="wall-clock limit in seconds"
+    )
+    p.add_argument("--memory", type=_positive(int), default=None, help="memory limit in bytes")
     p.add_argument("--workspace", default=None, help="directory copied into the workspace")
     _unsafe_flag(p)
     p.add_argument("cmd", nargs=argparse.REMAINDER, help="-- CMD ...")
@@ -117,7 +141,13 @@ def register(sub: argparse._SubParsersAction) -> None:
         "--host", default="127.0.0.1", help="address to listen on (0.0.0.0 in a sandbox pod)"
     )
     s.add_argument("--port", type=int, default=8700)
-    s.add_argument("--max-sessions", type=int, default=64)
+    s.add_argument("--max-sessions", type=_positive(int), default=64)
+    s.add_argument(
+        "--idle-timeout",
+        type=_positive(float),
+        default=1800.0,
+        help="close a session unused for this many seconds (its client vanished)",
+    )
     s.add_argument(
         "--workspace-root",
         default=None,

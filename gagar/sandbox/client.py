@@ -20,6 +20,7 @@ from urllib.parse import urlsplit
 
 import httpx
 
+from gagar import auth
 from gagar.sandbox.types import (
     Command,
     ExecResult,
@@ -51,7 +52,7 @@ class HttpFactory:
     """Creates sessions on an executor server at ``base_url``."""
 
     def __init__(self, base_url: str, timeout_s: float = 3600.0) -> None:
-        self.client = httpx.Client(base_url=base_url, timeout=timeout_s)
+        self.client = httpx.Client(base_url=base_url, timeout=timeout_s, headers=auth.headers())
 
     def create(
         self,

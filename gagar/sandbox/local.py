@@ -14,8 +14,10 @@ shape). ``isolation="none"`` exists for development only and says so loudly.
 from __future__ import annotations
 
 import fcntl
+import math
 import os
 import random
+import resource
 import shutil
 import sys
 import tempfile
@@ -25,10 +27,12 @@ from collections.abc import Mapping
 from functools import cache
 from pathlib import Path
 
-from gagar.sandbox import bwrap, runner, workspace
+from gagar.sandbox import bwrap, quota, runner, workspace
 from gagar.sandbox.cgroup import Cgroup, sweep_stale
 from gagar.sandbox.classify import classify
+from gagar.sandbox.seccomp import filter_bpf
 from gagar.sandbox.types import (
+    MAX_WALL_S,
     Command,
     ExecResult,
     FileData,
@@ -39,7 +43,9 @@ from gagar.sandbox.types import (
 )
 
 UID_BASE, UID_SLOTS = 1_500_000, 4096
-LOCK_DIR = Path(tempfile.gettempdir()) / "gagar-sandbox-uids"
+# Uids are host-wide, so their locks are too: not under $TMPDIR, which differs between processes
+# (only a root executor leases uids, and root can always write /tmp).
+LOCK_DIR = Path("/tmp/gagar-sandbox-uids")
 SESSION_PREFIX = "gagar-sbx-"
 OWNER_LOCK = ".owner.lock"  # flocked while the session lives: a free lock means its process died
 UNSAFE_WARNING = (
@@ -78,11 +84,38 @@ def sweep_stale_sessions(root: str | None = None, min_age_s: float = 60.0) -> in
         try:
             if time.time() - d.stat().st_mtime < min_age_s or _owner_alive(d):
                 continue
+            remove_session_dir(d)
         except OSError:
-            continue
-        shutil.rmtree(d, ignore_errors=True)
+            continue  # another sweeper got there first, or it cannot go: never fail a caller
         removed += 1
     return removed
+
+
+def remove_session_dir(d: Path) -> None:
+    """Unmount its quota tmpfs (if any), then remove what is left, however deep."""
+    quota.unmount(d)
+    workspace.remove_tree(d)
+
+
+RLIMIT_OF = {  # Limits field -> the rlimit ``prlimit`` sets from it
+    "memory_bytes": resource.RLIMIT_AS,
+    "processes": resource.RLIMIT_NPROC,
+    "open_files": resource.RLIMIT_NOFILE,
+    "file_size_bytes": resource.RLIMIT_FSIZE,
+    "cpu_time_s": resource.RLIMIT_CPU,
+}
+
+
+def within_inherited(limits: Limits) -> Limits:
+    """``limits`` lowered to the hard rlimits this executor inherited: the jail runs unprivileged
+    and cannot raise them, so asking for more would fail every command."""
+    lower = {}
+    for name, res in RLIMIT_OF.items():
+        hard = resource.getrlimit(res)[1]
+        slack = 1 if name == "cpu_time_s" else 0  # prlimit's hard CPU limit is one second above
+        if hard != resource.RLIM_INFINITY and getattr(limits, name) + slack > hard:
+            lower[name] = max(hard - slack, 1)
+    return limits.model_copy(update=lower) if lower else limits
 
 
 def _owner_alive(session_dir: Path) -> bool:
@@ -181,6 +214,9 @@ class LocalSession:
         self.limits, self._factory, self._closed = limits, factory, False
         self._lease = UidLease() if factory.isolation == "bwrap" and os.geteuid() == 0 else None
         self.dir = Path(tempfile.mkdtemp(prefix=SESSION_PREFIX, dir=factory.root))
+        self.quota = factory.isolation == "bwrap" and quota.try_mount(
+            self.dir, limits.disk_bytes, limits.inodes
+        )
         self._owner = os.open(self.dir / OWNER_LOCK, os.O_CREAT | os.O_RDWR, 0o600)
         fcntl.flock(self._owner, fcntl.LOCK_EX)  # released by the kernel if this process dies
         self.workspace = self.dir / "workspace"
@@ -231,8 +267,8 @@ class LocalSession:
         if not argv or not all(isinstance(a, str) for a in argv):
             raise SandboxError("command must be a non-empty string or list of strings")
         wall = float(timeout) if timeout is not None else self.limits.wall_time_s
-        if wall <= 0:
-            raise SandboxError(f"timeout must be positive, got {timeout}")
+        if not (math.isfinite(wall) and 0 < wall <= MAX_WALL_S):
+            raise SandboxError(f"timeout must be a number in (0, {MAX_WALL_S:g}], got {timeout}")
         if self._factory.isolation == "none":
             return self._exec_unsafe(argv, wall)
         return self._exec_jailed(argv, wall)
@@ -247,13 +283,14 @@ class LocalSession:
             if cg
             else self.limits
         )
-        full = bwrap.bwrap_argv(self._jail(), limits, argv)
+        full = bwrap.bwrap_argv(self._jail(), within_inherited(limits), argv)
         launch = runner.Launch(
             argv=cg.wrap(full) if cg else full,
             wall_time_s=wall,
             output_bytes=self.limits.output_bytes,
             env={"PATH": "/usr/sbin:/usr/bin:/sbin:/bin", "LANG": "C.UTF-8"},
             status_fd=True,
+            seccomp=filter_bpf(),
         )
         try:
             outcome = runner.run(launch)
@@ -265,13 +302,22 @@ class LocalSession:
                 cg.destroy()  # kills all inside: no process can leave its cgroup unprivileged
             elif self.uid is not None:
                 runner.kill_uid(self.uid)
-        return classify(outcome, self.limits, stats, jailed=True)
+        return classify(outcome, self.limits, stats, jailed=True, disk_full=self._disk_full())
+
+    def _disk_full(self) -> bool:
+        """Out of quota: the tmpfs is full or, without one (a non-root executor cannot mount),
+        the workspace and ``/tmp`` hold more than the limits (measured after the fact: reported,
+        not prevented; the pod's emptyDir ``sizeLimit`` is the bound there)."""
+        if self.quota:
+            return quota.full(self.dir)
+        used, entries = workspace.usage(self.dir)
+        return used > self.limits.disk_bytes or entries > self.limits.inodes
 
     def _exec_unsafe(self, argv: list[str], wall: float) -> ExecResult:
         env = bwrap.sandbox_env([os.path.dirname(sys.executable)], None)
         env["HOME"] = env["TMPDIR"] = str(self.dir / "tmp")
         launch = runner.Launch(
-            argv=bwrap.rlimit_argv(self.limits) + argv,
+            argv=bwrap.rlimit_argv(within_inherited(self.limits)) + argv,
             wall_time_s=wall,
             output_bytes=self.limits.output_bytes,
             env=env,
@@ -310,8 +356,8 @@ class LocalSession:
     def reset(self) -> None:
         """Back to the base snapshot (files the code created are gone, edits undone)."""
         self._check_open()
-        shutil.rmtree(self.workspace)
-        shutil.rmtree(self.dir / "tmp")
+        workspace.remove_tree(self.workspace)
+        workspace.remove_tree(self.dir / "tmp")
         self.workspace.mkdir()
         (self.dir / "tmp").mkdir()
         workspace.unpack(self.workspace, self._base_tar)
@@ -323,8 +369,11 @@ class LocalSession:
         self._closed = True
         if self._lease is not None:
             self._lease.release()
-        shutil.rmtree(self.dir, ignore_errors=True)
-        os.close(self._owner)
+        os.close(self._owner)  # the tmpfs holds the lock file: close before unmounting
+        try:
+            remove_session_dir(self.dir)
+        except OSError:
+            pass  # left for sweep_stale_sessions (its owner lock is free now)
 
     def _check_open(self) -> None:
         if self._closed:

@@ -21,6 +21,7 @@ from pathlib import Path
 
 _PR_SET_CHILD_SUBREAPER = 36
 STATUS_FD = "{status_fd}"
+SECCOMP_FD = "{seccomp_fd}"
 _active: set[int] = set()  # pids of runs in flight in this process: never reaped behind their back
 _lock = threading.Lock()
 _subreaper = False
@@ -43,6 +44,7 @@ class Launch:
     env: dict[str, str] | None = None
     cwd: str | None = None
     status_fd: bool = False  # argv items equal to STATUS_FD become the fd of a status pipe
+    seccomp: bytes | None = None  # argv items equal to SECCOMP_FD become an fd reading these bytes
 
 
 @dataclass
@@ -112,6 +114,10 @@ def run(launch: Launch) -> Outcome:
     if launch.status_fd:
         status_r, status_w = os.pipe()
         argv = [str(status_w) if a == STATUS_FD else a for a in argv]
+    child_fds = [status_w] if status_w is not None else []
+    if launch.seccomp is not None:
+        child_fds.append(_memfd(launch.seccomp))
+        argv = [str(child_fds[-1]) if a == SECCOMP_FD else a for a in argv]
     start = time.monotonic()
     try:
         with _lock:  # registered before anyone else may reap: no window where the pid is unknown
@@ -123,7 +129,7 @@ def run(launch: Launch) -> Outcome:
                 env=launch.env,
                 cwd=launch.cwd,
                 process_group=0,
-                pass_fds=(status_w,) if status_w is not None else (),
+                pass_fds=tuple(child_fds),
             )
             _active.add(proc.pid)
     except OSError:
@@ -131,14 +137,22 @@ def run(launch: Launch) -> Outcome:
             os.close(status_r)
         raise
     finally:
-        if status_w is not None:
-            os.close(status_w)
+        for fd in child_fds:
+            os.close(fd)
     try:
         return _supervise(proc, launch, status_r, start)
     finally:
         with _lock:
             _active.discard(proc.pid)
         reap_orphans()
+
+
+def _memfd(data: bytes) -> int:
+    """A file descriptor positioned at the start of ``data`` (how bubblewrap reads a filter)."""
+    fd = os.memfd_create("gagar-seccomp", 0)  # no MFD_CLOEXEC: the child inherits it
+    os.write(fd, data)
+    os.lseek(fd, 0, os.SEEK_SET)
+    return fd
 
 
 def _supervise(

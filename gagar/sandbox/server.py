@@ -1,6 +1,7 @@
 """``gagar sandbox serve``: local sessions over HTTP, for executor servers in sandbox pods.
 
-JSON over HTTP (stdlib ``ThreadingHTTPServer``: one thread per request, commands block):
+JSON over HTTP on aiohttp (as the grader service); the blocking session calls run in a thread
+pool sized for the session limit, one call at a time per session:
 
 =======  ==============================  ==============================================
 POST     /v1/sessions                    ``{files?, tarball_b64?, limits?}`` → ``{id}``
@@ -22,31 +23,60 @@ Metrics: ``gagar_sandbox_exec_total{outcome}`` (ok, failed, timeout, limit, infr
 ``gagar_sandbox_sessions`` (open sessions).
 
 A refused request (bad path, unknown session, invalid body) is 400/404 with ``{"error"}``; a full
-server is 503. The server has no authentication: it must only be reachable by its trainer
-(the pod's NetworkPolicy), like any executor in a sandbox pool.
+server is 503. What a hostile or broken client cannot do: send a body past ``max_body_bytes``
+(whatever its ``Content-Length`` says), send it slower than ``body_timeout_s``, pass a number that
+is not finite or out of bounds (NaN, infinite or hour-long timeouts), open more than
+``max_sessions`` sessions (the limit is checked and taken in one step of the event loop), keep a
+session it abandoned (closed after ``idle_timeout_s`` unused), or leave sessions behind by
+stopping the server (SIGTERM and SIGINT close every session). With ``GAGAR_AUTH_TOKEN_FILE`` set
+(``gagar.auth``) every call but ``/healthz`` and ``/metrics`` needs the shared token; otherwise
+the server must only be reachable by its trainer (127.0.0.1 by default; the pod's NetworkPolicy).
 """
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import json
+import signal
+import socket
 import threading
+import time
 import uuid
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
 from http import HTTPStatus
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
+from aiohttp import web
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
-from pydantic import BaseModel, ConfigDict, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from gagar import auth
 from gagar.sandbox.local import LocalFactory, LocalSession
-from gagar.sandbox.types import ExecResult, Limits, SandboxError
+from gagar.sandbox.types import MAX_WALL_S, ExecResult, Limits, SandboxError
 
 MAX_BODY = 256 << 20
 
 
+@dataclass(frozen=True)
+class ServerConfig:
+    host: str = "127.0.0.1"
+    port: int = 8700
+    max_sessions: int = 64
+    idle_timeout_s: float = 1800.0  # a session unused this long is closed (its client vanished)
+    max_body_bytes: int = MAX_BODY
+    body_timeout_s: float = 60.0  # a request body must arrive within this
+    token: str | None = None  # shared token (gagar.auth); None: no authentication
+    backlog: int = 0  # listen backlog; 0: 4 per session, at least 128
+
+    @property
+    def listen_backlog(self) -> int:
+        return self.backlog or max(128, 4 * self.max_sessions)
+
+
 class _Body(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
 
 class CreateBody(_Body):
@@ -57,7 +87,7 @@ class CreateBody(_Body):
 
 class ExecBody(_Body):
     cmd: str | list[str]
-    timeout: float | None = None
+    timeout: float | None = Field(default=None, gt=0, le=MAX_WALL_S)
 
 
 class PathBody(_Body):
@@ -117,43 +147,79 @@ def outcome_of(result: ExecResult) -> str:
     return "ok" if result.exit_code == 0 else "failed"
 
 
-class Registry:
-    """Live sessions by id, each with a lock: one request at a time per session."""
+@dataclass
+class _Entry:
+    session: LocalSession
+    lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+    last_used: float = field(default_factory=time.monotonic)
 
-    def __init__(self, factory: LocalFactory, max_sessions: int) -> None:
-        self.factory, self.max_sessions = factory, max_sessions
-        self.sessions: dict[str, tuple[LocalSession, threading.Lock]] = {}
-        self.lock = threading.Lock()
+
+class Registry:
+    """Live sessions by id; one call at a time per session, in the server's thread pool.
+
+    All bookkeeping happens on the event loop's thread, so checking and taking a slot of
+    ``max_sessions`` is one step nothing can interleave with.
+    """
+
+    def __init__(self, factory: LocalFactory, max_sessions: int, idle_timeout_s: float) -> None:
+        self.factory, self.max_sessions, self.idle_timeout_s = factory, max_sessions, idle_timeout_s
+        self.sessions: dict[str, _Entry] = {}
+        self.reserved = 0  # slots taken by sessions being created right now
+        self.pool = ThreadPoolExecutor(max_sessions + 4, thread_name_prefix="sandbox")
         self.metrics = Metrics()
         self.metrics.sessions.set_function(lambda: len(self.sessions))
 
-    def create(self, body: CreateBody) -> str:
-        with self.lock:
-            if len(self.sessions) >= self.max_sessions:
-                raise HttpError(HTTPStatus.SERVICE_UNAVAILABLE, "too many sessions")
-        tar = base64.b64decode(body.tarball_b64) if body.tarball_b64 else None
-        session = self.factory.create(files=body.files, tarball=tar, limits=body.limits)
+    async def _blocking(self, fn: Any, *args: Any) -> Any:
+        return await asyncio.get_running_loop().run_in_executor(self.pool, fn, *args)
+
+    async def create(self, body: CreateBody) -> str:
+        if len(self.sessions) + self.reserved >= self.max_sessions:
+            raise HttpError(HTTPStatus.SERVICE_UNAVAILABLE, "too many sessions")
+        self.reserved += 1
+        try:
+            tar = base64.b64decode(body.tarball_b64) if body.tarball_b64 else None
+            session = await self._blocking(
+                lambda: self.factory.create(files=body.files, tarball=tar, limits=body.limits)
+            )
+        finally:
+            self.reserved -= 1
         sid = uuid.uuid4().hex
-        with self.lock:
-            self.sessions[sid] = (session, threading.Lock())
+        self.sessions[sid] = _Entry(session)
         return sid
 
-    def get(self, sid: str) -> tuple[LocalSession, threading.Lock]:
-        with self.lock:
-            if sid not in self.sessions:
-                raise HttpError(HTTPStatus.NOT_FOUND, f"unknown session {sid}")
-            return self.sessions[sid]
+    def _get(self, sid: str) -> _Entry:
+        if sid not in self.sessions:
+            raise HttpError(HTTPStatus.NOT_FOUND, f"unknown session {sid}")
+        return self.sessions[sid]
 
-    def close(self, sid: str) -> None:
-        session, lock = self.get(sid)
-        with lock:
-            session.close()
-        with self.lock:
-            self.sessions.pop(sid, None)
+    async def call(self, sid: str, action: str, raw: dict[str, Any]) -> dict[str, Any]:
+        entry = self._get(sid)
+        async with entry.lock:
+            entry.last_used = time.monotonic()
+            try:
+                return await self._blocking(_session_call, entry.session, action, raw, self.metrics)
+            finally:
+                entry.last_used = time.monotonic()
+
+    async def close(self, sid: str) -> None:
+        entry = self._get(sid)
+        async with entry.lock:
+            if self.sessions.pop(sid, None) is not None:
+                await self._blocking(entry.session.close)
+
+    async def expire_idle(self) -> int:
+        """Close the sessions nobody used for ``idle_timeout_s``; returns how many."""
+        cutoff = time.monotonic() - self.idle_timeout_s
+        idle = [s for s, e in self.sessions.items() if e.last_used < cutoff and not e.lock.locked()]
+        for sid in idle:
+            await self.close(sid)
+        return len(idle)
 
     def close_all(self) -> None:
-        for sid in list(self.sessions):
-            self.close(sid)
+        """Close every session (blocking; after the server stopped, or from its clean-up)."""
+        while self.sessions:
+            _, entry = self.sessions.popitem()
+            entry.session.close()
 
 
 def _b64(data: bytes) -> str:
@@ -190,83 +256,129 @@ def _session_call(
     raise HttpError(HTTPStatus.NOT_FOUND, f"unknown action {action!r}")
 
 
-class Handler(BaseHTTPRequestHandler):
-    registry: Registry  # set on the subclass made by ``make_server``
-    protocol_version = "HTTP/1.1"
+def _refuse_constant(name: str) -> None:
+    raise ValueError(f"{name} is not a number JSON allows")
 
-    def log_message(self, format: str, *args: Any) -> None:
-        pass
 
-    def do_GET(self) -> None:
-        if self.path.split("?")[0] == "/metrics":
-            body = generate_latest(self.registry.metrics.registry)
-            self.send_response(HTTPStatus.OK)
-            self.send_header("Content-Type", "text/plain; version=0.0.4; charset=utf-8")
-            self.send_header("Content-Length", str(len(body)))
-            self.end_headers()
-            self.wfile.write(body)
-            return
-        self._dispatch("GET")
+@web.middleware
+async def _errors(request: web.Request, handler: Any) -> web.StreamResponse:
+    """Every refusal as ``{"error"}`` JSON with its status; the server's own failures as 500."""
+    try:
+        return await handler(request)
+    except web.HTTPException as e:  # aiohttp's own: 413 body too large, 404 no route, ...
+        return web.json_response({"error": e.reason}, status=e.status)
+    except HttpError as e:
+        status, message = e.status, str(e)
+    except ValidationError as e:
+        status, message = HTTPStatus.BAD_REQUEST, f"invalid request: {e}"
+    except (SandboxError, ValueError) as e:
+        status, message = HTTPStatus.BAD_REQUEST, str(e)
+    except Exception as e:  # the server must answer, and say it was its own failure
+        status, message = HTTPStatus.INTERNAL_SERVER_ERROR, f"{type(e).__name__}: {e}"
+    response = web.json_response({"error": message}, status=status)
+    if status == HTTPStatus.REQUEST_TIMEOUT:
+        response.force_close()  # the rest of a slow body would be read as the next request
+    return response
 
-    def do_POST(self) -> None:
-        self._dispatch("POST")
 
-    def do_DELETE(self) -> None:
-        self._dispatch("DELETE")
+class Server:
+    """The executor server: ``serve_forever`` (blocking) until ``shutdown``, SIGTERM or SIGINT."""
 
-    def _dispatch(self, method: str) -> None:
+    def __init__(self, factory: LocalFactory, config: ServerConfig) -> None:
+        self.config = config
+        self.registry = Registry(factory, config.max_sessions, config.idle_timeout_s)
+        self.socket = socket.create_server(
+            (config.host, config.port), backlog=config.listen_backlog
+        )
+        self.server_address = self.socket.getsockname()
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._stop: asyncio.Event | None = None
+        self._done = threading.Event()
+
+    def app(self) -> web.Application:
+        app = web.Application(
+            client_max_size=self.config.max_body_bytes,
+            middlewares=[_errors, auth.middleware(self.config.token)],
+        )
+        app.router.add_get("/healthz", self._healthz)
+        app.router.add_get("/metrics", self._metrics)
+        app.router.add_post("/v1/sessions", self._create)
+        app.router.add_delete("/v1/sessions/{sid}", self._close)
+        app.router.add_route("*", "/v1/sessions/{sid}/{action}", self._action)
+        return app
+
+    async def _json(self, request: web.Request) -> dict[str, Any]:
         try:
-            status, payload = HTTPStatus.OK, self._route(method, self._read_json())
-        except HttpError as e:
-            status, payload = e.status, {"error": str(e)}
-        except ValidationError as e:
-            status, payload = HTTPStatus.BAD_REQUEST, {"error": f"invalid request: {e}"}
-        except (SandboxError, ValueError) as e:
-            status, payload = HTTPStatus.BAD_REQUEST, {"error": str(e)}
-        except Exception as e:  # the server must answer, and say it was its own failure
-            status, payload = (
-                HTTPStatus.INTERNAL_SERVER_ERROR,
-                {"error": f"{type(e).__name__}: {e}"},
-            )
-        body = json.dumps(payload).encode()
-        self.send_response(status)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(body)))
-        self.end_headers()
-        self.wfile.write(body)
-
-    def _read_json(self) -> dict[str, Any]:
-        length = int(self.headers.get("Content-Length") or 0)
-        if length > MAX_BODY:
-            raise HttpError(HTTPStatus.REQUEST_ENTITY_TOO_LARGE, "body too large")
-        if not length:
+            raw = await asyncio.wait_for(request.read(), self.config.body_timeout_s)
+        except TimeoutError:
+            raise HttpError(HTTPStatus.REQUEST_TIMEOUT, "request body too slow") from None
+        if not raw:
             return {}
-        raw = json.loads(self.rfile.read(length))
-        if not isinstance(raw, dict):
+        body = json.loads(raw, parse_constant=_refuse_constant)
+        if not isinstance(body, dict):
             raise HttpError(HTTPStatus.BAD_REQUEST, "body must be a JSON object")
-        return raw
+        return body
 
-    def _route(self, method: str, raw: dict[str, Any]) -> dict[str, Any]:
-        parts = [p for p in self.path.split("?")[0].split("/") if p]
-        if parts == ["healthz"]:
-            return {"ok": True, "sessions": len(self.registry.sessions)}
-        if parts == ["v1", "sessions"] and method == "POST":
-            return {"id": self.registry.create(CreateBody.model_validate(raw))}
-        if len(parts) == 3 and parts[:2] == ["v1", "sessions"] and method == "DELETE":
-            self.registry.close(parts[2])
-            return {}
-        if len(parts) == 4 and parts[:2] == ["v1", "sessions"]:
-            session, lock = self.registry.get(parts[2])
-            with lock:
-                return _session_call(session, parts[3], raw, self.registry.metrics)
-        raise HttpError(HTTPStatus.NOT_FOUND, f"no route {method} {self.path}")
+    async def _healthz(self, _: web.Request) -> web.Response:
+        return web.json_response({"ok": True, "sessions": len(self.registry.sessions)})
+
+    async def _metrics(self, _: web.Request) -> web.Response:
+        body = generate_latest(self.registry.metrics.registry)
+        return web.Response(body=body, content_type="text/plain", charset="utf-8")
+
+    async def _create(self, request: web.Request) -> web.Response:
+        body = CreateBody.model_validate(await self._json(request))
+        return web.json_response({"id": await self.registry.create(body)})
+
+    async def _close(self, request: web.Request) -> web.Response:
+        await self.registry.close(request.match_info["sid"])
+        return web.json_response({})
+
+    async def _action(self, request: web.Request) -> web.Response:
+        raw = await self._json(request)
+        sid, action = request.match_info["sid"], request.match_info["action"]
+        return web.json_response(await self.registry.call(sid, action, raw))
+
+    async def _expire_loop(self) -> None:
+        while True:
+            await asyncio.sleep(min(30.0, self.config.idle_timeout_s / 4))
+            await self.registry.expire_idle()
+
+    async def _serve(self) -> None:
+        self._loop, self._stop = asyncio.get_running_loop(), asyncio.Event()
+        if threading.current_thread() is threading.main_thread():
+            for sig in (signal.SIGTERM, signal.SIGINT):
+                self._loop.add_signal_handler(sig, self._stop.set)
+        runner = web.AppRunner(self.app(), access_log=None)
+        await runner.setup()
+        await web.SockSite(runner, self.socket).start()
+        expiry = asyncio.create_task(self._expire_loop())
+        try:
+            await self._stop.wait()
+        finally:
+            expiry.cancel()
+            await runner.cleanup()
+            await self._loop.run_in_executor(None, self.registry.close_all)
+
+    def serve_forever(self) -> None:
+        try:
+            asyncio.run(self._serve())
+        finally:
+            self._done.set()
+
+    def shutdown(self) -> None:
+        """Stop ``serve_forever`` (from another thread) and wait until it returned."""
+        if self._loop is not None and self._stop is not None:
+            self._loop.call_soon_threadsafe(self._stop.set)
+            self._done.wait()
+
+    def server_close(self) -> None:
+        self.socket.close()
+        self.registry.pool.shutdown(wait=False)
 
 
-def make_server(factory: LocalFactory, host: str, port: int, max_sessions: int = 64):
-    """A ready ``ThreadingHTTPServer`` (call ``serve_forever``); its registry is ``.registry``."""
-    registry = Registry(factory, max_sessions)
-    handler = type("BoundHandler", (Handler,), {"registry": registry})
-    server = ThreadingHTTPServer((host, port), handler)
-    server.daemon_threads = True
-    server.registry = registry  # type: ignore[attr-defined]
-    return server
+def make_server(
+    factory: LocalFactory, host: str, port: int, max_sessions: int = 64, **options: Any
+) -> Server:
+    """A bound ``Server`` (call ``serve_forever``); its registry is ``.registry``."""
+    return Server(factory, ServerConfig(host=host, port=port, max_sessions=max_sessions, **options))

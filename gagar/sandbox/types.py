@@ -11,7 +11,8 @@ from typing import Literal, Protocol, runtime_checkable
 
 from pydantic import BaseModel, ConfigDict, Field
 
-LimitKind = Literal["wall_time", "cpu_time", "memory", "processes", "file_size"]
+MAX_WALL_S = 3600.0  # the longest any command may run, whatever a caller asks
+LimitKind = Literal["wall_time", "cpu_time", "memory", "processes", "file_size", "disk"]
 Isolation = Literal["bwrap", "none"]
 FileData = bytes | str
 
@@ -31,20 +32,40 @@ class SandboxInfraError(SandboxError):
 class Limits(BaseModel):
     """Resource limits of one command. Small defaults: agent commands and unit tests are short."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
-    wall_time_s: float = Field(default=60.0, gt=0, le=3600, description="Wall clock per command.")
+    wall_time_s: float = Field(
+        default=60.0, gt=0, le=MAX_WALL_S, description="Wall clock per command."
+    )
     cpu_time_s: int = Field(default=60, ge=1, le=3600, description="CPU seconds (RLIMIT_CPU).")
     memory_bytes: int = Field(
-        default=2 << 30, ge=32 << 20, description="Memory (cgroup when available; RLIMIT_AS)."
+        default=2 << 30,
+        ge=32 << 20,
+        le=1 << 40,
+        description="Memory (cgroup when available; RLIMIT_AS).",
     )
     processes: int = Field(default=64, ge=4, le=4096, description="Processes/threads at once.")
     open_files: int = Field(default=256, ge=16, le=65536, description="RLIMIT_NOFILE.")
-    file_size_bytes: int = Field(default=64 << 20, ge=1 << 16, description="RLIMIT_FSIZE.")
+    file_size_bytes: int = Field(
+        default=64 << 20, ge=1 << 16, le=1 << 40, description="RLIMIT_FSIZE."
+    )
     output_bytes: int = Field(
         default=1 << 20,
         ge=1024,
+        le=64 << 20,
         description="Captured stdout and stderr, each; the rest is dropped.",
+    )
+    disk_bytes: int = Field(
+        default=1 << 30,
+        ge=1 << 20,
+        le=1 << 40,
+        description="Workspace and /tmp together (a size-limited tmpfs when the executor is root).",
+    )
+    inodes: int = Field(
+        default=100_000, ge=64, le=10_000_000, description="Files and directories, together."
+    )
+    shm_bytes: int = Field(
+        default=64 << 20, ge=1 << 20, le=1 << 40, description="Size of the writable /dev/shm."
     )
 
 

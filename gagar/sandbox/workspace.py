@@ -5,6 +5,13 @@ a reader, and odd permissions. The host (often root) must never follow those out
 so every path is resolved and checked to stay inside, the final component is opened with
 ``O_NOFOLLOW``, and only regular files are read. No sandboxed process runs between commands (the
 executor kills them all), so these checks cannot race with the code.
+
+Walking is iterative (no recursion limit, however deep the tree the code built) and bounded:
+at most ``MAX_DEPTH`` levels and ``MAX_ENTRIES`` entries are visited, a snapshot reads at most
+``SNAPSHOT_FILE_BYTES`` of one file and ``SNAPSHOT_BYTES`` in all into the host (larger files are
+fingerprinted by size and mtime), and an archive refuses a workspace past ``ARCHIVE_BYTES``.
+``remove_tree`` deletes with one directory descriptor at a time, relative to it, so neither depth
+nor ``PATH_MAX`` can make it fail.
 """
 
 from __future__ import annotations
@@ -12,7 +19,6 @@ from __future__ import annotations
 import difflib
 import io
 import os
-import shutil
 import stat
 import tarfile
 from collections.abc import Iterator, Mapping
@@ -22,6 +28,14 @@ from gagar.sandbox.types import FileData, SandboxError
 
 # Build and cache products that are not part of a change.
 IGNORED_DIRS = frozenset({"__pycache__", ".pytest_cache", ".mypy_cache", ".ruff_cache", ".git"})
+MAX_DEPTH = 64  # directory levels walked; deeper entries are reported as one marker
+MAX_ENTRIES = 100_000  # entries walked; past it the walk stops with a marker
+SNAPSHOT_FILE_BYTES = 1 << 20  # a larger file is diffed by size and mtime, not read
+SNAPSHOT_BYTES = 64 << 20  # content read into the host per snapshot, all files together
+ARCHIVE_BYTES = 256 << 20  # regular-file bytes an archive may hold
+# A marker's leading NUL makes the diff call it binary rather than print it as content.
+TOO_DEEP = b"\x00<directory too deep: not walked>"
+TOO_MANY = b"\x00<too many entries: walk stopped>"
 
 
 def resolve_inside(root: Path, rel: str) -> Path:
@@ -83,31 +97,98 @@ def delete_file(root: Path, rel: str) -> None:
     if not path.is_symlink() and not path.exists():
         raise SandboxError(f"no such file: {rel}")
     if path.is_dir() and not path.is_symlink():
-        shutil.rmtree(path)
+        remove_tree(path)
     else:
         path.unlink()
 
 
-def walk(root: Path) -> Iterator[tuple[str, os.stat_result]]:
-    """Every non-directory entry below ``root`` (relative path, lstat), sorted, links not followed."""
-    for dirpath, dirnames, filenames in os.walk(root, followlinks=False):
-        dirnames[:] = sorted(d for d in dirnames if d not in IGNORED_DIRS)
-        for name in sorted(filenames + [d for d in dirnames if os.path.islink(Path(dirpath, d))]):
-            full = Path(dirpath, name)
-            yield str(full.relative_to(root)), os.lstat(full)
+def walk(root: Path, ignored: frozenset[str] = IGNORED_DIRS) -> Iterator[tuple[str, Entry]]:
+    """Every non-directory entry below ``root`` as (relative path, lstat), sorted, links never
+    followed; iterative and bounded: a directory past ``MAX_DEPTH`` yields ``(rel, TOO_DEEP)``,
+    and after ``MAX_ENTRIES`` entries one ``(".", TOO_MANY)`` ends the walk."""
+    stack: list[tuple[str, int]] = [("", 0)]
+    seen = 0
+    while stack:
+        rel_dir, depth = stack.pop()
+        try:
+            with os.scandir(root / rel_dir if rel_dir else root) as it:
+                entries = sorted(it, key=lambda e: e.name, reverse=True)
+        except OSError as e:  # unreadable, or a path too long for the host to name
+            if rel_dir:
+                yield rel_dir, f"\x00<directory not walked: {e.strerror}>".encode()
+            continue
+        subdirs, others = [], []
+        for e in entries:
+            seen += 1
+            if seen > MAX_ENTRIES:
+                yield ".", TOO_MANY
+                return
+            rel = f"{rel_dir}/{e.name}" if rel_dir else e.name
+            if e.is_dir(follow_symlinks=False):
+                if e.name in ignored:
+                    continue
+                if depth + 1 >= MAX_DEPTH:
+                    others.append((rel, TOO_DEEP))
+                else:
+                    subdirs.append((rel, depth + 1))
+                continue
+            try:
+                others.append((rel, e.stat(follow_symlinks=False)))
+            except OSError:
+                continue
+        yield from sorted(others)
+        stack.extend(subdirs)  # reverse-sorted: popped in name order
+
+
+Entry = os.stat_result | bytes  # bytes: a marker for what the walk did not enter
+
+
+def usage(root: Path) -> tuple[int, int]:
+    """(bytes allocated, entries) below ``root``, ignored directories included (bounded walk;
+    a walk cut short counts what it saw)."""
+    used = entries = 0
+    for _, st in walk(root, ignored=frozenset()):
+        entries += 1
+        if not isinstance(st, bytes):
+            used += st.st_blocks * 512
+    return used, entries
 
 
 def snapshot(root: Path) -> dict[str, bytes]:
-    """Content of every entry; a symlink becomes ``b"symlink -> target"``, a special file a marker."""
+    """Content of every entry; a symlink becomes ``b"symlink -> target"``, a special file, a file
+    too large and anything past the read budget a marker (bounded host memory)."""
     out: dict[str, bytes] = {}
+    budget = SNAPSHOT_BYTES
     for rel, st in walk(root):
-        if stat.S_ISLNK(st.st_mode):
-            out[rel] = b"symlink -> " + os.fsencode(os.readlink(root / rel))
-        elif stat.S_ISREG(st.st_mode):
-            out[rel] = read_file(root, rel)
+        if isinstance(st, bytes):
+            out[rel] = st
+        elif stat.S_ISLNK(st.st_mode):
+            out[rel] = b"symlink -> " + os.fsencode(_readlink(root, rel))
+        elif not stat.S_ISREG(st.st_mode):
+            out[rel] = b"\x00<special file>"
+        elif st.st_size > min(SNAPSHOT_FILE_BYTES, budget):
+            out[rel] = f"\x00<{st.st_size} bytes, mtime {st.st_mtime_ns}>".encode()
         else:
-            out[rel] = b"<special file>"
+            out[rel] = _read_bounded(root, rel, st.st_size)
+            budget -= len(out[rel])
     return out
+
+
+def _readlink(root: Path, rel: str) -> str:
+    try:
+        return os.readlink(root / rel)
+    except OSError:
+        return "?"
+
+
+def _read_bounded(root: Path, rel: str, size: int) -> bytes:
+    try:
+        path = resolve_inside(root, rel)
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+    except (SandboxError, OSError):
+        return b"\x00<unreadable>"
+    with os.fdopen(fd, "rb") as f:
+        return f.read(size + 1)[: size + 1]  # a file grown since the stat is cut, not trusted
 
 
 def unified_diff(base: Mapping[str, bytes], new: Mapping[str, bytes]) -> str:
@@ -120,6 +201,10 @@ def unified_diff(base: Mapping[str, bytes], new: Mapping[str, bytes]) -> str:
         a = f"a/{rel}" if old is not None else "/dev/null"
         b = f"b/{rel}" if cur is not None else "/dev/null"
         chunks.append(f"diff --git a/{rel} b/{rel}\n")
+        marker = next((m for m in (cur, old) if m and m.startswith(b"\x00<")), None)
+        if marker is not None:  # what the walk did not read: say why, not "binary"
+            chunks.append(f"Not compared: {a} and {b}: {marker[2:-1].decode(errors='replace')}\n")
+            continue
         if _is_binary(old) or _is_binary(cur):
             chunks.append(f"Binary files {a} and {b} differ\n")
             continue
@@ -150,10 +235,17 @@ def populate(root: Path, files: Mapping[str, FileData], owner: int | None = None
 
 
 def pack(root: Path) -> bytes:
-    """The workspace as ``.tar.gz`` (symlinks stored as links, special files skipped)."""
-    buf = io.BytesIO()
+    """The workspace as ``.tar.gz`` (symlinks stored as links, special files skipped); refuses a
+    workspace holding more than ``ARCHIVE_BYTES`` or more entries than a walk visits."""
+    buf, total = io.BytesIO(), 0
     with tarfile.open(fileobj=buf, mode="w:gz") as tar:
         for rel, st in walk(root):
+            if isinstance(st, bytes):
+                raise SandboxError(f"workspace too large to archive: {rel}: {st[2:-1].decode()}")
+            if stat.S_ISREG(st.st_mode):
+                total += st.st_size
+                if total > ARCHIVE_BYTES:
+                    raise SandboxError(f"workspace too large to archive (> {ARCHIVE_BYTES} bytes)")
             if stat.S_ISREG(st.st_mode) or stat.S_ISLNK(st.st_mode):
                 tar.add(root / rel, arcname=rel, recursive=False)
     return buf.getvalue()
@@ -181,8 +273,53 @@ def unpack(root: Path, tarball: bytes) -> None:
 
 
 def chown_tree(root: Path, owner: int) -> None:
-    """Give the sandbox uid its workspace (links themselves, never their targets)."""
+    """Give the sandbox uid its workspace (links themselves, never their targets); iterative."""
     os.lchown(root, owner, owner)
-    for dirpath, dirnames, filenames in os.walk(root, followlinks=False):
-        for name in dirnames + filenames:
-            os.lchown(Path(dirpath, name), owner, owner)
+    stack = [root]
+    while stack:
+        d = stack.pop()
+        with os.scandir(d) as it:
+            for e in it:
+                os.lchown(e.path, owner, owner)
+                if e.is_dir(follow_symlinks=False):
+                    stack.append(Path(e.path))
+
+
+def remove_tree(path: Path) -> None:
+    """Delete ``path`` and everything below it without recursion, without following links and
+    without long paths: one directory descriptor is held at a time, every call relative to it."""
+    flags = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW
+    try:
+        fd = os.open(path, flags)
+    except FileNotFoundError:
+        return
+    except OSError:  # not a directory (or a link to one): remove the entry itself
+        os.unlink(path)
+        return
+    names: list[str] = []  # the way down from ``path``
+    while True:
+        child = _clear_dir(fd)
+        if child is not None:  # a subdirectory: go down into it
+            new = os.open(child, flags, dir_fd=fd)
+            os.close(fd)
+            fd, names = new, [*names, child]
+            continue
+        if not names:
+            break
+        up = os.open("..", flags, dir_fd=fd)  # nothing runs in the sandbox now: ".." stays put
+        os.close(fd)
+        fd = up
+        os.rmdir(names.pop(), dir_fd=fd)
+    os.close(fd)
+    os.rmdir(path)
+
+
+def _clear_dir(fd: int) -> str | None:
+    """Unlink every non-directory in the directory ``fd``; return a subdirectory, if any."""
+    with os.scandir(fd) as it:
+        for e in it:
+            if e.is_dir(follow_symlinks=False):
+                os.chmod(e.name, 0o700, dir_fd=fd)  # the code may have made it unreadable
+                return e.name
+            os.unlink(e.name, dir_fd=fd)
+    return None

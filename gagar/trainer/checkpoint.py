@@ -8,6 +8,12 @@ then the directory is renamed into place and the parent fsync'ed. A kill at any 
 leaves either the previous complete checkpoint or the new one, never a half-written one that
 ``latest`` would pick; leftovers are removed on the next save.
 
+Loading cannot run code: parts are read with ``torch.load(weights_only=True)`` (tensors,
+numbers, strings and containers of them; a pickle that names any other callable is refused), and
+``state.json`` is plain JSON. A checkpoint that fails any check (manifest shape, sizes, checksums,
+a part that does not load) is skipped with a warning naming it, and ``candidates`` offers the
+previous one.
+
 Guarantees: no step is lost or repeated across a kill as long as the driver checkpoints *after* a
 step's update and its metrics record, and truncates ``metrics.jsonl`` to the resumed step
 (``truncate_jsonl``). What it does not protect against: a filesystem that lies about fsync, or
@@ -22,6 +28,8 @@ import json
 import os
 import re
 import shutil
+import sys
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -46,11 +54,15 @@ class Checkpoint:
         return json.loads((self.path / STATE).read_text())
 
     def load(self, part: str, map_location: str | torch.device = "cpu") -> Any:
-        """Load one torch-serialized part (e.g. ``model``, ``optimizer``, ``rng``)."""
+        """Load one torch-serialized part (e.g. ``model``, ``optimizer``, ``rng``); tensors and
+        plain data only (``weights_only``): a part that would run code is a ``CheckpointError``."""
         file = self.path / f"{part}.pt"
         if not file.exists():
             raise CheckpointError(f"{self.path}: no part {part!r}")
-        return torch.load(file, map_location=map_location, weights_only=False)
+        try:
+            return torch.load(file, map_location=map_location, weights_only=True)
+        except Exception as err:  # UnpicklingError, RuntimeError, EOFError, ...: all "bad part"
+            raise CheckpointError(f"{file}: cannot load: {type(err).__name__}: {err}") from err
 
 
 def _fsync_write(path: Path, data: bytes) -> str:
@@ -139,13 +151,14 @@ class CheckpointManager:
             raise CheckpointError(f"{path}: incomplete (no {MANIFEST} manifest)")
         try:
             files = json.loads(manifest.read_text())["files"]
-        except (ValueError, KeyError) as err:
-            raise CheckpointError(f"{path}: unreadable manifest: {err}") from err
-        for name, meta in files.items():
+            records = [(str(n), int(m["size"]), str(m["sha256"])) for n, m in files.items()]
+        except (ValueError, KeyError, TypeError, AttributeError) as err:
+            raise CheckpointError(f"{path}: malformed manifest: {err!r}") from err
+        for name, size, sha256 in records:
             file = path / name
-            if not file.exists() or file.stat().st_size != meta["size"]:
+            if file.parent != path or not file.is_file() or file.stat().st_size != size:
                 raise CheckpointError(f"{path}: {name} is missing or has the wrong size")
-            if hashlib.sha256(file.read_bytes()).hexdigest() != meta["sha256"]:
+            if hashlib.sha256(file.read_bytes()).hexdigest() != sha256:
                 raise CheckpointError(f"{path}: {name} does not match its checksum")
 
     def complete(self) -> list[Checkpoint]:
@@ -157,15 +170,20 @@ class CheckpointManager:
                 found.append(Checkpoint(int(match.group(1)), path))
         return found
 
-    def latest(self) -> Checkpoint | None:
-        """The newest checkpoint that verifies; corrupt newer ones are reported and skipped."""
+    def candidates(self) -> Iterator[Checkpoint]:
+        """Verified checkpoints, newest first; each bad one is reported and skipped. A caller whose
+        load of a candidate fails (``CheckpointError``) warns with ``skip`` and takes the next."""
         for ckpt in reversed(self.complete()):
             try:
                 self.verify(ckpt.path)
-                return ckpt
             except CheckpointError as err:
-                print(f"gagar: skipping corrupt checkpoint: {err}")
-        return None
+                skip(err)
+                continue
+            yield ckpt
+
+    def latest(self) -> Checkpoint | None:
+        """The newest checkpoint that verifies; corrupt newer ones are reported and skipped."""
+        return next(self.candidates(), None)
 
     def _prune(self) -> None:
         for ckpt in self.complete()[: -self.keep]:
@@ -174,6 +192,11 @@ class CheckpointManager:
     def _remove_leftovers(self) -> None:
         for path in self.root.glob("step_*.tmp-*"):
             shutil.rmtree(path, ignore_errors=True)
+
+
+def skip(err: Exception) -> None:
+    """The warning for a checkpoint that is passed over (it names the checkpoint and why)."""
+    print(f"gagar: skipping checkpoint: {err}", file=sys.stderr)
 
 
 def truncate_jsonl(path: str | Path, max_step: int) -> int:

@@ -103,9 +103,14 @@ def resources(req: Any) -> dict[str, Any]:
     return out
 
 
+AUTH_MOUNT = "/var/run/gagar/auth"
+AUTH_COMPONENTS = ("trainer", "grader", "sandbox")  # the services and their one caller
+
+
 def common_env(run: GagarRun, component: str) -> list[dict[str, Any]]:
-    """Environment every gagar container gets: who it is and where its config lies."""
-    return [
+    """Environment every gagar container gets: who it is and where its config (and, with
+    ``spec.authTokenSecret``, the services' shared token) lies."""
+    env: list[dict[str, Any]] = [
         {"name": "GAGAR_RUN", "value": run.metadata.name},
         {"name": "GAGAR_COMPONENT", "value": component},
         {"name": "GAGAR_CONFIG_DIR", "value": CONFIG_MOUNT},
@@ -116,6 +121,25 @@ def common_env(run: GagarRun, component: str) -> list[dict[str, Any]]:
             "valueFrom": {"fieldRef": {"fieldPath": "metadata.namespace"}},
         },
     ]
+    if run.spec.auth_token_secret and component in AUTH_COMPONENTS:
+        env.append({"name": "GAGAR_AUTH_TOKEN_FILE", "value": f"{AUTH_MOUNT}/token"})
+    return env
+
+
+def auth_volume(run: GagarRun) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """(volumes, mounts) of the shared-token Secret (key ``token``); empty without one."""
+    secret = run.spec.auth_token_secret
+    if not secret:
+        return [], []
+    volume = {
+        "name": "auth",
+        "secret": {
+            "secretName": secret,
+            "defaultMode": 0o440,
+            "items": [{"key": "token", "path": "token"}],
+        },
+    }
+    return [volume], [{"name": "auth", "mountPath": AUTH_MOUNT, "readOnly": True}]
 
 
 def config_volume(run: GagarRun) -> tuple[dict[str, Any], dict[str, Any]]:

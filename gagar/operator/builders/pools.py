@@ -23,6 +23,7 @@ from gagar.operator.builders.common import (
     PUBLISHED_DIR,
     BuildContext,
     Manifest,
+    auth_volume,
     checkpoint_volume,
     common_env,
     config_volume,
@@ -235,7 +236,7 @@ def _grader_containers(run: GagarRun, mounts: list[dict[str, Any]]) -> list[dict
         "env": common_env(run, "grader"),
         "ports": [{"name": "http", "containerPort": GRADER_PORT}, metrics_port(run)],
         "readinessProbe": {"httpGet": {"path": "/healthz", "port": "http"}, "periodSeconds": 10},
-        "volumeMounts": mounts[:1],
+        "volumeMounts": [*mounts[:1], *auth_volume(run)[1]],
         "securityContext": container_security(),
     }
     if grader.kind != "agentic":
@@ -271,7 +272,7 @@ def build_grader_deployment(run: GagarRun, ctx: BuildContext) -> Manifest:
         "containers": _grader_containers(
             run, [cfg_mount, {"name": "dshm", "mountPath": "/dev/shm"}]
         ),
-        "volumes": [cfg_vol, shm, *model_vols],
+        "volumes": [cfg_vol, shm, *model_vols, *auth_volume(run)[0]],
     }
     return _deployment(run, ctx, "grader", pod, _replicas(run, run.spec.grader, ctx))
 

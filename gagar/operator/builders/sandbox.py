@@ -16,6 +16,7 @@ from typing import Any
 from gagar.operator.builders.common import (
     BuildContext,
     Manifest,
+    auth_volume,
     common_env,
     config_volume,
     labels,
@@ -59,6 +60,7 @@ def _container(run: GagarRun) -> dict[str, Any]:
             cfg_mount,
             {"name": "workspace", "mountPath": WORKSPACE_ROOT},
             {"name": "tmp", "mountPath": "/tmp"},
+            *auth_volume(run)[1],
         ],
         "securityContext": {
             "runAsNonRoot": True,
@@ -91,6 +93,7 @@ def _pod(run: GagarRun) -> dict[str, Any]:
             cfg_vol,
             {"name": "workspace", "emptyDir": {"sizeLimit": "4Gi"}},
             {"name": "tmp", "emptyDir": {"sizeLimit": "1Gi"}},
+            *auth_volume(run)[0],
         ],
     }
     if run.spec.sandbox.runtime_class_name:

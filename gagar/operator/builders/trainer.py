@@ -26,6 +26,7 @@ from gagar.operator.builders.common import (
     JOBSET,
     BuildContext,
     Manifest,
+    auth_volume,
     checkpoint_claim,
     checkpoint_volume,
     common_env,
@@ -118,7 +119,9 @@ def _trainer_pod(run: GagarRun, ctx: BuildContext) -> dict[str, Any]:
     ckpt_vols, ckpt_mounts = checkpoint_volume(run, read_only=False)
     _, model_vols, model_mounts = base_model(run.spec.model.path)
     shm = {"name": "dshm", "emptyDir": {"medium": "Memory"}}
+    auth_vols, auth_mounts = auth_volume(run)
     mounts = [cfg_mount, *ckpt_mounts, *model_mounts, {"name": "dshm", "mountPath": "/dev/shm"}]
+    mounts += auth_mounts
     container = {
         "name": "trainer",
         "image": run.spec.trainer.image,
@@ -135,7 +138,7 @@ def _trainer_pod(run: GagarRun, ctx: BuildContext) -> dict[str, Any]:
         "restartPolicy": "Never",
         "securityContext": pod_security(),
         "containers": [container],
-        "volumes": [cfg_vol, *ckpt_vols, *model_vols, shm],
+        "volumes": [cfg_vol, *ckpt_vols, *model_vols, shm, *auth_vols],
     }
     if not uses_jobset(run, ctx):
         spec["subdomain"] = name(run, "trainer", "rdzv")

@@ -1,0 +1,92 @@
+"""The seccomp filter every jailed command runs under, built with libseccomp (``pyseccomp``).
+
+Everything is allowed except what a test suite never needs and a kernel exploit usually does
+(the same choices as Docker's default profile, nsjail and gVisor): new namespaces of any kind
+(``unshare``, ``setns``, ``clone`` with a ``CLONE_NEW*`` flag; a nested user namespace would
+hand the code every capability inside it and with them nf_tables, raw sockets and mounts), the
+kernel keyring (``keyctl``, ``add_key``, ``request_key``: keys would outlive the session and be
+readable by the next one on the same uid), ``io_uring``, ``perf_event_open``, ``bpf``,
+``userfaultfd``, the whole mount family (old and new API), module and kexec loading, ``ptrace``
+of other processes is left alone (debuggers work; the PID namespace bounds it). Refused calls fail
+with ``EPERM``; ``clone3`` fails with ``ENOSYS`` (its flags live in memory a filter cannot read),
+so the C library falls back to ``clone``, whose flags the filter checks. System calls of other
+architectures (32-bit ``int 0x80`` on x86-64) kill the process: libseccomp's default.
+
+bubblewrap loads the filter (``--seccomp FD``) after it has built the namespaces and before it
+executes the command, so the jail itself is unaffected. Built once per process (a few ms).
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+from functools import cache
+
+# Namespace flags of clone(2); CLONE_NEWTIME (0x80) shares its bits with the exit signal in
+# clone(2) and is only reachable through unshare, which is refused outright.
+CLONE_NEW = {
+    "CLONE_NEWNS": 0x00020000,
+    "CLONE_NEWCGROUP": 0x02000000,
+    "CLONE_NEWUTS": 0x04000000,
+    "CLONE_NEWIPC": 0x08000000,
+    "CLONE_NEWUSER": 0x10000000,
+    "CLONE_NEWPID": 0x20000000,
+    "CLONE_NEWNET": 0x40000000,
+}
+REFUSED = (
+    # namespaces
+    "unshare",
+    "setns",
+    # kernel keyring
+    "keyctl",
+    "add_key",
+    "request_key",
+    # large kernel attack surface a test suite does not use
+    "io_uring_setup",
+    "io_uring_enter",
+    "io_uring_register",
+    "perf_event_open",
+    "bpf",
+    "userfaultfd",
+    # mounts, old and new API
+    "mount",
+    "umount2",
+    "pivot_root",
+    "fsopen",
+    "fsconfig",
+    "fsmount",
+    "fspick",
+    "move_mount",
+    "open_tree",
+    "mount_setattr",
+    # the host's kernel and devices
+    "init_module",
+    "finit_module",
+    "delete_module",
+    "kexec_load",
+    "kexec_file_load",
+    "reboot",
+    "swapon",
+    "swapoff",
+    "acct",
+    "open_by_handle_at",
+)
+
+
+@cache
+def filter_bpf() -> bytes:
+    """The compiled filter (classic BPF, as ``bwrap --seccomp`` reads it)."""
+    import pyseccomp as sc
+
+    f = sc.SyscallFilter(sc.ALLOW)
+    refuse = sc.ERRNO(errno.EPERM)
+    for name in REFUSED:
+        f.add_rule(refuse, name)
+    for flag in CLONE_NEW.values():
+        f.add_rule(refuse, "clone", sc.Arg(0, sc.MASKED_EQ, flag, flag))
+    f.add_rule(sc.ERRNO(errno.ENOSYS), "clone3")
+    fd = os.memfd_create("gagar-seccomp")  # libseccomp writes to a file descriptor
+    with open(fd, "w+b") as out:
+        f.export_bpf(out)
+        out.seek(0)
+        return out.read()

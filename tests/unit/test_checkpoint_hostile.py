@@ -1,0 +1,111 @@
+"""Checkpoints cannot run code, and a malformed one is skipped for the previous (issue 21, item 8)."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from gagar.driver.loop import restore
+from gagar.trainer.checkpoint import MANIFEST, Checkpoint, CheckpointError, CheckpointManager
+
+
+class _Payload:
+    """Pickles as "call os.system(...)": what a planted checkpoint would do on a weights_only=False load."""
+
+    def __init__(self, marker: Path) -> None:
+        self.marker = marker
+
+    def __reduce__(self):
+        return (os.system, (f"touch {self.marker}",))
+
+
+def test_a_part_that_would_run_code_is_refused(tmp_path: Path) -> None:
+    marker = tmp_path / "pwned"
+    mgr = CheckpointManager(tmp_path / "ckpt")
+    ckpt = mgr.save(1, {"model": {"w": torch.ones(2), "x": _Payload(marker)}}, {})
+    mgr.verify(ckpt.path)  # self-consistent: the manifest's checksums match
+    with pytest.raises(CheckpointError, match=r"model\.pt: cannot load"):
+        ckpt.load("model")
+    assert not marker.exists()
+
+
+def test_optimizer_and_rng_parts_load_without_pickled_code(tmp_path: Path) -> None:
+    model = torch.nn.Linear(3, 2)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3, betas=(0.9, 0.99))
+    model(torch.ones(1, 3)).sum().backward()
+    opt.step()
+    parts = {
+        "model": model.state_dict(),
+        "optimizer": opt.state_dict(),
+        "rng": torch.get_rng_state(),
+    }
+    ckpt = CheckpointManager(tmp_path).save(1, parts, {})
+    opt.load_state_dict(ckpt.load("optimizer"))
+    torch.set_rng_state(ckpt.load("rng"))
+    assert torch.equal(ckpt.load("model")["weight"], model.state_dict()["weight"])
+
+
+@pytest.mark.parametrize(
+    "manifest",
+    [
+        "[]",
+        '{"files": []}',
+        '{"files": {"model.pt": 5}}',
+        '{"files": {"model.pt": {"size": "x", "sha256": 1}}}',
+        '{"files": {"../../etc/passwd": {"size": 1, "sha256": "0"}}}',
+        '{"step": 2}',
+        "not json",
+    ],
+)
+def test_malformed_manifest_is_skipped_for_the_previous(
+    tmp_path: Path, capsys, manifest: str
+) -> None:
+    mgr = CheckpointManager(tmp_path, keep=5)
+    mgr.save(1, {"model": {"w": torch.ones(1)}}, {})
+    bad = mgr.save(2, {"model": {"w": torch.zeros(1)}}, {})
+    (bad.path / MANIFEST).write_text(manifest)
+    latest = mgr.latest()
+    assert latest is not None and latest.step == 1
+    assert f"skipping checkpoint: {bad.path}" in capsys.readouterr().err
+
+
+def _ctx(root: Path, mgr: CheckpointManager) -> SimpleNamespace:
+    """A driver context whose ``call("restore", step)`` loads parts as the trainer does."""
+
+    def call(name: str, step: int):
+        assert name == "restore"
+        ckpt = Checkpoint(step, mgr.root / f"step_{step:08d}")
+        model = ckpt.load("model")
+        if model["w"].shape != (2,):
+            raise RuntimeError("size mismatch for w")  # what load_state_dict raises
+        return ckpt.state()
+
+    sampler = SimpleNamespace(load_state=lambda state: None)
+    return SimpleNamespace(ckpt=mgr, call=call, sampler=sampler, out=root, step=0, version=0)
+
+
+def test_resume_falls_back_past_checkpoints_that_do_not_load(tmp_path: Path, capsys) -> None:
+    mgr = CheckpointManager(tmp_path / "ckpt", keep=5)
+    mgr.save(1, {"model": {"w": torch.ones(2)}}, {"policy_version": 1, "sampler": {}})
+    mgr.save(
+        2, {"model": {"w": torch.ones(3)}}, {"policy_version": 2, "sampler": {}}
+    )  # wrong shape
+    mgr.save(3, {"model": {"w": _Payload(tmp_path / "x")}}, {"policy_version": 3, "sampler": {}})
+    ctx = _ctx(tmp_path, mgr)
+    assert restore(ctx) is True
+    assert (ctx.step, ctx.version) == (1, 1)
+    err = capsys.readouterr().err
+    assert "step_00000003" in err and "step_00000002" in err and "size mismatch" in err
+
+
+def test_resume_refuses_to_start_over_when_no_checkpoint_loads(tmp_path: Path) -> None:
+    mgr = CheckpointManager(tmp_path / "ckpt")
+    mgr.save(1, {"model": {"w": torch.ones(5)}}, {"policy_version": 1, "sampler": {}})
+    with pytest.raises(CheckpointError, match="no checkpoint loads"):
+        restore(_ctx(tmp_path, mgr))
+    assert json.loads((mgr.root / "step_00000001" / MANIFEST).read_text())["step"] == 1
