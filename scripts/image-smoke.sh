@@ -3,11 +3,11 @@
 #
 # Each image runs as a pod would run it: its own USER (non-root), its ENV and WORKDIR, a read-only
 # root filesystem with an empty writable /tmp (the chart's and the operator's emptyDir), no
-# network but its own loopback, new PID/IPC/UTS namespaces. buildah mounts the image's root
+# network but its own loopback, new PID/IPC/UTS namespaces, a /proc with masked parts. buildah mounts the image's root
 # filesystem; bubblewrap is the runtime (`buildah run` cannot make the root read-only, and its
 # chroot isolation forbids the user namespaces the sandbox's own jail needs).
 #   operator  gagar operator --help
-#   sandbox   gagar sandbox check: bubblewrap creates its namespaces inside the container
+#   sandbox   gagar sandbox check: refuses under a masked /proc (exit 3), passes with it unmasked
 #   grader    the heuristic grader ranks the prepared sample group (gagar grader sample)
 #   trainer   the trainer entry point (python -m gagar.driver.launch) --help
 #   rollout   vLLM serves a tiny Llama policy (written by gagar on the host) and answers one
@@ -47,9 +47,11 @@ run_image() {
     '' | 0 | 0:* | root*) echo "smoke: $image runs as root (USER '$user')" >&2; return 1 ;;
   esac
   local status=0
-  bwrap --ro-bind "$root" / --dev /dev --tmpfs /dev/shm --proc /proc --tmpfs /tmp \
+  local proc=(--proc /proc --unshare-pid)
+  [ -z "${UNMASKED_PROC:-}" ] || proc=(--bind /proc /proc)
+  bwrap --ro-bind "$root" / --dev /dev --tmpfs /dev/shm "${proc[@]}" --tmpfs /tmp \
     --unshare-user --uid "${user%%:*}" --gid "${user##*:}" \
-    --unshare-pid --unshare-ipc --unshare-uts --unshare-net --die-with-parent \
+    --unshare-ipc --unshare-uts --unshare-net --die-with-parent \
     --clearenv "${env[@]}" --chdir "${workdir:-/}" "${extra[@]}" -- "${entry[@]}" "$@" || status=$?
   cleanup
   return $status
@@ -80,9 +82,19 @@ hardened() {
 smoke_operator() { expect "operator: gagar operator --help" '^usage: gagar operator' "$(run_image "$(tag operator)" -- operator --help 2>&1)"; }
 
 smoke_sandbox() {
-  # /workspace is the sandbox pod's emptyDir.
-  expect "sandbox: gagar sandbox check" '^sandbox isolation available \(bubblewrap\)$' \
-    "$(run_image "$(tag sandbox)" --tmpfs /workspace -- sandbox check 2>&1)"
+  # /workspace is the sandbox pod's emptyDir. The check's two verdicts: under a /proc whose
+  # parts are masked (what runc and containerd do by default, and bubblewrap here) the kernel
+  # refuses the jail a /proc of its own, so the executor must refuse to start; with the
+  # container's /proc unmasked (a pod's procMount: Unmasked; here the host's /proc, so this
+  # run alone shares the host's PID namespace) bubblewrap creates its namespaces.
+  local out code=0
+  out=$(run_image "$(tag sandbox)" --tmpfs /workspace -- sandbox check 2>&1) || code=$?
+  expect "sandbox: gagar sandbox check refuses under a masked /proc" \
+    "bubblewrap cannot create its namespaces here .*Can't mount proc" "$out"
+  expect "sandbox: ... with exit code 3" '^3$' "$code"
+  expect "sandbox: gagar sandbox check passes with /proc unmasked" \
+    '^sandbox isolation available \(bubblewrap\)$' \
+    "$(UNMASKED_PROC=1 run_image "$(tag sandbox)" --tmpfs /workspace -- sandbox check 2>&1)"
 }
 
 smoke_grader() {

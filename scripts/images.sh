@@ -99,9 +99,12 @@ build() {
   mapfile -t args < <(build_args "$name")
   log "building $(tag "$name")"
   # (An optional source left unset, UV_INDEX say, is no news: buildah's warnings about them go.)
-  "${BUILDAH[@]}" bud --quiet --layers=false "${args[@]}" -t "$(tag "$name")" . 2>&1 >/dev/null \
-    | grep -v 'missing ".*" build argument' >&2 || true
-  exists "$(tag "$name")" || { echo "images: building $(tag "$name") failed" >&2; return 1; }
+  local iid
+  iid=$(mktemp)
+  "${BUILDAH[@]}" bud --quiet --layers=false --iidfile "$iid" "${args[@]}" -t "$(tag "$name")" . \
+    2>&1 >/dev/null | grep -v -e 'build argument. Try adding' -e '^debconf: delaying' >&2 || true
+  [ -s "$iid" ] || { rm -f "$iid"; echo "images: building $(tag "$name") failed" >&2; return 1; }
+  rm -f "$iid"
   # The image this tag named before is now dangling: vfs keeps whole copies, so drop it.
   "${BUILDAH[@]}" rmi --prune >/dev/null 2>&1 || true
   log "built $(tag "$name") in $((SECONDS - start)) s, $(size "$(tag "$name")")"
