@@ -39,7 +39,7 @@ def test_a_component_without_its_dependency_leaves_the_other_commands(command_mo
 
 def test_a_missing_gagar_module_is_an_error(command_module):
     command_module("gagar.no_such_module")
-    with pytest.raises(ModuleNotFoundError, match="gagar.no_such_module"):
+    with pytest.raises(ModuleNotFoundError, match=r"gagar\.no_such_module"):
         cli.build_parser()
 
 
