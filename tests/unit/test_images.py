@@ -12,6 +12,7 @@ import io
 import json
 import os
 import re
+import shlex
 import subprocess
 from pathlib import Path
 
@@ -226,3 +227,72 @@ def test_make_images_tags_are_the_charts_and_the_specs_defaults() -> None:
     # Built here on Debian's packages: trainer and rollout are the CPU variants.
     cpu = [defaults[0], defaults[1] + "-cpu", defaults[2] + "-cpu", *defaults[3:]]
     assert images_sh_tags("debian", *names) == cpu
+
+
+def images_section() -> str:
+    """docs/operations.md's ``# Container images`` part (up to the next top-level heading)."""
+    text = (ROOT / "docs/operations.md").read_text()
+    return re.search(r"^# Container images\n(.*?)(?=^# |\Z)", text, re.M | re.S).group(1)
+
+
+def docs_commands() -> list[list[str]]:
+    blocks = re.findall(r"```shell\n(.*?)```", images_section(), flags=re.S)
+    return [shlex.split(line, comments=True) for b in blocks for line in b.splitlines() if line]
+
+
+def dockerfile_args(path: Path) -> set[str]:
+    return {ins["value"].split("=")[0] for ins in parse(path) if ins["instruction"] == "ARG"}
+
+
+def check_make(argv: list[str]) -> None:
+    assert argv[1] == "images", argv
+    settings = dict(a.split("=", 1) for a in argv[2:])
+    assert set(settings) <= {"IMAGES", "BASES", "SMOKE"}, settings
+    assert set(settings.get("IMAGES", "operator").split()) <= {image_id(p) for p in DOCKERFILES}
+    assert settings.get("BASES", "debian") in ("debian", "public")
+    dry = subprocess.run(["make", "-n", *argv[1:]], cwd=ROOT, capture_output=True, text=True)
+    assert "scripts/images.sh" in dry.stdout, dry.stderr
+
+
+def check_docker(argv: list[str]) -> None:
+    assert argv[1] == "build" and argv[-1] == ".", argv
+    dockerfile = ROOT / argv[argv.index("-f") + 1]
+    given = {argv[i + 1].split("=")[0] for i, a in enumerate(argv) if a == "--build-arg"}
+    assert given <= dockerfile_args(dockerfile), given - dockerfile_args(dockerfile)
+    tag = argv[argv.index("-t") + 1]
+    assert tag == images_sh_tags("public", dockerfile.parent.name)[0], tag
+
+
+def test_the_images_section_commands_are_right() -> None:
+    """Each command of docs/operations.md's images section: its files, build arguments, tags."""
+    tags = set(images_sh_tags("public", *EXPECTED_INSTALL.keys() - {"rollout-cpu"}))
+    archives = []
+    kinds = set()
+    for argv in docs_commands():
+        kinds.add(argv[0])
+        if argv[0] == "make":
+            check_make(argv)
+        elif argv[0] == "docker":
+            check_docker(argv)
+        elif argv[0] == "buildah":
+            assert argv[1:3] == ["--storage-driver", "vfs"], argv  # make images' storage
+            assert argv[3] in ("login", "push"), argv
+            if argv[3] == "push":
+                assert argv[4] in tags, argv
+                archives += [
+                    a.split(":", 1)[1] for a in argv[5:] if a.startswith("docker-archive:")
+                ]
+        else:
+            assert argv[:3] == ["kind", "load", "image-archive"] and argv[3] in archives, argv
+    assert kinds == {"make", "docker", "buildah", "kind"}
+
+
+def test_the_images_section_names_every_base() -> None:
+    section = images_section()
+    for path in DOCKERFILES:
+        for name, default in (
+            ins["value"].split("=", 1)
+            for ins in parse(path)
+            if ins["instruction"] == "ARG" and ins["value"].split("=")[0].endswith("_IMAGE")
+        ):
+            assert f"`{default}` (`{name}`)" in section, (path, name, default)
