@@ -73,8 +73,8 @@ tag() { bash scripts/images.sh tag "$1"; }
 hardened() {
   local out
   out=$(run_image "$(tag "$1")" --entrypoint /bin/sh -- -c \
-    'id -u; touch /probe 2>&1 || echo "root read-only"; touch /tmp/probe && echo "tmp writable"')
-  expect "$1: non-root, read-only root, writable /tmp" '^[1-9][0-9]*$' "$(head -1 <<<"$out")"
+    'id -u; touch /probe 2>&1 || echo "root read-only"; touch /tmp/probe && echo "tmp writable"' 2>&1) || true
+  expect "$1: non-root" '^[1-9][0-9]*$' "$(head -1 <<<"$out")"
   expect "$1: read-only root" '^root read-only$' "$out"
   expect "$1: writable /tmp" '^tmp writable$' "$out"
 }
@@ -100,7 +100,7 @@ smoke_sandbox() {
 smoke_grader() {
   local out
   out=$(run_image "$(tag grader)" --entrypoint /bin/sh -- -c \
-    'gagar grader sample /tmp/group >/dev/null && gagar grade /tmp/group --grader heuristic')
+    'gagar grader sample /tmp/group >/dev/null && gagar grade /tmp/group --grader heuristic' 2>&1) || true
   expect "grader: heuristic ranking of the sample group" '"grader": "heuristic"' "$out"
   expect "grader: the sample's test tampering found" '"kind": "test_tampering"' "$out"
 }
@@ -114,10 +114,10 @@ smoke_rollout() {
   local model out
   model=$(mktemp -d)
   .venv/bin/python -c "import sys; from pathlib import Path; from gagar.rollout.engines.tiny import write_tiny_llama; write_tiny_llama(Path(sys.argv[1]))" "$model/tiny"
-  out=$(run_image "$(tag rollout)" --ro-bind "$model/tiny" /model \
+  out=$(run_image "$(tag rollout)" --entrypoint /bin/sh --ro-bind "$model/tiny" /tmp/model \
     --setenv VLLM_CPU_KVCACHE_SPACE 1 --setenv OMP_NUM_THREADS 1 --setenv VLLM_CPU_OMP_THREADS_BIND nobind \
-    --entrypoint /bin/sh -- -c '
-vllm serve /model --served-model-name tiny --port 8000 --dtype float32 --max-model-len 512 \
+    -- -c '
+vllm serve /tmp/model --served-model-name tiny --port 8000 --dtype float32 --max-model-len 512 \
   --enforce-eager >/tmp/vllm.log 2>&1 &
 python - <<PY || { tail -30 /tmp/vllm.log; exit 1; }
 import json, time, urllib.request
@@ -137,7 +137,7 @@ req = urllib.request.Request(base + "/v1/completions", json.dumps(body).encode()
 choice = json.load(urllib.request.urlopen(req, timeout=300))["choices"][0]
 print("vLLM up in %.0f s; finish reason: %s" % (time.monotonic() - start, choice["finish_reason"]))
 print(json.dumps(choice))
-PY' 2>&1)
+PY' 2>&1) || true  # expect shows what went wrong
   rm -rf "$model"
   expect "rollout: vLLM serves the tiny policy, one completion" '^vLLM up in [0-9]+ s; finish reason: (length|stop)$' "$out"
   echo "$out" | head -1
