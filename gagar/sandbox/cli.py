@@ -69,7 +69,8 @@ def _serve(args: argparse.Namespace) -> int:
     except SandboxError as e:
         print(f"gagar sandbox: {e}", file=sys.stderr)
         return 3
-    server = make_server(factory, args.host, args.port, args.max_sessions)
+    labels = {"run": args.run, "pool": args.pool}
+    server = make_server(factory, args.host, args.port, args.max_sessions, labels)
     print(f"gagar sandbox serving on http://{args.host}:{server.server_address[1]}", flush=True)
     try:
         server.serve_forever()
@@ -118,6 +119,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     )
     s.add_argument("--port", type=int, default=8700)
     s.add_argument("--max-sessions", type=int, default=64)
+    s.add_argument("--run", help="run label of the metrics (default: $GAGAR_RUN)")
+    s.add_argument("--pool", help="pool label of the metrics (default: $GAGAR_COMPONENT, sandbox)")
     s.add_argument(
         "--workspace-root",
         default=None,

@@ -17,9 +17,8 @@ GET      /healthz
 GET      /metrics                        Prometheus text format
 =======  ==============================  ==============================================
 
-Metrics: ``gagar_sandbox_exec_total{outcome}`` (ok, failed, timeout, limit, infra),
-``gagar_sandbox_exec_duration_seconds`` (histogram), ``gagar_sandbox_limit_hits_total{limit}``,
-``gagar_sandbox_sessions`` (open sessions).
+Metrics: the catalogue's ``gagar_sandbox_*`` series, labelled with the server's run and pool
+(``gagar.sandbox.metrics``).
 
 A refused request (bad path, unknown session, invalid body) is 400/404 with ``{"error"}``; a full
 server is 503. The server has no authentication: it must only be reachable by its trainer
@@ -36,10 +35,10 @@ from http import HTTPStatus
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from pydantic import BaseModel, ConfigDict, ValidationError
 
 from gagar.sandbox.local import LocalFactory, LocalSession
+from gagar.sandbox.metrics import CONTENT_TYPE_LATEST, SandboxMetrics
 from gagar.sandbox.types import ExecResult, Limits, SandboxError
 
 MAX_BODY = 256 << 20
@@ -75,57 +74,16 @@ class HttpError(Exception):
         self.status = status
 
 
-class Metrics:
-    """The server's Prometheus metrics, in a registry of its own (one per server)."""
-
-    def __init__(self) -> None:
-        self.registry = CollectorRegistry()
-        self.execs = Counter(
-            "gagar_sandbox_exec_total",
-            "Commands run, by outcome.",
-            ["outcome"],
-            registry=self.registry,
-        )
-        self.duration = Histogram(
-            "gagar_sandbox_exec_duration_seconds",
-            "Wall time of commands.",
-            buckets=(0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300),
-            registry=self.registry,
-        )
-        self.limits = Counter(
-            "gagar_sandbox_limit_hits_total",
-            "Commands ended by a limit.",
-            ["limit"],
-            registry=self.registry,
-        )
-        self.sessions = Gauge("gagar_sandbox_sessions", "Open sessions.", registry=self.registry)
-
-    def observe(self, result: ExecResult) -> None:
-        self.execs.labels(outcome=outcome_of(result)).inc()
-        self.duration.observe(result.duration_s)
-        if result.limit_hit:
-            self.limits.labels(limit=result.limit_hit).inc()
-
-
-def outcome_of(result: ExecResult) -> str:
-    if result.infra_error:
-        return "infra"
-    if result.timed_out:
-        return "timeout"
-    if result.limit_hit:
-        return "limit"
-    return "ok" if result.exit_code == 0 else "failed"
-
-
 class Registry:
     """Live sessions by id, each with a lock: one request at a time per session."""
 
-    def __init__(self, factory: LocalFactory, max_sessions: int) -> None:
+    def __init__(
+        self, factory: LocalFactory, max_sessions: int, labels: dict[str, str] | None = None
+    ) -> None:
         self.factory, self.max_sessions = factory, max_sessions
         self.sessions: dict[str, tuple[LocalSession, threading.Lock]] = {}
         self.lock = threading.Lock()
-        self.metrics = Metrics()
-        self.metrics.sessions.set_function(lambda: len(self.sessions))
+        self.metrics = SandboxMetrics(lambda: len(self.sessions), max_sessions, **(labels or {}))
 
     def create(self, body: CreateBody) -> str:
         with self.lock:
@@ -161,7 +119,7 @@ def _b64(data: bytes) -> str:
 
 
 def _session_call(
-    session: LocalSession, action: str, raw: dict[str, Any], metrics: Metrics
+    session: LocalSession, action: str, raw: dict[str, Any], metrics: SandboxMetrics
 ) -> dict[str, Any]:
     """One action on one session (already locked)."""
     if action == "exec":
@@ -199,9 +157,9 @@ class Handler(BaseHTTPRequestHandler):
 
     def do_GET(self) -> None:
         if self.path.split("?")[0] == "/metrics":
-            body = generate_latest(self.registry.metrics.registry)
+            body = self.registry.metrics.exposition()
             self.send_response(HTTPStatus.OK)
-            self.send_header("Content-Type", "text/plain; version=0.0.4; charset=utf-8")
+            self.send_header("Content-Type", CONTENT_TYPE_LATEST)
             self.send_header("Content-Length", str(len(body)))
             self.end_headers()
             self.wfile.write(body)
@@ -262,9 +220,16 @@ class Handler(BaseHTTPRequestHandler):
         raise HttpError(HTTPStatus.NOT_FOUND, f"no route {method} {self.path}")
 
 
-def make_server(factory: LocalFactory, host: str, port: int, max_sessions: int = 64):
-    """A ready ``ThreadingHTTPServer`` (call ``serve_forever``); its registry is ``.registry``."""
-    registry = Registry(factory, max_sessions)
+def make_server(
+    factory: LocalFactory,
+    host: str,
+    port: int,
+    max_sessions: int = 64,
+    labels: dict[str, str] | None = None,
+):
+    """A ready ``ThreadingHTTPServer`` (call ``serve_forever``); its registry is ``.registry``.
+    ``labels``: ``run``/``pool`` of its metrics (default: from the environment)."""
+    registry = Registry(factory, max_sessions, labels)
     handler = type("BoundHandler", (Handler,), {"registry": registry})
     server = ThreadingHTTPServer((host, port), handler)
     server.daemon_threads = True
