@@ -45,6 +45,26 @@ GRADER_KINDS = ("heuristic", "agentic", "none")
 GRADER_FALLBACK_REASONS = ("unusable_ranking", "timeout", "grader_error", "nonpositive_mass")
 TOKEN_KINDS = ("prompt", "completion")
 ENGINE_OUTCOMES = ("ok", "error")
+STAGES = ("rollout", "grading", "training", "sync", "checkpoint")
+ADV_STAGES = ("before", "after")
+THROUGHPUT_STAGES = ("rollout", "training")
+INVALID_REASONS = ("engine_error", "sandbox_error", "verify_error")
+TRAINER_FALLBACKS = (
+    "ineligible",
+    "unusable",
+    "nonpositive_mass",
+    "heuristic_after_timeout",
+    "heuristic_after_grader_error",
+)
+FLAG_KINDS = ("redundant", "tool_error", "churn")
+EXIT_REASONS = (
+    "submitted",
+    "max_turns",
+    "max_tokens",
+    "context_overflow",
+    "engine_error",
+    "sandbox_error",
+)
 API_VERBS = ("GET", "POST", "PATCH", "PUT", "DELETE")
 API_OUTCOMES = (
     "ok",
@@ -112,6 +132,7 @@ def _defs() -> list[MetricDef]:
             t,
             ("run", "stage"),
             DURATION_BUCKETS,
+            enums=(("stage", STAGES),),
         ),
         MetricDef(
             "gagar_policy_version", G, "Policy version last published to the rollout engines.", t
@@ -128,6 +149,7 @@ def _defs() -> list[MetricDef]:
             "Throughput of the last step by stage (rollout = generated, training = trained tokens).",
             t,
             ("run", "stage"),
+            enums=(("stage", THROUGHPUT_STAGES),),
         ),
         MetricDef("gagar_checkpoint_step", G, "Step of the newest complete checkpoint.", t),
         # trainer: rewards and advantages
@@ -158,6 +180,7 @@ def _defs() -> list[MetricDef]:
             "Trajectories dropped for infrastructure failures, by reason.",
             t,
             ("run", "reason"),
+            enums=(("reason", INVALID_REASONS),),
         ),
         MetricDef(
             "gagar_advantage",
@@ -166,6 +189,7 @@ def _defs() -> list[MetricDef]:
             t,
             ("run", "stage"),
             ADVANTAGE_BUCKETS,
+            enums=(("stage", ADV_STAGES),),
         ),
         MetricDef(
             "gagar_advantage_mean",
@@ -173,6 +197,7 @@ def _defs() -> list[MetricDef]:
             "Mean advantage over trained trajectories, before/after redistribution.",
             t,
             ("run", "stage"),
+            enums=(("stage", ADV_STAGES),),
         ),
         MetricDef(
             "gagar_advantage_std",
@@ -180,6 +205,7 @@ def _defs() -> list[MetricDef]:
             "Std of advantages over trained trajectories, before/after redistribution.",
             t,
             ("run", "stage"),
+            enums=(("stage", ADV_STAGES),),
         ),
         MetricDef(
             "gagar_advantage_abs_max",
@@ -187,6 +213,7 @@ def _defs() -> list[MetricDef]:
             "Largest |advantage|, before/after redistribution.",
             t,
             ("run", "stage"),
+            enums=(("stage", ADV_STAGES),),
         ),
         MetricDef(
             "gagar_lambda",
@@ -209,6 +236,7 @@ def _defs() -> list[MetricDef]:
             "Groups whose redistribution was skipped, by reason.",
             t,
             ("run", "reason"),
+            enums=(("reason", TRAINER_FALLBACKS),),
         ),
         MetricDef(
             "gagar_graded_groups_total",
@@ -245,6 +273,7 @@ def _defs() -> list[MetricDef]:
             "Tool calls flagged redundant, erroneous or churn, by kind.",
             t,
             ("run", "kind"),
+            enums=(("kind", FLAG_KINDS),),
         ),
         # rollout
         MetricDef(
@@ -269,6 +298,7 @@ def _defs() -> list[MetricDef]:
             "Finished trajectories by exit reason.",
             r,
             ("run", "reason"),
+            enums=(("reason", EXIT_REASONS),),
         ),
         MetricDef(
             "gagar_weight_sync_duration_seconds",
@@ -472,12 +502,16 @@ class Metrics:
     def names(self) -> list[str]:
         return list(self._metrics)
 
-    def prime(self, **fixed: str) -> None:
+    def prime(self, *components: Component, gauges: bool = True, **fixed: str) -> None:
         """Create, at zero, every series whose labels are ``fixed`` plus the definition's known
-        enum values, so /metrics lists the component's metrics from start-up. Metrics with a
+        enum values (of ``components``' metrics, default all), so /metrics lists the
+        component's metrics from start-up. ``gauges=False`` leaves gauges unset (a trainer's
+        gauges mean nothing before its first step; counters and histograms start at zero). Metrics with a
         label that is neither fixed nor a known enum (a trainer's ``reason``) are left alone."""
         for name, metric in self._metrics.items():
             d = CATALOGUE[name]
+            if (components and d.component not in components) or (d.kind == "gauge" and not gauges):
+                continue
             for labels in series_labels(d, fixed):
                 if labels:
                     metric.labels(**labels)

@@ -23,6 +23,7 @@ import torch
 
 from gagar.driver import advantages as adv_mod
 from gagar.driver import report as rep
+from gagar.driver import telemetry
 from gagar.driver.rollouts import GroupResult, RolloutConfig, Rollouts, grading_group
 from gagar.driver.sampling import SamplingPlan, TaskSampler, collect, grade_with_deadline
 from gagar.metrics import Metrics
@@ -100,7 +101,8 @@ async def _grade(ctx: Context, group: GroupResult) -> Ranking:
 
 def _rollouts(ctx: Context) -> Rollouts:
     limiter = asyncio.Semaphore(ctx.run.spec.rollout.agent.concurrency)
-    return Rollouts(ctx.factory, ctx.engine, ctx.fmt, rollout_config(ctx.run), limiter)
+    engine = telemetry.metered(ctx.engine, ctx.metrics, ctx.run.metadata.name)  # requests, latency
+    return Rollouts(ctx.factory, engine, ctx.fmt, rollout_config(ctx.run), limiter)
 
 
 async def _collect(ctx: Context, step: int) -> Any:
@@ -322,6 +324,7 @@ async def rl_step(ctx: Context) -> dict[str, Any]:
         rollout_tokens_per_second=facts["generated_tokens"] / max(1e-9, t1 - t0),
         training_tokens_per_second=record["tokens_trained"] / max(1e-9, t2 - t1),
     )
+    telemetry.record_step(ctx.metrics, ctx.run.metadata.name, collected.all_groups, record)
     return _finish_step(ctx, record, extras)
 
 

@@ -252,7 +252,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     )
     serve.add_argument("--workers", type=int, default=2, help="groups graded concurrently")
     serve.add_argument("--run", help="run label of the metrics (default: $GAGAR_RUN)")
-    serve.add_argument("--pool", help="pool label of the metrics (default: $GAGAR_COMPONENT, grader)")
+    serve.add_argument(
+        "--pool", help="pool label of the metrics (default: $GAGAR_COMPONENT, grader)"
+    )
     serve.add_argument(
         "--drain-seconds", type=float, default=30.0, help="time to finish work on shutdown"
     )

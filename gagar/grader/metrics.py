@@ -27,7 +27,7 @@ class GraderMetrics:
         self.metrics = Metrics(registry, "grader")
         self.metrics.prime(**self.labels)
 
-    def _m(self, name: str, **extra: str):  # noqa: ANN202 - a prometheus_client child
+    def _m(self, name: str, **extra: str):
         return self.metrics[name].labels(**self.labels, **extra)
 
     def queue_depth(self, depth: Callable[[], int]) -> None:

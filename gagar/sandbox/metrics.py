@@ -51,7 +51,7 @@ class SandboxMetrics:
         self._m("gagar_sandbox_sessions_active").set_function(sessions)
         self._m("gagar_sandbox_sessions_max").set(max_sessions)
 
-    def _m(self, name: str, **extra: str):  # noqa: ANN202 - a prometheus_client child
+    def _m(self, name: str, **extra: str):
         return self.metrics[name].labels(**self.labels, **extra)
 
     def observe(self, result: ExecResult) -> None:

@@ -39,7 +39,7 @@ from pydantic import BaseModel, ConfigDict, ValidationError
 
 from gagar.sandbox.local import LocalFactory, LocalSession
 from gagar.sandbox.metrics import CONTENT_TYPE_LATEST, SandboxMetrics
-from gagar.sandbox.types import ExecResult, Limits, SandboxError
+from gagar.sandbox.types import Limits, SandboxError
 
 MAX_BODY = 256 << 20
 

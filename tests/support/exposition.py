@@ -18,9 +18,7 @@ def samples(text: str) -> dict[tuple[str, frozenset[tuple[str, str]]], float]:
 
 def value(text: str, name: str, **labels: str) -> float:
     """The sample ``name`` whose labels include ``labels`` (exactly one must match)."""
-    found = [
-        v for (n, ls), v in samples(text).items() if n == name and set(labels.items()) <= ls
-    ]
+    found = [v for (n, ls), v in samples(text).items() if n == name and set(labels.items()) <= ls]
     assert len(found) == 1, f"{name}{labels}: {len(found)} samples"
     return found[0]
 
