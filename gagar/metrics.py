@@ -76,6 +76,8 @@ API_OUTCOMES = (
     "server_error",
     "unreachable",
 )
+RECONCILE_RESULTS = ("ok", "invalid", "gone", "error")
+PHASES = ("Pending", "Running", "Suspended", "Succeeded", "Failed", "Stalled")
 RECONCILE_ERRORS = ("api_transient", "api_permanent", "internal")
 
 ADVANTAGE_BUCKETS = (-4.0, -2.0, -1.0, -0.5, -0.25, -0.1, 0.0, 0.1, 0.25, 0.5, 1.0, 2.0, 4.0)
@@ -421,7 +423,12 @@ def _defs() -> list[MetricDef]:
         ),
         # operator
         MetricDef(
-            "gagar_operator_reconciles_total", c, "Reconciliations by result.", o, ("result",)
+            "gagar_operator_reconciles_total",
+            c,
+            "Reconciliations by result.",
+            o,
+            ("result",),
+            enums=(("result", RECONCILE_RESULTS),),
         ),
         MetricDef(
             "gagar_operator_reconcile_duration_seconds",
@@ -463,7 +470,14 @@ def _defs() -> list[MetricDef]:
             o,
             (),
         ),
-        MetricDef("gagar_operator_runs", G, "GagarRuns by phase.", o, ("phase",)),
+        MetricDef(
+            "gagar_operator_runs",
+            G,
+            "GagarRuns by phase.",
+            o,
+            ("phase",),
+            enums=(("phase", PHASES),),
+        ),
         MetricDef(
             "gagar_run_condition",
             G,
