@@ -582,6 +582,19 @@ class GraderSpec(_Pool):
             "x-kubernetes-validations": [
                 _REPLICAS_XOR_AUTOSCALING,
                 _cel(
+                    "!has(self.autoscaling) || !has(self.replicas)",
+                    "the grader pool is autoscaled (spec.grader.autoscaling is set), so its "
+                    "replicas cannot be set and `kubectl scale gagarrun` is refused: change "
+                    "autoscaling.minReplicas/maxReplicas, or remove autoscaling to scale by replicas",
+                    ".replicas",
+                ),
+                _cel(
+                    "!has(self.endpoint) || !has(self.replicas)",
+                    "the grader is external (spec.grader.endpoint is set): there is no grader pool "
+                    "to scale, so replicas and `kubectl scale gagarrun` are refused",
+                    ".replicas",
+                ),
+                _cel(
                     "self.kind != 'agentic' || has(self.model) || has(self.endpoint)",
                     "the agentic grader needs model or endpoint",
                     ".model",
@@ -787,6 +800,9 @@ class PoolStatus(Model):
     """Ready replicas."""
     policy_version: int | None = None
     """Policy version every ready replica serves (rollout pool)."""
+    selector: str | None = None
+    """Label selector of the pool's pods (``key=value,...``); the grader pool's is the
+    ``/scale`` subresource's selector, which an HPA or KEDA targeting the GagarRun uses."""
 
 
 class CheckpointStatus(Model):
