@@ -71,6 +71,12 @@ def _serve(args: argparse.Namespace) -> int:
         return 3
     labels = {"run": args.run, "pool": args.pool}
     server = make_server(factory, args.host, args.port, args.max_sessions, labels)
+    if args.metrics_port is not None and args.metrics_port != args.port:
+        from prometheus_client import start_http_server
+
+        start_http_server(
+            args.metrics_port, addr=args.host, registry=server.registry.metrics.registry
+        )
     print(f"gagar sandbox serving on http://{args.host}:{server.server_address[1]}", flush=True)
     try:
         server.serve_forever()
@@ -119,6 +125,11 @@ def register(sub: argparse._SubParsersAction) -> None:
     )
     s.add_argument("--port", type=int, default=8700)
     s.add_argument("--max-sessions", type=int, default=64)
+    s.add_argument(
+        "--metrics-port",
+        type=int,
+        help="also serve /metrics on this port (the pod's metrics port); /metrics is on --port too",
+    )
     s.add_argument("--run", help="run label of the metrics (default: $GAGAR_RUN)")
     s.add_argument("--pool", help="pool label of the metrics (default: $GAGAR_COMPONENT, sandbox)")
     s.add_argument(
