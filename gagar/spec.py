@@ -711,12 +711,43 @@ class DatasetSpec(Model):
 class ObservabilitySpec(Model):
     """Metrics and logs."""
 
+    model_config = ConfigDict(
+        json_schema_extra={
+            "x-kubernetes-validations": [
+                _cel(
+                    "!has(self.trackers) || self.trackers.all(t, self.trackers.exists_one(u, u == t))",
+                    "each tracker at most once",
+                    ".trackers",
+                )
+            ]
+        }
+    )
+
     metrics_port: int = Field(default=9400, ge=1024, le=65535)
     """Port of every component's ``/metrics``."""
     monitors: Literal["auto", "enabled", "disabled"] = "auto"
     """ServiceMonitor/PodMonitor objects: ``auto`` creates them when the CRDs exist."""
     log_level: Literal["debug", "info", "warning", "error"] = "info"
     """Log level of every component."""
+    trackers: list[Literal["tensorboard", "mlflow", "wandb"]] = Field(
+        default_factory=list, json_schema_extra={"x-kubernetes-list-type": "set"}
+    )
+    """Experiment trackers the trainer also logs to (none by default): each step's record (as in
+    ``metrics.jsonl``), the run's spec and the report's plots, through the tool's own library.
+    ``tensorboard`` writes event files under ``<run dir>/tensorboard``; ``mlflow`` logs to
+    ``mlflowTrackingUri`` (default: a file store under ``<run dir>/mlruns``); ``wandb`` logs
+    offline under ``<run dir>/wandb`` unless ``WANDB_API_KEY`` is set in the trainer's
+    environment (then online, to ``wandbProject``)."""
+    mlflow_tracking_uri: str | None = None
+    """MLflow tracking URI (``http://...``, ``file:///...``); default: ``<run dir>/mlruns``."""
+    wandb_project: str = Field(default="gagar", min_length=1)
+    """W&B project of the run."""
+
+    @model_validator(mode="after")
+    def _distinct_trackers(self) -> ObservabilitySpec:
+        if len(set(self.trackers)) != len(self.trackers):
+            raise ValueError("spec.observability.trackers: each tracker at most once")
+        return self
 
 
 # ---------------------------------------------------------------- run

@@ -23,7 +23,7 @@ import torch
 
 from gagar.driver import advantages as adv_mod
 from gagar.driver import report as rep
-from gagar.driver import telemetry
+from gagar.driver import telemetry, trackers
 from gagar.driver.rollouts import GroupResult, RolloutConfig, Rollouts, grading_group
 from gagar.driver.sampling import SamplingPlan, TaskSampler, collect, grade_with_deadline
 from gagar.metrics import Metrics
@@ -203,8 +203,11 @@ def _train(ctx: Context, collected: Any) -> tuple[dict[str, Any], dict[str, Any]
     """Advantages and the update; returns (record fields, extras for Prometheus)."""
     groups, rankings = collected.groups, collected.rankings
     if not groups:
-        empty = {
+        empty = {  # nothing trained: every optimization gauge reads 0 (as loss does)
             "loss": 0.0,
+            "kl": 0.0,
+            "entropy": 0.0,
+            "clip_ratio": 0.0,
             "grad_norm": 0.0,
             "gradient_variance": 0.0,
             "gradient_mean_norm": 0.0,
@@ -364,6 +367,7 @@ def _finish_step(ctx: Context, record: dict[str, Any], extras: dict[str, Any]) -
         record["checkpoint_seconds"] = time.perf_counter() - t
     record["checkpoint_step"] = ctx.ckpt.complete()[-1].step if ctx.ckpt.complete() else 0
     rep.export(ctx.metrics, ctx.run.metadata.name, record, extras)
+    trackers.of(ctx).log_step(record)  # spec.observability.trackers
     return record
 
 
@@ -410,6 +414,7 @@ def write_final_report(ctx: Context, extra: dict[str, Any]) -> dict[str, Any]:
         **extra,
     }
     report = rep.write_report(ctx.out, records, summary)
+    trackers.of(ctx).log_plots(ctx.out / name for name in rep.PLOTS)
     (ctx.out / "run.json").write_text(json.dumps(ctx.run.to_wire(), indent=2))
     return report
 

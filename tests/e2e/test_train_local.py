@@ -101,10 +101,10 @@ def _dashboards_against(url: str, at: float) -> tuple[set[str], list[str], dict[
         comps = {CATALOGUE[n].component for n, _ in selectors(expr) if n in CATALOGUE}
         if not comps or not comps <= set(TRAINER):
             continue
-        expr = rendered(expr, "local", "local", "5m")
-        if expr in exprs and not _query(url, expr, at):
+        query = rendered(expr, "local", "local", "5m")
+        if expr in exprs and not _query(url, query, at):
             empty.append(expr)
-        if problems := unmatched(expr, series):
+        if problems := unmatched(query, series):
             bad[expr] = problems
     for var in ("namespace", "run"):  # the dashboards' variables find the run
         values = {r["metric"].get(var) for r in _query(url, "gagar_trainer_step", at)}
