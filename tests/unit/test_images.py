@@ -31,7 +31,7 @@ INSTRUCTIONS = {
 # what `pip install` each image runs: the extra that matches its workload
 EXPECTED_INSTALL = {
     "operator": '".[operator]"',
-    "trainer": '".[train]"',
+    "trainer": '".[train,trackers]"',  # spec.observability.trackers run in the trainer
     "rollout": ".",  # vLLM comes with the base image, pinned by it
     "grader": ".",
     "sandbox": ".",
