@@ -43,7 +43,7 @@ from tests.integration.test_prometheus import free_port, wait_for
 from tests.kube_emulator import KubeEmulator
 from tests.support.exposition import missing
 from tests.support.promql import by_metric, rendered, selectors, unmatched
-from tests.support.tools import ROOT, system_tool
+from tests.support.tools import ROOT, stop, system_tool
 
 pytestmark = pytest.mark.e2e
 
@@ -178,12 +178,7 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
             yield stack
         finally:
             for proc in reversed(procs):
-                proc.terminate()
-                try:
-                    proc.wait(timeout=20)
-                except subprocess.TimeoutExpired:
-                    proc.kill()
-                    proc.wait()
+                stop(proc)
 
 
 def _traffic(urls: dict[str, str]) -> None:

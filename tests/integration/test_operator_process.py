@@ -16,6 +16,7 @@ import pytest
 from gagar.crd import build_crd
 from tests.integration.test_operator_scenarios import manifest
 from tests.kube_emulator import KubeEmulator
+from tests.support.tools import stop
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -79,9 +80,4 @@ def test_gagar_operator_process(tmp_path: Path) -> None:
                     pass
             assert httpx.get(f"http://127.0.0.1:{health}/healthz", timeout=5).status_code == 200
         finally:
-            proc.terminate()
-            try:
-                proc.wait(timeout=20)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
+            stop(proc)
