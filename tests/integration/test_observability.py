@@ -81,7 +81,8 @@ def _ready(url: str, what: str) -> str:
 
 def _prometheus_config(tmp: Path, ports: dict[str, int]) -> Path:
     def job(component: str, honor: bool) -> dict[str, Any]:
-        target = {"targets": [f"127.0.0.1:{ports[component]}"]}
+        port = ports["sandbox-metrics" if component == "sandbox" else component]
+        target = {"targets": [f"127.0.0.1:{port}"]}
         if not honor:
             target["labels"] = {"namespace": NAMESPACE}  # what a ServiceMonitor adds
         return {"job_name": component, "honor_labels": honor, "static_configs": [target]}
@@ -98,7 +99,7 @@ def _prometheus_config(tmp: Path, ports: dict[str, int]) -> Path:
 @pytest.fixture(scope="module")
 def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
     tmp = tmp_path_factory.mktemp("observability")
-    ports = {c: free_port() for c in (*COMPONENTS, "health", "prometheus")}
+    ports = {c: free_port() for c in (*COMPONENTS, "sandbox-metrics", "health", "prometheus")}
     procs: list[subprocess.Popen[bytes]] = []
     with KubeEmulator(deployment_delay=0.05) as kube:
         kube.create(build_crd())
@@ -109,7 +110,8 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
             procs.append(
                 _start(
                     [*gagar, "sandbox", "serve", "--host", "127.0.0.1"]
-                    + ["--port", str(ports["sandbox"]), "--run", RUN, "--pool", "sandbox"],
+                    + ["--port", str(ports["sandbox"]), "--run", RUN, "--pool", "sandbox"]
+                    + ["--metrics-port", str(ports["sandbox-metrics"])],
                     {},
                     tmp / "sandbox.log",
                 )
@@ -132,7 +134,9 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
                 )
             )
             urls = {c: f"http://127.0.0.1:{ports[c]}" for c in COMPONENTS}
-            first = {c: _ready(urls[c], f"{c} /metrics") for c in COMPONENTS}
+            # Prometheus scrapes the sandbox pods' metrics port, as the ServiceMonitor does
+            metrics = {**urls, "sandbox": f"http://127.0.0.1:{ports['sandbox-metrics']}"}
+            first = {c: _ready(metrics[c], f"{c} /metrics") for c in COMPONENTS}
             procs.append(
                 subprocess.Popen(
                     [
@@ -175,6 +179,10 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
                 60,
                 "the traffic scraped",
             )
+        except Exception as err:  # say what the processes said
+            logs = {p.name: p.read_text()[-1500:] for p in tmp.glob("*.log")}
+            raise AssertionError(f"{type(err).__name__}: {err}; logs: {logs}") from err
+        else:
             yield stack
         finally:
             for proc in reversed(procs):
