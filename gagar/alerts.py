@@ -72,7 +72,9 @@ def alerts(w: Windows) -> list[Alert]:
     mean = _mean_length(w.short)
     variance = metric("gagar_gradient_variance")
     fallbacks = metric("gagar_grader_fallbacks_total")
-    requests = metric("gagar_grader_requests_total")
+    # both sides from the trainer (one target, the same run and namespace labels): the groups it
+    # had graded, wherever the grader ran (a pool, an endpoint, in process)
+    requests = metric("gagar_graded_groups_total")
     return [
         Alert(
             "GagarLengthExplosion",
@@ -93,7 +95,7 @@ def alerts(w: Windows) -> list[Alert]:
             "0.2",
             "warning",
             "Grader fallbacks on run {{ $labels.run }}",
-            "{{ $value | humanizePercentage }} of grading requests fell back (timeout, error or "
+            "{{ $value | humanizePercentage }} of graded groups fell back (timeout, error or "
             "malformed ranking): those groups train without redistribution.",
         ),
         Alert(

@@ -112,6 +112,16 @@ def _printer_columns() -> list[dict[str, Any]]:
     ]
 
 
+# ``kubectl scale gagarrun/NAME --replicas=N`` (and an HPA or KEDA ScaledObject targeting the
+# GagarRun) scales the grader pool: the scale subresource is a view of .spec.grader.replicas. A
+# write while the grader is autoscaled or external fails the grader's CEL rules (docs/scaling.md).
+SCALE = {
+    "specReplicasPath": ".spec.grader.replicas",
+    "statusReplicasPath": ".status.pools.grader.replicas",
+    "labelSelectorPath": ".status.pools.grader.selector",
+}
+
+
 def build_crd() -> dict[str, Any]:
     """The GagarRun CRD, as a manifest dict."""
     root = {
@@ -159,7 +169,7 @@ def build_crd() -> dict[str, Any]:
                     "name": API_VERSION,
                     "served": True,
                     "storage": True,
-                    "subresources": {"status": {}},
+                    "subresources": {"status": {}, "scale": SCALE},
                     "additionalPrinterColumns": _printer_columns(),
                     "schema": {"openAPIV3Schema": root},
                 }

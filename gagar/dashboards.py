@@ -135,6 +135,12 @@ def rl_health() -> Dashboard:
                         [rate("gagar_grader_fallbacks_total", f"{BY}, reason", "{{reason}}")],
                         "ops",
                     ),
+                    Panel(
+                        "Graded groups",
+                        [rate("gagar_graded_groups_total")],
+                        "ops",
+                        description="Groups the trainer had graded (denominator of the fallback rate).",
+                    ),
                     Panel("Confirmed hacks", [rate("gagar_hacks_total")], "ops"),
                     Panel("Bloated passes", [gauge("gagar_bloated_passes_ratio")], "percentunit"),
                 ],
@@ -279,6 +285,35 @@ def pools() -> Dashboard:
                         [rate("gagar_grader_timeouts_total", f"{BY}, pool", "{{pool}}")],
                         "ops",
                     ),
+                    Panel(
+                        "In flight and queue wait",
+                        [
+                            (
+                                f"sum by ({BY}, pool) ({metric('gagar_grader_in_flight')}{{{SEL}}})",
+                                "in flight {{pool}}",
+                            ),
+                            quantile(0.95, "gagar_grader_queue_wait_seconds", f"{BY}, pool"),
+                        ],
+                    ),
+                    Panel(
+                        "Ranking fallbacks by reason",
+                        [
+                            rate(
+                                "gagar_grader_ranking_fallbacks_total",
+                                f"{BY}, reason",
+                                "{{reason}}",
+                            )
+                        ],
+                        "ops",
+                    ),
+                    Panel(
+                        "Grader model tokens and confirmed hacks",
+                        [
+                            rate("gagar_grader_tokens_total", f"{BY}, kind", "{{kind}}"),
+                            rate("gagar_grader_confirmed_hacks_total", legend="hacks {{run}}"),
+                        ],
+                        "ops",
+                    ),
                 ],
             ),
             (
@@ -297,8 +332,8 @@ def pools() -> Dashboard:
                                 "active {{pool}}",
                             ),
                             (
-                                f"sum by ({BY}, pool) ({metric('gagar_sandbox_warm_pool_size')}{{{SEL}}})",
-                                "warm {{pool}}",
+                                f"sum by ({BY}, pool) ({metric('gagar_sandbox_sessions_max')}{{{SEL}}})",
+                                "capacity {{pool}}",
                             ),
                         ],
                     ),
@@ -341,6 +376,7 @@ def sandboxes() -> Dashboard:
                         [
                             rate("gagar_sandbox_timeouts_total", legend="timeouts {{run}}"),
                             rate("gagar_sandbox_oom_kills_total", legend="OOM kills {{run}}"),
+                            rate("gagar_sandbox_limit_hits_total", f"{BY}, kind", "{{kind}}"),
                         ],
                         "ops",
                     ),
@@ -348,7 +384,7 @@ def sandboxes() -> Dashboard:
                         "Sessions",
                         [
                             gauge("gagar_sandbox_sessions_active", "active {{pool}}"),
-                            gauge("gagar_sandbox_warm_pool_size", "warm {{pool}}"),
+                            gauge("gagar_sandbox_sessions_max", "capacity {{pool}}"),
                         ],
                     ),
                 ],
@@ -382,6 +418,55 @@ def operator() -> Dashboard:
                         "s",
                     ),
                     Panel("Runs by phase", [gauge("gagar_operator_runs", "{{phase}}", "")]),
+                    Panel(
+                        "Reconcile errors by reason",
+                        [rate("gagar_operator_reconcile_errors_total", "reason", "{{reason}}", "")],
+                        "ops",
+                    ),
+                    Panel(
+                        "Work queue depth",
+                        [gauge("gagar_operator_queue_depth", "runs waiting or reconciling", "")],
+                        description="Runs with a reconcile in progress or waiting for one.",
+                    ),
+                ],
+            ),
+            (
+                "Kubernetes API",
+                [
+                    Panel(
+                        "API requests by outcome",
+                        [
+                            rate(
+                                "gagar_operator_api_requests_total",
+                                "verb, outcome",
+                                "{{verb}} {{outcome}}",
+                                "",
+                            )
+                        ],
+                        "reqps",
+                    ),
+                    Panel(
+                        "API errors",
+                        [
+                            rate(
+                                "gagar_operator_api_requests_total",
+                                "outcome",
+                                "{{outcome}}",
+                                'outcome!="ok"',
+                            )
+                        ],
+                        "reqps",
+                    ),
+                    Panel(
+                        "API latency p95",
+                        [
+                            (
+                                f"histogram_quantile(0.95, sum by (verb, le) (rate({metric('gagar_operator_api_request_duration_seconds', '_bucket')}[{RATE}])))",
+                                "{{verb}}",
+                            )
+                        ],
+                        "s",
+                    ),
                 ],
             ),
         ],

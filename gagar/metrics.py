@@ -8,6 +8,7 @@ cardinality stays bounded). Components create the metrics they export into a reg
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 from typing import Literal
 
@@ -31,8 +32,54 @@ ALLOWED_LABELS = frozenset(
         "result",
         "kind",
         "tier",
+        "verb",
     }
 )
+# The values of the small-enum labels that a component knows before any event: it creates these
+# series at start-up (``Metrics.prime``), so /metrics lists every metric of the component at once
+# and rates start from 0 instead of appearing with the first event.
+SANDBOX_OUTCOMES = ("ok", "failed", "timeout", "limit", "infra")
+SANDBOX_LIMITS = ("wall_time", "cpu_time", "memory", "processes", "file_size")
+GRADER_OUTCOMES = ("ok", "fallback", "invalid", "rejected", "unavailable", "error")
+GRADER_KINDS = ("heuristic", "agentic", "none")
+GRADER_FALLBACK_REASONS = ("unusable_ranking", "timeout", "grader_error", "nonpositive_mass")
+TOKEN_KINDS = ("prompt", "completion")
+ENGINE_OUTCOMES = ("ok", "error")
+STAGES = ("rollout", "grading", "training", "sync", "checkpoint")
+ADV_STAGES = ("before", "after")
+THROUGHPUT_STAGES = ("rollout", "training")
+INVALID_REASONS = ("engine_error", "sandbox_error", "verify_error")
+TRAINER_FALLBACKS = (
+    "ineligible",
+    "unusable",
+    "nonpositive_mass",
+    "heuristic_after_timeout",
+    "heuristic_after_grader_error",
+)
+FLAG_KINDS = ("redundant", "tool_error", "churn")
+EXIT_REASONS = (
+    "submitted",
+    "max_turns",
+    "max_tokens",
+    "context_overflow",
+    "engine_error",
+    "sandbox_error",
+)
+API_VERBS = ("GET", "POST", "PATCH", "PUT", "DELETE")
+API_OUTCOMES = (
+    "ok",
+    "not_found",
+    "conflict",
+    "invalid",
+    "forbidden",
+    "throttled",
+    "server_error",
+    "unreachable",
+)
+RECONCILE_RESULTS = ("ok", "invalid", "gone", "error")
+PHASES = ("Pending", "Running", "Suspended", "Succeeded", "Failed", "Stalled")
+RECONCILE_ERRORS = ("api_transient", "api_permanent", "internal")
+
 ADVANTAGE_BUCKETS = (-4.0, -2.0, -1.0, -0.5, -0.25, -0.1, 0.0, 0.1, 0.25, 0.5, 1.0, 2.0, 4.0)
 FACTOR_BUCKETS = (0.2, 0.4, 0.6, 0.8, 0.9, 1.0, 1.25, 1.5)
 TOKEN_BUCKETS = (32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384, 32768, 65536)
@@ -63,6 +110,8 @@ class MetricDef:
     component: Component
     labels: tuple[str, ...] = ("run",)
     buckets: tuple[float, ...] | None = None
+    enums: tuple[tuple[str, tuple[str, ...]], ...] = ()
+    """Known values of small-enum labels, created at start-up (see ``Metrics.prime``)."""
 
 
 def _defs() -> list[MetricDef]:
@@ -85,6 +134,7 @@ def _defs() -> list[MetricDef]:
             t,
             ("run", "stage"),
             DURATION_BUCKETS,
+            enums=(("stage", STAGES),),
         ),
         MetricDef(
             "gagar_policy_version", G, "Policy version last published to the rollout engines.", t
@@ -101,6 +151,7 @@ def _defs() -> list[MetricDef]:
             "Throughput of the last step by stage (rollout = generated, training = trained tokens).",
             t,
             ("run", "stage"),
+            enums=(("stage", THROUGHPUT_STAGES),),
         ),
         MetricDef("gagar_checkpoint_step", G, "Step of the newest complete checkpoint.", t),
         # trainer: rewards and advantages
@@ -131,6 +182,7 @@ def _defs() -> list[MetricDef]:
             "Trajectories dropped for infrastructure failures, by reason.",
             t,
             ("run", "reason"),
+            enums=(("reason", INVALID_REASONS),),
         ),
         MetricDef(
             "gagar_advantage",
@@ -139,6 +191,7 @@ def _defs() -> list[MetricDef]:
             t,
             ("run", "stage"),
             ADVANTAGE_BUCKETS,
+            enums=(("stage", ADV_STAGES),),
         ),
         MetricDef(
             "gagar_advantage_mean",
@@ -146,6 +199,7 @@ def _defs() -> list[MetricDef]:
             "Mean advantage over trained trajectories, before/after redistribution.",
             t,
             ("run", "stage"),
+            enums=(("stage", ADV_STAGES),),
         ),
         MetricDef(
             "gagar_advantage_std",
@@ -153,6 +207,7 @@ def _defs() -> list[MetricDef]:
             "Std of advantages over trained trajectories, before/after redistribution.",
             t,
             ("run", "stage"),
+            enums=(("stage", ADV_STAGES),),
         ),
         MetricDef(
             "gagar_advantage_abs_max",
@@ -160,6 +215,7 @@ def _defs() -> list[MetricDef]:
             "Largest |advantage|, before/after redistribution.",
             t,
             ("run", "stage"),
+            enums=(("stage", ADV_STAGES),),
         ),
         MetricDef(
             "gagar_lambda",
@@ -182,6 +238,13 @@ def _defs() -> list[MetricDef]:
             "Groups whose redistribution was skipped, by reason.",
             t,
             ("run", "reason"),
+            enums=(("reason", TRAINER_FALLBACKS),),
+        ),
+        MetricDef(
+            "gagar_graded_groups_total",
+            c,
+            "Groups the trainer had graded (the denominator of the grader fallback rate).",
+            t,
         ),
         MetricDef(
             "gagar_hacks_total", c, "Passes the grader confirmed as hacks (reward zeroed).", t
@@ -212,6 +275,7 @@ def _defs() -> list[MetricDef]:
             "Tool calls flagged redundant, erroneous or churn, by kind.",
             t,
             ("run", "kind"),
+            enums=(("kind", FLAG_KINDS),),
         ),
         # rollout
         MetricDef(
@@ -220,6 +284,7 @@ def _defs() -> list[MetricDef]:
             "Engine requests by outcome.",
             r,
             ("run", "pool", "outcome"),
+            enums=(("outcome", ENGINE_OUTCOMES),),
         ),
         MetricDef(
             "gagar_rollout_request_duration_seconds",
@@ -235,6 +300,7 @@ def _defs() -> list[MetricDef]:
             "Finished trajectories by exit reason.",
             r,
             ("run", "reason"),
+            enums=(("reason", EXIT_REASONS),),
         ),
         MetricDef(
             "gagar_weight_sync_duration_seconds",
@@ -244,13 +310,14 @@ def _defs() -> list[MetricDef]:
             ("run", "pool"),
             DURATION_BUCKETS,
         ),
-        # grader
+        # grader (the grader service; ``pool`` is the grader pool)
         MetricDef(
             "gagar_grader_requests_total",
             c,
             "Grading requests by grader and outcome.",
             g,
             ("run", "pool", "grader", "outcome"),
+            enums=(("grader", GRADER_KINDS), ("outcome", GRADER_OUTCOMES)),
         ),
         MetricDef(
             "gagar_grader_request_duration_seconds",
@@ -259,6 +326,7 @@ def _defs() -> list[MetricDef]:
             g,
             ("run", "pool", "grader"),
             DURATION_BUCKETS,
+            enums=(("grader", GRADER_KINDS),),
         ),
         MetricDef(
             "gagar_grader_queue_depth",
@@ -268,9 +336,41 @@ def _defs() -> list[MetricDef]:
             ("run", "pool"),
         ),
         MetricDef(
+            "gagar_grader_queue_wait_seconds",
+            h,
+            "Time a group waited in the grader service queue.",
+            g,
+            ("run", "pool"),
+            DURATION_BUCKETS,
+        ),
+        MetricDef("gagar_grader_in_flight", G, "Groups being graded now.", g, ("run", "pool")),
+        MetricDef(
             "gagar_grader_timeouts_total",
             c,
             "Groups whose grading passed the deadline.",
+            g,
+            ("run", "pool"),
+        ),
+        MetricDef(
+            "gagar_grader_ranking_fallbacks_total",
+            c,
+            "Rankings the grader service answered as fallbacks, by reason.",
+            g,
+            ("run", "pool", "reason"),
+            enums=(("reason", GRADER_FALLBACK_REASONS),),
+        ),
+        MetricDef(
+            "gagar_grader_tokens_total",
+            c,
+            "Tokens of the grader's model, by kind.",
+            g,
+            ("run", "pool", "kind"),
+            enums=(("kind", TOKEN_KINDS),),
+        ),
+        MetricDef(
+            "gagar_grader_confirmed_hacks_total",
+            c,
+            "Passes the grader service confirmed as hacks.",
             g,
             ("run", "pool"),
         ),
@@ -281,6 +381,7 @@ def _defs() -> list[MetricDef]:
             "Sandboxed executions by outcome.",
             s,
             ("run", "pool", "outcome"),
+            enums=(("outcome", SANDBOX_OUTCOMES),),
         ),
         MetricDef(
             "gagar_sandbox_execution_duration_seconds",
@@ -304,13 +405,30 @@ def _defs() -> list[MetricDef]:
             s,
             ("run", "pool"),
         ),
+        MetricDef(
+            "gagar_sandbox_limit_hits_total",
+            c,
+            "Executions ended by a resource limit, by limit.",
+            s,
+            ("run", "pool", "kind"),
+            enums=(("kind", SANDBOX_LIMITS),),
+        ),
         MetricDef("gagar_sandbox_sessions_active", G, "Open sandbox sessions.", s, ("run", "pool")),
         MetricDef(
-            "gagar_sandbox_warm_pool_size", G, "Idle warm sandbox sessions.", s, ("run", "pool")
+            "gagar_sandbox_sessions_max",
+            G,
+            "Sessions a sandbox server accepts (more are refused with 503).",
+            s,
+            ("run", "pool"),
         ),
         # operator
         MetricDef(
-            "gagar_operator_reconciles_total", c, "Reconciliations by result.", o, ("result",)
+            "gagar_operator_reconciles_total",
+            c,
+            "Reconciliations by result.",
+            o,
+            ("result",),
+            enums=(("result", RECONCILE_RESULTS),),
         ),
         MetricDef(
             "gagar_operator_reconcile_duration_seconds",
@@ -320,7 +438,46 @@ def _defs() -> list[MetricDef]:
             (),
             DURATION_BUCKETS,
         ),
-        MetricDef("gagar_operator_runs", G, "GagarRuns by phase.", o, ("phase",)),
+        MetricDef(
+            "gagar_operator_reconcile_errors_total",
+            c,
+            "Reconciliations that failed, by reason (transient API errors are retried).",
+            o,
+            ("reason",),
+            enums=(("reason", RECONCILE_ERRORS),),
+        ),
+        MetricDef(
+            "gagar_operator_api_requests_total",
+            c,
+            "Kubernetes API requests of the operator, by verb and outcome.",
+            o,
+            ("verb", "outcome"),
+            enums=(("verb", API_VERBS), ("outcome", API_OUTCOMES)),
+        ),
+        MetricDef(
+            "gagar_operator_api_request_duration_seconds",
+            h,
+            "Latency of the operator's Kubernetes API requests.",
+            o,
+            ("verb",),
+            DURATION_BUCKETS,
+            enums=(("verb", API_VERBS),),
+        ),
+        MetricDef(
+            "gagar_operator_queue_depth",
+            G,
+            "Runs with a reconcile in progress or waiting for one (the operator's work queue).",
+            o,
+            (),
+        ),
+        MetricDef(
+            "gagar_operator_runs",
+            G,
+            "GagarRuns by phase.",
+            o,
+            ("phase",),
+            enums=(("phase", PHASES),),
+        ),
         MetricDef(
             "gagar_run_condition",
             G,
@@ -355,6 +512,51 @@ class Metrics:
 
     def __contains__(self, name: str) -> bool:
         return name in self._metrics
+
+    def names(self) -> list[str]:
+        return list(self._metrics)
+
+    def prime(self, *components: Component, gauges: bool = True, **fixed: str) -> None:
+        """Create, at zero, every series whose labels are ``fixed`` plus the definition's known
+        enum values (of ``components``' metrics, default all), so /metrics lists the
+        component's metrics from start-up. ``gauges=False`` leaves gauges unset (a trainer's
+        gauges mean nothing before its first step; counters and histograms start at zero). Metrics with a
+        label that is neither fixed nor a known enum (a trainer's ``reason``) are left alone."""
+        for name, metric in self._metrics.items():
+            d = CATALOGUE[name]
+            if (components and d.component not in components) or (d.kind == "gauge" and not gauges):
+                continue
+            for labels in series_labels(d, fixed):
+                if labels:
+                    metric.labels(**labels)
+
+
+def series_labels(d: MetricDef, fixed: dict[str, str]) -> list[dict[str, str]]:
+    """Every label set of ``d`` made of ``fixed`` values and its enums ([] when one is unknown)."""
+    enums = dict(d.enums)
+    combos: list[dict[str, str]] = [{}]
+    for label in d.labels:
+        if label in fixed:
+            values: tuple[str, ...] = (fixed[label],)
+        elif label in enums:
+            values = enums[label]
+        else:
+            return []
+        combos = [{**c, label: v} for c in combos for v in values]
+    return combos
+
+
+def component_labels(
+    component: Component, run: str | None = None, pool: str | None = None
+) -> dict[str, str]:
+    """The ``run`` and ``pool`` labels a pool's process puts on its series: from its flags, else
+    from the environment the operator gives every gagar container (``GAGAR_RUN``,
+    ``GAGAR_COMPONENT``), else empty run and the component's name. ``namespace`` is not set here:
+    Prometheus adds it from the scraped target (ServiceMonitor/PodMonitor), see docs/observability.md."""
+    return {
+        "run": run if run is not None else os.environ.get("GAGAR_RUN", ""),
+        "pool": pool if pool is not None else os.environ.get("GAGAR_COMPONENT", component),
+    }
 
 
 def _create(d: MetricDef, registry: CollectorRegistry) -> Metric:

@@ -605,6 +605,19 @@ class GraderSpec(_Pool):
             "x-kubernetes-validations": [
                 _REPLICAS_XOR_AUTOSCALING,
                 _cel(
+                    "!has(self.autoscaling) || !has(self.replicas)",
+                    "the grader pool is autoscaled (spec.grader.autoscaling is set), so its "
+                    "replicas cannot be set and `kubectl scale gagarrun` is refused: change "
+                    "autoscaling.minReplicas/maxReplicas, or remove autoscaling to scale by replicas",
+                    ".replicas",
+                ),
+                _cel(
+                    "!has(self.endpoint) || !has(self.replicas)",
+                    "the grader is external (spec.grader.endpoint is set): there is no grader pool "
+                    "to scale, so replicas and `kubectl scale gagarrun` are refused",
+                    ".replicas",
+                ),
+                _cel(
                     "self.kind != 'agentic' || has(self.model) || has(self.endpoint)",
                     "the agentic grader needs model or endpoint",
                     ".model",
@@ -734,12 +747,43 @@ class DatasetSpec(Model):
 class ObservabilitySpec(Model):
     """Metrics and logs."""
 
+    model_config = ConfigDict(
+        json_schema_extra={
+            "x-kubernetes-validations": [
+                _cel(
+                    "!has(self.trackers) || self.trackers.all(t, self.trackers.exists_one(u, u == t))",
+                    "each tracker at most once",
+                    ".trackers",
+                )
+            ]
+        }
+    )
+
     metrics_port: int = Field(default=9400, ge=1024, le=65535)
     """Port of every component's ``/metrics``."""
     monitors: Literal["auto", "enabled", "disabled"] = "auto"
     """ServiceMonitor/PodMonitor objects: ``auto`` creates them when the CRDs exist."""
     log_level: Literal["debug", "info", "warning", "error"] = "info"
     """Log level of every component."""
+    trackers: list[Literal["tensorboard", "mlflow", "wandb"]] = Field(
+        default_factory=list, json_schema_extra={"x-kubernetes-list-type": "set"}
+    )
+    """Experiment trackers the trainer also logs to (none by default): each step's record (as in
+    ``metrics.jsonl``), the run's spec and the report's plots, through the tool's own library.
+    ``tensorboard`` writes event files under ``<run dir>/tensorboard``; ``mlflow`` logs to
+    ``mlflowTrackingUri`` (default: a file store under ``<run dir>/mlruns``); ``wandb`` logs
+    offline under ``<run dir>/wandb`` unless ``WANDB_API_KEY`` is set in the trainer's
+    environment (then online, to ``wandbProject``)."""
+    mlflow_tracking_uri: str | None = None
+    """MLflow tracking URI (``http://...``, ``file:///...``); default: ``<run dir>/mlruns``."""
+    wandb_project: str = Field(default="gagar", min_length=1)
+    """W&B project of the run."""
+
+    @model_validator(mode="after")
+    def _distinct_trackers(self) -> ObservabilitySpec:
+        if len(set(self.trackers)) != len(self.trackers):
+            raise ValueError("spec.observability.trackers: each tracker at most once")
+        return self
 
 
 # ---------------------------------------------------------------- run
@@ -828,6 +872,9 @@ class PoolStatus(Model):
     """Ready replicas."""
     policy_version: int | None = None
     """Policy version every ready replica serves (rollout pool)."""
+    selector: str | None = None
+    """Label selector of the pool's pods (``key=value,...``); the grader pool's is the
+    ``/scale`` subresource's selector, which an HPA or KEDA targeting the GagarRun uses."""
 
 
 class CheckpointStatus(Model):

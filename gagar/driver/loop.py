@@ -23,6 +23,7 @@ import torch
 
 from gagar.driver import advantages as adv_mod
 from gagar.driver import report as rep
+from gagar.driver import telemetry, trackers
 from gagar.driver.rollouts import GroupResult, RolloutConfig, Rollouts, grading_group
 from gagar.driver.sampling import SamplingPlan, TaskSampler, collect, grade_with_deadline
 from gagar.metrics import Metrics
@@ -100,7 +101,8 @@ async def _grade(ctx: Context, group: GroupResult) -> Ranking:
 
 def _rollouts(ctx: Context) -> Rollouts:
     limiter = asyncio.Semaphore(ctx.run.spec.rollout.agent.concurrency)
-    return Rollouts(ctx.factory, ctx.engine, ctx.fmt, rollout_config(ctx.run), limiter)
+    engine = telemetry.metered(ctx.engine, ctx.metrics, ctx.run.metadata.name)  # requests, latency
+    return Rollouts(ctx.factory, engine, ctx.fmt, rollout_config(ctx.run), limiter)
 
 
 async def _collect(ctx: Context, step: int) -> Any:
@@ -201,8 +203,11 @@ def _train(ctx: Context, collected: Any) -> tuple[dict[str, Any], dict[str, Any]
     """Advantages and the update; returns (record fields, extras for Prometheus)."""
     groups, rankings = collected.groups, collected.rankings
     if not groups:
-        empty = {
+        empty = {  # nothing trained: every optimization gauge reads 0 (as loss does)
             "loss": 0.0,
+            "kl": 0.0,
+            "entropy": 0.0,
+            "clip_ratio": 0.0,
             "grad_norm": 0.0,
             "gradient_variance": 0.0,
             "gradient_mean_norm": 0.0,
@@ -322,6 +327,7 @@ async def rl_step(ctx: Context) -> dict[str, Any]:
         rollout_tokens_per_second=facts["generated_tokens"] / max(1e-9, t1 - t0),
         training_tokens_per_second=record["tokens_trained"] / max(1e-9, t2 - t1),
     )
+    telemetry.record_step(ctx.metrics, ctx.run.metadata.name, collected.all_groups, record)
     return _finish_step(ctx, record, extras)
 
 
@@ -361,6 +367,7 @@ def _finish_step(ctx: Context, record: dict[str, Any], extras: dict[str, Any]) -
         record["checkpoint_seconds"] = time.perf_counter() - t
     record["checkpoint_step"] = ctx.ckpt.complete()[-1].step if ctx.ckpt.complete() else 0
     rep.export(ctx.metrics, ctx.run.metadata.name, record, extras)
+    trackers.of(ctx).log_step(record)  # spec.observability.trackers
     return record
 
 
@@ -416,6 +423,7 @@ def write_final_report(ctx: Context, extra: dict[str, Any]) -> dict[str, Any]:
         **extra,
     }
     report = rep.write_report(ctx.out, records, summary)
+    trackers.of(ctx).log_plots(ctx.out / name for name in rep.PLOTS)
     (ctx.out / "run.json").write_text(json.dumps(ctx.run.to_wire(), indent=2))
     return report
 

@@ -199,6 +199,8 @@ def _serve(args: argparse.Namespace) -> int:
         workers=args.workers,
         drain_seconds=args.drain_seconds,
         metrics_port=args.metrics_port,
+        run=args.run,
+        pool=args.pool,
     )
     serve(GraderService(build_grader(args), cfg))
     return 0
@@ -258,6 +260,10 @@ def register(sub: argparse._SubParsersAction) -> None:
         help=f"waiting groups before 429 (default {DEFAULTS['queue_size']})",
     )
     serve.add_argument("--workers", type=int, default=2, help="groups graded concurrently")
+    serve.add_argument("--run", help="run label of the metrics (default: $GAGAR_RUN)")
+    serve.add_argument(
+        "--pool", help="pool label of the metrics (default: $GAGAR_COMPONENT, grader)"
+    )
     serve.add_argument(
         "--drain-seconds", type=float, default=30.0, help="time to finish work on shutdown"
     )

@@ -21,18 +21,12 @@ from dataclasses import dataclass
 
 import httpx
 from aiohttp import web
-from prometheus_client import (
-    CollectorRegistry,
-    Counter,
-    Gauge,
-    Histogram,
-    generate_latest,
-    start_http_server,
-)
+from prometheus_client import CollectorRegistry, generate_latest, start_http_server
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 from pydantic import ValidationError
 
 from gagar import auth
+from gagar.grader.metrics import GraderMetrics
 from gagar.grader.protocol import Grader
 from gagar.wire import GradingGroup, Ranking
 
@@ -47,6 +41,8 @@ class ServiceConfig:
     max_body_bytes: int = 256 * 1024 * 1024
     metrics_port: int | None = None  # also serve /metrics there (a pod's metrics port)
     token: str | None = None  # shared token every /v1/grade call must carry (gagar.auth)
+    run: str | None = None  # run/pool labels of the metrics (None: from the environment)
+    pool: str | None = None
 
 
 class ShuttingDown(Exception):
@@ -58,45 +54,6 @@ class _Job:
     group: GradingGroup
     future: asyncio.Future[Ranking]
     enqueued: float
-
-
-class _Metrics:
-    def __init__(self, registry: CollectorRegistry) -> None:
-        r = registry
-        self.requests = Counter(
-            "gagar_grader_requests", "Grade requests by outcome.", ["outcome"], registry=r
-        )
-        self.duration = Histogram(
-            "gagar_grader_grade_duration_seconds",
-            "Time to grade one group.",
-            ["grader"],
-            registry=r,
-            buckets=(0.01, 0.1, 0.5, 1, 5, 15, 30, 60, 120, 300, 600),
-        )
-        self.wait = Histogram(
-            "gagar_grader_queue_wait_seconds", "Time a group waited in the queue.", registry=r
-        )
-        self.depth = Gauge("gagar_grader_queue_depth", "Groups waiting in the queue.", registry=r)
-        self.in_flight = Gauge("gagar_grader_in_flight", "Groups being graded now.", registry=r)
-        self.fallbacks = Counter(
-            "gagar_grader_fallbacks",
-            "Rankings that are fallbacks, by reason.",
-            ["reason"],
-            registry=r,
-        )
-        self.tokens = Counter(
-            "gagar_grader_tokens", "Grader model tokens by kind.", ["kind"], registry=r
-        )
-        self.hacks = Counter("gagar_grader_hacks", "Passes confirmed as hacks.", registry=r)
-
-    def record(self, ranking: Ranking) -> None:
-        self.duration.labels(ranking.grader).observe(ranking.latency_seconds)
-        self.requests.labels("fallback" if ranking.fallback else "ok").inc()
-        if ranking.fallback:
-            self.fallbacks.labels(ranking.fallback).inc()
-        self.tokens.labels("prompt").inc(ranking.usage.prompt_tokens)
-        self.tokens.labels("completion").inc(ranking.usage.completion_tokens)
-        self.hacks.inc(len(ranking.hacks))
 
 
 class GraderService:
@@ -112,8 +69,8 @@ class GraderService:
         self.config = config or ServiceConfig()
         self.registry = registry or CollectorRegistry()
         self._queue: asyncio.Queue[_Job] | None = None
-        self.metrics = _Metrics(self.registry)
-        self.metrics.depth.set_function(lambda: self._queue.qsize() if self._queue else 0)
+        self.metrics = GraderMetrics(self.registry, self.config.run, self.config.pool)
+        self.metrics.queue_depth(lambda: self._queue.qsize() if self._queue else 0)
         self._workers: list[asyncio.Task] = []
         self._running: set[_Job] = set()
         self.draining = False
@@ -145,9 +102,9 @@ class GraderService:
                 self._queue.task_done()
 
     async def _run(self, job: _Job) -> None:
-        self.metrics.wait.observe(time.monotonic() - job.enqueued)
+        self.metrics.waited(time.monotonic() - job.enqueued)
         self._running.add(job)
-        self.metrics.in_flight.inc()
+        self.metrics.in_flight(+1)
         try:
             ranking = await self.grader.grade(job.group)
             if not job.future.done():
@@ -157,7 +114,7 @@ class GraderService:
                 job.future.set_exception(err)
         finally:
             self._running.discard(job)
-            self.metrics.in_flight.dec()
+            self.metrics.in_flight(-1)
 
     async def drain(self) -> None:
         """Finish queued and in-flight work within ``drain_seconds``, return the rest as 503."""
@@ -211,7 +168,7 @@ class GraderService:
     def _error(
         self, status: int, outcome: str, message: str, headers: dict | None = None
     ) -> web.Response:
-        self.metrics.requests.labels(outcome).inc()
+        self.metrics.refused(outcome)
         return web.json_response({"error": message}, status=status, headers=headers)
 
     async def _healthz(self, _: web.Request) -> web.Response:

@@ -32,6 +32,7 @@ import kopf
 from gagar import API_GROUP, API_VERSION
 from gagar.manifest import validate_document
 from gagar.metrics import Metrics
+from gagar.operator import telemetry
 from gagar.operator.builders import (
     CHILD_KINDS,
     JOBSET,
@@ -115,10 +116,16 @@ class Reconciler:
         self._groups: tuple[float, frozenset[str]] = (0.0, frozenset())
         self._phases: dict[tuple[str, str], str] = {}
         self._guard = threading.Lock()
+        telemetry.watch_queue(metrics, self.queue_depth)
 
     def memory(self, namespace: str, run_name: str) -> _RunMemory:
         with self._guard:
             return self._memory.setdefault((namespace, run_name), _RunMemory())
+
+    def queue_depth(self) -> int:
+        """Runs with a reconcile in progress or pending (the operator's work queue)."""
+        with self._guard:
+            return sum(m.dirty or m.lock.locked() for m in self._memory.values())
 
     def crds(self) -> frozenset[str]:
         stamp, groups = self._groups
@@ -168,8 +175,14 @@ class Reconciler:
             result = "invalid" if outcome.status.phase == "Stalled" else "ok"
             return outcome
         except KubeError as err:
+            telemetry.reconcile_error(
+                self.metrics, "api_transient" if err.transient else "api_permanent"
+            )
             if err.transient:
                 raise kopf.TemporaryError(f"API error, retrying: {err}", delay=1) from None
+            raise
+        except Exception:
+            telemetry.reconcile_error(self.metrics, "internal")
             raise
         finally:
             elapsed = time.monotonic() - started

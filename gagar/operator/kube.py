@@ -8,6 +8,8 @@ Why not the dynamic client: its discovery costs seconds at start; the paths here
 from __future__ import annotations
 
 import json
+import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -76,8 +78,11 @@ def _message(body: Any, reason: Any) -> str:
 class Kube:
     """get / list / apply / delete / patch_status, raising ``KubeError``."""
 
-    def __init__(self, client: ApiClient) -> None:
+    def __init__(
+        self, client: ApiClient, observe: Callable[[str, int, float], None] | None = None
+    ) -> None:
         self.client = client
+        self.observe = observe  # (verb, HTTP status or 0, seconds) after every request: metrics
 
     def _call(
         self,
@@ -86,6 +91,24 @@ class Kube:
         body: Any = None,
         query: list[tuple[str, str]] | None = None,
         content_type: str = "application/json",
+    ) -> Any:
+        started, status = time.monotonic(), 200
+        try:
+            return self._send(method, url, body, query, content_type)
+        except KubeError as err:
+            status = err.status
+            raise
+        finally:
+            if self.observe is not None:
+                self.observe(method, status, time.monotonic() - started)
+
+    def _send(
+        self,
+        method: str,
+        url: str,
+        body: Any,
+        query: list[tuple[str, str]] | None,
+        content_type: str,
     ) -> Any:
         headers = {"Content-Type": content_type, "Accept": "application/json"}
         try:

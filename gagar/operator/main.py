@@ -11,6 +11,7 @@ from prometheus_client import CollectorRegistry, start_http_server
 from gagar.metrics import Metrics
 from gagar.operator.handlers import OperatorConfig, Reconciler, configure_settings, register
 from gagar.operator.kube import Kube
+from gagar.operator.telemetry import ApiObserver
 
 
 def api_client() -> object:
@@ -47,8 +48,10 @@ def run_operator(namespaces: list[str], standalone: bool, port: int, health_port
     logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     prom = CollectorRegistry()
     metrics = Metrics(prom, "operator")
+    metrics.prime()  # every unlabelled-by-run series (API verbs and outcomes, error reasons) at 0
     start_http_server(port, registry=prom)
-    registry = build_registry(Kube(api_client()), metrics, OperatorConfig())
+    kube = Kube(api_client(), observe=ApiObserver(metrics))
+    registry = build_registry(kube, metrics, OperatorConfig())
     kopf.run(
         registry=registry,
         standalone=standalone,

@@ -35,6 +35,7 @@ class PoolObserved:
     desired: int = 0
     replicas: int = 0
     ready: int = 0
+    selector: str = ""  # the Deployment's pod selector, as ``key=value,...``
 
 
 @dataclass(frozen=True)
@@ -113,10 +114,12 @@ def parse_jobset(jobset: dict[str, Any], nodes: int) -> TrainerObserved:
 
 def parse_deployment(deployment: dict[str, Any]) -> PoolObserved:
     status = deployment.get("status") or {}
+    match = (deployment.get("spec", {}).get("selector") or {}).get("matchLabels") or {}
     return PoolObserved(
         desired=int(deployment.get("spec", {}).get("replicas", 1)),
         replicas=int(status.get("replicas", 0)),
         ready=int(status.get("readyReplicas", 0)),
+        selector=",".join(f"{k}={v}" for k, v in sorted(match.items())),
     )
 
 

@@ -122,7 +122,10 @@ def pool_statuses(spec: GagarRunSpec, obs: Observed) -> dict[str, PoolStatus]:
         seen = obs.pools.get(pool, PoolObserved())
         version = obs.progress.rollout_policy_version if pool == "rollout" else None
         out[pool] = PoolStatus(
-            replicas=seen.replicas, ready_replicas=seen.ready, policy_version=version
+            replicas=seen.replicas,
+            ready_replicas=seen.ready,
+            policy_version=version,
+            selector=seen.selector or None,
         )
     return out
 

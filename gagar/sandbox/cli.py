@@ -77,7 +77,7 @@ def _serve(args: argparse.Namespace) -> int:
             idle_timeout_s=args.idle_timeout,
             token=token,
         )
-        server = Server(factory, config)
+        server = Server(factory, config, labels={"run": args.run, "pool": args.pool})
     except (RuntimeError, OSError) as e:
         print(f"gagar sandbox: {e}", file=sys.stderr)
         return 2
@@ -85,6 +85,12 @@ def _serve(args: argparse.Namespace) -> int:
         print(f"gagar sandbox: {e}", file=sys.stderr)
         return 3
     print(f"gagar sandbox: authentication {'by token' if token else 'off'}", file=sys.stderr)
+    if args.metrics_port is not None and args.metrics_port != args.port:
+        from prometheus_client import start_http_server
+
+        start_http_server(
+            args.metrics_port, addr=args.host, registry=server.registry.metrics.registry
+        )
     print(f"gagar sandbox serving on http://{args.host}:{server.server_address[1]}", flush=True)
     try:
         server.serve_forever()  # until SIGTERM or SIGINT: then every session is closed
@@ -148,6 +154,13 @@ def register(sub: argparse._SubParsersAction) -> None:
         default=1800.0,
         help="close a session unused for this many seconds (its client vanished)",
     )
+    s.add_argument(
+        "--metrics-port",
+        type=int,
+        help="also serve /metrics on this port (the pod's metrics port); /metrics is on --port too",
+    )
+    s.add_argument("--run", help="run label of the metrics (default: $GAGAR_RUN)")
+    s.add_argument("--pool", help="pool label of the metrics (default: $GAGAR_COMPONENT, sandbox)")
     s.add_argument(
         "--workspace-root",
         default=None,

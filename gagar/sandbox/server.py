@@ -18,9 +18,8 @@ GET      /healthz
 GET      /metrics                        Prometheus text format
 =======  ==============================  ==============================================
 
-Metrics: ``gagar_sandbox_exec_total{outcome}`` (ok, failed, timeout, limit, infra),
-``gagar_sandbox_exec_duration_seconds`` (histogram), ``gagar_sandbox_limit_hits_total{limit}``,
-``gagar_sandbox_sessions`` (open sessions).
+Metrics: the catalogue's ``gagar_sandbox_*`` series, labelled with the server's run and pool
+(``gagar.sandbox.metrics``).
 
 A refused request (bad path, unknown session, invalid body) is 400/404 with ``{"error"}``; a full
 server is 503. What a hostile or broken client cannot do: send a body past ``max_body_bytes``
@@ -49,11 +48,11 @@ from http import HTTPStatus
 from typing import Any
 
 from aiohttp import web
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from gagar import auth
 from gagar.sandbox.local import LocalFactory, LocalSession
+from gagar.sandbox.metrics import CONTENT_TYPE_LATEST, SandboxMetrics
 from gagar.sandbox.types import MAX_WALL_S, ExecResult, Limits, SandboxError
 
 MAX_BODY = 256 << 20
@@ -105,48 +104,6 @@ class HttpError(Exception):
         self.status = status
 
 
-class Metrics:
-    """The server's Prometheus metrics, in a registry of its own (one per server)."""
-
-    def __init__(self) -> None:
-        self.registry = CollectorRegistry()
-        self.execs = Counter(
-            "gagar_sandbox_exec_total",
-            "Commands run, by outcome.",
-            ["outcome"],
-            registry=self.registry,
-        )
-        self.duration = Histogram(
-            "gagar_sandbox_exec_duration_seconds",
-            "Wall time of commands.",
-            buckets=(0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300),
-            registry=self.registry,
-        )
-        self.limits = Counter(
-            "gagar_sandbox_limit_hits_total",
-            "Commands ended by a limit.",
-            ["limit"],
-            registry=self.registry,
-        )
-        self.sessions = Gauge("gagar_sandbox_sessions", "Open sessions.", registry=self.registry)
-
-    def observe(self, result: ExecResult) -> None:
-        self.execs.labels(outcome=outcome_of(result)).inc()
-        self.duration.observe(result.duration_s)
-        if result.limit_hit:
-            self.limits.labels(limit=result.limit_hit).inc()
-
-
-def outcome_of(result: ExecResult) -> str:
-    if result.infra_error:
-        return "infra"
-    if result.timed_out:
-        return "timeout"
-    if result.limit_hit:
-        return "limit"
-    return "ok" if result.exit_code == 0 else "failed"
-
-
 @dataclass
 class _Entry:
     session: LocalSession
@@ -161,13 +118,18 @@ class Registry:
     ``max_sessions`` is one step nothing can interleave with.
     """
 
-    def __init__(self, factory: LocalFactory, max_sessions: int, idle_timeout_s: float) -> None:
+    def __init__(
+        self,
+        factory: LocalFactory,
+        max_sessions: int,
+        idle_timeout_s: float,
+        labels: dict[str, str | None] | None = None,
+    ) -> None:
         self.factory, self.max_sessions, self.idle_timeout_s = factory, max_sessions, idle_timeout_s
         self.sessions: dict[str, _Entry] = {}
         self.reserved = 0  # slots taken by sessions being created right now
         self.pool = ThreadPoolExecutor(max_sessions + 4, thread_name_prefix="sandbox")
-        self.metrics = Metrics()
-        self.metrics.sessions.set_function(lambda: len(self.sessions))
+        self.metrics = SandboxMetrics(lambda: len(self.sessions), max_sessions, **(labels or {}))
 
     async def _blocking(self, fn: Any, *args: Any) -> Any:
         return await asyncio.get_running_loop().run_in_executor(self.pool, fn, *args)
@@ -227,7 +189,7 @@ def _b64(data: bytes) -> str:
 
 
 def _session_call(
-    session: LocalSession, action: str, raw: dict[str, Any], metrics: Metrics
+    session: LocalSession, action: str, raw: dict[str, Any], metrics: SandboxMetrics
 ) -> dict[str, Any]:
     """One action on one session (already locked)."""
     if action == "exec":
@@ -284,9 +246,14 @@ async def _errors(request: web.Request, handler: Any) -> web.StreamResponse:
 class Server:
     """The executor server: ``serve_forever`` (blocking) until ``shutdown``, SIGTERM or SIGINT."""
 
-    def __init__(self, factory: LocalFactory, config: ServerConfig) -> None:
+    def __init__(
+        self,
+        factory: LocalFactory,
+        config: ServerConfig,
+        labels: dict[str, str | None] | None = None,
+    ) -> None:
         self.config = config
-        self.registry = Registry(factory, config.max_sessions, config.idle_timeout_s)
+        self.registry = Registry(factory, config.max_sessions, config.idle_timeout_s, labels)
         self.socket = socket.create_server(
             (config.host, config.port), backlog=config.listen_backlog
         )
@@ -323,8 +290,8 @@ class Server:
         return web.json_response({"ok": True, "sessions": len(self.registry.sessions)})
 
     async def _metrics(self, _: web.Request) -> web.Response:
-        body = generate_latest(self.registry.metrics.registry)
-        return web.Response(body=body, content_type="text/plain", charset="utf-8")
+        body = self.registry.metrics.exposition()
+        return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
 
     async def _create(self, request: web.Request) -> web.Response:
         body = CreateBody.model_validate(await self._json(request))
@@ -378,7 +345,14 @@ class Server:
 
 
 def make_server(
-    factory: LocalFactory, host: str, port: int, max_sessions: int = 64, **options: Any
+    factory: LocalFactory,
+    host: str,
+    port: int,
+    max_sessions: int = 64,
+    labels: dict[str, str | None] | None = None,
+    **options: Any,
 ) -> Server:
-    """A bound ``Server`` (call ``serve_forever``); its registry is ``.registry``."""
-    return Server(factory, ServerConfig(host=host, port=port, max_sessions=max_sessions, **options))
+    """A bound ``Server`` (call ``serve_forever``); its registry is ``.registry``. ``labels``:
+    ``run``/``pool`` of its metrics (default: from the environment)."""
+    config = ServerConfig(host=host, port=port, max_sessions=max_sessions, **options)
+    return Server(factory, config, labels)

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import signal
 import subprocess
 import sys
@@ -20,8 +19,11 @@ import httpx
 import pytest
 import yaml
 
+from gagar.alerts import Windows, alerts
 from gagar.dashboards import DASHBOARDS, queries
+from gagar.metrics import CATALOGUE
 from tests.integration.test_prometheus import free_port
+from tests.support.promql import by_metric, rendered, selectors, unmatched
 from tests.support.tools import system_tool
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -84,30 +86,30 @@ def _query(url: str, expr: str, at: float) -> list[dict]:
     return body["data"]["result"]
 
 
-def _dashboards_against(url: str, at: float) -> tuple[set[str], list[str]]:
-    """Metric names Prometheus scraped from the run, and the dashboard queries over only those
-    names that nevertheless returned nothing."""
-    scraped = {
-        r["metric"]["__name__"] for r in _query(url, '{__name__=~"gagar_.*", run="local"}', at)
-    }
-    empty = []
-    for build in DASHBOARDS:
-        for expr in queries(build()):
-            names = set(re.findall(r"gagar_[a-z0-9_]+", expr))
-            base = {re.sub(r"_(bucket|sum|count)$", "", n) for n in scraped}
-            if names and names <= (
-                scraped
-                | base
-                | {n + suffix for n in base for suffix in ("_bucket", "_sum", "_count")}
-            ):
-                rendered = (
-                    expr.replace("$namespace", "local")
-                    .replace("$run", "local")
-                    .replace("$__rate_interval", "30s")
-                )
-                if "pool=" not in expr and not _query(url, rendered, at):
-                    empty.append(expr)
-    return scraped, empty
+TRAINER = ("trainer", "rollout")  # the components a `gagar train` process exports
+
+
+def _dashboards_against(url: str, at: float) -> tuple[set[str], list[str], dict[str, list[str]]]:
+    """Metric names Prometheus scraped from the run; the dashboard queries over the trainer's
+    components that returned nothing; and the selectors of dashboards and alerts over them that
+    match none of its series (labels that would not join)."""
+    scraped = _query(url, '{__name__=~"gagar_.*", run="local"}', at)
+    series = by_metric(r["metric"] for r in scraped)
+    empty, bad = [], {}
+    exprs = [q for build in DASHBOARDS for q in queries(build())]
+    for expr in exprs + [a.expr for a in alerts(Windows())]:
+        comps = {CATALOGUE[n].component for n, _ in selectors(expr) if n in CATALOGUE}
+        if not comps or not comps <= set(TRAINER):
+            continue
+        query = rendered(expr, "local", "local", "5m")
+        if expr in exprs and not _query(url, query, at):
+            empty.append(expr)
+        if problems := unmatched(query, series):
+            bad[expr] = problems
+    for var in ("namespace", "run"):  # the dashboards' variables find the run
+        values = {r["metric"].get(var) for r in _query(url, "gagar_trainer_step", at)}
+        assert values == {"local"}, (var, values)
+    return {r["metric"]["__name__"] for r in scraped}, empty, bad
 
 
 def test_local_example_trains_and_reports(tmp_path: Path) -> None:
@@ -119,7 +121,7 @@ def test_local_example_trains_and_reports(tmp_path: Path) -> None:
         assert proc.returncode == 0, output[-4000:]
         # a real Prometheus scraped the real run: the dashboards' queries over what it exported work
         at = (tmp_path / "run" / "metrics.jsonl").stat().st_mtime + 3
-        scraped, empty = _dashboards_against(url, at)
+        scraped, empty, bad = _dashboards_against(url, at)
     finally:
         prom.terminate()
         prom.wait(30)
@@ -130,7 +132,8 @@ def test_local_example_trains_and_reports(tmp_path: Path) -> None:
         "gagar_gradient_variance",
         "gagar_tokens_per_second",
     } <= scraped
-    assert empty == []
+    assert empty == [] and bad == {}
+    assert {"gagar_rollout_requests_total", "gagar_weight_sync_duration_seconds_count"} <= scraped
     tmp_path = tmp_path / "run"
     assert _steps(tmp_path) == [1, 2]
     records = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]

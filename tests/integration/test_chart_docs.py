@@ -99,6 +99,8 @@ class Checker:
             self.apply_files(Path(argv[argv.index("-f") + 1]))
         elif verb == "patch":
             self.patch(argv)
+        elif verb == "scale":
+            self.scale(argv)
         else:
             assert verb in CLUSTER_ONLY, f"unchecked kubectl command: {shlex.join(argv)}"
             self.cluster_only(argv)
@@ -118,6 +120,17 @@ class Checker:
         assert argv[2] == "gr" and argv[argv.index("--type") + 1] == "merge"
         name = argv[3]
         patched = merge_patch(self.runs[name], json.loads(argv[argv.index("-p") + 1]))
+        GagarRun.model_validate(patched)
+        assert crd_errors(patched, self.crd) == [], shlex.join(argv)
+        self.runs[name] = patched
+
+    def scale(self, argv: list[str]) -> None:
+        """``kubectl scale gr NAME --replicas=N`` writes the CRD's scale subresource path."""
+        assert argv[2] == "gr"
+        name, replicas = argv[3], int(argv[-1].removeprefix("--replicas="))
+        path = self.crd["spec"]["versions"][0]["subresources"]["scale"]["specReplicasPath"]
+        assert path == ".spec.grader.replicas"
+        patched = merge_patch(self.runs[name], {"spec": {"grader": {"replicas": replicas}}})
         GagarRun.model_validate(patched)
         assert crd_errors(patched, self.crd) == [], shlex.join(argv)
         self.runs[name] = patched

@@ -32,6 +32,7 @@ from typing import Any
 import pytest
 import torch
 from aiohttp import web
+from prometheus_client import generate_latest
 
 from gagar.driver.sft import expert_turns
 from gagar.grader.protocol import HeuristicGrader
@@ -43,6 +44,7 @@ from gagar.sandbox.local import LocalFactory, check_isolation
 from gagar.sandbox.server import make_server
 from gagar.sandbox.types import Limits
 from gagar.spec import GagarRun
+from tests.support.exposition import value
 
 ROOT = Path(__file__).resolve().parents[2]
 pytestmark = pytest.mark.e2e
@@ -182,7 +184,8 @@ def test_two_ranks_train_one_step_against_the_run_services(services, tmp_path) -
     assert record["micro_batches"] == 2 * GROUP  # both ranks' micro-batches, counted once
     assert record["fallbacks"] == {}  # the grader service ranked both groups
     assert {style for style, _ in services["policy"].served} == {"clean", "wrong"}
-    assert services["grader"].service.metrics.requests.labels("ok")._value.get() == 2
+    graded = generate_latest(services["grader"].service.registry).decode()
+    assert value(graded, "gagar_grader_requests_total", grader="heuristic", outcome="ok") == 2
 
     step = run_dir / "checkpoints" / "step_00000001"
     assert (step / "COMPLETE").exists()

@@ -13,6 +13,7 @@ from gagar.grader.protocol import HeuristicGrader
 from gagar.grader.sample import sample_group
 from gagar.grader.service import GraderClient, GraderService, GraderUnavailable, ServiceConfig
 from gagar.wire import GradingGroup, Ranking
+from tests.support.exposition import missing, value
 
 
 class GatedGrader:
@@ -54,13 +55,6 @@ async def running(service: GraderService):
             await runner.cleanup()
 
 
-def _metric(text: str, name: str) -> float:
-    for line in text.splitlines():
-        if line.rsplit(" ", 1)[0] == name:
-            return float(line.rsplit(" ", 1)[1])
-    return 0.0
-
-
 async def _wait_for(cond, timeout=5.0):
     for _ in range(int(timeout / 0.01)):
         if cond():
@@ -84,11 +78,13 @@ def test_grades_a_group_and_exports_metrics():
     assert [h.member for h in ranking.hacks] == [2]
     assert health.status_code == 200 and health.json()["status"] == "ok"
     assert bad.status_code == 400 and "candidates" in bad.json()["error"]
-    assert _metric(metrics, 'gagar_grader_requests_total{outcome="ok"}') == 1.0
-    assert _metric(metrics, 'gagar_grader_requests_total{outcome="invalid"}') == 1.0
-    assert _metric(metrics, "gagar_grader_hacks_total") == 1.0
-    assert 'gagar_grader_grade_duration_seconds_count{grader="heuristic"} 1.0' in metrics
-    assert "gagar_grader_queue_depth 0.0" in metrics
+    requests = "gagar_grader_requests_total"
+    assert value(metrics, requests, grader="heuristic", outcome="ok") == 1.0
+    assert value(metrics, requests, grader="none", outcome="invalid") == 1.0
+    assert value(metrics, "gagar_grader_confirmed_hacks_total") == 1.0
+    assert value(metrics, "gagar_grader_request_duration_seconds_count", grader="heuristic") == 1
+    assert value(metrics, "gagar_grader_queue_depth", pool="grader") == 0.0
+    assert missing(metrics, "grader") == []
 
 
 def test_back_pressure_when_the_queue_is_full():
@@ -111,10 +107,11 @@ def test_back_pressure_when_the_queue_is_full():
 
     third, depth, results, metrics = asyncio.run(main())
     assert third.status_code == 429 and third.headers["Retry-After"] == "1"
-    assert "gagar_grader_queue_depth 1.0" in depth and "gagar_grader_in_flight 1.0" in depth
+    assert value(depth, "gagar_grader_queue_depth") == 1.0
+    assert value(depth, "gagar_grader_in_flight") == 1.0
     assert all(r.tied_groups[0].members == [0, 1, 2] for r in results)
-    assert _metric(metrics, 'gagar_grader_requests_total{outcome="rejected"}') == 1.0
-    assert _metric(metrics, 'gagar_grader_requests_total{outcome="ok"}') == 2.0
+    assert value(metrics, "gagar_grader_requests_total", grader="none", outcome="rejected") == 1
+    assert value(metrics, "gagar_grader_requests_total", grader="heuristic", outcome="ok") == 2
 
 
 def test_client_retries_after_429():
@@ -207,6 +204,7 @@ def test_fallbacks_and_tokens_are_counted():
 
     ranking, metrics = asyncio.run(main())
     assert ranking.fallback == "timeout" and ranking.grader == "none"
-    assert _metric(metrics, 'gagar_grader_requests_total{outcome="fallback"}') == 1.0
-    assert _metric(metrics, 'gagar_grader_fallbacks_total{reason="timeout"}') == 1.0
-    assert _metric(metrics, 'gagar_grader_tokens_total{kind="prompt"}') == 7.0
+    assert value(metrics, "gagar_grader_requests_total", grader="none", outcome="fallback") == 1
+    assert value(metrics, "gagar_grader_ranking_fallbacks_total", reason="timeout") == 1.0
+    assert value(metrics, "gagar_grader_timeouts_total") == 1.0
+    assert value(metrics, "gagar_grader_tokens_total", kind="prompt") == 7.0

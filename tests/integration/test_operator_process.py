@@ -16,6 +16,7 @@ import pytest
 from gagar.crd import build_crd
 from tests.integration.test_operator_scenarios import manifest
 from tests.kube_emulator import KubeEmulator
+from tests.support.tools import stop
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -62,26 +63,21 @@ def test_gagar_operator_process(tmp_path: Path) -> None:
             kube.wait_for(lambda: phase() == "Running" or proc.poll() is not None, timeout=60)
             assert proc.poll() is None, proc.stdout.read() if proc.stdout else ""
             assert kube.find("batch/v1", "Job", f"{name}-trainer") is not None
-            deadline = time.monotonic() + 10
-            while True:
+            # poll for everything asserted: the Ready condition's gauge is exported after the
+            # status write that made the phase Running, so it can lag behind the phase
+            wanted = (
+                'gagar_operator_runs{phase="Running"} 1.0',
+                'gagar_operator_reconciles_total{result="ok"}',
+                f'gagar_run_condition{{condition="Ready",namespace="default",run="{name}",status="True"}} 1.0',
+            )
+            deadline, text = time.monotonic() + 30, ""
+            while not all(w in text for w in wanted):
+                assert time.monotonic() < deadline, [w for w in wanted if w not in text]
+                time.sleep(0.2)
                 try:
                     text = httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=2).text
-                    if 'gagar_operator_runs{phase="Running"} 1.0' in text:
-                        break
                 except httpx.HTTPError:
                     pass
-                assert time.monotonic() < deadline, "operator metrics not served"
-                time.sleep(0.2)
-            assert 'gagar_operator_reconciles_total{result="ok"}' in text
             assert httpx.get(f"http://127.0.0.1:{health}/healthz", timeout=5).status_code == 200
-            assert (
-                f'gagar_run_condition{{condition="Ready",namespace="default",run="{name}",status="True"}} 1.0'
-                in text
-            )
         finally:
-            proc.terminate()
-            try:
-                proc.wait(timeout=20)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
+            stop(proc)

@@ -199,7 +199,11 @@ def test_create(env: Env) -> None:
             env.wait(lambda: env.condition(name, "Ready").get("status") == "True", what="Ready")
             status = env.status(name)
             assert status["observedGeneration"] == 1
-            assert status["pools"]["rollout"] == {"replicas": 2, "readyReplicas": 2}
+            assert status["pools"]["rollout"] == {
+                "replicas": 2,
+                "readyReplicas": 2,
+                "selector": f"app.kubernetes.io/component=rollout,gagar.dev/run={name}",
+            }
             # trainer progress reported through the progress ConfigMap reaches the status
             env.emulator.patch(
                 "v1",

@@ -16,6 +16,7 @@ from gagar.sandbox.client import HttpFactory
 from gagar.sandbox.local import LocalFactory, check_isolation
 from gagar.sandbox.server import make_server
 from gagar.sandbox.types import Limits, SandboxError
+from tests.support.exposition import missing, value
 
 LIMITS = Limits(wall_time_s=10, cpu_time_s=5, memory_bytes=512 << 20)
 
@@ -84,23 +85,42 @@ def test_remote_session_from_tarball_and_limits(base_url: str) -> None:
         assert s.exec("sleep 3").timed_out  # the session's own limits apply
 
 
-def test_metrics(base_url: str) -> None:
+def test_metrics_follow_the_catalogue_from_start_up() -> None:
     import httpx
 
-    with HttpFactory(base_url).create(files={}) as s:
-        s.exec("true")
-        s.exec("exit 1")
-        s.exec("sleep 5", timeout=0.3)
-        text = httpx.get(f"{base_url}/metrics").text
-    for line in (
-        'gagar_sandbox_exec_total{outcome="ok"}',
-        'gagar_sandbox_exec_total{outcome="failed"}',
-        'gagar_sandbox_exec_total{outcome="timeout"}',
-        'gagar_sandbox_limit_hits_total{limit="wall_time"}',
-        "gagar_sandbox_exec_duration_seconds_count",
-        "gagar_sandbox_sessions 1.0",
-    ):
-        assert line in text, line
+    server = make_server(
+        LocalFactory(limits=LIMITS), "127.0.0.1", 0, labels={"run": "demo", "pool": "sandbox"}
+    )
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    url = f"http://127.0.0.1:{server.server_address[1]}"
+    try:
+        first = httpx.get(f"{url}/metrics").text
+        assert missing(first, "sandbox") == []
+        assert value(first, "gagar_sandbox_sessions_max", run="demo", pool="sandbox") == 64
+        with HttpFactory(url).create(files={}) as s:
+            s.exec("true")
+            s.exec("exit 1")
+            s.exec("sleep 5", timeout=0.3)
+            s.exec("python3 -c 'x = bytearray(900 << 20); print(len(x))'")
+            text = httpx.get(f"{url}/metrics").text
+    finally:
+        server.shutdown()
+        server.registry.close_all()
+        server.server_close()
+    m = {"run": "demo", "pool": "sandbox"}
+    total = "gagar_sandbox_executions_total"
+    assert [value(text, total, outcome=o, **m) for o in ("ok", "failed", "timeout", "limit")] == [
+        1,
+        1,
+        1,
+        1,
+    ]
+    assert value(text, "gagar_sandbox_timeouts_total", **m) == 1
+    assert value(text, "gagar_sandbox_oom_kills_total", **m) == 1
+    assert value(text, "gagar_sandbox_limit_hits_total", kind="memory", **m) == 1
+    assert value(text, "gagar_sandbox_limit_hits_total", kind="wall_time", **m) == 1
+    assert value(text, "gagar_sandbox_execution_duration_seconds_count", **m) == 4
+    assert value(text, "gagar_sandbox_sessions_active", **m) == 1
 
 
 def test_binary_files_travel(base_url: str) -> None:

@@ -1,13 +1,14 @@
-"""A process exporting every catalogue metric for the Prometheus test (tests only).
+"""A process exporting every catalogue metric, to drive the alerts into firing (tests only).
 
-It creates all metrics with ``gagar.metrics.Metrics`` and serves them with
-``prometheus_client.start_http_server`` on loopback, then updates them through the same API the
-trainer, rollout, grader, sandbox and operator use (``labels(...).set/inc/observe``), every
-0.2 s, in one of two regimes read from stdin: ``healthy`` (steps advance, stable lengths and
-gradient variance, no grader fallbacks, pools ready) and ``degraded`` (steps stop, lengths and
-gradient variance jump, most gradings fall back, pools not ready). It prints its port first.
-
-Stand-in until the trainer exists: the lead replaces it with a real ``gagar train`` run.
+The dashboards are checked against the real components (``gagar train``, ``gagar sandbox serve``,
+``gagar grader serve``, ``gagar operator``); this exporter only makes the *alerts* fire on demand.
+Its series are derived from the catalogue: every metric of every component, with each label set
+``gagar.metrics.series_labels`` makes from the run's labels, the definition's enums and a few
+values of the free labels (``EXTRA``); every 0.2 s each counter grows, each gauge takes a value and
+each histogram gets observations. On top of that, the signals the alerts watch follow one of two
+regimes read from stdin: ``healthy`` (steps advance, stable lengths and gradient variance, no
+grader fallbacks, pools ready) and ``degraded`` (steps stop, lengths and gradient variance jump,
+most graded groups fall back, pools not ready). It prints its port first.
 
     python -m tests.support.metrics_exporter --run demo --namespace gagar-test
 """
@@ -23,9 +24,25 @@ from dataclasses import dataclass
 
 from prometheus_client import start_http_server
 
-from gagar.metrics import Metrics
+from gagar.metrics import CATALOGUE, Metrics, series_labels
 
 TICK = 0.2
+EXTRA = {
+    "stage": ("rollout", "grading", "training", "sync", "checkpoint", "before", "after"),
+    "reason": ("grader_timeout",),
+    "kind": ("redundant",),
+    "phase": ("Running",),
+    "result": ("ok",),
+}
+# the alerts' signals: set by ``signals`` below, not by the generic tick
+DRIVEN = {
+    "gagar_trainer_step",
+    "gagar_response_tokens",
+    "gagar_gradient_variance",
+    "gagar_grader_fallbacks_total",
+    "gagar_graded_groups_total",
+    "gagar_run_condition",
+}
 
 
 @dataclass
@@ -34,105 +51,53 @@ class Regime:
     step: int = 0
 
 
-def trainer_tick(m: Metrics, run: str, r: Regime, rng: random.Random) -> None:
+def label_sets(name: str, run: str, namespace: str) -> list[dict[str, str]]:
+    d = CATALOGUE[name]
+    fixed = {"run": run, "namespace": namespace, "pool": d.component}
+    extra = {k: v for k, v in EXTRA.items() if k in d.labels and k not in dict(d.enums)}
+    combos = [{}]
+    for label, values in extra.items():
+        combos = [{**c, label: v} for c in combos for v in values]
+    return [
+        {**base, **c}
+        for c in combos
+        for base in series_labels(d, {**fixed, **c})
+        if base or not d.labels
+    ]
+
+
+def generic_tick(m: Metrics, run: str, namespace: str, rng: random.Random) -> None:
+    for name, d in CATALOGUE.items():
+        if name in DRIVEN:
+            continue
+        for labels in label_sets(name, run, namespace):
+            series = m[name].labels(**labels) if labels else m[name]
+            if d.kind == "counter":
+                series.inc(rng.choice((0, 1, 2)))
+            elif d.kind == "gauge":
+                series.set(rng.uniform(0.5, 1.5))
+            else:
+                for _ in range(4):
+                    series.observe(rng.uniform(0.1, 2.0))
+
+
+def signals(m: Metrics, run: str, namespace: str, r: Regime, rng: random.Random) -> None:
     if r.healthy:
         r.step += 1
     m["gagar_trainer_step"].labels(run=run).set(r.step)
-    m["gagar_policy_version"].labels(run=run).set(r.step)
-    m["gagar_checkpoint_step"].labels(run=run).set(r.step - r.step % 10)
-    m["gagar_rollout_staleness_versions"].labels(run=run).set(rng.choice((0, 1)))
-    m["gagar_trainer_step_duration_seconds"].labels(run=run).observe(rng.uniform(20, 40))
-    for stage in ("rollout", "grading", "training", "sync", "checkpoint"):
-        m["gagar_trainer_stage_duration_seconds"].labels(run=run, stage=stage).observe(
-            rng.uniform(1, 10)
-        )
-    for stage in ("rollout", "training"):
-        m["gagar_tokens_per_second"].labels(run=run, stage=stage).set(rng.uniform(900, 1100))
-    rewards_tick(m, run, r, rng)
-    optimization_tick(m, run, r, rng)
-
-
-def rewards_tick(m: Metrics, run: str, r: Regime, rng: random.Random) -> None:
-    m["gagar_reward_mean"].labels(run=run).set(rng.uniform(0.3, 0.5))
-    m["gagar_pass_rate_ratio"].labels(run=run).set(rng.uniform(0.3, 0.5))
-    m["gagar_eligible_groups_ratio"].labels(run=run).set(rng.uniform(0.5, 0.7))
-    m["gagar_sampling_rounds_total"].labels(run=run).inc()
-    m["gagar_quota_shortfall_total"].labels(run=run).inc(rng.choice((0, 1)))
-    m["gagar_invalid_trajectories_total"].labels(run=run, reason="sandbox_error").inc(
-        rng.choice((0, 1))
-    )
-    for stage in ("before", "after"):
-        for _ in range(4):
-            m["gagar_advantage"].labels(run=run, stage=stage).observe(rng.gauss(0, 1))
-        m["gagar_advantage_mean"].labels(run=run, stage=stage).set(0.0)
-        m["gagar_advantage_std"].labels(run=run, stage=stage).set(rng.uniform(0.8, 1.2))
-        m["gagar_advantage_abs_max"].labels(run=run, stage=stage).set(rng.uniform(1.5, 2.5))
-    m["gagar_lambda"].labels(run=run).observe(rng.uniform(1.0, 1.5))
-    m["gagar_lambda_mean"].labels(run=run).set(rng.uniform(1.0, 1.5))
-    for _ in range(4):
-        m["gagar_quality_factor"].labels(run=run).observe(rng.choice((1.0, 0.9, 0.85, 0.4, 0.2)))
-    # grading: every tick grades 4 groups; degraded, 3 of them fall back
-    m["gagar_grader_requests_total"].labels(
-        run=run, pool="grader", grader="agentic", outcome="ok"
-    ).inc(4)
-    fallbacks = m["gagar_grader_fallbacks_total"].labels(run=run, reason="grader_timeout")
-    fallbacks.inc(0 if r.healthy else 3)
-    m["gagar_hacks_total"].labels(run=run).inc(rng.choice((0, 1)))
-    m["gagar_bloated_passes_ratio"].labels(run=run).set(rng.uniform(0.05, 0.15))
-
-
-def optimization_tick(m: Metrics, run: str, r: Regime, rng: random.Random) -> None:
-    scale = 1.0 if r.healthy else 20.0
-    m["gagar_loss"].labels(run=run).set(rng.uniform(-0.1, 0.1))
-    m["gagar_kl"].labels(run=run).set(rng.uniform(0.001, 0.01))
-    m["gagar_entropy"].labels(run=run).set(rng.uniform(0.8, 1.0))
-    m["gagar_clip_ratio"].labels(run=run).set(rng.uniform(0.0, 0.05))
-    m["gagar_grad_norm"].labels(run=run).set(rng.uniform(0.5, 1.0) * scale)
-    m["gagar_gradient_variance"].labels(run=run).set(rng.uniform(0.9, 1.1) * scale)
-    m["gagar_gradient_mean_norm"].labels(run=run).set(rng.uniform(0.2, 0.4))
-    m["gagar_tokens_trained_total"].labels(run=run).inc(2048)
     length = 400 if r.healthy else 4000
     for _ in range(8):
         m["gagar_response_tokens"].labels(run=run).observe(length * rng.uniform(0.8, 1.2))
-        m["gagar_turns"].labels(run=run).observe(rng.randint(2, 10))
-    m["gagar_redundant_actions_total"].labels(run=run, kind="repeat").inc(rng.choice((0, 1)))
-
-
-def pools_tick(m: Metrics, run: str, rng: random.Random) -> None:
-    pool = "rollout"
-    m["gagar_rollout_requests_total"].labels(run=run, pool=pool, outcome="ok").inc(8)
-    m["gagar_rollout_request_duration_seconds"].labels(run=run, pool=pool).observe(
-        rng.uniform(0.5, 3)
-    )
-    m["gagar_rollout_trajectories_total"].labels(run=run, reason="submitted").inc(2)
-    m["gagar_weight_sync_duration_seconds"].labels(run=run, pool=pool).observe(rng.uniform(1, 5))
-    m["gagar_grader_request_duration_seconds"].labels(
-        run=run, pool="grader", grader="agentic"
-    ).observe(rng.uniform(5, 60))
-    m["gagar_grader_queue_depth"].labels(run=run, pool="grader").set(rng.randint(0, 8))
-    m["gagar_grader_timeouts_total"].labels(run=run, pool="grader").inc(rng.choice((0, 1)))
-    pool = "sandbox"
-    m["gagar_sandbox_executions_total"].labels(run=run, pool=pool, outcome="ok").inc(6)
-    m["gagar_sandbox_execution_duration_seconds"].labels(run=run, pool=pool).observe(
-        rng.uniform(0.1, 5)
-    )
-    m["gagar_sandbox_timeouts_total"].labels(run=run, pool=pool).inc(rng.choice((0, 1)))
-    m["gagar_sandbox_oom_kills_total"].labels(run=run, pool=pool).inc(rng.choice((0, 1)))
-    m["gagar_sandbox_sessions_active"].labels(run=run, pool=pool).set(rng.randint(1, 4))
-    m["gagar_sandbox_warm_pool_size"].labels(run=run, pool=pool).set(rng.randint(0, 4))
-
-
-def operator_tick(m: Metrics, run: str, namespace: str, r: Regime) -> None:
-    m["gagar_operator_reconciles_total"].labels(result="ok").inc()
-    m["gagar_operator_reconcile_duration_seconds"].observe(0.05)
-    m["gagar_operator_runs"].labels(phase="Running").set(1)
+    scale = 1.0 if r.healthy else 20.0
+    m["gagar_gradient_variance"].labels(run=run).set(rng.uniform(0.9, 1.1) * scale)
+    m["gagar_graded_groups_total"].labels(run=run).inc(4)  # degraded: 3 of 4 fall back
+    m["gagar_grader_fallbacks_total"].labels(run=run, reason="timeout").inc(0 if r.healthy else 3)
     ready = "True" if r.healthy else "False"
     for condition in ("Ready", "PoolsReady", "TrainerReady"):
         for status in ("True", "False", "Unknown"):
-            gauge = m["gagar_run_condition"].labels(
+            m["gagar_run_condition"].labels(
                 run=run, namespace=namespace, condition=condition, status=status
-            )
-            gauge.set(1 if status == ready else 0)
+            ).set(1 if status == ready else 0)
 
 
 def read_regime(r: Regime) -> None:
@@ -154,9 +119,8 @@ def main() -> None:
     print(server.server_port, flush=True)
     while True:
         read_regime(regime)
-        trainer_tick(metrics, args.run, regime, rng)
-        pools_tick(metrics, args.run, rng)
-        operator_tick(metrics, args.run, args.namespace, regime)
+        generic_tick(metrics, args.run, args.namespace, rng)
+        signals(metrics, args.run, args.namespace, regime, rng)
         time.sleep(TICK)
 
 

@@ -59,3 +59,13 @@ def _rendered(args: tuple[str, ...]) -> str:
 def helm_template(*args: str, crds: bool = False) -> list[dict[str, Any]]:
     """Objects of ``helm template`` (the rendering is cached; every call parses a fresh copy)."""
     return docs(_rendered((*args, "--include-crds") if crds else args))
+
+
+def stop(proc: subprocess.Popen[Any], timeout: float = 20) -> None:
+    """SIGTERM a process we started, SIGKILL it if it has not exited within ``timeout``."""
+    proc.terminate()
+    try:
+        proc.wait(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()

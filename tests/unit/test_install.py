@@ -69,7 +69,7 @@ def test_the_lock_pins_what_pyproject_declares() -> None:
     wanted = {
         _normalize(re.match(r"[A-Za-z0-9_.\-]+", req)[0])
         for req in declared
-        if "extra ==" not in req or re.search(r"extra == \"(operator|train|dev)\"", req)
+        if "extra ==" not in req or re.search(r"extra == \"(operator|train|trackers|dev)\"", req)
     }
     assert wanted - set(pins) == set()
 

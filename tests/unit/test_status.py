@@ -411,6 +411,8 @@ def test_parse_job_and_friends() -> None:
     assert (js.restarts, js.ready, js.suspended, js.complete) == (1, 4, True, False)
     dep = parse_deployment({"spec": {"replicas": 3}, "status": {"replicas": 3, "readyReplicas": 2}})
     assert dep == PoolObserved(3, 3, 2)
+    selected = {"replicas": 1, "selector": {"matchLabels": {"b": "2", "a": "1"}}}
+    assert parse_deployment({"spec": selected}).selector == "a=1,b=2"  # the /scale selector
     assert parse_progress({"step": "7", "checkpointStep": "x"}) == Progress(step=7)
     pods = [
         {

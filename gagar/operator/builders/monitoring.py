@@ -1,5 +1,8 @@
 """Prometheus Operator objects: a PodMonitor for trainer pods, ServiceMonitors for the pools.
 
+The scrape adds the target's ``namespace`` to every series; ``run`` and ``pool`` are set by the
+processes themselves (docs/observability.md), so no relabeling is needed.
+
 Built when ``observability.monitors`` is ``enabled``, or ``auto`` and the monitoring.coreos.com
 CRDs exist (the handler discovers them and passes the API group in ``BuildContext.crds``).
 """
@@ -51,4 +54,6 @@ def build_monitors(run: GagarRun, ctx: BuildContext) -> list[Manifest]:
         out.append(build_service_monitor(run, ctx, "rollout", "http"))
     if run.spec.grader.endpoint is None:
         out.append(build_service_monitor(run, ctx, "grader", "metrics"))
+    if run.spec.sandbox.backend == "pods":
+        out.append(build_service_monitor(run, ctx, "sandbox", "metrics"))
     return out

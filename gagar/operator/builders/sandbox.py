@@ -21,6 +21,7 @@ from gagar.operator.builders.common import (
     config_volume,
     labels,
     metadata,
+    metrics_port,
     name,
     obj,
     resources,
@@ -33,14 +34,16 @@ SANDBOX_UID = 65534
 WORKSPACE_ROOT = "/workspace"  # the workspace emptyDir: every session's directory lies under it
 
 
-def serve_args() -> list[str]:
-    """``gagar sandbox serve`` on every interface (the trainer and grader reach the pod by its IP)."""
+def serve_args(run: GagarRun) -> list[str]:
+    """``gagar sandbox serve`` on every interface (the trainer and grader reach the pod by its IP);
+    ``/metrics`` also on the metrics port, the only port Prometheus may reach (NetworkPolicy)."""
     return [
         "sandbox",
         "serve",
         "--host=0.0.0.0",
         f"--port={SANDBOX_PORT}",
         f"--workspace-root={WORKSPACE_ROOT}",
+        f"--metrics-port={run.spec.observability.metrics_port}",
     ]
 
 
@@ -51,9 +54,9 @@ def _container(run: GagarRun) -> dict[str, Any]:
         "name": "executor",
         "image": sb.image,
         "command": ["gagar"],
-        "args": serve_args(),
+        "args": serve_args(run),
         "env": common_env(run, "sandbox"),
-        "ports": [{"name": "executor", "containerPort": SANDBOX_PORT}],
+        "ports": [{"name": "executor", "containerPort": SANDBOX_PORT}, metrics_port(run)],
         "readinessProbe": {"tcpSocket": {"port": "executor"}, "periodSeconds": 10},
         "resources": resources(sb.resources),
         "volumeMounts": [
@@ -118,18 +121,30 @@ def build_sandbox_service(run: GagarRun, ctx: BuildContext) -> Manifest:
     spec = {
         "clusterIP": "None",
         "selector": selector(run, "sandbox"),
-        "ports": [{"name": "executor", "port": SANDBOX_PORT, "targetPort": "executor"}],
+        "ports": [
+            {"name": "executor", "port": SANDBOX_PORT, "targetPort": "executor"},
+            {
+                "name": "metrics",
+                "port": run.spec.observability.metrics_port,
+                "targetPort": "metrics",
+            },
+        ],
     }
     return obj("v1", "Service", metadata(run, ctx, name(run, "sandbox"), "sandbox"), spec=spec)
 
 
 def build_sandbox_network_policy(run: GagarRun, ctx: BuildContext) -> Manifest:
-    """Deny all egress (no DNS either); ingress only from this run's trainer and grader pods."""
+    """Deny all egress (no DNS either); ingress to the executor only from this run's trainer and
+    grader pods, and to the metrics port (counters only, no session data) for Prometheus."""
     peers = [{"podSelector": {"matchLabels": selector(run, c)}} for c in ("trainer", "grader")]
+    metrics = {"protocol": "TCP", "port": run.spec.observability.metrics_port}
     spec = {
         "podSelector": {"matchLabels": selector(run, "sandbox")},
         "policyTypes": ["Ingress", "Egress"],
-        "ingress": [{"from": peers, "ports": [{"protocol": "TCP", "port": SANDBOX_PORT}]}],
+        "ingress": [
+            {"from": peers, "ports": [{"protocol": "TCP", "port": SANDBOX_PORT}]},
+            {"ports": [metrics]},
+        ],
         "egress": [],
     }
     meta = metadata(run, ctx, name(run, "sandbox"), "sandbox")
