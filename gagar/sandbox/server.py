@@ -53,7 +53,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from gagar import auth
 from gagar.sandbox.local import LocalFactory, LocalSession
 from gagar.sandbox.metrics import CONTENT_TYPE_LATEST, SandboxMetrics
-from gagar.sandbox.types import MAX_WALL_S, ExecResult, Limits, SandboxError
+from gagar.sandbox.types import MAX_WALL_S, Limits, SandboxError
 
 MAX_BODY = 256 << 20
 
