@@ -51,7 +51,7 @@ from gagar.operator.observe import (
     parse_progress,
     waiting_reasons,
 )
-from gagar.operator.status import Event, Outcome, compute_status
+from gagar.operator.status import TERMINAL, Event, Outcome, compute_status
 from gagar.spec import GagarRun, GagarRunStatus
 
 log = logging.getLogger("gagar.operator")
@@ -69,11 +69,15 @@ def now_rfc3339() -> str:
 @dataclass
 class OperatorConfig:
     """Operator knobs. ``resync_seconds``: full re-apply period; ``crd_cache_seconds``: how long
-    the list of installed API groups is trusted."""
+    the list of installed API groups is trusted; ``integrations``: the optional API groups the
+    operator may manage (``--integration``, the chart's ``integrations.*``, which grant the RBAC
+    for exactly these): a group installed in the cluster but not named here is never built,
+    listed or pruned, so a default install never asks for what its RBAC does not grant."""
 
     resync_seconds: float = 30.0
     crd_cache_seconds: float = 60.0
     clock: Callable[[], str] = now_rfc3339
+    integrations: frozenset[str] = frozenset()
 
 
 @dataclass
@@ -121,9 +125,10 @@ class Reconciler:
             return self._memory.setdefault((namespace, run_name), _RunMemory())
 
     def crds(self) -> frozenset[str]:
+        """Optional API groups both installed and enabled (``OperatorConfig.integrations``)."""
         stamp, groups = self._groups
         if time.monotonic() - stamp > self.config.crd_cache_seconds:
-            groups = frozenset(self.kube.api_groups())
+            groups = frozenset(self.kube.api_groups()) & self.config.integrations
             self._groups = (time.monotonic(), groups)
         return groups
 
@@ -188,7 +193,8 @@ class Reconciler:
             self._write_status(raw, prev, outcome)
             return outcome
         crds = self.crds()
-        observed = self._observe(run, generation, crds, mem)
+        finished = prev is not None and prev.phase in TERMINAL
+        observed = self._observe(run, generation, crds, mem, finished)
         outcome = compute_status(run.spec, observed, prev, self.config.clock())
         self._write_status(raw, prev, outcome)  # before acting: a restart is counted exactly once
         restarted = self._restart_trainer(run, crds, observed, outcome.attempt)
@@ -199,7 +205,9 @@ class Reconciler:
             state="terminal" if outcome.terminal else "active",
         )
         before = mem.apply_error
-        self._apply(run, build_all(run, ctx), mem, generation, force_apply or restarted)
+        # a finished run's objects change only with its spec: the resync does not re-apply them
+        force = (force_apply and not outcome.terminal) or restarted
+        self._apply(run, build_all(run, ctx), mem, generation, force, outcome.terminal)
         if mem.apply_error != before:
             observed = self._observe(run, generation, crds, mem)
             final = compute_status(run.spec, observed, outcome.status, self.config.clock())
@@ -209,7 +217,12 @@ class Reconciler:
 
     # ------------------------------------------------------------------ observe
     def _observe(
-        self, run: GagarRun, generation: int, crds: frozenset[str], mem: _RunMemory
+        self,
+        run: GagarRun,
+        generation: int,
+        crds: frozenset[str],
+        mem: _RunMemory,
+        finished: bool = False,
     ) -> Observed:
         ns, spec = run.metadata.namespace, run.spec
         trainer = None
@@ -228,7 +241,7 @@ class Reconciler:
                 pools[pool] = parse_deployment(dep)
         progress = self.kube.get("v1", "ConfigMap", ns, name(run, "progress")) or {}
         pods = []
-        if trainer is None or trainer.ready < spec.trainer.nodes:  # why it waits, when it does
+        if not finished and (trainer is None or trainer.ready < spec.trainer.nodes):  # why it waits
             selector = f"gagar.dev/run={run.metadata.name},app.kubernetes.io/component=trainer"
             pods = self.kube.list("v1", "Pod", ns, selector)
         error = mem.apply_error[1] if mem.apply_error and mem.apply_error[0] == generation else None
@@ -260,6 +273,7 @@ class Reconciler:
         mem: _RunMemory,
         generation: int,
         force: bool,
+        terminal: bool = False,
     ) -> None:
         fingerprint = hashlib.sha256(json.dumps(desired, sort_keys=True).encode()).hexdigest()
         if fingerprint == mem.applied and not force:
@@ -272,19 +286,29 @@ class Reconciler:
                 if err.transient:
                     raise
                 errors.append(f"{obj['kind']}/{obj['metadata']['name']}: {err.message}")
-        self._prune(run, desired)
+        self._prune(run, desired, terminal)
         mem.apply_error = (generation, "; ".join(errors)) if errors else None
         mem.applied = "" if errors else fingerprint
 
-    def _prune(self, run: GagarRun, desired: list[dict[str, Any]]) -> None:
-        """Delete children (by the run's label) that the current spec does not build."""
+    def _prune(self, run: GagarRun, desired: list[dict[str, Any]], terminal: bool) -> None:
+        """Delete children (by the run's label) that the current spec does not build; a finished
+        trainer (built no more once the run is terminal) stays as the run's record."""
         wanted = {(o["kind"], o["metadata"]["name"]) for o in desired}
+        if terminal:
+            wanted |= {(kind, name(run, "trainer")) for kind in ("Job", "JobSet")}
         groups = self.crds()
         for api_version, kind in PRUNABLE:
             if api_version.split("/")[0] in OPTIONAL_GROUPS - groups:
                 continue  # optional CRD not installed
             selector = f"gagar.dev/run={run.metadata.name}"
-            for obj in self.kube.list(api_version, kind, run.metadata.namespace, selector):
+            try:
+                found = self.kube.list(api_version, kind, run.metadata.namespace, selector)
+            except KubeError as err:
+                if err.status != 403:
+                    raise
+                log.warning("cannot prune %s (RBAC): %s", kind, err.message)
+                continue  # a kind the operator may not list: it cannot have created one either
+            for obj in found:
                 if (kind, obj["metadata"]["name"]) not in wanted and _owned_by(obj, run):
                     self.kube.delete(
                         api_version, kind, run.metadata.namespace, obj["metadata"]["name"]

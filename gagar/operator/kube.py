@@ -24,6 +24,8 @@ PLURALS = {
     "ServiceAccount": "serviceaccounts",
     "Role": "roles",
     "RoleBinding": "rolebindings",
+    "ClusterRole": "clusterroles",
+    "ClusterRoleBinding": "clusterrolebindings",
     "Service": "services",
     "Job": "jobs",
     "JobSet": "jobsets",

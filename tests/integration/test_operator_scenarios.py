@@ -1,21 +1,29 @@
 """Operator scenarios with the real kopf runtime against the Kubernetes API emulator.
 
 Each scenario starts ``gagar``'s handlers (``register`` on a fresh kopf registry, a fresh
-``Reconciler``) in a thread and drives the cluster through the API only. With
-``GAGAR_TEST_KUBECONFIG`` set, the same scenarios run against that cluster instead (namespace
-``GAGAR_TEST_NAMESPACE``, default ``default``; the GagarRun CRD is applied first); scenarios that
-need emulator-only controls (failing a Job on demand, injected API faults, simulated readiness)
-are skipped there.
+``Reconciler``) in a thread and drives the cluster through the API only. The operator logs in as
+a real one does (``gagar.operator.main``: the kubernetes client's kubeconfig loader) and acts as
+its ServiceAccount with exactly the RBAC the chart renders (default values, plus the integrations
+a scenario turns on), so a missing rule fails here as it would in a cluster. Every scenario runs
+twice: against an emulator in this process (``emulator``; the scenarios that need its controls,
+failing a Job on demand or injected API faults, only here) and against an emulator served by a
+separate process and reached only through kubeconfigs (``kubeconfig``). With
+``GAGAR_TEST_KUBECONFIG`` set, they run against that cluster instead (namespace
+``GAGAR_TEST_NAMESPACE``, default ``default``; the GagarRun CRD is applied first; the operator
+acts as that kubeconfig's user); see docs/operations.md.
 """
 
 from __future__ import annotations
 
 import contextlib
 import os
+import subprocess
+import sys
 import time
 import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import kopf
@@ -32,21 +40,42 @@ from gagar.operator.handlers import (
     register,
 )
 from gagar.operator.kube import RUN_API, Kube
+from gagar.operator.main import add_login, api_client
 from tests.kube_emulator import KubeEmulator
 from tests.kube_emulator.kopf_runner import run_operator
+from tests.support.tools import ROOT, helm_template
 from tests.unit.test_builders import example
 
 REAL = os.environ.get("GAGAR_TEST_KUBECONFIG")
 TIMEOUT = 60.0 if REAL else 30.0  # generous: CI machines are shared and slow
+# The chart's operator identity (`helm template gagar charts/gagar --namespace gagar-system`).
+OPERATOR_SA = ("gagar-system", "gagar")
+# --integration group -> the chart value that grants its RBAC
+CHART_INTEGRATION = {
+    "keda.sh": "integrations.keda",
+    "jobset.x-k8s.io": "integrations.jobset",
+    "monitoring.coreos.com": "integrations.prometheusOperator",
+}
+
+
+def chart_rbac(integrations: frozenset[str]) -> list[dict[str, Any]]:
+    """The operator's ClusterRole and binding as the chart renders them."""
+    flags = [a for g in sorted(integrations) for a in ("--set", f"{CHART_INTEGRATION[g]}=true")]
+    kinds = ("ClusterRole", "ClusterRoleBinding")
+    return [o for o in helm_template(*flags) if o["kind"] in kinds]
 
 
 @dataclass
 class Env:
-    """The cluster under test: the REST helper for both modes, the emulator when there is one."""
+    """The cluster under test: the admin's REST helper, the operator's kubeconfig, and the
+    emulator when it runs in this process. ``simulated``: an emulator's controllers make
+    Deployments ready (in either process), a real cluster's may not."""
 
     kube: Kube
     namespace: str
     emulator: KubeEmulator | None
+    operator_kubeconfig: str
+    simulated: bool = True
     resync: float = 3.0
     created: list[str] = field(default_factory=list)
 
@@ -56,21 +85,27 @@ class Env:
         return self.emulator
 
     @contextlib.contextmanager
-    def operator(self) -> Iterator[Reconciler]:
-        """A fresh operator (new registry, new in-memory state) for the duration of the block."""
+    def operator(self, integrations: frozenset[str] = frozenset()) -> Iterator[Reconciler]:
+        """A fresh operator (new registry, new in-memory state) for the duration of the block,
+        logged in through its kubeconfig, with the chart's RBAC for ``integrations``."""
+        if self.simulated:
+            for obj in chart_rbac(integrations):
+                self.kube.apply(obj)
+        client = api_client(self.operator_kubeconfig)
         reconciler = Reconciler(
-            self.kube,
+            Kube(client),
             Metrics(CollectorRegistry(), "operator"),
-            OperatorConfig(resync_seconds=self.resync),
+            OperatorConfig(resync_seconds=self.resync, integrations=integrations),
         )
         registry = register(kopf.OperatorRegistry(), reconciler)
-        if self.emulator is None:
-            registry._kube_emulator_login = True  # type: ignore[attr-defined]
-            kopf.on.login(registry=registry)(lambda **kw: kopf.login_with_kubeconfig(**kw))
-        with run_operator(
-            self.emulator, registry, namespaces=(self.namespace,), configure=configure_settings
-        ):  # type: ignore[arg-type]
-            yield reconciler
+        add_login(registry, self.operator_kubeconfig)
+        try:
+            with run_operator(
+                None, registry, namespaces=(self.namespace,), configure=configure_settings
+            ):
+                yield reconciler
+        finally:
+            client.close()
 
     def wait(self, condition: Callable[[], Any], timeout: float = TIMEOUT, what: str = "") -> Any:
         deadline = time.monotonic() + timeout
@@ -128,29 +163,64 @@ class Env:
         return [e for e in events if e.get("involvedObject", {}).get("name") == name]
 
 
-@pytest.fixture
-def env() -> Iterator[Env]:
-    if REAL:
-        import kubernetes
+def _emulator_process(tmp: Path) -> Iterator[Path]:
+    """An emulator in a process of its own; yields the folder of its kubeconfigs."""
+    account = "/".join(OPERATOR_SA)
+    cmd = [sys.executable, "-m", "tests.kube_emulator", str(tmp), "--service-account", account]
+    proc = subprocess.Popen(cmd, cwd=ROOT, stdin=subprocess.PIPE)
+    try:
+        deadline = time.monotonic() + 30
+        while not (tmp / "ready").exists():
+            if proc.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError("the emulator process did not start")
+            time.sleep(0.05)
+        yield tmp
+    finally:
+        assert proc.stdin is not None
+        proc.stdin.close()
+        try:
+            proc.wait(timeout=15)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
 
-        config = kubernetes.client.Configuration()
-        kubernetes.config.load_kube_config(config_file=REAL, client_configuration=config)
-        os.environ["KUBECONFIG"] = REAL
-        kube = Kube(kubernetes.client.ApiClient(config))
-        kube.apply(build_crd())
-        real = Env(kube, os.environ.get("GAGAR_TEST_NAMESPACE", "default"), None, resync=5.0)
-        yield real
-        for name in real.created:  # a real cluster outlives the test: leave nothing behind
-            with contextlib.suppress(Exception):  # the operator is gone: drop kopf's finalizer
-                body = {"metadata": {"finalizers": None}}
-                kube.merge_patch(RUN_API, "GagarRun", real.namespace, name, body)
-                kube.delete(RUN_API, "GagarRun", real.namespace, name)
+
+def _real_env() -> Iterator[Env]:
+    assert REAL
+    kube = Kube(api_client(REAL))
+    kube.apply(build_crd())
+    namespace = os.environ.get("GAGAR_TEST_NAMESPACE", "default")
+    real = Env(kube, namespace, None, REAL, simulated=False, resync=5.0)
+    yield real
+    for name in real.created:  # a real cluster outlives the test: leave nothing behind
+        with contextlib.suppress(Exception):  # the operator is gone: drop kopf's finalizer
+            body = {"metadata": {"finalizers": None}}
+            kube.merge_patch(RUN_API, "GagarRun", real.namespace, name, body)
+            kube.delete(RUN_API, "GagarRun", real.namespace, name)
+
+
+@pytest.fixture(params=["real"] if REAL else ["emulator", "kubeconfig"])
+def env(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Env]:
+    if request.param == "real":
+        yield from _real_env()
+        return
+    if request.param == "kubeconfig":
+        with contextlib.contextmanager(_emulator_process)(tmp_path) as folder:
+            client = api_client(str(folder / "admin.kubeconfig"))
+            kube = Kube(client)
+            kube.create(build_crd())
+            sa = str(folder / "{}.{}.kubeconfig".format(*OPERATOR_SA))
+            try:
+                yield Env(kube, "default", None, sa)
+            finally:
+                client.close()
         return
     with KubeEmulator(bookmark_interval=0.5, deployment_delay=0.05) as emulator:
         emulator.create(build_crd())
         client = emulator.api_client()
+        sa = str(emulator.service_account_kubeconfig(*OPERATOR_SA))
         try:
-            yield Env(Kube(client), "default", emulator)
+            yield Env(Kube(client), "default", emulator, sa)
         finally:
             client.close()
 
@@ -194,23 +264,15 @@ def test_create(env: Env) -> None:
             if obj:
                 assert obj["metadata"]["ownerReferences"][0]["controller"] is True
         env.wait(lambda: env.get("apps/v1", "Deployment", f"{name}-sandbox"), what="sandbox pool")
-        if env.emulator:
+        if env.simulated:
             env.wait(phase(env, name, "Running"), what="Running")
             env.wait(lambda: env.condition(name, "Ready").get("status") == "True", what="Ready")
             status = env.status(name)
             assert status["observedGeneration"] == 1
             assert status["pools"]["rollout"] == {"replicas": 2, "readyReplicas": 2}
             # trainer progress reported through the progress ConfigMap reaches the status
-            env.emulator.patch(
-                "v1",
-                "ConfigMap",
-                f"{name}-progress",
-                lambda o: {
-                    **o,
-                    "data": {"step": "7", "checkpointStep": "5", "checkpointUri": "pvc://c/5"},
-                },
-                manager="trainer",
-            )
+            progress = {"data": {"step": "7", "checkpointStep": "5", "checkpointUri": "pvc://c/5"}}
+            env.kube.merge_patch("v1", "ConfigMap", env.namespace, f"{name}-progress", progress)
             env.wait(lambda: env.status(name).get("step") == 7, what="step from progress")
             assert env.status(name)["lastCheckpoint"]["step"] == 5
             assert env.wait(lambda: env.events(name), what="events")
@@ -243,7 +305,7 @@ def test_scale_by_editing_replicas(env: Env) -> None:
             lambda: env.get("apps/v1", "Deployment", f"{name}-rollout")["spec"]["replicas"] == 4,
             what="scaled to 4",
         )
-        if env.emulator:
+        if env.simulated:
             env.wait(
                 lambda: (
                     env.status(name).get("pools", {}).get("rollout", {}).get("readyReplicas") == 4
@@ -316,7 +378,7 @@ def test_suspend_and_resume(env: Env) -> None:
             )
         env.wait(lambda: env.get(*hpa) is None, what="HPA removed while suspended")
         env.wait(phase(env, name, "Suspended"), what="phase Suspended")
-        if env.emulator:
+        if env.simulated:
             env.wait(
                 lambda: env.condition(name, "Suspended").get("reason") == "Suspended",
                 what="drained",
@@ -331,7 +393,7 @@ def test_suspend_and_resume(env: Env) -> None:
             env.get("batch/v1", "Job", f"{name}-trainer")["metadata"]["uid"] == job_uid
         )  # same Job resumes
         assert env.get("apps/v1", "Deployment", f"{name}-sandbox")["spec"]["replicas"] == 32
-        if env.emulator:
+        if env.simulated:
             env.wait(phase(env, name, "Running"), what="Running again")
             reasons = [e["reason"] for e in env.events(name)]
             assert "Resumed" in reasons
@@ -491,3 +553,88 @@ def test_completion_releases_accelerators(env: Env) -> None:
             )
         assert env.status(name)["completionTime"]
         assert env.condition(name, "PoolsReady")["reason"] == "Released"
+
+
+def optional_crd(group: str, kind: str, plural: str) -> dict[str, Any]:
+    """A schemaless CRD standing in for an optional integration's (Prometheus Operator, ...)."""
+    schema = {"type": "object", "x-kubernetes-preserve-unknown-fields": True}
+    return {
+        "apiVersion": "apiextensions.k8s.io/v1",
+        "kind": "CustomResourceDefinition",
+        "metadata": {"name": f"{plural}.{group}"},
+        "spec": {
+            "group": group,
+            "scope": "Namespaced",
+            "names": {"kind": kind, "plural": plural, "singular": kind.lower()},
+            "versions": [
+                {
+                    "name": "v1",
+                    "served": True,
+                    "storage": True,
+                    "schema": {"openAPIV3Schema": schema},
+                }
+            ],
+        },
+    }
+
+
+MONITORING_CRDS = (("ServiceMonitor", "servicemonitors"), ("PodMonitor", "podmonitors"))
+
+
+def test_default_install_ignores_integrations_it_has_no_rbac_for(env: Env) -> None:
+    """Prometheus Operator CRDs installed, chart defaults (no integration): the operator neither
+    lists nor builds monitors (its RBAC would refuse: 403) and the run becomes Ready; with
+    ``integrations.prometheusOperator`` on, the same operator creates them."""
+    if env.simulated:
+        for kind, plural in MONITORING_CRDS:
+            env.kube.create(optional_crd("monitoring.coreos.com", kind, plural))
+    run = manifest()
+    name = run["metadata"]["name"]
+    with env.operator():
+        env.create(run)
+        env.wait(lambda: env.get("batch/v1", "Job", f"{name}-trainer"), what="trainer Job")
+        if env.simulated:
+            env.wait(lambda: env.condition(name, "Ready").get("status") == "True", what="Ready")
+        assert env.condition(name, "Stalled").get("status") != "True", env.status(name)
+        if env.emulator:
+            denied = [r for r in env.emulator.requests_for() if r["code"] == 403]
+            assert denied == []
+    if not env.simulated:
+        return
+    with env.operator(integrations=frozenset({"monitoring.coreos.com"})):
+        env.wait(
+            lambda: env.kube.get(
+                "monitoring.coreos.com/v1", "ServiceMonitor", env.namespace, f"{name}-rollout"
+            ),
+            what="ServiceMonitor with the integration on",
+        )
+        env.wait(lambda: env.condition(name, "Ready").get("status") == "True", what="Ready")
+
+
+def test_finished_run_stays_down(env: Env) -> None:
+    """A Failed run whose Job is deleted gets no new Job (it would hold accelerators for rollouts
+    that never come), and the resync leaves a finished run alone: no applies, no lists."""
+    emulator = env.need_emulator()
+    run = manifest(**{"trainer.failurePolicy.maxRestarts": 0})
+    name, job = run["metadata"]["name"], f"{run['metadata']['name']}-trainer"
+    with env.operator():
+        env.create(run)
+        env.wait(lambda: env.get("batch/v1", "Job", job), what="trainer Job")
+        emulator.fail_job(job)
+        env.wait(phase(env, name, "Failed"), what="Failed")
+        env.wait(
+            lambda: env.get("apps/v1", "Deployment", f"{name}-rollout")["spec"]["replicas"] == 0,
+            what="pools released",
+        )
+        env.wait(lambda: env.get("v1", "Service", f"{job}-rdzv") is None, what="pruned")
+        time.sleep(0.5)  # the rest of that reconcile
+        env.kube.delete("batch/v1", "Job", env.namespace, job)
+        env.wait(lambda: env.get("batch/v1", "Job", job) is None, what="Job deleted")
+        seen = len(emulator.requests_for())
+        time.sleep(env.resync * 2.5)  # two resyncs and the deletion's watch event
+        assert env.get("batch/v1", "Job", job) is None
+        assert env.status(name)["phase"] == "Failed"
+        later = emulator.requests_for()[seen:]
+        writes = [r for r in later if r["verb"] in ("patch", "create", "delete", "update")]
+        lists = [r for r in later if r["verb"] == "list"]
+        assert writes == [] and lists == [], (writes, lists)

@@ -217,7 +217,11 @@ def build_rdzv_service(run: GagarRun, ctx: BuildContext) -> Manifest:
 
 
 def build_trainer(run: GagarRun, ctx: BuildContext) -> list[Manifest]:
-    """Trainer objects: JobSet (which makes its own headless Service) or Job + Service."""
+    """Trainer objects: JobSet (which makes its own headless Service) or Job + Service; nothing
+    for a terminal run (its finished Job stays as the record; deleting it never brings a new one
+    that would hold accelerators for rollouts that never come)."""
+    if ctx.state == "terminal":
+        return []
     if uses_jobset(run, ctx):
         return [build_trainer_jobset(run, ctx)]
     return [build_rdzv_service(run, ctx), build_trainer_job(run, ctx)]
