@@ -39,7 +39,11 @@ def client_configuration(kubeconfig: str | None = None) -> Any:
 
 def connection_info(configuration: Any) -> kopf.ConnectionInfo:
     """kopf's login from a kubernetes client configuration (token, client cert or basic auth)."""
-    authorization = configuration.get_api_key_with_prefix("authorization") or ""
+    authorization = (  # the client's key name: "BearerToken" since 30.x, "authorization" before
+        configuration.get_api_key_with_prefix("BearerToken")
+        or configuration.get_api_key_with_prefix("authorization")
+        or ""
+    )
     scheme, _, token = authorization.partition(" ")
     return kopf.ConnectionInfo(
         server=configuration.host,

@@ -118,6 +118,40 @@ INVALID = [
     (("metadata.name", "Bad_Name"), "metadata.name"),
     (("spec.sandbox", {"backend": "docker"}), "spec.sandbox.backend"),
     (("spec.unknownField", 1), "spec.unknownField"),
+    (("spec.trainer", {"podTemplate": {"env": [{"name": "GAGAR_RUN", "value": "x"}]}}), "env"),
+    (("spec.trainer", {"podTemplate": {"env": [{"name": "A"}]}}), "env"),
+    (("spec.trainer", {"podTemplate": {"envFrom": [{"prefix": "X_"}]}}), "envFrom"),
+    (("spec.trainer", {"podTemplate": {"labels": {"gagar.dev/run": "x"}}}), "labels"),
+    (("spec.trainer", {"podTemplate": {"affinity": {"nodeAfinity": {}}}}), "affinity"),
+    (
+        ("spec.trainer", {"podTemplate": {"volumes": [{"name": "config", "emptyDir": {}}]}}),
+        "volumes",
+    ),
+    (("spec.trainer", {"podTemplate": {"volumes": [{"name": "data"}]}}), "volumes"),
+    (
+        (
+            "spec.trainer",
+            {"podTemplate": {"volumes": [{"name": "a", "emptyDir": {}, "nfs": {"path": "/"}}]}},
+        ),
+        "volumes",
+    ),
+    (
+        (
+            "spec.trainer",
+            {
+                "podTemplate": {
+                    "volumes": [{"name": "a", "emptyDir": {}}, {"name": "a", "emptyDir": {}}]
+                }
+            },
+        ),
+        "volumes",
+    ),
+    (
+        ("spec.trainer", {"podTemplate": {"volumeMounts": [{"name": "x", "mountPath": "/x"}]}}),
+        "volumeMounts",
+    ),
+    (("spec.sandbox", {"podTemplate": {"env": [{"name": "A", "value": "1"}]}}), "env"),
+    (("spec.sandbox", {"podTemplate": {"volumes": []}}), "volumes"),
 ]
 
 
@@ -149,6 +183,27 @@ def test_the_crd_rejects_what_pydantic_rejects(case: tuple[str, Any], field: str
     assert crd_errors(_mutated(case), build_crd()), (
         "the CRD (schema + CEL) accepted an invalid GagarRun"
     )
+
+
+def test_pod_template_overlay_is_valid() -> None:
+    overlay = {
+        "labels": {"team": "rl"},
+        "nodeSelector": {"pool": "gpu"},
+        "tolerations": [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}],
+        "affinity": {"nodeAffinity": {}},
+        "priorityClassName": "high",
+        "imagePullSecrets": [{"name": "regcred"}],
+        "env": [{"name": "HF_HOME", "value": "/data/hf"}],
+        "envFrom": [{"secretRef": {"name": "s3"}}],
+        "volumes": [{"name": "data", "persistentVolumeClaim": {"claimName": "swe"}}],
+        "volumeMounts": [{"name": "data", "mountPath": "/data", "readOnly": True}],
+        "serviceAccountAnnotations": {"eks.amazonaws.com/role-arn": "arn:aws:iam::1:role/x"},
+    }
+    doc = with_spec("spec.trainer", {"podTemplate": overlay})
+    run, problems = validate_document(doc)
+    assert problems == [] and run is not None
+    assert run.spec.trainer.pod_template.volumes[0].persistent_volume_claim == {"claimName": "swe"}
+    assert crd_errors(doc, build_crd()) == []
 
 
 def test_autoscaled_pool_is_valid_without_replicas() -> None:

@@ -18,13 +18,13 @@ from gagar.operator.builders.common import (
     Manifest,
     common_env,
     config_volume,
-    labels,
     metadata,
     name,
     obj,
     resources,
     selector,
 )
+from gagar.operator.builders.overlay import pod_template
 from gagar.spec import GagarRun
 
 SANDBOX_PORT = 8090
@@ -104,7 +104,7 @@ def build_sandbox_deployment(run: GagarRun, ctx: BuildContext) -> Manifest:
     spec = {
         "replicas": 0 if stopped else run.spec.sandbox.pool_size,
         "selector": {"matchLabels": selector(run, "sandbox")},
-        "template": {"metadata": {"labels": labels(run, "sandbox")}, "spec": _pod(run)},
+        "template": pod_template(run, "sandbox", _pod(run)),
     }
     meta = metadata(run, ctx, name(run, "sandbox"), "sandbox")
     return obj("apps/v1", "Deployment", meta, spec=spec)

@@ -40,6 +40,7 @@ from gagar.operator.builders.common import (
     resources,
     selector,
 )
+from gagar.operator.builders.overlay import pod_template
 from gagar.operator.builders.pools import GRADER_PORT, VLLM_PORT, base_model, transport
 from gagar.operator.builders.sandbox import SANDBOX_PORT
 from gagar.spec import GagarRun
@@ -139,7 +140,7 @@ def _trainer_pod(run: GagarRun, ctx: BuildContext) -> dict[str, Any]:
     }
     if not uses_jobset(run, ctx):
         spec["subdomain"] = name(run, "trainer", "rdzv")
-    return {"metadata": {"labels": labels(run, "trainer")}, "spec": spec}
+    return pod_template(run, "trainer", spec)
 
 
 def _job_spec(run: GagarRun, ctx: BuildContext) -> dict[str, Any]:
