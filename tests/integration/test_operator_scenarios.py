@@ -650,3 +650,35 @@ def test_finished_run_stays_down(env: Env) -> None:
         writes = [r for r in later if r["verb"] in ("patch", "create", "delete", "update")]
         lists = [r for r in later if r["verb"] == "list"]
         assert writes == [] and lists == [], (writes, lists)
+
+
+def test_other_managers_items_survive_the_operator(env: Env) -> None:
+    """A sidecar and an env var another field manager applied to a pool's pod template (a mesh,
+    a policy engine) stay when the operator re-applies: containers and env are listType=map."""
+    run = manifest()
+    name, dep = run["metadata"]["name"], f"{run['metadata']['name']}-rollout"
+    with env.operator():
+        env.create(run)
+        env.wait(lambda: env.get("apps/v1", "Deployment", dep), what="rollout pool")
+        theirs = {
+            "apiVersion": "apps/v1",
+            "kind": "Deployment",
+            "metadata": {"name": dep, "namespace": env.namespace},
+            "spec": {"template": {"spec": {"containers": [
+                {"name": "vllm", "env": [{"name": "MESH", "value": "on"}]},
+                {"name": "proxy", "image": "envoy:1"},
+            ]}}},
+        }  # fmt: skip
+        url = f"/apis/apps/v1/namespaces/{env.namespace}/deployments/{dep}"
+        env.kube._call("PATCH", url, body=theirs, query=[("fieldManager", "mesh")],
+                       content_type="application/apply-patch+yaml")  # fmt: skip
+        env.patch_spec(name, {"rollout": {"replicas": 3}})
+        env.wait(
+            lambda: env.get("apps/v1", "Deployment", dep)["spec"]["replicas"] == 3,
+            what="re-applied",
+        )
+        pod = env.get("apps/v1", "Deployment", dep)["spec"]["template"]["spec"]
+        containers = {c["name"]: c for c in pod["containers"]}
+        assert set(containers) == {"vllm", "proxy"}
+        assert {"name": "MESH", "value": "on"} in containers["vllm"]["env"]
+        assert any(e["name"] == "GAGAR_RUN" for e in containers["vllm"]["env"])

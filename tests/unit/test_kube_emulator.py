@@ -1046,3 +1046,45 @@ def test_roles_grant_only_what_their_writer_holds(kube):
     escalated = op.post(roles, json=role(["get", "delete"]))
     assert escalated.status_code == 403
     assert "attempting to grant RBAC permissions not currently held" in escalated.json()["message"]
+
+
+def test_apply_merges_map_lists_by_key(http):
+    """containers and env are listType=map: each applier owns its items, not the whole list."""
+
+    def deployment(containers: list[dict]) -> str:
+        body = {
+            "apiVersion": "apps/v1",
+            "kind": "Deployment",
+            "metadata": {"name": "d"},
+            "spec": {
+                "selector": {"matchLabels": {"a": "b"}},
+                "template": {
+                    "metadata": {"labels": {"a": "b"}},
+                    "spec": {"containers": containers},
+                },
+            },
+        }
+        return json.dumps(body)
+
+    def apply(manager: str, containers: list[dict]) -> dict:
+        r = http.patch(f"{DEPLOY}/d", params={"fieldManager": manager, "force": "true"},
+                       content=deployment(containers), headers=APPLY)  # fmt: skip
+        assert r.status_code in (200, 201), r.text
+        return r.json()
+
+    main = {"name": "main", "image": "m:1", "env": [{"name": "A", "value": "1"}]}
+    apply("operator", [main])
+    apply("mesh", [{"name": "main", "env": [{"name": "B", "value": "2"}]},
+                   {"name": "proxy", "image": "p"}])  # fmt: skip
+    out = apply("operator", [{**main, "image": "m:2"}])  # the operator re-applies
+    containers = {c["name"]: c for c in out["spec"]["template"]["spec"]["containers"]}
+    assert set(containers) == {"main", "proxy"}  # the other manager's sidecar survives
+    assert containers["main"]["image"] == "m:2"
+    assert [e["name"] for e in containers["main"]["env"]] == ["A", "B"]
+    fields = json.dumps(out["metadata"]["managedFields"])
+    assert 'k:{\\"name\\":\\"proxy\\"}' in fields
+    out = apply("operator", [{"name": "main", "image": "m:2"}])  # drops its env var A
+    (main_after,) = [
+        c for c in out["spec"]["template"]["spec"]["containers"] if c["name"] == "main"
+    ]
+    assert main_after["env"] == [{"name": "B", "value": "2"}]
