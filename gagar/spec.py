@@ -628,6 +628,10 @@ class TrainerSpec(Model):
     """Checkpointing."""
     pod_template: PodTemplate = Field(default_factory=PodTemplate)
     """Overlay on the trainer pods (scheduling, identity, env, volumes)."""
+    queue_name: str | None = Field(default=None, pattern=DNS_LABEL, max_length=63)
+    """Kueue LocalQueue the trainer workload is submitted to (the label
+    ``kueue.x-k8s.io/queue-name`` on its Job or JobSet): Kueue then decides when it starts, and
+    the operator writes the workload's ``suspend`` only while ``spec.suspend`` is true."""
     use_job_set: bool = False
     """Run as a JobSet (when its CRD is installed) instead of an indexed Job."""
     device: Device = "auto"
@@ -963,6 +967,19 @@ class ObservabilitySpec(Model):
 
 
 # ---------------------------------------------------------------- run
+# A transition rule (evaluated by the API server on updates only): the trainer's Job template is
+# immutable, so what shapes it changes only while the run is suspended, when the operator
+# recreates the trainer from its last checkpoint (docs/operations.md). The operator enforces the
+# same for everything else that reaches the template (it refuses, applying nothing).
+_TRAINER_FIXED_WHILE_RUNNING = _cel(
+    "(has(oldSelf.suspend) && oldSelf.suspend && has(self.suspend) && self.suspend)"
+    " || (has(self.trainer) == has(oldSelf.trainer)"
+    " && (!has(self.trainer) || self.trainer == oldSelf.trainer) && self.model == oldSelf.model)",
+    "spec.trainer and spec.model change only while the run is suspended (suspend: true before"
+    " and after the change): the trainer is then recreated from its last checkpoint",
+)
+
+
 class GagarRunSpec(Model):
     """Desired state of a GagarRun."""
 
@@ -992,7 +1009,8 @@ class GagarRunSpec(Model):
                     "!has(self.model.numExperts) || !has(self.trainer) || !has(self.trainer.parallelism) || self.model.numExperts % self.trainer.parallelism.expert == 0",
                     "trainer.parallelism.expert must divide model.numExperts",
                     ".trainer.parallelism.expert",
-                )
+                ),
+                _TRAINER_FIXED_WHILE_RUNNING,
             ]
         }
     )

@@ -37,6 +37,7 @@ from gagar.operator.builders import (
     JOBSET,
     KEDA,
     MONITORING,
+    TEMPLATE_ANNOTATION,
     BuildContext,
     build_all,
     name,
@@ -205,9 +206,14 @@ class Reconciler:
             state="terminal" if outcome.terminal else "active",
         )
         before = mem.apply_error
-        # a finished run's objects change only with its spec: the resync does not re-apply them
-        force = (force_apply and not outcome.terminal) or restarted
-        self._apply(run, build_all(run, ctx), mem, generation, force, outcome.terminal)
+        desired = build_all(run, ctx)
+        blocked = None if restarted else self._trainer_template(run, desired, observed, crds)
+        if blocked is not None:
+            mem.apply_error, mem.applied = (generation, blocked), ""  # nothing half-applied
+        else:
+            # a finished run's objects change only with its spec: the resync does not re-apply
+            force = (force_apply and not outcome.terminal) or restarted
+            self._apply(run, desired, mem, generation, force, outcome.terminal)
         if mem.apply_error != before:
             observed = self._observe(run, generation, crds, mem)
             final = compute_status(run.spec, observed, outcome.status, self.config.clock())
@@ -265,6 +271,29 @@ class Reconciler:
         self.kube.delete("batch/v1", "Job", run.metadata.namespace, name(run, "trainer"))
         log.info("deleted trainer Job of attempt %d; creating attempt %d", job.attempt, attempt)
         return True
+
+    def _trainer_template(
+        self, run: GagarRun, desired: list[dict[str, Any]], observed: Observed, crds: frozenset[str]
+    ) -> str | None:
+        """A change of the trainer's immutable template: once the run is suspended the trainer is
+        deleted (its pods stop, as suspending stops them) and recreated, suspended, to resume from
+        the last checkpoint; before that the change is refused, the message says why."""
+        trainer = observed.trainer
+        want = next((o for o in desired if o["kind"] in ("Job", "JobSet")), None)
+        if trainer is None or want is None or not trainer.template_hash:
+            return None
+        if want["metadata"]["annotations"][TEMPLATE_ANNOTATION] == trainer.template_hash:
+            return None
+        if run.spec.suspend:
+            api = "batch/v1" if trainer.kind == "Job" else f"{JOBSET}/v1alpha2"
+            self.kube.delete(api, trainer.kind, run.metadata.namespace, name(run, "trainer"))
+            log.info("trainer template changed while suspended: recreating the %s", trainer.kind)
+            return None
+        return (
+            "TrainerTemplateChanged: this change reaches the trainer's pod template, which a "
+            "running Job cannot change; suspend the run (spec.suspend: true) to recreate the "
+            "trainer from its last checkpoint, or revert the change"
+        )
 
     def _apply(
         self,

@@ -682,3 +682,73 @@ def test_other_managers_items_survive_the_operator(env: Env) -> None:
         assert set(containers) == {"vllm", "proxy"}
         assert {"name": "MESH", "value": "on"} in containers["vllm"]["env"]
         assert any(e["name"] == "GAGAR_RUN" for e in containers["vllm"]["env"])
+
+
+def test_kueue_owns_suspend_of_a_queued_trainer(env: Env) -> None:
+    """With a queue named, Kueue suspends the trainer Job until it admits it; the operator's
+    re-applies never undo that, and ``spec.suspend`` still suspends."""
+    run = manifest(**{"trainer.queueName": "team-a"})
+    name, job = run["metadata"]["name"], f"{run['metadata']['name']}-trainer"
+    with env.operator():
+        env.create(run)
+        created = env.wait(lambda: env.get("batch/v1", "Job", job), what="trainer Job")
+        assert created["metadata"]["labels"]["kueue.x-k8s.io/queue-name"] == "team-a"
+        # Kueue (another field manager) holds the workload until there is quota
+        url = f"/apis/batch/v1/namespaces/{env.namespace}/jobs/{job}"
+        env.kube._call("PATCH", url, body={"spec": {"suspend": True}},
+                       query=[("fieldManager", "kueue")],
+                       content_type="application/merge-patch+json")  # fmt: skip
+        env.patch_spec(name, {"rollout": {"replicas": 3}})  # the operator re-applies everything
+        env.wait(
+            lambda: env.get("apps/v1", "Deployment", f"{name}-rollout")["spec"]["replicas"] == 3,
+            what="re-applied",
+        )
+        time.sleep(env.resync * 1.5)  # and the resync, which applies everything again
+        assert env.get("batch/v1", "Job", job)["spec"]["suspend"] is True
+        env.patch_spec(name, {"suspend": True})
+        env.wait(phase(env, name, "Suspended"), what="Suspended by spec.suspend")
+        assert env.get("batch/v1", "Job", job)["spec"]["suspend"] is True
+
+
+def test_trainer_template_changes_wait_for_suspend(env: Env) -> None:
+    """What may change during a run (the log level) never touches the immutable Job; a change
+    that reaches its template is refused whole (nothing half-applied) until the run is
+    suspended, then the trainer is recreated, and resumes from its last checkpoint."""
+    run = manifest()
+    name, job = run["metadata"]["name"], f"{run['metadata']['name']}-trainer"
+    rollout = ("apps/v1", "Deployment", f"{name}-rollout")
+    with env.operator():
+        env.create(run)
+        first = env.wait(lambda: env.get("batch/v1", "Job", job), what="trainer Job")
+        env.patch_spec(name, {"observability": {"logLevel": "debug"}})
+        env.wait(
+            lambda: '"logLevel": "debug"'
+            in env.get("v1", "ConfigMap", f"{name}-config")["data"]["observability.json"],
+            what="new log level in the ConfigMap",
+        )
+        assert env.condition(name, "Stalled").get("status") != "True", env.status(name)
+        assert env.get("batch/v1", "Job", job)["metadata"]["uid"] == first["metadata"]["uid"]
+        # the metrics port is declared in the trainer's pod template: refused while running
+        env.patch_spec(name, {"observability": {"metricsPort": 9500}, "rollout": {"replicas": 3}})
+        env.wait(
+            lambda: "TrainerTemplateChanged" in env.condition(name, "Stalled").get("message", ""),
+            what="refused",
+        )
+        assert env.get(*rollout)["spec"]["replicas"] == 2  # nothing half-applied
+        env.patch_spec(name, {"suspend": True})
+        second = env.wait(
+            lambda: (j := env.get("batch/v1", "Job", job)) and j["metadata"]["uid"] != first[
+                "metadata"]["uid"] and j,
+            what="trainer recreated while suspended",
+        )  # fmt: skip
+        assert second["spec"]["suspend"] is True
+        ports = second["spec"]["template"]["spec"]["containers"][0]["ports"]
+        assert {"name": "metrics", "containerPort": 9500} in ports
+        assert env.get(*rollout)["spec"]["replicas"] == 0  # suspended pools
+        env.patch_spec(name, {"suspend": False})
+        env.wait(lambda: env.get(*rollout)["spec"]["replicas"] == 3, what="rest applied")
+        env.wait(
+            lambda: env.get("batch/v1", "Job", job)["spec"]["suspend"] is False, what="resumed"
+        )
+        assert env.condition(name, "Stalled").get("status") != "True"
+        assert env.status(name).get("trainerRestarts", 0) == 0  # a recreate is not a restart

@@ -89,7 +89,8 @@ def test_trainer_indexed_job() -> None:
     assert spec["completionMode"] == "Indexed"
     assert spec["completions"] == spec["parallelism"] == 2
     assert spec["backoffLimit"] == 0
-    assert spec["suspend"] is False
+    assert "suspend" not in spec  # never written against Kueue; the server defaults it to false
+    assert "kueue.x-k8s.io/queue-name" not in job["metadata"]["labels"]
     assert job["metadata"]["annotations"]["gagar.dev/attempt"] == "2"
     rules = spec["podFailurePolicy"]["rules"]
     assert rules[0]["action"] == "Ignore" and rules[1]["action"] == "FailJob"
@@ -483,3 +484,12 @@ def test_pod_template_overlays_every_component() -> None:
             assert {"name": "data", "mountPath": "/data", "readOnly": False} in c["volumeMounts"]
         sa = one(objs, "ServiceAccount", f"qwen3-swe-1node-{component}")
         assert sa["metadata"]["annotations"] == OVERLAY["serviceAccountAnnotations"]
+
+
+def test_kueue_queue_label_on_the_trainer_workload() -> None:
+    for extra in ({}, {"trainer.useJobSet": True}):
+        run = example("single-gpu", **{"trainer.queueName": "team-a", **extra})
+        objs = build_all(run, BuildContext(uid=UID, crds=ALL_CRDS))
+        (workload,) = [o for o in objs if o["kind"] in ("Job", "JobSet")]
+        assert workload["metadata"]["labels"]["kueue.x-k8s.io/queue-name"] == "team-a"
+        assert "suspend" not in workload["spec"]

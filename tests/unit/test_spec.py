@@ -232,3 +232,18 @@ def test_resources_gpus() -> None:
     assert run.spec.trainer.resources.gpus == 8
     bad = with_spec("spec.trainer", {"resources": {"limits": {"memory": "lots"}}})
     assert validate_document(bad)[1]
+
+
+def test_trainer_and_model_change_only_while_suspended() -> None:
+    """The CRD's transition rule (``oldSelf``), evaluated as the API server does on updates."""
+    crd = build_crd()
+    old = with_spec("spec.trainer", {"nodes": 1})
+    bigger = with_spec("spec.trainer", {"nodes": 2})
+    assert crd_errors(bigger, crd) == []  # a create has no old object
+    assert any("only while the run is suspended" in e for e in crd_errors(bigger, crd, old=old))
+    suspended_old = {**old, "spec": {**old["spec"], "suspend": True}}
+    suspended_new = {**bigger, "spec": {**bigger["spec"], "suspend": True}}
+    assert crd_errors(suspended_new, crd, old=suspended_old) == []
+    assert crd_errors(suspended_new, crd, old=old)  # suspending and changing at once: refused
+    pools = with_spec("spec.rollout", {"replicas": 5})
+    assert crd_errors(pools, crd, old=with_spec("spec.rollout", {"replicas": 2})) == []
