@@ -722,8 +722,10 @@ def test_trainer_template_changes_wait_for_suspend(env: Env) -> None:
         first = env.wait(lambda: env.get("batch/v1", "Job", job), what="trainer Job")
         env.patch_spec(name, {"observability": {"logLevel": "debug"}})
         env.wait(
-            lambda: '"logLevel": "debug"'
-            in env.get("v1", "ConfigMap", f"{name}-config")["data"]["observability.json"],
+            lambda: (
+                '"logLevel": "debug"'
+                in env.get("v1", "ConfigMap", f"{name}-config")["data"]["observability.json"]
+            ),
             what="new log level in the ConfigMap",
         )
         assert env.condition(name, "Stalled").get("status") != "True", env.status(name)
