@@ -6,13 +6,14 @@ status (pure), write it when it changed, apply the failure policy (a failed trai
 current attempt is deleted and recreated as the next attempt, from the last checkpoint), apply
 every child with server-side apply under the ``gagar-operator`` field manager (``force``), prune
 children the spec no longer wants (an HPA while suspended, a pool switched to an endpoint), and post
-events. Triggers: create/update/resume of a GagarRun, a resync timer, and watch events of owned
-Jobs, Deployments and the trainer's progress ConfigMap.
+events. Triggers: create/update/resume of a GagarRun, the resync thread, and watch events of
+owned Jobs, Deployments and the trainer's progress ConfigMap.
 
 Crash safety: names are deterministic and SSA is idempotent, so a restarted operator converges
 without duplicates; the status (restart count included) is written *before* the trainer Job is
 deleted, so a crash in between never loses or double-counts a restart. Deletion needs no
-finalizer: every child carries a controller owner reference and is garbage-collected.
+finalizer, and none is set (no kopf timer, no mandatory delete handler): every child carries a
+controller owner reference and is garbage-collected, also when no operator runs.
 """
 
 from __future__ import annotations
@@ -119,6 +120,7 @@ class Reconciler:
         self._memory: dict[tuple[str, str], _RunMemory] = {}
         self._groups: tuple[float, frozenset[str]] = (0.0, frozenset())
         self._phases: dict[tuple[str, str], str] = {}
+        self._known: set[tuple[str, str]] = set()  # runs seen by the watch, for the resync
         self._guard = threading.Lock()
 
     def memory(self, namespace: str, run_name: str) -> _RunMemory:
@@ -376,10 +378,27 @@ class Reconciler:
                     int(c.status == value)
                 )
 
+    def remember(self, namespace: str, run_name: str) -> None:
+        with self._guard:
+            self._known.add((namespace, run_name))
+
     def forget(self, namespace: str, run_name: str) -> None:
         with self._guard:
+            self._known.discard((namespace, run_name))
             self._memory.pop((namespace, run_name), None)
             self._phases.pop((namespace, run_name), None)
+
+    def resync_loop(self, stop: threading.Event) -> None:
+        """Every ``resync_seconds``, reconcile every known run again (re-applying its objects);
+        an API error is logged and the run tried again next time."""
+        while not stop.wait(self.config.resync_seconds):
+            with self._guard:
+                known = sorted(self._known)
+            for namespace, run_name in known:
+                try:
+                    self.reconcile_named(namespace, run_name, force_apply=True)
+                except Exception as err:  # the next resync retries; nothing to crash for
+                    log.warning("resync of %s/%s failed: %s", namespace, run_name, err)
 
 
 def _owned_by(obj: dict[str, Any], run: GagarRun) -> bool:
@@ -401,20 +420,26 @@ def register(registry: kopf.OperatorRegistry, reconciler: Reconciler) -> kopf.Op
             if stalled.reason == "InvalidSpec":  # retrying cannot help; the next edit will
                 raise kopf.PermanentError(stalled.message)
 
-    @kopf.timer(
-        API_GROUP,
-        API_VERSION,
-        PLURAL,
-        interval=reconciler.config.resync_seconds,
-        initial_delay=reconciler.config.resync_seconds,
-        **on_run,
-    )
-    def resync(body: kopf.Body, **_: Any) -> None:
-        reconciler.reconcile(body, force_apply=True)
+    # The resync is the operator's own thread over the runs it has seen, not a kopf timer: a
+    # timer makes kopf put a finalizer on every run, and a run deleted while no operator runs
+    # (after `helm uninstall`) would then hang in deletion.
+    @kopf.on.event(API_GROUP, API_VERSION, PLURAL, **on_run)
+    def run_seen(name: str, namespace: str, type: str | None, **_: Any) -> None:
+        if type == "DELETED":
+            reconciler.forget(namespace, name)  # children go by owner-reference GC
+        else:
+            reconciler.remember(namespace, name)
 
-    @kopf.on.delete(API_GROUP, API_VERSION, PLURAL, optional=True, **on_run)
-    def run_deleted(name: str, namespace: str, **_: Any) -> None:
-        reconciler.forget(namespace, name)  # children go by owner-reference garbage collection
+    stop = threading.Event()
+
+    @kopf.on.startup(**on_run)
+    def start_resync(**_: Any) -> None:
+        stop.clear()
+        threading.Thread(target=reconciler.resync_loop, args=(stop,), daemon=True).start()
+
+    @kopf.on.cleanup(**on_run)
+    def stop_resync(**_: Any) -> None:
+        stop.set()
 
     def child_changed(body: kopf.Body, type: str | None, **_: Any) -> None:
         labels = body.get("metadata", {}).get("labels") or {}
