@@ -44,7 +44,7 @@ from gagar.operator.builders import (
     name,
     uses_jobset,
 )
-from gagar.operator.kube import Kube, KubeError
+from gagar.operator.kube import FIELD_MANAGER, HANDOFF_MANAGER, Kube, KubeError
 from gagar.operator.observe import (
     Observed,
     parse_deployment,
@@ -312,6 +312,7 @@ class Reconciler:
         errors = []
         for obj in desired:
             try:
+                self._hand_over_replicas(obj)
                 self.kube.apply(obj)
             except KubeError as err:
                 if err.transient:
@@ -320,6 +321,24 @@ class Reconciler:
         self._prune(run, desired, terminal)
         mem.apply_error = (generation, "; ".join(errors)) if errors else None
         mem.applied = "" if errors else fingerprint
+
+    def _hand_over_replicas(self, obj: dict[str, Any]) -> None:
+        """Before the operator stops writing a Deployment's replicas (its pool became
+        autoscaled), another manager applies the current value: the field keeps it until the
+        autoscaler acts, instead of being removed and defaulted to 1 (8 replicas dropping to 1)."""
+        if obj["kind"] != "Deployment" or "replicas" in obj["spec"]:
+            return
+        meta = obj["metadata"]
+        current = self.kube.get("apps/v1", "Deployment", meta.get("namespace"), meta["name"])
+        if current is None or not _applies_replicas(current):
+            return
+        handoff = {
+            "apiVersion": "apps/v1",
+            "kind": "Deployment",
+            "metadata": {k: meta[k] for k in ("name", "namespace") if k in meta},
+            "spec": {"replicas": current["spec"].get("replicas", 1)},
+        }
+        self.kube.apply(handoff, manager=HANDOFF_MANAGER, force=False)
 
     def _prune(self, run: GagarRun, desired: list[dict[str, Any]], terminal: bool) -> None:
         """Delete children (by the run's label) that the current spec does not build; a finished
@@ -399,6 +418,15 @@ class Reconciler:
                     self.reconcile_named(namespace, run_name, force_apply=True)
                 except Exception as err:  # the next resync retries; nothing to crash for
                     log.warning("resync of %s/%s failed: %s", namespace, run_name, err)
+
+
+def _applies_replicas(obj: dict[str, Any]) -> bool:
+    """Whether the operator's server-side apply owns ``spec.replicas``."""
+    for entry in obj["metadata"].get("managedFields") or []:
+        if entry.get("manager") == FIELD_MANAGER and entry.get("operation") == "Apply":
+            spec = (entry.get("fieldsV1") or {}).get("f:spec") or {}
+            return "f:replicas" in spec
+    return False
 
 
 def _owned_by(obj: dict[str, Any], run: GagarRun) -> bool:

@@ -753,3 +753,25 @@ def test_trainer_template_changes_wait_for_suspend(env: Env) -> None:
         )
         assert env.condition(name, "Stalled").get("status") != "True"
         assert env.status(name).get("trainerRestarts", 0) == 0  # a recreate is not a restart
+
+
+def test_switching_a_pool_to_autoscaling_keeps_its_replicas(env: Env) -> None:
+    """Fixed replicas -> autoscaling: the operator hands spec.replicas over instead of dropping
+    the field (which the server would default to 1: a pool of 5 falling to 1 before the HPA
+    acts)."""
+    run = manifest(**{"rollout.replicas": 5})
+    name, dep = run["metadata"]["name"], f"{run['metadata']['name']}-rollout"
+    with env.operator():
+        env.create(run)
+        env.wait(
+            lambda: (d := env.get("apps/v1", "Deployment", dep)) and d["spec"]["replicas"] == 5,
+            what="5 replicas",
+        )
+        env.patch_spec(name, {"rollout": {"replicas": None, "autoscaling": HPA}})
+        env.wait(lambda: env.get("autoscaling/v2", "HorizontalPodAutoscaler", dep), what="the HPA")
+        time.sleep(env.resync * 1.5)  # and a resync's re-apply
+        deployment = env.get("apps/v1", "Deployment", dep)
+        assert deployment["spec"]["replicas"] == 5
+        owners = {m["manager"] for m in deployment["metadata"]["managedFields"]
+                  if "f:replicas" in str(m.get("fieldsV1", {}).get("f:spec", {}))}  # fmt: skip
+        assert "gagar-operator" not in owners  # the HPA is the one writer from now on
