@@ -198,6 +198,8 @@ class Reconciler:
         crds = self.crds()
         finished = prev is not None and prev.phase in TERMINAL
         observed = self._observe(run, generation, crds, mem, finished)
+        if observed.trainer is not None and observed.trainer.kind == "Job":
+            crds -= {JOBSET}  # the trainer keeps its kind for the run's life (never pruned mid-run)
         outcome = compute_status(run.spec, observed, prev, self.config.clock())
         self._write_status(raw, prev, outcome)  # before acting: a restart is counted exactly once
         restarted = self._restart_trainer(run, crds, observed, outcome.attempt)
@@ -237,7 +239,7 @@ class Reconciler:
         if uses_jobset(run, BuildContext(crds=crds)):
             js = self.kube.get("jobset.x-k8s.io/v1alpha2", "JobSet", ns, name(run, "trainer"))
             trainer = parse_jobset(js, spec.trainer.nodes) if js else None
-        else:
+        if trainer is None:  # also a Job made before the JobSet CRD appeared: it stays a Job
             job = self.kube.get("batch/v1", "Job", ns, name(run, "trainer"))
             trainer = (
                 parse_job(job) if job and not job["metadata"].get("deletionTimestamp") else None

@@ -564,7 +564,7 @@ def test_completion_releases_accelerators(env: Env) -> None:
         assert env.condition(name, "PoolsReady")["reason"] == "Released"
 
 
-def optional_crd(group: str, kind: str, plural: str) -> dict[str, Any]:
+def optional_crd(group: str, kind: str, plural: str, version: str = "v1") -> dict[str, Any]:
     """A schemaless CRD standing in for an optional integration's (Prometheus Operator, ...)."""
     schema = {"type": "object", "x-kubernetes-preserve-unknown-fields": True}
     return {
@@ -577,7 +577,7 @@ def optional_crd(group: str, kind: str, plural: str) -> dict[str, Any]:
             "names": {"kind": kind, "plural": plural, "singular": kind.lower()},
             "versions": [
                 {
-                    "name": "v1",
+                    "name": version,
                     "served": True,
                     "storage": True,
                     "schema": {"openAPIV3Schema": schema},
@@ -775,3 +775,28 @@ def test_switching_a_pool_to_autoscaling_keeps_its_replicas(env: Env) -> None:
         owners = {m["manager"] for m in deployment["metadata"]["managedFields"]
                   if "f:replicas" in str(m.get("fieldsV1", {}).get("f:spec", {}))}  # fmt: skip
         assert "gagar-operator" not in owners  # the HPA is the one writer from now on
+
+
+def test_jobset_crd_installed_mid_run_keeps_the_running_job(env: Env) -> None:
+    """The JobSet CRD appearing during a run (with the integration on) never replaces, or prunes,
+    the run's running trainer Job."""
+    if not env.simulated:
+        pytest.skip("installs a stand-in JobSet CRD")
+    run = manifest(**{"trainer.useJobSet": True})
+    name, job = run["metadata"]["name"], f"{run['metadata']['name']}-trainer"
+    with env.operator(integrations=frozenset({"jobset.x-k8s.io"})) as reconciler:
+        env.create(run)
+        uid = env.wait(lambda: env.get("batch/v1", "Job", job), what="a Job (no CRD)")["metadata"][
+            "uid"
+        ]
+        env.kube.create(optional_crd("jobset.x-k8s.io", "JobSet", "jobsets", "v1alpha2"))
+        reconciler.config.crd_cache_seconds = 0  # see the new API group at once
+        env.patch_spec(name, {"rollout": {"replicas": 3}})
+        env.wait(
+            lambda: env.get("apps/v1", "Deployment", f"{name}-rollout")["spec"]["replicas"] == 3,
+            what="re-applied",
+        )
+        time.sleep(env.resync * 1.5)
+        assert env.get("batch/v1", "Job", job)["metadata"]["uid"] == uid
+        assert env.kube.list("jobset.x-k8s.io/v1alpha2", "JobSet", env.namespace) == []
+        assert env.condition(name, "Stalled").get("status") != "True"

@@ -146,7 +146,43 @@ CRD_SCHEMAS: dict[str, dict[str, Any]] = {
                 "failurePolicy": {
                     "type": "object",
                     "additionalProperties": False,
-                    "properties": {"maxRestarts": {"type": "integer", "minimum": 0}},
+                    "properties": {
+                        "maxRestarts": {"type": "integer", "minimum": 0},
+                        # jobset.x-k8s.io/v1alpha2 FailurePolicyRule (JobSet >= 0.6)
+                        "rules": {
+                            "type": "array",
+                            "items": {
+                                "type": "object",
+                                "required": ["name", "action"],
+                                "additionalProperties": False,
+                                "properties": {
+                                    "name": {"type": "string", "maxLength": 128},
+                                    "action": {
+                                        "enum": [
+                                            "FailJobSet",
+                                            "RestartJobSet",
+                                            "RestartJobSetAndIgnoreMaxRestarts",
+                                        ]
+                                    },
+                                    "onJobFailureReasons": {
+                                        "type": "array",
+                                        "items": {
+                                            "enum": [
+                                                "BackoffLimitExceeded",
+                                                "DeadlineExceeded",
+                                                "PodFailurePolicy",
+                                                "MaxFailedIndexesExceeded",
+                                            ]
+                                        },
+                                    },
+                                    "targetReplicatedJobs": {
+                                        "type": "array",
+                                        "items": {"type": "string"},
+                                    },
+                                },
+                            },
+                        },
+                    },
                 },
                 "successPolicy": {
                     "type": "object",

@@ -168,7 +168,11 @@ def test_jobset_only_when_asked_and_installed() -> None:
     assert by_kind(objs, "Job") == []
     (js,) = by_kind(objs, "JobSet")
     assert js["apiVersion"] == "jobset.x-k8s.io/v1alpha2"
-    assert js["spec"]["failurePolicy"] == {"maxRestarts": 5}
+    policy = js["spec"]["failurePolicy"]
+    assert policy["maxRestarts"] == 5
+    # a permanent exit (podFailurePolicy FailJob on EXIT_PERMANENT) fails the set, no restarts
+    (rule,) = policy["rules"]
+    assert (rule["action"], rule["onJobFailureReasons"]) == ("FailJobSet", ["PodFailurePolicy"])
     assert js["spec"]["network"]["subdomain"] == "flash-moe-310b-trainer-rdzv"
     (rj,) = js["spec"]["replicatedJobs"]
     assert rj["template"]["spec"]["completions"] == 32

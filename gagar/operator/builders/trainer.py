@@ -199,7 +199,18 @@ def build_trainer_job(run: GagarRun, ctx: BuildContext) -> Manifest:
 def build_trainer_jobset(run: GagarRun, ctx: BuildContext) -> Manifest:
     """The JobSet (jobset.x-k8s.io/v1alpha2): one replicated Job, native whole-set restarts."""
     spec = {
-        "failurePolicy": {"maxRestarts": run.spec.trainer.failure_policy.max_restarts},
+        "failurePolicy": {
+            "maxRestarts": run.spec.trainer.failure_policy.max_restarts,
+            # EXIT_PERMANENT fails the Job through its podFailurePolicy (reason PodFailurePolicy):
+            # the whole set fails at once instead of burning every restart on it
+            "rules": [
+                {
+                    "name": "permanent-configuration-error",
+                    "action": "FailJobSet",
+                    "onJobFailureReasons": ["PodFailurePolicy"],
+                }
+            ],
+        },
         "successPolicy": {"operator": "All", "targetReplicatedJobs": [JOBSET_REPLICATED_JOB]},
         "network": {"enableDNSHostnames": True, "subdomain": name(run, "trainer", "rdzv")},
         "replicatedJobs": [
