@@ -18,6 +18,7 @@ controller owner reference and is garbage-collected, also when no operator runs.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import logging
@@ -53,7 +54,7 @@ from gagar.operator.observe import (
     parse_progress,
     waiting_reasons,
 )
-from gagar.operator.status import TERMINAL, Event, Outcome, compute_status
+from gagar.operator.status import CONDITION_TYPES, TERMINAL, Event, Outcome, compute_status
 from gagar.spec import GagarRun, GagarRunStatus
 
 log = logging.getLogger("gagar.operator")
@@ -389,9 +390,7 @@ class Reconciler:
         meta = raw["metadata"]
         key = (meta.get("namespace", ""), meta["name"])
         self._phases[key] = status.phase
-        gauge = self.metrics["gagar_operator_runs"]
-        for phase in ("Pending", "Running", "Suspended", "Succeeded", "Failed", "Stalled"):
-            gauge.labels(phase=phase).set(sum(p == phase for p in self._phases.values()))
+        self._count_phases()
         cond = self.metrics["gagar_run_condition"]
         for c in status.conditions:
             for value in ("True", "False", "Unknown"):
@@ -399,15 +398,27 @@ class Reconciler:
                     int(c.status == value)
                 )
 
+    def _count_phases(self) -> None:
+        gauge = self.metrics["gagar_operator_runs"]
+        for phase in ("Pending", "Running", "Suspended", "Succeeded", "Failed", "Stalled"):
+            gauge.labels(phase=phase).set(sum(p == phase for p in self._phases.values()))
+
     def remember(self, namespace: str, run_name: str) -> None:
         with self._guard:
             self._known.add((namespace, run_name))
 
     def forget(self, namespace: str, run_name: str) -> None:
+        """Drop a deleted run: its memory, its phase and its condition series."""
         with self._guard:
             self._known.discard((namespace, run_name))
             self._memory.pop((namespace, run_name), None)
             self._phases.pop((namespace, run_name), None)
+        cond = self.metrics["gagar_run_condition"]
+        for kind in CONDITION_TYPES:
+            for value in ("True", "False", "Unknown"):
+                with contextlib.suppress(KeyError):  # a series never exported
+                    cond.remove(run_name, namespace, kind, value)
+        self._count_phases()
 
     def resync_loop(self, stop: threading.Event) -> None:
         """Every ``resync_seconds``, reconcile every known run again (re-applying its objects);

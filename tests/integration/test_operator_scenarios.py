@@ -466,13 +466,24 @@ def test_operator_restart_mid_reconcile(env: Env) -> None:
 def test_delete_garbage_collects_children(env: Env) -> None:
     """No finalizer at all (the resync is no kopf timer): a run deleted while no operator runs,
     as after `helm uninstall`, goes at once, and its children with it."""
-    run = manifest()
+    run, other = manifest(), manifest()
     name = run["metadata"]["name"]
-    with env.operator():
+    with env.operator() as reconciler:
         env.create(run)
         env.wait(lambda: env.get("batch/v1", "Job", f"{name}-trainer"), what="children")
         time.sleep(env.resync * 1.5)  # a resync has passed
         assert not env.run(name)["metadata"].get("finalizers")
+        # a run deleted while the operator runs leaves no condition series behind
+        gone = other["metadata"]["name"]
+        env.create(other)
+        series = reconciler.metrics["gagar_run_condition"]
+
+        def samples() -> list[Any]:
+            return [s for m in series.collect() for s in m.samples if s.labels["run"] == gone]
+
+        env.wait(samples, what="condition series of the second run")
+        env.kube.delete(RUN_API, "GagarRun", env.namespace, gone)
+        env.wait(lambda: samples() == [], what="its series removed")
     env.kube.delete(RUN_API, "GagarRun", env.namespace, name)  # no operator now
     env.wait(lambda: env.run(name) is None, what="run gone")
     env.wait(lambda: env.children(name) == [], what="children collected")
