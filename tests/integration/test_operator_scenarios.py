@@ -812,3 +812,26 @@ def test_jobset_crd_installed_mid_run_keeps_the_running_job(env: Env) -> None:
         assert env.get("batch/v1", "Job", job)["metadata"]["uid"] == uid
         assert env.kube.list("jobset.x-k8s.io/v1alpha2", "JobSet", env.namespace) == []
         assert env.condition(name, "Stalled").get("status") != "True"
+
+
+def test_keda_integration_creates_scaled_objects_under_chart_rbac(env: Env) -> None:
+    """integrations.keda on: the chart's RBAC lets the operator manage the pool's ScaledObject
+    (and a run leaves no 403 behind)."""
+    if not env.simulated:
+        pytest.skip("installs a stand-in KEDA CRD")
+    env.kube.create(optional_crd("keda.sh", "ScaledObject", "scaledobjects", "v1alpha1"))
+    keda = {**HPA, "backend": "keda"}
+    run = manifest(**{"rollout.replicas": None, "rollout.autoscaling": keda})
+    name = run["metadata"]["name"]
+    with env.operator(integrations=frozenset({"keda.sh"})):
+        env.create(run)
+        scaled = env.wait(
+            lambda: env.kube.get(
+                "keda.sh/v1alpha1", "ScaledObject", env.namespace, f"{name}-rollout"
+            ),
+            what="ScaledObject",
+        )
+        assert scaled["spec"]["maxReplicaCount"] == 6
+        env.wait(lambda: env.condition(name, "Ready").get("status") == "True", what="Ready")
+        if env.emulator:
+            assert [r for r in env.emulator.requests_for() if r["code"] == 403] == []
