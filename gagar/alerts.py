@@ -67,6 +67,15 @@ def _mean_length(w: str) -> str:
     return f"(sum by ({BY}) (rate({tokens}[{w}])) / sum by ({BY}) (rate({count}[{w}])))"
 
 
+def _pools_not_ready() -> str:
+    """PoolsReady not True, except for runs whose pools are down on purpose (suspended,
+    complete or failed: the pools were scaled to zero)."""
+    cond = metric("gagar_run_condition")
+    not_ready = f'max by ({BY}) ({cond}{{condition="PoolsReady",status!="True"}})'
+    stopped = f'{cond}{{condition=~"Suspended|Complete|Failed",status="True"}} == 1'
+    return f"({not_ready} unless on ({BY}) max by ({BY}) ({stopped}))"
+
+
 def alerts(w: Windows) -> list[Alert]:
     """The alert catalogue (DESIGN §4): what goes wrong in GAGAR/GRPO runs, per run."""
     mean = _mean_length(w.short)
@@ -121,7 +130,7 @@ def alerts(w: Windows) -> list[Alert]:
         ),
         Alert(
             "GagarPoolNotReady",
-            f'max by ({BY}) ({metric("gagar_run_condition")}{{condition="PoolsReady",status!="True"}})',
+            _pools_not_ready(),
             "==",
             "1",
             "warning",

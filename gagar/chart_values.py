@@ -74,7 +74,8 @@ class Rbac(Values):
 
 
 class Integrations(Values):
-    """Optional CRDs the operator may manage; each adds its RBAC rules only when enabled."""
+    """Optional CRDs the operator may manage; each, when enabled, adds its RBAC rules and passes
+    ``--integration`` to the operator, which leaves a disabled group alone even when installed."""
 
     keda: bool = False
     """Grant access to KEDA ``scaledobjects`` (pools with ``autoscaling.backend: keda``)."""

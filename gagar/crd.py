@@ -97,6 +97,8 @@ def _printer_columns() -> list[dict[str, Any]]:
         {"name": "Phase", "type": "string", "jsonPath": ".status.phase"},
         {"name": "Mode", "type": "string", "jsonPath": ".spec.algorithm.mode"},
         {"name": "Step", "type": "integer", "jsonPath": ".status.step"},
+        {"name": "Total", "type": "integer", "jsonPath": ".spec.algorithm.totalSteps"},
+        {"name": "Restarts", "type": "integer", "jsonPath": ".status.trainerRestarts"},
         {
             "name": "Ready",
             "type": "string",

@@ -24,6 +24,7 @@ from pydantic import (
     JsonValue,
     StringConstraints,
     ValidationInfo,
+    WithJsonSchema,
     field_validator,
     model_validator,
 )
@@ -383,6 +384,247 @@ class CheckpointSpec(Model):
     """Use this existing PVC instead of creating one."""
 
 
+# ---------------------------------------------------------------- pod templates
+# Overlays on the pods the operator builds, in the spirit of Kubeflow Trainer v2's pod overrides:
+# scheduling (GPU taints, node pools, priorities), identity (cloud workload identities through
+# ServiceAccount annotations), environment and extra volumes. Typed where Kubernetes' shape is
+# small; affinity, volume sources and ``valueFrom`` are Kubernetes' own objects, passed through
+# (the rendered pods are validated against Kubernetes' schemas in tests). What the operator
+# itself sets (its labels, its volumes, GAGAR_* variables) cannot be overridden.
+FreeForm = Annotated[
+    dict[str, Any],
+    WithJsonSchema({"type": "object", "x-kubernetes-preserve-unknown-fields": True}),
+]
+RESERVED_VOLUMES = frozenset({"config", "checkpoints", "dshm", "base-model"})
+RESERVED_LABEL_PREFIXES = ("app.kubernetes.io/", "gagar.dev/")
+
+
+class Toleration(Model):
+    """A pod toleration (``kubectl explain pod.spec.tolerations``)."""
+
+    key: str | None = None
+    """Taint key; empty with ``Exists`` tolerates everything."""
+    operator: Literal["Exists", "Equal"] = "Equal"
+    """``Equal`` matches ``value``; ``Exists`` any value."""
+    value: str | None = None
+    """Taint value (``Equal``)."""
+    effect: Literal["NoSchedule", "PreferNoSchedule", "NoExecute"] | None = None
+    """Taint effect; empty matches every effect."""
+    toleration_seconds: int | None = Field(default=None, ge=0)
+    """How long a ``NoExecute`` taint is tolerated."""
+
+
+class LocalObjectReference(Model):
+    """A reference by name to an object in the run's namespace."""
+
+    name: str
+    """Object name."""
+
+
+class EnvVar(Model):
+    """A container environment variable."""
+
+    name: str = Field(min_length=1)
+    """Variable name (``GAGAR_*`` is the operator's own)."""
+    value: str | None = None
+    """Literal value."""
+    value_from: FreeForm | None = None
+    """Kubernetes ``valueFrom`` (``secretKeyRef``, ``configMapKeyRef``, ``fieldRef``, ...)."""
+
+    model_config = ConfigDict(
+        json_schema_extra={
+            "x-kubernetes-validations": [
+                _cel("!self.name.startsWith('GAGAR_')", "GAGAR_* is the operator's", ".name"),
+                _cel(
+                    "has(self.value) != has(self.valueFrom)",
+                    "set exactly one of value and valueFrom",
+                ),
+            ]
+        }
+    )
+
+
+class EnvFromSource(Model):
+    """Every key of a ConfigMap or Secret as environment variables."""
+
+    config_map_ref: LocalObjectReference | None = None
+    """The ConfigMap."""
+    secret_ref: LocalObjectReference | None = None
+    """The Secret."""
+    prefix: str | None = None
+    """Prefix of each variable name."""
+
+    model_config = ConfigDict(
+        json_schema_extra={
+            "x-kubernetes-validations": [
+                _cel(
+                    "has(self.configMapRef) != has(self.secretRef)",
+                    "set exactly one of configMapRef and secretRef",
+                )
+            ]
+        }
+    )
+
+
+class Volume(Model):
+    """An extra pod volume: its name and Kubernetes' volume source of one kind (``hostPath`` is
+    not offered)."""
+
+    name: str = Field(pattern=DNS_LABEL, max_length=63)
+    """Volume name (``config``, ``checkpoints``, ``dshm``, ``base-model`` are the operator's)."""
+    persistent_volume_claim: FreeForm | None = None
+    """``{claimName, readOnly}``."""
+    config_map: FreeForm | None = None
+    """A ConfigMap's keys as files."""
+    secret: FreeForm | None = None
+    """A Secret's keys as files."""
+    empty_dir: FreeForm | None = None
+    """Scratch space."""
+    csi: FreeForm | None = None
+    """A CSI volume (e.g. an object-store FUSE driver)."""
+    nfs: FreeForm | None = None
+    """An NFS export."""
+    ephemeral: FreeForm | None = None
+    """A generic ephemeral volume."""
+    projected: FreeForm | None = None
+    """Projected sources (service account tokens for workload identity, ...)."""
+
+    model_config = ConfigDict(
+        json_schema_extra={
+            "x-kubernetes-validations": [
+                _cel(
+                    "!(self.name in ['config', 'checkpoints', 'dshm', 'base-model'])",
+                    "the name is taken by the operator's volumes",
+                    ".name",
+                ),
+                _cel(
+                    "(has(self.persistentVolumeClaim) ? 1 : 0) + (has(self.configMap) ? 1 : 0) + (has(self.secret) ? 1 : 0) + (has(self.emptyDir) ? 1 : 0) + (has(self.csi) ? 1 : 0) + (has(self.nfs) ? 1 : 0) + (has(self.ephemeral) ? 1 : 0) + (has(self.projected) ? 1 : 0) == 1",
+                    "set exactly one volume source",
+                ),
+            ]
+        }
+    )
+
+
+class VolumeMount(Model):
+    """Where an extra volume appears in the containers."""
+
+    name: str
+    """Volume name (a ``volumes`` entry)."""
+    mount_path: str = Field(pattern=r"^/")
+    """Absolute path in the container."""
+    read_only: bool = False
+    """Mount read-only."""
+    sub_path: str | None = None
+    """Path inside the volume."""
+
+
+_SCHEDULING_RULES: list[JsonValue] = [
+    _cel(
+        "!has(self.labels) || self.labels.all(k, !k.startsWith('app.kubernetes.io/')"
+        " && !k.startsWith('gagar.dev/'))",
+        "app.kubernetes.io/* and gagar.dev/* labels are the operator's",
+        ".labels",
+    ),
+    _cel(
+        "!has(self.affinity) || self.affinity.all(k, k in"
+        " ['nodeAffinity', 'podAffinity', 'podAntiAffinity'])",
+        "affinity has nodeAffinity, podAffinity and podAntiAffinity only",
+        ".affinity",
+    ),
+]
+
+
+class PodScheduling(Model):
+    """Where a component's pods run and how they are marked."""
+
+    labels: dict[str, str] = Field(default_factory=dict)
+    """Extra pod labels (not ``app.kubernetes.io/*`` or ``gagar.dev/*``)."""
+    annotations: dict[str, str] = Field(default_factory=dict)
+    """Extra pod annotations."""
+    node_selector: dict[str, str] = Field(default_factory=dict)
+    """Node labels the pods require, e.g. a GPU node pool."""
+    tolerations: list[Toleration] = Field(default_factory=list)
+    """Taints the pods tolerate, e.g. ``nvidia.com/gpu``."""
+    affinity: FreeForm | None = None
+    """Kubernetes ``affinity`` (``nodeAffinity``, ``podAffinity``, ``podAntiAffinity``)."""
+    priority_class_name: str | None = None
+    """PriorityClass of the pods."""
+    image_pull_secrets: list[LocalObjectReference] = Field(default_factory=list)
+    """Secrets to pull the images with."""
+
+    model_config = ConfigDict(json_schema_extra={"x-kubernetes-validations": _SCHEDULING_RULES})
+
+    @model_validator(mode="after")
+    def _own_labels(self) -> PodScheduling:
+        for key in self.labels:
+            if key.startswith(RESERVED_LABEL_PREFIXES):
+                raise ValueError(f"labels: {key} is the operator's label")
+        unknown = set(self.affinity or {}) - {"nodeAffinity", "podAffinity", "podAntiAffinity"}
+        if unknown:
+            raise ValueError(f"affinity: unknown fields {sorted(unknown)}")
+        return self
+
+
+class PodTemplate(PodScheduling):
+    """Overlay on a component's pods: scheduling, identity, environment and extra volumes."""
+
+    env: list[EnvVar] = Field(default_factory=list)
+    """Extra environment variables of every container."""
+    env_from: list[EnvFromSource] = Field(default_factory=list)
+    """ConfigMaps/Secrets as environment variables of every container (e.g. object-store
+    credentials for ``s3://`` models)."""
+    volumes: list[Volume] = Field(default_factory=list)
+    """Extra pod volumes."""
+    volume_mounts: list[VolumeMount] = Field(default_factory=list)
+    """Where the extra volumes appear, in every container."""
+    service_account_annotations: dict[str, str] = Field(default_factory=dict)
+    """Annotations of the component's ServiceAccount, e.g. ``eks.amazonaws.com/role-arn``
+    (IRSA) or ``iam.gke.io/gcp-service-account`` (GKE Workload Identity)."""
+
+    model_config = ConfigDict(
+        json_schema_extra={
+            "x-kubernetes-validations": [
+                *_SCHEDULING_RULES,
+                _cel(
+                    "!has(self.volumes) || self.volumes.all(v,"
+                    " self.volumes.exists_one(w, w.name == v.name))",
+                    "volume names must be unique",
+                    ".volumes",
+                ),
+                _cel(
+                    "!has(self.volumeMounts) || self.volumeMounts.all(m,"
+                    " has(self.volumes) && self.volumes.exists(v, v.name == m.name))",
+                    "every volumeMount names one of volumes",
+                    ".volumeMounts",
+                ),
+            ]
+        }
+    )
+
+    @model_validator(mode="after")
+    def _own_names(self) -> PodTemplate:
+        for i, var in enumerate(self.env):
+            if var.name.startswith("GAGAR_"):
+                raise ValueError(f"env[{i}].name: GAGAR_* is the operator's")
+            if (var.value is None) == (var.value_from is None):
+                raise ValueError(f"env[{i}]: set exactly one of value and valueFrom")
+        for i, ref in enumerate(self.env_from):
+            if (ref.config_map_ref is None) == (ref.secret_ref is None):
+                raise ValueError(f"envFrom[{i}]: set exactly one of configMapRef and secretRef")
+        names = [v.name for v in self.volumes]
+        for i, vol in enumerate(self.volumes):
+            if vol.name in RESERVED_VOLUMES or names.count(vol.name) > 1:
+                raise ValueError(f"volumes[{i}].name: {vol.name} is taken")
+            sources = vol.model_dump(exclude={"name"}, exclude_none=True)
+            if len(sources) != 1:
+                raise ValueError(f"volumes[{i}]: set exactly one volume source")
+        for i, mount in enumerate(self.volume_mounts):
+            if mount.name not in names:
+                raise ValueError(f"volumeMounts[{i}].name: no volume {mount.name}")
+        return self
+
+
 class TrainerSpec(Model):
     """The trainer job: Megatron-Core ranks launched by torchrun."""
 
@@ -400,6 +642,12 @@ class TrainerSpec(Model):
     """Restart budget."""
     checkpoint: CheckpointSpec = Field(default_factory=CheckpointSpec)
     """Checkpointing."""
+    pod_template: PodTemplate = Field(default_factory=PodTemplate)
+    """Overlay on the trainer pods (scheduling, identity, env, volumes)."""
+    queue_name: str | None = Field(default=None, pattern=DNS_LABEL, max_length=63)
+    """Kueue LocalQueue the trainer workload is submitted to (the label
+    ``kueue.x-k8s.io/queue-name`` on its Job or JobSet): Kueue then decides when it starts, and
+    the operator writes the workload's ``suspend`` only while ``spec.suspend`` is true."""
     use_job_set: bool = False
     """Run as a JobSet (when its CRD is installed) instead of an indexed Job."""
     device: Device = "auto"
@@ -509,6 +757,8 @@ class _Pool(Model):
     """URL of an existing OpenAI-compatible endpoint to use instead of a pool."""
     resources: ResourceRequirements = Field(default_factory=ResourceRequirements)
     """Resources of each replica."""
+    pod_template: PodTemplate = Field(default_factory=PodTemplate)
+    """Overlay on the pool's pods (scheduling, identity, env, volumes)."""
 
     def _check_pool(self, path: str) -> None:
         if self.endpoint is not None:
@@ -694,6 +944,9 @@ class SandboxSpec(Model):
     """Warm sandbox pods (or local concurrent sessions)."""
     resources: ResourceRequirements = Field(default_factory=ResourceRequirements)
     """Resources of each sandbox pod."""
+    pod_template: PodScheduling = Field(default_factory=PodScheduling)
+    """Where sandbox pods run (scheduling only: no env, volumes or identity reach the pods
+    that run untrusted code)."""
 
 
 # ---------------------------------------------------------------- data, observability
@@ -787,6 +1040,19 @@ class ObservabilitySpec(Model):
 
 
 # ---------------------------------------------------------------- run
+# A transition rule (evaluated by the API server on updates only): the trainer's Job template is
+# immutable, so what shapes it changes only while the run is suspended, when the operator
+# recreates the trainer from its last checkpoint (docs/operations.md). The operator enforces the
+# same for everything else that reaches the template (it refuses, applying nothing).
+_TRAINER_FIXED_WHILE_RUNNING = _cel(
+    "(has(oldSelf.suspend) && oldSelf.suspend && has(self.suspend) && self.suspend)"
+    " || (has(self.trainer) == has(oldSelf.trainer)"
+    " && (!has(self.trainer) || self.trainer == oldSelf.trainer) && self.model == oldSelf.model)",
+    "spec.trainer and spec.model change only while the run is suspended (suspend: true before"
+    " and after the change): the trainer is then recreated from its last checkpoint",
+)
+
+
 class GagarRunSpec(Model):
     """Desired state of a GagarRun."""
 
@@ -821,7 +1087,8 @@ class GagarRunSpec(Model):
                     "!has(self.model.numExperts) || !has(self.trainer) || !has(self.trainer.parallelism) || self.model.numExperts % self.trainer.parallelism.expert == 0",
                     "trainer.parallelism.expert must divide model.numExperts",
                     ".trainer.parallelism.expert",
-                )
+                ),
+                _TRAINER_FIXED_WHILE_RUNNING,
             ]
         }
     )

@@ -16,7 +16,7 @@ whose ``run.json`` is the whole GagarRun as the operator validated it, and sets 
 ``GAGAR_MODEL_DIR``            the base policy's HF folder in the pod (a mounted ``pvc://`` path)
 ``GAGAR_PROGRESS_CONFIGMAP``   ``<run>-progress``, patched with step, versions and checkpoints
 ``GAGAR_NAMESPACE``            the run's namespace
-``GAGAR_METRICS_PORT``         where rank 0 serves ``/metrics``
+``GAGAR_METRICS_PORT``         where rank 0 serves ``/metrics`` (unset: ``observability.metricsPort``)
 ``GAGAR_EXIT_PERMANENT``       the exit code that fails the run at once (configuration errors)
 =============================  =================================================================
 

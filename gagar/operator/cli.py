@@ -49,6 +49,7 @@ def _operator(args: argparse.Namespace) -> int:
         standalone=args.standalone,
         port=args.metrics_port,
         health_port=args.health_port,
+        integrations=frozenset(args.integration or ()),
     )
 
 
@@ -82,6 +83,15 @@ def register(sub: argparse._SubParsersAction) -> None:
     )
     p.add_argument(
         "--standalone", action="store_true", help="no peering with other operator instances"
+    )
+    p.add_argument(
+        "--integration",
+        action="append",
+        choices=OPTIONAL_CRDS,
+        metavar="GROUP",
+        help="manage this optional CRD group's kinds (the chart's integrations.*, which also grant "
+        f"the RBAC; {', '.join(OPTIONAL_CRDS)}); repeatable; a group not named is left alone "
+        "even when installed",
     )
     p.add_argument("--metrics-port", type=int, default=9400, help="port of the operator's /metrics")
     p.add_argument(

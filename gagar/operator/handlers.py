@@ -6,17 +6,19 @@ status (pure), write it when it changed, apply the failure policy (a failed trai
 current attempt is deleted and recreated as the next attempt, from the last checkpoint), apply
 every child with server-side apply under the ``gagar-operator`` field manager (``force``), prune
 children the spec no longer wants (an HPA while suspended, a pool switched to an endpoint), and post
-events. Triggers: create/update/resume of a GagarRun, a resync timer, and watch events of owned
-Jobs, Deployments and the trainer's progress ConfigMap.
+events. Triggers: create/update/resume of a GagarRun, the resync thread, and watch events of
+owned Jobs, Deployments and the trainer's progress ConfigMap.
 
 Crash safety: names are deterministic and SSA is idempotent, so a restarted operator converges
 without duplicates; the status (restart count included) is written *before* the trainer Job is
 deleted, so a crash in between never loses or double-counts a restart. Deletion needs no
-finalizer: every child carries a controller owner reference and is garbage-collected.
+finalizer, and none is set (no kopf timer, no mandatory delete handler): every child carries a
+controller owner reference and is garbage-collected, also when no operator runs.
 """
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import logging
@@ -38,12 +40,13 @@ from gagar.operator.builders import (
     JOBSET,
     KEDA,
     MONITORING,
+    TEMPLATE_ANNOTATION,
     BuildContext,
     build_all,
     name,
     uses_jobset,
 )
-from gagar.operator.kube import Kube, KubeError
+from gagar.operator.kube import FIELD_MANAGER, HANDOFF_MANAGER, Kube, KubeError
 from gagar.operator.observe import (
     Observed,
     parse_deployment,
@@ -52,7 +55,7 @@ from gagar.operator.observe import (
     parse_progress,
     waiting_reasons,
 )
-from gagar.operator.status import Event, Outcome, compute_status
+from gagar.operator.status import CONDITION_TYPES, TERMINAL, Event, Outcome, compute_status
 from gagar.spec import GagarRun, GagarRunStatus
 
 log = logging.getLogger("gagar.operator")
@@ -70,11 +73,15 @@ def now_rfc3339() -> str:
 @dataclass
 class OperatorConfig:
     """Operator knobs. ``resync_seconds``: full re-apply period; ``crd_cache_seconds``: how long
-    the list of installed API groups is trusted."""
+    the list of installed API groups is trusted; ``integrations``: the optional API groups the
+    operator may manage (``--integration``, the chart's ``integrations.*``, which grant the RBAC
+    for exactly these): a group installed in the cluster but not named here is never built,
+    listed or pruned, so a default install never asks for what its RBAC does not grant."""
 
     resync_seconds: float = 30.0
     crd_cache_seconds: float = 60.0
     clock: Callable[[], str] = now_rfc3339
+    integrations: frozenset[str] = frozenset()
 
 
 @dataclass
@@ -115,6 +122,7 @@ class Reconciler:
         self._memory: dict[tuple[str, str], _RunMemory] = {}
         self._groups: tuple[float, frozenset[str]] = (0.0, frozenset())
         self._phases: dict[tuple[str, str], str] = {}
+        self._known: set[tuple[str, str]] = set()  # runs seen by the watch, for the resync
         self._guard = threading.Lock()
         telemetry.watch_queue(metrics, self.queue_depth)
 
@@ -128,9 +136,10 @@ class Reconciler:
             return sum(m.dirty or m.lock.locked() for m in self._memory.values())
 
     def crds(self) -> frozenset[str]:
+        """Optional API groups both installed and enabled (``OperatorConfig.integrations``)."""
         stamp, groups = self._groups
         if time.monotonic() - stamp > self.config.crd_cache_seconds:
-            groups = frozenset(self.kube.api_groups())
+            groups = frozenset(self.kube.api_groups()) & self.config.integrations
             self._groups = (time.monotonic(), groups)
         return groups
 
@@ -201,7 +210,10 @@ class Reconciler:
             self._write_status(raw, prev, outcome)
             return outcome
         crds = self.crds()
-        observed = self._observe(run, generation, crds, mem)
+        finished = prev is not None and prev.phase in TERMINAL
+        observed = self._observe(run, generation, crds, mem, finished)
+        if observed.trainer is not None and observed.trainer.kind == "Job":
+            crds -= {JOBSET}  # the trainer keeps its kind for the run's life (never pruned mid-run)
         outcome = compute_status(run.spec, observed, prev, self.config.clock())
         self._write_status(raw, prev, outcome)  # before acting: a restart is counted exactly once
         restarted = self._restart_trainer(run, crds, observed, outcome.attempt)
@@ -212,7 +224,14 @@ class Reconciler:
             state="terminal" if outcome.terminal else "active",
         )
         before = mem.apply_error
-        self._apply(run, build_all(run, ctx), mem, generation, force_apply or restarted)
+        desired = build_all(run, ctx)
+        blocked = None if restarted else self._trainer_template(run, desired, observed, crds)
+        if blocked is not None:
+            mem.apply_error, mem.applied = (generation, blocked), ""  # nothing half-applied
+        else:
+            # a finished run's objects change only with its spec: the resync does not re-apply
+            force = (force_apply and not outcome.terminal) or restarted
+            self._apply(run, desired, mem, generation, force, outcome.terminal)
         if mem.apply_error != before:
             observed = self._observe(run, generation, crds, mem)
             final = compute_status(run.spec, observed, outcome.status, self.config.clock())
@@ -222,14 +241,19 @@ class Reconciler:
 
     # ------------------------------------------------------------------ observe
     def _observe(
-        self, run: GagarRun, generation: int, crds: frozenset[str], mem: _RunMemory
+        self,
+        run: GagarRun,
+        generation: int,
+        crds: frozenset[str],
+        mem: _RunMemory,
+        finished: bool = False,
     ) -> Observed:
         ns, spec = run.metadata.namespace, run.spec
         trainer = None
         if uses_jobset(run, BuildContext(crds=crds)):
             js = self.kube.get("jobset.x-k8s.io/v1alpha2", "JobSet", ns, name(run, "trainer"))
             trainer = parse_jobset(js, spec.trainer.nodes) if js else None
-        else:
+        if trainer is None:  # also a Job made before the JobSet CRD appeared: it stays a Job
             job = self.kube.get("batch/v1", "Job", ns, name(run, "trainer"))
             trainer = (
                 parse_job(job) if job and not job["metadata"].get("deletionTimestamp") else None
@@ -241,7 +265,7 @@ class Reconciler:
                 pools[pool] = parse_deployment(dep)
         progress = self.kube.get("v1", "ConfigMap", ns, name(run, "progress")) or {}
         pods = []
-        if trainer is None or trainer.ready < spec.trainer.nodes:  # why it waits, when it does
+        if not finished and (trainer is None or trainer.ready < spec.trainer.nodes):  # why it waits
             selector = f"gagar.dev/run={run.metadata.name},app.kubernetes.io/component=trainer"
             pods = self.kube.list("v1", "Pod", ns, selector)
         error = mem.apply_error[1] if mem.apply_error and mem.apply_error[0] == generation else None
@@ -266,6 +290,29 @@ class Reconciler:
         log.info("deleted trainer Job of attempt %d; creating attempt %d", job.attempt, attempt)
         return True
 
+    def _trainer_template(
+        self, run: GagarRun, desired: list[dict[str, Any]], observed: Observed, crds: frozenset[str]
+    ) -> str | None:
+        """A change of the trainer's immutable template: once the run is suspended the trainer is
+        deleted (its pods stop, as suspending stops them) and recreated, suspended, to resume from
+        the last checkpoint; before that the change is refused, the message says why."""
+        trainer = observed.trainer
+        want = next((o for o in desired if o["kind"] in ("Job", "JobSet")), None)
+        if trainer is None or want is None or not trainer.template_hash:
+            return None
+        if want["metadata"]["annotations"][TEMPLATE_ANNOTATION] == trainer.template_hash:
+            return None
+        if run.spec.suspend:
+            api = "batch/v1" if trainer.kind == "Job" else f"{JOBSET}/v1alpha2"
+            self.kube.delete(api, trainer.kind, run.metadata.namespace, name(run, "trainer"))
+            log.info("trainer template changed while suspended: recreating the %s", trainer.kind)
+            return None
+        return (
+            "TrainerTemplateChanged: this change reaches the trainer's pod template, which a "
+            "running Job cannot change; suspend the run (spec.suspend: true) to recreate the "
+            "trainer from its last checkpoint, or revert the change"
+        )
+
     def _apply(
         self,
         run: GagarRun,
@@ -273,6 +320,7 @@ class Reconciler:
         mem: _RunMemory,
         generation: int,
         force: bool,
+        terminal: bool = False,
     ) -> None:
         fingerprint = hashlib.sha256(json.dumps(desired, sort_keys=True).encode()).hexdigest()
         if fingerprint == mem.applied and not force:
@@ -280,24 +328,53 @@ class Reconciler:
         errors = []
         for obj in desired:
             try:
+                self._hand_over_replicas(obj)
                 self.kube.apply(obj)
             except KubeError as err:
                 if err.transient:
                     raise
                 errors.append(f"{obj['kind']}/{obj['metadata']['name']}: {err.message}")
-        self._prune(run, desired)
+        self._prune(run, desired, terminal)
         mem.apply_error = (generation, "; ".join(errors)) if errors else None
         mem.applied = "" if errors else fingerprint
 
-    def _prune(self, run: GagarRun, desired: list[dict[str, Any]]) -> None:
-        """Delete children (by the run's label) that the current spec does not build."""
+    def _hand_over_replicas(self, obj: dict[str, Any]) -> None:
+        """Before the operator stops writing a Deployment's replicas (its pool became
+        autoscaled), another manager applies the current value: the field keeps it until the
+        autoscaler acts, instead of being removed and defaulted to 1 (8 replicas dropping to 1)."""
+        if obj["kind"] != "Deployment" or "replicas" in obj["spec"]:
+            return
+        meta = obj["metadata"]
+        current = self.kube.get("apps/v1", "Deployment", meta.get("namespace"), meta["name"])
+        if current is None or not _applies_replicas(current):
+            return
+        handoff = {
+            "apiVersion": "apps/v1",
+            "kind": "Deployment",
+            "metadata": {k: meta[k] for k in ("name", "namespace") if k in meta},
+            "spec": {"replicas": current["spec"].get("replicas", 1)},
+        }
+        self.kube.apply(handoff, manager=HANDOFF_MANAGER, force=False)
+
+    def _prune(self, run: GagarRun, desired: list[dict[str, Any]], terminal: bool) -> None:
+        """Delete children (by the run's label) that the current spec does not build; a finished
+        trainer (built no more once the run is terminal) stays as the run's record."""
         wanted = {(o["kind"], o["metadata"]["name"]) for o in desired}
+        if terminal:
+            wanted |= {(kind, name(run, "trainer")) for kind in ("Job", "JobSet")}
         groups = self.crds()
         for api_version, kind in PRUNABLE:
             if api_version.split("/")[0] in OPTIONAL_GROUPS - groups:
                 continue  # optional CRD not installed
             selector = f"gagar.dev/run={run.metadata.name}"
-            for obj in self.kube.list(api_version, kind, run.metadata.namespace, selector):
+            try:
+                found = self.kube.list(api_version, kind, run.metadata.namespace, selector)
+            except KubeError as err:
+                if err.status != 403:
+                    raise
+                log.warning("cannot prune %s (RBAC): %s", kind, err.message)
+                continue  # a kind the operator may not list: it cannot have created one either
+            for obj in found:
                 if (kind, obj["metadata"]["name"]) not in wanted and _owned_by(obj, run):
                     self.kube.delete(
                         api_version, kind, run.metadata.namespace, obj["metadata"]["name"]
@@ -326,9 +403,7 @@ class Reconciler:
         meta = raw["metadata"]
         key = (meta.get("namespace", ""), meta["name"])
         self._phases[key] = status.phase
-        gauge = self.metrics["gagar_operator_runs"]
-        for phase in ("Pending", "Running", "Suspended", "Succeeded", "Failed", "Stalled"):
-            gauge.labels(phase=phase).set(sum(p == phase for p in self._phases.values()))
+        self._count_phases()
         cond = self.metrics["gagar_run_condition"]
         for c in status.conditions:
             for value in ("True", "False", "Unknown"):
@@ -336,10 +411,48 @@ class Reconciler:
                     int(c.status == value)
                 )
 
-    def forget(self, namespace: str, run_name: str) -> None:
+    def _count_phases(self) -> None:
+        gauge = self.metrics["gagar_operator_runs"]
+        for phase in ("Pending", "Running", "Suspended", "Succeeded", "Failed", "Stalled"):
+            gauge.labels(phase=phase).set(sum(p == phase for p in self._phases.values()))
+
+    def remember(self, namespace: str, run_name: str) -> None:
         with self._guard:
+            self._known.add((namespace, run_name))
+
+    def forget(self, namespace: str, run_name: str) -> None:
+        """Drop a deleted run: its memory, its phase and its condition series."""
+        with self._guard:
+            self._known.discard((namespace, run_name))
             self._memory.pop((namespace, run_name), None)
             self._phases.pop((namespace, run_name), None)
+        cond = self.metrics["gagar_run_condition"]
+        for kind in CONDITION_TYPES:
+            for value in ("True", "False", "Unknown"):
+                with contextlib.suppress(KeyError):  # a series never exported
+                    cond.remove(run_name, namespace, kind, value)
+        self._count_phases()
+
+    def resync_loop(self, stop: threading.Event) -> None:
+        """Every ``resync_seconds``, reconcile every known run again (re-applying its objects);
+        an API error is logged and the run tried again next time."""
+        while not stop.wait(self.config.resync_seconds):
+            with self._guard:
+                known = sorted(self._known)
+            for namespace, run_name in known:
+                try:
+                    self.reconcile_named(namespace, run_name, force_apply=True)
+                except Exception as err:  # the next resync retries; nothing to crash for
+                    log.warning("resync of %s/%s failed: %s", namespace, run_name, err)
+
+
+def _applies_replicas(obj: dict[str, Any]) -> bool:
+    """Whether the operator's server-side apply owns ``spec.replicas``."""
+    for entry in obj["metadata"].get("managedFields") or []:
+        if entry.get("manager") == FIELD_MANAGER and entry.get("operation") == "Apply":
+            spec = (entry.get("fieldsV1") or {}).get("f:spec") or {}
+            return "f:replicas" in spec
+    return False
 
 
 def _owned_by(obj: dict[str, Any], run: GagarRun) -> bool:
@@ -361,20 +474,26 @@ def register(registry: kopf.OperatorRegistry, reconciler: Reconciler) -> kopf.Op
             if stalled.reason == "InvalidSpec":  # retrying cannot help; the next edit will
                 raise kopf.PermanentError(stalled.message)
 
-    @kopf.timer(
-        API_GROUP,
-        API_VERSION,
-        PLURAL,
-        interval=reconciler.config.resync_seconds,
-        initial_delay=reconciler.config.resync_seconds,
-        **on_run,
-    )
-    def resync(body: kopf.Body, **_: Any) -> None:
-        reconciler.reconcile(body, force_apply=True)
+    # The resync is the operator's own thread over the runs it has seen, not a kopf timer: a
+    # timer makes kopf put a finalizer on every run, and a run deleted while no operator runs
+    # (after `helm uninstall`) would then hang in deletion.
+    @kopf.on.event(API_GROUP, API_VERSION, PLURAL, **on_run)
+    def run_seen(name: str, namespace: str, type: str | None, **_: Any) -> None:
+        if type == "DELETED":
+            reconciler.forget(namespace, name)  # children go by owner-reference GC
+        else:
+            reconciler.remember(namespace, name)
 
-    @kopf.on.delete(API_GROUP, API_VERSION, PLURAL, optional=True, **on_run)
-    def run_deleted(name: str, namespace: str, **_: Any) -> None:
-        reconciler.forget(namespace, name)  # children go by owner-reference garbage collection
+    stop = threading.Event()
+
+    @kopf.on.startup(**on_run)
+    def start_resync(**_: Any) -> None:
+        stop.clear()
+        threading.Thread(target=reconciler.resync_loop, args=(stop,), daemon=True).start()
+
+    @kopf.on.cleanup(**on_run)
+    def stop_resync(**_: Any) -> None:
+        stop.set()
 
     def child_changed(body: kopf.Body, type: str | None, **_: Any) -> None:
         labels = body.get("metadata", {}).get("labels") or {}

@@ -19,6 +19,9 @@ from kubernetes.client.exceptions import ApiException
 from gagar import API_GROUP, API_VERSION, KIND
 
 FIELD_MANAGER = "gagar-operator"
+# Takes over fields the operator stops writing but that must keep their value (replicas of a pool
+# switched to an autoscaler), as Kubernetes documents for handing a field over to an HPA.
+HANDOFF_MANAGER = "gagar-handoff"
 
 PLURALS = {
     "ConfigMap": "configmaps",
@@ -26,6 +29,8 @@ PLURALS = {
     "ServiceAccount": "serviceaccounts",
     "Role": "roles",
     "RoleBinding": "rolebindings",
+    "ClusterRole": "clusterroles",
+    "ClusterRoleBinding": "clusterrolebindings",
     "Service": "services",
     "Job": "jobs",
     "JobSet": "jobsets",
@@ -147,11 +152,13 @@ class Kube:
         query = [("labelSelector", selector)] if selector else []
         return self._call("GET", path(api_version, kind, namespace), query=query).get("items") or []
 
-    def apply(self, obj: dict[str, Any]) -> dict[str, Any]:
+    def apply(
+        self, obj: dict[str, Any], manager: str = FIELD_MANAGER, force: bool = True
+    ) -> dict[str, Any]:
         """Server-side apply under the operator's field manager, taking over conflicting fields."""
         meta = obj["metadata"]
         url = path(obj["apiVersion"], obj["kind"], meta.get("namespace"), meta["name"])
-        query = [("fieldManager", FIELD_MANAGER), ("force", "true")]
+        query = [("fieldManager", manager), ("force", "true" if force else "false")]
         return self._call(
             "PATCH", url, body=obj, query=query, content_type="application/apply-patch+yaml"
         )

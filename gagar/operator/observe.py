@@ -8,7 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from gagar.operator.builders.common import ATTEMPT_ANNOTATION
+from gagar.operator.builders.common import ATTEMPT_ANNOTATION, TEMPLATE_ANNOTATION
 
 
 @dataclass(frozen=True)
@@ -26,6 +26,7 @@ class TrainerObserved:
     failed_message: str = ""
     restarts: int = 0  # JobSet's own restart counter (a Job never restarts itself)
     start_time: str | None = None
+    template_hash: str = ""  # of the immutable spec it was built from ("" when unknown)
 
 
 @dataclass(frozen=True)
@@ -91,6 +92,7 @@ def parse_job(job: dict[str, Any]) -> TrainerObserved:
         failed_reason=failed.get("reason", ""),
         failed_message=failed.get("message", ""),
         start_time=status.get("startTime"),
+        template_hash=annotations.get(TEMPLATE_ANNOTATION, ""),
     )
 
 
@@ -109,6 +111,9 @@ def parse_jobset(jobset: dict[str, Any], nodes: int) -> TrainerObserved:
         failed_reason=failed.get("reason", ""),
         failed_message=failed.get("message", ""),
         restarts=int(status.get("restarts", 0)),
+        template_hash=(jobset.get("metadata", {}).get("annotations") or {}).get(
+            TEMPLATE_ANNOTATION, ""
+        ),
     )
 
 

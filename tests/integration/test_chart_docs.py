@@ -71,11 +71,14 @@ class Checker:
         self.checked: list[str] = []
 
     def check(self, argv: list[str]) -> None:
+        argv = [argv[0].partition("=")[0], *argv[1:]] if "=" in argv[0] else argv
         handler = {
             "helm": self.helm,
             "kubectl": self.kubectl,
             "gagar": self.gagar,
             "promtool": self.promtool,
+            "kind": self.kind,
+            "GAGAR_TEST_KUBECONFIG": self.scenario_tests,
         }
         assert argv[0] in handler, f"undocumented kind of command: {shlex.join(argv)}"
         handler[argv[0]](argv)
@@ -121,7 +124,8 @@ class Checker:
         name = argv[3]
         patched = merge_patch(self.runs[name], json.loads(argv[argv.index("-p") + 1]))
         GagarRun.model_validate(patched)
-        assert crd_errors(patched, self.crd) == [], shlex.join(argv)
+        # an update: the CRD's transition rules (oldSelf) see the run before the patch
+        assert crd_errors(patched, self.crd, old=self.runs[name]) == [], shlex.join(argv)
         self.runs[name] = patched
 
     def scale(self, argv: list[str]) -> None:
@@ -153,6 +157,17 @@ class Checker:
         )
         assert proc.returncode == 0, (argv, proc.stderr)
 
+    def kind(self, argv: list[str]) -> None:
+        """kind needs a container engine (none here): the commands' shape is checked."""
+        assert argv[1:3] in (["create", "cluster"], ["delete", "cluster"], ["get", "kubeconfig"])
+        assert argv[3] == "--name"
+
+    def scenario_tests(self, argv: list[str]) -> None:
+        """``GAGAR_TEST_KUBECONFIG=... pytest FILE``: the file exists and reads that variable."""
+        assert argv[1:4] == [".venv/bin/python", "-m", "pytest"], shlex.join(argv)
+        test_file = ROOT / argv[4]
+        assert test_file.is_file() and "GAGAR_TEST_KUBECONFIG" in test_file.read_text()
+
     def promtool(self, argv: list[str]) -> None:
         run([system_tool("promtool"), *argv[1:]])
 
@@ -181,6 +196,17 @@ def test_patches_that_break_the_spec_are_caught() -> None:
     checker = Checker()
     bad = '{"spec":{"grader":{"autoscaling":{"minReplicas":1,"maxReplicas":2}}}}'
     with pytest.raises(Exception, match="replicas"):
+        checker.check(
+            shlex.split(f"kubectl patch gr qwen3-swe-1node -n gagar --type merge -p '{bad}'")
+        )
+
+
+def test_trainer_changes_need_a_suspended_run() -> None:
+    """Patches are checked as updates: the CRD's transition rule refuses a running trainer's
+    change, as the API server would."""
+    checker = Checker()
+    bad = '{"spec":{"trainer":{"image":"x:2"}}}'
+    with pytest.raises(AssertionError, match="kubectl patch"):
         checker.check(
             shlex.split(f"kubectl patch gr qwen3-swe-1node -n gagar --type merge -p '{bad}'")
         )

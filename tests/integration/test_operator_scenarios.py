@@ -1,21 +1,29 @@
 """Operator scenarios with the real kopf runtime against the Kubernetes API emulator.
 
 Each scenario starts ``gagar``'s handlers (``register`` on a fresh kopf registry, a fresh
-``Reconciler``) in a thread and drives the cluster through the API only. With
-``GAGAR_TEST_KUBECONFIG`` set, the same scenarios run against that cluster instead (namespace
-``GAGAR_TEST_NAMESPACE``, default ``default``; the GagarRun CRD is applied first); scenarios that
-need emulator-only controls (failing a Job on demand, injected API faults, simulated readiness)
-are skipped there.
+``Reconciler``) in a thread and drives the cluster through the API only. The operator logs in as
+a real one does (``gagar.operator.main``: the kubernetes client's kubeconfig loader) and acts as
+its ServiceAccount with exactly the RBAC the chart renders (default values, plus the integrations
+a scenario turns on), so a missing rule fails here as it would in a cluster. Every scenario runs
+twice: against an emulator in this process (``emulator``; the scenarios that need its controls,
+failing a Job on demand or injected API faults, only here) and against an emulator served by a
+separate process and reached only through kubeconfigs (``kubeconfig``). With
+``GAGAR_TEST_KUBECONFIG`` set, they run against that cluster instead (namespace
+``GAGAR_TEST_NAMESPACE``, default ``default``; the GagarRun CRD is applied first; the operator
+acts as that kubeconfig's user); see docs/operations.md.
 """
 
 from __future__ import annotations
 
 import contextlib
 import os
+import subprocess
+import sys
 import time
 import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import kopf
@@ -31,22 +39,43 @@ from gagar.operator.handlers import (
     parse_run,
     register,
 )
-from gagar.operator.kube import RUN_API, Kube
+from gagar.operator.kube import RUN_API, Kube, KubeError
+from gagar.operator.main import add_login, api_client
 from tests.kube_emulator import KubeEmulator
 from tests.kube_emulator.kopf_runner import run_operator
+from tests.support.tools import ROOT, helm_template
 from tests.unit.test_builders import example
 
 REAL = os.environ.get("GAGAR_TEST_KUBECONFIG")
 TIMEOUT = 60.0 if REAL else 30.0  # generous: CI machines are shared and slow
+# The chart's operator identity (`helm template gagar charts/gagar --namespace gagar-system`).
+OPERATOR_SA = ("gagar-system", "gagar")
+# --integration group -> the chart value that grants its RBAC
+CHART_INTEGRATION = {
+    "keda.sh": "integrations.keda",
+    "jobset.x-k8s.io": "integrations.jobset",
+    "monitoring.coreos.com": "integrations.prometheusOperator",
+}
+
+
+def chart_rbac(integrations: frozenset[str]) -> list[dict[str, Any]]:
+    """The operator's ClusterRole and binding as the chart renders them."""
+    flags = [a for g in sorted(integrations) for a in ("--set", f"{CHART_INTEGRATION[g]}=true")]
+    kinds = ("ClusterRole", "ClusterRoleBinding")
+    return [o for o in helm_template(*flags) if o["kind"] in kinds]
 
 
 @dataclass
 class Env:
-    """The cluster under test: the REST helper for both modes, the emulator when there is one."""
+    """The cluster under test: the admin's REST helper, the operator's kubeconfig, and the
+    emulator when it runs in this process. ``simulated``: an emulator's controllers make
+    Deployments ready (in either process), a real cluster's may not."""
 
     kube: Kube
     namespace: str
     emulator: KubeEmulator | None
+    operator_kubeconfig: str
+    simulated: bool = True
     resync: float = 3.0
     created: list[str] = field(default_factory=list)
 
@@ -56,21 +85,27 @@ class Env:
         return self.emulator
 
     @contextlib.contextmanager
-    def operator(self) -> Iterator[Reconciler]:
-        """A fresh operator (new registry, new in-memory state) for the duration of the block."""
+    def operator(self, integrations: frozenset[str] = frozenset()) -> Iterator[Reconciler]:
+        """A fresh operator (new registry, new in-memory state) for the duration of the block,
+        logged in through its kubeconfig, with the chart's RBAC for ``integrations``."""
+        if self.simulated:
+            for obj in chart_rbac(integrations):
+                self.kube.apply(obj)
+        client = api_client(self.operator_kubeconfig)
         reconciler = Reconciler(
-            self.kube,
+            Kube(client),
             Metrics(CollectorRegistry(), "operator"),
-            OperatorConfig(resync_seconds=self.resync),
+            OperatorConfig(resync_seconds=self.resync, integrations=integrations),
         )
         registry = register(kopf.OperatorRegistry(), reconciler)
-        if self.emulator is None:
-            registry._kube_emulator_login = True  # type: ignore[attr-defined]
-            kopf.on.login(registry=registry)(lambda **kw: kopf.login_with_kubeconfig(**kw))
-        with run_operator(
-            self.emulator, registry, namespaces=(self.namespace,), configure=configure_settings
-        ):  # type: ignore[arg-type]
-            yield reconciler
+        add_login(registry, self.operator_kubeconfig)
+        try:
+            with run_operator(
+                None, registry, namespaces=(self.namespace,), configure=configure_settings
+            ):
+                yield reconciler
+        finally:
+            client.close()
 
     def wait(self, condition: Callable[[], Any], timeout: float = TIMEOUT, what: str = "") -> Any:
         deadline = time.monotonic() + timeout
@@ -128,29 +163,64 @@ class Env:
         return [e for e in events if e.get("involvedObject", {}).get("name") == name]
 
 
-@pytest.fixture
-def env() -> Iterator[Env]:
-    if REAL:
-        import kubernetes
+def _emulator_process(tmp: Path) -> Iterator[Path]:
+    """An emulator in a process of its own; yields the folder of its kubeconfigs."""
+    account = "/".join(OPERATOR_SA)
+    cmd = [sys.executable, "-m", "tests.kube_emulator", str(tmp), "--service-account", account]
+    proc = subprocess.Popen(cmd, cwd=ROOT, stdin=subprocess.PIPE)
+    try:
+        deadline = time.monotonic() + 30
+        while not (tmp / "ready").exists():
+            if proc.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError("the emulator process did not start")
+            time.sleep(0.05)
+        yield tmp
+    finally:
+        assert proc.stdin is not None
+        proc.stdin.close()
+        try:
+            proc.wait(timeout=15)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
 
-        config = kubernetes.client.Configuration()
-        kubernetes.config.load_kube_config(config_file=REAL, client_configuration=config)
-        os.environ["KUBECONFIG"] = REAL
-        kube = Kube(kubernetes.client.ApiClient(config))
-        kube.apply(build_crd())
-        real = Env(kube, os.environ.get("GAGAR_TEST_NAMESPACE", "default"), None, resync=5.0)
-        yield real
-        for name in real.created:  # a real cluster outlives the test: leave nothing behind
-            with contextlib.suppress(Exception):  # the operator is gone: drop kopf's finalizer
-                body = {"metadata": {"finalizers": None}}
-                kube.merge_patch(RUN_API, "GagarRun", real.namespace, name, body)
-                kube.delete(RUN_API, "GagarRun", real.namespace, name)
+
+def _real_env() -> Iterator[Env]:
+    assert REAL
+    kube = Kube(api_client(REAL))
+    kube.apply(build_crd())
+    namespace = os.environ.get("GAGAR_TEST_NAMESPACE", "default")
+    real = Env(kube, namespace, None, REAL, simulated=False, resync=5.0)
+    yield real
+    for name in real.created:  # a real cluster outlives the test: leave nothing behind
+        with contextlib.suppress(Exception):  # the operator is gone: drop kopf's finalizer
+            body = {"metadata": {"finalizers": None}}
+            kube.merge_patch(RUN_API, "GagarRun", real.namespace, name, body)
+            kube.delete(RUN_API, "GagarRun", real.namespace, name)
+
+
+@pytest.fixture(params=["real"] if REAL else ["emulator", "kubeconfig"])
+def env(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Env]:
+    if request.param == "real":
+        yield from _real_env()
+        return
+    if request.param == "kubeconfig":
+        with contextlib.contextmanager(_emulator_process)(tmp_path) as folder:
+            client = api_client(str(folder / "admin.kubeconfig"))
+            kube = Kube(client)
+            kube.create(build_crd())
+            sa = str(folder / "{}.{}.kubeconfig".format(*OPERATOR_SA))
+            try:
+                yield Env(kube, "default", None, sa)
+            finally:
+                client.close()
         return
     with KubeEmulator(bookmark_interval=0.5, deployment_delay=0.05) as emulator:
         emulator.create(build_crd())
         client = emulator.api_client()
+        sa = str(emulator.service_account_kubeconfig(*OPERATOR_SA))
         try:
-            yield Env(Kube(client), "default", emulator)
+            yield Env(Kube(client), "default", emulator, sa)
         finally:
             client.close()
 
@@ -194,7 +264,7 @@ def test_create(env: Env) -> None:
             if obj:
                 assert obj["metadata"]["ownerReferences"][0]["controller"] is True
         env.wait(lambda: env.get("apps/v1", "Deployment", f"{name}-sandbox"), what="sandbox pool")
-        if env.emulator:
+        if env.simulated:
             env.wait(phase(env, name, "Running"), what="Running")
             env.wait(lambda: env.condition(name, "Ready").get("status") == "True", what="Ready")
             status = env.status(name)
@@ -205,16 +275,8 @@ def test_create(env: Env) -> None:
                 "selector": f"app.kubernetes.io/component=rollout,gagar.dev/run={name}",
             }
             # trainer progress reported through the progress ConfigMap reaches the status
-            env.emulator.patch(
-                "v1",
-                "ConfigMap",
-                f"{name}-progress",
-                lambda o: {
-                    **o,
-                    "data": {"step": "7", "checkpointStep": "5", "checkpointUri": "pvc://c/5"},
-                },
-                manager="trainer",
-            )
+            progress = {"data": {"step": "7", "checkpointStep": "5", "checkpointUri": "pvc://c/5"}}
+            env.kube.merge_patch("v1", "ConfigMap", env.namespace, f"{name}-progress", progress)
             env.wait(lambda: env.status(name).get("step") == 7, what="step from progress")
             assert env.status(name)["lastCheckpoint"]["step"] == 5
             assert env.wait(lambda: env.events(name), what="events")
@@ -247,7 +309,7 @@ def test_scale_by_editing_replicas(env: Env) -> None:
             lambda: env.get("apps/v1", "Deployment", f"{name}-rollout")["spec"]["replicas"] == 4,
             what="scaled to 4",
         )
-        if env.emulator:
+        if env.simulated:
             env.wait(
                 lambda: (
                     env.status(name).get("pools", {}).get("rollout", {}).get("readyReplicas") == 4
@@ -320,7 +382,7 @@ def test_suspend_and_resume(env: Env) -> None:
             )
         env.wait(lambda: env.get(*hpa) is None, what="HPA removed while suspended")
         env.wait(phase(env, name, "Suspended"), what="phase Suspended")
-        if env.emulator:
+        if env.simulated:
             env.wait(
                 lambda: env.condition(name, "Suspended").get("reason") == "Suspended",
                 what="drained",
@@ -335,10 +397,11 @@ def test_suspend_and_resume(env: Env) -> None:
             env.get("batch/v1", "Job", f"{name}-trainer")["metadata"]["uid"] == job_uid
         )  # same Job resumes
         assert env.get("apps/v1", "Deployment", f"{name}-sandbox")["spec"]["replicas"] == 32
-        if env.emulator:
+        if env.simulated:
             env.wait(phase(env, name, "Running"), what="Running again")
-            reasons = [e["reason"] for e in env.events(name)]
-            assert "Resumed" in reasons
+            env.wait(  # kopf posts events from a queue of its own: a moment later
+                lambda: "Resumed" in [e["reason"] for e in env.events(name)], what="Resumed"
+            )
 
 
 def test_trainer_failure_and_restart_budget(env: Env) -> None:
@@ -406,32 +469,52 @@ def test_operator_restart_mid_reconcile(env: Env) -> None:
 
 
 def test_delete_garbage_collects_children(env: Env) -> None:
-    run = manifest()
+    """No finalizer at all (the resync is no kopf timer): a run deleted while no operator runs,
+    as after `helm uninstall`, goes at once, and its children with it."""
+    run, other = manifest(), manifest()
     name = run["metadata"]["name"]
-    with env.operator():
+    with env.operator() as reconciler:
         env.create(run)
         env.wait(lambda: env.get("batch/v1", "Job", f"{name}-trainer"), what="children")
-        # no finalizer of gagar's own: children go by owner references; kopf keeps one only to
-        # stop the resync timer cleanly, and removes it
-        assert set(env.run(name)["metadata"].get("finalizers") or []) <= {
-            "kopf.gagar.dev/finalizer"
-        }
-        env.kube.delete(RUN_API, "GagarRun", env.namespace, name)
-        env.wait(lambda: env.run(name) is None, what="run gone")
-        env.wait(lambda: env.children(name) == [], what="children collected")
+        time.sleep(env.resync * 1.5)  # a resync has passed
+        assert not env.run(name)["metadata"].get("finalizers")
+        # a run deleted while the operator runs leaves no condition series behind
+        gone = other["metadata"]["name"]
+        env.create(other)
+        series = reconciler.metrics["gagar_run_condition"]
+
+        def samples() -> list[Any]:
+            return [s for m in series.collect() for s in m.samples if s.labels["run"] == gone]
+
+        env.wait(samples, what="condition series of the second run")
+        env.kube.delete(RUN_API, "GagarRun", env.namespace, gone)
+        env.wait(lambda: samples() == [], what="its series removed")
+    env.kube.delete(RUN_API, "GagarRun", env.namespace, name)  # no operator now
+    env.wait(lambda: env.run(name) is None, what="run gone")
+    env.wait(lambda: env.children(name) == [], what="children collected")
+
+
+def without_cel(node: Any) -> Any:
+    """A schema with every ``x-kubernetes-validations`` rule removed (a CRD from before them)."""
+    if isinstance(node, dict):
+        return {k: without_cel(v) for k, v in node.items() if k != "x-kubernetes-validations"}
+    return [without_cel(v) for v in node] if isinstance(node, list) else node
 
 
 def test_invalid_spec_is_stalled_with_field_path(env: Env) -> None:
     run = manifest()
-    # passes the CRD's OpenAPI schema; only the CEL rule (not evaluated by the emulator) or the
-    # operator's own validation catches it
+    # replicas and autoscaling together: the CRD's CEL rule refuses it at the door; a run stored
+    # under a CRD without the rule (an older CRD, an API server without CEL) reaches the operator,
+    # whose own validation must catch it
     run["spec"]["rollout"]["autoscaling"] = HPA
     name = run["metadata"]["name"]
+    if env.simulated:
+        env.kube.apply(without_cel(build_crd()))
     with env.operator():
         try:
             env.create(run)
-        except Exception as err:  # a real API server's CEL rejects it at the door: also fine
-            assert "replicas" in str(err)
+        except KubeError as err:  # a real API server's CEL rejects it at the door
+            assert not env.simulated and "replicas" in str(err)
             return
         env.wait(phase(env, name, "Stalled"), what="Stalled")
         stalled = env.condition(name, "Stalled")
@@ -495,3 +578,264 @@ def test_completion_releases_accelerators(env: Env) -> None:
             )
         assert env.status(name)["completionTime"]
         assert env.condition(name, "PoolsReady")["reason"] == "Released"
+
+
+def optional_crd(group: str, kind: str, plural: str, version: str = "v1") -> dict[str, Any]:
+    """A schemaless CRD standing in for an optional integration's (Prometheus Operator, ...)."""
+    schema = {"type": "object", "x-kubernetes-preserve-unknown-fields": True}
+    return {
+        "apiVersion": "apiextensions.k8s.io/v1",
+        "kind": "CustomResourceDefinition",
+        "metadata": {"name": f"{plural}.{group}"},
+        "spec": {
+            "group": group,
+            "scope": "Namespaced",
+            "names": {"kind": kind, "plural": plural, "singular": kind.lower()},
+            "versions": [
+                {
+                    "name": version,
+                    "served": True,
+                    "storage": True,
+                    "schema": {"openAPIV3Schema": schema},
+                }
+            ],
+        },
+    }
+
+
+MONITORING_CRDS = (("ServiceMonitor", "servicemonitors"), ("PodMonitor", "podmonitors"))
+
+
+def test_default_install_ignores_integrations_it_has_no_rbac_for(env: Env) -> None:
+    """Prometheus Operator CRDs installed, chart defaults (no integration): the operator neither
+    lists nor builds monitors (its RBAC would refuse: 403) and the run becomes Ready; with
+    ``integrations.prometheusOperator`` on, the same operator creates them."""
+    if env.simulated:
+        for kind, plural in MONITORING_CRDS:
+            env.kube.create(optional_crd("monitoring.coreos.com", kind, plural))
+    run = manifest()
+    name = run["metadata"]["name"]
+    with env.operator():
+        env.create(run)
+        env.wait(lambda: env.get("batch/v1", "Job", f"{name}-trainer"), what="trainer Job")
+        if env.simulated:
+            env.wait(lambda: env.condition(name, "Ready").get("status") == "True", what="Ready")
+        assert env.condition(name, "Stalled").get("status") != "True", env.status(name)
+        if env.emulator:
+            requests = env.emulator.requests_for()
+            assert [r for r in requests if r["code"] == 403] == []
+            operator = "system:serviceaccount:{}:{}".format(*OPERATOR_SA)
+            assert {r["user"] for r in requests} == {operator, "emulator-admin"}
+    if not env.simulated:
+        return
+    with env.operator(integrations=frozenset({"monitoring.coreos.com"})):
+        env.wait(
+            lambda: env.kube.get(
+                "monitoring.coreos.com/v1", "ServiceMonitor", env.namespace, f"{name}-rollout"
+            ),
+            what="ServiceMonitor with the integration on",
+        )
+        env.wait(lambda: env.condition(name, "Ready").get("status") == "True", what="Ready")
+
+
+def test_finished_run_stays_down(env: Env) -> None:
+    """A Failed run whose Job is deleted gets no new Job (it would hold accelerators for rollouts
+    that never come), and the resync leaves a finished run alone: no applies, no lists."""
+    emulator = env.need_emulator()
+    run = manifest(**{"trainer.failurePolicy.maxRestarts": 0})
+    name, job = run["metadata"]["name"], f"{run['metadata']['name']}-trainer"
+    with env.operator():
+        env.create(run)
+        env.wait(lambda: env.get("batch/v1", "Job", job), what="trainer Job")
+        emulator.fail_job(job)
+        env.wait(phase(env, name, "Failed"), what="Failed")
+        env.wait(
+            lambda: env.get("apps/v1", "Deployment", f"{name}-rollout")["spec"]["replicas"] == 0,
+            what="pools released",
+        )
+        env.wait(lambda: env.get("v1", "Service", f"{job}-rdzv") is None, what="pruned")
+        time.sleep(0.5)  # the rest of that reconcile
+        env.kube.delete("batch/v1", "Job", env.namespace, job)
+        env.wait(lambda: env.get("batch/v1", "Job", job) is None, what="Job deleted")
+        seen = len(emulator.requests_for())
+        time.sleep(env.resync * 2.5)  # two resyncs and the deletion's watch event
+        assert env.get("batch/v1", "Job", job) is None
+        assert env.status(name)["phase"] == "Failed"
+        later = emulator.requests_for()[seen:]
+        writes = [r for r in later if r["verb"] in ("patch", "create", "delete", "update")]
+        lists = [r for r in later if r["verb"] == "list"]
+        assert writes == [] and lists == [], (writes, lists)
+
+
+def test_other_managers_items_survive_the_operator(env: Env) -> None:
+    """A sidecar and an env var another field manager applied to a pool's pod template (a mesh,
+    a policy engine) stay when the operator re-applies: containers and env are listType=map."""
+    run = manifest()
+    name, dep = run["metadata"]["name"], f"{run['metadata']['name']}-rollout"
+    with env.operator():
+        env.create(run)
+        env.wait(lambda: env.get("apps/v1", "Deployment", dep), what="rollout pool")
+        theirs = {
+            "apiVersion": "apps/v1",
+            "kind": "Deployment",
+            "metadata": {"name": dep, "namespace": env.namespace},
+            "spec": {"template": {"spec": {"containers": [
+                {"name": "vllm", "env": [{"name": "MESH", "value": "on"}]},
+                {"name": "proxy", "image": "envoy:1"},
+            ]}}},
+        }  # fmt: skip
+        url = f"/apis/apps/v1/namespaces/{env.namespace}/deployments/{dep}"
+        env.kube._call("PATCH", url, body=theirs, query=[("fieldManager", "mesh")],
+                       content_type="application/apply-patch+yaml")  # fmt: skip
+        env.patch_spec(name, {"rollout": {"replicas": 3}})
+        env.wait(
+            lambda: env.get("apps/v1", "Deployment", dep)["spec"]["replicas"] == 3,
+            what="re-applied",
+        )
+        pod = env.get("apps/v1", "Deployment", dep)["spec"]["template"]["spec"]
+        containers = {c["name"]: c for c in pod["containers"]}
+        assert set(containers) == {"vllm", "proxy"}
+        assert {"name": "MESH", "value": "on"} in containers["vllm"]["env"]
+        assert any(e["name"] == "GAGAR_RUN" for e in containers["vllm"]["env"])
+
+
+def test_kueue_owns_suspend_of_a_queued_trainer(env: Env) -> None:
+    """With a queue named, Kueue suspends the trainer Job until it admits it; the operator's
+    re-applies never undo that, and ``spec.suspend`` still suspends."""
+    run = manifest(**{"trainer.queueName": "team-a"})
+    name, job = run["metadata"]["name"], f"{run['metadata']['name']}-trainer"
+    with env.operator():
+        env.create(run)
+        created = env.wait(lambda: env.get("batch/v1", "Job", job), what="trainer Job")
+        assert created["metadata"]["labels"]["kueue.x-k8s.io/queue-name"] == "team-a"
+        # Kueue (another field manager) holds the workload until there is quota
+        url = f"/apis/batch/v1/namespaces/{env.namespace}/jobs/{job}"
+        env.kube._call("PATCH", url, body={"spec": {"suspend": True}},
+                       query=[("fieldManager", "kueue")],
+                       content_type="application/merge-patch+json")  # fmt: skip
+        env.patch_spec(name, {"rollout": {"replicas": 3}})  # the operator re-applies everything
+        env.wait(
+            lambda: env.get("apps/v1", "Deployment", f"{name}-rollout")["spec"]["replicas"] == 3,
+            what="re-applied",
+        )
+        time.sleep(env.resync * 1.5)  # and the resync, which applies everything again
+        assert env.get("batch/v1", "Job", job)["spec"]["suspend"] is True
+        env.patch_spec(name, {"suspend": True})
+        env.wait(phase(env, name, "Suspended"), what="Suspended by spec.suspend")
+        assert env.get("batch/v1", "Job", job)["spec"]["suspend"] is True
+
+
+def test_trainer_template_changes_wait_for_suspend(env: Env) -> None:
+    """What may change during a run (the log level) never touches the immutable Job; a change
+    that reaches its template is refused whole (nothing half-applied) until the run is
+    suspended, then the trainer is recreated, and resumes from its last checkpoint."""
+    run = manifest()
+    name, job = run["metadata"]["name"], f"{run['metadata']['name']}-trainer"
+    rollout = ("apps/v1", "Deployment", f"{name}-rollout")
+    with env.operator():
+        env.create(run)
+        first = env.wait(lambda: env.get("batch/v1", "Job", job), what="trainer Job")
+        env.patch_spec(name, {"observability": {"logLevel": "debug"}})
+        env.wait(
+            lambda: (
+                '"logLevel": "debug"'
+                in env.get("v1", "ConfigMap", f"{name}-config")["data"]["observability.json"]
+            ),
+            what="new log level in the ConfigMap",
+        )
+        assert env.condition(name, "Stalled").get("status") != "True", env.status(name)
+        assert env.get("batch/v1", "Job", job)["metadata"]["uid"] == first["metadata"]["uid"]
+        # the metrics port is declared in the trainer's pod template: refused while running
+        env.patch_spec(name, {"observability": {"metricsPort": 9500}, "rollout": {"replicas": 3}})
+        env.wait(
+            lambda: "TrainerTemplateChanged" in env.condition(name, "Stalled").get("message", ""),
+            what="refused",
+        )
+        assert env.get(*rollout)["spec"]["replicas"] == 2  # nothing half-applied
+        env.patch_spec(name, {"suspend": True})
+        second = env.wait(
+            lambda: (j := env.get("batch/v1", "Job", job)) and j["metadata"]["uid"] != first[
+                "metadata"]["uid"] and j,
+            what="trainer recreated while suspended",
+        )  # fmt: skip
+        assert second["spec"]["suspend"] is True
+        ports = second["spec"]["template"]["spec"]["containers"][0]["ports"]
+        assert {"name": "metrics", "containerPort": 9500} in ports
+        assert env.get(*rollout)["spec"]["replicas"] == 0  # suspended pools
+        env.patch_spec(name, {"suspend": False})
+        env.wait(lambda: env.get(*rollout)["spec"]["replicas"] == 3, what="rest applied")
+        env.wait(
+            lambda: env.get("batch/v1", "Job", job)["spec"]["suspend"] is False, what="resumed"
+        )
+        assert env.condition(name, "Stalled").get("status") != "True"
+        assert env.status(name).get("trainerRestarts", 0) == 0  # a recreate is not a restart
+
+
+def test_switching_a_pool_to_autoscaling_keeps_its_replicas(env: Env) -> None:
+    """Fixed replicas -> autoscaling: the operator hands spec.replicas over instead of dropping
+    the field (which the server would default to 1: a pool of 5 falling to 1 before the HPA
+    acts)."""
+    run = manifest(**{"rollout.replicas": 5})
+    name, dep = run["metadata"]["name"], f"{run['metadata']['name']}-rollout"
+    with env.operator():
+        env.create(run)
+        env.wait(
+            lambda: (d := env.get("apps/v1", "Deployment", dep)) and d["spec"]["replicas"] == 5,
+            what="5 replicas",
+        )
+        env.patch_spec(name, {"rollout": {"replicas": None, "autoscaling": HPA}})
+        env.wait(lambda: env.get("autoscaling/v2", "HorizontalPodAutoscaler", dep), what="the HPA")
+        time.sleep(env.resync * 1.5)  # and a resync's re-apply
+        deployment = env.get("apps/v1", "Deployment", dep)
+        assert deployment["spec"]["replicas"] == 5
+        owners = {m["manager"] for m in deployment["metadata"]["managedFields"]
+                  if "f:replicas" in str(m.get("fieldsV1", {}).get("f:spec", {}))}  # fmt: skip
+        assert "gagar-operator" not in owners  # the HPA is the one writer from now on
+
+
+def test_jobset_crd_installed_mid_run_keeps_the_running_job(env: Env) -> None:
+    """The JobSet CRD appearing during a run (with the integration on) never replaces, or prunes,
+    the run's running trainer Job."""
+    if not env.simulated:
+        pytest.skip("installs a stand-in JobSet CRD")
+    run = manifest(**{"trainer.useJobSet": True})
+    name, job = run["metadata"]["name"], f"{run['metadata']['name']}-trainer"
+    with env.operator(integrations=frozenset({"jobset.x-k8s.io"})) as reconciler:
+        env.create(run)
+        uid = env.wait(lambda: env.get("batch/v1", "Job", job), what="a Job (no CRD)")["metadata"][
+            "uid"
+        ]
+        env.kube.create(optional_crd("jobset.x-k8s.io", "JobSet", "jobsets", "v1alpha2"))
+        reconciler.config.crd_cache_seconds = 0  # see the new API group at once
+        env.patch_spec(name, {"rollout": {"replicas": 3}})
+        env.wait(
+            lambda: env.get("apps/v1", "Deployment", f"{name}-rollout")["spec"]["replicas"] == 3,
+            what="re-applied",
+        )
+        time.sleep(env.resync * 1.5)
+        assert env.get("batch/v1", "Job", job)["metadata"]["uid"] == uid
+        assert env.kube.list("jobset.x-k8s.io/v1alpha2", "JobSet", env.namespace) == []
+        assert env.condition(name, "Stalled").get("status") != "True"
+
+
+def test_keda_integration_creates_scaled_objects_under_chart_rbac(env: Env) -> None:
+    """integrations.keda on: the chart's RBAC lets the operator manage the pool's ScaledObject
+    (and a run leaves no 403 behind)."""
+    if not env.simulated:
+        pytest.skip("installs a stand-in KEDA CRD")
+    env.kube.create(optional_crd("keda.sh", "ScaledObject", "scaledobjects", "v1alpha1"))
+    keda = {**HPA, "backend": "keda"}
+    run = manifest(**{"rollout.replicas": None, "rollout.autoscaling": keda})
+    name = run["metadata"]["name"]
+    with env.operator(integrations=frozenset({"keda.sh"})):
+        env.create(run)
+        scaled = env.wait(
+            lambda: env.kube.get(
+                "keda.sh/v1alpha1", "ScaledObject", env.namespace, f"{name}-rollout"
+            ),
+            what="ScaledObject",
+        )
+        assert scaled["spec"]["maxReplicaCount"] == 6
+        env.wait(lambda: env.condition(name, "Ready").get("status") == "True", what="Ready")
+        if env.emulator:
+            assert [r for r in env.emulator.requests_for() if r["code"] == 403] == []

@@ -25,7 +25,7 @@ import httpx
 import pytest
 import yaml
 
-from gagar.alerts import Windows, alerts, rule_groups
+from gagar.alerts import Windows, alerts, rule_groups, rules_yaml
 from gagar.dashboards import DASHBOARDS, queries
 from gagar.metrics import CATALOGUE
 from tests.support.tools import CHART, ROOT, run, system_tool
@@ -229,3 +229,48 @@ def test_alerts_silent_when_healthy_then_fire_when_degraded(server: Server) -> N
     assert set(firing) == names
     for alert in server.api("alerts")["alerts"]:
         assert alert["labels"]["run"] == RUN and alert["labels"]["namespace"] == NAMESPACE
+
+
+def test_pool_alert_ignores_suspended_and_finished_runs(tmp_path: Path) -> None:
+    """`promtool test rules`: GagarPoolNotReady fires for a running run whose pools are short,
+    not for a suspended or finished one (its pools are at zero on purpose)."""
+    (tmp_path / "rules.yaml").write_text(rules_yaml(Windows(hold="1m")))
+
+    def series(name: str, condition: str, status: str, value: int) -> dict[str, str]:
+        labels = f'run="{name}",namespace="ns",condition="{condition}",status="{status}"'
+        return {"series": f"gagar_run_condition{{{labels}}}", "values": f"{value}x10"}
+
+    inputs = []
+    for name, suspended, failed in (("busy", 0, 0), ("paused", 1, 0), ("done", 0, 1)):
+        inputs += [
+            series(name, "PoolsReady", "False", 1),
+            series(name, "PoolsReady", "True", 0),
+            series(name, "Suspended", "True", suspended),
+            series(name, "Failed", "True", failed),
+        ]
+    firing = {"severity": "warning", "run": "busy", "namespace": "ns"}
+    (alert,) = [a for a in alerts(Windows()) if a.name == "GagarPoolNotReady"]
+    notes = {
+        k: v.replace("{{ $labels.run }}", "busy")
+        for k, v in (("summary", alert.summary), ("description", alert.description))
+    }
+    test = {
+        "rule_files": ["rules.yaml"],
+        "evaluation_interval": "1m",
+        "tests": [
+            {
+                "interval": "1m",
+                "input_series": inputs,
+                "alert_rule_test": [
+                    {
+                        "eval_time": "5m",
+                        "alertname": "GagarPoolNotReady",
+                        "exp_alerts": [{"exp_labels": firing, "exp_annotations": notes}],
+                    }
+                ],
+            }
+        ],
+    }
+    (tmp_path / "test.yaml").write_text(yaml.safe_dump(test))
+    proc = run([system_tool("promtool"), "test", "rules", tmp_path / "test.yaml"], check=False)
+    assert proc.returncode == 0, proc.stdout + proc.stderr

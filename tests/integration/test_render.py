@@ -146,7 +146,43 @@ CRD_SCHEMAS: dict[str, dict[str, Any]] = {
                 "failurePolicy": {
                     "type": "object",
                     "additionalProperties": False,
-                    "properties": {"maxRestarts": {"type": "integer", "minimum": 0}},
+                    "properties": {
+                        "maxRestarts": {"type": "integer", "minimum": 0},
+                        # jobset.x-k8s.io/v1alpha2 FailurePolicyRule (JobSet >= 0.6)
+                        "rules": {
+                            "type": "array",
+                            "items": {
+                                "type": "object",
+                                "required": ["name", "action"],
+                                "additionalProperties": False,
+                                "properties": {
+                                    "name": {"type": "string", "maxLength": 128},
+                                    "action": {
+                                        "enum": [
+                                            "FailJobSet",
+                                            "RestartJobSet",
+                                            "RestartJobSetAndIgnoreMaxRestarts",
+                                        ]
+                                    },
+                                    "onJobFailureReasons": {
+                                        "type": "array",
+                                        "items": {
+                                            "enum": [
+                                                "BackoffLimitExceeded",
+                                                "DeadlineExceeded",
+                                                "PodFailurePolicy",
+                                                "MaxFailedIndexesExceeded",
+                                            ]
+                                        },
+                                    },
+                                    "targetReplicatedJobs": {
+                                        "type": "array",
+                                        "items": {"type": "string"},
+                                    },
+                                },
+                            },
+                        },
+                    },
                 },
                 "successPolicy": {
                     "type": "object",
@@ -310,3 +346,40 @@ def test_gagar_render_rejects_invalid_file(tmp_path: Path) -> None:
     )
     assert out.returncode == 1
     assert "spec.rollout.replicas" in out.stderr and out.stdout == ""
+
+
+def test_single_gpu_render_shapes_the_gpu_pods() -> None:
+    """`gagar render examples/single-gpu.yaml`: the example's podTemplate (GPU taint, the /data
+    volume) reaches the pods; the rollout pool has a NetworkPolicy; vLLM has a startupProbe and
+    resource requests."""
+    out = subprocess.run(
+        [sys.executable, "-m", "gagar.cli", "render", "examples/single-gpu.yaml"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=True,
+    )
+    docs = [d for d in yaml.safe_load_all(out.stdout) if d]
+    by = {(d["kind"], d["metadata"]["name"]): d for d in docs}
+    gpu = {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}
+    job = by[("Job", "qwen3-swe-1node-trainer")]["spec"]["template"]["spec"]
+    assert gpu in job["tolerations"]
+    data = {"name": "data", "persistentVolumeClaim": {"claimName": "swe-tasks", "readOnly": True}}
+    assert data in job["volumes"]
+    (trainer,) = job["containers"]
+    assert {"name": "data", "mountPath": "/data", "readOnly": True} in trainer["volumeMounts"]
+    rollout = by[("Deployment", "qwen3-swe-1node-rollout")]["spec"]["template"]["spec"]
+    assert gpu in rollout["tolerations"]
+    (vllm,) = rollout["containers"]
+    assert vllm["startupProbe"]["httpGet"]["path"] == "/health"
+    assert vllm["resources"]["requests"]["nvidia.com/gpu"] == "1"
+    assert {"cpu", "memory"} <= set(vllm["resources"]["requests"])
+    policy = by[("NetworkPolicy", "qwen3-swe-1node-rollout")]["spec"]
+    assert policy["podSelector"]["matchLabels"]["app.kubernetes.io/component"] == "rollout"
+    sources = [peer for rule in policy["ingress"] for peer in rule["from"]]
+    trainer_only = {"gagar.dev/run": "qwen3-swe-1node", "app.kubernetes.io/component": "trainer"}
+    assert {"podSelector": {"matchLabels": trainer_only}} in sources
+    assert all(p.get("podSelector", {}).get("matchLabels") for p in sources)  # nobody else
+    sandbox = by[("Deployment", "qwen3-swe-1node-sandbox")]["spec"]["template"]["spec"]
+    assert "tolerations" not in sandbox  # the example's sandbox pods need no GPU node

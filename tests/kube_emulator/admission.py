@@ -23,7 +23,12 @@ CRD_FINALIZER = "customresourcecleanup.apiextensions.k8s.io"
 _BUILTIN_DEFAULTS = {
     ("apps", "deployments"): {"replicas": 1},
     ("apps", "statefulsets"): {"replicas": 1},
-    ("batch", "jobs"): {"parallelism": 1, "backoffLimit": 6, "completionMode": "NonIndexed"},
+    ("batch", "jobs"): {
+        "parallelism": 1,
+        "backoffLimit": 6,
+        "completionMode": "NonIndexed",
+        "suspend": False,
+    },
 }
 # Fields the server refuses to change after creation (a subset of the real rules).
 _IMMUTABLE = {

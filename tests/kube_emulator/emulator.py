@@ -23,6 +23,7 @@ from aiohttp import web
 
 from .controllers import Controllers
 from .faults import Faults
+from .rbac import ADMIN_TOKEN
 from .resources import ResourceType
 from .selectors import make_predicate
 from .server import Server
@@ -117,15 +118,21 @@ class KubeEmulator:
 
     # ----- clients ---------------------------------------------------------------------------
 
+    def service_account_kubeconfig(self, namespace: str, name: str) -> pathlib.Path:
+        """A kubeconfig whose requests are the ServiceAccount ``namespace/name``: RBAC applies."""
+        token = self.server.authorizer.issue(namespace, name)
+        path = pathlib.Path(self._tmp.name) / f"kubeconfig-{namespace}-{name}"
+        return self.write_kubeconfig(path, token=token)
+
     def write_kubeconfig(
-        self, path: str | pathlib.Path, namespace: str = "default"
+        self, path: str | pathlib.Path, namespace: str = "default", token: str = ADMIN_TOKEN
     ) -> pathlib.Path:
         config = {
             "apiVersion": "v1",
             "kind": "Config",
             "current-context": "emulator",
             "clusters": [{"name": "emulator", "cluster": {"server": self.url}}],
-            "users": [{"name": "emulator", "user": {"token": "emulator-token"}}],
+            "users": [{"name": "emulator", "user": {"token": token}}],
             "contexts": [
                 {
                     "name": "emulator",
@@ -137,13 +144,14 @@ class KubeEmulator:
         path.write_text(yaml.safe_dump(config))
         return path
 
-    def api_client(self) -> Any:
-        """A ``kubernetes.client.ApiClient`` bound to this emulator (not the global default)."""
+    def api_client(self, kubeconfig: pathlib.Path | None = None) -> Any:
+        """A ``kubernetes.client.ApiClient`` bound to this emulator (not the global default), as
+        the admin or as the identity of ``kubeconfig``."""
         import kubernetes
 
         configuration = kubernetes.client.Configuration()
         kubernetes.config.load_kube_config(
-            config_file=str(self.kubeconfig_path), client_configuration=configuration
+            config_file=str(kubeconfig or self.kubeconfig_path), client_configuration=configuration
         )
         return kubernetes.client.ApiClient(configuration)
 

@@ -1,13 +1,12 @@
 """Run the real kopf runtime (``kopf.operator``) in a thread against a :class:`KubeEmulator`.
 
-The operator logs in through an ``@kopf.on.login`` handler added to the given registry (so no
-environment variable or global client configuration is touched), runs ``standalone`` (no
-peering), and stops through kopf's own ``stop_flag`` when the ``with`` block ends. Settings are
-tuned for tests: short watch timeouts so that reconnections happen quickly, and finalizer/
-annotation storage as in production.
-
-To run an operator as a separate process instead, write ``kube.kubeconfig_path`` into
-``KUBECONFIG``: kopf's default login (``login_via_client``) reads it.
+Given an emulator, the operator logs in to it as the admin through an ``@kopf.on.login`` handler
+added to the given registry (so no environment variable or global client configuration is
+touched); given ``None``, the registry brings its own login handler (``gagar.operator.main.
+add_login`` with a kubeconfig: the path a real cluster takes). kopf runs ``standalone`` (no
+peering) and stops through its own ``stop_flag`` when the ``with`` block ends. Settings are tuned
+for tests: short watch timeouts so that reconnections happen quickly, and finalizer/annotation
+storage as in production.
 """
 
 from __future__ import annotations
@@ -21,6 +20,7 @@ from dataclasses import dataclass, field
 import kopf
 
 from .emulator import KubeEmulator
+from .rbac import ADMIN_TOKEN
 
 
 @dataclass
@@ -47,7 +47,7 @@ def test_settings(settings: kopf.OperatorSettings) -> kopf.OperatorSettings:
 
 @contextlib.contextmanager
 def run_operator(
-    kube: KubeEmulator,
+    kube: KubeEmulator | None,
     registry: kopf.OperatorRegistry,
     namespaces: Collection[str] = ("default",),
     configure: Callable[[kopf.OperatorSettings], None] | None = None,
@@ -60,13 +60,14 @@ def run_operator(
 
     # The login handler is added once per registry (kopf keeps handlers forever) and reads the
     # emulator of the current run, so a registry (e.g. kopf's default one) can be run again.
-    if getattr(registry, "_kube_emulator", None) is None:
+    if kube is not None and not getattr(registry, "_kube_emulator_login", False):
 
         @kopf.on.login(registry=registry)
         def _login(**_: object) -> kopf.ConnectionInfo:
             target = registry._kube_emulator  # type: ignore[attr-defined]
-            return kopf.ConnectionInfo(server=target.url, scheme="Bearer", token="emulator-token")
+            return kopf.ConnectionInfo(server=target.url, scheme="Bearer", token=ADMIN_TOKEN)
 
+        registry._kube_emulator_login = True  # type: ignore[attr-defined]
     registry._kube_emulator = kube  # type: ignore[attr-defined]
     settings = test_settings(kopf.OperatorSettings())
     if configure is not None:

@@ -22,6 +22,7 @@ from aiohttp import web
 from . import patching, ssa
 from .errors import ApiError
 from .faults import Faults
+from .rbac import Attributes, Authorizer, Identity
 from .resources import ResourceType, api_group_list, api_resource_list
 from .scale import read_scale, write_scale
 from .selectors import SelectorError, make_predicate
@@ -46,6 +47,7 @@ PATCH_TYPES = {
     "application/json-patch+json": patching.json_patch,
 }
 APPLY_TYPE = "application/apply-patch+yaml"
+WHO = web.RequestKey("who", Identity)
 
 
 @dataclass
@@ -66,6 +68,7 @@ class Server:
         self.faults = faults
         self.bookmark_interval = bookmark_interval
         self.requests: list[dict] = []
+        self.authorizer = Authorizer(store)
 
     def app(self) -> web.Application:
         app = web.Application(client_max_size=64 * 1024 * 1024)
@@ -107,6 +110,8 @@ class Server:
 
     async def _route(self, request: web.Request, query: dict, record: dict) -> web.StreamResponse:
         path = request.path.rstrip("/") or "/"
+        who = self.authorizer.identify(request.headers.get("Authorization"))
+        record["user"] = who.user
         static = self._static(path)
         if static is not None:
             record["verb"] = "get"
@@ -114,6 +119,8 @@ class Server:
         target = self._parse(path)
         verb = _verb(request.method, target, query)
         record["verb"] = verb
+        self._authorize(who, verb, target)
+        request[WHO] = who  # the escalation check of a Role this request writes
         for rule in self.faults.take(verb, request.path):
             if rule.action == "latency":
                 await asyncio.sleep(rule.delay)
@@ -129,6 +136,13 @@ class Server:
             raise ApiError(400, "dryRun is not supported by the emulator")
         handler = getattr(self, f"_{verb}")
         return await handler(request, target, query)
+
+    def _authorize(self, who: Identity, verb: str, t: Target) -> None:
+        resource = f"{t.rt.plural}/{t.sub}" if t.sub else t.rt.plural
+        self.authorizer.check(who, Attributes(verb, t.rt.group, resource, t.namespace, t.name))
+
+    def _check_grant(self, request: web.Request, t: Target, body: dict) -> None:
+        self.authorizer.check_escalation(request[WHO], t.rt, t.namespace, body)
 
     def _static(self, path: str) -> web.Response | None:
         types = list(self.store.types.values())
@@ -229,6 +243,7 @@ class Server:
     async def _create(self, request: web.Request, t: Target, query: dict) -> web.Response:
         body = await request.json()
         _check_kind(t.rt, body)
+        self._check_grant(request, t, body)
         obj = self.store.create(t.rt, t.namespace, body, _manager(request, query))
         return _json(obj, 201)
 
@@ -237,6 +252,7 @@ class Server:
         if t.sub == "scale":
             return _json(write_scale(self.store, t, lambda _: body, _manager(request, query)))
         _check_kind(t.rt, body)
+        self._check_grant(request, t, {**body, "metadata": {"name": t.name}})
         if (body.get("metadata") or {}).get("name") not in (None, t.name):
             raise ApiError(400, "the name of the object does not match the name on the URL")
         how = WriteOptions(_manager(request, query), t.sub)
@@ -275,6 +291,7 @@ class Server:
         if (applied.get("metadata") or {}).get("name") not in (None, t.name):
             raise ApiError(400, "the name of the object does not match the name on the URL")
         applied.setdefault("metadata", {})["name"] = t.name
+        self._check_grant(request, t, applied)
         scoped = _apply_scope(t.rt, applied, t.sub)
         key = (manager, "Apply", t.sub)
         with self.store.lock:

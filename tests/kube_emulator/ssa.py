@@ -4,9 +4,12 @@ What is emulated:
 
 * Ownership is tracked per ``(manager, operation, subresource)`` entry, stored in the object's
   ``metadata.managedFields`` as ``FieldsV1`` (``{"f:spec": {"f:replicas": {}}}``), like the server.
-* Owned fields are *leaf paths* through nested maps. Lists and scalars are atomic leaves: a list
-  is owned and replaced as a whole (the real server merges lists with merge keys, e.g. containers
-  by name, granularly; here the last applier of a list owns all of it).
+* Owned fields are *leaf paths* through nested maps and through the items of ``listType=map``
+  lists, which are addressed by their keys as the server does (``k:{"name":"vllm"}``): the
+  lists of the built-in kinds named in ``MAP_LISTS`` (containers and volumes by name, env by name,
+  volumeMounts by mountPath, ...). An applier owns, merges and removes the items it applied, so
+  another manager's container, env var or volume survives it. Other lists and scalars are atomic
+  leaves: owned and replaced as a whole.
 * Apply (``application/apply-patch+yaml``): creates the object if absent; merges the applied
   configuration into the object; a field the manager applied before but omits now is removed
   unless another manager also owns it; a field owned by another manager whose current value
@@ -16,14 +19,16 @@ What is emulated:
   leaf paths whose value changed and take those paths away from every other manager, so an
   applier that wants a field back later conflicts (the "one writer per field" rule).
 
-Not emulated: ``x-kubernetes-list-type``/map keys, unions, the ``.`` self entries, version
-conversion of field sets, and ``managedFields`` resets by sending an empty list.
+Not emulated: map lists of custom resources (``x-kubernetes-list-map-keys`` in a CRD schema),
+``listType=set``, unions, the ``.`` self entries, version conversion of field sets, and
+``managedFields`` resets by sending an empty list.
 """
 
 from __future__ import annotations
 
 import copy
 import datetime as dt
+import json
 from dataclasses import dataclass
 from typing import Any
 
@@ -56,8 +61,46 @@ class ApplyConflict(Exception):
         return f"Apply failed with {len(parts)} conflict(s): " + "; ".join(parts)
 
 
+# listType=map lists of the built-in kinds, by field name: their map keys (and key defaults).
+MAP_LISTS: dict[str, dict[str, Any]] = {
+    "containers": {"name": None},
+    "initContainers": {"name": None},
+    "ephemeralContainers": {"name": None},
+    "env": {"name": None},
+    "volumes": {"name": None},
+    "volumeMounts": {"mountPath": None},
+    "imagePullSecrets": {"name": None},
+    "conditions": {"type": None},
+}
+
+
+def _item_key(field: str, item: Any) -> str | None:
+    """``k:{...}`` of an item of a map list, or None when the list is atomic (or keyless)."""
+    keys = MAP_LISTS.get(field)
+    if keys is None or not isinstance(item, dict):
+        return None
+    values = {k: item.get(k, default) for k, default in keys.items()}
+    if any(v is None for v in values.values()):
+        return None
+    return "k:" + json.dumps(values, separators=(",", ":"), sort_keys=True)
+
+
+def _keyed(field: str, value: Any) -> dict[str, Any] | None:
+    """A map list as {k:...: item} (in order), or None when ``value`` is not one."""
+    if not isinstance(value, list) or not value:
+        return None
+    keys = [_item_key(field, item) for item in value]
+    if None in keys or len(set(keys)) != len(keys):
+        return None
+    return dict(zip(keys, value, strict=True))  # type: ignore[arg-type]
+
+
 def leaf_paths(obj: Any, prefix: Path = ()) -> set[Path]:
-    """Paths of the leaves of nested maps (lists, scalars and empty maps are leaves)."""
+    """Paths of the leaves of nested maps and map lists (other lists, scalars and empty maps are
+    leaves)."""
+    keyed = _keyed(prefix[-1], obj) if prefix else None
+    if keyed is not None:
+        obj = keyed
     if not isinstance(obj, dict) or (not obj and prefix):
         return {prefix}
     out: set[Path] = set()
@@ -73,25 +116,50 @@ def _tracked(path: Path) -> bool:
 
 
 def get_path(obj: Any, path: Path) -> Any:
+    field = ""
     for key in path:
-        if not isinstance(obj, dict) or key not in obj:
+        if isinstance(obj, list) and key.startswith("k:"):
+            obj = (_keyed(field, obj) or {}).get(key, _MISSING)
+            if obj is _MISSING:
+                return _MISSING
+        elif not isinstance(obj, dict) or key not in obj:
             return _MISSING
-        obj = obj[key]
+        else:
+            obj = obj[key]
+        field = key
     return obj
 
 
+def _child(parent: Any, field: str, key: str) -> Any:
+    if isinstance(parent, dict):
+        return parent.get(key)
+    if isinstance(parent, list):
+        return next((i for i in parent if _item_key(field, i) == key), None)
+    return None
+
+
+def _remove(parent: Any, field: str, key: str) -> None:
+    if isinstance(parent, dict):
+        parent.pop(key, None)
+    elif isinstance(parent, list):
+        parent[:] = [i for i in parent if _item_key(field, i) != key]
+
+
 def _delete_path(obj: dict, path: Path) -> None:
-    parents = [obj]
-    for key in path[:-1]:
-        nxt = parents[-1].get(key)
-        if not isinstance(nxt, dict):
+    """Remove a leaf (a map entry; a map list's item with its key field), then the maps and lists
+    it emptied."""
+    if len(path) >= 3 and path[-2].startswith("k:") and path[-1] in MAP_LISTS.get(path[-3], {}):
+        path = path[:-1]  # an item without its key is no item: it goes as a whole
+    parents: list[Any] = [obj]  # parents[d] holds path[d]
+    for d, key in enumerate(path[:-1]):
+        nxt = _child(parents[-1], path[d - 1] if d else "", key)
+        if not isinstance(nxt, (dict, list)):
             return
         parents.append(nxt)
-    parents[-1].pop(path[-1], None)
-    for depth in range(len(path) - 1, 0, -1):  # drop maps emptied by the removal
-        if parents[depth]:
-            break
-        parents[depth - 1].pop(path[depth - 1], None)
+    for d in range(len(path) - 1, -1, -1):
+        if d < len(path) - 1 and parents[d + 1]:
+            break  # the container below still holds other fields
+        _remove(parents[d], path[d - 1] if d else "", path[d])
 
 
 def _overlaps(a: Path, b: Path) -> bool:
@@ -99,12 +167,20 @@ def _overlaps(a: Path, b: Path) -> bool:
     return a[:n] == b[:n]
 
 
-def deep_merge(base: Any, overlay: Any) -> Any:
+def deep_merge(base: Any, overlay: Any, field: str = "") -> Any:
+    """``overlay`` merged into ``base``: maps by key, map lists by item key (base's order, new
+    items after), anything else replaced."""
+    old, new = _keyed(field, base), _keyed(field, overlay)
+    if old is not None and new is not None:
+        merged = {k: deep_merge(old.get(k), v) for k, v in new.items()}
+        return [merged.get(k, v) for k, v in old.items()] + [
+            v for k, v in merged.items() if k not in old
+        ]
     if not isinstance(base, dict) or not isinstance(overlay, dict):
         return copy.deepcopy(overlay)
     out = dict(base)
     for key, value in overlay.items():
-        out[key] = deep_merge(base.get(key), value)
+        out[key] = deep_merge(base.get(key), value, key)
     return out
 
 
@@ -113,16 +189,16 @@ def fields_v1(paths: set[Path]) -> dict:
     for path in sorted(paths):
         node = tree
         for key in path:
-            node = node.setdefault(f"f:{key}", {})
+            node = node.setdefault(key if key.startswith("k:") else f"f:{key}", {})
     return tree
 
 
 def paths_from_fields_v1(tree: dict, prefix: Path = ()) -> set[Path]:
     out: set[Path] = set()
     for key, sub in tree.items():
-        if not key.startswith("f:"):
+        if not key.startswith(("f:", "k:")):
             continue
-        path = (*prefix, key[2:])
+        path = (*prefix, key[2:] if key.startswith("f:") else key)
         out |= paths_from_fields_v1(sub, path) if sub else {path}
     return out
 
@@ -180,8 +256,8 @@ def apply(
     if conflicts and not force:
         raise ApplyConflict(conflicts)
     new_paths = leaf_paths(applied)
-    if force:
-        _disown(entries, new_paths, keep=mine)
+    if force:  # the conflicting fields change hands; equal values stay shared
+        _disown(entries, {p for p, _ in conflicts}, keep=mine)
     result = deep_merge(current, applied)
     for path in entries.get(mine, set()) - new_paths:
         still_owned = any(

@@ -39,6 +39,13 @@ def _without_bookkeeping(obj: dict) -> dict:
     return out
 
 
+def _ownership(obj: dict) -> list:
+    """managedFields without their timestamps: a write that only changes who owns what (a second
+    applier sharing a field) is persisted, as the server does; a repeated one is a no-op."""
+    entries = (obj.get("metadata") or {}).get("managedFields") or []
+    return sorted(repr({k: v for k, v in e.items() if k != "time"}) for e in entries)
+
+
 def _spec_part(obj: dict, status_is_separate: bool) -> dict:
     drop = {"metadata", "status"} if status_is_separate else {"metadata"}
     return {k: v for k, v in obj.items() if k not in drop}
@@ -306,7 +313,9 @@ class Store:
         else:
             entries = ssa.record_update(old, new, (how.manager, "Update", how.subresource))
             ssa.write_entries(new, entries, rt.api_version)
-        if _without_bookkeeping(new) == _without_bookkeeping(old):
+        if _without_bookkeeping(new) == _without_bookkeeping(old) and _ownership(new) == _ownership(
+            old
+        ):
             return self._view(rt, old)  # a no-op write: no new resourceVersion, no event
         if _spec_part(new, rt.status) != _spec_part(old, rt.status):
             new["metadata"]["generation"] = old["metadata"].get("generation", 1) + 1

@@ -38,35 +38,51 @@ def apply_defaults(value: Any, schema: dict[str, Any]) -> Any:
     return value
 
 
-def _cel_errors(value: Any, schema: dict[str, Any], path: str) -> list[str]:
+def _cel_errors(value: Any, schema: dict[str, Any], path: str, old: Any = None) -> list[str]:
+    """CEL errors of ``value``; transition rules (``oldSelf``) only on an update (``old`` given)
+    and where the old object has the node, as the API server evaluates them."""
     errors = []
     env = celpy.Environment()
     for rule in schema.get("x-kubernetes-validations", []):
+        activation = {"self": celpy.json_to_cel(value)}
+        if "oldSelf" in rule["rule"]:
+            if old is None:
+                continue
+            activation["oldSelf"] = celpy.json_to_cel(old)
         program = env.program(env.compile(rule["rule"]))
-        if not bool(program.evaluate({"self": celpy.json_to_cel(value)})):
+        if not bool(program.evaluate(activation)):
             errors.append(f"{path}{rule.get('fieldPath', '')}: {rule['message']}")
     if isinstance(value, dict):
         for key, sub in schema.get("properties", {}).items():
             if key in value:
-                errors += _cel_errors(value[key], sub, f"{path}.{key}")
+                before = old.get(key) if isinstance(old, dict) else None
+                errors += _cel_errors(value[key], sub, f"{path}.{key}", before)
     if isinstance(value, list) and isinstance(schema.get("items"), dict):
-        for i, item in enumerate(value):
+        for i, item in enumerate(value):  # no transition rules inside lists here
             errors += _cel_errors(item, schema["items"], f"{path}[{i}]")
     return errors
 
 
-def crd_errors(obj: dict[str, Any], crd: dict[str, Any], version: str | None = None) -> list[str]:
-    """Messages the API server would answer when ``obj`` is created under ``crd`` (empty = accepted)."""
+def crd_errors(
+    obj: dict[str, Any],
+    crd: dict[str, Any],
+    version: str | None = None,
+    old: dict[str, Any] | None = None,
+) -> list[str]:
+    """Messages the API server would answer when ``obj`` is created under ``crd``, or when it
+    replaces ``old`` (empty = accepted)."""
     versions = crd["spec"]["versions"]
     entry = next(v for v in versions if version in (None, v["name"]))
     schema = entry["schema"]["openAPIV3Schema"]
     value = apply_defaults(_prune_nulls(copy.deepcopy(obj)), schema)
+    if old is not None:
+        old = apply_defaults(_prune_nulls(copy.deepcopy(old)), schema)
     validator = jsonschema.Draft4Validator(schema)
     errors = [
         f"{'.'.join(map(str, e.absolute_path))}: {e.message}" for e in validator.iter_errors(value)
     ]
     errors += _unknown_fields(value, schema, "")
-    return errors or _cel_errors(value, schema, "")
+    return errors or _cel_errors(value, schema, "", old)
 
 
 def _unknown_fields(value: Any, schema: dict[str, Any], path: str) -> list[str]:

@@ -89,7 +89,8 @@ def test_trainer_indexed_job() -> None:
     assert spec["completionMode"] == "Indexed"
     assert spec["completions"] == spec["parallelism"] == 2
     assert spec["backoffLimit"] == 0
-    assert spec["suspend"] is False
+    assert "suspend" not in spec  # never written against Kueue; the server defaults it to false
+    assert "kueue.x-k8s.io/queue-name" not in job["metadata"]["labels"]
     assert job["metadata"]["annotations"]["gagar.dev/attempt"] == "2"
     rules = spec["podFailurePolicy"]["rules"]
     assert rules[0]["action"] == "Ignore" and rules[1]["action"] == "FailJob"
@@ -167,7 +168,11 @@ def test_jobset_only_when_asked_and_installed() -> None:
     assert by_kind(objs, "Job") == []
     (js,) = by_kind(objs, "JobSet")
     assert js["apiVersion"] == "jobset.x-k8s.io/v1alpha2"
-    assert js["spec"]["failurePolicy"] == {"maxRestarts": 5}
+    policy = js["spec"]["failurePolicy"]
+    assert policy["maxRestarts"] == 5
+    # a permanent exit (podFailurePolicy FailJob on EXIT_PERMANENT) fails the set, no restarts
+    (rule,) = policy["rules"]
+    assert (rule["action"], rule["onJobFailureReasons"]) == ("FailJobSet", ["PodFailurePolicy"])
     assert js["spec"]["network"]["subdomain"] == "flash-moe-310b-trainer-rdzv"
     (rj,) = js["spec"]["replicatedJobs"]
     assert rj["template"]["spec"]["completions"] == 32
@@ -286,7 +291,8 @@ def test_sandbox_pods_are_hardened() -> None:
         for p in np["ingress"][0]["from"]
     ]
     assert sorted(sources) == ["grader", "trainer"]
-    assert by_kind(build_all(example("local")), "NetworkPolicy") == []  # local backend: no pods
+    local = {o["metadata"]["name"] for o in by_kind(build_all(example("local")), "NetworkPolicy")}
+    assert local == {"local-rollout", "local-grader"}  # local backend: no sandbox pods
 
 
 def test_rbac_least_privilege() -> None:
@@ -441,3 +447,64 @@ def test_grader_model_preset_is_pulled_by_its_hub_name_in_a_cluster(tmp_path: Pa
     out = _run_entry(tmp_path, model["command"], model["args"])
     assert out.split()[:2] == ["serve", "HuggingFaceTB/SmolLM2-135M-Instruct"]
     assert "--served-model-name grader" in out
+
+
+OVERLAY = {
+    "labels": {"team": "rl"},
+    "annotations": {"note": "x"},
+    "nodeSelector": {"pool": "gpu"},
+    "tolerations": [{"key": "nvidia.com/gpu", "operator": "Exists"}],
+    "affinity": {"nodeAffinity": {"preferredDuringSchedulingIgnoredDuringExecution": []}},
+    "priorityClassName": "high",
+    "imagePullSecrets": [{"name": "regcred"}],
+    "env": [{"name": "HF_TOKEN", "valueFrom": {"secretKeyRef": {"name": "hf", "key": "t"}}}],
+    "envFrom": [{"secretRef": {"name": "s3"}}],
+    "volumes": [{"name": "data", "persistentVolumeClaim": {"claimName": "swe"}}],
+    "volumeMounts": [{"name": "data", "mountPath": "/data"}],
+    "serviceAccountAnnotations": {"iam.gke.io/gcp-service-account": "g@p.iam"},
+}
+SCHEDULING = {k: OVERLAY[k] for k in ("labels", "nodeSelector", "tolerations", "priorityClassName")}
+
+
+def _templates(objs: list[dict[str, Any]], run: str) -> dict[str, dict[str, Any]]:
+    job = one(objs, "Job", f"{run}-trainer")["spec"]["template"]
+    deps = {c: one(objs, "Deployment", f"{run}-{c}")["spec"]["template"] for c in
+            ("rollout", "grader", "sandbox")}  # fmt: skip
+    return {"trainer": job, **deps}
+
+
+def test_pod_template_overlays_every_component() -> None:
+    run = example(
+        "single-gpu",
+        **{f"{c}.podTemplate": OVERLAY for c in ("trainer", "rollout", "grader")},
+        **{"sandbox.podTemplate": SCHEDULING},
+    )
+    objs = build_all(run, BuildContext(uid=UID))
+    for component, tpl in _templates(objs, "qwen3-swe-1node").items():
+        spec, labels = tpl["spec"], tpl["metadata"]["labels"]
+        assert labels["team"] == "rl" and labels["app.kubernetes.io/component"] == component
+        assert spec["nodeSelector"] == {"pool": "gpu"} and spec["priorityClassName"] == "high"
+        assert spec["tolerations"] == [{"key": "nvidia.com/gpu", "operator": "Exists"}]
+        if component == "sandbox":  # scheduling only: nothing of the user's in the sandbox
+            assert not any("envFrom" in c for c in spec["containers"])
+            assert "data" not in {v["name"] for v in spec["volumes"]}
+            continue
+        assert spec["affinity"] == OVERLAY["affinity"]
+        assert spec["imagePullSecrets"] == [{"name": "regcred"}]
+        assert {"name": "data", "persistentVolumeClaim": {"claimName": "swe"}} in spec["volumes"]
+        for c in spec["containers"]:
+            assert c["envFrom"] == [{"secretRef": {"name": "s3"}}]
+            assert c["env"][-1]["name"] == "HF_TOKEN"
+            assert any(e["name"] == "GAGAR_RUN" for e in c["env"])  # the operator's stay
+            assert {"name": "data", "mountPath": "/data", "readOnly": False} in c["volumeMounts"]
+        sa = one(objs, "ServiceAccount", f"qwen3-swe-1node-{component}")
+        assert sa["metadata"]["annotations"] == OVERLAY["serviceAccountAnnotations"]
+
+
+def test_kueue_queue_label_on_the_trainer_workload() -> None:
+    for extra in ({}, {"trainer.useJobSet": True}):
+        run = example("single-gpu", **{"trainer.queueName": "team-a", **extra})
+        objs = build_all(run, BuildContext(uid=UID, crds=ALL_CRDS))
+        (workload,) = [o for o in objs if o["kind"] in ("Job", "JobSet")]
+        assert workload["metadata"]["labels"]["kueue.x-k8s.io/queue-name"] == "team-a"
+        assert "suspend" not in workload["spec"]

@@ -239,3 +239,19 @@ def test_sandbox_sessions_spread_over_the_executor_pods() -> None:
         f"http://10.0.0.{i}:8090" for i in (1, 2, 3)
     }
     pool.close()
+
+
+def test_worker_takes_its_log_level_from_the_run(tmp_path: Path, monkeypatch) -> None:
+    """The log level is no variable of the (immutable) Job template: the worker reads it from the
+    run's ConfigMap when it starts."""
+    run = example("local", **{"observability.logLevel": "debug"})
+    cfg = write_config(run, tmp_path / "config")
+    monkeypatch.delenv("GAGAR_LOG_LEVEL", raising=False)
+    monkeypatch.setenv("GAGAR_PERMANENT_MARKER", str(tmp_path / "permanent"))
+    logger = logging.getLogger("gagar")
+    before = logger.level
+    try:
+        assert worker.main([f"--config-dir={cfg}"]) == EXIT_PERMANENT  # no cluster env: stops
+        assert logger.level == logging.DEBUG
+    finally:
+        logger.setLevel(before)

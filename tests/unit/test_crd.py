@@ -72,6 +72,8 @@ def test_crd_basics() -> None:
     assert {c["name"] for c in version["additionalPrinterColumns"]} >= {
         "Phase",
         "Step",
+        "Total",
+        "Restarts",
         "Ready",
         "Age",
     }

@@ -991,3 +991,100 @@ def test_reapplying_a_job_keeps_server_defaulted_fields(http):
     assert again.status_code == 200, again.json()
     assert again.json()["spec"]["selector"] == first.json()["spec"]["selector"]
     assert again.json()["metadata"]["generation"] == 1  # nothing in the spec changed
+
+
+# ----- identities and RBAC -------------------------------------------------------------------
+
+RBAC = "rbac.authorization.k8s.io/v1"
+
+
+def _as(kube: KubeEmulator, namespace: str, name: str) -> httpx.Client:
+    token = kube.server.authorizer.issue(namespace, name)
+    return httpx.Client(base_url=kube.url, headers={"Authorization": f"Bearer {token}"})
+
+
+def test_service_account_requests_are_authorized_by_rbac(kube):
+    reader = _as(kube, "ops", "reader")
+    denied = reader.get(CM)
+    assert denied.status_code == 403
+    assert denied.json()["message"] == (
+        'configmaps is forbidden: User "system:serviceaccount:ops:reader" cannot list '
+        'resource "configmaps" in API group "" in the namespace "default"'
+    )
+    kube.create({"apiVersion": RBAC, "kind": "Role", "metadata": {"name": "r"},
+                 "rules": [{"apiGroups": [""], "resources": ["configmaps"],
+                            "verbs": ["get", "list"], "resourceNames": []}]})  # fmt: skip
+    kube.create({"apiVersion": RBAC, "kind": "RoleBinding", "metadata": {"name": "r"},
+                 "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": "r"},
+                 "subjects": [{"kind": "ServiceAccount", "name": "reader", "namespace": "ops"}]})  # fmt: skip
+    assert reader.get(CM).status_code == 200
+    assert reader.post(CM, json={"metadata": {"name": "x"}}).status_code == 403  # no create
+    assert reader.get("/api/v1/namespaces/other/configmaps").status_code == 403  # other ns
+    assert reader.get("/apis").status_code == 200  # discovery is open
+    bad = httpx.get(kube.url + CM, headers={"Authorization": "Bearer nobody"})
+    assert bad.status_code == 401
+
+
+def test_roles_grant_only_what_their_writer_holds(kube):
+    kube.create({"apiVersion": RBAC, "kind": "ClusterRole", "metadata": {"name": "roles"},
+                 "rules": [{"apiGroups": ["rbac.authorization.k8s.io"], "resources": ["roles"],
+                            "verbs": ["create"]},
+                           {"apiGroups": [""], "resources": ["configmaps"], "verbs": ["get"]}]})  # fmt: skip
+    kube.create({"apiVersion": RBAC, "kind": "ClusterRoleBinding", "metadata": {"name": "roles"},
+                 "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole",
+                             "name": "roles"},
+                 "subjects": [{"kind": "ServiceAccount", "name": "op", "namespace": "ops"}]})  # fmt: skip
+    op = _as(kube, "ops", "op")
+    roles = "/apis/rbac.authorization.k8s.io/v1/namespaces/default/roles"
+
+    def role(verbs: list[str]) -> dict:
+        rule = {"apiGroups": [""], "resources": ["configmaps"], "verbs": verbs}
+        return {"apiVersion": RBAC, "kind": "Role", "metadata": {"name": "-".join(verbs)},
+                "rules": [rule]}  # fmt: skip
+
+    assert op.post(roles, json=role(["get"])).status_code == 201
+    escalated = op.post(roles, json=role(["get", "delete"]))
+    assert escalated.status_code == 403
+    assert "attempting to grant RBAC permissions not currently held" in escalated.json()["message"]
+
+
+def test_apply_merges_map_lists_by_key(http):
+    """containers and env are listType=map: each applier owns its items, not the whole list."""
+
+    def deployment(containers: list[dict]) -> str:
+        body = {
+            "apiVersion": "apps/v1",
+            "kind": "Deployment",
+            "metadata": {"name": "d"},
+            "spec": {
+                "selector": {"matchLabels": {"a": "b"}},
+                "template": {
+                    "metadata": {"labels": {"a": "b"}},
+                    "spec": {"containers": containers},
+                },
+            },
+        }
+        return json.dumps(body)
+
+    def apply(manager: str, containers: list[dict]) -> dict:
+        r = http.patch(f"{DEPLOY}/d", params={"fieldManager": manager, "force": "true"},
+                       content=deployment(containers), headers=APPLY)  # fmt: skip
+        assert r.status_code in (200, 201), r.text
+        return r.json()
+
+    main = {"name": "main", "image": "m:1", "env": [{"name": "A", "value": "1"}]}
+    apply("operator", [main])
+    apply("mesh", [{"name": "main", "env": [{"name": "B", "value": "2"}]},
+                   {"name": "proxy", "image": "p"}])  # fmt: skip
+    out = apply("operator", [{**main, "image": "m:2"}])  # the operator re-applies
+    containers = {c["name"]: c for c in out["spec"]["template"]["spec"]["containers"]}
+    assert set(containers) == {"main", "proxy"}  # the other manager's sidecar survives
+    assert containers["main"]["image"] == "m:2"
+    assert [e["name"] for e in containers["main"]["env"]] == ["A", "B"]
+    fields = json.dumps(out["metadata"]["managedFields"])
+    assert 'k:{\\"name\\":\\"proxy\\"}' in fields
+    out = apply("operator", [{"name": "main", "image": "m:2"}])  # drops its env var A
+    (main_after,) = [
+        c for c in out["spec"]["template"]["spec"]["containers"] if c["name"] == "main"
+    ]
+    assert main_after["env"] == [{"name": "B", "value": "2"}]

@@ -118,6 +118,40 @@ INVALID = [
     (("metadata.name", "Bad_Name"), "metadata.name"),
     (("spec.sandbox", {"backend": "docker"}), "spec.sandbox.backend"),
     (("spec.unknownField", 1), "spec.unknownField"),
+    (("spec.trainer", {"podTemplate": {"env": [{"name": "GAGAR_RUN", "value": "x"}]}}), "env"),
+    (("spec.trainer", {"podTemplate": {"env": [{"name": "A"}]}}), "env"),
+    (("spec.trainer", {"podTemplate": {"envFrom": [{"prefix": "X_"}]}}), "envFrom"),
+    (("spec.trainer", {"podTemplate": {"labels": {"gagar.dev/run": "x"}}}), "labels"),
+    (("spec.trainer", {"podTemplate": {"affinity": {"nodeAfinity": {}}}}), "affinity"),
+    (
+        ("spec.trainer", {"podTemplate": {"volumes": [{"name": "config", "emptyDir": {}}]}}),
+        "volumes",
+    ),
+    (("spec.trainer", {"podTemplate": {"volumes": [{"name": "data"}]}}), "volumes"),
+    (
+        (
+            "spec.trainer",
+            {"podTemplate": {"volumes": [{"name": "a", "emptyDir": {}, "nfs": {"path": "/"}}]}},
+        ),
+        "volumes",
+    ),
+    (
+        (
+            "spec.trainer",
+            {
+                "podTemplate": {
+                    "volumes": [{"name": "a", "emptyDir": {}}, {"name": "a", "emptyDir": {}}]
+                }
+            },
+        ),
+        "volumes",
+    ),
+    (
+        ("spec.trainer", {"podTemplate": {"volumeMounts": [{"name": "x", "mountPath": "/x"}]}}),
+        "volumeMounts",
+    ),
+    (("spec.sandbox", {"podTemplate": {"env": [{"name": "A", "value": "1"}]}}), "env"),
+    (("spec.sandbox", {"podTemplate": {"volumes": []}}), "volumes"),
 ]
 
 
@@ -151,6 +185,27 @@ def test_the_crd_rejects_what_pydantic_rejects(case: tuple[str, Any], field: str
     )
 
 
+def test_pod_template_overlay_is_valid() -> None:
+    overlay = {
+        "labels": {"team": "rl"},
+        "nodeSelector": {"pool": "gpu"},
+        "tolerations": [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}],
+        "affinity": {"nodeAffinity": {}},
+        "priorityClassName": "high",
+        "imagePullSecrets": [{"name": "regcred"}],
+        "env": [{"name": "HF_HOME", "value": "/data/hf"}],
+        "envFrom": [{"secretRef": {"name": "s3"}}],
+        "volumes": [{"name": "data", "persistentVolumeClaim": {"claimName": "swe"}}],
+        "volumeMounts": [{"name": "data", "mountPath": "/data", "readOnly": True}],
+        "serviceAccountAnnotations": {"eks.amazonaws.com/role-arn": "arn:aws:iam::1:role/x"},
+    }
+    doc = with_spec("spec.trainer", {"podTemplate": overlay})
+    run, problems = validate_document(doc)
+    assert problems == [] and run is not None
+    assert run.spec.trainer.pod_template.volumes[0].persistent_volume_claim == {"claimName": "swe"}
+    assert crd_errors(doc, build_crd()) == []
+
+
 def test_autoscaled_pool_is_valid_without_replicas() -> None:
     doc = with_spec("spec.grader", {"autoscaling": {"minReplicas": 0, "maxReplicas": 4}})
     run, problems = validate_document(doc)
@@ -177,3 +232,18 @@ def test_resources_gpus() -> None:
     assert run.spec.trainer.resources.gpus == 8
     bad = with_spec("spec.trainer", {"resources": {"limits": {"memory": "lots"}}})
     assert validate_document(bad)[1]
+
+
+def test_trainer_and_model_change_only_while_suspended() -> None:
+    """The CRD's transition rule (``oldSelf``), evaluated as the API server does on updates."""
+    crd = build_crd()
+    old = with_spec("spec.trainer", {"nodes": 1})
+    bigger = with_spec("spec.trainer", {"nodes": 2})
+    assert crd_errors(bigger, crd) == []  # a create has no old object
+    assert any("only while the run is suspended" in e for e in crd_errors(bigger, crd, old=old))
+    suspended_old = {**old, "spec": {**old["spec"], "suspend": True}}
+    suspended_new = {**bigger, "spec": {**bigger["spec"], "suspend": True}}
+    assert crd_errors(suspended_new, crd, old=suspended_old) == []
+    assert crd_errors(suspended_new, crd, old=old)  # suspending and changing at once: refused
+    pools = with_spec("spec.rollout", {"replicas": 5})
+    assert crd_errors(pools, crd, old=with_spec("spec.rollout", {"replicas": 2})) == []

@@ -9,6 +9,7 @@ sync. Rollout, grader and sandbox pods get no Role and no mounted token. No Role
 from __future__ import annotations
 
 from gagar.operator.builders.common import BuildContext, Manifest, metadata, name, obj
+from gagar.operator.builders.overlay import service_account_annotations
 from gagar.spec import GagarRun
 
 RBAC = "rbac.authorization.k8s.io/v1"
@@ -26,7 +27,8 @@ def components(run: GagarRun) -> list[str]:
 
 
 def build_service_account(run: GagarRun, ctx: BuildContext, component: str) -> Manifest:
-    meta = metadata(run, ctx, name(run, component), component)
+    annotations = service_account_annotations(run, component)
+    meta = metadata(run, ctx, name(run, component), component, annotations=annotations)
     return obj("v1", "ServiceAccount", meta, automountServiceAccountToken=component == "trainer")
 
 

@@ -7,6 +7,8 @@ Pure: no I/O, no clock, no environment.
 
 from __future__ import annotations
 
+import hashlib
+import json
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -25,6 +27,8 @@ CONFIG_MOUNT = "/etc/gagar/config"
 CHECKPOINT_MOUNT = "/gagar/checkpoints"
 PUBLISHED_DIR = f"{CHECKPOINT_MOUNT}/published/latest"  # the trainer's newest safetensors
 ATTEMPT_ANNOTATION = "gagar.dev/attempt"
+# Hash of the trainer workload's immutable spec: a change is seen before the API server refuses it.
+TEMPLATE_ANNOTATION = "gagar.dev/template-hash"
 PLACEHOLDER_UID = "00000000-0000-0000-0000-000000000000"
 
 
@@ -109,13 +113,18 @@ AUTH_COMPONENTS = ("trainer", "grader", "sandbox")  # the services and their one
 
 def common_env(run: GagarRun, component: str) -> list[dict[str, Any]]:
     """Environment every gagar container gets: who it is and where its config (and, with
-    ``spec.authTokenSecret``, the services' shared token) lies."""
+    ``spec.authTokenSecret``, the services' shared token) lies. The trainer's Job template is
+    immutable, so what may change during a run (log level, metrics port) is not in its
+    environment: the trainer reads it from its ConfigMap when it starts."""
+    settings = [
+        {"name": "GAGAR_LOG_LEVEL", "value": run.spec.observability.log_level},
+        {"name": "GAGAR_METRICS_PORT", "value": str(run.spec.observability.metrics_port)},
+    ]
     env: list[dict[str, Any]] = [
         {"name": "GAGAR_RUN", "value": run.metadata.name},
         {"name": "GAGAR_COMPONENT", "value": component},
         {"name": "GAGAR_CONFIG_DIR", "value": CONFIG_MOUNT},
-        {"name": "GAGAR_LOG_LEVEL", "value": run.spec.observability.log_level},
-        {"name": "GAGAR_METRICS_PORT", "value": str(run.spec.observability.metrics_port)},
+        *(settings if component != "trainer" else []),
         {
             "name": "GAGAR_NAMESPACE",
             "valueFrom": {"fieldRef": {"fieldPath": "metadata.namespace"}},
@@ -140,6 +149,11 @@ def auth_volume(run: GagarRun) -> tuple[list[dict[str, Any]], list[dict[str, Any
         },
     }
     return [volume], [{"name": "auth", "mountPath": AUTH_MOUNT, "readOnly": True}]
+
+
+def spec_hash(spec: dict[str, Any]) -> str:
+    """A short stable hash of a manifest part."""
+    return hashlib.sha256(json.dumps(spec, sort_keys=True).encode()).hexdigest()[:16]
 
 
 def config_volume(run: GagarRun) -> tuple[dict[str, Any], dict[str, Any]]:

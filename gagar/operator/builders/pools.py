@@ -28,7 +28,6 @@ from gagar.operator.builders.common import (
     common_env,
     config_volume,
     container_security,
-    labels,
     metadata,
     metrics_port,
     name,
@@ -37,9 +36,17 @@ from gagar.operator.builders.common import (
     resources,
     selector,
 )
+from gagar.operator.builders.overlay import pod_template
 from gagar.operator.builders.sandbox import SANDBOX_PORT
 from gagar.rollout.engines.vllm_args import VllmArgs, vllm_args
-from gagar.spec import HUB_MODELS, Autoscaling, GagarRun, GraderSpec, RolloutSpec
+from gagar.spec import (
+    HUB_MODELS,
+    Autoscaling,
+    GagarRun,
+    GraderSpec,
+    ResourceRequirements,
+    RolloutSpec,
+)
 
 VLLM_PORT = 8000
 GRADER_PORT = 8080
@@ -110,7 +117,7 @@ def _deployment(
 ) -> Manifest:
     spec: dict[str, Any] = {
         "selector": {"matchLabels": selector(run, component)},
-        "template": {"metadata": {"labels": labels(run, component)}, "spec": pod},
+        "template": pod_template(run, component, pod),
     }
     if replicas is not None:
         spec = {"replicas": replicas, **spec}
@@ -167,6 +174,31 @@ def grader_model_args(run: GagarRun, model: str | None) -> list[str]:
     )
 
 
+# A vLLM server loads (and may download or stream) its weights before /health answers: up to
+# 30 min (180 × 10 s) before the kubelet gives up; readiness is probed only after that.
+VLLM_STARTUP_FAILURES = 180
+# Requests of a vLLM container whose spec names none: the scheduler must reserve host memory for
+# weight loading and the tokenizer workers, or the pod lands where it is OOM-killed mid-load.
+VLLM_DEFAULT_REQUESTS = {"cpu": "2", "memory": "8Gi"}
+
+
+def vllm_startup_probe(port: str) -> dict[str, Any]:
+    return {
+        "httpGet": {"path": "/health", "port": port},
+        "periodSeconds": 10,
+        "failureThreshold": VLLM_STARTUP_FAILURES,
+    }
+
+
+def vllm_resources(req: ResourceRequirements) -> dict[str, Any]:
+    """The pool's resources, with ``VLLM_DEFAULT_REQUESTS`` for cpu/memory it leaves out and
+    the GPU limit repeated as a request (what the scheduler reserves, stated)."""
+    out = resources(req)
+    gpus = {k: v for k, v in req.limits.items() if k == "nvidia.com/gpu"}
+    out["requests"] = {**VLLM_DEFAULT_REQUESTS, **gpus, **req.requests}
+    return out
+
+
 def _vllm_container(
     run: GagarRun, model: str | None, mounts: list[dict[str, Any]]
 ) -> dict[str, Any]:
@@ -178,8 +210,9 @@ def _vllm_container(
         "args": rollout_args(run, model),
         "env": [*common_env(run, "rollout"), {"name": "VLLM_SERVER_DEV_MODE", "value": "1"}],
         "ports": [{"name": "http", "containerPort": VLLM_PORT}],
+        "startupProbe": vllm_startup_probe("http"),
         "readinessProbe": {"httpGet": {"path": "/health", "port": "http"}, "periodSeconds": 10},
-        "resources": resources(rollout.resources),
+        "resources": vllm_resources(rollout.resources),
         "volumeMounts": mounts,
         "securityContext": container_security(),
     }
@@ -250,8 +283,9 @@ def _grader_containers(run: GagarRun, mounts: list[dict[str, Any]]) -> list[dict
         "args": grader_model_args(run, model_path),
         "env": common_env(run, "grader-model"),
         "ports": [{"name": "model", "containerPort": VLLM_PORT}],
+        "startupProbe": vllm_startup_probe("model"),
         "readinessProbe": {"httpGet": {"path": "/health", "port": "model"}, "periodSeconds": 10},
-        "resources": resources(grader.resources),
+        "resources": vllm_resources(grader.resources),
         "volumeMounts": [*mounts[1:], *model_mounts],
         "securityContext": container_security(),
     }
@@ -364,13 +398,50 @@ def build_autoscaler(run: GagarRun, ctx: BuildContext, component: str) -> list[M
     return [] if run.spec.suspend else [build_hpa(run, ctx, component, auto)]
 
 
+# Prometheus servers (the Prometheus Operator's pods carry this label) may scrape the pools.
+SCRAPER = {"app.kubernetes.io/name": "prometheus"}
+
+
+def build_pool_network_policy(run: GagarRun, ctx: BuildContext, component: str) -> Manifest:
+    """Who may reach a pool. The rollout pool runs vLLM with its weight-transfer API on
+    (``VLLM_SERVER_DEV_MODE=1``: whoever reaches it can replace the policy's weights), so only
+    this run's trainer pods reach it (every port: NCCL weight broadcast picks its own), and
+    Prometheus its HTTP port (``/metrics``). The grader pool serves the trainer (HTTP) and its
+    metrics port to Prometheus."""
+    trainer = {"podSelector": {"matchLabels": selector(run, "trainer")}}
+    scraper = {"namespaceSelector": {}, "podSelector": {"matchLabels": SCRAPER}}
+    if component == "rollout":
+        ingress = [{"from": [trainer]}, {"from": [scraper], "ports": [{"port": VLLM_PORT}]}]
+    else:
+        metrics = run.spec.observability.metrics_port
+        ingress = [
+            {"from": [trainer], "ports": [{"port": GRADER_PORT}]},
+            {"from": [scraper], "ports": [{"port": metrics}]},
+        ]
+    spec = {
+        "podSelector": {"matchLabels": selector(run, component)},
+        "policyTypes": ["Ingress"],
+        "ingress": ingress,
+    }
+    meta = metadata(run, ctx, name(run, component), component)
+    return obj("networking.k8s.io/v1", "NetworkPolicy", meta, spec=spec)
+
+
+def _pool(run: GagarRun, ctx: BuildContext, component: str) -> list[Manifest]:
+    deployment = build_rollout_deployment if component == "rollout" else build_grader_deployment
+    return [
+        deployment(run, ctx),
+        build_pool_service(run, ctx, component),
+        build_pool_network_policy(run, ctx, component),
+        *build_autoscaler(run, ctx, component),
+    ]
+
+
 def build_pools(run: GagarRun, ctx: BuildContext) -> list[Manifest]:
     """Every object of the rollout and grader pools (nothing for an ``endpoint`` pool)."""
     out: list[Manifest] = []
     if run.spec.rollout.endpoint is None:
-        out += [build_rollout_deployment(run, ctx), build_pool_service(run, ctx, "rollout")]
-        out += build_autoscaler(run, ctx, "rollout")
+        out += _pool(run, ctx, "rollout")
     if run.spec.grader.endpoint is None:
-        out += [build_grader_deployment(run, ctx), build_pool_service(run, ctx, "grader")]
-        out += build_autoscaler(run, ctx, "grader")
+        out += _pool(run, ctx, "grader")
     return out

@@ -19,7 +19,6 @@ from gagar.operator.builders.common import (
     auth_volume,
     common_env,
     config_volume,
-    labels,
     metadata,
     metrics_port,
     name,
@@ -27,6 +26,7 @@ from gagar.operator.builders.common import (
     resources,
     selector,
 )
+from gagar.operator.builders.overlay import pod_template
 from gagar.spec import GagarRun
 
 SANDBOX_PORT = 8090
@@ -110,7 +110,7 @@ def build_sandbox_deployment(run: GagarRun, ctx: BuildContext) -> Manifest:
     spec = {
         "replicas": 0 if stopped else run.spec.sandbox.pool_size,
         "selector": {"matchLabels": selector(run, "sandbox")},
-        "template": {"metadata": {"labels": labels(run, "sandbox")}, "spec": _pod(run)},
+        "template": pod_template(run, "sandbox", _pod(run)),
     }
     meta = metadata(run, ctx, name(run, "sandbox"), "sandbox")
     return obj("apps/v1", "Deployment", meta, spec=spec)

@@ -24,6 +24,7 @@ from gagar.operator.builders.common import (
     ATTEMPT_ANNOTATION,
     CHECKPOINT_MOUNT,
     JOBSET,
+    TEMPLATE_ANNOTATION,
     BuildContext,
     Manifest,
     auth_volume,
@@ -40,12 +41,15 @@ from gagar.operator.builders.common import (
     pod_security,
     resources,
     selector,
+    spec_hash,
 )
+from gagar.operator.builders.overlay import pod_template
 from gagar.operator.builders.pools import GRADER_PORT, VLLM_PORT, base_model, transport
 from gagar.operator.builders.sandbox import SANDBOX_PORT
 from gagar.spec import GagarRun
 
 RDZV_PORT = 29500
+KUEUE_QUEUE_LABEL = "kueue.x-k8s.io/queue-name"
 EXIT_PERMANENT = 3
 JOBSET_REPLICATED_JOB = "node"
 # The trainer's entry point inside its image (torchrun runs it as a module on every rank), and
@@ -142,7 +146,7 @@ def _trainer_pod(run: GagarRun, ctx: BuildContext) -> dict[str, Any]:
     }
     if not uses_jobset(run, ctx):
         spec["subdomain"] = name(run, "trainer", "rdzv")
-    return {"metadata": {"labels": labels(run, "trainer")}, "spec": spec}
+    return pod_template(run, "trainer", spec)
 
 
 def _job_spec(run: GagarRun, ctx: BuildContext) -> dict[str, Any]:
@@ -172,25 +176,44 @@ def _job_spec(run: GagarRun, ctx: BuildContext) -> dict[str, Any]:
     }
 
 
+def _workload_meta(run: GagarRun, ctx: BuildContext, **extra: Any) -> dict[str, Any]:
+    """Metadata of the trainer workload, with Kueue's queue label when a queue is named."""
+    meta = metadata(run, ctx, name(run, "trainer"), "trainer", **extra)
+    if run.spec.trainer.queue_name:
+        meta["labels"][KUEUE_QUEUE_LABEL] = run.spec.trainer.queue_name
+    return meta
+
+
+def suspend(run: GagarRun) -> dict[str, Any]:
+    """``suspend`` as the operator writes it: true while ``spec.suspend``, else not at all, so
+    that the field is never taken from another manager (Kueue suspends a queued workload until
+    it is admitted); left unowned, the server defaults it to false."""
+    return {"suspend": True} if run.spec.suspend else {}
+
+
 def build_trainer_job(run: GagarRun, ctx: BuildContext) -> Manifest:
     """The indexed Job (completions = parallelism = nodes)."""
-    meta = metadata(
-        run,
-        ctx,
-        name(run, "trainer"),
-        "trainer",
-        annotations={ATTEMPT_ANNOTATION: str(ctx.attempt)},
-    )
-    spec = {"suspend": run.spec.suspend, **_job_spec(run, ctx)}
-    return obj("batch/v1", "Job", meta, spec=spec)
+    job = _job_spec(run, ctx)
+    annotations = {ATTEMPT_ANNOTATION: str(ctx.attempt), TEMPLATE_ANNOTATION: spec_hash(job)}
+    meta = _workload_meta(run, ctx, annotations=annotations)
+    return obj("batch/v1", "Job", meta, spec={**suspend(run), **job})
 
 
 def build_trainer_jobset(run: GagarRun, ctx: BuildContext) -> Manifest:
     """The JobSet (jobset.x-k8s.io/v1alpha2): one replicated Job, native whole-set restarts."""
-    meta = metadata(run, ctx, name(run, "trainer"), "trainer")
     spec = {
-        "suspend": run.spec.suspend,
-        "failurePolicy": {"maxRestarts": run.spec.trainer.failure_policy.max_restarts},
+        "failurePolicy": {
+            "maxRestarts": run.spec.trainer.failure_policy.max_restarts,
+            # EXIT_PERMANENT fails the Job through its podFailurePolicy (reason PodFailurePolicy):
+            # the whole set fails at once instead of burning every restart on it
+            "rules": [
+                {
+                    "name": "permanent-configuration-error",
+                    "action": "FailJobSet",
+                    "onJobFailureReasons": ["PodFailurePolicy"],
+                }
+            ],
+        },
         "successPolicy": {"operator": "All", "targetReplicatedJobs": [JOBSET_REPLICATED_JOB]},
         "network": {"enableDNSHostnames": True, "subdomain": name(run, "trainer", "rdzv")},
         "replicatedJobs": [
@@ -204,7 +227,8 @@ def build_trainer_jobset(run: GagarRun, ctx: BuildContext) -> Manifest:
             }
         ],
     }
-    return obj("jobset.x-k8s.io/v1alpha2", "JobSet", meta, spec=spec)
+    meta = _workload_meta(run, ctx, annotations={TEMPLATE_ANNOTATION: spec_hash(spec)})
+    return obj("jobset.x-k8s.io/v1alpha2", "JobSet", meta, spec={**suspend(run), **spec})
 
 
 def build_rdzv_service(run: GagarRun, ctx: BuildContext) -> Manifest:
@@ -220,7 +244,11 @@ def build_rdzv_service(run: GagarRun, ctx: BuildContext) -> Manifest:
 
 
 def build_trainer(run: GagarRun, ctx: BuildContext) -> list[Manifest]:
-    """Trainer objects: JobSet (which makes its own headless Service) or Job + Service."""
+    """Trainer objects: JobSet (which makes its own headless Service) or Job + Service; nothing
+    for a terminal run (its finished Job stays as the record; deleting it never brings a new one
+    that would hold accelerators for rollouts that never come)."""
+    if ctx.state == "terminal":
+        return []
     if uses_jobset(run, ctx):
         return [build_trainer_jobset(run, ctx)]
     return [build_rdzv_service(run, ctx), build_trainer_job(run, ctx)]
