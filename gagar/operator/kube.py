@@ -13,6 +13,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+import urllib3
 from kubernetes.client import ApiClient
 from kubernetes.client.exceptions import ApiException
 
@@ -129,7 +130,8 @@ class Kube:
             data = resp.read()
         except ApiException as err:
             raise KubeError(err.status or 0, _message(err.body, err.reason)) from None
-        except OSError as err:  # connection refused/reset (urllib3 errors are OSErrors): transient
+        except (OSError, urllib3.exceptions.HTTPError) as err:
+            # connection refused/reset, after urllib3's retries (MaxRetryError is no OSError)
             raise KubeError(0, str(err)) from None
         if not 200 <= resp.status <= 299:
             raise KubeError(resp.status, _message(data, resp.reason))
