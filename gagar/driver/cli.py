@@ -4,23 +4,34 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
+import logging
+import os
+from collections.abc import Callable
 from pathlib import Path
 
 from rich.console import Console
 
 
-def _library_output_to(logs: Path) -> Path:
-    """Send what libraries say (Python warnings, log records, Hugging Face progress bars) to
-    ``logs/libraries.log`` instead of the terminal, which shows gagar's progress and summary only:
-    Megatron-Core warns at import that Transformer Engine/Apex are absent and torch warns of
-    bfloat16 inputs to float32 norm weights on every CPU step, both expected here. gagar's own
-    warnings still reach the terminal."""
-    import logging
-    import os
+class _LogFile(logging.FileHandler):
+    """A log file made (with its folder) at the first record, so that a run that cannot start
+    leaves nothing behind unless something was logged."""
 
+    def _open(self):
+        Path(self.baseFilename).parent.mkdir(parents=True, exist_ok=True)
+        return super()._open()
+
+
+def _library_output_to(log: Path) -> Callable[[], None]:
+    """Send what libraries say (Python warnings, log records, Hugging Face progress bars) to
+    ``log`` instead of the terminal, which shows gagar's progress and summary only: Megatron-Core
+    warns at import that Transformer Engine/Apex are absent and torch warns of bfloat16 inputs to
+    float32 norm weights on every CPU step, both expected here. gagar's own warnings still reach
+    the terminal. Returns a function that removes ``log`` again if this process created it (a run
+    that could not start)."""
     os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")  # read when transformers loads
-    logs.mkdir(parents=True, exist_ok=True)
-    handler = logging.FileHandler(logs / "libraries.log")
+    existed = log.exists()
+    handler = _LogFile(log, delay=True)
     handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
     logging.captureWarnings(True)
     logging.getLogger().addHandler(handler)
@@ -28,7 +39,15 @@ def _library_output_to(logs: Path) -> Path:
     ours = logging.StreamHandler()
     ours.setLevel(logging.WARNING)
     logging.getLogger("gagar").addHandler(ours)
-    return logs / "libraries.log"
+
+    def discard() -> None:
+        handler.close()
+        if not existed:
+            log.unlink(missing_ok=True)
+            with contextlib.suppress(OSError):
+                log.parent.rmdir()  # only when empty
+
+    return discard
 
 
 def _train(args: argparse.Namespace) -> int:
@@ -56,7 +75,7 @@ def _train(args: argparse.Namespace) -> int:
     except OSError as err:
         console.print(f"[red]cannot use --out {out}[/]: {err.strerror or err}", soft_wrap=True)
         return 2
-    _library_output_to(out / "logs")
+    discard_log = _library_output_to(out / "logs" / "libraries.log")
     from gagar.driver.components import SetupError
     from gagar.driver.setup import build
 
@@ -66,6 +85,7 @@ def _train(args: argparse.Namespace) -> int:
         )
     except SetupError as err:
         console.print(f"[red]cannot start[/]: {err}")
+        discard_log()
         return 2
     return asyncio.run(_main(ctx, out, console, args))
 
