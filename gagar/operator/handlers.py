@@ -392,12 +392,34 @@ class Reconciler:
         self._export(raw, outcome.status)
 
     def _post(self, raw: dict[str, Any], events: list[Event]) -> None:
+        """Post events through the API (not kopf's queue, which exists only inside kopf's
+        handlers: a reconcile of the resync thread posts too); a failure is logged, not fatal."""
+        meta = raw["metadata"]
         for event in events:
-            post = kopf.warn if event.type == "Warning" else kopf.info
+            now = self.config.clock()
+            body = {
+                "apiVersion": "v1",
+                "kind": "Event",
+                "metadata": {"generateName": f"{meta['name']}.", "namespace": meta["namespace"]},
+                "involvedObject": {
+                    "apiVersion": f"{API_GROUP}/{API_VERSION}",
+                    "kind": "GagarRun",
+                    "name": meta["name"],
+                    "namespace": meta["namespace"],
+                    "uid": meta.get("uid", ""),
+                },
+                "type": event.type,
+                "reason": event.reason,
+                "message": event.message[:1024],
+                "source": {"component": FIELD_MANAGER},
+                "firstTimestamp": now,
+                "lastTimestamp": now,
+                "count": 1,
+            }
             try:
-                post(raw, reason=event.reason, message=event.message)
-            except Exception as err:  # outside a kopf context (e.g. unit use): log instead
-                log.info("event %s %s: %s (%s)", event.type, event.reason, event.message, err)
+                self.kube.create(body)
+            except KubeError as err:
+                log.warning("event %s %s not posted: %s", event.type, event.reason, err)
 
     def _export(self, raw: dict[str, Any], status: GagarRunStatus) -> None:
         meta = raw["metadata"]
