@@ -24,7 +24,6 @@ import threading
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
 from typing import Any
 
 import kopf
@@ -52,7 +51,7 @@ from gagar.operator.observe import (
     waiting_reasons,
 )
 from gagar.operator.status import Event, Outcome, compute_status
-from gagar.spec import GagarRun, GagarRunStatus
+from gagar.spec import PHASES, GagarRun, GagarRunStatus, rfc3339
 
 log = logging.getLogger("gagar.operator")
 PLURAL = "gagarruns"
@@ -63,7 +62,7 @@ PRUNABLE = tuple(k for k in CHILD_KINDS if k[1] not in ("PersistentVolumeClaim",
 
 
 def now_rfc3339() -> str:
-    return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+    return rfc3339(time.time())
 
 
 @dataclass
@@ -314,7 +313,7 @@ class Reconciler:
         key = (meta.get("namespace", ""), meta["name"])
         self._phases[key] = status.phase
         gauge = self.metrics["gagar_operator_runs"]
-        for phase in ("Pending", "Running", "Suspended", "Succeeded", "Failed", "Stalled"):
+        for phase in PHASES:
             gauge.labels(phase=phase).set(sum(p == phase for p in self._phases.values()))
         cond = self.metrics["gagar_run_condition"]
         for c in status.conditions:

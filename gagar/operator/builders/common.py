@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from gagar import API_GROUP, API_VERSION, KIND
+from gagar import API_GROUP, API_VERSION, KIND, env
 from gagar.spec import GagarRun
 
 Manifest = dict[str, Any]
@@ -106,13 +106,13 @@ def resources(req: Any) -> dict[str, Any]:
 def common_env(run: GagarRun, component: str) -> list[dict[str, Any]]:
     """Environment every gagar container gets: who it is and where its config lies."""
     return [
-        {"name": "GAGAR_RUN", "value": run.metadata.name},
-        {"name": "GAGAR_COMPONENT", "value": component},
-        {"name": "GAGAR_CONFIG_DIR", "value": CONFIG_MOUNT},
-        {"name": "GAGAR_LOG_LEVEL", "value": run.spec.observability.log_level},
-        {"name": "GAGAR_METRICS_PORT", "value": str(run.spec.observability.metrics_port)},
+        {"name": env.RUN, "value": run.metadata.name},
+        {"name": env.COMPONENT, "value": component},
+        {"name": env.CONFIG_DIR, "value": CONFIG_MOUNT},
+        {"name": env.LOG_LEVEL, "value": run.spec.observability.log_level},
+        {"name": env.METRICS_PORT, "value": str(run.spec.observability.metrics_port)},
         {
-            "name": "GAGAR_NAMESPACE",
+            "name": env.NAMESPACE,
             "valueFrom": {"fieldRef": {"fieldPath": "metadata.namespace"}},
         },
     ]

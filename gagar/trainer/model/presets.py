@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from gagar.trainer.model.chat_template import CHAT_TEMPLATE
+from gagar.trainer.model.chat_template import CHAT_TEMPLATE, chatml
 
 BOS, EOS, PAD = "<|endoftext|>", "<|im_end|>", "<|pad|>"
 SPECIAL = [BOS, "<|im_start|>", EOS, PAD]
@@ -61,10 +61,10 @@ def _chat_examples() -> Iterator[str]:
     for tool, arg in (("read_file", "path"), ("run_tests", "pattern"), ("edit", "patch")):
         call = json.dumps({"name": tool, "arguments": {arg: "src/app.py"}})
         yield (
-            f"<|im_start|>system\nYou fix bugs in Python repositories.{EOS}\n"
-            f"<|im_start|>user\nThe tests in tests/test_app.py fail. Fix the bug.{EOS}\n"
-            f"<|im_start|>assistant\n<tool_call>\n{call}\n</tool_call>{EOS}\n"
-            f"<|im_start|>user\n<tool_response>\nok\n</tool_response>{EOS}\n"
+            chatml("system", "You fix bugs in Python repositories.")
+            + chatml("user", "The tests in tests/test_app.py fail. Fix the bug.")
+            + chatml("assistant", f"<tool_call>\n{call}\n</tool_call>")
+            + chatml("user", "<tool_response>\nok\n</tool_response>")
         )
 
 
