@@ -18,10 +18,10 @@ import pytest
 import torch
 
 from gagar.rollout.engines.base import SamplingParams
-from gagar.rollout.engines.openai_engine import OpenAIEngine, engine_for_servers
 from gagar.rollout.engines.server import ServerConfig, VllmServer, vllm_python
-from gagar.rollout.engines.tiny import write_tiny_llama
 from gagar.rollout.engines.weight_sync import WeightSyncError
+from gagar.trainer.model.presets import create_preset
+from tests.support.openai_engine import OpenAIEngine, engine_for_servers
 
 REPLICAS = 2
 TOL = 1e-4  # float32 on both sides; measured differences are ~4e-6
@@ -38,7 +38,7 @@ def _require_vllm() -> None:
 
 @pytest.fixture(scope="module")
 def tiny(tmp_path_factory) -> Path:
-    return write_tiny_llama(tmp_path_factory.mktemp("tiny") / "model")
+    return create_preset("tiny", tmp_path_factory.mktemp("tiny") / "model")  # the one small Llama
 
 
 @pytest.fixture(scope="module")
