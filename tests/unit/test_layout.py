@@ -52,7 +52,9 @@ def unused_modules(root: Path) -> dict[str, bool]:
         name: name in outside
         for path in package
         if path.name != "__init__.py"
-        and not any(u == (name := module_name(path, root)) or u.startswith(name + ".") for u in used)
+        and not any(
+            u == (name := module_name(path, root)) or u.startswith(name + ".") for u in used
+        )
     }
 
 
