@@ -33,9 +33,9 @@ from gagar.rollout.envs.task import Task
 from gagar.sandbox.types import SessionFactory
 from gagar.spec import AlgorithmSpec, GagarRun
 from gagar.trainer.checkpoint import CheckpointManager
-from gagar.trainer.distributed import Team
+from gagar.trainer.distributed import Team, TeamStep
 from gagar.trainer.learner import Learner, Sample
-from gagar.wire import GradingGroup, Ranking
+from gagar.wire import FallbackReason, GradingGroup, Ranking
 
 Closers = list[Callable[[], object]]  # what to stop when the run ends, oldest first
 
@@ -85,7 +85,7 @@ class Context:
     version: int = 0
     closers: Closers = field(default_factory=list)
 
-    def call(self, step: str, *args: Any) -> Any:
+    def call(self, step: TeamStep, *args: Any) -> Any:
         return self.team.call(step, *args)
 
     @property
@@ -110,7 +110,7 @@ async def _grade(ctx: Context, group: GroupResult) -> Ranking:
     spec = ctx.run.spec.grader
 
     async def fallback(g: GradingGroup, reason: str) -> Ranking:
-        short = "timeout" if reason == "timeout" else "grader_error"
+        short: FallbackReason = "timeout" if reason == "timeout" else "grader_error"
         if spec.fallback == "heuristic":
             ranking = await ctx.services.fallback_grader.grade(g)
             return ranking.model_copy(update={"fallback": short, "detail": reason})
@@ -451,9 +451,9 @@ async def evaluate(ctx: Context, tasks: list[Any], seed: int = 0) -> dict[str, A
     a sandbox failure leaves its task out of the rates (``valid`` < ``tasks``)."""
     if not tasks:
         return {"tasks": 0}
-    rollouts = _rollouts(ctx)
+    runner = _rollouts(ctx)
     groups = await asyncio.gather(
-        *(rollouts.group(t, 1, 7_000_000 + seed + i) for i, t in enumerate(tasks))
+        *(runner.group(t, 1, 7_000_000 + seed + i) for i, t in enumerate(tasks))
     )
     dump_rollouts(ctx.out / "rollouts" / "held_out.jsonl", list(groups))
     check_engine(ctx, list(groups), strict=True)

@@ -159,13 +159,15 @@ def rank_team(
     console: Console | None = None,
 ) -> Team:  # fmt: skip
     """The team steps of this rank (update, weights, save, restore, sft) over ``group``."""
+    import torch.distributed as dist
+
     from gagar.trainer.model.parallel import current_parallel
 
     p = current_parallel()
     rank = RankState(model, learner, ckpt, {"tp": p.tp, "ep": p.ep, "pp": p.pp}, group)
-    team = Team(rank.handlers(), group)
-    team.handlers["sft"] = SftStep(run, model, learner.parallel, console if team.leader else None)
-    return team
+    leader = not dist.is_initialized() or dist.get_rank() == 0
+    sft = SftStep(run, model, learner.parallel, console if leader else None)
+    return Team({**rank.handlers(), "sft": sft}, group)
 
 
 def chat_format(policy_dir: Path) -> tuple[HFChatFormat, int]:

@@ -8,6 +8,7 @@ import os
 import kopf
 from prometheus_client import CollectorRegistry, start_http_server
 
+from gagar import env
 from gagar.metrics import Metrics
 from gagar.operator.handlers import OperatorConfig, Reconciler, configure_settings, register
 from gagar.operator.kube import Kube
@@ -43,7 +44,7 @@ def build_registry(kube: Kube, metrics: Metrics, config: OperatorConfig) -> kopf
 
 def run_operator(namespaces: list[str], standalone: bool, port: int, health_port: int) -> int:
     """Serve /metrics on ``port`` and /healthz on ``health_port``; run kopf until interrupted."""
-    level = os.environ.get("GAGAR_LOG_LEVEL", "info").upper()
+    level = os.environ.get(env.LOG_LEVEL, "info").upper()
     logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     prom = CollectorRegistry()
     metrics = Metrics(prom, "operator")

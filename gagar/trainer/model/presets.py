@@ -98,11 +98,13 @@ def train_tokenizer(texts: Iterable[str] | None = None, vocab_size: int = 4096) 
     return tok
 
 
-def _fast_tokenizer(tok: Any) -> Any:
+def fast_tokenizer(texts: Iterable[str] | None = None, vocab_size: int = 4096) -> Any:
+    """The presets' tokenizer as transformers loads it: ``train_tokenizer`` with the chat
+    template and the special tokens named."""
     from transformers import PreTrainedTokenizerFast
 
     return PreTrainedTokenizerFast(
-        tokenizer_object=tok,
+        tokenizer_object=train_tokenizer(texts, vocab_size),
         bos_token=BOS,
         eos_token=EOS,
         pad_token=PAD,
@@ -149,7 +151,7 @@ def create_preset(
         raise ValueError(f"unknown preset {name!r}; known: {sorted(PRESETS)}")
     preset = PRESETS[name]
     texts = list(texts) if texts is not None else None
-    tokenizer = _fast_tokenizer(train_tokenizer(texts, preset.vocab_size))
+    tokenizer = fast_tokenizer(texts, preset.vocab_size)
     if len(tokenizer) != preset.vocab_size:
         raise ValueError(f"tokenizer has {len(tokenizer)} tokens, expected {preset.vocab_size}")
     config = llama_config(preset, tokenizer)
