@@ -1,6 +1,7 @@
-"""``gagar train``: the whole GAGAR loop in one process on the embedded defaults.
+"""The GAGAR loop, the same for ``gagar train`` and the cluster trainer: ``train(ctx)`` runs the
+steps, the held-out evaluation and the report over a ``Context`` that ``setup.build`` made.
 
-Per step: draw tasks → roll out groups on vLLM in bubblewrap sandboxes → verify against pristine
+Per step: draw tasks → roll out groups on vLLM in sandboxes → verify against pristine
 tests → dynamic sampling, with eligible groups graded asynchronously under a deadline → GAGAR (or
 GRPO) advantages → one policy update on the Megatron-Core model → weight sync into vLLM through
 its RL weight-transfer API → metrics → checkpoint. A step's record is appended to
