@@ -37,8 +37,8 @@ from rich.table import Table  # noqa: E402
 
 from gagar.rollout.engines.base import SamplingParams  # noqa: E402
 from gagar.rollout.engines.server import ServerConfig, VllmServer  # noqa: E402
-from gagar.trainer.model.presets import create_preset  # noqa: E402
 from tests.support.openai_engine import engine_for_servers  # noqa: E402
+from tests.support.tiny_llama import write_tiny_llama  # noqa: E402
 
 BATCHES = (1, 8, 32)
 
@@ -99,7 +99,7 @@ def run(args: argparse.Namespace, work: Path) -> dict:
     import torch
 
     torch.set_num_threads(args.threads)
-    model_dir = Path(args.model) if args.model else create_preset("tiny", work / "tiny")
+    model_dir = Path(args.model) if args.model else write_tiny_llama(work / "tiny")
     vocab = json.loads((model_dir / "config.json").read_text())["vocab_size"]
     cfg = ServerConfig(model=model_dir, enforce_eager=args.eager, threads=args.threads)
     with VllmServer(cfg, work / "vllm.log") as server:
@@ -109,7 +109,7 @@ def run(args: argparse.Namespace, work: Path) -> dict:
         startup = server.startup_seconds
     hf = hf_rate(model_dir, args.tokens, vocab, args.hf_repeats)
     return {
-        "model": str(args.model or "the tiny preset (random weights)"),
+        "model": str(args.model or "tiny random Llama (tests/support/tiny_llama.py)"),
         "tokens_per_request": args.tokens,
         "threads": args.threads,
         "eager": args.eager,

@@ -20,8 +20,8 @@ import torch
 from gagar.rollout.engines.base import SamplingParams
 from gagar.rollout.engines.server import ServerConfig, VllmServer, vllm_python
 from gagar.rollout.engines.weight_sync import WeightSyncError
-from gagar.trainer.model.presets import create_preset
 from tests.support.openai_engine import OpenAIEngine, engine_for_servers
+from tests.support.tiny_llama import write_tiny_llama
 
 REPLICAS = 2
 TOL = 1e-4  # float32 on both sides; measured differences are ~4e-6
@@ -38,7 +38,7 @@ def _require_vllm() -> None:
 
 @pytest.fixture(scope="module")
 def tiny(tmp_path_factory) -> Path:
-    return create_preset("tiny", tmp_path_factory.mktemp("tiny") / "model")  # the one small Llama
+    return write_tiny_llama(tmp_path_factory.mktemp("tiny") / "model")
 
 
 @pytest.fixture(scope="module")

@@ -8,7 +8,7 @@
 * ``vllm_plugin``   — the ``gagar_safetensors`` backend registered with vLLM's transfer
                       registries (imported only inside vLLM's processes)
 
-The tests' scripted server (``tests/support/fake_vllm.py``) and batched multi-replica client
-(``tests/support/openai_engine.py``) live with the tests; the small Llama they serve is the
-``tiny`` preset (``gagar.trainer.model.presets``).
+The tests' scripted server (``tests/support/fake_vllm.py``), batched multi-replica client
+(``tests/support/openai_engine.py``) and tiny random Llama (``tests/support/tiny_llama.py``)
+live with the tests.
 """
