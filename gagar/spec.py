@@ -14,8 +14,8 @@ This module is pure: no I/O, no Kubernetes client, no torch.
 
 from __future__ import annotations
 
-import re
-from typing import Annotated, Any, Literal
+from datetime import UTC, datetime
+from typing import Annotated, Any, Literal, get_args
 
 from pydantic import (
     BaseModel,
@@ -821,6 +821,10 @@ class RolloutSpec(_Pool):
         return self
 
 
+GRADER_SERVED_NAME = "grader"
+"""The name a grader model server started for ``spec.grader.model`` serves it under."""
+
+
 class GraderSpec(_Pool):
     """The grader pool: the agentic grader (an agent plus its LLM) or the heuristic grader."""
 
@@ -1104,19 +1108,30 @@ class GagarRunSpec(Model):
 
 
 # ---------------------------------------------------------------- status
+def rfc3339(t: float) -> str:
+    """A POSIX time as status writes times (``2026-01-02T03:04:05Z``, UTC, whole seconds)."""
+    return datetime.fromtimestamp(t, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+ConditionType = Literal[
+    "Ready",
+    "Reconciling",
+    "Stalled",
+    "TrainerReady",
+    "PoolsReady",
+    "Suspended",
+    "Complete",
+    "Failed",
+]
+CONDITION_TYPES: tuple[ConditionType, ...] = get_args(ConditionType)  # in status order
+Phase = Literal["Pending", "Running", "Suspended", "Succeeded", "Failed", "Stalled"]
+PHASES: tuple[Phase, ...] = get_args(Phase)
+
+
 class Condition(Model):
     """A Kubernetes-style condition."""
 
-    type: Literal[
-        "Ready",
-        "Reconciling",
-        "Stalled",
-        "TrainerReady",
-        "PoolsReady",
-        "Suspended",
-        "Complete",
-        "Failed",
-    ]
+    type: ConditionType
     """Condition type."""
     status: Literal["True", "False", "Unknown"]
     """Condition status."""
@@ -1160,7 +1175,7 @@ class GagarRunStatus(Model):
 
     observed_generation: int | None = None
     """Generation of the spec this status reflects."""
-    phase: Literal["Pending", "Running", "Suspended", "Succeeded", "Failed", "Stalled"] = "Pending"
+    phase: Phase = "Pending"
     """Summary of the conditions, for ``kubectl get``."""
     conditions: list[Condition] = Field(default_factory=list)
     """Conditions."""
@@ -1201,12 +1216,3 @@ class GagarRun(Model):
     metadata: ObjectMeta
     spec: GagarRunSpec
     status: GagarRunStatus | None = None
-
-
-def name_problem(name: str) -> str | None:
-    """Why ``name`` cannot name a GagarRun, or None (the same rule the CRD's CEL enforces)."""
-    if len(name) > MAX_NAME_LENGTH:
-        return f"metadata.name must be at most {MAX_NAME_LENGTH} characters so child object names fit (got {len(name)})"
-    if not re.match(DNS_LABEL, name):
-        return "metadata.name must be a DNS-1035 label (lowercase letters, digits and '-', starting with a letter)"
-    return None

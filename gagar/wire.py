@@ -8,9 +8,22 @@ malformed input is rejected where it enters, with the field path in the message.
 from __future__ import annotations
 
 import posixpath
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, model_validator
+
+# The files of an HF model folder that travel with its weights (what vLLM and transformers need
+# beside them): the trainer writes them with each checkpoint, the rollout side with each version.
+HF_SIDE_FILES = (
+    "config.json",
+    "generation_config.json",
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "special_tokens_map.json",
+    "chat_template.jinja",
+    "vocab.json",
+    "merges.txt",
+)
 
 Tier = Literal["T1", "T2", "T3"]
 GraderKind = Literal["agentic", "heuristic", "none"]
@@ -101,6 +114,16 @@ def check_relative_path(path: str) -> str:
     return path
 
 
+def _safe_paths(files: dict[str, str]) -> dict[str, str]:
+    for path in files:
+        check_relative_path(path)
+    return files
+
+
+RepoFiles = Annotated[dict[str, str], AfterValidator(_safe_paths)]
+"""A repository as relative path -> text; every path checked by ``check_relative_path``."""
+
+
 class Action(_Wire):
     """One tool call of a trajectory and what the environment answered."""
 
@@ -127,7 +150,7 @@ class Candidate(_Wire):
     member: int = Field(ge=0, description="Index within the group.")
     passed: bool = Field(description="Hidden tests passed against pristine test files.")
     valid: bool = Field(default=True, description="False after an infrastructure failure.")
-    files: dict[str, str] = Field(description="Final repository: relative path -> text.")
+    files: RepoFiles = Field(description="Final repository: relative path -> text.")
     patch: str = Field(
         default="", description="Unified diff of the final repository against the base."
     )
@@ -135,20 +158,13 @@ class Candidate(_Wire):
     test_log: str = ""
     stats: ToolStats | None = Field(default=None, description="None: derive from the trajectory.")
 
-    @field_validator("files")
-    @classmethod
-    def _safe_paths(cls, files: dict[str, str]) -> dict[str, str]:
-        for path in files:
-            check_relative_path(path)
-        return files
-
 
 class GradingGroup(_Wire):
     """Everything a grader needs about one eligible group; members are ``0..n-1`` in order."""
 
     task_id: str = Field(min_length=1)
     statement: str = Field(description="The task statement the agent was given.")
-    base_files: dict[str, str] = Field(description="Base repository: relative path -> text.")
+    base_files: RepoFiles = Field(description="Base repository: relative path -> text.")
     candidates: list[Candidate] = Field(min_length=1)
     relevant_files: list[str] = Field(
         default_factory=list,
@@ -158,13 +174,6 @@ class GradingGroup(_Wire):
         default_factory=list, description="Harness files beyond the usual test patterns."
     )
     test_command: str = Field(default="python -m pytest -q", description="Run inside a candidate.")
-
-    @field_validator("base_files")
-    @classmethod
-    def _safe_base(cls, files: dict[str, str]) -> dict[str, str]:
-        for path in files:
-            check_relative_path(path)
-        return files
 
     @model_validator(mode="after")
     def _members_in_order(self) -> GradingGroup:

@@ -42,7 +42,6 @@ class GroupBatch:
     factors: Tensor  # (G, n)
     hacks: Tensor  # (G, n) bool
     usable: Tensor  # (G,) bool
-    rewards: Tensor  # (G, n) shaped rewards (before hack zeroing)
 
 
 def _tensors(groups: list[list[Rollout]]) -> tuple[Tensor, Tensor, Tensor]:
@@ -69,7 +68,6 @@ def _ranking_inputs(
         torch.zeros(g, dtype=torch.bool),
         torch.zeros(g, n, dtype=torch.bool),
     )
-    overrides = alg.redistribution.quality_factors.model_dump()
     for i, ranking in enumerate(rankings):
         if ranking is None or ranking.grader == "none":  # "none": the grader gave up (unusable)
             continue
@@ -77,7 +75,9 @@ def _ranking_inputs(
         if ranking.check_complete(passes) is not None:
             continue  # a ranking that does not cover every pass exactly once is unusable
         try:
-            factors[i] = torch.tensor(gar.quality_factors(ranking.tied_groups, n, **overrides))
+            factors[i] = torch.tensor(
+                gar.quality_factors(ranking.tied_groups, n, alg.redistribution.quality_factors)
+            )
         except ValueError:
             continue
         usable[i] = True
@@ -101,16 +101,13 @@ def group_advantages(
     )
     lp = alg.length_penalty
     if gagar and lp.enabled:
-        params = gar.LengthPenalty(
-            lp.pass_rate_threshold, lp.weight, lp.delta, lp.scale, lp.gamma, lp.percentile
-        )
-        rewards = gar.length_penalty(rewards, passed & ~hacks, valid, lengths, params)
+        rewards = gar.length_penalty(rewards, passed & ~hacks, valid, lengths, lp)
     red = alg.redistribution
     result = gar.gar_advantages_with_stats(
         rewards, passed, valid, factors.to(torch.float64), usable, hacks,
         lambda_max=red.lambda_max, std_normalize=alg.std_normalize, eps=alg.eps, rescale=red.rescale,
     )  # fmt: skip
-    return GroupBatch(result.adv, result, factors, hacks, usable, rewards)
+    return GroupBatch(result.adv, result, factors, hacks, usable)
 
 
 def token_advantages(
@@ -139,8 +136,7 @@ def token_advantages(
     traj_adv = adv.reshape(-1).to(torch.float64)  # (N,)
     group_ids = torch.arange(len(groups)).repeat_interleave(len(groups[0]))
     if alg.mode == "gagar" and sp.enabled and kinds:
-        params = gar.SegmentShaping(sp.kappa, sp.alpha_max, sp.beta_min)
-        per_token = gar.segment_shaping(traj_adv, mask, flagged, group_ids, params)
+        per_token = gar.segment_shaping(traj_adv, mask, flagged, group_ids, sp)
     else:
         per_token = torch.where(mask, traj_adv[:, None], 0.0)
     return [per_token[i, : len(r.trajectory.token_ids)].tolist() for i, r in enumerate(flat)]

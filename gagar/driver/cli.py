@@ -9,8 +9,12 @@ import logging
 import os
 from collections.abc import Callable
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from rich.console import Console
+
+if TYPE_CHECKING:
+    from gagar.driver.loop import Context
 
 
 class _LogFile(logging.FileHandler):
@@ -51,8 +55,10 @@ def _library_output_to(log: Path) -> Callable[[], None]:
 
 
 def _train(args: argparse.Namespace) -> int:
+    from gagar.driver.setup import quiet_megatron
     from gagar.manifest import load_run
 
+    quiet_megatron()
     console = Console(stderr=True)
     try:
         run = load_run(args.run)
@@ -77,12 +83,14 @@ def _train(args: argparse.Namespace) -> int:
         return 2
     discard_log = _library_output_to(out / "logs" / "libraries.log")
     from gagar.driver.components import SetupError
-    from gagar.driver.setup import build
+    from gagar.driver.local import LocalProvider
+    from gagar.driver.setup import build, build_rank
 
+    port = run.spec.observability.metrics_port if args.metrics_port is None else args.metrics_port
+    provider = LocalProvider(out, console, ("127.0.0.1", port))
     try:  # in the main thread: vLLM's parent-death signal is tied to the thread that starts it
-        ctx = build(
-            run, out, console, args.resume or run.spec.trainer.checkpoint.resume, args.metrics_port
-        )
+        rank = build_rank(run, provider)
+        ctx = build(rank, provider, resume_run=args.resume or run.spec.trainer.checkpoint.resume)
     except SetupError as err:
         console.print(f"[red]cannot start[/]: {err}")
         discard_log()
@@ -107,32 +115,26 @@ def _override(run, args: argparse.Namespace):
     return GagarRun.model_validate(doc)
 
 
-async def _main(ctx, out: Path, console: Console, args: argparse.Namespace) -> int:
-    from gagar.driver.loop import (
-        close,
-        evaluate,
-        rl_step,
-        save_checkpoint,
-        summary_line,
-        write_final_report,
-    )
+async def _main(ctx: Context, out: Path, console: Console, args: argparse.Namespace) -> int:
+    from gagar.driver.loop import close, save_checkpoint, summary_line, train
     from gagar.driver.setup import progress_bar
 
     run = ctx.run
     total = run.spec.algorithm.total_steps
     console.print(
-        f"run [bold]{run.metadata.name}[/] ({run.spec.algorithm.mode}) → {out} · metrics on 127.0.0.1:{ctx.info['metrics_port']}/metrics"
+        f"run [bold]{run.metadata.name}[/] ({run.spec.algorithm.mode}) → {out} · metrics on 127.0.0.1:{ctx.metrics_port}/metrics"
     )
     try:
         with progress_bar("step", console) as bar:
             task = bar.add_task("", total=total, completed=ctx.step)
-            while ctx.step < total and not args.eval_only:
-                record = await rl_step(ctx)
-                bar.update(task, completed=ctx.step, description=summary_line(record))
-        evaluation = await evaluate(ctx, ctx.held_out[: args.eval_tasks]) if args.eval_tasks else {}
-        report = write_final_report(
-            ctx, {"warm_start": ctx.info.get("warm_start", {}), "held_out": evaluation}
-        )
+            report = await train(
+                ctx,
+                lambda record: bar.update(
+                    task, completed=ctx.step, description=summary_line(record)
+                ),
+                eval_tasks=args.eval_tasks,
+                eval_only=args.eval_only,
+            )
         _print_summary(console, report, out)
         return 0
     except (KeyboardInterrupt, asyncio.CancelledError):
@@ -168,7 +170,7 @@ def _print_summary(console: Console, report: dict, out: Path) -> None:
 
 
 def _explain_failure(
-    ctx, out: Path, console: Console, err: Exception, *, evaluating: bool = False
+    ctx: Context, out: Path, console: Console, err: Exception, *, evaluating: bool = False
 ) -> None:
     """One clear message (the vLLM server's own exit if that is the cause), the traceback in a
     log, and where the run stands: a failed step is never recorded, so re-running resumes; a
@@ -179,10 +181,9 @@ def _explain_failure(
     log.parent.mkdir(parents=True, exist_ok=True)
     log.write_text(traceback.format_exc())
     cause = f"{type(err).__name__}: {err}"
-    server = ctx.info.get("engine_server")
-    if server is not None:
+    if ctx.services.engine_alive is not None:
         try:
-            server.check_alive()
+            ctx.services.engine_alive(0.0)
         except Exception as dead:  # VllmServerError, with the exit code and the log
             cause = str(dead).splitlines()[0]
     done = ctx.ckpt.complete()

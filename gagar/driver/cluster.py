@@ -31,16 +31,17 @@ import logging
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass
-from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from gagar import env as names
+from gagar.env import EXIT_PERMANENT
 from gagar.manifest import ConfigError
 from gagar.spec import GagarRun
 
 log = logging.getLogger("gagar.trainer")
 
-EXIT_PERMANENT = 3
+
 SAFETENSORS_TRANSPORT = (
     "gagar-cpu"  # gagar's safetensors transport (vLLM backend gagar_safetensors)
 )
@@ -50,13 +51,13 @@ _SA_NAMESPACE = Path("/var/run/secrets/kubernetes.io/serviceaccount/namespace")
 # Set by gagar.driver.launch for its workers: a worker that gives up for good writes its reason
 # there before it exits, so the launcher knows even when torchrun saw another rank fail first
 # (a peer whose collective broke when this rank went away) and stopped this one.
-PERMANENT_MARKER = "GAGAR_PERMANENT_MARKER"
+PERMANENT_MARKER = names.PERMANENT_MARKER
 
 
 def exit_permanent(env: Mapping[str, str] | None = None) -> int:
     env = os.environ if env is None else env
     try:
-        return int(env.get("GAGAR_EXIT_PERMANENT", EXIT_PERMANENT))
+        return int(env.get(names.EXIT_PERMANENT_VAR, EXIT_PERMANENT))
     except ValueError:
         return EXIT_PERMANENT
 
@@ -95,7 +96,7 @@ def _unsupported(run: GagarRun, env: Mapping[str, str]) -> str | None:
         return "spec.trainer.checkpoint.uri: object-store checkpoints are not written by the trainer yet; use the checkpoint PVC"
     if t.parallelism.pipeline > 1 or t.parallelism.context > 1:
         return "spec.trainer.parallelism: the learner has no pipeline or context-parallel schedule yet; use pipeline: 1 and context: 1"
-    transport = env.get("GAGAR_WEIGHT_TRANSPORT", SAFETENSORS_TRANSPORT)
+    transport = env.get(names.WEIGHT_TRANSPORT, SAFETENSORS_TRANSPORT)
     if transport != SAFETENSORS_TRANSPORT:
         return (
             f"spec.rollout.weightSync.transport resolves to {transport!r}: the cluster trainer syncs weights "
@@ -109,33 +110,33 @@ def resolve(env: Mapping[str, str], run: GagarRun) -> Cluster:
     problem = _unsupported(run, env)
     if problem:
         raise ConfigError(problem)
-    rollout = env.get("GAGAR_ROLLOUT_URL") or run.spec.rollout.endpoint
+    rollout = env.get(names.ROLLOUT_URL) or run.spec.rollout.endpoint
     if not rollout:
         raise ConfigError("GAGAR_ROLLOUT_URL is not set and spec.rollout.endpoint is empty")
-    sandbox = env.get("GAGAR_SANDBOX_URL") or None
+    sandbox = env.get(names.SANDBOX_URL) or None
     if run.spec.sandbox.backend == "pods" and sandbox is None:
         raise ConfigError("spec.sandbox.backend is 'pods' but GAGAR_SANDBOX_URL is not set")
-    if "GAGAR_RUN_DIR" not in env:
+    if names.RUN_DIR not in env:
         raise ConfigError("GAGAR_RUN_DIR is not set: where is the checkpoint volume mounted?")
     try:
-        port = int(env.get("GAGAR_METRICS_PORT", run.spec.observability.metrics_port))
+        port = int(env.get(names.METRICS_PORT, run.spec.observability.metrics_port))
     except ValueError as err:
         raise ConfigError(f"GAGAR_METRICS_PORT: {err}") from err
     replicas = tuple(
-        u.strip() for u in env.get("GAGAR_ROLLOUT_REPLICA_URLS", "").split(",") if u.strip()
+        u.strip() for u in env.get(names.ROLLOUT_REPLICA_URLS, "").split(",") if u.strip()
     )
-    model_dir = env.get("GAGAR_MODEL_DIR")
+    model_dir = env.get(names.MODEL_DIR)
     return Cluster(
-        run_dir=Path(env["GAGAR_RUN_DIR"]),
-        checkpoint_uri=env.get("GAGAR_CHECKPOINT_URI") or Path(env["GAGAR_RUN_DIR"]).as_uri(),
+        run_dir=Path(env[names.RUN_DIR]),
+        checkpoint_uri=env.get(names.CHECKPOINT_URI) or Path(env[names.RUN_DIR]).as_uri(),
         rollout_url=rollout,
-        rollout_service=env.get("GAGAR_ROLLOUT_SERVICE") or None,
+        rollout_service=env.get(names.ROLLOUT_SERVICE) or None,
         rollout_replicas=replicas,
-        grader_url=env.get("GAGAR_GRADER_URL") or None,
+        grader_url=env.get(names.GRADER_URL) or None,
         sandbox_url=sandbox,
         model_dir=Path(model_dir) if model_dir else None,
-        progress_configmap=env.get("GAGAR_PROGRESS_CONFIGMAP") or None,
-        namespace=env.get("GAGAR_NAMESPACE") or run.metadata.namespace,
+        progress_configmap=env.get(names.PROGRESS_CONFIGMAP) or None,
+        namespace=env.get(names.NAMESPACE) or run.metadata.namespace,
         metrics_port=port,
     )
 
@@ -185,10 +186,6 @@ def progress_data(
             checkpointTime=checkpoint[2],
         )
     return data
-
-
-def now() -> str:
-    return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 class ProgressReporter:

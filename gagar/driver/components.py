@@ -106,6 +106,7 @@ def _tokenizer_corpus() -> list[str]:
     """
     from gagar.driver.rollouts import task_messages
     from gagar.driver.sft import STYLE_WEIGHTS, expert_turns
+    from gagar.trainer.model.chat_template import chatml
 
     texts = []
     for task in synthetic.generate_many(64, seed=12345):
@@ -115,9 +116,10 @@ def _tokenizer_corpus() -> list[str]:
         _, source = next(iter(sorted((task.reference_files or task.files).items())))
         numbered = "\n".join(f"{i:>5}  {line}" for i, line in enumerate(source.splitlines(), 1))
         texts.append(
-            f"<|im_start|>system\n{system}<|im_end|>\n<|im_start|>user\n{user}<|im_end|>\n"
-            + "".join(f"<|im_start|>assistant\n{t}<|im_end|>\n" for t in turns)
-            + f"<|im_start|>user\n<tool_response>\n{numbered}\n</tool_response><|im_end|>\n"
+            chatml("system", system)
+            + chatml("user", user)
+            + "".join(chatml("assistant", t) for t in turns)
+            + chatml("user", f"<tool_response>\n{numbered}\n</tool_response>")
         )
     return texts
 

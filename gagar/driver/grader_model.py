@@ -17,9 +17,8 @@ import httpx
 
 from gagar.driver.components import SetupError, pretrained
 from gagar.rollout.engines.server import ServerConfig, VllmServer
-from gagar.spec import HUB_MODELS, GraderSpec
+from gagar.spec import GRADER_SERVED_NAME, HUB_MODELS, GraderSpec
 
-SERVED_NAME = "grader"
 _PRESETS = tuple(HUB_MODELS)  # the pretrained presets (gagar.trainer.model.fetch.MODELS)
 _PROBE_TOOL = {
     "type": "function",
@@ -56,7 +55,7 @@ def server_config(spec: GraderSpec, model: Path) -> ServerConfig:
     mode; the model's own context length."""
     return ServerConfig(
         model=model,
-        served_name=SERVED_NAME,
+        served_name=GRADER_SERVED_NAME,
         tool_call_parser=spec.tool_call_parser,
         enforce_eager=True,
         threads=1,
@@ -75,7 +74,7 @@ def launch(spec: GraderSpec, out: Path) -> VllmServer | None:
 def ready(server: VllmServer, timeout: float = 900.0) -> None:
     """Wait for the server, then check that it accepts a request with tools."""
     server.wait_ready(timeout)
-    check_tool_calling(f"{server.base_url}/v1", SERVED_NAME)
+    check_tool_calling(f"{server.base_url}/v1", GRADER_SERVED_NAME)
 
 
 def check_tool_calling(base_url: str, model: str) -> None:

@@ -1,6 +1,7 @@
-"""``gagar train``: the whole GAGAR loop in one process on the embedded defaults.
+"""The GAGAR loop, the same for ``gagar train`` and the cluster trainer: ``train(ctx)`` runs the
+steps, the held-out evaluation and the report over a ``Context`` that ``setup.build`` made.
 
-Per step: draw tasks → roll out groups on vLLM in bubblewrap sandboxes → verify against pristine
+Per step: draw tasks → roll out groups on vLLM in sandboxes → verify against pristine
 tests → dynamic sampling, with eligible groups graded asynchronously under a deadline → GAGAR (or
 GRPO) advantages → one policy update on the Megatron-Core model → weight sync into vLLM through
 its RL weight-transfer API → metrics → checkpoint. A step's record is appended to
@@ -15,9 +16,10 @@ import contextlib
 import json
 import random
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import torch
 
@@ -26,50 +28,71 @@ from gagar.driver import report as rep
 from gagar.driver import telemetry, trackers
 from gagar.driver.rollouts import GroupResult, RolloutConfig, Rollouts, grading_group
 from gagar.driver.sampling import SamplingPlan, TaskSampler, collect, grade_with_deadline
+from gagar.grader.protocol import Grader
 from gagar.metrics import Metrics
-from gagar.rollout.agent import AgentLimits, Engine
-from gagar.spec import GagarRun
-from gagar.trainer.checkpoint import CheckpointError, CheckpointManager, skip, truncate_jsonl
-from gagar.trainer.distributed import LayoutMismatch, Team
+from gagar.rollout.agent import AgentLimits, ChatFormat, Engine
+from gagar.rollout.envs.task import Task
+from gagar.sandbox.types import SessionFactory
+from gagar.spec import AlgorithmSpec, GagarRun
+from gagar.trainer.checkpoint import CheckpointManager
+from gagar.trainer.distributed import Team, TeamStep
 from gagar.trainer.learner import Learner, Sample
-from gagar.wire import GradingGroup, Ranking
+from gagar.wire import FallbackReason, GradingGroup, Ranking
+
+Closers = list[Callable[[], object]]  # what to stop when the run ends, oldest first
+
+
+class WeightSync(Protocol):
+    """Publishes the trainer's weights as policy ``version`` and loads them into the engine."""
+
+    def sync(self, weights: Any, version: int) -> Any: ...
+
+
+@dataclass(frozen=True)
+class Services:
+    """What the embedded default and the cluster trainer do differently, and nothing else: a
+    provider fills it (``gagar.driver.local.LocalProvider``, ``gagar.driver.worker.ClusterProvider``)."""
+
+    sandboxes: SessionFactory
+    engine: Engine
+    sync: WeightSync
+    grader: Grader
+    fallback_grader: Grader
+    engine_alive: Callable[[float], None] | None = None
+    """``check_alive(wait)`` of a vLLM server this process runs: raises with its exit and log."""
 
 
 @dataclass
 class Context:
-    """Everything a step needs; built once by ``gagar.driver.setup.build``."""
+    """Everything a step needs; built once, by keyword, by ``gagar.driver.setup.build``."""
 
     run: GagarRun
     out: Path
-    factory: Any
-    train_tasks: list[Any]
-    held_out: list[Any]
-    fmt: Any
-    model: Any
+    policy_dir: Path
+    model: torch.nn.Module  # this rank's shard of the Megatron-Core policy
     learner: Learner
     ckpt: CheckpointManager
-    sampler: TaskSampler
-    engine: Engine
-    sync: Any
-    grader: Any
-    fallback_grader: Any
-    metrics: Metrics
-    policy_dir: Path
-    step: int = 0
-    version: int = 0
-    closers: list[Any] = field(default_factory=list)
-    info: dict[str, Any] = field(default_factory=dict)
     # Runs the steps every trainer rank takes part in (update, weights, save, restore): in one
     # process it just calls them; in the cluster trainer rank 0 announces them to the others.
-    team: Team | None = None
+    team: Team
+    train_tasks: list[Task]
+    held_out: list[Task]
+    fmt: ChatFormat
+    sampler: TaskSampler
+    metrics: Metrics
+    services: Services
+    metrics_port: int
+    warm_start: dict[str, Any]
+    trackers: trackers.Trackers  # spec.observability.trackers (none by default)
+    step: int = 0
+    version: int = 0
+    closers: Closers = field(default_factory=list)
 
-    def call(self, step: str, *args: Any) -> Any:
-        if self.team is None:
-            raise RuntimeError("Context.team is not set (gagar.driver.setup builds it)")
+    def call(self, step: TeamStep, *args: Any) -> Any:
         return self.team.call(step, *args)
 
     @property
-    def alg(self) -> Any:
+    def alg(self) -> AlgorithmSpec:
         return self.run.spec.algorithm
 
 
@@ -90,22 +113,24 @@ async def _grade(ctx: Context, group: GroupResult) -> Ranking:
     spec = ctx.run.spec.grader
 
     async def fallback(g: GradingGroup, reason: str) -> Ranking:
-        short = "timeout" if reason == "timeout" else "grader_error"
-        if spec.fallback == "heuristic" and ctx.fallback_grader is not None:
-            ranking = await ctx.fallback_grader.grade(g)
+        short: FallbackReason = "timeout" if reason == "timeout" else "grader_error"
+        if spec.fallback == "heuristic":
+            ranking = await ctx.services.fallback_grader.grade(g)
             return ranking.model_copy(update={"fallback": short, "detail": reason})
         return Ranking(grader="none", fallback=short, detail=reason)
 
-    return await grade_with_deadline(ctx.grader.grade, wire, spec.deadline_seconds, fallback)
+    return await grade_with_deadline(
+        ctx.services.grader.grade, wire, spec.deadline_seconds, fallback
+    )
 
 
 def _rollouts(ctx: Context) -> Rollouts:
     limiter = asyncio.Semaphore(ctx.run.spec.rollout.agent.concurrency)
-    engine = telemetry.metered(ctx.engine, ctx.metrics, ctx.run.metadata.name)  # requests, latency
-    return Rollouts(ctx.factory, engine, ctx.fmt, rollout_config(ctx.run), limiter)
+    engine = telemetry.metered(ctx.services.engine, ctx.metrics, ctx.run.metadata.name)
+    return Rollouts(ctx.services.sandboxes, engine, ctx.fmt, rollout_config(ctx.run), limiter)
 
 
-async def _collect(ctx: Context, step: int) -> Any:
+async def _collect(ctx: Context) -> Any:
     alg = ctx.alg
     plan = SamplingPlan(
         alg.tasks_per_step,
@@ -262,7 +287,7 @@ def _train(ctx: Context, collected: Any) -> tuple[dict[str, Any], dict[str, Any]
 def _sync(ctx: Context) -> float:
     start = time.perf_counter()
     ctx.version += 1
-    ctx.sync.sync(ctx.call("weights"), ctx.version)
+    ctx.services.sync.sync(ctx.call("weights"), ctx.version)
     return time.perf_counter() - start
 
 
@@ -286,9 +311,8 @@ def check_engine(ctx: Context, groups: list[GroupResult], *, strict: bool) -> No
     ]
     if not lost:
         return
-    server = ctx.info.get("engine_server")
-    if server is not None:
-        server.check_alive(wait=ENGINE_EXIT_WAIT_S)
+    if ctx.services.engine_alive is not None:
+        ctx.services.engine_alive(ENGINE_EXIT_WAIT_S)
     if strict:
         total = sum(len(g.rollouts) for g in groups)
         raise EngineLost(
@@ -299,7 +323,7 @@ def check_engine(ctx: Context, groups: list[GroupResult], *, strict: bool) -> No
 async def rl_step(ctx: Context) -> dict[str, Any]:
     """One training step; returns its metrics record (also written and exported)."""
     t0 = time.perf_counter()
-    collected = await _collect(ctx, ctx.step)
+    collected = await _collect(ctx)
     check_engine(ctx, collected.all_groups, strict=False)
     t1 = time.perf_counter()
     record, extras = _train(ctx, collected)
@@ -367,7 +391,7 @@ def _finish_step(ctx: Context, record: dict[str, Any], extras: dict[str, Any]) -
         record["checkpoint_seconds"] = time.perf_counter() - t
     record["checkpoint_step"] = ctx.ckpt.complete()[-1].step if ctx.ckpt.complete() else 0
     rep.export(ctx.metrics, ctx.run.metadata.name, record, extras)
-    trackers.of(ctx).log_step(record)  # spec.observability.trackers
+    ctx.trackers.log_step(record)
     return record
 
 
@@ -380,27 +404,6 @@ def save_checkpoint(ctx: Context) -> None:
     ctx.call("save", ctx.step, state)  # every rank writes its model/optimizer/RNG parts
 
 
-def restore(ctx: Context) -> bool:
-    """Load the newest complete checkpoint into the context; False when there is none."""
-    tried = []
-    for ckpt in ctx.ckpt.candidates():  # newest first; a part that does not load: the previous
-        tried.append(ckpt.path.name)
-        try:
-            state = ctx.call("restore", ckpt.step)  # every rank loads its own parts
-            ctx.sampler.load_state(state["sampler"])
-            ctx.step, ctx.version = ckpt.step, int(state["policy_version"])
-        except LayoutMismatch:
-            raise  # a different job shape, not a bad checkpoint: every older one is the same
-        except (CheckpointError, RuntimeError, ValueError, KeyError, TypeError) as err:
-            skip(CheckpointError(f"{ckpt.path}: {type(err).__name__}: {err}"))
-            continue
-        truncate_jsonl(ctx.out / "metrics.jsonl", ctx.step)
-        return True
-    if tried:  # never start over silently on top of checkpoints that exist but do not load
-        raise CheckpointError(f"no checkpoint loads ({', '.join(tried)}): see the warnings")
-    return False
-
-
 def summary_line(record: dict[str, Any]) -> str:
     return (
         f"pass {record['pass_rate']:.2f} · adv± {record['adv_after_abs_max']:.2f} · λ {record['lambda_mean']:.2f} · "
@@ -408,10 +411,15 @@ def summary_line(record: dict[str, Any]) -> str:
     )
 
 
-def close(ctx: Context) -> None:
-    for closer in reversed(ctx.closers):
+def close_all(closers: Closers) -> None:
+    """Stop what was started, newest first; a closer that fails does not stop the others."""
+    for closer in reversed(closers):
         with contextlib.suppress(Exception):
             closer()
+
+
+def close(ctx: Context) -> None:
+    close_all(ctx.closers)
 
 
 def write_final_report(ctx: Context, extra: dict[str, Any]) -> dict[str, Any]:
@@ -420,12 +428,28 @@ def write_final_report(ctx: Context, extra: dict[str, Any]) -> dict[str, Any]:
         "run": ctx.run.metadata.name,
         "mode": ctx.alg.mode,
         "policy_version": ctx.version,
+        "warm_start": ctx.warm_start,
         **extra,
     }
     report = rep.write_report(ctx.out, records, summary)
-    trackers.of(ctx).log_plots(ctx.out / name for name in rep.PLOTS)
+    ctx.trackers.log_plots(ctx.out / name for name in rep.PLOTS)
     (ctx.out / "run.json").write_text(json.dumps(ctx.run.to_wire(), indent=2))
     return report
+
+
+async def train(
+    ctx: Context,
+    on_step: Callable[[dict[str, Any]], None] = lambda record: None,
+    *,
+    eval_tasks: int = 0,
+    eval_only: bool = False,
+) -> dict[str, Any]:
+    """The run: steps up to ``totalSteps`` (``on_step`` sees each record), then the held-out
+    evaluation of ``eval_tasks`` tasks, then the report (returned, and written to ``report.json``)."""
+    while ctx.step < ctx.alg.total_steps and not eval_only:
+        on_step(await rl_step(ctx))
+    evaluation = await evaluate(ctx, ctx.held_out[:eval_tasks]) if eval_tasks else {}
+    return write_final_report(ctx, {"held_out": evaluation})
 
 
 async def evaluate(ctx: Context, tasks: list[Any], seed: int = 0) -> dict[str, Any]:
@@ -435,9 +459,9 @@ async def evaluate(ctx: Context, tasks: list[Any], seed: int = 0) -> dict[str, A
     a sandbox failure leaves its task out of the rates (``valid`` < ``tasks``)."""
     if not tasks:
         return {"tasks": 0}
-    rollouts = _rollouts(ctx)
+    runner = _rollouts(ctx)
     groups = await asyncio.gather(
-        *(rollouts.group(t, 1, 7_000_000 + seed + i) for i, t in enumerate(tasks))
+        *(runner.group(t, 1, 7_000_000 + seed + i) for i, t in enumerate(tasks))
     )
     dump_rollouts(ctx.out / "rollouts" / "held_out.jsonl", list(groups))
     check_engine(ctx, list(groups), strict=True)
@@ -446,7 +470,7 @@ async def evaluate(ctx: Context, tasks: list[Any], seed: int = 0) -> dict[str, A
     passes = [(g, r) for g, r in zip(groups, rollouts, strict=True) if r.valid and r.passed]
     bloated = 0
     for g, _ in passes:
-        ranking = await ctx.fallback_grader.grade(grading_group(g))
+        ranking = await ctx.services.fallback_grader.grade(grading_group(g))
         bloated += any(t.tier != "T1" for t in ranking.tied_groups) or bool(ranking.hacks)
     return {
         "tasks": len(tasks),

@@ -12,12 +12,15 @@ import asyncio
 from dataclasses import dataclass
 from typing import Any
 
+import torch
+
 from gagar.driver.advantages import Rollout
 from gagar.rollout import agent
 from gagar.rollout.envs import tools as envtools
 from gagar.rollout.envs.task import Task
 from gagar.rollout.envs.verify import verify
 from gagar.sandbox import SessionFactory
+from gagar.trainer import gar
 from gagar.wire import Action, Candidate, GradingGroup, ToolStats
 
 SYSTEM_PROMPT = (
@@ -65,8 +68,10 @@ class GroupResult:
 
     @property
     def eligible(self) -> bool:
-        valid = [r for r in self.rollouts if r.valid]
-        return len(valid) >= 2 and any(r.passed for r in valid) and not all(r.passed for r in valid)
+        """Informative for training (``gar.eligible_groups``: the one definition)."""
+        passed = torch.tensor([[r.passed for r in self.rollouts]], dtype=torch.bool)
+        valid = torch.tensor([[r.valid for r in self.rollouts]], dtype=torch.bool)
+        return bool(gar.eligible_groups(passed, valid)[0])
 
 
 @dataclass(frozen=True)

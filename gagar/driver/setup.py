@@ -1,19 +1,22 @@
-"""Assemble a ``Context`` for ``gagar train`` from a GagarRun: policy, SFT, vLLM, sandboxes, grader.
+"""The one composition root: what ``gagar train`` and the cluster trainer build, in one order.
 
-Order matters for failing fast: spec checks and data first (cheap), then the policy and the
-trainer model, then the SFT warm start (sandboxes, no engine), then vLLM (slow to start), then
-the first weight publication so every replica serves a known version.
+Both entry points call ``build_rank`` on every trainer rank (the policy shard, its learner, the
+checkpoint manager, the team of ranks) and ``build`` on rank 0 (datasets, chat format, sampler,
+resume or SFT warm start, the services, metrics); they differ only in the ``Provider`` that
+starts the process group, finds the base policy and fills the ``Services`` (``gagar.driver.local``
+for one machine, ``gagar.driver.worker`` for the cluster). Order matters for failing fast: spec
+checks and data first (cheap), then the policy, then the warm start (sandboxes, no engine), then
+the engine (slow to start), whose first weight publication serves a known version.
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
-import socket
-from collections.abc import Callable
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import torch
 from prometheus_client import CollectorRegistry, start_http_server
@@ -21,35 +24,79 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from gagar.driver import components as comp
-from gagar.driver import grader_model
-from gagar.driver.loop import Context, restore, rollout_config
+from gagar.driver.loop import Closers, Context, Services, close_all, rollout_config
 from gagar.driver.sampling import TaskSampler
 from gagar.driver.sft import expert_trajectories, sft, sft_batches, sft_lr
+from gagar.driver.trackers import Trackers
+from gagar.grader.protocol import Grader
 from gagar.metrics import Metrics
 from gagar.rollout.chat import HFChatFormat
 from gagar.rollout.envs import synthetic
-from gagar.spec import GagarRun
-from gagar.trainer.checkpoint import CheckpointManager
-from gagar.trainer.distributed import RankState, Team
+from gagar.sandbox.types import SessionFactory
+from gagar.spec import GRADER_SERVED_NAME, GagarRun
+from gagar.trainer.checkpoint import CheckpointError, CheckpointManager, skip, truncate_jsonl
+from gagar.trainer.distributed import LayoutMismatch, RankState, Team
 from gagar.trainer.learner import DataParallel, Learner, LearnerConfig, Sample
 from gagar.trainer.loss import LossConfig
 from gagar.trainer.policy import MegatronPolicy
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+def quiet_megatron() -> None:
+    """Megatron-Core warns at import that Transformer Engine/Apex are absent: expected here."""
+    warnings.filterwarnings("ignore", message=".*(Transformer Engine|Apex).*not installed.*")
+    warnings.filterwarnings("ignore", message=".*cuda_graph_scope.*")
 
 
-def build_model(policy_dir: Path) -> Any:
-    """The policy in this single process (torch.distributed on a free loopback port)."""
-    from gagar.trainer.model import Parallel, init_distributed
+class Provider(Protocol):
+    """Where the run's pieces come from: this machine (``LocalProvider``) or the cluster."""
 
-    init_distributed(
-        Parallel(1, 1, 1), rank=0, world_size=1, init_method=f"tcp://127.0.0.1:{_free_port()}"
-    )
-    return load_policy(policy_dir)
+    @property
+    def out(self) -> Path:
+        """The run directory (checkpoints, metrics.jsonl, the report)."""
+        ...
+
+    @property
+    def console(self) -> Console: ...
+
+    @property
+    def metrics_address(self) -> tuple[str, int]:
+        """Where rank 0 serves /metrics (port 0: a free one)."""
+        ...
+
+    def start(self, run: GagarRun) -> Any:
+        """Check the devices and start torch.distributed; returns the team's control group."""
+        ...
+
+    def data_parallel(self) -> DataParallel | None: ...
+
+    def base_policy(self, run: GagarRun, group: Any) -> Path:
+        """The base policy's HF folder, the same on every rank."""
+        ...
+
+    def sandboxes(self, run: GagarRun, closers: Closers) -> SessionFactory: ...
+
+    def services(
+        self,
+        rank: Rank,
+        sandboxes: SessionFactory,
+        version: int,
+        closers: Closers,
+    ) -> Services:
+        """Graders and the engine, serving policy ``version`` (the team's current weights)."""
+        ...
+
+
+@dataclass(frozen=True)
+class Rank:
+    """What every trainer rank builds: its shard of the policy, its learner, the team."""
+
+    run: GagarRun
+    out: Path
+    policy_dir: Path
+    model: Any
+    learner: Learner
+    ckpt: CheckpointManager
+    team: Team
 
 
 def load_policy(policy_dir: Path) -> Any:
@@ -88,32 +135,40 @@ def build_learner(
 
 @dataclass
 class SftStep:
-    """The team step of the SFT warm start: its own token-mean learner, then one update per batch.
-
-    ``on_step(i, nll)`` (rank 0's progress display) is set by the caller, never sent to other ranks.
-    """
+    """The team step of the SFT warm start: its own token-mean learner, then one update per batch;
+    on rank 0 (``console`` set) with a progress bar."""
 
     run: GagarRun
     model: Any
     parallel: DataParallel | None = None
-    on_step: Callable[[int, float], None] | None = None
+    console: Console | None = None
 
     def __call__(self, batches: list[list[Sample]]) -> list[float]:
         learner = build_learner(self.run, self.model, "token-mean", self.parallel)
         for group in learner.optimizer.param_groups:
             group["lr"] = sft_lr(self.run.spec.model)
-        return sft(learner, batches, self.on_step)
+        if self.console is None:
+            return sft(learner, batches, None)
+        with progress_bar("SFT", self.console) as bar:
+            task = bar.add_task("", total=len(batches))
+            return sft(learner, batches, lambda i, nll: bar.update(
+                task, completed=i, description=f"nll/token {nll:.3f}"))  # fmt: skip
 
 
 def rank_team(
-    run: GagarRun, model: Any, learner: Learner, ckpt: CheckpointManager, group: Any = None
-) -> Team:
+    run: GagarRun, model: Any, learner: Learner, ckpt: CheckpointManager, group: Any = None,
+    console: Console | None = None,
+) -> Team:  # fmt: skip
     """The team steps of this rank (update, weights, save, restore, sft) over ``group``."""
+    import torch.distributed as dist
+
     from gagar.trainer.model.parallel import current_parallel
 
     p = current_parallel()
     rank = RankState(model, learner, ckpt, {"tp": p.tp, "ep": p.ep, "pp": p.pp}, group)
-    return Team({**rank.handlers(), "sft": SftStep(run, model, learner.parallel)}, group)
+    leader = not dist.is_initialized() or dist.get_rank() == 0
+    sft = SftStep(run, model, learner.parallel, console if leader else None)
+    return Team({**rank.handlers(), "sft": sft}, group)
 
 
 def chat_format(policy_dir: Path) -> tuple[HFChatFormat, int]:
@@ -213,74 +268,20 @@ def progress_bar(label: str, console: Console) -> Progress:
 
 
 def warm_start(
-    run: GagarRun,
-    team: Team,
-    policy_dir: Path,
-    factory: Any,
-    tasks: list[Any],
-    console: Console,
+    rank: Rank, sandboxes: SessionFactory, tasks: list[Any], console: Console
 ) -> dict[str, Any]:
     """SFT on scripted expert trajectories (every rank updates); returns the report's summary."""
+    run = rank.run
+    batches, trajs = expert_batches(run, rank.policy_dir, sandboxes, tasks)
     steps = run.spec.model.sft_warmup_steps
-    batches, trajs = expert_batches(run, policy_dir, factory, tasks)
     console.print(f"[bold]SFT warm start[/]: {len(trajs)} expert trajectories, {steps} steps")
-    with progress_bar("SFT", console) as bar:
-        task = bar.add_task("", total=steps)
-        team.handlers["sft"].on_step = lambda i, nll: bar.update(
-            task, completed=i, description=f"nll/token {nll:.3f}"
-        )
-        losses = team.call("sft", batches)
-    return warm_summary(run, trajs, losses, policy_dir)
+    losses = rank.team.call("sft", batches)
+    return warm_summary(run, trajs, losses, rank.policy_dir)
 
 
-def base_policy(spec: Any, out: Path, console: Console) -> Path:
-    """``comp.prepare_policy`` with a progress bar for the tiny preset's copying curriculum."""
-    steps = spec.model.copy_curriculum_steps
-    if spec.model.preset != "tiny" or not steps or (out / "policy" / "base").exists():
-        return comp.prepare_policy(spec.model, out)
-    console.print(f"[bold]tiny policy[/]: tokenizer, then a copying curriculum of {steps} steps")
-    with progress_bar("copy", console) as bar:
-        task = bar.add_task("", total=steps)
-        return comp.prepare_policy(
-            spec.model,
-            out,
-            lambda i, nll: bar.update(task, completed=i, description=f"nll/token {nll:.3f}"),
-        )
-
-
-def start_engine(
-    run: GagarRun, model: Any, policy_dir: Path, out: Path, version: int
-) -> tuple[Any, Any, Any]:
-    """Publish the current weights, serve them with vLLM, and return (engine, sync, server)."""
-    from gagar.rollout.engines.openai_engine import AsyncOpenAIEngine
-    from gagar.rollout.engines.server import ServerConfig, VllmServer
-    from gagar.rollout.engines.weight_sync import ReplicaClient, SafetensorsWeightSync
-    from gagar.trainer.model import save_hf_checkpoint
-
-    serving = out / "policy" / "serving"
-    save_hf_checkpoint(model, serving, side_files_from=policy_dir)
-    cfg = ServerConfig(
-        model=serving,
-        max_model_len=run.spec.rollout.agent.max_context_tokens,
-        # Eager: `bench/engine.py --model <SmolLM2>` measured torch.compile at 69 tokens/s for 8
-        # sequences against 71 eager (122 vs 96 at 32), for a 140 s start instead of 42 s.
-        enforce_eager=True,
-        # One thread although the trainer waits while the policy generates: with 2 on the 2-core
-        # machine an isolated prefill ran 1.9x faster, but in the loop (SmolLM2, 8 trajectories
-        # and their sandboxes) step 1's rollouts took 65 s instead of 62 s and its update 61 s
-        # instead of 52 s (vLLM's idle OpenMP threads compete with the trainer's).
-        threads=1,
-        executor_backend="uni",
-    )
-    server = VllmServer(cfg, out / "logs" / "vllm.log").start()
-    sync = SafetensorsWeightSync(
-        [ReplicaClient(server.base_url)], out / "policy" / "versions", serving
-    )
-    sync.init()
-    return AsyncOpenAIEngine(server.base_url), sync, server
-
-
-def build_graders(run: GagarRun, factory: Any, served: str | None = None) -> tuple[Any, Any]:
+def build_graders(
+    run: GagarRun, factory: SessionFactory, served: str | None = None
+) -> tuple[Grader, Grader]:
     """(grader, fallback grader); ``served``: URL of the grader model server this run started."""
     from gagar.grader.protocol import HeuristicGrader
 
@@ -291,14 +292,14 @@ def build_graders(run: GagarRun, factory: Any, served: str | None = None) -> tup
     from gagar.grader.agentic import AgenticConfig, AgenticGrader
     from gagar.grader.sandbox_adapter import adapt_factory
 
-    base_url, model = (served, grader_model.SERVED_NAME) if served else (spec.endpoint, spec.model)
+    base_url, model = (served, GRADER_SERVED_NAME) if served else (spec.endpoint, spec.model)
     if base_url is None:
         raise comp.SetupError(
             "spec.grader.endpoint: the agentic grader needs its model's URL or spec.grader.model"
         )
     cfg = AgenticConfig(
         base_url=base_url,
-        model=model or "grader",
+        model=model or GRADER_SERVED_NAME,
         max_tokens=spec.max_tokens_per_turn,
         deadline_seconds=spec.deadline_seconds,
         max_turns=spec.max_turns,
@@ -308,62 +309,80 @@ def build_graders(run: GagarRun, factory: Any, served: str | None = None) -> tup
     return AgenticGrader(cfg, adapt_factory(factory)), heuristic
 
 
-def build(
-    run: GagarRun, out: Path, console: Console, resume: bool, metrics_port: int | None = None
-) -> Context:
-    spec = run.spec
-    comp.check_devices(spec, torch.cuda.is_available())
-    torch.manual_seed(spec.algorithm.seed)
-    train_tasks, held_out = comp.load_datasets(spec.dataset)
-    factory = comp.sandbox_factory(spec.sandbox)
-    policy_dir = base_policy(spec, out, console)
-    model = build_model(policy_dir)
-    ckpt = CheckpointManager(out / "checkpoints", keep=spec.trainer.checkpoint.keep)
-    learner = build_learner(run, model)
-    team = rank_team(run, model, learner, ckpt)
-    warm: dict[str, Any] = {}
-    if ckpt.latest() is None or not resume:
-        if spec.model.sft_warmup_steps:
-            warm = warm_start(run, team, policy_dir, factory, train_tasks, console)
-    sampler = TaskSampler(train_tasks, spec.algorithm.seed)
+def build_rank(run: GagarRun, provider: Provider) -> Rank:
+    """Every rank: the process group, the policy shard, its learner, checkpoints, the team."""
+    group = provider.start(run)
+    torch.manual_seed(run.spec.algorithm.seed)
+    policy_dir = provider.base_policy(run, group)
+    model = load_policy(policy_dir)
+    learner = build_learner(run, model, parallel=provider.data_parallel())
+    ckpt = CheckpointManager(provider.out / "checkpoints", keep=run.spec.trainer.checkpoint.keep)
+    team = rank_team(run, model, learner, ckpt, group, provider.console)
+    return Rank(run, provider.out, policy_dir, model, learner, ckpt, team)
+
+
+def resume(rank: Rank, sampler: TaskSampler) -> tuple[int, int] | None:
+    """Load the newest complete checkpoint that loads (every rank its parts): a checkpoint whose
+    parts do not load is skipped with a warning naming it, and the previous one is tried. Returns
+    (step, policy version), or None when there is none; ``metrics.jsonl`` is cut to that step."""
+    tried = []
+    for ckpt in rank.ckpt.candidates():  # newest first
+        tried.append(ckpt.path.name)
+        try:
+            state = rank.team.call("restore", ckpt.step)
+            sampler.load_state(state["sampler"])
+            version = int(state["policy_version"])
+        except LayoutMismatch:
+            raise  # a different job shape, not a bad checkpoint: every older one is the same
+        except (CheckpointError, RuntimeError, ValueError, KeyError, TypeError) as err:
+            skip(CheckpointError(f"{ckpt.path}: {type(err).__name__}: {err}"))
+            continue
+        truncate_jsonl(rank.out / "metrics.jsonl", ckpt.step)
+        return ckpt.step, version
+    if tried:  # never start over silently on top of checkpoints that exist but do not load
+        raise CheckpointError(f"no checkpoint loads ({', '.join(tried)}): see the warnings")
+    return None
+
+
+def build(rank: Rank, provider: Provider, *, resume_run: bool) -> Context:
+    """Rank 0's context: resumed from the newest checkpoint when ``resume_run`` (else warm-started
+    from scratch), its services started on the current weights, /metrics served."""
+    run, console = rank.run, provider.console
+    train_tasks, held_out = comp.load_datasets(run.spec.dataset)
+    sampler = TaskSampler(train_tasks, run.spec.algorithm.seed)
+    fmt, _ = chat_format(rank.policy_dir)
+    closers: Closers = []
     registry = CollectorRegistry()
     metrics = Metrics(registry, "trainer", "rollout", "grader", "sandbox")
-    grader_server = grader_model.launch(spec.grader, out)  # loads while the policy's server does
-    grader, fallback = build_graders(run, factory, grader_server and f"{grader_server.base_url}/v1")
-    fmt, _ = chat_format(policy_dir)
-    ctx = Context(
-        run,
-        out,
-        factory,
-        train_tasks,
-        held_out,
-        fmt,
-        model,
-        learner,
-        ckpt,
-        sampler,
-        None,
-        None,
-        grader,
-        fallback,
-        metrics,
-        policy_dir,
-    )  # type: ignore[arg-type]
-    ctx.team = team
-    ctx.info["warm_start"] = warm
-    if grader_server is not None:
-        ctx.closers.append(grader_server.stop)
-    if resume and restore(ctx):
-        console.print(
-            f"[bold]resumed[/] from the checkpoint of step {ctx.step} (policy version {ctx.version})"
-        )
-    ctx.engine, ctx.sync, server = start_engine(run, model, policy_dir, out, ctx.version)
-    ctx.closers.append(server.stop)
-    ctx.info["engine_server"] = server  # to tell a dead engine from other failures
-    if grader_server is not None:
-        grader_model.ready(grader_server)
-    port = spec.observability.metrics_port if metrics_port is None else metrics_port
-    server_http, _ = start_http_server(port, addr="127.0.0.1", registry=registry)
-    ctx.info["metrics_port"] = server_http.server_port
-    ctx.closers.append(server_http.shutdown)
-    return ctx
+    try:
+        sandboxes = provider.sandboxes(run, closers)
+        resumed = resume(rank, sampler) if resume_run else None
+        warm: dict[str, Any] = {}
+        if resumed is not None:
+            console.print(
+                f"[bold]resumed[/] from the checkpoint of step {resumed[0]} (policy version {resumed[1]})"
+            )
+        else:
+            truncate_jsonl(
+                provider.out / "metrics.jsonl", 0
+            )  # records of a run that left no checkpoint
+            if run.spec.model.sft_warmup_steps:
+                warm = warm_start(rank, sandboxes, train_tasks, console)
+        step, version = resumed or (0, 0)
+        services = provider.services(rank, sandboxes, version, closers)
+        addr, port = provider.metrics_address
+        http, _ = start_http_server(port, addr=addr, registry=registry)
+        closers.append(http.shutdown)
+        tracked = Trackers(run, provider.out)  # after the services: a failed start opens no run
+        closers.append(tracked.close)
+    except BaseException:
+        close_all(closers)
+        raise
+    return Context(
+        run=run, out=provider.out, policy_dir=rank.policy_dir, model=rank.model,
+        learner=rank.learner, ckpt=rank.ckpt, team=rank.team, train_tasks=train_tasks,
+        held_out=held_out, fmt=fmt, sampler=sampler, services=services, warm_start=warm,
+        metrics=metrics,
+        metrics_port=http.server_port, trackers=tracked, step=step, version=version,
+        closers=closers,
+    )  # fmt: skip

@@ -161,12 +161,3 @@ class Trackers:
         for tracker in self.trackers:
             tracker.close()
         self.trackers = []
-
-
-def of(ctx: Any) -> Trackers:
-    """The context's trackers, opened on first use (closed with the context)."""
-    if "trackers" not in ctx.info:
-        trackers = Trackers(ctx.run, ctx.out)
-        ctx.info["trackers"] = trackers
-        ctx.closers.append(trackers.close)
-    return ctx.info["trackers"]

@@ -29,41 +29,33 @@ import logging
 import os
 import sys
 import time
-import warnings
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
+from rich.console import Console
+
+from gagar import env as names
 from gagar.driver.cluster import (
     Cluster,
     ProgressReporter,
     ReplicaSync,
     give_up,
     kube_api,
-    now,
     progress_data,
     resolve,
 )
 from gagar.driver.components import SetupError
 from gagar.manifest import ConfigError
 from gagar.manifest import load_config_dir as load_config
-from gagar.spec import GagarRun
+from gagar.spec import GagarRun, rfc3339
+
+if TYPE_CHECKING:
+    from gagar.driver.loop import Closers, Context, Services
+    from gagar.driver.setup import Rank
 
 log = logging.getLogger("gagar.trainer")
 CONTROL_TIMEOUT_S = 7 * 24 * 3600.0  # followers wait this long for rank 0's next announcement
-
-
-@dataclass
-class Rank:
-    """What every rank holds: the run, its shard of the policy, its learner and the team."""
-
-    run: GagarRun
-    cluster: Cluster
-    policy_dir: Path
-    model: Any
-    learner: Any
-    ckpt: Any
-    team: Any
 
 
 def _init(run: GagarRun) -> Any:
@@ -86,95 +78,90 @@ def _init(run: GagarRun) -> Any:
     return group
 
 
-def _policy_dir(run: GagarRun, cluster: Cluster, group: Any) -> Path:
-    """Rank 0 prepares the base policy (a preset is created once on the volume); all agree on it."""
-    import torch.distributed as dist
+@dataclass
+class ClusterProvider:
+    """The cluster trainer's ``Provider``: torchrun's ranks, the run's pools (rollout, grader,
+    sandboxes) where ``cluster`` names them, weights published on the checkpoint volume."""
 
-    from gagar.driver.components import prepare_policy
+    cluster: Cluster
+    api: Any = None  # the Kubernetes API client (None outside a cluster)
+    console: Console = field(default_factory=lambda: Console(stderr=True))
+    sync: ReplicaSync | None = None  # set by ``services``: the progress report reads its version
 
-    box: list[Any] = [None]
-    if dist.get_rank() == 0:
-        box[0] = str(cluster.model_dir or prepare_policy(run.spec.model, cluster.run_dir))
-    if group is not None:
-        dist.broadcast_object_list(box, src=0, group=group)
-    return Path(box[0])
+    @property
+    def out(self) -> Path:
+        return self.cluster.run_dir
 
+    @property
+    def metrics_address(self) -> tuple[str, int]:
+        return ("0.0.0.0", self.cluster.metrics_port)
 
-def start(run: GagarRun, cluster: Cluster) -> Rank:
-    """Everything each rank builds before training (configuration errors surface here)."""
-    import torch
+    def start(self, run: GagarRun) -> Any:
+        import torch
 
-    from gagar.driver.setup import build_learner, load_policy, rank_team
-    from gagar.trainer.checkpoint import CheckpointManager
-    from gagar.trainer.distributed import megatron_data_parallel
+        if run.spec.trainer.device == "cuda" and not torch.cuda.is_available():
+            raise SetupError("spec.trainer.device is 'cuda' but this pod has no CUDA GPU")
+        return _init(run)
 
-    if run.spec.trainer.device == "cuda" and not torch.cuda.is_available():
-        raise SetupError("spec.trainer.device is 'cuda' but this pod has no CUDA GPU")
-    group = _init(run)
-    torch.manual_seed(run.spec.algorithm.seed)
-    policy_dir = _policy_dir(run, cluster, group)
-    model = load_policy(policy_dir)
-    learner = build_learner(run, model, parallel=megatron_data_parallel())
-    ckpt = CheckpointManager(cluster.run_dir / "checkpoints", keep=run.spec.trainer.checkpoint.keep)
-    team = rank_team(run, model, learner, ckpt, group)
-    return Rank(run, cluster, policy_dir, model, learner, ckpt, team)
+    def data_parallel(self) -> Any:
+        from gagar.trainer.distributed import megatron_data_parallel
 
+        return megatron_data_parallel()
 
-def _components(rank: Rank) -> tuple[Any, Any, Any]:
-    """(sandbox factory, grader, fallback grader) of the run, remote where the cluster has pools."""
-    from gagar.driver import components as comp
-    from gagar.driver.setup import build_graders
-    from gagar.grader.protocol import HeuristicGrader
-    from gagar.grader.service import GraderClient
-    from gagar.sandbox.client import HttpPoolFactory
-    from gagar.sandbox.types import Limits
+    def base_policy(self, run: GagarRun, group: Any) -> Path:
+        """Rank 0 prepares it (a preset is created once on the volume); all agree on it."""
+        import torch.distributed as dist
 
-    run, cluster = rank.run, rank.cluster
-    if cluster.sandbox_url is not None:
+        from gagar.driver.components import prepare_policy
+
+        box: list[Any] = [None]
+        if dist.get_rank() == 0:
+            box[0] = str(self.cluster.model_dir or prepare_policy(run.spec.model, self.out))
+        if group is not None:
+            dist.broadcast_object_list(box, src=0, group=group)
+        return Path(box[0])
+
+    def sandboxes(self, run: GagarRun, closers: Closers) -> Any:
+        from gagar.driver import components as comp
+        from gagar.sandbox.client import HttpPoolFactory
+        from gagar.sandbox.types import Limits
+
+        if self.cluster.sandbox_url is None:
+            return comp.sandbox_factory(run.spec.sandbox)
         limits = Limits(**run.spec.sandbox.limits.executor_limits())
-        factory: Any = HttpPoolFactory(cluster.sandbox_url, limits=limits)
-    else:
-        factory = comp.sandbox_factory(run.spec.sandbox)
-    if cluster.grader_url is not None:
-        timeout = run.spec.grader.deadline_seconds + 60
-        return factory, GraderClient(cluster.grader_url, timeout=timeout), HeuristicGrader()
-    grader, fallback = build_graders(run, factory)
-    return factory, grader, fallback
+        factory = HttpPoolFactory(self.cluster.sandbox_url, limits=limits)
+        closers.append(factory.close)
+        return factory
 
+    def services(self, rank: Rank, sandboxes: Any, version: int, closers: Closers) -> Services:
+        """The graders (the grader pool's, else in the trainer), then the current policy
+        published, the rollout pool waited for, and every replica loaded."""
+        from gagar.driver.setup import build_graders
+        from gagar.grader.protocol import HeuristicGrader
+        from gagar.grader.service import GraderClient
+        from gagar.rollout.engines.openai_engine import AsyncOpenAIEngine
 
-def context(rank: Rank) -> Any:
-    """Rank 0's driver context: datasets, sandboxes, graders, engine, weight sync, metrics."""
-    from prometheus_client import CollectorRegistry, start_http_server
+        run, cluster = rank.run, self.cluster
+        if cluster.grader_url is not None:
+            timeout = run.spec.grader.deadline_seconds + 60
+            grader: Any = GraderClient(cluster.grader_url, timeout=timeout)
+            fallback: Any = HeuristicGrader()
+        else:
+            grader, fallback = build_graders(run, sandboxes)
+        self.sync = ReplicaSync(cluster, self.api, self.out / "published", rank.policy_dir)
+        pub = self.sync.publish(rank.team.call("weights"), version)
+        wait_ready(cluster.rollout_url, float(os.environ.get(names.ROLLOUT_WAIT_SECONDS, "1800")))
+        self.sync.load(pub)
+        log.info("policy version %d loaded into the rollout pool", version)
+        from gagar.driver.loop import Services
 
-    from gagar.driver import components as comp
-    from gagar.driver.loop import Context
-    from gagar.driver.sampling import TaskSampler
-    from gagar.driver.setup import chat_format
-    from gagar.metrics import Metrics
-    from gagar.rollout.engines.openai_engine import AsyncOpenAIEngine
-
-    run, cluster = rank.run, rank.cluster
-    train_tasks, held_out = comp.load_datasets(run.spec.dataset)
-    factory, grader, fallback = _components(rank)
-    fmt, _ = chat_format(rank.policy_dir)
-    registry = CollectorRegistry()
-    metrics = Metrics(registry, "trainer", "rollout", "grader", "sandbox")
-    api = kube_api()
-    sync = ReplicaSync(cluster, api, cluster.run_dir / "published", rank.policy_dir)
-    engine = AsyncOpenAIEngine(cluster.rollout_url)
-    sampler = TaskSampler(train_tasks, run.spec.algorithm.seed)
-    ctx = Context(
-        run, cluster.run_dir, factory, train_tasks, held_out, fmt, rank.model, rank.learner,
-        rank.ckpt, sampler, engine, sync, grader, fallback, metrics, rank.policy_dir,
-    )  # fmt: skip
-    ctx.team = rank.team
-    ctx.info["api"] = api
-    if hasattr(factory, "close"):
-        ctx.closers.append(factory.close)
-    http, _ = start_http_server(cluster.metrics_port, addr="0.0.0.0", registry=registry)
-    ctx.info["metrics_port"] = http.server_port
-    ctx.closers.append(http.shutdown)
-    return ctx
+        return Services(
+            sandboxes=sandboxes,
+            engine=AsyncOpenAIEngine(cluster.rollout_url),
+            sync=self.sync,
+            grader=grader,
+            fallback_grader=fallback,
+        )
 
 
 def wait_ready(url: str, timeout_s: float, poll_s: float = 5.0) -> None:
@@ -195,74 +182,40 @@ def wait_ready(url: str, timeout_s: float, poll_s: float = 5.0) -> None:
     raise TimeoutError(f"the rollout pool at {url} was not up within {timeout_s:.0f}s: {last}")
 
 
-def _begin(ctx: Any, rank: Rank) -> None:
-    """Resume or warm-start, publish the policy, wait for the rollout pool, load every replica."""
-    from rich.console import Console
-
-    from gagar.driver.loop import restore
-    from gagar.driver.setup import warm_start
-    from gagar.trainer.checkpoint import truncate_jsonl
-
-    spec = rank.run.spec
-    resume = spec.trainer.checkpoint.resume
-    if resume and restore(ctx):
-        log.info(
-            "resumed from the checkpoint of step %d (policy version %d)", ctx.step, ctx.version
-        )
-    else:
-        truncate_jsonl(
-            ctx.out / "metrics.jsonl", 0
-        )  # records of an attempt that left no checkpoint
-        if spec.model.sft_warmup_steps:
-            console = Console(stderr=True)
-            ctx.info["warm_start"] = warm_start(
-                rank.run, rank.team, rank.policy_dir, ctx.factory, ctx.train_tasks, console
-            )
-    pub = ctx.sync.publish(ctx.call("weights"), ctx.version)
-    wait_ready(
-        rank.cluster.rollout_url, float(os.environ.get("GAGAR_ROLLOUT_WAIT_SECONDS", "1800"))
-    )
-    ctx.sync.load(pub)
-    log.info("policy version %d loaded into the rollout pool", ctx.version)
-
-
-def _report(ctx: Any, reporter: ProgressReporter | None, start_time: str) -> None:
-    if reporter is None:
-        return
+def _progress(ctx: Context, provider: ClusterProvider, start_time: str) -> dict[str, str]:
+    """The ``<run>-progress`` data after the current step."""
     done = ctx.ckpt.complete()
     checkpoint = None
     if done:
         last = done[-1]
-        stamp = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(last.path.stat().st_mtime))
-        uri = f"{ctx.info['checkpoint_uri']}/checkpoints/{last.path.name}"
+        stamp = rfc3339(last.path.stat().st_mtime)
+        uri = f"{provider.cluster.checkpoint_uri}/checkpoints/{last.path.name}"
         checkpoint = (last.step, uri, stamp)
-    reporter.report(
-        progress_data(ctx.step, ctx.version, ctx.sync.rollout_version, checkpoint, start_time)
+    rollout_version = provider.sync.rollout_version if provider.sync is not None else None
+    return progress_data(ctx.step, ctx.version, rollout_version, checkpoint, start_time)
+
+
+def lead(rank: Rank, provider: ClusterProvider) -> int:
+    """Rank 0: build the run, train to ``totalSteps``, write the report, release the others."""
+    from gagar.driver.loop import close, summary_line, train
+    from gagar.driver.setup import build
+
+    start_time = rfc3339(time.time())
+    ctx = build(rank, provider, resume_run=rank.run.spec.trainer.checkpoint.resume)
+    reporter = ProgressReporter.from_cluster(provider.cluster, provider.api)
+    report = (
+        (lambda: reporter.report(_progress(ctx, provider, start_time)))
+        if reporter
+        else (lambda: None)
     )
 
+    def on_step(record: dict[str, Any]) -> None:
+        log.info("step %d/%d · %s", ctx.step, ctx.alg.total_steps, summary_line(record))
+        report()
 
-async def _steps(ctx: Any, reporter: ProgressReporter | None, start_time: str) -> None:
-    from gagar.driver.loop import rl_step, summary_line
-
-    total = ctx.alg.total_steps
-    while ctx.step < total:
-        record = await rl_step(ctx)
-        log.info("step %d/%d · %s", ctx.step, total, summary_line(record))
-        _report(ctx, reporter, start_time)
-
-
-def lead(rank: Rank, ctx: Any) -> int:
-    """Rank 0: train to ``totalSteps``, then write the report and release the other ranks."""
-    from gagar.driver.loop import close, write_final_report
-
-    start_time = now()
-    ctx.info["checkpoint_uri"] = rank.cluster.checkpoint_uri
-    reporter = ProgressReporter.from_cluster(rank.cluster, ctx.info["api"])
     try:
-        _begin(ctx, rank)
-        _report(ctx, reporter, start_time)
-        asyncio.run(_steps(ctx, reporter, start_time))
-        write_final_report(ctx, {"warm_start": ctx.info.get("warm_start", {})})
+        report()
+        asyncio.run(train(ctx, on_step))
         log.info("done: %d steps, policy version %d", ctx.step, ctx.version)
         rank.team.stop()
         return 0
@@ -271,16 +224,16 @@ def lead(rank: Rank, ctx: Any) -> int:
 
 
 def _logging() -> None:
+    from gagar.driver.setup import quiet_megatron
+
     rank = os.environ.get("RANK", "0")
     logging.basicConfig(
         level=logging.WARNING,  # libraries (httpx logs every request at INFO) say only what is wrong
         stream=sys.stderr,
         format=f"%(asctime)s rank{rank} %(name)s %(levelname)s %(message)s",
     )
-    logging.getLogger("gagar").setLevel(os.environ.get("GAGAR_LOG_LEVEL", "info").upper())
-    # Megatron-Core warns at import that Transformer Engine/Apex are absent; expected without them.
-    warnings.filterwarnings("ignore", message=".*(Transformer Engine|Apex).*not installed.*")
-    warnings.filterwarnings("ignore", message=".*cuda_graph_scope.*")
+    logging.getLogger("gagar").setLevel(os.environ.get(names.LOG_LEVEL, "info").upper())
+    quiet_megatron()
 
 
 def _permanent_errors() -> tuple[type[BaseException], ...]:
@@ -293,7 +246,7 @@ def _permanent_errors() -> tuple[type[BaseException], ...]:
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="gagar.driver.worker", description="the cluster trainer")
     parser.add_argument(
-        "--config-dir", default=os.environ.get("GAGAR_CONFIG_DIR", "/etc/gagar/config")
+        "--config-dir", default=os.environ.get(names.CONFIG_DIR, "/etc/gagar/config")
     )
     return parser
 
@@ -308,12 +261,15 @@ def main(argv: list[str] | None = None) -> int:
         cluster = resolve(os.environ, run)
     except ConfigError as err:
         return give_up(f"invalid configuration: {err}")
+    from gagar.driver.setup import build_rank
+
     try:
-        rank = start(run, cluster)
+        provider = ClusterProvider(cluster, kube_api())
+        rank = build_rank(run, provider)
         if not rank.team.leader:
             rank.team.follow()
             return 0
-        return lead(rank, context(rank))
+        return lead(rank, provider)
     except _permanent_errors() as err:  # at start, or a checkpoint of another layout on resume
         return give_up(str(err))
     finally:

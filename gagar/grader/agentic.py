@@ -45,6 +45,7 @@ from gagar.grader.tools import (
     tool_specs,
 )
 from gagar.grader.workspace import write_workspace
+from gagar.spec import GraderSpec
 from gagar.wire import FallbackReason, Finding, GradingGroup, Hack, Ranking, Usage
 
 SYSTEM_PROMPT = """You grade candidate solutions of one coding task, jointly, as a reviewer.
@@ -69,6 +70,11 @@ class GraderFailure(Exception):
         self.detail = detail
 
 
+_SPEC = (
+    GraderSpec.model_construct()
+)  # spec.grader's defaults (no pool size needed) are the grader's
+
+
 @dataclass(frozen=True)
 class AgenticConfig:
     """How to reach the model and how long to try (the lead maps spec fields onto this)."""
@@ -76,12 +82,12 @@ class AgenticConfig:
     base_url: str  # e.g. http://grader-vllm:8000/v1
     model: str
     api_key: str = "EMPTY"
-    deadline_seconds: float = 300.0
-    max_turns: int = 30
-    max_retries: int = 2  # malformed final answers fed back before giving up
-    fallback: Literal["heuristic", "unusable"] = "heuristic"
+    deadline_seconds: float = _SPEC.deadline_seconds
+    max_turns: int = _SPEC.max_turns
+    max_retries: int = _SPEC.max_retries  # malformed final answers fed back before giving up
+    fallback: Literal["heuristic", "unusable"] = _SPEC.fallback
     temperature: float = 0.0
-    max_tokens: int = 2048
+    max_tokens: int = _SPEC.max_tokens_per_turn
     request_timeout: float = 120.0
     # tool_choice names submit_ranking on the last turn and on every turn after a rejected answer
     # (the model has stopped inspecting and is answering; only the structured answer can count)

@@ -22,21 +22,24 @@ from typing import TYPE_CHECKING, Any
 
 from gagar import RUN_FILE
 from gagar.grader.protocol import Grader, SandboxFactory
+from gagar.spec import GRADER_SERVED_NAME, GraderSpec
 
 if TYPE_CHECKING:
     from gagar.spec import GagarRun
 
 SANDBOXES = ("bwrap", "pool", "unsafe-local")
+_SPEC = (
+    GraderSpec.model_construct()
+)  # spec.grader's defaults (unvalidated: no pool size) are the service's
 # The settings a run's config dir can give, with their built-in values (``None`` flags take them).
 DEFAULTS: dict[str, Any] = {
-    "grader": "heuristic",
-    "deadline": 300.0,
-    "max_turns": 30,
-    "max_retries": 2,
-    "fallback": "heuristic",
-    "queue_size": 64,
+    "grader": _SPEC.kind,
+    "deadline": _SPEC.deadline_seconds,
+    "max_turns": _SPEC.max_turns,
+    "max_retries": _SPEC.max_retries,
+    "fallback": _SPEC.fallback,
+    "queue_size": _SPEC.queue_size,
 }
-SERVED_MODEL = "grader"  # the name a grader model server without one in the spec serves under
 
 
 def _executor_limits(limits: dict[str, Any] | None) -> Any:
@@ -133,7 +136,7 @@ def settings(run: GagarRun) -> dict[str, Any]:
         "sandbox_limits": run.spec.sandbox.limits.executor_limits(),
     }
     if g.endpoint:  # an external model server (as ``gagar train`` uses it)
-        found |= {"model_url": g.endpoint, "model": g.model or SERVED_MODEL}
+        found |= {"model_url": g.endpoint, "model": g.model or GRADER_SERVED_NAME}
     return found
 
 
@@ -191,17 +194,17 @@ def _serve(args: argparse.Namespace) -> int:
     except RuntimeError as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
-    cfg = ServiceConfig(
-        token=token,
-        host=args.host,
-        port=args.port,
-        queue_size=args.queue_size,
-        workers=args.workers,
-        drain_seconds=args.drain_seconds,
-        metrics_port=args.metrics_port,
-        run=args.run,
-        pool=args.pool,
+    flags = (
+        "host",
+        "port",
+        "queue_size",
+        "workers",
+        "drain_seconds",
+        "metrics_port",
+        "run",
+        "pool",
     )
+    cfg = ServiceConfig(token=token, **{name: getattr(args, name) for name in flags})
     serve(GraderService(build_grader(args), cfg))
     return 0
 

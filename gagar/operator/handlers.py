@@ -26,7 +26,6 @@ import threading
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
 from typing import Any
 
 import kopf
@@ -55,8 +54,8 @@ from gagar.operator.observe import (
     parse_progress,
     waiting_reasons,
 )
-from gagar.operator.status import CONDITION_TYPES, TERMINAL, Event, Outcome, compute_status
-from gagar.spec import GagarRun, GagarRunStatus
+from gagar.operator.status import TERMINAL, Event, Outcome, compute_status
+from gagar.spec import CONDITION_TYPES, PHASES, GagarRun, GagarRunStatus, rfc3339
 
 log = logging.getLogger("gagar.operator")
 PLURAL = "gagarruns"
@@ -67,7 +66,7 @@ PRUNABLE = tuple(k for k in CHILD_KINDS if k[1] not in ("PersistentVolumeClaim",
 
 
 def now_rfc3339() -> str:
-    return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+    return rfc3339(time.time())
 
 
 @dataclass
@@ -435,7 +434,7 @@ class Reconciler:
 
     def _count_phases(self) -> None:
         gauge = self.metrics["gagar_operator_runs"]
-        for phase in ("Pending", "Running", "Suspended", "Succeeded", "Failed", "Stalled"):
+        for phase in PHASES:
             gauge.labels(phase=phase).set(sum(p == phase for p in self._phases.values()))
 
     def remember(self, namespace: str, run_name: str) -> None:

@@ -16,6 +16,7 @@ from typing import Any
 import kopf
 from prometheus_client import CollectorRegistry, start_http_server
 
+from gagar import env
 from gagar.metrics import Metrics
 from gagar.operator.handlers import OperatorConfig, Reconciler, configure_settings, register
 from gagar.operator.kube import Kube
@@ -95,7 +96,7 @@ def run_operator(
     integrations: frozenset[str] = frozenset(),
 ) -> int:
     """Serve /metrics on ``port`` and /healthz on ``health_port``; run kopf until interrupted."""
-    level = os.environ.get("GAGAR_LOG_LEVEL", "info").upper()
+    level = os.environ.get(env.LOG_LEVEL, "info").upper()
     logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     prom = CollectorRegistry()
     metrics = Metrics(prom, "operator")

@@ -19,19 +19,16 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from gagar.operator.observe import Observed, PoolObserved, TrainerObserved
-from gagar.spec import CheckpointStatus, Condition, GagarRunSpec, GagarRunStatus, PoolStatus
+from gagar.spec import (
+    CONDITION_TYPES,
+    CheckpointStatus,
+    Condition,
+    GagarRunSpec,
+    GagarRunStatus,
+    PoolStatus,
+)
 
 TERMINAL = ("Succeeded", "Failed")
-CONDITION_TYPES = (
-    "Ready",
-    "Reconciling",
-    "Stalled",
-    "TrainerReady",
-    "PoolsReady",
-    "Suspended",
-    "Complete",
-    "Failed",
-)
 
 
 @dataclass(frozen=True)

@@ -21,6 +21,9 @@ import json
 from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol
 
+# The one engine protocol (re-exported: the agent's callers and fakes import it from here too).
+from gagar.rollout.engines.base import Engine, Generation, SamplingParams
+
 ExitReason = Literal[
     "submitted", "max_turns", "max_tokens", "context_overflow", "engine_error", "sandbox_error"
 ]
@@ -29,26 +32,6 @@ FLAG_KINDS = ("redundant", "tool_error", "churn")
 
 
 # ----------------------------------------------------------------------------- protocols
-@dataclass(frozen=True)
-class SamplingParams:
-    max_tokens: int
-    temperature: float = 1.0
-    top_p: float = 1.0
-    seed: int | None = None
-
-
-@dataclass(frozen=True)
-class Generation:
-    token_ids: list[int]
-    logprobs: list[float]
-    text: str
-    finish_reason: Literal["stop", "length"]
-
-
-class Engine(Protocol):
-    async def generate(self, prompt_ids: list[int], params: SamplingParams) -> Generation: ...
-
-
 @dataclass(frozen=True)
 class ToolCall:
     name: str

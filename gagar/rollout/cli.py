@@ -14,22 +14,19 @@ import signal
 import sys
 from pathlib import Path
 
+# The flags named as ``ServerConfig``'s fields, passed through as they are.
+SAME_NAMES = (
+    "port", "host", "dtype", "max_model_len", "served_name", "weight_transfer_backend",
+    "tool_call_parser",
+)  # fmt: skip
+
 
 def _config(args: argparse.Namespace):
     from gagar.rollout.engines.server import ServerConfig
 
-    return ServerConfig(
-        model=Path(args.model),
-        port=args.port,
-        host=args.host,
-        dtype=args.dtype,
-        max_model_len=args.max_model_len,
-        served_name=args.served_name,
-        weight_transfer_backend=args.weight_transfer_backend,
-        tool_call_parser=args.tool_call_parser,
-        enforce_eager=args.eager,
-        extra_args=shlex.split(args.vllm_args or ""),
-    )
+    same = {name: getattr(args, name) for name in SAME_NAMES}
+    extra = shlex.split(args.vllm_args or "")
+    return ServerConfig(Path(args.model), enforce_eager=args.eager, extra_args=extra, **same)
 
 
 def _serve(args: argparse.Namespace) -> int:

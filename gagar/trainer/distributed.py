@@ -26,7 +26,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import timedelta
-from typing import Any
+from typing import Any, Literal
 
 import torch
 import torch.distributed as dist
@@ -36,6 +36,8 @@ from gagar.trainer.checkpoint import Checkpoint, CheckpointManager
 from gagar.trainer.learner import Learner, Sample
 
 STOP = "stop"
+# The steps every rank takes part in (rank 0 announces each by name: the name is what travels).
+TeamStep = Literal["update", "weights", "save", "restore", "sft"]
 Param = torch.nn.Parameter
 
 
@@ -156,7 +158,7 @@ def control_group(timeout_s: float) -> Any:
 class Team:
     """Rank 0 leads, the others follow (see the module docstring); one process is a team of one."""
 
-    handlers: dict[str, Callable[..., Any]]
+    handlers: dict[TeamStep, Callable[..., Any]]
     group: Any = None
 
     @property
@@ -175,7 +177,7 @@ class Team:
         if self.size > 1:
             dist.broadcast_object_list([message], src=0, group=self.group)
 
-    def call(self, name: str, *args: Any) -> Any:
+    def call(self, name: TeamStep, *args: Any) -> Any:
         """On rank 0: make every rank run handler ``name`` with ``args``; returns rank 0's result."""
         if not self.leader:
             raise RuntimeError(f"rank {self.rank} cannot lead the team (call {name!r})")
@@ -213,7 +215,7 @@ class RankState:
     layout: dict[str, int] = field(default_factory=dict)
     group: Any = None  # the team's control group (barriers and small gathers)
 
-    def handlers(self) -> dict[str, Callable[..., Any]]:
+    def handlers(self) -> dict[TeamStep, Callable[..., Any]]:
         return {
             "update": self.update,
             "weights": self.weights,

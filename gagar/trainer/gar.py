@@ -45,14 +45,19 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, fields
 from enum import IntEnum
 from typing import Any, NamedTuple
 
 import torch
 from torch import Tensor
 
+# The parameters are the spec's own objects (defaults and ranges validated there, once).
+from gagar.spec import LengthPenalty, QualityFactors, SegmentPenalty
+
 _TIERS = {"T1": 0, "T2": 1, "T3": 2}
+_DEFAULT_FACTORS = QualityFactors()
+_DEFAULT_LENGTH_PENALTY = LengthPenalty()
+_DEFAULT_SEGMENT_PENALTY = SegmentPenalty()
 
 
 class Fallback(IntEnum):
@@ -146,23 +151,6 @@ def eligible_groups(passed: Tensor, valid: Tensor) -> Tensor:
 # ---------------------------------------------------------------- step 5
 
 
-@dataclass(frozen=True)
-class QualityFactors:
-    """Factor per tier position (defaults: the paper's Flash setting). Each in (0, 1]."""
-
-    t1_first: float = 1.0
-    t1_other: float = 0.9
-    t2_high: float = 0.85
-    t2_low: float = 0.4
-    t3: float = 0.2
-
-    def __post_init__(self) -> None:
-        for f in fields(self):
-            v = getattr(self, f.name)
-            ok = isinstance(v, int | float) and not isinstance(v, bool) and 0 < v <= 1
-            _require(ok, f"quality factor {f.name}={v!r} must be a number in (0, 1]")
-
-
 def _as_pair(group: Any) -> tuple[str, list[int]]:
     """Accept ``(tier, members)`` pairs and objects with ``.tier``/``.members`` (wire.TiedGroup)."""
     if hasattr(group, "tier") and hasattr(group, "members"):
@@ -212,17 +200,15 @@ def _tier_factors(tiers: list[str], q: QualityFactors) -> list[float]:
     return out
 
 
-def quality_factors(tied_groups: Iterable[Any], n: int, **factor_overrides: float) -> list[float]:
+def quality_factors(
+    tied_groups: Iterable[Any], n: int, q: QualityFactors = _DEFAULT_FACTORS
+) -> list[float]:
     """Factor per member from the grader's ordered tied groups; 1.0 for members not listed.
 
-    Overrides: ``t1_first``, ``t1_other``, ``t2_high``, ``t2_low``, ``t3``. Malformed groups
+    ``q``: the factor per tier (``spec.algorithm.redistribution.qualityFactors``). Malformed groups
     (unknown tier, out-of-range index, duplicate, empty group, tiers out of order) raise ValueError.
     """
-    known = {f.name for f in fields(QualityFactors)}
-    unknown = sorted(set(factor_overrides) - known)
-    _require(not unknown, f"unknown quality factor override(s) {unknown}; known: {sorted(known)}")
     _require(isinstance(n, int) and n >= 0, f"n must be a non-negative int, got {n!r}")
-    q = QualityFactors(**factor_overrides)
     groups = [_as_pair(g) for g in tied_groups]
     _check_tied_groups(groups, n)
     out = [1.0] * n
@@ -338,33 +324,12 @@ def gar_advantages(  # noqa: PLR0913 - public API fixed by the issue
 # ---------------------------------------------------------------- step 7: length penalty
 
 
-@dataclass(frozen=True)
-class LengthPenalty:
-    """Parameters of the group-relative length penalty (paper symbols in comments)."""
-
-    pass_rate: float = 0.5  # A: only groups whose pass rate exceeds this
-    weight: float = 0.2  # X
-    delta: float = 0.0  # δ
-    span: float = 1.0  # s
-    gamma: float = 1.5  # γ
-    percentile: float = 30.0  # B
-
-    def __post_init__(self) -> None:
-        _require(0 <= self.pass_rate <= 1, f"pass_rate (A) must be in [0, 1]: {self.pass_rate}")
-        _require(0 <= self.weight < math.inf, f"weight (X) must be finite, >= 0: {self.weight}")
-        _require(self.span > self.delta, f"span (s) must exceed delta: {self.span}, {self.delta}")
-        _require(0 < self.gamma < math.inf, f"gamma must be finite and > 0: {self.gamma}")
-        _require(
-            0 <= self.percentile <= 100, f"percentile (B) must be in [0, 100]: {self.percentile}"
-        )
-
-
 def length_penalty(
     rewards: Tensor,  # (G, n) float
     passed: Tensor,  # (G, n) bool (pass ``passed & ~hacks`` to keep hacks out of ℓ*)
     valid: Tensor,  # (G, n) bool
     lengths: Tensor,  # (G, n, K) e.g. K = 2: turns and output tokens
-    params: LengthPenalty = LengthPenalty(),
+    params: LengthPenalty = _DEFAULT_LENGTH_PENALTY,
 ) -> Tensor:
     """Rewards (G, n) with R_i − X·clip((ℓ_i/ℓ* − 1 − δ)/(s − δ), 0, 1)^γ on the passes of groups
     whose pass rate (over valid members) exceeds A; ℓ* per group and length measure. Apply before
@@ -386,29 +351,13 @@ def length_penalty(
     masked = torch.where(in_p[..., None], ell, math.nan)  # (G, n, K)
     ref = torch.nanquantile(masked, params.percentile / 100, dim=1).clamp(min=1)  # (G, K)
     ratio = (ell / ref[:, None, :]).amax(-1)  # (G, n)
-    z = ((ratio - 1 - params.delta) / (params.span - params.delta)).clamp(0, 1)  # (G, n)
+    z = ((ratio - 1 - params.delta) / (params.scale - params.delta)).clamp(0, 1)  # (G, n)
     penalty = (params.weight * z.pow(params.gamma)).to(rewards.dtype)  # (G, n)
-    apply = in_p & (rate > params.pass_rate)[:, None]  # (G, n)
+    apply = in_p & (rate > params.pass_rate_threshold)[:, None]  # (G, n)
     return torch.where(apply, rewards - penalty, rewards)
 
 
 # ---------------------------------------------------------------- step 7: segment shaping
-
-
-@dataclass(frozen=True)
-class SegmentShaping:
-    """Parameters of the segment penalty with sign-wise mass conservation."""
-
-    kappa: float = 2.0  # κ: weight of flagged tokens in negative trajectories
-    alpha_max: float = 2.0  # cap of the clean-token scale in positive trajectories
-    beta_min: float = 0.5  # floor of the clean-token scale in negative trajectories
-
-    def __post_init__(self) -> None:
-        _require(1 <= self.kappa < math.inf, f"kappa must be finite and >= 1: {self.kappa}")
-        _require(
-            1 <= self.alpha_max < math.inf, f"alpha_max must be finite, >= 1: {self.alpha_max}"
-        )
-        _require(0 <= self.beta_min <= 1, f"beta_min must be in [0, 1]: {self.beta_min}")
 
 
 def _group_sum(x: Tensor, gid: Tensor, num_groups: int) -> Tensor:  # (N, T), (N,) -> (G,)
@@ -437,7 +386,7 @@ def segment_shaping(
     token_mask: Tensor,  # (N, T) bool, tokens the policy generated
     flagged: Tensor,  # (N, T) bool, tokens of redundant actions, tool/format errors, churn
     group_ids: Tensor,  # (N,) int, the group (task) of each trajectory
-    params: SegmentShaping = SegmentShaping(),
+    params: SegmentPenalty = _DEFAULT_SEGMENT_PENALTY,
 ) -> Tensor:
     """Per-token advantages (N, T), 0 outside ``token_mask``. Per group, positive tokens: flagged
     → 0, clean × α; negative tokens: flagged × κ, clean × β (module docstring). Positive and

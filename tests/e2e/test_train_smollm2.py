@@ -62,30 +62,32 @@ async def _step_then_grade(ctx: Any) -> tuple[dict, Any, Any]:
 
     record = await rl_step(ctx)
     # The served policy after the sync, on the trainer's updated weights.
-    after = await ctx.engine.generate(
+    after = await ctx.services.engine.generate(
         ctx.fmt.initial_ids([{"role": "user", "content": "Fix the bug in calc.py."}]),
         SamplingParams(max_tokens=8, temperature=1.0, seed=5),
     )
     start = time.perf_counter()
     # A group of 2 like the run's (one pass, one failure), graded as the loop grades: the run's
     # agentic grader against the runner's own SmolLM2 server.
-    ranking = await ctx.grader.grade(sample_group(("clean", "failing")))
+    ranking = await ctx.services.grader.grade(sample_group(("clean", "failing")))
     print(f"\nreal grading request: {time.perf_counter() - start:.1f}s")
     return record, after, ranking
 
 
 def test_one_full_step_of_the_smollm2_preset(tmp_path: Path) -> None:
+    from gagar.driver.local import LocalProvider
     from gagar.driver.loop import close
-    from gagar.driver.setup import build
+    from gagar.driver.setup import build, build_rank
 
     warnings.filterwarnings("ignore", message=".*(Transformer Engine|Apex).*")
     t0 = time.perf_counter()
-    ctx = build(_one_step_manifest(), tmp_path, Console(stderr=True), False, metrics_port=0)
+    provider = LocalProvider(tmp_path, Console(stderr=True), ("127.0.0.1", 0))
+    ctx = build(build_rank(_one_step_manifest(), provider), provider, resume_run=False)
     t1 = time.perf_counter()
     try:
         record, after, ranking = asyncio.run(_step_then_grade(ctx))
         gap = (_trainer_logprobs(ctx.model, after.prompt_ids, after.token_ids) - torch.tensor(after.logprobs)).abs().max().item()  # fmt: skip
-        served_version = ctx.sync.replicas[0].weight_version()
+        served_version = ctx.services.sync.replicas[0].weight_version()
     finally:
         close(ctx)
     print(
@@ -99,7 +101,7 @@ def test_one_full_step_of_the_smollm2_preset(tmp_path: Path) -> None:
         f"{ranking.detail[:200]!r}), {ranking.usage.completion_tokens} tokens generated"
     )
     # the warm start: 16 experts (the minimum) through SmolLM2's chat format, one SFT update
-    warm = ctx.info["warm_start"]
+    warm = ctx.warm_start
     assert warm["sft_steps"] == 1 and 0 < warm["sft_nll_last"] < 10
     clean = warm["sft_experts"]["clean"].split()[0].split("/")
     assert clean[0] == clean[1] != "0", warm  # every clean expert passes

@@ -25,7 +25,7 @@ def test_megatron_on_cuda_matches_transformers(tmp_path: Path, family: str) -> N
         load_hf_into_megatron,
         read_config,
     )
-    from gagar.trainer.model.tiny import save_random_hf_model
+    from tests.support.random_models import save_random_hf_model
 
     hf = save_random_hf_model(family, tmp_path / "hf").cuda()
     init_distributed(Parallel(), rank=0, world_size=1, init_method=f"file://{tmp_path}/rdzv")

@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 
 from gagar.rollout.engines.server import REPO_ROOT, ServerConfig, VllmServer, free_port, vllm_python
-from gagar.rollout.engines.tiny import write_tiny_llama
+from tests.support.tiny_llama import write_tiny_llama
 
 pytestmark = pytest.mark.gpu
 

@@ -38,13 +38,13 @@ from gagar.driver.sft import expert_turns
 from gagar.grader.protocol import HeuristicGrader
 from gagar.grader.service import GraderService
 from gagar.operator.builders.config import config_data
-from gagar.rollout.engines.fake import FakeOpenAIServer
 from gagar.rollout.envs import synthetic
 from gagar.sandbox.local import LocalFactory, check_isolation
 from gagar.sandbox.server import make_server
 from gagar.sandbox.types import Limits
 from gagar.spec import GagarRun
 from tests.support.exposition import value
+from tests.support.fake_vllm import FakeOpenAIServer
 
 ROOT = Path(__file__).resolve().parents[2]
 pytestmark = pytest.mark.e2e

@@ -26,7 +26,7 @@ from gagar.trainer.model import (
     load_megatron_checkpoint,
     read_config,
 )
-from gagar.trainer.model.tiny import save_random_hf_model
+from tests.support.random_models import save_random_hf_model
 
 FAMILIES = ["llama", "llama-tied", "qwen2", "qwen3", "qwen3_moe"]
 SEQ = 16

@@ -19,7 +19,7 @@ import torch
 import torch.multiprocessing as mp
 import torch.nn.functional as F
 
-from gagar.trainer.model.tiny import save_random_hf_model
+from tests.support.random_models import save_random_hf_model
 
 BATCH, SEQ, VOCAB, WORLD = 4, 12, 256, 2
 CASES = {"qwen2-tp2": ("qwen2", {"tp": 2}), "llama-tied-tp2": ("llama-tied", {"tp": 2}),
@@ -174,7 +174,7 @@ def test_parallel_matches_single_process(runs: dict, case: str) -> None:
 def test_pipeline_parallel_stages_compute_transformers_logits(runs: dict) -> None:
     from safetensors.torch import load_file
 
-    from gagar.trainer.model.tiny import random_hf_model
+    from tests.support.random_models import random_hf_model
 
     hf = random_hf_model("qwen2", vocab_size=VOCAB)
     ids, _ = _batch()

@@ -258,6 +258,8 @@ def test_grader_flags_win_over_the_config_dir(tmp_path: Path) -> None:
     ns = settle(build_parser().parse_args(argv))
     assert (ns.deadline, ns.grader, ns.max_turns) == (5.0, "heuristic", 24)
     defaults = settle(build_parser().parse_args(["grader", "serve"]))
-    assert (defaults.grader, defaults.deadline, defaults.queue_size) == ("heuristic", 300.0, 64)
+    # without a config dir: spec.grader's own defaults (one source for the service and the spec)
+    assert (defaults.grader, defaults.deadline, defaults.queue_size) == ("heuristic", 600.0, 64)
+    assert defaults.max_turns == 24
     with pytest.raises(SystemExit, match="is missing"):
         settle(build_parser().parse_args(["grader", "serve", f"--config-dir={tmp_path / 'x'}"]))

@@ -13,29 +13,14 @@ from gagar.rollout.agent import AgentLimits
 from gagar.rollout.envs import synthetic
 from gagar.sandbox import Limits
 from gagar.sandbox.local import LocalFactory
-from tests.unit.test_chat import CHATML
 
 
 @pytest.fixture(scope="module")
 def fmt_and_eos():
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-    from transformers import PreTrainedTokenizerFast
-
     from gagar.rollout.chat import HFChatFormat
+    from gagar.trainer.model.presets import fast_tokenizer
 
-    tok = Tokenizer(models.BPE(unk_token="<unk>"))
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tok.decoder = decoders.ByteLevel()
-    tok.train_from_iterator(
-        ["def f(x):\n    return x + 1\n"] * 10,
-        trainers.BpeTrainer(
-            vocab_size=300,
-            special_tokens=["<unk>", "<|im_start|>", "<|im_end|>"],
-            initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
-        ),
-    )
-    fast = PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<|im_end|>", unk_token="<unk>")
-    fast.chat_template = CHATML
+    fast = fast_tokenizer(["def f(x):\n    return x + 1\n"] * 10, vocab_size=512)  # the presets'
     return HFChatFormat(fast), fast.convert_tokens_to_ids("<|im_end|>")
 
 

@@ -18,10 +18,10 @@ import pytest
 import torch
 
 from gagar.rollout.engines.base import SamplingParams
-from gagar.rollout.engines.openai_engine import OpenAIEngine, engine_for_servers
 from gagar.rollout.engines.server import ServerConfig, VllmServer, vllm_python
-from gagar.rollout.engines.tiny import write_tiny_llama
 from gagar.rollout.engines.weight_sync import WeightSyncError
+from tests.support.openai_engine import OpenAIEngine, engine_for_servers
+from tests.support.tiny_llama import write_tiny_llama
 
 REPLICAS = 2
 TOL = 1e-4  # float32 on both sides; measured differences are ~4e-6

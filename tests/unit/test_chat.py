@@ -3,38 +3,21 @@
 from __future__ import annotations
 
 import pytest
-from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 from transformers import PreTrainedTokenizerFast
 
 from gagar.rollout.chat import HFChatFormat, format_tool_call, parse_tool_call
-
-CHATML = (
-    "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
-    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
-)
+from gagar.trainer.model.presets import fast_tokenizer
 
 
 @pytest.fixture(scope="module")
 def tokenizer() -> PreTrainedTokenizerFast:
-    tok = Tokenizer(models.BPE(unk_token="<unk>"))
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tok.decoder = decoders.ByteLevel()
+    """The presets' tokenizer and chat template (the one ChatML the policies use)."""
     corpus = [
         "def add(a, b):\n    return a + b\n",
         "fix the bug in calc.py",
         '{"name": "view", "arguments": {}}',
     ] * 20
-    tok.train_from_iterator(
-        corpus,
-        trainers.BpeTrainer(
-            vocab_size=400,
-            special_tokens=["<unk>", "<|im_start|>", "<|im_end|>"],
-            initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
-        ),
-    )
-    fast = PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<|im_end|>", unk_token="<unk>")
-    fast.chat_template = CHATML
-    return fast
+    return fast_tokenizer(corpus, vocab_size=512)
 
 
 def test_incremental_ids_match_full_rendering(tokenizer: PreTrainedTokenizerFast) -> None:

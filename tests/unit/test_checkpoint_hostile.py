@@ -10,7 +10,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from gagar.driver.loop import restore
+from gagar.driver.setup import resume
 from gagar.trainer.checkpoint import MANIFEST, Checkpoint, CheckpointError, CheckpointManager
 
 
@@ -74,8 +74,8 @@ def test_malformed_manifest_is_skipped_for_the_previous(
     assert f"skipping checkpoint: {bad.path}" in capsys.readouterr().err
 
 
-def _ctx(root: Path, mgr: CheckpointManager) -> SimpleNamespace:
-    """A driver context whose ``call("restore", step)`` loads parts as the trainer does."""
+def _rank(root: Path, mgr: CheckpointManager) -> SimpleNamespace:
+    """A trainer rank whose team's ``call("restore", step)`` loads parts as the trainer does."""
 
     def call(name: str, step: int):
         assert name == "restore"
@@ -85,8 +85,10 @@ def _ctx(root: Path, mgr: CheckpointManager) -> SimpleNamespace:
             raise RuntimeError("size mismatch for w")  # what load_state_dict raises
         return ckpt.state()
 
-    sampler = SimpleNamespace(load_state=lambda state: None)
-    return SimpleNamespace(ckpt=mgr, call=call, sampler=sampler, out=root, step=0, version=0)
+    return SimpleNamespace(ckpt=mgr, team=SimpleNamespace(call=call), out=root)
+
+
+SAMPLER = SimpleNamespace(load_state=lambda state: None)
 
 
 def test_resume_falls_back_past_checkpoints_that_do_not_load(tmp_path: Path, capsys) -> None:
@@ -96,9 +98,7 @@ def test_resume_falls_back_past_checkpoints_that_do_not_load(tmp_path: Path, cap
         2, {"model": {"w": torch.ones(3)}}, {"policy_version": 2, "sampler": {}}
     )  # wrong shape
     mgr.save(3, {"model": {"w": _Payload(tmp_path / "x")}}, {"policy_version": 3, "sampler": {}})
-    ctx = _ctx(tmp_path, mgr)
-    assert restore(ctx) is True
-    assert (ctx.step, ctx.version) == (1, 1)
+    assert resume(_rank(tmp_path, mgr), SAMPLER) == (1, 1)
     err = capsys.readouterr().err
     assert "step_00000003" in err and "step_00000002" in err and "size mismatch" in err
 
@@ -107,5 +107,5 @@ def test_resume_refuses_to_start_over_when_no_checkpoint_loads(tmp_path: Path) -
     mgr = CheckpointManager(tmp_path / "ckpt")
     mgr.save(1, {"model": {"w": torch.ones(5)}}, {"policy_version": 1, "sampler": {}})
     with pytest.raises(CheckpointError, match="no checkpoint loads"):
-        restore(_ctx(tmp_path, mgr))
+        resume(_rank(tmp_path, mgr), SAMPLER)
     assert json.loads((mgr.root / "step_00000001" / MANIFEST).read_text())["step"] == 1

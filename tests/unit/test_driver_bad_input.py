@@ -124,7 +124,7 @@ def _ctx_with_server(tmp_path: Path, script: str):
     log.write_text("EngineCore encountered an issue\n")
     server = VllmServer(ServerConfig(model=tmp_path), log)
     server.proc = subprocess.Popen([sys.executable, "-c", script])
-    return SimpleNamespace(info={"engine_server": server}), server
+    return SimpleNamespace(services=SimpleNamespace(engine_alive=server.check_alive)), server
 
 
 def test_engine_that_died_during_evaluation_fails_it_with_vllms_exit(tmp_path: Path) -> None:
@@ -168,7 +168,7 @@ def test_failed_evaluation_says_so_and_how_to_repeat_it(tmp_path: Path) -> None:
 
     console = Console(record=True, width=200)
     ckpt = SimpleNamespace(complete=lambda: [SimpleNamespace(step=3)])
-    ctx = SimpleNamespace(info={}, ckpt=ckpt, step=3)
+    ctx = SimpleNamespace(services=SimpleNamespace(engine_alive=None), ckpt=ckpt, step=3)
     try:
         raise EngineLost("2 of 16 trajectories failed at the engine")
     except EngineLost as err:

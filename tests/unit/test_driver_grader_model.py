@@ -12,7 +12,7 @@ import pytest
 
 from gagar.driver import grader_model
 from gagar.driver.components import SetupError
-from gagar.spec import GraderSpec
+from gagar.spec import GRADER_SERVED_NAME, GraderSpec
 from gagar.trainer.model import fetch
 from tests.fake_openai import FakeOpenAI, Turn, text
 from tests.unit.test_builders import example
@@ -54,7 +54,7 @@ def test_a_missing_wheel_names_the_field(monkeypatch: pytest.MonkeyPatch) -> Non
 
 def test_server_is_started_with_the_spec_tool_call_parser(tmp_path: Path) -> None:
     cfg = grader_model.server_config(_agentic(model="m", toolCallParser="llama3_json"), tmp_path)
-    assert cfg.tool_call_parser == "llama3_json" and cfg.served_name == grader_model.SERVED_NAME
+    assert cfg.tool_call_parser == "llama3_json" and cfg.served_name == GRADER_SERVED_NAME
     assert (cfg.threads, cfg.executor_backend, cfg.enforce_eager) == (1, "uni", True)
 
 
@@ -78,7 +78,7 @@ def test_build_graders_talks_to_the_runners_server() -> None:
         run, sandbox_factory(run.spec.sandbox), "http://127.0.0.1:1/v1"
     )
     cfg = grader.config
-    assert (cfg.base_url, cfg.model) == ("http://127.0.0.1:1/v1", grader_model.SERVED_NAME)
+    assert (cfg.base_url, cfg.model) == ("http://127.0.0.1:1/v1", GRADER_SERVED_NAME)
     spec = run.spec.grader
     assert (cfg.max_tokens, cfg.max_turns, cfg.max_retries) == (
         spec.max_tokens_per_turn,

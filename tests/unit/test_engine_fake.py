@@ -7,15 +7,10 @@ import json
 
 import pytest
 
-from gagar.rollout.engines.base import EngineError, InferenceEngine, SamplingParams
-from gagar.rollout.engines.fake import FakeOpenAIServer, encode, fake_logprob
-from gagar.rollout.engines.openai_engine import (
-    AsyncOpenAIEngine,
-    OpenAIEngine,
-    parse_chat,
-    parse_completions,
-    split_even,
-)
+from gagar.rollout.engines.base import EngineError, SamplingParams
+from gagar.rollout.engines.openai_engine import AsyncOpenAIEngine, parse_completions
+from tests.support.fake_vllm import FakeOpenAIServer, encode, fake_logprob
+from tests.support.openai_engine import InferenceEngine, OpenAIEngine, parse_chat, split_even
 
 TOOLS = [{"type": "function", "function": {"name": "run_tests", "parameters": {"type": "object"}}}]
 

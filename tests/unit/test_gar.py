@@ -16,10 +16,10 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from gagar.spec import LengthPenalty, QualityFactors
+from gagar.spec import SegmentPenalty as SegmentShaping
 from gagar.trainer.gar import (
     Fallback,
-    LengthPenalty,
-    SegmentShaping,
     eligible_groups,
     gar_advantages,
     gar_advantages_with_stats,
@@ -100,7 +100,7 @@ def test_quality_factors_defaults() -> None:
 
 def test_quality_factors_overrides() -> None:
     groups = [("T1", [0]), ("T1", [1]), ("T2", [2]), ("T2", [3]), ("T3", [4])]
-    got = quality_factors(groups, 5, t1_other=0.7, t2_high=0.6, t2_low=0.5, t3=0.1)
+    got = quality_factors(groups, 5, QualityFactors(t1_other=0.7, t2_high=0.6, t2_low=0.5, t3=0.1))
     assert got == pytest.approx([1.0, 0.7, 0.6, 0.5, 0.1])
 
 
@@ -117,17 +117,17 @@ def test_quality_factors_overrides() -> None:
         ([("T2", [0]), ("T1", [1])], 2, {}, "below a worse tier"),
         ([("T1",)], 2, {}, "must be"),
         ([], -1, {}, "non-negative"),
-        ([], 2, {"t4": 0.5}, "unknown quality factor"),
-        ([], 2, {"t3": 0.0}, r"\(0, 1\]"),
-        ([], 2, {"t3": 1.5}, r"\(0, 1\]"),
-        ([], 2, {"t3": math.nan}, r"\(0, 1\]"),
+        ([], 2, {"t4": 0.5}, r"t4\n  Extra inputs are not permitted"),
+        ([], 2, {"t3": 0.0}, r"t3\n  Input should be greater than 0"),
+        ([], 2, {"t3": 1.5}, r"t3\n  Input should be less than or equal to 1"),
+        ([], 2, {"t3": math.nan}, r"t3\n  Input should be less than or equal to 1"),
     ],
 )
 def test_quality_factors_reject_malformed(
     groups: list, n: int, overrides: dict, match: str
 ) -> None:
     with pytest.raises(ValueError, match=match):
-        quality_factors(groups, n, **overrides)
+        quality_factors(groups, n, QualityFactors(**overrides))
 
 
 def _one_group(rewards: list, factors: list, hacks: list | None = None, **kw: object):
@@ -515,7 +515,9 @@ def test_length_penalty_only_above_pass_rate() -> None:
     rewards, valid = t([[1, 1, 0, 0]]), b([[1, 1, 1, 1]])
     out = length_penalty(rewards, rewards > 0, valid, lengths)  # pass rate 0.5, not > 0.5
     assert torch.equal(out, rewards)
-    out = length_penalty(rewards, rewards > 0, valid, lengths, LengthPenalty(pass_rate=0.4))
+    out = length_penalty(
+        rewards, rewards > 0, valid, lengths, LengthPenalty(pass_rate_threshold=0.4)
+    )
     assert out[0, 1] == pytest.approx(0.8)
 
 
@@ -525,7 +527,7 @@ def test_length_penalty_only_above_pass_rate() -> None:
         ({}, torch.ones(1, 3), "lengths has shape"),
         ({}, t([[[math.nan], [1], [1]]]), "finite"),
         ({}, t([[[-1], [1], [1]]]), "finite"),
-        ({"span": 0.0}, torch.ones(1, 3, 1), "span"),
+        ({"scale": 0.0}, torch.ones(1, 3, 1), "scale"),
         ({"percentile": 101.0}, torch.ones(1, 3, 1), "percentile"),
         ({"gamma": 0.0}, torch.ones(1, 3, 1), "gamma"),
     ],
@@ -652,7 +654,10 @@ def token_batches(draw: st.DrawFn) -> tuple[torch.Tensor, ...]:
 
 
 @PROPS
-@given(token_batches(), st.sampled_from([SegmentShaping(), SegmentShaping(3.0, 1.2, 0.9)]))
+@given(
+    token_batches(),
+    st.sampled_from([SegmentShaping(), SegmentShaping(kappa=3.0, alpha_max=1.2, beta_min=0.9)]),
+)
 def test_segment_shaping_properties(
     batch: tuple[torch.Tensor, ...], params: SegmentShaping
 ) -> None:
@@ -664,7 +669,12 @@ def test_segment_shaping_properties(
     for g in gids.unique().tolist():
         rows = gids == g
         expected = ref.segment_group(
-            a[rows].tolist(), mask[rows].tolist(), flagged[rows].tolist(), **vars(params)
+            a[rows].tolist(),
+            mask[rows].tolist(),
+            flagged[rows].tolist(),
+            kappa=params.kappa,
+            alpha_max=params.alpha_max,
+            beta_min=params.beta_min,
         )
         torch.testing.assert_close(out[rows], t(expected).reshape(out[rows].shape))
         ag, og, fg = a[rows], out[rows], flagged[rows] & mask[rows]

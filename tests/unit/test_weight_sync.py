@@ -9,8 +9,6 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from gagar.rollout.engines.fake import FakeOpenAIServer
-from gagar.rollout.engines.openai_engine import engine_for_servers
 from gagar.rollout.engines.weight_sync import (
     ReplicaClient,
     SafetensorsWeightSync,
@@ -19,6 +17,8 @@ from gagar.rollout.engines.weight_sync import (
     prune_versions,
     publish_version,
 )
+from tests.support.fake_vllm import FakeOpenAIServer
+from tests.support.openai_engine import engine_for_servers
 
 
 @pytest.fixture

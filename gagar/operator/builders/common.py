@@ -12,7 +12,7 @@ import json
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from gagar import API_GROUP, API_VERSION, KIND
+from gagar import API_GROUP, API_VERSION, KIND, env
 from gagar.spec import GagarRun
 
 Manifest = dict[str, Any]
@@ -117,22 +117,22 @@ def common_env(run: GagarRun, component: str) -> list[dict[str, Any]]:
     immutable, so what may change during a run (log level, metrics port) is not in its
     environment: the trainer reads it from its ConfigMap when it starts."""
     settings = [
-        {"name": "GAGAR_LOG_LEVEL", "value": run.spec.observability.log_level},
-        {"name": "GAGAR_METRICS_PORT", "value": str(run.spec.observability.metrics_port)},
+        {"name": env.LOG_LEVEL, "value": run.spec.observability.log_level},
+        {"name": env.METRICS_PORT, "value": str(run.spec.observability.metrics_port)},
     ]
-    env: list[dict[str, Any]] = [
-        {"name": "GAGAR_RUN", "value": run.metadata.name},
-        {"name": "GAGAR_COMPONENT", "value": component},
-        {"name": "GAGAR_CONFIG_DIR", "value": CONFIG_MOUNT},
+    out: list[dict[str, Any]] = [
+        {"name": env.RUN, "value": run.metadata.name},
+        {"name": env.COMPONENT, "value": component},
+        {"name": env.CONFIG_DIR, "value": CONFIG_MOUNT},
         *(settings if component != "trainer" else []),
         {
-            "name": "GAGAR_NAMESPACE",
+            "name": env.NAMESPACE,
             "valueFrom": {"fieldRef": {"fieldPath": "metadata.namespace"}},
         },
     ]
     if run.spec.auth_token_secret and component in AUTH_COMPONENTS:
-        env.append({"name": "GAGAR_AUTH_TOKEN_FILE", "value": f"{AUTH_MOUNT}/token"})
-    return env
+        out.append({"name": "GAGAR_AUTH_TOKEN_FILE", "value": f"{AUTH_MOUNT}/token"})
+    return out
 
 
 def auth_volume(run: GagarRun) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:

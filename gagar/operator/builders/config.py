@@ -1,7 +1,7 @@
 """The run's ConfigMaps (validated sub-specs; trainer progress) and its checkpoint volume.
 
-``<run>-config`` holds the spec as the operator validated it (``to_wire()``, defaults filled in),
-one JSON document per component, so every component reads exactly what was validated.
+``<run>-config`` holds the run as the operator validated it (``to_wire()``, defaults filled in) in
+one document, ``run.json``, which every pod reads: each component sees exactly what was validated.
 ``<run>-progress`` is where the trainer reports step, policy version and checkpoints (pods never
 patch the GagarRun): the operator applies it with metadata only, so the trainer's ``data`` is never
 overwritten (server-side apply only touches the fields a manager sends).
@@ -40,7 +40,7 @@ def _dump(value: Any) -> str:
 
 
 def config_data(run: GagarRun) -> dict[str, str]:
-    """ConfigMap data: the whole run and one document per sub-spec."""
+    """ConfigMap data: the whole run, validated (``run.json``)."""
     spec = run.spec
     meta = {"name": run.metadata.name}
     if run.metadata.namespace:
@@ -50,18 +50,7 @@ def config_data(run: GagarRun) -> dict[str, str]:
         "kind": run.kind,
         "metadata": meta,
     }
-    parts = {
-        RUN_FILE: {**wire, "spec": spec.to_wire()},
-        "model.json": spec.model.to_wire(),
-        "algorithm.json": spec.algorithm.to_wire(),
-        "trainer.json": spec.trainer.to_wire(),
-        "rollout.json": spec.rollout.to_wire(),
-        "grader.json": spec.grader.to_wire(),
-        "sandbox.json": spec.sandbox.to_wire(),
-        "dataset.json": spec.dataset.to_wire(),
-        "observability.json": spec.observability.to_wire(),
-    }
-    return {key: _dump(value) for key, value in parts.items()}
+    return {RUN_FILE: _dump({**wire, "spec": spec.to_wire()})}
 
 
 def build_config_map(run: GagarRun, ctx: BuildContext) -> Manifest:

@@ -40,6 +40,7 @@ from gagar.operator.builders.overlay import pod_template
 from gagar.operator.builders.sandbox import SANDBOX_PORT
 from gagar.rollout.engines.vllm_args import VllmArgs, vllm_args
 from gagar.spec import (
+    GRADER_SERVED_NAME,
     HUB_MODELS,
     Autoscaling,
     GagarRun,
@@ -52,7 +53,6 @@ VLLM_PORT = 8000
 GRADER_PORT = 8080
 KEDA_PAUSED = "autoscaling.keda.sh/paused-replicas"
 BASE_MODEL_MOUNT = "/gagar/base-model"
-GRADER_MODEL_NAME = "grader"  # the agentic grader's model server serves its model by this name
 
 
 def quantity(x: float) -> str:
@@ -166,7 +166,7 @@ def grader_model_args(run: GagarRun, model: str | None) -> list[str]:
         VllmArgs(
             host="0.0.0.0",
             port=VLLM_PORT,
-            served_name=GRADER_MODEL_NAME,
+            served_name=GRADER_SERVED_NAME,
             tensor_parallel_size=max(grader.resources.gpus, 1),
             tool_call_parser=grader.tool_call_parser,
             load_format=load_format(model),
@@ -236,7 +236,7 @@ def build_rollout_deployment(run: GagarRun, ctx: BuildContext) -> Manifest:
 
 
 def grader_serve_args(run: GagarRun) -> list[str]:
-    """``gagar grader serve`` in the pod: the settings come from the run's ``grader.json`` in the
+    """``gagar grader serve`` in the pod: the settings come from the run's ``run.json`` in the
     config dir; the flags say where this pod's parts are (its model server beside it, the
     sandbox pool)."""
     args = [
@@ -249,7 +249,7 @@ def grader_serve_args(run: GagarRun) -> list[str]:
     ]
     if run.spec.grader.kind != "agentic":
         return args
-    args += [f"--model-url=http://127.0.0.1:{VLLM_PORT}/v1", f"--model={GRADER_MODEL_NAME}"]
+    args += [f"--model-url=http://127.0.0.1:{VLLM_PORT}/v1", f"--model={GRADER_SERVED_NAME}"]
     if run.spec.sandbox.backend == "pods":
         return [
             *args,

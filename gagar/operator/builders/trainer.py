@@ -20,6 +20,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from gagar import env
+from gagar.env import EXIT_PERMANENT
 from gagar.operator.builders.common import (
     ATTEMPT_ANNOTATION,
     CHECKPOINT_MOUNT,
@@ -50,7 +52,6 @@ from gagar.spec import GagarRun
 
 RDZV_PORT = 29500
 KUEUE_QUEUE_LABEL = "kueue.x-k8s.io/queue-name"
-EXIT_PERMANENT = 3
 JOBSET_REPLICATED_JOB = "node"
 # The trainer's entry point inside its image (torchrun runs it as a module on every rank), and
 # the launcher the container runs (torchrun's launcher, keeping EXIT_PERMANENT).
@@ -90,8 +91,8 @@ def _trainer_env(run: GagarRun) -> list[dict[str, Any]]:
     return [
         *common_env(run, "trainer"),
         {"name": "NODE_RANK", "valueFrom": {"fieldRef": {"fieldPath": index}}},
-        {"name": "GAGAR_PROGRESS_CONFIGMAP", "value": name(run, "progress")},
-        {"name": "GAGAR_EXIT_PERMANENT", "value": str(EXIT_PERMANENT)},
+        {"name": env.PROGRESS_CONFIGMAP, "value": name(run, "progress")},
+        {"name": env.EXIT_PERMANENT_VAR, "value": str(EXIT_PERMANENT)},
         *({"name": k, "value": v} for k, v in endpoint_env(run).items()),
     ]
 
@@ -99,23 +100,23 @@ def _trainer_env(run: GagarRun) -> list[dict[str, Any]]:
 def endpoint_env(run: GagarRun) -> dict[str, str]:
     """Where the trainer finds the run's other parts (Services in the run's namespace)."""
     spec = run.spec
-    env: dict[str, str] = {"GAGAR_WEIGHT_TRANSPORT": transport(run)}
+    out: dict[str, str] = {env.WEIGHT_TRANSPORT: transport(run)}
     claim = checkpoint_claim(run)
     if claim is not None:
-        env.update(GAGAR_RUN_DIR=CHECKPOINT_MOUNT, GAGAR_CHECKPOINT_URI=f"pvc://{claim}")
+        out.update({env.RUN_DIR: CHECKPOINT_MOUNT, env.CHECKPOINT_URI: f"pvc://{claim}"})
     if spec.rollout.endpoint is None:
-        env["GAGAR_ROLLOUT_URL"] = f"http://{name(run, 'rollout')}:{VLLM_PORT}"
-        env["GAGAR_ROLLOUT_SERVICE"] = name(run, "rollout")
+        out[env.ROLLOUT_URL] = f"http://{name(run, 'rollout')}:{VLLM_PORT}"
+        out[env.ROLLOUT_SERVICE] = name(run, "rollout")
     else:
-        env["GAGAR_ROLLOUT_URL"] = spec.rollout.endpoint
+        out[env.ROLLOUT_URL] = spec.rollout.endpoint
     if spec.grader.endpoint is None:  # a grader pool; with an endpoint the trainer grades itself
-        env["GAGAR_GRADER_URL"] = f"http://{name(run, 'grader')}:{GRADER_PORT}"
+        out[env.GRADER_URL] = f"http://{name(run, 'grader')}:{GRADER_PORT}"
     if spec.sandbox.backend == "pods":
-        env["GAGAR_SANDBOX_URL"] = f"http://{name(run, 'sandbox')}:{SANDBOX_PORT}"
+        out[env.SANDBOX_URL] = f"http://{name(run, 'sandbox')}:{SANDBOX_PORT}"
     model_dir, _, _ = base_model(spec.model.path)
     if model_dir is not None and spec.model.path != model_dir:  # a pvc:// model, mounted
-        env["GAGAR_MODEL_DIR"] = model_dir
-    return env
+        out[env.MODEL_DIR] = model_dir
+    return out
 
 
 def _trainer_pod(run: GagarRun, ctx: BuildContext) -> dict[str, Any]:

@@ -1,17 +1,16 @@
-"""The inference-engine protocol the rollout side programs against.
+"""The one engine protocol: what the agent loop (training rollouts, the held-out evaluation, the
+SFT experts) programs against.
 
 RL needs three things from an engine that a chat API alone does not give: the exact token ids
 it sampled (re-tokenizing text drifts), the log-probability of each under the policy that
-sampled it (for the importance correction), and the policy version that produced them. One
-protocol carries all three; the vLLM implementation and the scripted fake both speak
-OpenAI-compatible HTTP, so the same client code drives either.
+sampled it (for the importance correction), and the policy version that produced them. The vLLM
+client (``openai_engine.AsyncOpenAIEngine``) and the tests' scripted engines implement it.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Protocol, runtime_checkable
+from typing import Any, Protocol
 
 
 class EngineError(RuntimeError):
@@ -60,14 +59,14 @@ class SamplingParams:
 
 
 @dataclass(frozen=True)
-class Completion:
+class Generation:
     """One sampled continuation: exact ids and the sampling policy's log-prob of each."""
 
-    prompt_ids: list[int]
     token_ids: list[int]
     logprobs: list[float]
     text: str
-    finish_reason: str  # "stop" | "length" | "tool_calls" | ...
+    finish_reason: str  # "stop" | "length" | ...
+    prompt_ids: list[int] = field(default_factory=list)
     # The version the replica reported just before serving the request. A sync during the
     # request (pause mode "keep" continues it on the new weights) can mix two versions; the
     # per-token log-probs are still those of the weights that sampled each token.
@@ -78,38 +77,7 @@ class Completion:
             raise EngineError(f"{len(self.token_ids)} token ids but {len(self.logprobs)} log-probs")
 
 
-@dataclass(frozen=True)
-class ChatTurn:
-    """One assistant turn of a chat with tools, with its exact tokens."""
+class Engine(Protocol):
+    """Token ids in, one sampled continuation out (awaitable: many agents share one engine)."""
 
-    message: dict[str, Any]  # OpenAI assistant message: role, content, tool_calls
-    completion: Completion
-    tool_calls: list[dict[str, Any]] = field(default_factory=list)
-
-
-@runtime_checkable
-class InferenceEngine(Protocol):
-    """What the agent loop and the trainer need from a rollout engine."""
-
-    def generate(
-        self, prompts: Sequence[Sequence[int]], params: SamplingParams
-    ) -> list[list[Completion]]:
-        """Sample ``params.n`` continuations of each token-id prompt (result[i][j])."""
-        ...
-
-    def chat(
-        self,
-        messages: list[dict[str, Any]],
-        params: SamplingParams,
-        tools: list[dict[str, Any]] | None = None,
-    ) -> ChatTurn:
-        """One assistant turn given the conversation so far and the tool schemas."""
-        ...
-
-    def update_weights(self, weights: Iterable[tuple[str, Any]], version: int) -> Any:
-        """Load the trainer's ``(hf_name, tensor)`` pairs as policy ``version`` everywhere."""
-        ...
-
-    def policy_version(self) -> list[str | None]:
-        """The policy version each replica serves now."""
-        ...
+    async def generate(self, prompt_ids: list[int], params: SamplingParams) -> Generation: ...

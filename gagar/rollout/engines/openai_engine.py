@@ -1,183 +1,58 @@
-"""``InferenceEngine`` over OpenAI-compatible HTTP: vLLM's server, or the scripted fake.
+"""The vLLM client of the agent loop: ``Engine`` over OpenAI-compatible HTTP.
 
 Exact tokens come from vLLM's extensions to the OpenAI API: prompts go in as token ids,
-``return_token_ids`` returns the sampled ids, ``logprobs`` (completions) or
-``logprobs``/``top_logprobs=0`` (chat) the sampled token's log-prob. The server is started with
-``--logprobs-mode raw_logprobs``: log-probs of the model's distribution before temperature or
-top-p, which is what the trainer recomputes. A batch is split across replicas, one request per
-replica (vLLM batches inside), sent concurrently.
+``return_token_ids`` returns the sampled ids, ``logprobs`` the sampled token's log-prob. The
+server is started with ``--logprobs-mode raw_logprobs``: log-probs of the model's distribution
+before temperature or top-p, which is what the trainer recomputes.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
-from concurrent.futures import ThreadPoolExecutor
+from collections.abc import Sequence
 from typing import Any
 
 import httpx
 
-from gagar.rollout.engines.base import ChatTurn, Completion, EngineError, SamplingParams
-from gagar.rollout.engines.weight_sync import ReplicaClient, SafetensorsWeightSync, SyncReport
+from gagar.rollout.engines.base import EngineError, Generation, SamplingParams
 
 
 def parse_completions(
     body: dict[str, Any], prompts: Sequence[Sequence[int]], n: int, version: str | None
-) -> list[list[Completion]]:
+) -> list[list[Generation]]:
     """Group a /v1/completions response's choices by prompt (OpenAI orders them i*n + j)."""
     choices = sorted(body.get("choices", []), key=lambda c: c["index"])
     if len(choices) != len(prompts) * n:
         raise EngineError(f"expected {len(prompts) * n} choices, got {len(choices)}")
-    out: list[list[Completion]] = [[] for _ in prompts]
+    out: list[list[Generation]] = [[] for _ in prompts]
     for c in choices:
         i = c["index"] // n
         ids, lps = c.get("token_ids"), (c.get("logprobs") or {}).get("token_logprobs")
         if ids is None or lps is None:
             raise EngineError("response lacks token_ids/logprobs: is this a vLLM server?")
         out[i].append(
-            Completion(
-                list(prompts[i]),
+            Generation(
                 ids,
                 [float(x) for x in lps],
                 c["text"],
                 c.get("finish_reason") or "",
+                list(prompts[i]),
                 version,
             )
         )
     return out
 
 
-def parse_chat(body: dict[str, Any], version: str | None) -> ChatTurn:
-    """One chat choice → ChatTurn with exact prompt ids, sampled ids and their log-probs."""
-    if not body.get("choices"):
-        raise EngineError(f"chat response has no choices: {str(body)[:300]}")
-    c = body["choices"][0]
-    ids, content = c.get("token_ids"), (c.get("logprobs") or {}).get("content")
-    prompt_ids = body.get("prompt_token_ids")
-    if ids is None or content is None or prompt_ids is None:
-        raise EngineError("chat response lacks token ids/logprobs: is this a vLLM server?")
-    message = {k: v for k, v in c["message"].items() if v is not None}
-    completion = Completion(
-        prompt_ids,
-        ids,
-        [float(t["logprob"]) for t in content],
-        message.get("content") or "",
-        c.get("finish_reason") or "",
-        version,
-    )
-    return ChatTurn(message, completion, list(message.get("tool_calls") or []))
-
-
-def split_even(items: Sequence[Any], parts: int) -> list[list[Any]]:
-    """Contiguous, near-equal slices (some possibly empty) preserving order."""
-    size, extra = divmod(len(items), parts)
-    out, start = [], 0
-    for p in range(parts):
-        end = start + size + (1 if p < extra else 0)
-        out.append(list(items[start:end]))
-        start = end
-    return out
-
-
-class OpenAIEngine:
-    """The rollout engine: one or more vLLM replicas behind their OpenAI-compatible API."""
-
-    def __init__(
-        self,
-        base_urls: Sequence[str],
-        model: str = "policy",
-        weight_sync: SafetensorsWeightSync | None = None,
-        timeout: float = 600.0,
-    ) -> None:
-        if not base_urls:
-            raise ValueError("OpenAIEngine needs at least one base URL")
-        self.model, self.weight_sync = model, weight_sync
-        self._http = [httpx.Client(base_url=u.rstrip("/"), timeout=timeout) for u in base_urls]
-        self._next = 0  # round-robin cursor for chat requests
-        self._pool = ThreadPoolExecutor(max_workers=max(4, len(base_urls)))
-
-    def _post(self, client: httpx.Client, path: str, body: dict[str, Any]) -> dict[str, Any]:
-        try:
-            r = client.post(path, json=body)
-        except httpx.HTTPError as e:
-            raise EngineError(f"{client.base_url}{path}: {e!r}") from e
-        if r.status_code >= 400:
-            raise EngineError(f"{client.base_url}{path} -> {r.status_code}: {r.text[:500]}")
-        return r.json()
-
-    def _version(self, client: httpx.Client) -> str | None:
-        try:
-            r = client.get("/weight_info")
-            return r.json().get("weight_version") if r.status_code == 200 else None
-        except httpx.HTTPError:
-            return None
-
-    def _generate_on(
-        self, client: httpx.Client, prompts: list[list[int]], params: SamplingParams
-    ) -> list[list[Completion]]:
-        if not prompts:
-            return []
-        body = {"model": self.model, "prompt": prompts, "logprobs": 0, "return_token_ids": True}
-        body.update(params.to_openai())
-        version = self._version(client)
-        return parse_completions(
-            self._post(client, "/v1/completions", body), prompts, params.n, version
-        )
-
-    def generate(
-        self, prompts: Sequence[Sequence[int]], params: SamplingParams
-    ) -> list[list[Completion]]:
-        if any(len(p) == 0 for p in prompts):
-            raise ValueError("every prompt needs at least one token id")
-        shards = split_even([list(p) for p in prompts], len(self._http))
-        futures = [
-            self._pool.submit(self._generate_on, c, s, params)
-            for c, s in zip(self._http, shards, strict=True)
-        ]
-        return [group for f in futures for group in f.result()]
-
-    def chat(
-        self,
-        messages: list[dict[str, Any]],
-        params: SamplingParams,
-        tools: list[dict[str, Any]] | None = None,
-    ) -> ChatTurn:
-        client = self._http[self._next % len(self._http)]
-        self._next += 1
-        body: dict[str, Any] = {"model": self.model, "messages": messages}
-        body.update(params.to_openai())
-        body.update({"logprobs": True, "top_logprobs": 0, "return_token_ids": True})
-        if tools:
-            body["tools"] = tools
-        version = self._version(client)
-        return parse_chat(self._post(client, "/v1/chat/completions", body), version)
-
-    def update_weights(self, weights: Iterable[tuple[str, Any]], version: int) -> SyncReport:
-        if self.weight_sync is None:
-            raise EngineError("this engine was built without a weight sync")
-        return self.weight_sync.sync(weights, version)
-
-    def policy_version(self) -> list[str | None]:
-        return [self._version(c) for c in self._http]
-
-    def close(self) -> None:
-        self._pool.shutdown(wait=False)
-        for c in self._http:
-            c.close()
-
-
 class AsyncOpenAIEngine:
     """One prompt at a time, awaitable: the shape the agent loop drives (token in, token out).
 
-    ``params`` is duck-typed (``max_tokens``, ``temperature``, ``top_p``, ``seed``), so the
-    agent loop's own sampling dataclass works; concurrency comes from many awaiting agents,
-    which vLLM batches continuously.
+    Concurrency comes from many awaiting agents, which vLLM batches continuously.
     """
 
     def __init__(self, base_url: str, model: str = "policy", timeout: float = 600.0) -> None:
         self.model = model
         self._http = httpx.AsyncClient(base_url=base_url.rstrip("/"), timeout=timeout)
 
-    async def generate(self, prompt_ids: list[int], params: Any) -> Completion:
+    async def generate(self, prompt_ids: list[int], params: SamplingParams) -> Generation:
         if not prompt_ids:
             raise ValueError("the prompt needs at least one token id")
         body = {
@@ -185,10 +60,8 @@ class AsyncOpenAIEngine:
             "prompt": list(prompt_ids),
             "logprobs": 0,
             "return_token_ids": True,
+            **params.to_openai(),
         }
-        for key in ("max_tokens", "temperature", "top_p", "seed"):
-            if getattr(params, key, None) is not None:
-                body[key] = getattr(params, key)
         try:
             r = await self._http.post("/v1/completions", json=body)
         except httpx.HTTPError as e:
@@ -199,12 +72,3 @@ class AsyncOpenAIEngine:
 
     async def aclose(self) -> None:
         await self._http.aclose()
-
-
-def engine_for_servers(
-    base_urls: Sequence[str], publish_root: Any, base_model: Any, model: str = "policy"
-) -> OpenAIEngine:
-    """An engine whose weight sync publishes under ``publish_root`` and loads into every URL."""
-    sync = SafetensorsWeightSync([ReplicaClient(u) for u in base_urls], publish_root, base_model)
-    sync.init()
-    return OpenAIEngine(base_urls, model=model, weight_sync=sync)

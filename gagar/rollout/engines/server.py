@@ -16,7 +16,7 @@ import socket
 import subprocess
 import sys
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 
 import httpx
@@ -75,16 +75,8 @@ class ServerConfig:
 
 def server_command(cfg: ServerConfig, python: str, port: int) -> list[str]:
     """The command line of ``python -m vllm.entrypoints.openai.api_server`` for RL."""
-    args = VllmArgs(
-        host=cfg.host,
-        port=port,
-        served_name=cfg.served_name,
-        weight_transfer_backend=cfg.weight_transfer_backend,
-        dtype=cfg.dtype,
-        max_model_len=cfg.max_model_len,
-        tool_call_parser=cfg.tool_call_parser,
-        enforce_eager=cfg.enforce_eager,
-    )
+    shared = {f.name for f in fields(VllmArgs)} & {f.name for f in fields(ServerConfig)}
+    args = VllmArgs(**{**{name: getattr(cfg, name) for name in shared}, "port": port})
     cmd = [python, "-m", "vllm.entrypoints.openai.api_server", "--model", str(cfg.model)]
     if cfg.executor_backend:
         cmd += ["--distributed-executor-backend", cfg.executor_backend]

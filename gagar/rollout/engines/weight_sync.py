@@ -28,16 +28,9 @@ from pathlib import Path
 
 import httpx
 
+from gagar.wire import HF_SIDE_FILES
+
 BACKEND = "gagar_safetensors"
-# Files a replica needs besides the weights to boot from a published version.
-_SIDE_FILES = (
-    "config.json",
-    "generation_config.json",
-    "tokenizer.json",
-    "tokenizer_config.json",
-    "special_tokens_map.json",
-    "chat_template.jinja",
-)
 
 
 class WeightSyncError(RuntimeError):
@@ -100,7 +93,7 @@ def publish_version(
     tmp = root / f".v{version}.tmp-{os.getpid()}"
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir()
-    for side in _SIDE_FILES:
+    for side in HF_SIDE_FILES:
         if (base_model / side).exists():
             shutil.copy2(base_model / side, tmp / side)
     names, size = _save_safetensors(weights, tmp / "model.safetensors")

@@ -256,10 +256,3 @@ TEMPLATES: tuple[Template, ...] = (
         (M("wrong_variable", "return a\n", "return b\n"), M("wrong_operator", "a % b", "a // b")),
     ),
 )
-
-
-def by_name(name: str) -> Template:
-    for t in TEMPLATES:
-        if t.name == name:
-            return t
-    raise KeyError(f"no template {name!r}")

@@ -11,7 +11,6 @@ a misspelt field never silently disappears.
 
 from __future__ import annotations
 
-import io
 import json
 import tarfile
 from pathlib import Path
@@ -178,13 +177,3 @@ def _parse_line(path: Path, lineno: int, line: str) -> Task:
 def dump_tasks(tasks: list[Task], path: str | Path) -> None:
     lines = [t.model_dump_json(by_alias=False, exclude_none=True) for t in tasks]
     Path(path).write_text("\n".join(lines) + "\n")
-
-
-def snapshot_tarball(files: dict[str, bytes]) -> bytes:
-    buf = io.BytesIO()
-    with tarfile.open(fileobj=buf, mode="w:gz") as tar:
-        for name, data in sorted(files.items()):
-            info = tarfile.TarInfo(name)
-            info.size = len(data)
-            tar.addfile(info, io.BytesIO(data))
-    return buf.getvalue()

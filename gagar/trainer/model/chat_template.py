@@ -52,3 +52,8 @@ For each call, return a JSON object with the function name and arguments inside 
 <|im_start|>assistant
 {% endif -%}
 """
+
+
+def chatml(role: str, content: str) -> str:
+    """One turn as the template renders it (for tokenizer corpora, before a tokenizer exists)."""
+    return f"<|im_start|>{role}\n{content}<|im_end|>\n"

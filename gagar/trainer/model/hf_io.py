@@ -19,18 +19,8 @@ from safetensors.torch import save_file
 
 from gagar.trainer.model.arch import Arch, arch_from_hf
 from gagar.trainer.model.mapping import hf_names
+from gagar.wire import HF_SIDE_FILES
 
-# Files that travel with the weights: what vLLM and transformers need beside them.
-SIDE_FILES = (
-    "config.json",
-    "generation_config.json",
-    "tokenizer.json",
-    "tokenizer_config.json",
-    "special_tokens_map.json",
-    "chat_template.jinja",
-    "vocab.json",
-    "merges.txt",
-)
 # HF tensors that some checkpoints carry but that no model parameter corresponds to.
 IGNORED_SUFFIXES = ("rotary_emb.inv_freq",)
 
@@ -131,7 +121,7 @@ class HFReader:
 def copy_side_files(src: str | Path, dst: str | Path) -> None:
     """Copy config, tokenizer and generation files (whatever of them exists)."""
     Path(dst).mkdir(parents=True, exist_ok=True)
-    for name in SIDE_FILES:
+    for name in HF_SIDE_FILES:
         if (Path(src) / name).is_file():
             shutil.copyfile(Path(src) / name, Path(dst) / name)
 

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from gagar.trainer.model.chat_template import CHAT_TEMPLATE
+from gagar.trainer.model.chat_template import CHAT_TEMPLATE, chatml
 
 BOS, EOS, PAD = "<|endoftext|>", "<|im_end|>", "<|pad|>"
 SPECIAL = [BOS, "<|im_start|>", EOS, PAD]
@@ -61,10 +61,10 @@ def _chat_examples() -> Iterator[str]:
     for tool, arg in (("read_file", "path"), ("run_tests", "pattern"), ("edit", "patch")):
         call = json.dumps({"name": tool, "arguments": {arg: "src/app.py"}})
         yield (
-            f"<|im_start|>system\nYou fix bugs in Python repositories.{EOS}\n"
-            f"<|im_start|>user\nThe tests in tests/test_app.py fail. Fix the bug.{EOS}\n"
-            f"<|im_start|>assistant\n<tool_call>\n{call}\n</tool_call>{EOS}\n"
-            f"<|im_start|>user\n<tool_response>\nok\n</tool_response>{EOS}\n"
+            chatml("system", "You fix bugs in Python repositories.")
+            + chatml("user", "The tests in tests/test_app.py fail. Fix the bug.")
+            + chatml("assistant", f"<tool_call>\n{call}\n</tool_call>")
+            + chatml("user", "<tool_response>\nok\n</tool_response>")
         )
 
 
@@ -98,11 +98,13 @@ def train_tokenizer(texts: Iterable[str] | None = None, vocab_size: int = 4096) 
     return tok
 
 
-def _fast_tokenizer(tok: Any) -> Any:
+def fast_tokenizer(texts: Iterable[str] | None = None, vocab_size: int = 4096) -> Any:
+    """The presets' tokenizer as transformers loads it: ``train_tokenizer`` with the chat
+    template and the special tokens named."""
     from transformers import PreTrainedTokenizerFast
 
     return PreTrainedTokenizerFast(
-        tokenizer_object=tok,
+        tokenizer_object=train_tokenizer(texts, vocab_size),
         bos_token=BOS,
         eos_token=EOS,
         pad_token=PAD,
@@ -149,7 +151,7 @@ def create_preset(
         raise ValueError(f"unknown preset {name!r}; known: {sorted(PRESETS)}")
     preset = PRESETS[name]
     texts = list(texts) if texts is not None else None
-    tokenizer = _fast_tokenizer(train_tokenizer(texts, preset.vocab_size))
+    tokenizer = fast_tokenizer(texts, preset.vocab_size)
     if len(tokenizer) != preset.vocab_size:
         raise ValueError(f"tokenizer has {len(tokenizer)} tokens, expected {preset.vocab_size}")
     config = llama_config(preset, tokenizer)
