@@ -120,7 +120,7 @@ def test_quality_factors_overrides() -> None:
         ([], 2, {"t4": 0.5}, r"t4\n  Extra inputs are not permitted"),
         ([], 2, {"t3": 0.0}, r"t3\n  Input should be greater than 0"),
         ([], 2, {"t3": 1.5}, r"t3\n  Input should be less than or equal to 1"),
-        ([], 2, {"t3": math.nan}, r"t3\n  Input should be less than or equal to 1"),
+        ([], 2, {"t3": math.nan}, r"t3\n  Input should be a finite number"),
     ],
 )
 def test_quality_factors_reject_malformed(
