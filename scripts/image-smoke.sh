@@ -3,7 +3,8 @@
 #
 # Each image runs as a pod would run it: its own USER (non-root), its ENV and WORKDIR, a read-only
 # root filesystem with an empty writable /tmp (the chart's and the operator's emptyDir), no
-# network but its own loopback, new PID/IPC/UTS namespaces, a /proc with masked parts. buildah mounts the image's root
+# network but its own loopback, new PID/IPC/UTS namespaces, a /proc with masked parts, a
+# read-only /sys (vLLM reads the CPU topology there). buildah mounts the image's root
 # filesystem; bubblewrap is the runtime (`buildah run` cannot make the root read-only, and its
 # chroot isolation forbids the user namespaces the sandbox's own jail needs).
 #   operator  gagar operator --help
@@ -49,7 +50,7 @@ run_image() {
   local status=0
   local proc=(--proc /proc --unshare-pid)
   [ -z "${UNMASKED_PROC:-}" ] || proc=(--bind /proc /proc)
-  bwrap --ro-bind "$root" / --dev /dev --tmpfs /dev/shm "${proc[@]}" --tmpfs /tmp \
+  bwrap --ro-bind "$root" / --dev /dev --tmpfs /dev/shm "${proc[@]}" --ro-bind /sys /sys --tmpfs /tmp \
     --unshare-user --uid "${user%%:*}" --gid "${user##*:}" \
     --unshare-ipc --unshare-uts --unshare-net --die-with-parent \
     --clearenv "${env[@]}" --chdir "${workdir:-/}" "${extra[@]}" -- "${entry[@]}" "$@" || status=$?
