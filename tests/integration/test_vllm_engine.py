@@ -12,6 +12,8 @@ import concurrent.futures as cf
 import importlib.util
 import re
 import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -21,7 +23,7 @@ from gagar.rollout.engines.base import SamplingParams
 from gagar.rollout.engines.server import ServerConfig, VllmServer, vllm_python
 from gagar.rollout.engines.weight_sync import WeightSyncError
 from tests.support.openai_engine import OpenAIEngine, engine_for_servers
-from tests.support.tiny_llama import write_tiny_llama
+from tests.support.tiny_llama import TinyLlamaConfig, write_tiny_llama
 
 REPLICAS = 2
 TOL = 1e-4  # float32 on both sides; measured differences are ~4e-6
@@ -41,29 +43,38 @@ def tiny(tmp_path_factory) -> Path:
     return write_tiny_llama(tmp_path_factory.mktemp("tiny") / "model")
 
 
-@pytest.fixture(scope="module")
-def servers(tiny, tmp_path_factory):
+@contextmanager
+def serving(model: Path, logs: Path, replicas: int) -> Iterator[list[VllmServer]]:
     _require_vllm()
-    logs = tmp_path_factory.mktemp("logs")
-    cfg = ServerConfig(model=tiny, enforce_eager=True, threads=1)
-    replicas = [VllmServer(cfg, logs / f"vllm-{i}.log") for i in range(REPLICAS)]
+    cfg = ServerConfig(model=model, enforce_eager=True, threads=1)
+    started = [VllmServer(cfg, logs / f"vllm-{i}.log") for i in range(replicas)]
     try:
-        for r in replicas:
+        for r in started:
             r.launch()
-        for r in replicas:
+        for r in started:
             r.wait_ready(timeout=900)
-        print(f"vLLM startup (s): {[round(r.startup_seconds or 0, 1) for r in replicas]}")
-        yield replicas
+        print(f"vLLM startup (s): {[round(r.startup_seconds or 0, 1) for r in started]}")
+        yield started
     finally:
-        for r in replicas:
+        for r in started:
             r.stop()
 
 
 @pytest.fixture(scope="module")
-def trainer(tiny):
+def servers(tiny, tmp_path_factory):
+    with serving(tiny, tmp_path_factory.mktemp("logs"), REPLICAS) as replicas:
+        yield replicas
+
+
+def load_trainer(model: Path):
     from transformers import AutoModelForCausalLM
 
-    return AutoModelForCausalLM.from_pretrained(tiny, dtype=torch.float32).eval()
+    return AutoModelForCausalLM.from_pretrained(model, dtype=torch.float32).eval()
+
+
+@pytest.fixture(scope="module")
+def trainer(tiny):
+    return load_trainer(tiny)
 
 
 def trainer_logprobs(model, prompt: list[int], completion: list[int]) -> torch.Tensor:
@@ -260,3 +271,31 @@ def test_agentic_grader_against_a_real_vllm_model_never_passes_on_a_bad_ranking(
     else:  # it answered: real tokens were spent on the way to the fallback
         assert ranking.usage.prompt_tokens > 0
     assert ranking.check_complete(group.passes()) is None
+
+
+def test_sync_into_a_model_with_tied_embeddings_reaches_the_output_layer(tmp_path_factory):
+    """``lm_head`` is ``embed_tokens`` (the ``tiny`` preset, SmolLM2): the published file holds the
+    tensor once, vLLM loads it into the embedding only, and vLLM-CPU's packed copy of the output
+    projection must still be rebuilt, or log-probs stay on the old weights (1-2 nats off)."""
+    model = write_tiny_llama(
+        tmp_path_factory.mktemp("tied") / "model", TinyLlamaConfig(tie_word_embeddings=True)
+    )
+    trainer = load_trainer(model)
+    assert trainer.lm_head.weight is trainer.model.embed_tokens.weight
+    tmp = tmp_path_factory.mktemp("tied-run")
+    with serving(model, tmp / "logs", 1) as (server,):
+        engine = engine_for_servers([server.base_url], tmp / "published", model)
+        params = SamplingParams(max_tokens=6, seed=5)
+        before = [c for g in engine.generate(PROMPTS, params) for c in g]
+        assert max_gap(trainer, before) < TOL
+        for version in (1, 2):  # the second sync starts from the state the first one left
+            torch.manual_seed(version)
+            with torch.no_grad():
+                for p in trainer.parameters():
+                    p.add_(0.05 * torch.randn_like(p))
+            stale = [c for g in engine.generate(PROMPTS, params) for c in g]
+            assert max_gap(trainer, stale) > 1e-2
+            report = engine.update_weights(trainer.state_dict().items(), version=version)
+            assert report.num_tensors == len(trainer.state_dict()) - 1  # lm_head written once
+            fresh = [c for g in engine.generate(PROMPTS, params) for c in g]
+            assert max_gap(trainer, fresh) < TOL, f"after sync {version}"

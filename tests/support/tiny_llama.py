@@ -1,12 +1,12 @@
-"""A tiny random Llama with untied embeddings in Hugging Face format, for the vLLM engine tests.
+"""A tiny random Llama in Hugging Face format, for the vLLM engine tests.
 
-Not the ``tiny`` preset (``gagar.trainer.model.presets``), which ties its embeddings: with tied
-embeddings a weight sync into vLLM-CPU leaves the replicas' log-probs ~1-2 nats off the trainer's
-(tests/integration/test_vllm_engine.py fails on the preset), which needs its own fix first.
+Embeddings are untied by default; ``tie_word_embeddings=True`` gives the shape of the ``tiny``
+preset (``gagar.trainer.model.presets``) and of SmolLM2, whose ``lm_head`` is the input embedding
+(tests/integration/test_vllm_engine.py serves both).
 
 vLLM needs a real folder (config.json, safetensors, tokenizer) to serve; this writes the smallest
 one that exercises the same code paths as a real policy: GQA attention with a head size vLLM's
-CPU attention backend supports (64), SwiGLU, RMSNorm, RoPE, untied embeddings and a byte-level
+CPU attention backend supports (64), SwiGLU, RMSNorm, RoPE, (un)tied embeddings and a byte-level
 BPE tokenizer trained on a few lines of code-like text, with a chat template so the chat endpoint
 works. Weights are random: generated text is noise, but token ids and log-probs are exact, which
 is all the engine tests compare.
@@ -48,6 +48,7 @@ class TinyLlamaConfig:
     num_key_value_heads: int = 1
     vocab_size: int = 1024  # upper bound for the BPE trainer
     max_position_embeddings: int = 2048
+    tie_word_embeddings: bool = False
     seed: int = 0
 
 
@@ -91,7 +92,7 @@ def write_tiny_llama(out: Path, cfg: TinyLlamaConfig = TinyLlamaConfig()) -> Pat
         num_key_value_heads=cfg.num_key_value_heads,
         head_dim=cfg.hidden_size // cfg.num_attention_heads,
         max_position_embeddings=cfg.max_position_embeddings,
-        tie_word_embeddings=False,
+        tie_word_embeddings=cfg.tie_word_embeddings,
         bos_token_id=None,
         eos_token_id=tok.eos_token_id,
         pad_token_id=tok.pad_token_id,

@@ -69,6 +69,7 @@ class SafetensorsWeightTransferEngine(
         from vllm.model_executor.model_loader.reload import finalize_layerwise_reload
 
         finalize_layerwise_reload(self.model, self.model_config)
+        _reprocess_tied_embeddings(self.model)
 
     def update_weights(self, update_info: dict[str, Any]) -> None:
         # The base class ends with torch.accelerator.synchronize(), which has no accelerator
@@ -107,6 +108,32 @@ class SafetensorsWeightTransferEngine(
 
     def shutdown(self) -> None:
         self.root = None
+
+
+def _reprocess_tied_embeddings(model: Any) -> None:
+    """Rebuild the post-load state of every embedding layer whose weight another layer shares.
+
+    With ``tie_word_embeddings`` vLLM's ``lm_head`` holds the embedding's own Parameter and its
+    ``load_weights`` skips ``lm_head.weight``, so the layerwise reload processes the embedding
+    layer and only puts ``lm_head``'s old tensors back ("no weights were loaded"). The values
+    are shared and new, but vLLM-CPU's ``process_weights_after_loading`` gives ``lm_head`` a
+    prepacked copy of the weight (oneDNN or AMX kernels) that logits are computed from, and
+    that copy would stay on the previous version. Rerunning the unquantized embedding method's
+    processing is idempotent (it only rebuilds that dispatch; a no-op on GPUs).
+    """
+    from vllm.model_executor.layers.vocab_parallel_embedding import UnquantizedEmbeddingMethod
+
+    holders: dict[int, list[Any]] = {}
+    for module in model.modules():
+        for param in module.parameters(recurse=False):
+            holders.setdefault(id(param), []).append(module)
+    for modules in holders.values():
+        if len(modules) < 2:
+            continue
+        for module in modules:
+            method = getattr(module, "quant_method", None)
+            if isinstance(method, UnquantizedEmbeddingMethod):
+                method.process_weights_after_loading(module)
 
 
 @dataclass

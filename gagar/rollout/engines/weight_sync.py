@@ -52,7 +52,8 @@ def _save_safetensors(weights: Iterable[tuple[str, object]], file: Path) -> tupl
 
     A tensor that is a view of the same memory as an earlier one (tied weights: an HF state dict's
     ``lm_head.weight`` is ``model.embed_tokens.weight`` when ``tie_word_embeddings``) is written
-    once, under its first name, as ``save_pretrained`` does; vLLM re-ties it on load."""
+    once, under its first name, as ``save_pretrained`` does; vLLM loads it into the embedding,
+    and the plugin's backend rebuilds the tied output layer's kernels after the update."""
     from safetensors.torch import save_file
 
     tensors: dict[str, object] = {}
