@@ -39,7 +39,8 @@ def _library_output_to(log: Path) -> Callable[[], None]:
     handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
     logging.captureWarnings(True)
     logging.getLogger().addHandler(handler)
-    logging.getLogger().setLevel(logging.INFO)
+    logging.getLogger().setLevel(logging.WARNING)  # not every HTTP request of httpx
+    logging.getLogger("gagar").setLevel(logging.INFO)
     ours = logging.StreamHandler()
     ours.setLevel(logging.WARNING)
     logging.getLogger("gagar").addHandler(ours)
