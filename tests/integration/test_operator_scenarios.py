@@ -16,6 +16,7 @@ acts as that kubeconfig's user); see docs/operations.md.
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import subprocess
 import sys
@@ -738,8 +739,10 @@ def test_trainer_template_changes_wait_for_suspend(env: Env) -> None:
         env.patch_spec(name, {"observability": {"logLevel": "debug"}})
         env.wait(
             lambda: (
-                '"logLevel": "debug"'
-                in env.get("v1", "ConfigMap", f"{name}-config")["data"]["observability.json"]
+                json.loads(env.get("v1", "ConfigMap", f"{name}-config")["data"]["run.json"])[
+                    "spec"
+                ]["observability"]["logLevel"]
+                == "debug"
             ),
             what="new log level in the ConfigMap",
         )

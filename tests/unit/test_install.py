@@ -12,6 +12,7 @@ import importlib.metadata as md
 import re
 import subprocess
 import sys
+import sysconfig
 from pathlib import Path
 
 import pytest
@@ -54,7 +55,10 @@ def test_the_environment_is_isolated_from_the_system_python() -> None:
 @needs_venv
 def test_the_environment_holds_exactly_the_lock() -> None:
     pins = _pins(ROOT / "lock" / "gagar.txt")
-    installed = {_normalize(d.metadata["Name"]): d.version for d in md.distributions()}
+    # the venv's own site-packages only: setuptools puts its vendored packages (with their
+    # dist-info) on sys.path once anything imports it
+    site = sysconfig.get_paths()["purelib"]
+    installed = {_normalize(d.metadata["Name"]): d.version for d in md.distributions(path=[site])}
     assert {n: v for n, v in pins.items() if installed.get(n) != v} == {}, (
         "missing or other versions"
     )
