@@ -35,7 +35,7 @@ sys.path.insert(0, str(ROOT))
 from rich.console import Console  # noqa: E402
 from rich.table import Table  # noqa: E402
 
-from gagar.rollout.engines.base import SamplingParams  # noqa: E402
+from gagar.engine.base import SamplingParams  # noqa: E402
 from gagar.rollout.engines.server import ServerConfig, VllmServer  # noqa: E402
 from tests.support.openai_engine import engine_for_servers  # noqa: E402
 from tests.support.tiny_llama import write_tiny_llama  # noqa: E402

@@ -97,7 +97,7 @@ class LocalProvider:
 
 def start_engine(run: GagarRun, model: Any, policy_dir: Path, out: Path) -> tuple[Any, Any, Any]:
     """Publish the current weights, serve them with vLLM, and return (engine, sync, server)."""
-    from gagar.rollout.engines.openai_engine import AsyncOpenAIEngine
+    from gagar.engine.client import AsyncOpenAIEngine
     from gagar.rollout.engines.server import ServerConfig, VllmServer
     from gagar.rollout.engines.weight_sync import ReplicaClient, SafetensorsWeightSync
     from gagar.trainer.model import save_hf_checkpoint

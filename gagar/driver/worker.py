@@ -137,9 +137,9 @@ class ClusterProvider:
         """The graders (the grader pool's, else in the trainer), then the current policy
         published, the rollout pool waited for, and every replica loaded."""
         from gagar.driver.setup import build_graders
+        from gagar.engine.client import AsyncOpenAIEngine
         from gagar.grader.protocol import HeuristicGrader
         from gagar.grader.service import GraderClient
-        from gagar.rollout.engines.openai_engine import AsyncOpenAIEngine
 
         run, cluster = rank.run, self.cluster
         if cluster.grader_url is not None:

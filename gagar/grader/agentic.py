@@ -1,7 +1,8 @@
 """The agentic grader: an LLM agent compares a group's candidates in a shared workspace.
 
 Loop (mini-swe-agent style; the message list is the transcript): the model, served behind an
-OpenAI-compatible chat API (the grader pool's vLLM), calls ``list_files``/``read_file``/``grep``/
+OpenAI-compatible chat API (the grader pool's vLLM, reached through the engine protocol's
+``ChatEngine``), calls ``list_files``/``read_file``/``grep``/
 ``diff``/``run_tests`` tools that run in a ``GraderSandbox`` session over the workspace, and ends
 by calling ``submit_ranking`` (or answering with the same JSON object). The answer is validated
 against ``RankingSubmission`` (pydantic: tiers, types, unknown fields) and then for completeness
@@ -31,9 +32,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-import httpx
 from pydantic import ValidationError
 
+from gagar.engine.base import ChatEngine, EngineError, SamplingParams
+from gagar.engine.client import AsyncOpenAIEngine
 from gagar.grader.heuristic import HeuristicConfig, rank
 from gagar.grader.protocol import SandboxFactory, unusable
 from gagar.grader.tools import (
@@ -152,11 +154,17 @@ class AgenticGrader:
     """``Grader`` backed by an LLM agent; never raises for bad model output (falls back)."""
 
     def __init__(
-        self, config: AgenticConfig, sandbox_factory: SandboxFactory, workdir: Path | None = None
+        self,
+        config: AgenticConfig,
+        sandbox_factory: SandboxFactory,
+        workdir: Path | None = None,
+        engine: ChatEngine | None = None,
     ) -> None:
         self.config = config
         self.sandbox_factory = sandbox_factory
         self.workdir = workdir
+        self.engine = engine  # None: a vLLM client on config.base_url per graded group
+        self._params = SamplingParams(max_tokens=config.max_tokens, temperature=config.temperature)
 
     async def grade(self, group: GradingGroup) -> Ranking:
         start = time.perf_counter()
@@ -204,10 +212,18 @@ class AgenticGrader:
                 toolbox = Toolbox(sandbox, group)
                 session.messages += self._opening(group, root / "ws")
                 session.tools = tool_specs(group.passes(), len(group.candidates))
-                async with httpx.AsyncClient(
-                    base_url=self.config.base_url, timeout=self.config.request_timeout
-                ) as http:
-                    return await self._loop(http, toolbox, group, session)
+                if self.engine is not None:
+                    return await self._loop(self.engine, toolbox, group, session)
+                client = AsyncOpenAIEngine(
+                    self.config.base_url,
+                    self.config.model,
+                    timeout=self.config.request_timeout,
+                    api_key=self.config.api_key,
+                )
+                try:
+                    return await self._loop(client, toolbox, group, session)
+                finally:
+                    await client.aclose()
             finally:
                 await asyncio.to_thread(sandbox.close)
         finally:
@@ -219,12 +235,12 @@ class AgenticGrader:
         return [{"role": "system", "content": SYSTEM_PROMPT}, {"role": "user", "content": user}]
 
     async def _loop(
-        self, http: httpx.AsyncClient, toolbox: Toolbox, group: GradingGroup, session: _Session
+        self, engine: ChatEngine, toolbox: Toolbox, group: GradingGroup, session: _Session
     ) -> Ranking:
         last = self.config.max_turns - 1
         for turn in range(self.config.max_turns):
             force = self.config.require_submit and (turn == last or session.retries > 0)
-            message = await self._complete(http, session, force)
+            message = await self._complete(engine, session, force)
             session.messages.append(message)
             calls = message.get("tool_calls") or []
             if not calls:
@@ -274,30 +290,16 @@ class AgenticGrader:
         return None
 
     async def _complete(
-        self, http: httpx.AsyncClient, session: _Session, force_submit: bool
+        self, engine: ChatEngine, session: _Session, force_submit: bool
     ) -> dict[str, Any]:
         choice = {"type": "function", "function": {"name": SUBMIT}} if force_submit else "auto"
-        body = {
-            "model": self.config.model,
-            "messages": session.messages,
-            "tools": session.tools or tool_specs(),
-            "tool_choice": choice,
-            "temperature": self.config.temperature,
-            "max_tokens": self.config.max_tokens,
-        }
-        headers = {"Authorization": f"Bearer {self.config.api_key}"}
+        tools = session.tools or tool_specs()
         try:
-            resp = await http.post("/chat/completions", json=body, headers=headers)
-            resp.raise_for_status()
-            data = resp.json()
-            usage = data.get("usage") or {}
-            session.prompt_tokens += int(usage.get("prompt_tokens") or 0)
-            session.completion_tokens += int(usage.get("completion_tokens") or 0)
-            message = data["choices"][0]["message"]
-        except (httpx.HTTPError, ValueError, KeyError, IndexError, TypeError) as err:
-            raise GraderFailure(
-                "grader_error", f"chat completion failed: {type(err).__name__}: {err}"
-            ) from None
-        return {k: v for k, v in message.items() if k in ("role", "content", "tool_calls")} | {
-            "role": "assistant"
-        }
+            reply = await engine.chat(
+                session.messages, self._params, tools=tools, tool_choice=choice
+            )
+        except EngineError as err:
+            raise GraderFailure("grader_error", f"chat completion failed: {err}") from None
+        session.prompt_tokens += reply.prompt_tokens
+        session.completion_tokens += reply.completion_tokens
+        return reply.message

@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol
 
 # The one engine protocol (re-exported: the agent's callers and fakes import it from here too).
-from gagar.rollout.engines.base import Engine, Generation, SamplingParams
+from gagar.engine.base import Engine, Generation, SamplingParams
 
 ExitReason = Literal[
     "submitted", "max_turns", "max_tokens", "context_overflow", "engine_error", "sandbox_error"

@@ -25,7 +25,7 @@ import torch
 import yaml
 from rich.console import Console
 
-from gagar.rollout.engines.base import SamplingParams
+from gagar.engine.base import SamplingParams
 from gagar.spec import GagarRun
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -30,8 +30,8 @@ from transformers import AutoModelForCausalLM
 from vllm.distributed.weight_transfer import ModuleSource, WeightTransferTrainerFactory
 from vllm.distributed.weight_transfer.nccl_engine import NCCLTrainerInitInfo
 from gagar.rollout.engines.weight_sync import ReplicaClient
-from gagar.rollout.engines.openai_engine import OpenAIEngine
-from gagar.rollout.engines.base import SamplingParams
+from gagar.engine.client import OpenAIEngine
+from gagar.engine.base import SamplingParams
 
 model_dir, url, port = sys.argv[1], sys.argv[2], int(sys.argv[3])
 model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).cuda().eval()

@@ -13,7 +13,7 @@ import httpx
 
 from gagar.cli import main
 from gagar.grader.sample import sample_group
-from tests.fake_openai import FakeOpenAI, tool_call
+from tests.support.fake_openai import FakeOpenAI, tool_call
 
 
 def test_sample_then_grade_a_workspace(tmp_path, capsys):

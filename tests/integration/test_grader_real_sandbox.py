@@ -10,7 +10,7 @@ import pytest
 from gagar.grader.agentic import AgenticConfig, AgenticGrader
 from gagar.grader.sample import sample_group
 from gagar.grader.sandbox_adapter import adapt_factory
-from tests.fake_openai import FakeOpenAI, tool_call
+from tests.support.fake_openai import FakeOpenAI, tool_call
 
 local = pytest.importorskip("gagar.sandbox.local")
 types = pytest.importorskip("gagar.sandbox.types")

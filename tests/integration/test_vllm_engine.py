@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from gagar.rollout.engines.base import SamplingParams
+from gagar.engine.base import SamplingParams
 from gagar.rollout.engines.server import ServerConfig, VllmServer, vllm_python
 from gagar.rollout.engines.weight_sync import WeightSyncError
 from tests.support.openai_engine import OpenAIEngine, engine_for_servers

@@ -10,8 +10,8 @@ from typing import Any, Protocol, runtime_checkable
 
 import httpx
 
-from gagar.rollout.engines.base import EngineError, Generation, SamplingParams
-from gagar.rollout.engines.openai_engine import parse_completions
+from gagar.engine.base import EngineError, Generation, SamplingParams
+from gagar.engine.client import parse_completions
 from gagar.rollout.engines.weight_sync import ReplicaClient, SafetensorsWeightSync, SyncReport
 
 

@@ -14,7 +14,7 @@ from gagar.driver import grader_model
 from gagar.driver.components import SetupError
 from gagar.spec import GRADER_SERVED_NAME, GraderSpec
 from gagar.trainer.model import fetch
-from tests.fake_openai import FakeOpenAI, Turn, text
+from tests.support.fake_openai import FakeOpenAI, Turn, text
 from tests.unit.test_builders import example
 
 

@@ -7,8 +7,9 @@ import json
 
 import pytest
 
-from gagar.rollout.engines.base import EngineError, SamplingParams
-from gagar.rollout.engines.openai_engine import AsyncOpenAIEngine, parse_completions
+from gagar.engine.base import ChatReply, EngineError, SamplingParams
+from gagar.engine.client import AsyncOpenAIEngine, openai_base_url, parse_completions
+from tests.support.fake_openai import FakeOpenAI, Turn, tool_call
 from tests.support.fake_vllm import FakeOpenAIServer, encode, fake_logprob
 from tests.support.openai_engine import InferenceEngine, OpenAIEngine, parse_chat, split_even
 
@@ -148,3 +149,56 @@ def test_async_engine_matches_the_agent_loop_contract(fake):
     ref = OpenAIEngine([fake.base_url]).generate([[1, 2, 3]], SamplingParams(max_tokens=4, seed=1))
     assert gen.token_ids == ref[0][0].token_ids and gen.logprobs == ref[0][0].logprobs
     assert gen.finish_reason == "length"
+
+
+def test_openai_base_url_accepts_a_root_or_a_base():
+    assert openai_base_url("http://h:8000") == "http://h:8000/v1"
+    assert openai_base_url("http://h:8000/") == "http://h:8000/v1"
+    assert openai_base_url("http://h:8000/v1/") == "http://h:8000/v1"
+
+
+def _chat(url: str, **kw: object) -> ChatReply:
+    engine = AsyncOpenAIEngine(url, "grader", api_key="secret")
+
+    async def run() -> ChatReply:
+        try:
+            return await engine.chat(
+                [{"role": "user", "content": "hi"}], SamplingParams(max_tokens=7), **kw
+            )
+        finally:
+            await engine.aclose()
+
+    return asyncio.run(run())
+
+
+def test_chat_returns_the_assistant_message_and_usage():
+    """The grader's side of the protocol: tools and tool_choice go out, only the transcript's
+    keys come back, usage is counted."""
+    call = tool_call("submit_ranking", {"tied_groups": [[0]]})
+    with FakeOpenAI([call | {"refusal": None, "reasoning_content": "x"}]) as server:
+        tools = [{"type": "function", "function": {"name": "submit_ranking"}}]
+        reply = _chat(server.base_url.removesuffix("/v1"), tools=tools, tool_choice="required")
+        body = server.requests[0]
+    assert reply.message == {"role": "assistant", "content": None, "tool_calls": call["tool_calls"]}
+    assert (reply.prompt_tokens, reply.completion_tokens) == (100, 10)
+    assert body["model"] == "grader" and body["max_tokens"] == 7
+    assert body["tools"] == tools and body["tool_choice"] == "required"
+
+
+@pytest.mark.parametrize(
+    ("turn", "match"),
+    [
+        (Turn(status=503, raw='{"error": "overloaded"}'), "503"),
+        (Turn(raw="not json"), "not JSON"),
+        (Turn(raw='{"choices": []}'), "malformed"),
+        (Turn(raw='["a list"]'), "JSON object"),
+    ],
+)
+def test_chat_failures_are_engine_errors(turn: Turn, match: str):
+    with FakeOpenAI([turn]) as server, pytest.raises(EngineError, match=match):
+        _chat(server.base_url)
+
+
+def test_chat_on_a_closed_port_is_an_engine_error():
+    with pytest.raises(EngineError, match="chat/completions"):
+        _chat("http://127.0.0.1:9")

@@ -13,7 +13,7 @@ from gagar.grader.agentic import AgenticConfig, AgenticGrader, parse_final_messa
 from gagar.grader.local_sandbox import unsafe_local_factory
 from gagar.grader.sample import sample_group
 from gagar.grader.tools import tool_specs
-from tests.fake_openai import FakeOpenAI, Turn, text, tool_call
+from tests.support.fake_openai import FakeOpenAI, Turn, text, tool_call
 
 GOOD = {
     "tied_groups": [{"tier": "T1", "members": [0]}, {"tier": "T2", "members": [1]}],

