@@ -19,7 +19,7 @@ if [ "${GAGAR_TORCH:-cpu}" = cuda ]; then
   awk '/^[^ #]/ {skip = ($0 ~ /^torch==/)} !skip' "$lock" >/tmp/constraints.txt
   lock=/tmp/constraints.txt
 fi
-"$UV" venv -q --python python3 "$venv"
+"$UV" venv -q --python "$LOCK_PYTHON" "$venv"
 case "$mode" in
   constrain) "$UV" pip install -q --python "$venv/bin/python" "${find_links[@]}" -c "$lock" "$@" ;;
   sync)

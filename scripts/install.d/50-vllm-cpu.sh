@@ -17,7 +17,7 @@ VENV=${GAGAR_VLLM_VENV:-.venv-vllm}
 VLLM_VERSION=0.32.0
 
 if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; then
-  [ -x "$VENV/bin/python" ] || "$UV" venv -q --python python3 "$VENV"
+  [ -x "$VENV/bin/python" ] || "$UV" venv -q --python "$LOCK_PYTHON" "$VENV"
   "$UV" pip install -q --python "$VENV/bin/python" "vllm==$VLLM_VERSION"
   "$UV" pip install -q --python "$VENV/bin/python" --no-deps -e .
 else

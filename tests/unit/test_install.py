@@ -94,3 +94,24 @@ def test_deptry_finds_no_dependency_issue() -> None:
         [str(VENV / "bin" / "deptry"), "."], cwd=ROOT, capture_output=True, text=True, check=False
     )
     assert done.returncode == 0, done.stdout + done.stderr
+
+
+def test_every_environment_uses_the_locks_python() -> None:
+    """The locks are compiled for one Python; the scripts that create environments (here and in
+    the images, whose CUDA base ships another python3) ask uv for that one, not for python3."""
+    uv_sh = (ROOT / "scripts" / "uv.sh").read_text()
+    version = re.search(r"^LOCK_PYTHON=(\d+\.\d+)$", uv_sh, re.M)
+    assert version, "scripts/uv.sh defines LOCK_PYTHON"
+    assert f"{sys.version_info.major}.{sys.version_info.minor}" == version[1]
+    for script in [
+        "scripts/uv.sh",
+        "scripts/lock.sh",
+        "scripts/image-venv.sh",
+        *map(str, sorted((ROOT / "scripts" / "install.d").glob("*.sh"))),
+    ]:
+        text = (ROOT / script).read_text()
+        assert "--python python3" not in text, script
+        if re.search(r"uv\W+(venv|pip compile)|\"\$UV\" (venv|pip compile)", text):
+            assert '"$LOCK_PYTHON"' in text, (
+                f"{script} creates an environment or a lock without LOCK_PYTHON"
+            )
