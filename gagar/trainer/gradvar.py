@@ -26,10 +26,12 @@ import torch
 Reduce = Callable[[torch.Tensor], torch.Tensor]
 
 
-def trace_covariance(sum_sq_contrib: float, mean_grad_sq_norm: float, num_micro: int) -> float:
-    """``(M² S2 − M ‖ḡ‖²) / (M − 1)``; 0 when there is a single micro-batch."""
+def trace_covariance(
+    sum_sq_contrib: float, mean_grad_sq_norm: float, num_micro: int
+) -> float | None:
+    """``(M² S2 − M ‖ḡ‖²) / (M − 1)``; None (undefined, not 0) below two micro-batches."""
     if num_micro < 2:
-        return 0.0
+        return None
     m = float(num_micro)
     value = (m * m * sum_sq_contrib - m * mean_grad_sq_norm) / (m - 1.0)
     return max(value, 0.0)  # rounding can make a zero variance slightly negative
@@ -66,8 +68,8 @@ class GradVarianceTracker:
         self.sum_sq += total
         self.num_micro += 1
 
-    def result(self, reduce: Reduce | None = None) -> tuple[float, float]:
-        """Return ``(tr Cov, ‖ḡ‖)``; ``reduce`` all-reduces ``[S2, M, ‖ḡ‖²-partial]`` across ranks."""
+    def result(self, reduce: Reduce | None = None) -> tuple[float | None, float]:
+        """Return ``(tr Cov or None below two micro-batches, ‖ḡ‖)``; ``reduce`` all-reduces ``[S2, M, ‖ḡ‖²-partial]`` across ranks."""
         grad_sq = sum(float(self._grad(p).pow(2).sum()) for p in self.params if self.count(p))
         stats = torch.tensor([self.sum_sq, float(self.num_micro), grad_sq], dtype=torch.float64)
         if reduce is not None:
