@@ -149,6 +149,13 @@ PLOTS = {
 }
 
 
+def series(records: list[dict[str, Any]], key: str) -> tuple[list[int], list[float]]:
+    """(steps, values) of ``key``; a step without it (e.g. no gradient variance: it trained
+    nothing, or on one micro-batch) is left out, not drawn as 0."""
+    have = [r for r in records if r.get(key) is not None]
+    return [r["step"] for r in have], [float(r[key]) for r in have]
+
+
 def write_report(
     out: Path, records: list[dict[str, Any]], summary: dict[str, Any]
 ) -> dict[str, Any]:
@@ -160,9 +167,8 @@ def write_report(
 
     for name, (keys, title) in PLOTS.items():
         fig, ax = plt.subplots(figsize=(6, 3.5))
-        for key in keys:  # a step without the value (e.g. no gradient variance) is skipped
-            have = [r for r in records if r.get(key) is not None]
-            ax.plot([r["step"] for r in have], [r[key] for r in have], marker="o", label=key)
+        for key in keys:
+            ax.plot(*series(records, key), marker="o", label=key)
         ax.set_title(title)
         ax.set_xlabel("step")
         ax.legend(fontsize=7)
