@@ -339,6 +339,10 @@ class AlgorithmSpec(Model):
     """Policy updates to run."""
     micro_batch_size: int = Field(default=4, ge=1)
     """Trajectories per micro-batch on each data-parallel rank."""
+    micro_batch_tokens: int | None = Field(default=None, ge=16)
+    """Token budget of a micro-batch: trajectories are taken longest first while
+    ``rows × longest`` fits (at most ``microBatchSize`` of them), so padding is to similar
+    lengths; unset: ``microBatchSize`` trajectories in order, padded to their longest."""
     mini_batches: int = Field(default=1, ge=1, le=1024)
     """Optimizer steps per pass over a step's batch: the batch is split into this many
     mini-batches (fewer when it has fewer trajectories)."""

@@ -3,8 +3,9 @@ steps, the held-out evaluation and the report over a ``Context`` that ``setup.bu
 
 Per step: draw tasks → roll out groups on vLLM in sandboxes → verify against pristine
 tests → dynamic sampling, with eligible groups graded asynchronously under a deadline → GAGAR (or
-GRPO) advantages → one policy update on the Megatron-Core model → weight sync into vLLM through
-its RL weight-transfer API → metrics → checkpoint. A step's record is appended to
+GRPO) advantages → the policy update on the Megatron-Core model (mini-batches × epochs,
+docs/trainer.md) → weight sync into vLLM through its RL weight-transfer API → metrics →
+checkpoint. A step's record is appended to
 ``metrics.jsonl`` before its checkpoint, and a resume truncates the log to the checkpoint's step,
 so a kill at any point loses and repeats nothing.
 """

@@ -135,6 +135,7 @@ def build_learner(
     schedule = LRSchedule(o.lr, o.warmup_steps, o.schedule, o.min_lr, alg.total_steps)
     cfg = LearnerConfig(
         alg.micro_batch_size, o.grad_clip, loss, comp.compute_autocast(run.spec, model),
+        micro_batch_tokens=alg.micro_batch_tokens,
         mini_batches=1 if sft else alg.mini_batches, epochs=1 if sft else alg.ppo_epochs,
         lr=None if sft else schedule,
     )  # fmt: skip

@@ -116,6 +116,9 @@ class LearnerConfig:
     """Mixed precision for float32 parameters: forward *and* backward run under
     ``torch.autocast`` (Megatron's linear layers are custom autograd functions whose backward
     matmuls need it too); log-probabilities, the loss and the gradients stay float32."""
+    micro_batch_tokens: int | None = None
+    """Token budget of a micro-batch (rows × padded width); None: ``micro_batch_size`` rows in
+    order. Either way a micro-batch holds at most ``micro_batch_size`` samples."""
     mini_batches: int = 1
     """Optimizer steps per pass over the step's batch."""
     epochs: int = 1
@@ -258,10 +261,28 @@ class Learner:
                 group["lr"] = self.cfg.lr(step)
         return float(self.optimizer.param_groups[0]["lr"])
 
-    def _rounds(self, mini: range) -> list[tuple[range, bool]]:
-        """This replica's micro-batches of ``mini``, each with whether it carries weight."""
-        mb, dp = self.cfg.micro_batch_size, self.parallel
-        chunks = [range(i, min(i + mb, mini.stop)) for i in range(mini.start, mini.stop, mb)]
+    def _chunks(self, samples: list[Sample], mini: range) -> list[list[int]]:
+        """The micro-batches of ``mini`` (sample indices): ``micro_batch_size`` samples in order,
+        or with ``micro_batch_tokens`` the longest first, each micro-batch taking samples while
+        ``rows × its longest`` fits the budget (and the size): padding is then to similar
+        lengths, not to the longest of a random few."""
+        mb, budget = self.cfg.micro_batch_size, self.cfg.micro_batch_tokens
+        if budget is None:
+            return [
+                list(range(i, min(i + mb, mini.stop))) for i in range(mini.start, mini.stop, mb)
+            ]
+        chunks: list[list[int]] = []
+        for j in sorted(mini, key=lambda j: -len(samples[j].token_ids)):
+            cur = chunks[-1] if chunks else []
+            if cur and len(cur) < mb and (len(cur) + 1) * len(samples[cur[0]].token_ids) <= budget:
+                cur.append(j)
+            else:
+                chunks.append([j])
+        return chunks
+
+    def _rounds(self, chunks: list[list[int]]) -> list[tuple[list[int], bool]]:
+        """This replica's micro-batches, each with whether it carries weight."""
+        dp = self.parallel
         mine = chunks if dp is None else chunks[dp.rank :: dp.size]
         if dp is None or not dp.equal_shapes:
             return [(rows, True) for rows in mine]
@@ -274,13 +295,15 @@ class Learner:
         groups = torch.tensor([s.group for s in part])
         # Every replica holds the whole batch: the counts are computed, not reduced.
         counts, prompt_tokens = global_counts(mask, groups), prompt_token_counts(mask, groups)
-        dp = self.parallel
-        shape = (self.cfg.micro_batch_size, width) if dp is not None and dp.equal_shapes else None
+        dp, chunks = self.parallel, self._chunks(samples, mini)
+        rows = max(self.cfg.micro_batch_size if self.cfg.micro_batch_tokens is None else 0,
+                   *(len(c) for c in chunks))  # fmt: skip
+        shape = (rows, width) if dp is not None and dp.equal_shapes else None
         micro = []
-        for rows, real in self._rounds(mini):
-            chosen = [samples[j] for j in rows]
-            tokens = prompt_tokens[rows.start - mini.start : rows.stop - mini.start]
-            batch = _collate(chosen if real else _zero_weight(chosen), tokens, shape)
+        for chosen, real in self._rounds(chunks):
+            tokens = prompt_tokens[[j - mini.start for j in chosen]]
+            picked = [samples[j] for j in chosen]
+            batch = _collate(picked if real else _zero_weight(picked), tokens, shape)
             batch.real = real
             micro.append(batch)
         return _MiniBatch(counts, micro)
@@ -456,28 +479,36 @@ ROWS_PER_CHUNK = 1024  # positions whose full-vocabulary float32 row is material
 
 
 class _TokenLogprob(torch.autograd.Function):
-    """``log softmax(logits)[target]`` per position without a (B, T, V) float32 log-softmax.
+    """``log softmax(logits)[target]`` per position, and the entropy of each position's
+    distribution (no gradient), without a (B, T, V) float32 log-softmax.
 
     The plain form keeps the float32 log-softmax for backward and makes more full-vocabulary
     temporaries: with a 49152-token vocabulary, 4 sequences of 4096 tokens are 3.2 GB each. Here the
-    forward keeps only the log-sum-exp per position, and the backward forms ``onehot - softmax``
-    a chunk of positions at a time, straight into the logits' gradient (in the logits' dtype).
+    forward keeps only the log-sum-exp per position, taking the entropy from the same exponentials
+    (``H = lse − Σ p·x``), and the backward forms ``onehot − softmax`` a chunk of positions at a
+    time, straight into the logits' gradient (in the logits' dtype).
     """
 
     @staticmethod
-    def forward(ctx: Any, logits: Tensor, targets: Tensor) -> Tensor:
+    def forward(ctx: Any, logits: Tensor, targets: Tensor) -> tuple[Tensor, Tensor]:
         b, t, _ = logits.shape
         lse = torch.empty(b, t, dtype=torch.float32, device=logits.device)
+        ent = torch.empty_like(lse)
         for i in range(b):
             for j in range(0, t, ROWS_PER_CHUNK):
-                lse[i, j : j + ROWS_PER_CHUNK] = torch.logsumexp(
-                    logits[i, j : j + ROWS_PER_CHUNK].float(), -1
-                )
+                k = slice(j, j + ROWS_PER_CHUNK)
+                x = logits[i, k].float()
+                top = x.amax(-1, keepdim=True)
+                e = torch.exp(x - top)
+                total = e.sum(-1)
+                lse[i, k] = top.squeeze(-1) + torch.log(total)
+                ent[i, k] = lse[i, k] - (e * x).sum(-1) / total
         ctx.save_for_backward(logits, targets, lse)
-        return logits.gather(-1, targets[..., None]).squeeze(-1).float() - lse
+        ctx.mark_non_differentiable(ent)
+        return logits.gather(-1, targets[..., None]).squeeze(-1).float() - lse, ent
 
     @staticmethod
-    def backward(ctx: Any, grad: Tensor) -> tuple[Tensor, None]:
+    def backward(ctx: Any, grad: Tensor, _ent_grad: Tensor) -> tuple[Tensor, None]:
         logits, targets, lse = ctx.saved_tensors
         out = torch.empty_like(logits)
         g = grad.float()
@@ -498,12 +529,6 @@ def causal_lm_logprobs(logits: Tensor, input_ids: Tensor) -> tuple[Tensor, Tenso
     # The last position predicts nothing; scoring it against any token keeps the logits unsliced
     # (a slice of a transposed [s, b, v] output would be copied whole).
     targets = torch.cat([input_ids[:, 1:], input_ids[:, -1:]], 1)
-    taken = _TokenLogprob.apply(logits, targets)  # (B, T): position t scores token t + 1
-    ent = torch.empty_like(taken)
-    with torch.no_grad():
-        for i in range(logits.shape[0]):
-            for j in range(0, logits.shape[1], ROWS_PER_CHUNK):
-                ls = torch.log_softmax(logits[i, j : j + ROWS_PER_CHUNK].float(), -1)
-                ent[i, j : j + ROWS_PER_CHUNK] = -(ls.exp() * ls).sum(-1)
+    taken, ent = _TokenLogprob.apply(logits, targets)  # (B, T): position t scores token t + 1
     zero = torch.zeros_like(taken[:, :1])
     return torch.cat([zero, taken[:, :-1]], 1), torch.cat([zero, ent[:, :-1]], 1)

@@ -37,7 +37,7 @@ def ppo_spec(steps: int) -> GagarRun:
 
 
 def test_mini_batches_kl_and_warmup_train_and_resume(services, tmp_path) -> None:
-    run_dir = tmp_path / "run"
+    run_dir = services["run_dir"]  # the scripted policy reads the tokenizer of its policy/base
     env = {
         "GAGAR_RUN_DIR": str(run_dir),
         "GAGAR_CHECKPOINT_URI": "pvc://cluster-test-checkpoints",

@@ -253,3 +253,29 @@ def test_resume_continues_lr_weights_and_keeps_the_start_policy_as_reference(tmp
     assert resumed_lrs == lrs
     for p, q in zip(again.model.parameters(), straight.model.parameters(), strict=True):
         assert torch.equal(p, q)
+
+
+def test_token_budget_micro_batches_pad_less_and_update_the_same() -> None:
+    """Samples of mixed lengths: by count, a micro-batch pads to its longest of a random few; by
+    token budget, longest first, so fewer padded positions, and the same update (the loss is a
+    sum over micro-batches, normalized by mini-batch counts)."""
+    from tests.unit.test_learner import CountingLM
+
+    g = torch.Generator().manual_seed(3)
+    samples = []
+    for i in range(8):
+        n = (4, 20)[i % 2]  # short and long interleaved
+        ids = torch.randint(0, 11, (n,), generator=g).tolist()
+        samples.append(Sample(ids, [0] + [1] * (n - 1), [-2.0] * n, [(-1.0) ** i] * n, i // 2))
+    torch.manual_seed(0)
+    base = CountingLM()
+    by_count, by_tokens = copy.deepcopy(base), copy.deepcopy(base)
+    a = _learner(by_count).update(samples)
+    b = _learner(by_tokens, micro_batch_tokens=40).update(samples)
+    padded = [sum(r * w for r, w in m.shapes) for m in (by_count, by_tokens)]
+    assert by_count.shapes == [(2, 20)] * 4
+    assert by_tokens.shapes == [(2, 20), (2, 20), (2, 4), (2, 4)]  # at most 2 rows, 40 tokens
+    assert padded == [160, 96]
+    assert a["loss"] == pytest.approx(b["loss"], abs=1e-6)
+    for p, q in zip(by_count.parameters(), by_tokens.parameters(), strict=True):
+        assert torch.allclose(p, q, atol=1e-6)
