@@ -1,4 +1,5 @@
-"""The trainer's spec fields (``algorithm.miniBatches``, ``ppoEpochs``, ``optimizer.schedule``,
+"""The trainer's spec fields (``algorithm.miniBatches``, ``ppoEpochs``, ``microBatchTokens``,
+``optimizer.schedule``,
 ``minLr``, ``warmupSteps``, ``loss.kl``): what validation refuses (pydantic and the CRD alike,
 naming the field) and what the learner is built with."""
 
@@ -21,6 +22,7 @@ REFUSED = [
     ({"optimizer": {"warmupSteps": -1}}, "warmupSteps"),
     ({"miniBatches": 0}, "miniBatches"),
     ({"ppoEpochs": 0}, "ppoEpochs"),
+    ({"microBatchTokens": 8}, "microBatchTokens"),
     ({"loss": {"kl": {"coef": -0.1}}}, "coef"),
 ]
 
@@ -39,7 +41,7 @@ def test_accepted_fields_reach_the_learner_config(monkeypatch) -> None:
 
     monkeypatch.setattr(parallel, "current_parallel", lambda: parallel.Parallel(1, 1, 1))
     alg = {
-        "miniBatches": 3, "ppoEpochs": 2, "totalSteps": 10,
+        "miniBatches": 3, "ppoEpochs": 2, "totalSteps": 10, "microBatchTokens": 4096,
         "optimizer": {"lr": 1e-3, "warmupSteps": 2, "schedule": "cosine", "minLr": 1e-4},
     }  # fmt: skip
     doc = with_spec("spec.algorithm", alg, minimal())
@@ -50,6 +52,7 @@ def test_accepted_fields_reach_the_learner_config(monkeypatch) -> None:
     model = torch.nn.Linear(2, 2)
     learner = build_learner(run, model)
     assert (learner.cfg.mini_batches, learner.cfg.epochs) == (3, 2)
+    assert learner.cfg.micro_batch_tokens == 4096
     assert learner.cfg.lr == LRSchedule(1e-3, 2, "cosine", 1e-4, 10)
     assert learner.reference is None  # kl.coef 0: no reference model at all
     sft = build_learner(run, model, sft=True)
