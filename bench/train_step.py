@@ -88,17 +88,19 @@ def _learner(folder: Path, micro: int, fused: bool = True, kl: float = 0.0, mini
     return learner.update
 
 
-def _time(fns: dict[str, Any], repeats: int) -> dict[str, list[float]]:
-    """Seconds per call of each, after a warm-up call; the rows take turns in every repeat, so a
-    change in the machine's load (it is shared) weighs on all of them alike."""
+def _time(fns: dict[str, Any], repeats: int) -> dict[str, dict[str, list[float]]]:
+    """Wall and process-CPU seconds per call of each, after a warm-up call. The rows take turns
+    in every repeat, so a change in the machine's load (it is shared) weighs on all of them
+    alike; CPU seconds (all of the process's threads) are the steadier measure on a busy machine."""
     for fn in fns.values():
         fn()
-    times: dict[str, list[float]] = {name: [] for name in fns}
+    times: dict[str, dict[str, list[float]]] = {name: {"wall": [], "cpu": []} for name in fns}
     for _ in range(repeats):
         for name, fn in fns.items():
-            t = time.perf_counter()
+            t, c = time.perf_counter(), time.process_time()
             fn()
-            times[name].append(time.perf_counter() - t)
+            times[name]["wall"].append(time.perf_counter() - t)
+            times[name]["cpu"].append(time.process_time() - c)
     return times
 
 
@@ -137,9 +139,10 @@ def main() -> None:
     table = Table(
         title=f"one training step: {args.batch} × {args.seq} tokens, micro-batch {args.micro}"
     )
-    for col in ("implementation", "median s", "tokens/s", "ratio vs plain"):
+    for col in ("implementation", "median s", "tokens/s", "ratio vs plain", "CPU s", "CPU ratio"):
         table.add_column(col)
-    base = statistics.median(times["plain PyTorch (transformers)"])
+    plain_row = times["plain PyTorch (transformers)"]
+    base, base_cpu = statistics.median(plain_row["wall"]), statistics.median(plain_row["cpu"])
     result = {
         "batch": args.batch,
         "seq": args.seq,
@@ -148,13 +151,23 @@ def main() -> None:
         "rows": {},
     }
     for name, row in times.items():
-        med = statistics.median(row)
-        table.add_row(name, f"{med:.3f}", f"{tokens / med:.0f}", f"{med / base:.2f}×")
+        med, cpu = statistics.median(row["wall"]), statistics.median(row["cpu"])
+        table.add_row(
+            name,
+            f"{med:.3f}",
+            f"{tokens / med:.0f}",
+            f"{med / base:.2f}×",
+            f"{cpu:.3f}",
+            f"{cpu / base_cpu:.2f}×",
+        )
         result["rows"][name] = {
             "median_seconds": med,
-            "all_seconds": row,
+            "all_seconds": row["wall"],
             "tokens_per_second": tokens / med,
             "ratio_vs_plain": med / base,
+            "median_cpu_seconds": cpu,
+            "all_cpu_seconds": row["cpu"],
+            "cpu_ratio_vs_plain": cpu / base_cpu,
         }
     Console().print(table)
     RESULTS.mkdir(exist_ok=True)
