@@ -59,13 +59,14 @@ class GradVarianceTracker:
         return torch.zeros_like(p, dtype=torch.float32) if g is None else g.detach().float()
 
     def after_micro_batch(self) -> None:
-        total = 0.0
-        for i, p in enumerate(self.params):
-            grad = self._grad(p)
-            if self.count(p):
-                total += float((grad - self._prev[i]).pow(2).sum())
-            self._prev[i].copy_(grad)
-        self.sum_sq += total
+        grads = [self._grad(p) for p in self.params]
+        counted = [i for i, p in enumerate(self.params) if self.count(p)]
+        # One fused pass per operation over all tensors (torch's foreach kernels), not four
+        # small ops per parameter: this runs after every micro-batch.
+        diffs = torch._foreach_sub([grads[i] for i in counted], [self._prev[i] for i in counted])
+        norms = torch._foreach_norm(diffs) if diffs else []
+        self.sum_sq += float(torch.stack(norms).double().pow(2).sum()) if norms else 0.0
+        torch._foreach_copy_(self._prev, grads)
         self.num_micro += 1
 
     def result(self, reduce: Reduce | None = None) -> tuple[float | None, float]:
