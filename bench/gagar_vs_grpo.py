@@ -117,7 +117,11 @@ def summarize(run: dict[str, Any], sft_rate: float) -> dict[str, float]:
         "trained_groups": float(sum(r["trained_groups"] for r in rec)),
         # over the steps that trained: a step without an eligible group has no gradient at all
         "gradient_variance": _mean_or_nan(
-            [r["gradient_variance"] for r in rec if r.get("trained_groups", 1) > 0]
+            [
+                r["gradient_variance"]
+                for r in rec
+                if r.get("trained_groups", 1) > 0 and "gradient_variance" in r
+            ]
         ),
         "grader_fallbacks": float(fallbacks),
         "step_seconds": statistics.fmean(r["step_seconds"] for r in rec),

@@ -1,6 +1,10 @@
 """Platform overhead of one training step: gagar's learner on the Megatron-Core policy against a
 plain PyTorch loop (transformers' LlamaForCausalLM, the same weights, batch and optimizer), in the
-same process. Prints a table and writes bench/results/train_step.json.
+same process. Rows: the learner as it runs (core attention through SDPA); the same with
+Megatron's own unfused attention (the path before); with the KL term on (a frozen reference's
+forward pass per micro-batch); with two mini-batches (the behaviour log-probs' extra no-grad
+forward on the second); and the plain loop. Prints a table and writes
+bench/results/train_step.json.
 
     .venv/bin/python bench/train_step.py [--batch 8] [--seq 512] [--micro 4] [--repeats 3]
 """
@@ -13,12 +17,13 @@ import statistics
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 import torch
 from rich.console import Console
 from rich.table import Table
 
-from gagar.driver.local import build_model
+from gagar.driver.local import init_one_process
 from gagar.trainer.learner import Learner, LearnerConfig, Sample
 from gagar.trainer.loss import LossConfig
 from gagar.trainer.model.presets import create_preset
@@ -56,13 +61,46 @@ def _plain_step(
     opt.step()
 
 
-def _time(fn, repeats: int) -> list[float]:
-    fn()  # warm-up
-    times = []
-    for _ in range(repeats):
-        t = time.perf_counter()
+def _learner(folder: Path, micro: int, fused: bool = True, kl: float = 0.0, mini_batches: int = 1):
+    """A learner's ``update`` on a fresh Megatron-Core copy of the policy in ``folder``."""
+    from gagar.trainer.model import build_model as megatron_model
+    from gagar.trainer.model import load_hf_into_megatron, read_config
+
+    def model():
+        m = megatron_model(read_config(folder), fused_attention=fused)
+        load_hf_into_megatron(m, folder)
+        return m
+
+    policy = model()
+    reference = None
+    if kl > 0:
+        frozen = model().eval()
+        frozen.requires_grad_(False)
+        reference = MegatronPolicy(frozen)
+    learner = Learner(
+        MegatronPolicy(policy),
+        torch.optim.AdamW(policy.parameters(), lr=1e-5),
+        LearnerConfig(
+            micro, 1.0, LossConfig(agg_mode="token-mean", kl_coef=kl), mini_batches=mini_batches
+        ),
+        reference=reference,
+    )
+    return learner.update
+
+
+def _time(fns: dict[str, Any], repeats: int) -> dict[str, dict[str, list[float]]]:
+    """Wall and process-CPU seconds per call of each, after a warm-up call. The rows take turns
+    in every repeat, so a change in the machine's load (it is shared) weighs on all of them
+    alike; CPU seconds (all of the process's threads) are the steadier measure on a busy machine."""
+    for fn in fns.values():
         fn()
-        times.append(time.perf_counter() - t)
+    times: dict[str, dict[str, list[float]]] = {name: {"wall": [], "cpu": []} for name in fns}
+    for _ in range(repeats):
+        for name, fn in fns.items():
+            t, c = time.perf_counter(), time.process_time()
+            fn()
+            times[name]["wall"].append(time.perf_counter() - t)
+            times[name]["cpu"].append(time.process_time() - c)
     return times
 
 
@@ -75,27 +113,36 @@ def main() -> None:
     args = parser.parse_args()
     from transformers import LlamaForCausalLM
 
+    init_one_process()
+
     folder = Path(tempfile.mkdtemp()) / "tiny"
     create_preset("tiny", folder)
     samples = _batch(4096, args.batch, args.seq)
-    megatron = build_model(folder)
-    learner = Learner(
-        MegatronPolicy(megatron),
-        torch.optim.AdamW(megatron.parameters(), lr=1e-5),
-        LearnerConfig(args.micro, 1.0, LossConfig(agg_mode="token-mean")),
-    )
     plain = LlamaForCausalLM.from_pretrained(folder, torch_dtype=torch.float32)
     plain_opt = torch.optim.AdamW(plain.parameters(), lr=1e-5)
-    gagar_t = _time(lambda: learner.update(samples), args.repeats)
-    plain_t = _time(lambda: _plain_step(plain, plain_opt, samples, args.micro), args.repeats)
+    rows = {
+        "gagar learner (Megatron-Core, SDPA attention)": _learner(folder, args.micro),
+        "gagar learner, Megatron's unfused attention (before)": _learner(
+            folder, args.micro, fused=False
+        ),
+        "gagar learner, KL on (reference forward)": _learner(folder, args.micro, kl=0.05),
+        "gagar learner, 2 mini-batches (behaviour forward)": _learner(
+            folder, args.micro, mini_batches=2
+        ),
+    }
+    calls: dict[str, Any] = {name: (lambda u=update: u(samples)) for name, update in rows.items()}
+    calls["plain PyTorch (transformers)"] = lambda: _plain_step(
+        plain, plain_opt, samples, args.micro
+    )
+    times = _time(calls, args.repeats)
     tokens = sum(len(s.token_ids) for s in samples)
-    rows = {"gagar learner (Megatron-Core)": gagar_t, "plain PyTorch (transformers)": plain_t}
     table = Table(
         title=f"one training step: {args.batch} × {args.seq} tokens, micro-batch {args.micro}"
     )
-    for col in ("implementation", "median s", "tokens/s", "ratio vs plain"):
+    for col in ("implementation", "median s", "tokens/s", "ratio vs plain", "CPU s", "CPU ratio"):
         table.add_column(col)
-    base = statistics.median(plain_t)
+    plain_row = times["plain PyTorch (transformers)"]
+    base, base_cpu = statistics.median(plain_row["wall"]), statistics.median(plain_row["cpu"])
     result = {
         "batch": args.batch,
         "seq": args.seq,
@@ -103,14 +150,24 @@ def main() -> None:
         "threads": torch.get_num_threads(),
         "rows": {},
     }
-    for name, times in rows.items():
-        med = statistics.median(times)
-        table.add_row(name, f"{med:.3f}", f"{tokens / med:.0f}", f"{med / base:.2f}×")
+    for name, row in times.items():
+        med, cpu = statistics.median(row["wall"]), statistics.median(row["cpu"])
+        table.add_row(
+            name,
+            f"{med:.3f}",
+            f"{tokens / med:.0f}",
+            f"{med / base:.2f}×",
+            f"{cpu:.3f}",
+            f"{cpu / base_cpu:.2f}×",
+        )
         result["rows"][name] = {
             "median_seconds": med,
-            "all_seconds": times,
+            "all_seconds": row["wall"],
             "tokens_per_second": tokens / med,
             "ratio_vs_plain": med / base,
+            "median_cpu_seconds": cpu,
+            "all_cpu_seconds": row["cpu"],
+            "cpu_ratio_vs_plain": cpu / base_cpu,
         }
     Console().print(table)
     RESULTS.mkdir(exist_ok=True)

@@ -254,7 +254,31 @@ def _defs() -> list[MetricDef]:
         MetricDef("gagar_loss", G, "Policy loss of the step.", t),
         MetricDef("gagar_kl", G, "KL to the reference policy (estimator as configured).", t),
         MetricDef("gagar_entropy", G, "Mean token entropy of the policy on trained tokens.", t),
-        MetricDef("gagar_clip_ratio", G, "Share of trained tokens whose ratio was clipped.", t),
+        MetricDef(
+            "gagar_clip_ratio", G, "Share of trained tokens whose ratio was clipped (any clip).", t
+        ),
+        MetricDef(
+            "gagar_clip_low_ratio", G, "Share of trained tokens clipped at 1 − ε_low (A < 0).", t
+        ),
+        MetricDef(
+            "gagar_clip_high_ratio", G, "Share of trained tokens clipped at 1 + ε_high (A > 0).", t
+        ),
+        MetricDef("gagar_clip_dual_ratio", G, "Share of trained tokens bounded by dual-clip.", t),
+        MetricDef(
+            "gagar_importance_ratio_mean",
+            G,
+            "Mean PPO ratio π/π_behaviour over the step's trained tokens.",
+            t,
+        ),
+        MetricDef(
+            "gagar_importance_ratio_max",
+            G,
+            "Largest PPO ratio π/π_behaviour over the step's trained tokens.",
+            t,
+        ),
+        MetricDef(
+            "gagar_learning_rate", G, "Learning rate of the step (after warm-up/schedule).", t
+        ),
         MetricDef("gagar_grad_norm", G, "Global gradient norm before clipping.", t),
         MetricDef(
             "gagar_gradient_variance",
@@ -263,6 +287,12 @@ def _defs() -> list[MetricDef]:
             t,
         ),
         MetricDef("gagar_gradient_mean_norm", G, "Norm of the mean micro-batch gradient ‖ḡ‖.", t),
+        MetricDef(
+            "gagar_gradient_variance_scaled",
+            G,
+            "Scale-free gradient variance, tr Cov / ‖ḡ‖² (advantage rescaling cancels out).",
+            t,
+        ),
         MetricDef("gagar_tokens_trained_total", c, "Policy-generated tokens trained on.", t),
         # trainer: behaviour
         MetricDef(

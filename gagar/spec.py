@@ -304,7 +304,26 @@ class Optimizer(Model):
     grad_clip: float = Field(default=1.0, gt=0)
     """Global gradient-norm clip."""
     warmup_steps: int = Field(default=0, ge=0)
-    """Linear warm-up steps."""
+    """RL steps of linear warm-up to ``lr`` (step ``s`` of the warm-up uses ``lr·(s+1)/W``)."""
+    schedule: Literal["constant", "cosine"] = "constant"
+    """After the warm-up: ``constant`` at ``lr``, or ``cosine`` decay to ``minLr`` at
+    ``algorithm.totalSteps``."""
+    min_lr: float = Field(default=0.0, ge=0)
+    """Learning rate the cosine schedule decays to; at most ``lr``."""
+
+    model_config = ConfigDict(
+        json_schema_extra={
+            "x-kubernetes-validations": [
+                _cel("self.minLr <= self.lr", "minLr must not exceed lr", ".minLr")
+            ]
+        }
+    )
+
+    @model_validator(mode="after")
+    def _min_lr_below_lr(self) -> Optimizer:
+        if self.min_lr > self.lr:
+            raise ValueError("spec.algorithm.optimizer.minLr must not exceed lr")
+        return self
 
 
 class AlgorithmSpec(Model):
@@ -320,6 +339,16 @@ class AlgorithmSpec(Model):
     """Policy updates to run."""
     micro_batch_size: int = Field(default=4, ge=1)
     """Trajectories per micro-batch on each data-parallel rank."""
+    micro_batch_tokens: int | None = Field(default=None, ge=16)
+    """Token budget of a micro-batch: trajectories are taken longest first while
+    ``rows × longest`` fits (at most ``microBatchSize`` of them), so padding is to similar
+    lengths; unset: ``microBatchSize`` trajectories in order, padded to their longest."""
+    mini_batches: int = Field(default=1, ge=1, le=1024)
+    """Optimizer steps per pass over a step's batch: the batch is split into this many
+    mini-batches (fewer when it has fewer trajectories)."""
+    ppo_epochs: int = Field(default=1, ge=1, le=64)
+    """Passes over a step's batch; every pass after the first mini-batch's is off-policy, so the
+    PPO ratio (against the behaviour policy's log-probs) and its clips act."""
     seed: int = 0
     """Seed of task sampling, generation and initialization."""
     std_normalize: bool = False

@@ -87,6 +87,15 @@ def _ranking_inputs(
     return factors, usable, hacks
 
 
+def ranking_factors(
+    groups: list[list[Rollout]], rankings: list[Ranking | None], alg: AlgorithmSpec
+) -> Tensor:
+    """Quality factors (G, n) the rankings give, in either mode: GRPO's advantages ignore them,
+    its metrics (the bloated share of passes) measure with them."""
+    passed, valid, _ = _tensors(groups)
+    return _ranking_inputs(rankings, passed, valid, alg)[0]
+
+
 def group_advantages(
     groups: list[list[Rollout]], rankings: list[Ranking | None], alg: AlgorithmSpec
 ) -> GroupBatch:

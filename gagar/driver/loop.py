@@ -3,8 +3,9 @@ steps, the held-out evaluation and the report over a ``Context`` that ``setup.bu
 
 Per step: draw tasks → roll out groups on vLLM in sandboxes → verify against pristine
 tests → dynamic sampling, with eligible groups graded asynchronously under a deadline → GAGAR (or
-GRPO) advantages → one policy update on the Megatron-Core model → weight sync into vLLM through
-its RL weight-transfer API → metrics → checkpoint. A step's record is appended to
+GRPO) advantages → the policy update on the Megatron-Core model (mini-batches × epochs,
+docs/trainer.md) → weight sync into vLLM through its RL weight-transfer API → metrics →
+checkpoint. A step's record is appended to
 ``metrics.jsonl`` before its checkpoint, and a resume truncates the log to the checkpoint's step,
 so a kill at any point loses and repeats nothing.
 """
@@ -136,14 +137,20 @@ async def _collect(ctx: Context) -> Any:
         alg.tasks_per_step,
         alg.dynamic_sampling.max_extra_rounds,
         alg.dynamic_sampling.enabled,
-        grade=alg.mode == "gagar",
+        grade=True,
     )
     rollouts = _rollouts(ctx)
 
     async def rollout(task: Any, draw: int) -> GroupResult:
         return await rollouts.group(task, alg.group_size, alg.seed * 1_000_003 + draw)
 
-    return await collect(ctx.sampler, plan, rollout, lambda g: _grade(ctx, g))
+    async def measure(group: GroupResult) -> Ranking:
+        """GRPO's groups are ranked by the heuristic grader for the metrics only (its
+        advantages ignore rankings), so both modes report the bloated share of passes."""
+        return await ctx.services.fallback_grader.grade(grading_group(group))
+
+    grade = (lambda g: _grade(ctx, g)) if alg.mode == "gagar" else measure
+    return await collect(ctx.sampler, plan, rollout, grade)
 
 
 def _samples(groups: list[GroupResult], per_token: list[list[float]]) -> list[Sample]:
@@ -156,12 +163,15 @@ def _samples(groups: list[GroupResult], per_token: list[list[float]]) -> list[Sa
 
 
 def _group_facts(
-    groups: list[GroupResult], rankings: list[Ranking | None], batch: Any, redistributes: bool
+    groups: list[GroupResult], rankings: list[Ranking | None], batch: Any, alg: AlgorithmSpec
 ) -> dict[str, Any]:
     """Per-step facts about grading: fallbacks, hacks, λ, factors, bloat.
 
-    A fallback is a group GAGAR meant to redistribute and did not; plain GRPO (``redistributes``
-    false) never means to, so it has none (every group would otherwise count as "unusable")."""
+    A fallback is a group GAGAR meant to redistribute and did not; plain GRPO never means to, so
+    it has none (every group would otherwise count as "unusable"). Factors and the bloated share
+    come from the rankings in both modes (GRPO's are measured, not used)."""
+    redistributes = alg.mode == "gagar"
+    factors = adv_mod.ranking_factors([g.rollouts for g in groups], rankings, alg)
     fallbacks: dict[str, int] = {}
     for code in batch.result.fallback.tolist() if redistributes else []:
         if code:
@@ -186,13 +196,13 @@ def _group_facts(
         for j, r in enumerate(g.rollouts)
         if r.valid and r.passed and rankings[gi] is not None
     ]
-    below_t1 = [float(batch.factors[gi, j]) < 1.0 for gi, j in passes]
+    below_t1 = [float(factors[gi, j]) < 1.0 for gi, j in passes]
     return {
         "fallbacks": fallbacks,
         "graded_by": graded_by,
         "hacks": int(batch.hacks.sum()),
         "lambdas": redistributed,
-        "factors": [float(batch.factors[gi, j]) for gi, j in passes],
+        "factors": [float(factors[gi, j]) for gi, j in passes],
         "bloated_passes_ratio": sum(below_t1) / len(below_t1) if below_t1 else 0.0,
     }
 
@@ -224,27 +234,42 @@ def _rollout_facts(all_groups: list[GroupResult]) -> dict[str, Any]:
     }
 
 
+# Learner metric → record field. Fields of a step that trained nothing are absent (no update, no
+# learning rate used, no gradient), never 0; the report's plots and Prometheus skip them.
+LEARNER_FIELDS = {
+    "loss": "loss", "kl": "kl", "entropy": "entropy", "lr": "lr",
+    "rollout_logp_abs_diff": "rollout_logp_abs_diff", "clip_ratio": "pg_clipfrac",
+    "clip_low_ratio": "pg_clipfrac_low", "clip_high_ratio": "pg_clipfrac_high",
+    "clip_dual_ratio": "pg_clipfrac_dual", "ratio_mean": "ratio_mean", "ratio_max": "ratio_max",
+    "tis_weight": "tis_weight", "grad_norm": "grad_norm", "gradient_variance": "gradient_variance",
+    "gradient_variance_scaled": "gradient_variance_scaled",
+    "gradient_mean_norm": "gradient_mean_norm",
+}  # fmt: skip
+
+
+def _learner_record(metrics: dict[str, float]) -> dict[str, Any]:
+    record: dict[str, Any] = {k: metrics[m] for k, m in LEARNER_FIELDS.items() if m in metrics}
+    if metrics:  # trained: no KL term (kl.coef 0) reads 0, as does entropy where not computed
+        record = {"kl": 0.0, "entropy": 0.0, **record}
+    record.update(
+        tokens_trained=int(metrics.get("tokens_trained", 0)),
+        micro_batches=int(metrics.get("micro_batches", 0)),
+        optimizer_steps=int(metrics.get("optimizer_steps", 0)),
+    )
+    return record
+
+
 def _train(ctx: Context, collected: Any) -> tuple[dict[str, Any], dict[str, Any]]:
     """Advantages and the update; returns (record fields, extras for Prometheus)."""
     groups, rankings = collected.groups, collected.rankings
     if not groups:
-        empty = {  # nothing trained: every optimization gauge reads 0 (as loss does)
-            "loss": 0.0,
-            "kl": 0.0,
-            "entropy": 0.0,
-            "clip_ratio": 0.0,
-            "grad_norm": 0.0,
-            "gradient_variance": 0.0,
-            "gradient_mean_norm": 0.0,
-            "tokens_trained": 0,
-            "lambda_mean": 0.0,
-        }
         zero = {
             f"adv_{s}_{k}": 0.0 for s in ("before", "after") for k in ("mean", "std", "abs_max")
         }
         return {
-            **empty,
+            **_learner_record({}),
             **zero,
+            "lambda_mean": 0.0,
             "fallbacks": {},
             "graded_by": {},
             "hacks": 0,
@@ -256,20 +281,12 @@ def _train(ctx: Context, collected: Any) -> tuple[dict[str, Any], dict[str, Any]
     per_token = adv_mod.token_advantages(rollouts, batch.adv, ctx.alg)
     valid = torch.tensor([[r.valid for r in g] for g in rollouts])
     before, after = batch.result.adv_before[valid].tolist(), batch.adv[valid].tolist()
-    facts = _group_facts(groups, rankings, batch, ctx.alg.mode == "gagar")
+    facts = _group_facts(groups, rankings, batch, ctx.alg)
     samples = _samples(groups, per_token)
-    metrics = ctx.call("update", samples) if samples else {}
+    # ctx.step completed steps: this is step index ctx.step, which sets the learning rate.
+    metrics = ctx.call("update", samples, ctx.step) if samples else {}
     record = {
-        "loss": metrics.get("loss", 0.0),
-        "kl": metrics.get("kl", 0.0),
-        "entropy": metrics.get("entropy", 0.0),
-        "rollout_logp_abs_diff": metrics.get("rollout_logp_abs_diff", 0.0),
-        "clip_ratio": metrics.get("pg_clipfrac", 0.0),
-        "grad_norm": metrics.get("grad_norm", 0.0),
-        "gradient_variance": metrics.get("gradient_variance", 0.0),
-        "gradient_mean_norm": metrics.get("gradient_mean_norm", 0.0),
-        "tokens_trained": int(metrics.get("tokens_trained", 0)),
-        "micro_batches": int(metrics.get("micro_batches", 0)),
+        **_learner_record(metrics),
         "trained_groups": len(groups),
         "lambda_mean": sum(facts["lambdas"]) / len(facts["lambdas"]) if facts["lambdas"] else 0.0,
         **{f"adv_before_{k}": v for k, v in rep.summarize(before).items()},
@@ -382,13 +399,22 @@ def dump_rollouts(path: Path, groups: list[GroupResult]) -> None:
 
 
 def _finish_step(ctx: Context, record: dict[str, Any], extras: dict[str, Any]) -> dict[str, Any]:
+    """Append the step's record, then checkpoint (a resume truncates the log to its checkpoint,
+    so a kill in between repeats nothing). A checkpoint's duration is known only after it, so a
+    checkpoint step's record is appended without ``checkpoint_seconds`` and, once the save is
+    complete, rewritten in place (atomically: ``rep.rewrite_last_jsonl``) with the measured
+    time; a kill between the two leaves it absent (unknown), never a made-up 0."""
     spec = ctx.run.spec.trainer.checkpoint
-    t = time.perf_counter()
-    record["checkpoint_seconds"] = 0.0
-    rep.append_jsonl(ctx.out / "metrics.jsonl", record)
+    log = ctx.out / "metrics.jsonl"
     if ctx.step % spec.interval_steps == 0 or ctx.step == ctx.alg.total_steps:
+        rep.append_jsonl(log, record)
+        t = time.perf_counter()
         save_checkpoint(ctx)
         record["checkpoint_seconds"] = time.perf_counter() - t
+        rep.rewrite_last_jsonl(log, record)
+    else:
+        record["checkpoint_seconds"] = 0.0  # no checkpoint this step
+        rep.append_jsonl(log, record)
     record["checkpoint_step"] = ctx.ckpt.complete()[-1].step if ctx.ckpt.complete() else 0
     rep.export(ctx.metrics, ctx.run.metadata.name, record, extras)
     ctx.trackers.log_step(record)

@@ -30,6 +30,13 @@ GAUGES = {
     "clip_ratio": "gagar_clip_ratio",
     "grad_norm": "gagar_grad_norm",
     "gradient_variance": "gagar_gradient_variance",
+    "gradient_variance_scaled": "gagar_gradient_variance_scaled",
+    "lr": "gagar_learning_rate",
+    "clip_low_ratio": "gagar_clip_low_ratio",
+    "clip_high_ratio": "gagar_clip_high_ratio",
+    "clip_dual_ratio": "gagar_clip_dual_ratio",
+    "ratio_mean": "gagar_importance_ratio_mean",
+    "ratio_max": "gagar_importance_ratio_max",
     "gradient_mean_norm": "gagar_gradient_mean_norm",
     "checkpoint_step": "gagar_checkpoint_step",
 }
@@ -51,6 +58,20 @@ def append_jsonl(path: Path, record: dict[str, Any]) -> None:
         fh.write(json.dumps(record) + "\n")
         fh.flush()
         os.fsync(fh.fileno())
+
+
+def rewrite_last_jsonl(path: Path, record: dict[str, Any]) -> None:
+    """Replace the last record (that of the same step) by ``record``: a new file, fsync'ed, then
+    renamed over the old one, so a kill leaves the old record or the new one."""
+    lines = path.read_text().splitlines()
+    if not lines or json.loads(lines[-1]).get("step") != record.get("step"):
+        raise ValueError(f"{path}: the last record is not that of step {record.get('step')}")
+    tmp = path.with_suffix(path.suffix + ".tmp")
+    with open(tmp, "w") as fh:
+        fh.write("\n".join([*lines[:-1], json.dumps(record)]) + "\n")
+        fh.flush()
+        os.fsync(fh.fileno())
+    os.replace(tmp, path)
 
 
 def read_jsonl(path: Path) -> list[dict[str, Any]]:
@@ -113,11 +134,26 @@ PLOTS = {
     "bloat.png": (("bloated_passes_ratio",), "share of passes graded below T1"),
     "lambda.png": (("lambda_mean",), "mean λ of redistributed groups"),
     "gradient_variance.png": (("gradient_variance",), "tr Cov of micro-batch gradients"),
+    "gradient_variance_scaled.png": (
+        ("gradient_variance_scaled",),
+        "scale-free gradient variance: tr Cov / ‖mean gradient‖²",
+    ),
+    "learning.png": (
+        ("lr", "kl", "clip_ratio", "ratio_max"),
+        "learning rate, KL to the reference, clipped share, max importance ratio",
+    ),
     "advantages.png": (
         ("adv_before_abs_max", "adv_after_abs_max", "adv_before_std", "adv_after_std"),
         "advantages before/after redistribution",
     ),
 }
+
+
+def series(records: list[dict[str, Any]], key: str) -> tuple[list[int], list[float]]:
+    """(steps, values) of ``key``; a step without it (e.g. no gradient variance: it trained
+    nothing, or on one micro-batch) is left out, not drawn as 0."""
+    have = [r for r in records if r.get(key) is not None]
+    return [r["step"] for r in have], [float(r[key]) for r in have]
 
 
 def write_report(
@@ -129,11 +165,10 @@ def write_report(
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    steps = [r["step"] for r in records]
     for name, (keys, title) in PLOTS.items():
         fig, ax = plt.subplots(figsize=(6, 3.5))
         for key in keys:
-            ax.plot(steps, [r.get(key, 0.0) for r in records], marker="o", label=key)
+            ax.plot(*series(records, key), marker="o", label=key)
         ax.set_title(title)
         ax.set_xlabel("step")
         ax.legend(fontsize=7)

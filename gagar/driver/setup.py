@@ -39,6 +39,7 @@ from gagar.trainer.distributed import LayoutMismatch, RankState, Team
 from gagar.trainer.learner import DataParallel, Learner, LearnerConfig, Sample
 from gagar.trainer.loss import LossConfig
 from gagar.trainer.policy import MegatronPolicy
+from gagar.trainer.schedule import LRSchedule
 
 
 def quiet_megatron() -> None:
@@ -109,8 +110,16 @@ def load_policy(policy_dir: Path) -> Any:
 
 
 def build_learner(
-    run: GagarRun, model: Any, loss_mode: str | None = None, parallel: DataParallel | None = None
+    run: GagarRun,
+    model: Any,
+    parallel: DataParallel | None = None,
+    reference: Any = None,
+    *,
+    sft: bool = False,
 ) -> Learner:
+    """The RL learner of ``spec.algorithm`` (``reference``: the KL's frozen model, needed when
+    ``kl.coef`` > 0), or with ``sft`` the warm start's: token-mean, one optimizer step per
+    batch, no KL."""
     from gagar.trainer.model.parallel import current_parallel
 
     alg = run.spec.algorithm
@@ -119,18 +128,31 @@ def build_learner(
         model.parameters(), lr=o.lr, betas=o.betas, weight_decay=o.weight_decay
     )
     loss = LossConfig(
-        eps_low=lo.clip_low, eps_high=lo.clip_high, dual_clip=lo.dual_clip, agg_mode=loss_mode or lo.aggregation,  # type: ignore[arg-type]
-        max_len=run.spec.rollout.agent.max_context_tokens, tis_cap=lo.truncated_is_cap, kl_coef=lo.kl.coef, kl_estimator=lo.kl.estimator,
+        eps_low=lo.clip_low, eps_high=lo.clip_high, dual_clip=lo.dual_clip, agg_mode="token-mean" if sft else lo.aggregation,
+        max_len=run.spec.rollout.agent.max_context_tokens, tis_cap=lo.truncated_is_cap, kl_coef=0.0 if sft else lo.kl.coef, kl_estimator=lo.kl.estimator,
     )  # fmt: skip
-    policy = MegatronPolicy(model, tensor_parallel=current_parallel().tp)
-    return Learner(
-        policy,
-        optimizer,
-        LearnerConfig(
-            alg.micro_batch_size, o.grad_clip, loss, comp.compute_autocast(run.spec, model)
-        ),
-        parallel,
-    )
+    tp = current_parallel().tp
+    schedule = LRSchedule(o.lr, o.warmup_steps, o.schedule, o.min_lr, alg.total_steps)
+    cfg = LearnerConfig(
+        alg.micro_batch_size, o.grad_clip, loss, comp.compute_autocast(run.spec, model),
+        micro_batch_tokens=alg.micro_batch_tokens,
+        mini_batches=1 if sft else alg.mini_batches, epochs=1 if sft else alg.ppo_epochs,
+        lr=None if sft else schedule,
+    )  # fmt: skip
+    ref = MegatronPolicy(reference, tensor_parallel=tp) if loss.kl_coef > 0 else None
+    learner = Learner(MegatronPolicy(model, tensor_parallel=tp), optimizer, cfg, parallel, ref)
+    learner.reset_reference()
+    return learner
+
+
+def frozen_reference(policy_dir: Path) -> Any:
+    """The KL's reference: a second shard of the policy, built in the same parallel layout, in
+    eval mode, without gradients (``Learner.reset_reference`` gives it the start weights)."""
+    model = load_policy(policy_dir)
+    model.eval()
+    for p in model.parameters():
+        p.requires_grad_(False)
+    return model
 
 
 @dataclass
@@ -142,17 +164,22 @@ class SftStep:
     model: Any
     parallel: DataParallel | None = None
     console: Console | None = None
+    rl_learner: Learner | None = None
 
     def __call__(self, batches: list[list[Sample]]) -> list[float]:
-        learner = build_learner(self.run, self.model, "token-mean", self.parallel)
+        learner = build_learner(self.run, self.model, self.parallel, sft=True)
         for group in learner.optimizer.param_groups:
             group["lr"] = sft_lr(self.run.spec.model)
         if self.console is None:
-            return sft(learner, batches, None)
-        with progress_bar("SFT", self.console) as bar:
-            task = bar.add_task("", total=len(batches))
-            return sft(learner, batches, lambda i, nll: bar.update(
-                task, completed=i, description=f"nll/token {nll:.3f}"))  # fmt: skip
+            losses = sft(learner, batches, None)
+        else:
+            with progress_bar("SFT", self.console) as bar:
+                task = bar.add_task("", total=len(batches))
+                losses = sft(learner, batches, lambda i, nll: bar.update(
+                    task, completed=i, description=f"nll/token {nll:.3f}"))  # fmt: skip
+        if self.rl_learner is not None:  # the warm-started policy is the KL's reference
+            self.rl_learner.reset_reference()
+        return losses
 
 
 def rank_team(
@@ -167,7 +194,7 @@ def rank_team(
     p = current_parallel()
     rank = RankState(model, learner, ckpt, {"tp": p.tp, "ep": p.ep, "pp": p.pp}, group)
     leader = not dist.is_initialized() or dist.get_rank() == 0
-    sft = SftStep(run, model, learner.parallel, console if leader else None)
+    sft = SftStep(run, model, learner.parallel, console if leader else None, learner)
     return Team({**rank.handlers(), "sft": sft}, group)
 
 
@@ -315,7 +342,8 @@ def build_rank(run: GagarRun, provider: Provider) -> Rank:
     torch.manual_seed(run.spec.algorithm.seed)
     policy_dir = provider.base_policy(run, group)
     model = load_policy(policy_dir)
-    learner = build_learner(run, model, parallel=provider.data_parallel())
+    reference = frozen_reference(policy_dir) if run.spec.algorithm.loss.kl.coef > 0 else None
+    learner = build_learner(run, model, provider.data_parallel(), reference)
     ckpt = CheckpointManager(provider.out / "checkpoints", keep=run.spec.trainer.checkpoint.keep)
     team = rank_team(run, model, learner, ckpt, group, provider.console)
     return Rank(run, provider.out, policy_dir, model, learner, ckpt, team)

@@ -102,13 +102,23 @@ class GroupDataParallel:
         out[2] /= self.size
         return out
 
-    def sum_metrics(self, totals: dict[str, float]) -> dict[str, float]:
+    def _gather(self, values: dict[str, float]) -> list[dict[str, float]]:
         gathered: list[Any] = [None] * self.size
-        dist.all_gather_object(gathered, totals, group=self.group)
+        dist.all_gather_object(gathered, values, group=self.group)
+        return gathered
+
+    def sum_metrics(self, totals: dict[str, float]) -> dict[str, float]:
         out: dict[str, float] = {}
-        for part in gathered:
+        for part in self._gather(totals):
             for key, value in part.items():
                 out[key] = out.get(key, 0.0) + value
+        return out
+
+    def max_metrics(self, maxima: dict[str, float]) -> dict[str, float]:
+        out: dict[str, float] = {}
+        for part in self._gather(maxima):
+            for key, value in part.items():
+                out[key] = max(out.get(key, value), value)
         return out
 
 
@@ -231,8 +241,8 @@ class RankState:
     def world(self) -> int:
         return dist.get_world_size() if dist.is_initialized() else 1
 
-    def update(self, samples: list[Sample]) -> dict[str, float]:
-        return self.learner.update(samples)
+    def update(self, samples: list[Sample], step: int | None = None) -> dict[str, float]:
+        return self.learner.update(samples, step)
 
     def weights(self) -> list[tuple[str, torch.Tensor]]:
         """The full HF-named weights on global rank 0 (a gather over every shard; empty elsewhere)."""
@@ -242,11 +252,15 @@ class RankState:
 
     def _parts(self) -> dict[str, Any]:
         r, w = self.rank, self.world
-        return {
+        parts = {
             _part("model", r, w): self.model.state_dict(),
             _part("optimizer", r, w): self.learner.optimizer.state_dict(),
             _part("rng", r, w): torch.get_rng_state(),
         }
+        reference = self.learner.reference_state()
+        if reference is not None:  # the start policy: a resumed run keeps it, not its own start
+            parts[_part("reference", r, w)] = reference
+        return parts
 
     def save(self, step: int, state: dict[str, Any]) -> None:
         """Every rank writes its parts; rank 0 commits them as one checkpoint."""
@@ -279,4 +293,6 @@ class RankState:
         self.model.load_state_dict(ckpt.load(_part("model", r, w)))
         self.learner.optimizer.load_state_dict(ckpt.load(_part("optimizer", r, w)))
         torch.set_rng_state(ckpt.load(_part("rng", r, w)))
+        if self.learner.reference is not None:
+            self.learner.load_reference(ckpt.load(_part("reference", r, w)))
         return state

@@ -26,10 +26,12 @@ import torch
 Reduce = Callable[[torch.Tensor], torch.Tensor]
 
 
-def trace_covariance(sum_sq_contrib: float, mean_grad_sq_norm: float, num_micro: int) -> float:
-    """``(M² S2 − M ‖ḡ‖²) / (M − 1)``; 0 when there is a single micro-batch."""
+def trace_covariance(
+    sum_sq_contrib: float, mean_grad_sq_norm: float, num_micro: int
+) -> float | None:
+    """``(M² S2 − M ‖ḡ‖²) / (M − 1)``; None (undefined, not 0) below two micro-batches."""
     if num_micro < 2:
-        return 0.0
+        return None
     m = float(num_micro)
     value = (m * m * sum_sq_contrib - m * mean_grad_sq_norm) / (m - 1.0)
     return max(value, 0.0)  # rounding can make a zero variance slightly negative
@@ -57,17 +59,18 @@ class GradVarianceTracker:
         return torch.zeros_like(p, dtype=torch.float32) if g is None else g.detach().float()
 
     def after_micro_batch(self) -> None:
-        total = 0.0
-        for i, p in enumerate(self.params):
-            grad = self._grad(p)
-            if self.count(p):
-                total += float((grad - self._prev[i]).pow(2).sum())
-            self._prev[i].copy_(grad)
-        self.sum_sq += total
+        grads = [self._grad(p) for p in self.params]
+        counted = [i for i, p in enumerate(self.params) if self.count(p)]
+        # One fused pass per operation over all tensors (torch's foreach kernels), not four
+        # small ops per parameter: this runs after every micro-batch.
+        diffs = torch._foreach_sub([grads[i] for i in counted], [self._prev[i] for i in counted])
+        norms = torch._foreach_norm(diffs) if diffs else []
+        self.sum_sq += float(torch.stack(norms).double().pow(2).sum()) if norms else 0.0
+        torch._foreach_copy_(self._prev, grads)
         self.num_micro += 1
 
-    def result(self, reduce: Reduce | None = None) -> tuple[float, float]:
-        """Return ``(tr Cov, ‖ḡ‖)``; ``reduce`` all-reduces ``[S2, M, ‖ḡ‖²-partial]`` across ranks."""
+    def result(self, reduce: Reduce | None = None) -> tuple[float | None, float]:
+        """Return ``(tr Cov or None below two micro-batches, ‖ḡ‖)``; ``reduce`` all-reduces ``[S2, M, ‖ḡ‖²-partial]`` across ranks."""
         grad_sq = sum(float(self._grad(p).pow(2).sum()) for p in self.params if self.count(p))
         stats = torch.tensor([self.sum_sq, float(self.num_micro), grad_sq], dtype=torch.float64)
         if reduce is not None:

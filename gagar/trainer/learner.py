@@ -1,30 +1,40 @@
-"""One policy update from a step's trajectories: micro-batches, global normalization, variance.
+"""One RL step's policy updates from its trajectories: mini-batches, epochs, micro-batches.
 
 The learner sees token-level samples (token ids, loss mask, rollout log-probs, per-token
 advantages, group ids) and a ``PolicyModel`` that returns next-token log-probs; it does not know
 about rollouts, graders or Megatron (the Megatron adapter implements ``PolicyModel``).
 
-One optimizer step per training step: the loss is a sum of micro-batch contributions, each
-normalized by counts over the *global* batch (``loss.global_counts``), so the gradient does not
-depend on the micro-batch size or the data-parallel size.
+A step's batch is split into ``mini_batches`` contiguous mini-batches, each one optimizer step,
+and the pass over them is repeated ``epochs`` times (verl's and OpenRLHF's PPO loop). Within an
+optimizer step the loss is a sum of micro-batch contributions, each normalized by counts over that
+mini-batch (``loss.global_counts``), so its gradient does not depend on the micro-batch size or
+the data-parallel size.
+
+The importance ratio's ``old_logp`` is the behaviour policy's: the policy as it was when the step
+began (the weights the rollouts were sampled with), computed once, before the first optimizer
+step. For the first mini-batch of the first epoch it is the training forward's own log-prob,
+detached (the weights have not moved yet: the ratio is exactly 1, and one mini-batch and one epoch
+is the plain single update, bit for bit); every other micro-batch gets a no-grad forward pass
+before the first update. The rollout engine's log-probs enter through the optional truncated
+importance correction (``exp(old_logp − rollout_logp)`` capped); a frozen ``reference`` policy's
+log-probs, also computed once per step, enter the KL term when ``kl_coef > 0``.
 
 Data parallelism (``DataParallel``): every replica is handed the *whole* step batch (the driver
 broadcasts it), so counts and per-prompt token numbers are computed on the full batch, and
-replica ``r`` of ``R`` runs micro-batches ``r, r + R, ...``. Gradients are then summed over the
-replicas (each is already a global-normalized partial sum), so the update equals the one a single
-process would make on the whole batch. When collectives run inside the forward pass (expert
-parallelism's token dispatch), every replica must run the same number of equally shaped
-micro-batches: ``equal_shapes`` pads them and gives the replicas short of work a zero-weight
-micro-batch. ``old_logp`` is the current policy's
-log-prob detached (the data is used for exactly one update, so the PPO ratio starts at 1); the
-rollout engine's log-probs enter through the optional truncated importance correction.
+replica ``r`` of ``R`` runs micro-batches ``r, r + R, ...`` of each mini-batch. Gradients are then
+summed over the replicas (each is already a global-normalized partial sum), so the update equals
+the one a single process would make on the whole batch. When collectives run inside the forward
+pass (expert parallelism's token dispatch), every replica must run the same number of equally
+shaped micro-batches: ``equal_shapes`` pads them and gives the replicas short of work a
+zero-weight micro-batch (also in the no-grad passes).
 """
 
 from __future__ import annotations
 
 import contextlib
+import itertools
 import math
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
 
@@ -33,6 +43,7 @@ from torch import Tensor
 
 from gagar.trainer.gradvar import GradVarianceTracker
 from gagar.trainer.loss import (
+    LOG_RATIO_CLAMP,
     GlobalCounts,
     LossConfig,
     PolicyBatch,
@@ -91,6 +102,10 @@ class DataParallel(Protocol):
         """Sum additive metrics over the replicas."""
         ...
 
+    def max_metrics(self, maxima: dict[str, float]) -> dict[str, float]:
+        """Maximum of each metric over the replicas."""
+        ...
+
 
 @dataclass(frozen=True)
 class LearnerConfig:
@@ -101,6 +116,19 @@ class LearnerConfig:
     """Mixed precision for float32 parameters: forward *and* backward run under
     ``torch.autocast`` (Megatron's linear layers are custom autograd functions whose backward
     matmuls need it too); log-probabilities, the loss and the gradients stay float32."""
+    micro_batch_tokens: int | None = None
+    """Token budget of a micro-batch (rows × padded width); None: ``micro_batch_size`` rows in
+    order. Either way a micro-batch holds at most ``micro_batch_size`` samples."""
+    mini_batches: int = 1
+    """Optimizer steps per pass over the step's batch."""
+    epochs: int = 1
+    """Passes over the step's batch."""
+    lr: Callable[[int], float] | None = None
+    """Learning rate of RL step ``step`` (0-based); None leaves the optimizer's as it is."""
+
+    def __post_init__(self) -> None:
+        if self.micro_batch_size < 1 or self.mini_batches < 1 or self.epochs < 1:
+            raise ValueError("micro_batch_size, mini_batches and epochs must be >= 1")
 
 
 def _pad(rows: list[list[float]] | list[list[int]], width: int, dtype: torch.dtype) -> Tensor:
@@ -118,9 +146,21 @@ class _MicroBatch:
     rollout_logp: Tensor  # (B, T)
     adv: Tensor  # (B, T)
     prompt_tokens: Tensor  # (B,)
+    old_logp: Tensor | None = None  # (B, T) behaviour policy; None: this forward's own (detached)
+    ref_logp: Tensor | None = None  # (B, T) reference policy (KL)
+    real: bool = True  # False: a zero-weight round that only joins the collectives
 
     def to(self, device: torch.device) -> _MicroBatch:
-        return _MicroBatch(*(getattr(self, f).to(device) for f in self.__dataclass_fields__))
+        tensors = {f: getattr(self, f) for f in self.__dataclass_fields__}
+        return replace(
+            self, **{f: x.to(device) for f, x in tensors.items() if isinstance(x, Tensor)}
+        )
+
+
+@dataclass
+class _MiniBatch:
+    counts: GlobalCounts  # over the mini-batch: the denominators of its optimizer step
+    micro: list[_MicroBatch]  # this replica's rounds
 
 
 def _collate(
@@ -147,6 +187,13 @@ def _zero_weight(samples: list[Sample]) -> list[Sample]:
     return [replace(s, loss_mask=[0] * len(s.loss_mask)) for s in samples]
 
 
+def _split(n: int, parts: int) -> list[range]:
+    """``parts`` contiguous, nearly equal ranges of ``n`` samples (fewer when ``n < parts``)."""
+    parts = min(parts, n)
+    bounds = [n * k // parts for k in range(parts + 1)]
+    return [range(a, b) for a, b in itertools.pairwise(bounds)]
+
+
 def _check(samples: list[Sample]) -> None:
     if not samples:
         raise ValueError("no samples to train on")
@@ -162,8 +209,13 @@ def _check(samples: list[Sample]) -> None:
             raise ValueError(f"sample {i}: non-finite advantage")
 
 
+# Token means over the optimizer steps (weighted by each step's tokens); the rest as named.
+_MAXIMA = ("ratio_max",)
+_STEP_MEANS = ("grad_norm", "gradient_variance", "gradient_mean_norm", "gradient_variance_scaled")
+
+
 class Learner:
-    """Owns the optimizer; ``update(samples)`` runs one optimizer step and returns metrics."""
+    """Owns the optimizer; ``update(samples, step)`` runs one RL step's optimizer steps."""
 
     def __init__(
         self,
@@ -171,49 +223,148 @@ class Learner:
         optimizer: torch.optim.Optimizer,
         cfg: LearnerConfig,
         parallel: DataParallel | None = None,
+        reference: PolicyModel | None = None,
     ) -> None:
         self.model, self.optimizer, self.cfg, self.parallel = model, optimizer, cfg, parallel
+        self.reference = reference
+        if cfg.loss.kl_coef > 0 and reference is None:
+            raise ValueError("kl_coef > 0 needs a reference policy")
+        if reference is not None:
+            for p in reference.parameters():
+                p.requires_grad_(False)
 
-    def _batches(
-        self, samples: list[Sample], prompt_tokens: Tensor, width: int
-    ) -> Iterator[tuple[_MicroBatch, bool]]:
-        """This replica's micro-batches, each with whether it carries weight (see module doc)."""
-        mb, dp = self.cfg.micro_batch_size, self.parallel
-        chunks = [range(i, min(i + mb, len(samples))) for i in range(0, len(samples), mb)]
+    def reset_reference(self) -> None:
+        """Freeze the policy as it is now as the reference (after the warm start)."""
+        if self.reference is not None:
+            self.load_reference([p.detach() for p in self.model.parameters()])
+
+    def reference_state(self) -> list[Tensor] | None:
+        """The reference's parameters, for a checkpoint (None without a reference)."""
+        if self.reference is None:
+            return None
+        return [p.detach().clone() for p in self.reference.parameters()]
+
+    def load_reference(self, tensors: list[Tensor]) -> None:
+        assert self.reference is not None
+        params = list(self.reference.parameters())
+        if len(params) != len(tensors) or any(
+            p.shape != t.shape for p, t in zip(params, tensors, strict=True)
+        ):
+            raise ValueError("the reference state does not fit this policy's shards")
+        with torch.no_grad():
+            for p, t in zip(params, tensors, strict=True):
+                p.copy_(t)
+
+    def _set_lr(self, step: int | None) -> float:
+        if self.cfg.lr is not None and step is not None:
+            for group in self.optimizer.param_groups:
+                group["lr"] = self.cfg.lr(step)
+        return float(self.optimizer.param_groups[0]["lr"])
+
+    def _chunks(self, samples: list[Sample], mini: range) -> list[list[int]]:
+        """The micro-batches of ``mini`` (sample indices): ``micro_batch_size`` samples in order,
+        or with ``micro_batch_tokens`` the longest first, each micro-batch taking samples while
+        ``rows × its longest`` fits the budget (and the size): padding is then to similar
+        lengths, not to the longest of a random few."""
+        mb, budget = self.cfg.micro_batch_size, self.cfg.micro_batch_tokens
+        if budget is None:
+            return [
+                list(range(i, min(i + mb, mini.stop))) for i in range(mini.start, mini.stop, mb)
+            ]
+        chunks: list[list[int]] = []
+        for j in sorted(mini, key=lambda j: -len(samples[j].token_ids)):
+            cur = chunks[-1] if chunks else []
+            if cur and len(cur) < mb and (len(cur) + 1) * len(samples[cur[0]].token_ids) <= budget:
+                cur.append(j)
+            else:
+                chunks.append([j])
+        return chunks
+
+    def _rounds(self, chunks: list[list[int]]) -> list[tuple[list[int], bool]]:
+        """This replica's micro-batches, each with whether it carries weight."""
+        dp = self.parallel
         mine = chunks if dp is None else chunks[dp.rank :: dp.size]
-        shape = (mb, width) if dp is not None and dp.equal_shapes else None
-        rounds = -(-len(chunks) // dp.size) if shape and dp is not None else len(mine)
-        for i in range(rounds):
-            real = i < len(mine)
-            rows = mine[i] if real else chunks[0]
-            part = [samples[j] for j in rows]
-            tokens = prompt_tokens[rows.start : rows.stop]
-            yield _collate(part if real else _zero_weight(part), tokens, shape), real
+        if dp is None or not dp.equal_shapes:
+            return [(rows, True) for rows in mine]
+        rounds = -(-len(chunks) // dp.size)
+        return [(mine[i], True) if i < len(mine) else (chunks[0], False) for i in range(rounds)]
 
-    def update(self, samples: list[Sample]) -> dict[str, float]:
-        _check(samples)
-        width = max(len(s.token_ids) for s in samples)
-        mask = _pad([s.loss_mask for s in samples], width, torch.long).bool()
-        groups = torch.tensor([s.group for s in samples])
-        # Every replica holds the whole batch: the global counts are computed, not reduced.
+    def _plan(self, samples: list[Sample], mini: range, width: int) -> _MiniBatch:
+        part = samples[mini.start : mini.stop]
+        mask = _pad([s.loss_mask for s in part], width, torch.long).bool()
+        groups = torch.tensor([s.group for s in part])
+        # Every replica holds the whole batch: the counts are computed, not reduced.
         counts, prompt_tokens = global_counts(mask, groups), prompt_token_counts(mask, groups)
+        dp, chunks = self.parallel, self._chunks(samples, mini)
+        rows = max(self.cfg.micro_batch_size if self.cfg.micro_batch_tokens is None else 0,
+                   *(len(c) for c in chunks))  # fmt: skip
+        shape = (rows, width) if dp is not None and dp.equal_shapes else None
+        micro = []
+        for chosen, real in self._rounds(chunks):
+            tokens = prompt_tokens[[j - mini.start for j in chosen]]
+            picked = [samples[j] for j in chosen]
+            batch = _collate(picked if real else _zero_weight(picked), tokens, shape)
+            batch.real = real
+            micro.append(batch)
+        return _MiniBatch(counts, micro)
+
+    def _score(self, model: PolicyModel, batch: _MicroBatch) -> Tensor:
+        device = next(iter(model.parameters())).device
+        with torch.no_grad(), self._precision(batch.input_ids):
+            logp, _ = model.token_logprobs(batch.input_ids.to(device), batch.attention.to(device))
+        return logp.float()
+
+    def _behaviour(self, minis: list[_MiniBatch]) -> None:
+        """Old and reference log-probs, before the first optimizer step (see the module doc)."""
+        kl = self.cfg.loss.kl_coef > 0
+        for k, mini in enumerate(minis):
+            for batch in mini.micro:
+                if k > 0 or self.cfg.epochs > 1:
+                    batch.old_logp = self._score(self.model, batch)
+                if kl:
+                    assert self.reference is not None
+                    batch.ref_logp = self._score(self.reference, batch)
+
+    def update(self, samples: list[Sample], step: int | None = None) -> dict[str, float]:
+        """``step``: the RL step's index (0-based), which sets the learning rate."""
+        _check(samples)
+        lr = self._set_lr(step)
+        width = max(len(s.token_ids) for s in samples)
+        minis = [self._plan(samples, m, width) for m in _split(len(samples), self.cfg.mini_batches)]
+        self._behaviour(minis)
         params = list(self.model.parameters())
+        results = [
+            self._optimizer_step(params, mini) for _ in range(self.cfg.epochs) for mini in minis
+        ]
+        out = _combine(results)
+        out.update(
+            lr=lr,
+            optimizer_steps=float(len(results)),
+            tokens_trained=sum(m.counts.num_tokens for m in minis),
+        )
+        return out
+
+    def _optimizer_step(self, params: list[Any], mini: _MiniBatch) -> dict[str, float]:
         tracker = GradVarianceTracker(params, self.parallel.counted if self.parallel else None)
         self.optimizer.zero_grad(set_to_none=True)
         totals: dict[str, float] = {}
-        for batch, real in self._batches(samples, prompt_tokens, width):
-            loss, metrics = self._micro_step(batch, counts)
-            if real:  # a zero-weight round adds nothing to the gradient or the metrics
+        maxima: dict[str, float] = {}
+        for batch in mini.micro:
+            loss, metrics, peaks = self._micro_step(batch, mini.counts)
+            if batch.real:  # a zero-weight round adds nothing to the gradient or the metrics
                 tracker.after_micro_batch()
                 for key, value in {"loss": loss.detach(), **metrics}.items():
                     totals[key] = totals.get(key, 0.0) + float(value)
-        return self._step(params, tracker, totals, counts)
+                for key, value in peaks.items():
+                    maxima[key] = max(maxima.get(key, -math.inf), value)
+        return self._step(params, tracker, totals, maxima, mini.counts)
 
     def _step(
         self,
         params: list[Any],
         tracker: GradVarianceTracker,
         totals: dict[str, float],
+        maxima: dict[str, float],
         counts: GlobalCounts,
     ) -> dict[str, float]:
         """Sum over replicas, clip by the global norm, step; returns the step's metrics."""
@@ -221,6 +372,7 @@ class Learner:
         if dp is not None:
             dp.sync_grads(params)
             totals = dp.sum_metrics(totals)
+            maxima = dp.max_metrics(maxima)
         variance, mean_norm = tracker.result(dp.reduce_variance if dp is not None else None)
         grad_norm = dp.grad_norm(params) if dp is not None else _local_norm(params)
         if not math.isfinite(grad_norm):
@@ -228,12 +380,14 @@ class Learner:
             raise FloatingPointError(f"non-finite gradient norm {grad_norm}: update skipped")
         _clip(params, self.cfg.grad_clip, grad_norm)
         self.optimizer.step()
-        totals.update(
-            grad_norm=grad_norm,
-            gradient_variance=variance,
-            gradient_mean_norm=mean_norm,
-            tokens_trained=counts.num_tokens,
-            micro_batches=float(tracker.num_micro) if dp is None else _global_micro(tracker, dp),
+        totals.update(maxima, grad_norm=grad_norm, gradient_mean_norm=mean_norm)
+        if variance is not None:  # one micro-batch has no variance across micro-batches
+            totals["gradient_variance"] = variance
+            if mean_norm > 0:
+                totals["gradient_variance_scaled"] = variance / mean_norm**2
+        totals["tokens"] = counts.num_tokens
+        totals["micro_batches"] = (
+            float(tracker.num_micro) if dp is None else _global_micro(tracker, dp)
         )
         return totals
 
@@ -244,32 +398,57 @@ class Learner:
 
     def _micro_step(
         self, batch: _MicroBatch, counts: GlobalCounts
-    ) -> tuple[Tensor, dict[str, Tensor]]:
+    ) -> tuple[Tensor, dict[str, Tensor], dict[str, float]]:
         device = next(iter(self.model.parameters())).device  # the batch goes where the model is
         batch = batch.to(device)
         with self._precision(batch.input_ids):
             logp, entropy = self.model.token_logprobs(batch.input_ids, batch.attention)
+        old = logp.detach() if batch.old_logp is None else batch.old_logp
         policy = PolicyBatch(
             logp=logp,
-            old_logp=logp.detach(),
+            old_logp=old,
             adv=batch.adv,
             mask=batch.mask,
             prompt_tokens=batch.prompt_tokens,
             rollout_logp=batch.rollout_logp,
+            ref_logp=batch.ref_logp,
         )
         loss, metrics = policy_loss(policy, counts, self.cfg.loss)
         with self._precision(batch.input_ids):
             loss.backward()
-        metrics["nll"] = -torch.where(batch.mask, logp.detach(), 0).sum() / counts.num_tokens
+        mask, n = batch.mask, counts.num_tokens
+        metrics["nll"] = -torch.where(mask, logp.detach(), 0).sum() / n
         # Trainer vs rollout engine on the same tokens: ~0 when conversion, serving and weight sync
         # agree (the policy's sampled tokens are scored by both with the weights that sampled them).
         gap = (logp.detach() - batch.rollout_logp).abs()
-        metrics["rollout_logp_abs_diff"] = torch.where(batch.mask, gap, 0).sum() / counts.num_tokens
+        metrics["rollout_logp_abs_diff"] = torch.where(mask, gap, 0).sum() / n
         if entropy is not None:
-            metrics["entropy"] = (
-                torch.where(batch.mask, entropy.detach(), 0).sum() / counts.num_tokens
-            )
-        return loss, metrics
+            metrics["entropy"] = torch.where(mask, entropy.detach(), 0).sum() / n
+        peaks = {}
+        if bool(mask.any()):
+            log_ratio = (logp.detach() - old).clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)
+            peaks["ratio_max"] = float(torch.exp(log_ratio[mask]).max())
+        return loss, metrics, peaks
+
+
+def _combine(steps: list[dict[str, float]]) -> dict[str, float]:
+    """One RL step's metrics from its optimizer steps': token-weighted means of the additive ones
+    (one step: its own values), plain means of the per-step ones (over the steps that have them),
+    maxima, and the total of micro-batches."""
+    tokens = sum(s["tokens"] for s in steps)
+    out: dict[str, float] = {}
+    for key in {k for s in steps for k in s} - {"tokens", "micro_batches"}:
+        have = [s for s in steps if key in s]
+        if key in _MAXIMA:
+            out[key] = max(s[key] for s in have)
+        elif key in _STEP_MEANS:
+            out[key] = sum(s[key] for s in have) / len(have)
+        elif len(steps) == 1:
+            out[key] = steps[0][key]
+        else:
+            out[key] = sum(s[key] * s["tokens"] for s in have) / tokens
+    out["micro_batches"] = sum(s["micro_batches"] for s in steps)
+    return out
 
 
 def _local_norm(params: list[Any]) -> float:
@@ -300,28 +479,36 @@ ROWS_PER_CHUNK = 1024  # positions whose full-vocabulary float32 row is material
 
 
 class _TokenLogprob(torch.autograd.Function):
-    """``log softmax(logits)[target]`` per position without a (B, T, V) float32 log-softmax.
+    """``log softmax(logits)[target]`` per position, and the entropy of each position's
+    distribution (no gradient), without a (B, T, V) float32 log-softmax.
 
     The plain form keeps the float32 log-softmax for backward and makes more full-vocabulary
     temporaries: with a 49152-token vocabulary, 4 sequences of 4096 tokens are 3.2 GB each. Here the
-    forward keeps only the log-sum-exp per position, and the backward forms ``onehot - softmax``
-    a chunk of positions at a time, straight into the logits' gradient (in the logits' dtype).
+    forward keeps only the log-sum-exp per position, taking the entropy from the same exponentials
+    (``H = lse − Σ p·x``), and the backward forms ``onehot − softmax`` a chunk of positions at a
+    time, straight into the logits' gradient (in the logits' dtype).
     """
 
     @staticmethod
-    def forward(ctx: Any, logits: Tensor, targets: Tensor) -> Tensor:
+    def forward(ctx: Any, logits: Tensor, targets: Tensor) -> tuple[Tensor, Tensor]:
         b, t, _ = logits.shape
         lse = torch.empty(b, t, dtype=torch.float32, device=logits.device)
+        ent = torch.empty_like(lse)
         for i in range(b):
             for j in range(0, t, ROWS_PER_CHUNK):
-                lse[i, j : j + ROWS_PER_CHUNK] = torch.logsumexp(
-                    logits[i, j : j + ROWS_PER_CHUNK].float(), -1
-                )
+                k = slice(j, j + ROWS_PER_CHUNK)
+                x = logits[i, k].float()
+                top = x.amax(-1, keepdim=True)
+                e = torch.exp(x - top)
+                total = e.sum(-1)
+                lse[i, k] = top.squeeze(-1) + torch.log(total)
+                ent[i, k] = lse[i, k] - (e * x).sum(-1) / total
         ctx.save_for_backward(logits, targets, lse)
-        return logits.gather(-1, targets[..., None]).squeeze(-1).float() - lse
+        ctx.mark_non_differentiable(ent)
+        return logits.gather(-1, targets[..., None]).squeeze(-1).float() - lse, ent
 
     @staticmethod
-    def backward(ctx: Any, grad: Tensor) -> tuple[Tensor, None]:
+    def backward(ctx: Any, grad: Tensor, _ent_grad: Tensor) -> tuple[Tensor, None]:
         logits, targets, lse = ctx.saved_tensors
         out = torch.empty_like(logits)
         g = grad.float()
@@ -342,12 +529,6 @@ def causal_lm_logprobs(logits: Tensor, input_ids: Tensor) -> tuple[Tensor, Tenso
     # The last position predicts nothing; scoring it against any token keeps the logits unsliced
     # (a slice of a transposed [s, b, v] output would be copied whole).
     targets = torch.cat([input_ids[:, 1:], input_ids[:, -1:]], 1)
-    taken = _TokenLogprob.apply(logits, targets)  # (B, T): position t scores token t + 1
-    ent = torch.empty_like(taken)
-    with torch.no_grad():
-        for i in range(logits.shape[0]):
-            for j in range(0, logits.shape[1], ROWS_PER_CHUNK):
-                ls = torch.log_softmax(logits[i, j : j + ROWS_PER_CHUNK].float(), -1)
-                ent[i, j : j + ROWS_PER_CHUNK] = -(ls.exp() * ls).sum(-1)
+    taken, ent = _TokenLogprob.apply(logits, targets)  # (B, T): position t scores token t + 1
     zero = torch.zeros_like(taken[:, :1])
     return torch.cat([zero, taken[:, :-1]], 1), torch.cat([zero, ent[:, :-1]], 1)

@@ -41,7 +41,7 @@ from torch import Tensor
 AggMode = Literal["token-mean", "seq-mean-token-mean", "seq-mean-token-sum-norm", "prompt-mean"]
 KLEstimator = Literal["k1", "k2", "k3"]
 
-_LOG_RATIO_CLAMP = 20.0
+LOG_RATIO_CLAMP = 20.0
 
 
 def _require(ok: bool, message: str) -> None:
@@ -210,7 +210,7 @@ def ppo_clip(adv: Tensor, log_ratio: Tensor, cfg: LossConfig) -> tuple[Tensor, T
 
 def kl_penalty(logp: Tensor, ref_logp: Tensor, estimator: KLEstimator) -> Tensor:
     """Per-token KL(π‖π_ref) estimate (N, T) from sampled tokens: k1, k2 or k3 (Schulman)."""
-    log_r = (logp - ref_logp).clamp(-_LOG_RATIO_CLAMP, _LOG_RATIO_CLAMP)  # (N, T)
+    log_r = (logp - ref_logp).clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)  # (N, T)
     if estimator == "k1":
         return log_r
     if estimator == "k2":
@@ -270,17 +270,13 @@ def policy_loss(
     adv = batch.adv[:, None].expand_as(mask) if batch.adv.dim() == 1 else batch.adv  # (N, T)
     adv = _masked(adv, mask).to(batch.logp.dtype)  # (N, T)
     # Zero the log-ratio outside the mask: exp of padding garbage would give NaN gradients.
-    log_ratio = _masked(batch.logp - batch.old_logp, mask).clamp(
-        -_LOG_RATIO_CLAMP, _LOG_RATIO_CLAMP
-    )
+    log_ratio = _masked(batch.logp - batch.old_logp, mask).clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)
     pg, clipped, dual = ppo_clip(adv, log_ratio, cfg)  # (N, T) each
     metrics: dict[str, Tensor] = {}
     if cfg.tis_cap is not None:
         _require(batch.rollout_logp is not None, "tis_cap is set but batch.rollout_logp is None")
         assert batch.rollout_logp is not None
-        w = torch.exp(
-            _masked(batch.old_logp - batch.rollout_logp, mask).clamp(max=_LOG_RATIO_CLAMP)
-        )
+        w = torch.exp(_masked(batch.old_logp - batch.rollout_logp, mask).clamp(max=LOG_RATIO_CLAMP))
         pg = pg * w.clamp(max=cfg.tis_cap).detach()  # (N, T)
         metrics["tis_clipfrac"] = _sum_metric(w > cfg.tis_cap, mask, counts)
         metrics["tis_weight"] = _sum_metric(w.clamp(max=cfg.tis_cap), mask, counts)
@@ -296,9 +292,13 @@ def policy_loss(
         loss = loss + cfg.kl_coef * kl_loss
         metrics["kl_loss"] = kl_loss.detach()
         metrics["kl"] = _sum_metric(kl, mask, counts)
+    ratio = torch.exp(log_ratio.detach())  # (N, T)
     metrics["pg_loss"] = pg_loss.detach()
-    metrics["pg_clipfrac"] = _sum_metric(clipped, mask, counts)
-    metrics["pg_clipfrac_lower"] = _sum_metric(dual, mask, counts)
+    metrics["pg_clipfrac"] = _sum_metric(clipped | dual, mask, counts)
+    metrics["pg_clipfrac_low"] = _sum_metric(clipped & (ratio < 1), mask, counts)
+    metrics["pg_clipfrac_high"] = _sum_metric(clipped & (ratio > 1), mask, counts)
+    metrics["pg_clipfrac_dual"] = _sum_metric(dual, mask, counts)
+    metrics["ratio_mean"] = _sum_metric(ratio, mask, counts)
     metrics["ppo_kl"] = _sum_metric(-log_ratio, mask, counts)
     if batch.logits is not None:
         metrics["entropy"] = _sum_metric(entropy_from_logits(batch.logits.detach()), mask, counts)

@@ -132,5 +132,21 @@ def test_fallbacks_are_counted_only_where_gagar_meant_to_redistribute(mode, expe
 
     alg = AlgorithmSpec(mode=mode)
     batch = group_advantages([group()], [None], alg)
-    facts = _group_facts([GroupResult(generate(0), group(), [])], [None], batch, mode == "gagar")
+    facts = _group_facts([GroupResult(generate(0), group(), [])], [None], batch, alg)
     assert facts["fallbacks"] == expected
+
+
+@pytest.mark.parametrize("mode", ["gagar", "grpo"])
+def test_both_modes_measure_the_bloated_share_from_the_ranking(mode) -> None:
+    """GRPO's groups are graded for measurement: the bloated share and the factors come from the
+    ranking in both modes, while GRPO's advantages stay plain (equal for the two passes)."""
+    from gagar.driver.loop import _group_facts
+    from gagar.driver.rollouts import GroupResult
+    from gagar.rollout.envs.synthetic import generate
+
+    alg = AlgorithmSpec.model_validate({"mode": mode, "lengthPenalty": {"enabled": False}})
+    batch = group_advantages([group()], [RANKING], alg)
+    facts = _group_facts([GroupResult(generate(0), group(), [])], [RANKING], batch, alg)
+    assert facts["bloated_passes_ratio"] == 0.5 and facts["factors"] == pytest.approx([1, 0.85])
+    same = bool(torch.isclose(batch.adv[0, 0], batch.adv[0, 1]))
+    assert same == (mode == "grpo")

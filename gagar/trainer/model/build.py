@@ -88,6 +88,7 @@ def build_model(
     parallel: Parallel | None = None,
     dtype: torch.dtype = torch.float32,
     parallel_output: bool = True,
+    fused_attention: bool = True,
 ) -> Any:
     """A ``GPTModel`` for this rank (its TP/EP shard and pipeline stage), randomly initialized.
 
@@ -95,6 +96,8 @@ def build_model(
     With ``parallel_output`` the logits stay split over the vocabulary across tensor-parallel
     ranks (what ``vocab_parallel_cross_entropy`` wants); pass False to gather full logits.
     Load weights with ``load_hf_into_megatron`` or ``load_megatron_checkpoint``.
+    ``fused_attention``: core attention through SDPA (``model.attention``); False keeps
+    Megatron's unfused ``DotProductAttention`` (the bench compares the two).
     """
     from megatron.core import parallel_state as ps
     from megatron.core.models.gpt import GPTModel
@@ -109,6 +112,10 @@ def build_model(
     spec = get_gpt_layer_local_spec(
         num_experts=arch.num_experts or None, normalization="RMSNorm", qk_layernorm=arch.qk_norm
     )
+    if fused_attention:
+        from gagar.trainer.model.attention import SdpaAttention
+
+        spec.submodules.self_attention.submodules.core_attention = SdpaAttention
     model = GPTModel(
         config=config,
         transformer_layer_spec=spec,
