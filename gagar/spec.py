@@ -362,7 +362,16 @@ class FailurePolicy(Model):
     """What happens when trainer pods fail."""
 
     max_restarts: int = Field(default=3, ge=0)
-    """Restarts from the last checkpoint before the run is ``Failed``."""
+    """Restarts from the last checkpoint in a row before the run is ``Failed``. The budget refills
+    when the trainer writes a checkpoint newer than the one its last restart resumed from (it made
+    progress), so a long run survives occasional failures; a trainer that keeps failing before
+    its next checkpoint spends it. (A JobSet trainer counts with JobSet's own ``maxRestarts``,
+    which never refills.)"""
+    backoff_seconds: float = Field(default=10.0, ge=0, le=3600)
+    """Wait before the first restart in a row; each further one waits twice as long as the one
+    before, up to ``maxBackoffSeconds`` (the wait resets with the budget)."""
+    max_backoff_seconds: float = Field(default=300.0, ge=0, le=86400)
+    """Longest wait before a restart."""
 
 
 class CheckpointSpec(Model):
@@ -1185,6 +1194,11 @@ class GagarRunStatus(Model):
     """Newest published policy version."""
     trainer_restarts: int = 0
     """Restarts from a checkpoint so far."""
+    restarts_in_a_row: int = 0
+    """Restarts since the trainer last wrote a checkpoint newer than the one its last restart
+    resumed from (what ``failurePolicy.maxRestarts`` limits)."""
+    restart_checkpoint_step: int | None = None
+    """Step of the newest checkpoint when the trainer last restarted (progress is a newer one)."""
     last_checkpoint: CheckpointStatus | None = None
     """Newest complete checkpoint."""
     pools: dict[str, PoolStatus] = Field(default_factory=dict)

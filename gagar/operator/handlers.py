@@ -89,8 +89,11 @@ class _RunMemory:
 
     lock: threading.Lock = field(default_factory=threading.Lock)
     applied: str = ""  # fingerprint of the last manifests applied successfully
-    apply_error: tuple[int, str] | None = None  # (generation, message) of a permanent failure
+    # (generation, reason, message) of a permanent failure: an apply refused, or a change the
+    # operator will not make (the Stalled condition's reason and message)
+    apply_error: tuple[int, str, str] | None = None
     dirty: bool = False  # a child changed since the last reconcile started
+    timer: threading.Timer | None = None  # a reconcile due when a restart's backoff ends
 
 
 def parse_run(body: dict[str, Any]) -> tuple[GagarRun | None, str | None]:
@@ -216,17 +219,23 @@ class Reconciler:
         outcome = compute_status(run.spec, observed, prev, self.config.clock())
         self._write_status(raw, prev, outcome)  # before acting: a restart is counted exactly once
         restarted = self._restart_trainer(run, crds, observed, outcome.attempt)
+        if outcome.retry_after is not None:  # a restart waits for its backoff: look again then
+            self._later(mem, raw, outcome.retry_after)
         ctx = BuildContext(
             uid=raw["metadata"]["uid"],
             crds=crds,
             attempt=outcome.attempt,
+            in_a_row=outcome.status.restarts_in_a_row,
+            resumed_from=outcome.status.restart_checkpoint_step,
             state="terminal" if outcome.terminal else "active",
         )
         before = mem.apply_error
         desired = build_all(run, ctx)
-        blocked = None if restarted else self._trainer_template(run, desired, observed, crds)
+        blocked = self._jobset_unavailable(run, crds, observed)
+        if blocked is None and not restarted:
+            blocked = self._trainer_template(run, desired, observed, crds)
         if blocked is not None:
-            mem.apply_error, mem.applied = (generation, blocked), ""  # nothing half-applied
+            mem.apply_error, mem.applied = (generation, *blocked), ""  # nothing half-applied
         else:
             # a finished run's objects change only with its spec: the resync does not re-apply
             force = (force_apply and not outcome.terminal) or restarted
@@ -237,6 +246,23 @@ class Reconciler:
             self._write_status(raw, outcome.status, final)
             outcome = final
         return outcome
+
+    def _later(self, mem: _RunMemory, raw: dict[str, Any], seconds: float) -> None:
+        """Reconcile the run again in ``seconds`` (one pending timer per run; a newer one wins)."""
+        meta = raw["metadata"]
+        if mem.timer is not None:
+            mem.timer.cancel()
+        mem.timer = threading.Timer(
+            seconds + 0.05, self._timed, args=(meta.get("namespace", ""), meta["name"])
+        )
+        mem.timer.daemon = True
+        mem.timer.start()
+
+    def _timed(self, namespace: str, run_name: str) -> None:
+        try:
+            self.reconcile_named(namespace, run_name)
+        except Exception as err:  # the resync retries
+            log.warning("timed reconcile of %s/%s failed: %s", namespace, run_name, err)
 
     # ------------------------------------------------------------------ observe
     def _observe(
@@ -267,13 +293,14 @@ class Reconciler:
         if not finished and (trainer is None or trainer.ready < spec.trainer.nodes):  # why it waits
             selector = f"gagar.dev/run={run.metadata.name},app.kubernetes.io/component=trainer"
             pods = self.kube.list("v1", "Pod", ns, selector)
-        error = mem.apply_error[1] if mem.apply_error and mem.apply_error[0] == generation else None
+        error = mem.apply_error if mem.apply_error and mem.apply_error[0] == generation else None
         return Observed(
             generation=generation,
             trainer=trainer,
             pools=pools,
             progress=parse_progress(progress.get("data")),
-            apply_error=error,
+            apply_error=error[2] if error else None,
+            apply_reason=error[1] if error else "ApplyFailed",
             waiting=waiting_reasons(pods),
         )
 
@@ -291,7 +318,7 @@ class Reconciler:
 
     def _trainer_template(
         self, run: GagarRun, desired: list[dict[str, Any]], observed: Observed, crds: frozenset[str]
-    ) -> str | None:
+    ) -> tuple[str, str] | None:
         """A change of the trainer's immutable template: once the run is suspended the trainer is
         deleted (its pods stop, as suspending stops them) and recreated, suspended, to resume from
         the last checkpoint; before that the change is refused, the message says why."""
@@ -307,9 +334,33 @@ class Reconciler:
             log.info("trainer template changed while suspended: recreating the %s", trainer.kind)
             return None
         return (
+            "TrainerTemplateChanged",
             "TrainerTemplateChanged: this change reaches the trainer's pod template, which a "
             "running Job cannot change; suspend the run (spec.suspend: true) to recreate the "
-            "trainer from its last checkpoint, or revert the change"
+            "trainer from its last checkpoint, or revert the change",
+        )
+
+    def _jobset_unavailable(
+        self, run: GagarRun, crds: frozenset[str], observed: Observed
+    ) -> tuple[str, str] | None:
+        """``useJobSet`` without the JobSet API: refused (nothing is applied, no accelerator is
+        held) rather than quietly run as a Job, until JobSet is installed and enabled; a trainer
+        Job made before (an older operator fell back) keeps running as the Job it is."""
+        if not run.spec.trainer.use_job_set or JOBSET in crds:
+            return None
+        if observed.trainer is not None and observed.trainer.kind == "Job":
+            return None
+        if JOBSET in self.config.integrations:
+            why = "the JobSet CRD (jobset.x-k8s.io/v1alpha2) is not installed in the cluster"
+        else:
+            why = (
+                "the operator's JobSet integration is off (chart value integrations.jobset, "
+                "operator flag --integration jobset.x-k8s.io)"
+            )
+        return (
+            "JobSetUnavailable",
+            f"JobSetUnavailable: spec.trainer.useJobSet is true but {why}; install and enable "
+            "JobSet, or set useJobSet: false to run the trainer as an indexed Job",
         )
 
     def _apply(
@@ -334,7 +385,7 @@ class Reconciler:
                     raise
                 errors.append(f"{obj['kind']}/{obj['metadata']['name']}: {err.message}")
         self._prune(run, desired, terminal)
-        mem.apply_error = (generation, "; ".join(errors)) if errors else None
+        mem.apply_error = (generation, "ApplyFailed", "; ".join(errors)) if errors else None
         mem.applied = "" if errors else fingerprint
 
     def _hand_over_replicas(self, obj: dict[str, Any]) -> None:
@@ -445,7 +496,9 @@ class Reconciler:
         """Drop a deleted run: its memory, its phase and its condition series."""
         with self._guard:
             self._known.discard((namespace, run_name))
-            self._memory.pop((namespace, run_name), None)
+            mem = self._memory.pop((namespace, run_name), None)
+            if mem is not None and mem.timer is not None:
+                mem.timer.cancel()
             self._phases.pop((namespace, run_name), None)
         cond = self.metrics["gagar_run_condition"]
         for kind in CONDITION_TYPES:

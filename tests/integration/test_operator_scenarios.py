@@ -32,6 +32,7 @@ import pytest
 from prometheus_client import CollectorRegistry
 
 from gagar.crd import build_crd
+from gagar.env import EXIT_PERMANENT
 from gagar.metrics import Metrics
 from gagar.operator.handlers import (
     OperatorConfig,
@@ -162,6 +163,44 @@ class Env:
     def events(self, name: str) -> list[dict[str, Any]]:
         events = self.kube.list("v1", "Event", self.namespace)
         return [e for e in events if e.get("involvedObject", {}).get("name") == name]
+
+    # -- the kubelet's part (the emulator's Job controller runs the pods; tests end them)
+    def pods(self, job: str) -> dict[str, dict[str, Any]]:
+        """The current Job's live (not failed, not deleted) pods by completion index."""
+        current = self.get("batch/v1", "Job", job)
+        pods = self.kube.list("v1", "Pod", self.namespace, f"batch.kubernetes.io/job-name={job}")
+        return {
+            p["metadata"]["annotations"]["batch.kubernetes.io/job-completion-index"]: p
+            for p in pods
+            if current is not None
+            and p["metadata"]["ownerReferences"][0]["uid"] == current["metadata"]["uid"]
+            and (p.get("status") or {}).get("phase") != "Failed"
+            and not p["metadata"].get("deletionTimestamp")
+        }
+
+    def end_pod(self, job: str, index: int = 0, exit_code: int = 1, evicted: bool = False) -> str:
+        """Rank ``index`` of ``job`` ends as the kubelet reports it: its container exited with
+        ``exit_code``, or the pod was evicted (``DisruptionTarget``, then killed). Its name."""
+        if not self.simulated:
+            pytest.skip("a real cluster's kubelet owns pod status")
+        pod = self.wait(lambda: self.pods(job).get(str(index)), what=f"rank {index} of {job}")
+        now = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+        conditions = [{"type": "Ready", "status": "False", "lastTransitionTime": now}]
+        if evicted:
+            conditions.append({"type": "DisruptionTarget", "status": "True",
+                               "reason": "EvictionByEvictionAPI", "lastTransitionTime": now})  # fmt: skip
+        container = pod["spec"]["containers"][0]["name"]
+        status = {
+            "phase": "Failed",
+            "conditions": conditions,
+            "containerStatuses": [{
+                "name": container, "image": "", "imageID": "", "ready": False, "restartCount": 0,
+                "state": {"terminated": {"exitCode": exit_code, "reason": "Error"}},
+            }],
+        }  # fmt: skip
+        name = pod["metadata"]["name"]
+        self.kube.merge_patch("v1", "Pod", self.namespace, name, {"status": status}, "status")
+        return name
 
 
 def _emulator_process(tmp: Path) -> Iterator[Path]:
@@ -405,14 +444,16 @@ def test_suspend_and_resume(env: Env) -> None:
             )
 
 
+FAST_RESTARTS = {"trainer.failurePolicy.backoffSeconds": 0.2}
+
+
 def test_trainer_failure_and_restart_budget(env: Env) -> None:
-    emulator = env.need_emulator()
-    run = manifest(**{"trainer.failurePolicy.maxRestarts": 1})
+    run = manifest(**{"trainer.failurePolicy.maxRestarts": 1, **FAST_RESTARTS})
     name, job = run["metadata"]["name"], f"{run['metadata']['name']}-trainer"
     with env.operator():
         env.create(run)
         first = env.wait(lambda: env.get("batch/v1", "Job", job))["metadata"]["uid"]
-        emulator.fail_job(job)
+        env.end_pod(job)
         second = env.wait(
             lambda: (j := env.get("batch/v1", "Job", job)) and j["metadata"]["uid"] != first and j,
             what="Job recreated",
@@ -420,7 +461,7 @@ def test_trainer_failure_and_restart_budget(env: Env) -> None:
         assert second["metadata"]["annotations"]["gagar.dev/attempt"] == "1"
         env.wait(lambda: env.status(name).get("trainerRestarts") == 1, what="restart counted")
         env.wait(phase(env, name, "Running"), what="running again")
-        emulator.fail_job(job)
+        env.end_pod(job)
         env.wait(phase(env, name, "Failed"), what="Failed after the budget")
         assert env.condition(name, "Failed")["reason"] == "RestartBudgetExhausted"
         assert env.status(name)["trainerRestarts"] == 1
@@ -798,16 +839,25 @@ def test_switching_a_pool_to_autoscaling_keeps_its_replicas(env: Env) -> None:
 
 def test_jobset_crd_installed_mid_run_keeps_the_running_job(env: Env) -> None:
     """The JobSet CRD appearing during a run (with the integration on) never replaces, or prunes,
-    the run's running trainer Job."""
+    a run's running trainer Job; a run that asked for a JobSet was refused until then (no quiet
+    fallback to a Job) and now gets its JobSet."""
     if not env.simulated:
         pytest.skip("installs a stand-in JobSet CRD")
-    run = manifest(**{"trainer.useJobSet": True})
-    name, job = run["metadata"]["name"], f"{run['metadata']['name']}-trainer"
+    plain, wants = manifest(), manifest(**{"trainer.useJobSet": True})
+    name, job = plain["metadata"]["name"], f"{plain['metadata']['name']}-trainer"
+    other = wants["metadata"]["name"]
     with env.operator(integrations=frozenset({"jobset.x-k8s.io"})) as reconciler:
-        env.create(run)
-        uid = env.wait(lambda: env.get("batch/v1", "Job", job), what="a Job (no CRD)")["metadata"][
-            "uid"
-        ]
+        env.create(plain)
+        env.create(wants)
+        uid = env.wait(lambda: env.get("batch/v1", "Job", job), what="a Job")["metadata"]["uid"]
+        stalled = env.wait(
+            lambda: (
+                env.condition(other, "Stalled").get("reason") == "JobSetUnavailable"
+                and env.condition(other, "Stalled")
+            ),
+            what="useJobSet refused",
+        )
+        assert "not installed" in stalled["message"]
         env.kube.create(optional_crd("jobset.x-k8s.io", "JobSet", "jobsets", "v1alpha2"))
         reconciler.config.crd_cache_seconds = 0  # see the new API group at once
         env.patch_spec(name, {"rollout": {"replicas": 3}})
@@ -815,10 +865,38 @@ def test_jobset_crd_installed_mid_run_keeps_the_running_job(env: Env) -> None:
             lambda: env.get("apps/v1", "Deployment", f"{name}-rollout")["spec"]["replicas"] == 3,
             what="re-applied",
         )
+        env.wait(
+            lambda: env.kube.get(
+                "jobset.x-k8s.io/v1alpha2", "JobSet", env.namespace, f"{other}-trainer"
+            ),
+            what="the JobSet of the run that asked for one (the next resync)",
+        )
+        env.wait(lambda: env.condition(other, "Stalled").get("status") == "False", what="unstalled")
         time.sleep(env.resync * 1.5)
         assert env.get("batch/v1", "Job", job)["metadata"]["uid"] == uid
-        assert env.kube.list("jobset.x-k8s.io/v1alpha2", "JobSet", env.namespace) == []
+        assert env.get("batch/v1", "Job", f"{other}-trainer") is None
         assert env.condition(name, "Stalled").get("status") != "True"
+
+
+def test_use_jobset_without_the_integration_is_refused(env: Env) -> None:
+    """useJobSet with the operator's JobSet integration off (chart default): Stalled with reason
+    JobSetUnavailable naming the chart value, and nothing created (no accelerator held)."""
+    run = manifest(**{"trainer.useJobSet": True})
+    name = run["metadata"]["name"]
+    with env.operator():
+        env.create(run)
+        stalled = env.wait(
+            lambda: (
+                env.condition(name, "Stalled").get("reason") == "JobSetUnavailable"
+                and env.condition(name, "Stalled")
+            ),
+            what="refused",
+        )
+        assert stalled["status"] == "True" and "integrations.jobset" in stalled["message"]
+        assert env.status(name)["phase"] == "Stalled"
+        time.sleep(env.resync * 1.2)
+        assert env.children(name) == []
+        assert any(e["reason"] == "JobSetUnavailable" for e in env.wait(lambda: env.events(name)))
 
 
 def test_keda_integration_creates_scaled_objects_under_chart_rbac(env: Env) -> None:
@@ -842,3 +920,98 @@ def test_keda_integration_creates_scaled_objects_under_chart_rbac(env: Env) -> N
         env.wait(lambda: env.condition(name, "Ready").get("status") == "True", what="Ready")
         if env.emulator:
             assert [r for r in env.emulator.requests_for() if r["code"] == 403] == []
+
+
+def test_an_evicted_rank_takes_the_trainer_down_at_once(env: Env) -> None:
+    """One rank of a two-node trainer is evicted: the whole Job fails at once (its peers would
+    otherwise block in a collective until the NCCL timeout, the evicted rank recreated alone
+    finding a rendezvous that is long over), the other rank is stopped, and after the backoff the
+    operator starts the next attempt from the last checkpoint."""
+    policy = {"trainer.failurePolicy.backoffSeconds": 1.0}
+    run = manifest(**{"trainer.nodes": 2, **policy})
+    name, job = run["metadata"]["name"], f"{run['metadata']['name']}-trainer"
+    with env.operator():
+        env.create(run)
+        first = env.wait(lambda: env.get("batch/v1", "Job", job), what="trainer Job")
+        env.wait(lambda: len(env.pods(job)) == 2, what="two ranks running")
+        peer = env.pods(job)["0"]["metadata"]["name"]
+        env.end_pod(job, index=1, exit_code=137, evicted=True)
+        failed = env.wait(
+            lambda: next((c for c in (env.get("batch/v1", "Job", job) or {}).get("status", {})
+                          .get("conditions", []) if c["type"] == "Failed"), None),
+            what="the Job failed", timeout=10,
+        )  # fmt: skip
+        assert failed["reason"] == "BackoffLimitExceeded"
+        env.wait(lambda: env.get("v1", "Pod", peer) is None, what="rank 0 stopped", timeout=10)
+        backoff = env.wait(
+            lambda: (
+                env.condition(name, "TrainerReady").get("reason") == "RestartBackoff"
+                and env.condition(name, "TrainerReady")
+            ),
+            what="waiting for the backoff",
+        )
+        assert "restart 1/3" in backoff["message"]
+        started = time.monotonic()
+        second = env.wait(
+            lambda: (j := env.get("batch/v1", "Job", job))
+            and j["metadata"]["uid"] != first["metadata"]["uid"] and j,
+            what="the next attempt",
+        )  # fmt: skip
+        assert time.monotonic() - started > 0.3  # it waited (1 s from the failure)
+        assert second["metadata"]["annotations"]["gagar.dev/attempt"] == "1"
+        env.wait(lambda: len(env.pods(job)) == 2, what="both ranks of attempt 1")
+        assert env.status(name)["trainerRestarts"] == 1
+
+
+def test_a_permanent_exit_fails_the_run_without_restarts(env: Env) -> None:
+    """A rank exiting with gagar.env's EXIT_PERMANENT (its configuration is unusable) fails the
+    run at once: the pod failure policy fails the Job, no restart is spent."""
+    run = manifest(**{"trainer.nodes": 2, **FAST_RESTARTS})
+    name, job = run["metadata"]["name"], f"{run['metadata']['name']}-trainer"
+    with env.operator():
+        env.create(run)
+        first = env.wait(lambda: env.get("batch/v1", "Job", job), what="trainer Job")
+        env.end_pod(job, index=1, exit_code=EXIT_PERMANENT)
+        env.wait(phase(env, name, "Failed"), what="Failed")
+        failed = env.condition(name, "Failed")
+        assert failed["reason"] == "TrainerFailedPermanently"
+        assert f"exit code {EXIT_PERMANENT}" in failed["message"]
+        time.sleep(0.5)
+        assert env.get("batch/v1", "Job", job)["metadata"]["uid"] == first["metadata"]["uid"]
+        assert env.status(name).get("trainerRestarts", 0) == 0
+
+
+def test_a_checkpoint_refills_the_restart_budget(env: Env) -> None:
+    """maxRestarts: 1 limits restarts in a row: a trainer that wrote a newer checkpoint since its
+    last restart may fail again and restart; one that fails again before one is Failed."""
+    run = manifest(**{"trainer.failurePolicy.maxRestarts": 1, **FAST_RESTARTS})
+    name, job = run["metadata"]["name"], f"{run['metadata']['name']}-trainer"
+    progress = ("v1", "ConfigMap", env.namespace, f"{name}-progress")
+
+    def attempt(n: int) -> Callable[[], bool]:
+        return lambda: (
+            (j := env.get("batch/v1", "Job", job)) is not None
+            and j["metadata"]["annotations"]["gagar.dev/attempt"] == str(n)
+            and len(env.pods(job)) == 1
+        )
+
+    with env.operator():
+        env.create(run)
+        env.wait(attempt(0), what="attempt 0")
+        env.kube.merge_patch(*progress, {"data": {"step": "12", "checkpointStep": "10",
+                                                  "checkpointUri": "pvc://c/10"}})  # fmt: skip
+        env.wait(lambda: env.status(name).get("step") == 12, what="progress seen")
+        env.end_pod(job)
+        env.wait(attempt(1), what="attempt 1")
+        assert env.status(name)["restartCheckpointStep"] == 10
+        # attempt 1 makes progress (checkpoint 20 > 10): its failure is a first one in a row
+        env.kube.merge_patch(*progress, {"data": {"step": "23", "checkpointStep": "20",
+                                                  "checkpointUri": "pvc://c/20"}})  # fmt: skip
+        env.wait(lambda: env.status(name).get("restartsInARow") == 0, what="budget refilled")
+        env.end_pod(job)
+        env.wait(attempt(2), what="attempt 2 (budget refilled)")
+        assert env.status(name)["trainerRestarts"] == 2
+        # attempt 2 fails before any newer checkpoint: the budget is spent
+        env.end_pod(job)
+        env.wait(phase(env, name, "Failed"), what="Failed")
+        assert env.condition(name, "Failed")["reason"] == "RestartBudgetExhausted"
