@@ -1057,12 +1057,17 @@ class ObservabilitySpec(Model):
 # immutable, so what shapes it changes only while the run is suspended, when the operator
 # recreates the trainer from its last checkpoint (docs/operations.md). The operator enforces the
 # same for everything else that reaches the template (it refuses, applying nothing).
+# ``authTokenSecret`` too: the trainer mounts the Secret, and the grader and sandbox pools, which
+# would roll at once, must never hold a token the running trainer does not send.
 _TRAINER_FIXED_WHILE_RUNNING = _cel(
     "(has(oldSelf.suspend) && oldSelf.suspend && has(self.suspend) && self.suspend)"
     " || (has(self.trainer) == has(oldSelf.trainer)"
-    " && (!has(self.trainer) || self.trainer == oldSelf.trainer) && self.model == oldSelf.model)",
-    "spec.trainer and spec.model change only while the run is suspended (suspend: true before"
-    " and after the change): the trainer is then recreated from its last checkpoint",
+    " && (!has(self.trainer) || self.trainer == oldSelf.trainer) && self.model == oldSelf.model"
+    " && has(self.authTokenSecret) == has(oldSelf.authTokenSecret)"
+    " && (!has(self.authTokenSecret) || self.authTokenSecret == oldSelf.authTokenSecret))",
+    "spec.trainer, spec.model and spec.authTokenSecret change only while the run is suspended"
+    " (suspend: true before and after the change): the trainer is then recreated from its last"
+    " checkpoint",
 )
 
 

@@ -1015,3 +1015,53 @@ def test_a_checkpoint_refills_the_restart_budget(env: Env) -> None:
         env.end_pod(job)
         env.wait(phase(env, name, "Failed"), what="Failed")
         assert env.condition(name, "Failed")["reason"] == "RestartBudgetExhausted"
+
+
+def test_auth_token_secret_changes_only_while_suspended(env: Env) -> None:
+    """spec.authTokenSecret reaches the trainer's immutable template (its mount) and the grader
+    and sandbox pools: changing it while running would roll the pools onto a token the running
+    trainer does not send. The API refuses it (the CRD's transition rule); under a CRD without
+    the rule, the operator refuses it whole (Stalled, the grader keeps its Secret); once the run
+    is suspended, the change applies and the trainer is recreated with it."""
+    run = manifest(**{"authTokenSecret": "token-a"})
+    name, job = run["metadata"]["name"], f"{run['metadata']['name']}-trainer"
+
+    def secrets(kind: str, obj: str) -> set[str]:
+        api = {"Job": "batch/v1", "Deployment": "apps/v1"}[kind]
+        found = env.get(api, kind, obj) or {"spec": {"template": {"spec": {}}}}  # mid-recreate
+        pod = found["spec"]["template"]["spec"]
+        return {v["secret"]["secretName"] for v in pod.get("volumes", []) if "secret" in v}
+
+    with env.operator():
+        env.create(run)
+        first = env.wait(lambda: env.get("batch/v1", "Job", job), what="trainer Job")
+        env.wait(lambda: env.get("apps/v1", "Deployment", f"{name}-grader"), what="grader")
+        assert "token-a" in secrets("Job", job) and "token-a" in secrets(
+            "Deployment", f"{name}-grader"
+        )
+        with pytest.raises(KubeError) as refused:
+            env.patch_spec(name, {"authTokenSecret": "token-b"})
+        assert refused.value.status == 422 and "authTokenSecret" in str(refused.value)
+        if env.simulated:  # a CRD without the rule: the operator's own check
+            env.kube.apply(without_cel(build_crd()))
+            env.patch_spec(name, {"authTokenSecret": "token-b"})
+            env.wait(
+                lambda: (
+                    "TrainerTemplateChanged" in env.condition(name, "Stalled").get("message", "")
+                ),
+                what="refused by the operator",
+            )
+            time.sleep(0.5)
+            assert "token-a" in secrets("Deployment", f"{name}-grader")  # nothing half-applied
+            assert env.get("batch/v1", "Job", job)["metadata"]["uid"] == first["metadata"]["uid"]
+            env.kube.apply(build_crd())
+        env.patch_spec(name, {"suspend": True})
+        env.patch_spec(name, {"authTokenSecret": "token-c"})
+        second = env.wait(
+            lambda: (j := env.get("batch/v1", "Job", job))
+            and j["metadata"]["uid"] != first["metadata"]["uid"] and j,
+            what="trainer recreated while suspended",
+        )  # fmt: skip
+        env.wait(lambda: "token-c" in secrets("Job", job), what="new Secret on the trainer")
+        assert "token-c" in secrets("Deployment", f"{name}-grader")
+        assert second["spec"]["suspend"] is True

@@ -831,7 +831,11 @@ CEL_CRD = {
                                         "message": "exactly one of a and b",
                                     },
                                     {"rule": "self.tags.all(t, t.startsWith('x-'))"},
-                                    {"rule": "self.whatever == oldSelf.whatever"},
+                                    {
+                                        "rule": "!has(self.a) || !has(oldSelf.a)"
+                                        " || self.a == oldSelf.a",
+                                        "message": "a is immutable",
+                                    },
                                     {"rule": "self.q.isQuantity()"},
                                 ],
                                 "properties": {
@@ -880,9 +884,23 @@ def test_crd_cel_rules_subset(kube, http, spec, message):
         },
     )
     if message is None:
-        assert response.status_code == 201  # the oldSelf and unsupported rules were skipped
+        assert response.status_code == 201  # the transition rule (a create) and the
+        # unsupported one were skipped
     else:
         assert response.status_code == 422 and message in response.json()["message"]
+
+
+def test_crd_transition_rules_see_the_stored_object(kube, http):
+    """``oldSelf`` rules are evaluated on updates, against the stored object."""
+    kube.create(CEL_CRD)
+    body = {"apiVersion": "example.com/v1", "kind": "Toy", "metadata": {"name": "t"},
+            "spec": {"low": 1, "high": 2, "a": "x"}}  # fmt: skip
+    assert http.post(TOYS, json=body).status_code == 201
+    patch = {"headers": {"Content-Type": "application/merge-patch+json"}}
+    ok = http.patch(f"{TOYS}/t", json={"spec": {"high": 3}}, **patch)
+    assert ok.status_code == 200
+    refused = http.patch(f"{TOYS}/t", json={"spec": {"a": "y"}}, **patch)
+    assert refused.status_code == 422 and "a is immutable" in refused.json()["message"]
 
 
 def test_real_cluster_adapter_speaks_the_same_object_api(kube):
