@@ -653,6 +653,10 @@ class TrainerSpec(Model):
     """Checkpointing."""
     pod_template: PodTemplate = Field(default_factory=PodTemplate)
     """Overlay on the trainer pods (scheduling, identity, env, volumes)."""
+    shm_size: Quantity = "16Gi"
+    """Size limit of the pods' ``/dev/shm`` (a memory-backed ``emptyDir``, NCCL's buffers and the data loaders' tensors): what it
+    holds counts against the pod's memory, and a pod writing past it is evicted instead of
+    exhausting the node's memory."""
     queue_name: str | None = Field(default=None, pattern=DNS_LABEL, max_length=63)
     """Kueue LocalQueue the trainer workload is submitted to (the label
     ``kueue.x-k8s.io/queue-name`` on its Job or JobSet): Kueue then decides when it starts, and
@@ -768,6 +772,10 @@ class _Pool(Model):
     """Resources of each replica."""
     pod_template: PodTemplate = Field(default_factory=PodTemplate)
     """Overlay on the pool's pods (scheduling, identity, env, volumes)."""
+    shm_size: Quantity = "8Gi"
+    """Size limit of the pods' ``/dev/shm`` (a memory-backed ``emptyDir``, vLLM's tensor-parallel workers exchange through it): what it
+    holds counts against the pod's memory, and a pod writing past it is evicted instead of
+    exhausting the node's memory."""
 
     def _check_pool(self, path: str) -> None:
         if self.endpoint is not None:

@@ -157,6 +157,7 @@ def test_rbac_covers_what_the_operator_manages() -> None:
         ("rbac.authorization.k8s.io", "roles"),
         ("rbac.authorization.k8s.io", "rolebindings"),
         ("networking.k8s.io", "networkpolicies"),
+        ("policy", "poddisruptionbudgets"),
         ("autoscaling", "horizontalpodautoscalers"),
     ]:
         assert {

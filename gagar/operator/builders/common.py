@@ -159,6 +159,14 @@ def auth_volume(run: GagarRun) -> tuple[list[dict[str, Any]], list[dict[str, Any
     return [volume], [{"name": "auth", "mountPath": AUTH_MOUNT, "readOnly": True}]
 
 
+SHM_MOUNT = {"name": "dshm", "mountPath": "/dev/shm"}
+
+
+def shm_volume(size: str) -> dict[str, Any]:
+    """The pod's ``/dev/shm``: memory-backed, limited to ``size`` (mounted as ``SHM_MOUNT``)."""
+    return {"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": size}}
+
+
 def spec_hash(spec: dict[str, Any]) -> str:
     """A short stable hash of a manifest part."""
     return hashlib.sha256(json.dumps(spec, sort_keys=True).encode()).hexdigest()[:16]

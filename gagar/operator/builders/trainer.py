@@ -33,6 +33,7 @@ from gagar.operator.builders.common import (
     IN_A_ROW_ANNOTATION,
     JOBSET,
     RESUMED_ANNOTATION,
+    SHM_MOUNT,
     TEMPLATE_ANNOTATION,
     BuildContext,
     Manifest,
@@ -50,6 +51,7 @@ from gagar.operator.builders.common import (
     pod_security,
     resources,
     selector,
+    shm_volume,
     spec_hash,
 )
 from gagar.operator.builders.overlay import pod_template
@@ -130,9 +132,9 @@ def _trainer_pod(run: GagarRun, ctx: BuildContext) -> dict[str, Any]:
     cfg_vol, cfg_mount = config_volume(run)
     ckpt_vols, ckpt_mounts = checkpoint_volume(run, read_only=False)
     _, model_vols, model_mounts = base_model(run.spec.model.path)
-    shm = {"name": "dshm", "emptyDir": {"medium": "Memory"}}
+    shm = shm_volume(run.spec.trainer.shm_size)
     auth_vols, auth_mounts = auth_volume(run)
-    mounts = [cfg_mount, *ckpt_mounts, *model_mounts, {"name": "dshm", "mountPath": "/dev/shm"}]
+    mounts = [cfg_mount, *ckpt_mounts, *model_mounts, SHM_MOUNT]
     mounts += auth_mounts
     container = {
         "name": "trainer",
