@@ -75,12 +75,15 @@ class OperatorConfig:
     the list of installed API groups is trusted; ``integrations``: the optional API groups the
     operator may manage (``--integration``, the chart's ``integrations.*``, which grant the RBAC
     for exactly these): a group installed in the cluster but not named here is never built,
-    listed or pruned, so a default install never asks for what its RBAC does not grant."""
+    listed or pruned, so a default install never asks for what its RBAC does not grant. ``run_selector``: an equality-based label selector (``team=a,!canary``): only
+    runs it selects are watched (server-side) and reconciled, so that several operators can
+    share a cluster's runs."""
 
     resync_seconds: float = 30.0
     crd_cache_seconds: float = 60.0
     clock: Callable[[], str] = now_rfc3339
     integrations: frozenset[str] = frozenset()
+    run_selector: str = ""  # label selector of the runs this operator owns (--run-selector)
 
 
 @dataclass
@@ -179,7 +182,11 @@ class Reconciler:
         mem.dirty = False  # everything before this read is seen by it
         try:
             fresh = self.kube.get(f"{API_GROUP}/{API_VERSION}", "GagarRun", namespace, run_name)
-            if fresh is None or fresh["metadata"].get("deletionTimestamp"):
+            if (
+                fresh is None
+                or fresh["metadata"].get("deletionTimestamp")
+                or not selects(self.config.run_selector, fresh["metadata"].get("labels") or {})
+            ):  # gone, or another operator's run (a child's event names it too)
                 result = "gone"
                 return None
             outcome = self._reconcile(fresh, mem, force_apply)
@@ -520,6 +527,37 @@ class Reconciler:
                     log.warning("resync of %s/%s failed: %s", namespace, run_name, err)
 
 
+def parse_selector(selector: str) -> list[tuple[str, str, str]]:
+    """An equality-based label selector as (key, op, value) terms; op is ``=``, ``!=``,
+    ``exists`` or ``!exists``. Set-based terms (``in``, ``notin``) are refused (ValueError)."""
+    terms = []
+    for raw in filter(None, (t.strip() for t in selector.split(","))):
+        if " in " in raw or " notin " in raw or "(" in raw:
+            raise ValueError(f"set-based selector terms are not supported: {raw!r}")
+        if "!=" in raw:
+            key, _, value = raw.partition("!=")
+            terms.append((key.strip(), "!=", value.strip()))
+        elif "=" in raw:
+            key, _, value = raw.replace("==", "=").partition("=")
+            terms.append((key.strip(), "=", value.strip()))
+        elif raw.startswith("!"):
+            terms.append((raw[1:].strip(), "!exists", ""))
+        else:
+            terms.append((raw, "exists", ""))
+    return terms
+
+
+def selects(selector: str, labels: Mapping[str, str]) -> bool:
+    """Whether the labels match an equality-based selector (empty selects everything)."""
+    checks = {
+        "=": lambda k, v: labels.get(k) == v,
+        "!=": lambda k, v: labels.get(k) != v,
+        "exists": lambda k, _: k in labels,
+        "!exists": lambda k, _: k not in labels,
+    }
+    return all(checks[op](key, value) for key, op, value in parse_selector(selector))
+
+
 def _applies_replicas(obj: dict[str, Any]) -> bool:
     """Whether the operator's server-side apply owns ``spec.replicas``."""
     for entry in obj["metadata"].get("managedFields") or []:
@@ -575,11 +613,7 @@ def register(registry: kopf.OperatorRegistry, reconciler: Reconciler) -> kopf.Op
         if run_name:
             reconciler.reconcile_named(namespace, run_name, force_apply=type == "DELETED")
 
-    for group, version, plural, extra in (
-        ("batch", "v1", "jobs", {}),
-        ("apps", "v1", "deployments", {}),
-        ("", "v1", "configmaps", {"app.kubernetes.io/component": "progress"}),
-    ):
+    for group, version, plural, extra in CHILD_WATCHES:
         resource = (group, version, plural) if group else (version, plural)
         kopf.on.event(*resource, labels={**MANAGED, **extra}, id=f"child-{plural}", **on_run)(
             child_changed
@@ -587,11 +621,31 @@ def register(registry: kopf.OperatorRegistry, reconciler: Reconciler) -> kopf.Op
     return registry
 
 
-def configure_settings(settings: kopf.OperatorSettings) -> None:
-    """Keep kopf's bookkeeping in annotations: the CRD's status schema has no room for it."""
+CHILD_WATCHES = (
+    ("batch", "v1", "jobs", {}),
+    ("apps", "v1", "deployments", {}),
+    ("", "v1", "configmaps", {"app.kubernetes.io/component": "progress"}),
+)
+
+
+def _label_selector(labels: Mapping[str, str]) -> str:
+    return ",".join(f"{k}={v}" for k, v in sorted(labels.items()))
+
+
+def configure_settings(settings: kopf.OperatorSettings, run_selector: str = "") -> None:
+    """Keep kopf's bookkeeping in annotations (the CRD's status schema has no room for it), and
+    filter the watches on the server: the children's watches see only the operator's own objects
+    (not every Job, Deployment and ConfigMap of the cluster), and the GagarRuns' watch only the
+    runs ``run_selector`` selects."""
     settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix="kopf.gagar.dev")
     settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(
         prefix="kopf.gagar.dev", key="last-handled-configuration"
     )
     settings.persistence.finalizer = "kopf.gagar.dev/finalizer"
     settings.posting.level = logging.INFO
+    for group, version, plural, extra in CHILD_WATCHES:
+        key = (group, version, plural) if group else (version, plural)
+        settings.watching.label_selectors[key] = _label_selector({**MANAGED, **extra})
+    if run_selector:
+        parse_selector(run_selector)  # refuses what the operator could not check itself
+        settings.watching.label_selectors[API_GROUP, API_VERSION, PLURAL] = run_selector

@@ -26,6 +26,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+from unittest.mock import ANY
 
 import kopf
 import pytest
@@ -35,6 +36,7 @@ from gagar.crd import build_crd
 from gagar.env import EXIT_PERMANENT
 from gagar.metrics import Metrics
 from gagar.operator.handlers import (
+    MANAGED,
     OperatorConfig,
     Reconciler,
     configure_settings,
@@ -87,7 +89,9 @@ class Env:
         return self.emulator
 
     @contextlib.contextmanager
-    def operator(self, integrations: frozenset[str] = frozenset()) -> Iterator[Reconciler]:
+    def operator(
+        self, integrations: frozenset[str] = frozenset(), run_selector: str = ""
+    ) -> Iterator[Reconciler]:
         """A fresh operator (new registry, new in-memory state) for the duration of the block,
         logged in through its kubeconfig, with the chart's RBAC for ``integrations``."""
         if self.simulated:
@@ -97,13 +101,18 @@ class Env:
         reconciler = Reconciler(
             Kube(client),
             Metrics(CollectorRegistry(), "operator"),
-            OperatorConfig(resync_seconds=self.resync, integrations=integrations),
+            OperatorConfig(
+                resync_seconds=self.resync, integrations=integrations, run_selector=run_selector
+            ),
         )
         registry = register(kopf.OperatorRegistry(), reconciler)
         add_login(registry, self.operator_kubeconfig)
         try:
             with run_operator(
-                None, registry, namespaces=(self.namespace,), configure=configure_settings
+                None,
+                registry,
+                namespaces=(self.namespace,),
+                configure=lambda settings: configure_settings(settings, run_selector),
             ):
                 yield reconciler
         finally:
@@ -1067,3 +1076,34 @@ def test_auth_token_secret_changes_only_while_suspended(env: Env) -> None:
         env.wait(lambda: "token-c" in secrets("Job", job), what="new Secret on the trainer")
         assert "token-c" in secrets("Deployment", f"{name}-grader")
         assert second["spec"]["suspend"] is True
+
+
+def test_watches_are_filtered_on_the_server(env: Env) -> None:
+    """The children's watches ask the API server for the operator's own objects only, and with
+    a run selector (the chart's runSelector) the operator sees, and touches, only the runs it
+    selects, also when another run's children change."""
+    mine = manifest()
+    mine["metadata"]["labels"] = {"team": "a"}
+    theirs = manifest()
+    name, other = mine["metadata"]["name"], theirs["metadata"]["name"]
+    with env.operator(run_selector="team=a"):
+        env.create(theirs)
+        env.create(mine)
+        env.wait(lambda: env.get("batch/v1", "Job", f"{name}-trainer"), what="my run's Job")
+        # a child of the other run (another operator's) changes: still not this operator's
+        env.kube.create({"apiVersion": "v1", "kind": "ConfigMap",
+                         "metadata": {"name": f"{other}-progress", "namespace": env.namespace,
+                                      "labels": {"gagar.dev/run": other, **MANAGED,
+                                                 "app.kubernetes.io/component": "progress"}},
+                         "data": {"step": "3"}})  # fmt: skip
+        time.sleep(env.resync * 1.5)
+        assert env.run(other).get("status") is None
+        assert env.children(other) == [("ConfigMap", f"{other}-progress", ANY)]
+        if env.emulator:
+            watches = [r for r in env.emulator.requests_for() if r["query"].get("watch")]
+            selectors = {r["path"].rsplit("/", 1)[-1]: r["query"].get("labelSelector")
+                         for r in watches}  # fmt: skip
+            managed = "app.kubernetes.io/managed-by=gagar-operator"
+            assert selectors["jobs"] == selectors["deployments"] == managed
+            assert managed in selectors["configmaps"]
+            assert selectors["gagarruns"] == "team=a"
