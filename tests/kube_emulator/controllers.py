@@ -14,7 +14,8 @@ store API the HTTP handlers use, so every change they make is a normal watch eve
 * Jobs: an unsuspended Job runs one Pod per index (``completions`` of an ``Indexed`` Job, else
   ``parallelism``), each ``Running`` and ready at once (the kubelet's part), named
   ``<job>-<index>-<suffix>`` with the completion-index label and annotation, owned by the Job. A Pod
-  whose status someone sets to ``Failed`` (as the kubelet does when a container exits non-zero, or
+  whose status someone sets to ``Succeeded`` completes its index (all indexes: the Job is
+  ``Complete``); one set to ``Failed`` (as the kubelet does when a container exits non-zero, or
   an eviction with its ``DisruptionTarget`` condition) meets the Job's ``podFailurePolicy`` as the
   Job controller applies it: the first matching rule's ``Ignore`` deletes it (a new Pod replaces
   it), ``FailJob`` fails the Job (reason ``PodFailurePolicy``), ``Count`` or no match counts it;
@@ -273,9 +274,7 @@ class Controllers:
             return
         counted = self._counted.setdefault(uid, set())
         for pod in self._pods_of(job):
-            if (pod.get("status") or {}).get("phase") != "Failed" or pod["metadata"][
-                "uid"
-            ] in counted:
+            if _phase(pod) != "Failed" or pod["metadata"]["uid"] in counted:
                 continue
             action, message = _pod_failure_rule(spec.get("podFailurePolicy") or {}, pod)
             if action == "Ignore":
@@ -291,21 +290,26 @@ class Controllers:
                 "BackoffLimitExceeded",
                 "Job has reached the specified backoff limit",
             )
+            return
+        if len(_indexes(self._pods_of(job), "Succeeded")) >= _completions(spec):
+            self._outcomes[uid] = (
+                "Complete",
+                "CompletionsReached",
+                "Reached expected number of succeeded pods",
+            )
 
     def _run_pods(self, job: dict) -> list[dict]:
         """Create a Pod for every index without a live one; delete the live ones of a finished
         or suspended Job. Returns the live (not failed) Pods."""
         spec = job.get("spec") or {}
         pods = self._pods_of(job)
-        live = [p for p in pods if (p.get("status") or {}).get("phase") != "Failed"]
+        live = [p for p in pods if _phase(p) not in ("Failed", "Succeeded")]
         if job["metadata"]["uid"] in self._outcomes or spec.get("suspend"):
             for pod in live:
                 self._delete(POD_KEY, pod)
             return []
-        indexed = spec.get("completionMode") == "Indexed"
-        count = (spec.get("completions") or 1) if indexed else spec.get("parallelism", 1)
-        have = {(p["metadata"].get("annotations") or {}).get(INDEX) for p in live}
-        for index in range(count):
+        have = _indexes(live) | _indexes(pods, "Succeeded")
+        for index in range(_completions(spec)):
             if str(index) not in have:
                 live.append(self._start_pod(job, index))
         return live
@@ -401,6 +405,26 @@ class Controllers:
                 _cond(old, "Failed", reason, message),
             ]
         return status
+
+
+def _phase(pod: dict) -> str:
+    return (pod.get("status") or {}).get("phase") or "Pending"
+
+
+def _indexes(pods: list[dict], phase: str | None = None) -> set[str]:
+    """Completion indexes of ``pods`` (of those in ``phase`` when given)."""
+    return {
+        (p["metadata"].get("annotations") or {}).get(INDEX, "")
+        for p in pods
+        if phase is None or _phase(p) == phase
+    }
+
+
+def _completions(spec: dict) -> int:
+    """Pods the Job runs at once: one per index of an Indexed Job, else ``parallelism``."""
+    if spec.get("completionMode") == "Indexed":
+        return spec.get("completions") or 1
+    return spec.get("parallelism", 1)
 
 
 def _pod_failure_rule(policy: dict, pod: dict) -> tuple[str, str]:
