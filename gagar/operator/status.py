@@ -153,7 +153,10 @@ def judge_trainer(
             restarts + 1, restarts + 1, "restarting", "TrainerRestarted", restart, in_a_row + 1,
             checkpoint,
         )  # fmt: skip
-    message = f"trainer failed after {in_a_row} restarts in a row without progress ({detail})"
+    if job.kind == "JobSet":  # JobSet counts its own restarts, never refilled
+        message = f"trainer failed after {restarts} restarts ({detail})"
+    else:
+        message = f"trainer failed after {in_a_row} restarts in a row without progress ({detail})"
     return same("failed", "RestartBudgetExhausted", message)
 
 

@@ -312,6 +312,7 @@ def test_jobset_restarts_are_copied() -> None:
     assert (
         dead.status.phase == "Failed" and cond(dead.status, "Failed")[1] == "RestartBudgetExhausted"
     )
+    assert "after 2 restarts" in get_condition(dead.status, "Failed").message
 
 
 def test_terminal_is_sticky() -> None:
