@@ -997,18 +997,20 @@ def test_a_checkpoint_refills_the_restart_budget(env: Env) -> None:
             and len(env.pods(job)) == 1
         )
 
+    def checkpoint(step: int) -> None:
+        """The trainer reports step ``step + 2`` and a checkpoint at ``step``."""
+        data = {"step": str(step + 2), "checkpointStep": str(step), "checkpointUri": f"c/{step}"}
+        env.kube.merge_patch(*progress, {"data": data})
+
     with env.operator():
         env.create(run)
         env.wait(attempt(0), what="attempt 0")
-        env.kube.merge_patch(*progress, {"data": {"step": "12", "checkpointStep": "10",
-                                                  "checkpointUri": "pvc://c/10"}})  # fmt: skip
+        checkpoint(10)
         env.wait(lambda: env.status(name).get("step") == 12, what="progress seen")
         env.end_pod(job)
         env.wait(attempt(1), what="attempt 1")
         assert env.status(name)["restartCheckpointStep"] == 10
-        # attempt 1 makes progress (checkpoint 20 > 10): its failure is a first one in a row
-        env.kube.merge_patch(*progress, {"data": {"step": "23", "checkpointStep": "20",
-                                                  "checkpointUri": "pvc://c/20"}})  # fmt: skip
+        checkpoint(20)  # attempt 1 makes progress (20 > 10): its failure is a first one in a row
         env.wait(lambda: env.status(name).get("restartsInARow") == 0, what="budget refilled")
         env.end_pod(job)
         env.wait(attempt(2), what="attempt 2 (budget refilled)")
