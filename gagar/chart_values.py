@@ -162,6 +162,10 @@ class ChartValues(Values):
     watch_namespaces: list[str] = Field(default_factory=list)
     """Namespaces whose GagarRuns the operator reconciles. Empty: every namespace, with a
     ClusterRole; otherwise one Role per listed namespace and no cluster-wide access."""
+    run_selector: str = ""
+    """Equality-based label selector of the GagarRuns this operator reconciles (``team=a``,
+    ``!canary``; empty: all of them in the watched namespaces). The API server filters the watch,
+    so several operators can share a cluster's runs."""
     operator: OperatorValues = Field(default_factory=OperatorValues)
     """The operator Deployment."""
     image_pull_secrets: list[str] = Field(default_factory=list)

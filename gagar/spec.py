@@ -391,7 +391,16 @@ class FailurePolicy(Model):
     """What happens when trainer pods fail."""
 
     max_restarts: int = Field(default=3, ge=0)
-    """Restarts from the last checkpoint before the run is ``Failed``."""
+    """Restarts from the last checkpoint in a row before the run is ``Failed``. The budget refills
+    when the trainer writes a checkpoint newer than the one its last restart resumed from (it made
+    progress), so a long run survives occasional failures; a trainer that keeps failing before
+    its next checkpoint spends it. (A JobSet trainer counts with JobSet's own ``maxRestarts``,
+    which never refills.)"""
+    backoff_seconds: float = Field(default=10.0, ge=0, le=3600)
+    """Wait before the first restart in a row; each further one waits twice as long as the one
+    before, up to ``maxBackoffSeconds`` (the wait resets with the budget)."""
+    max_backoff_seconds: float = Field(default=300.0, ge=0, le=86400)
+    """Longest wait before a restart."""
 
 
 class CheckpointSpec(Model):
@@ -673,6 +682,10 @@ class TrainerSpec(Model):
     """Checkpointing."""
     pod_template: PodTemplate = Field(default_factory=PodTemplate)
     """Overlay on the trainer pods (scheduling, identity, env, volumes)."""
+    shm_size: Quantity = "16Gi"
+    """Size limit of the pods' ``/dev/shm`` (a memory-backed ``emptyDir``, NCCL's buffers and the data loaders' tensors): what it
+    holds counts against the pod's memory, and a pod writing past it is evicted instead of
+    exhausting the node's memory."""
     queue_name: str | None = Field(default=None, pattern=DNS_LABEL, max_length=63)
     """Kueue LocalQueue the trainer workload is submitted to (the label
     ``kueue.x-k8s.io/queue-name`` on its Job or JobSet): Kueue then decides when it starts, and
@@ -788,6 +801,10 @@ class _Pool(Model):
     """Resources of each replica."""
     pod_template: PodTemplate = Field(default_factory=PodTemplate)
     """Overlay on the pool's pods (scheduling, identity, env, volumes)."""
+    shm_size: Quantity = "8Gi"
+    """Size limit of the pods' ``/dev/shm`` (a memory-backed ``emptyDir``, vLLM's tensor-parallel workers exchange through it): what it
+    holds counts against the pod's memory, and a pod writing past it is evicted instead of
+    exhausting the node's memory."""
 
     def _check_pool(self, path: str) -> None:
         if self.endpoint is not None:
@@ -1077,12 +1094,17 @@ class ObservabilitySpec(Model):
 # immutable, so what shapes it changes only while the run is suspended, when the operator
 # recreates the trainer from its last checkpoint (docs/operations.md). The operator enforces the
 # same for everything else that reaches the template (it refuses, applying nothing).
+# ``authTokenSecret`` too: the trainer mounts the Secret, and the grader and sandbox pools, which
+# would roll at once, must never hold a token the running trainer does not send.
 _TRAINER_FIXED_WHILE_RUNNING = _cel(
     "(has(oldSelf.suspend) && oldSelf.suspend && has(self.suspend) && self.suspend)"
     " || (has(self.trainer) == has(oldSelf.trainer)"
-    " && (!has(self.trainer) || self.trainer == oldSelf.trainer) && self.model == oldSelf.model)",
-    "spec.trainer and spec.model change only while the run is suspended (suspend: true before"
-    " and after the change): the trainer is then recreated from its last checkpoint",
+    " && (!has(self.trainer) || self.trainer == oldSelf.trainer) && self.model == oldSelf.model"
+    " && has(self.authTokenSecret) == has(oldSelf.authTokenSecret)"
+    " && (!has(self.authTokenSecret) || self.authTokenSecret == oldSelf.authTokenSecret))",
+    "spec.trainer, spec.model and spec.authTokenSecret change only while the run is suspended"
+    " (suspend: true before and after the change): the trainer is then recreated from its last"
+    " checkpoint",
 )
 
 
@@ -1214,6 +1236,11 @@ class GagarRunStatus(Model):
     """Newest published policy version."""
     trainer_restarts: int = 0
     """Restarts from a checkpoint so far."""
+    restarts_in_a_row: int = 0
+    """Restarts since the trainer last wrote a checkpoint newer than the one its last restart
+    resumed from (what ``failurePolicy.maxRestarts`` limits)."""
+    restart_checkpoint_step: int | None = None
+    """Step of the newest checkpoint when the trainer last restarted (progress is a newer one)."""
     last_checkpoint: CheckpointStatus | None = None
     """Newest complete checkpoint."""
     pools: dict[str, PoolStatus] = Field(default_factory=dict)

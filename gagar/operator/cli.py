@@ -41,6 +41,16 @@ def to_yaml_stream(objects: list[dict]) -> str:
     return yaml.dump_all(objects, Dumper=Dumper, sort_keys=False)
 
 
+def _run_selector(text: str) -> str:
+    from gagar.operator.handlers import parse_selector
+
+    try:
+        parse_selector(text)
+    except ValueError as err:
+        raise argparse.ArgumentTypeError(str(err)) from None
+    return text
+
+
 def _operator(args: argparse.Namespace) -> int:
     from gagar.operator.main import run_operator
 
@@ -50,6 +60,7 @@ def _operator(args: argparse.Namespace) -> int:
         port=args.metrics_port,
         health_port=args.health_port,
         integrations=frozenset(args.integration or ()),
+        run_selector=args.run_selector,
     )
 
 
@@ -92,6 +103,14 @@ def register(sub: argparse._SubParsersAction) -> None:
         help="manage this optional CRD group's kinds (the chart's integrations.*, which also grant "
         f"the RBAC; {', '.join(OPTIONAL_CRDS)}); repeatable; a group not named is left alone "
         "even when installed",
+    )
+    p.add_argument(
+        "--run-selector",
+        default="",
+        type=_run_selector,
+        metavar="SELECTOR",
+        help="reconcile only the GagarRuns this equality-based label selector selects "
+        "(e.g. team=a,!canary; the chart's runSelector), filtered by the API server",
     )
     p.add_argument("--metrics-port", type=int, default=9400, help="port of the operator's /metrics")
     p.add_argument(

@@ -75,12 +75,15 @@ class OperatorConfig:
     the list of installed API groups is trusted; ``integrations``: the optional API groups the
     operator may manage (``--integration``, the chart's ``integrations.*``, which grant the RBAC
     for exactly these): a group installed in the cluster but not named here is never built,
-    listed or pruned, so a default install never asks for what its RBAC does not grant."""
+    listed or pruned, so a default install never asks for what its RBAC does not grant. ``run_selector``: an equality-based label selector (``team=a,!canary``): only
+    runs it selects are watched (server-side) and reconciled, so that several operators can
+    share a cluster's runs."""
 
     resync_seconds: float = 30.0
     crd_cache_seconds: float = 60.0
     clock: Callable[[], str] = now_rfc3339
     integrations: frozenset[str] = frozenset()
+    run_selector: str = ""  # label selector of the runs this operator owns (--run-selector)
 
 
 @dataclass
@@ -89,8 +92,11 @@ class _RunMemory:
 
     lock: threading.Lock = field(default_factory=threading.Lock)
     applied: str = ""  # fingerprint of the last manifests applied successfully
-    apply_error: tuple[int, str] | None = None  # (generation, message) of a permanent failure
+    # (generation, reason, message) of a permanent failure: an apply refused, or a change the
+    # operator will not make (the Stalled condition's reason and message)
+    apply_error: tuple[int, str, str] | None = None
     dirty: bool = False  # a child changed since the last reconcile started
+    timer: threading.Timer | None = None  # a reconcile due when a restart's backoff ends
 
 
 def parse_run(body: dict[str, Any]) -> tuple[GagarRun | None, str | None]:
@@ -176,7 +182,11 @@ class Reconciler:
         mem.dirty = False  # everything before this read is seen by it
         try:
             fresh = self.kube.get(f"{API_GROUP}/{API_VERSION}", "GagarRun", namespace, run_name)
-            if fresh is None or fresh["metadata"].get("deletionTimestamp"):
+            if (
+                fresh is None
+                or fresh["metadata"].get("deletionTimestamp")
+                or not selects(self.config.run_selector, fresh["metadata"].get("labels") or {})
+            ):  # gone, or another operator's run (a child's event names it too)
                 result = "gone"
                 return None
             outcome = self._reconcile(fresh, mem, force_apply)
@@ -216,17 +226,23 @@ class Reconciler:
         outcome = compute_status(run.spec, observed, prev, self.config.clock())
         self._write_status(raw, prev, outcome)  # before acting: a restart is counted exactly once
         restarted = self._restart_trainer(run, crds, observed, outcome.attempt)
+        if outcome.retry_after is not None:  # a restart waits for its backoff: look again then
+            self._later(mem, raw, outcome.retry_after)
         ctx = BuildContext(
             uid=raw["metadata"]["uid"],
             crds=crds,
             attempt=outcome.attempt,
+            in_a_row=outcome.status.restarts_in_a_row,
+            resumed_from=outcome.status.restart_checkpoint_step,
             state="terminal" if outcome.terminal else "active",
         )
         before = mem.apply_error
         desired = build_all(run, ctx)
-        blocked = None if restarted else self._trainer_template(run, desired, observed, crds)
+        blocked = self._jobset_unavailable(run, crds, observed)
+        if blocked is None and not restarted:
+            blocked = self._trainer_template(run, desired, observed, crds)
         if blocked is not None:
-            mem.apply_error, mem.applied = (generation, blocked), ""  # nothing half-applied
+            mem.apply_error, mem.applied = (generation, *blocked), ""  # nothing half-applied
         else:
             # a finished run's objects change only with its spec: the resync does not re-apply
             force = (force_apply and not outcome.terminal) or restarted
@@ -237,6 +253,23 @@ class Reconciler:
             self._write_status(raw, outcome.status, final)
             outcome = final
         return outcome
+
+    def _later(self, mem: _RunMemory, raw: dict[str, Any], seconds: float) -> None:
+        """Reconcile the run again in ``seconds`` (one pending timer per run; a newer one wins)."""
+        meta = raw["metadata"]
+        if mem.timer is not None:
+            mem.timer.cancel()
+        mem.timer = threading.Timer(
+            seconds + 0.05, self._timed, args=(meta.get("namespace", ""), meta["name"])
+        )
+        mem.timer.daemon = True
+        mem.timer.start()
+
+    def _timed(self, namespace: str, run_name: str) -> None:
+        try:
+            self.reconcile_named(namespace, run_name)
+        except Exception as err:  # the resync retries
+            log.warning("timed reconcile of %s/%s failed: %s", namespace, run_name, err)
 
     # ------------------------------------------------------------------ observe
     def _observe(
@@ -267,13 +300,14 @@ class Reconciler:
         if not finished and (trainer is None or trainer.ready < spec.trainer.nodes):  # why it waits
             selector = f"gagar.dev/run={run.metadata.name},app.kubernetes.io/component=trainer"
             pods = self.kube.list("v1", "Pod", ns, selector)
-        error = mem.apply_error[1] if mem.apply_error and mem.apply_error[0] == generation else None
+        error = mem.apply_error if mem.apply_error and mem.apply_error[0] == generation else None
         return Observed(
             generation=generation,
             trainer=trainer,
             pools=pools,
             progress=parse_progress(progress.get("data")),
-            apply_error=error,
+            apply_error=error[2] if error else None,
+            apply_reason=error[1] if error else "ApplyFailed",
             waiting=waiting_reasons(pods),
         )
 
@@ -291,7 +325,7 @@ class Reconciler:
 
     def _trainer_template(
         self, run: GagarRun, desired: list[dict[str, Any]], observed: Observed, crds: frozenset[str]
-    ) -> str | None:
+    ) -> tuple[str, str] | None:
         """A change of the trainer's immutable template: once the run is suspended the trainer is
         deleted (its pods stop, as suspending stops them) and recreated, suspended, to resume from
         the last checkpoint; before that the change is refused, the message says why."""
@@ -307,9 +341,33 @@ class Reconciler:
             log.info("trainer template changed while suspended: recreating the %s", trainer.kind)
             return None
         return (
+            "TrainerTemplateChanged",
             "TrainerTemplateChanged: this change reaches the trainer's pod template, which a "
             "running Job cannot change; suspend the run (spec.suspend: true) to recreate the "
-            "trainer from its last checkpoint, or revert the change"
+            "trainer from its last checkpoint, or revert the change",
+        )
+
+    def _jobset_unavailable(
+        self, run: GagarRun, crds: frozenset[str], observed: Observed
+    ) -> tuple[str, str] | None:
+        """``useJobSet`` without the JobSet API: refused (nothing is applied, no accelerator is
+        held) rather than quietly run as a Job, until JobSet is installed and enabled; a trainer
+        Job made before (an older operator fell back) keeps running as the Job it is."""
+        if not run.spec.trainer.use_job_set or JOBSET in crds:
+            return None
+        if observed.trainer is not None and observed.trainer.kind == "Job":
+            return None
+        if JOBSET in self.config.integrations:
+            why = "the JobSet CRD (jobset.x-k8s.io/v1alpha2) is not installed in the cluster"
+        else:
+            why = (
+                "the operator's JobSet integration is off (chart value integrations.jobset, "
+                "operator flag --integration jobset.x-k8s.io)"
+            )
+        return (
+            "JobSetUnavailable",
+            f"JobSetUnavailable: spec.trainer.useJobSet is true but {why}; install and enable "
+            "JobSet, or set useJobSet: false to run the trainer as an indexed Job",
         )
 
     def _apply(
@@ -334,7 +392,7 @@ class Reconciler:
                     raise
                 errors.append(f"{obj['kind']}/{obj['metadata']['name']}: {err.message}")
         self._prune(run, desired, terminal)
-        mem.apply_error = (generation, "; ".join(errors)) if errors else None
+        mem.apply_error = (generation, "ApplyFailed", "; ".join(errors)) if errors else None
         mem.applied = "" if errors else fingerprint
 
     def _hand_over_replicas(self, obj: dict[str, Any]) -> None:
@@ -445,7 +503,9 @@ class Reconciler:
         """Drop a deleted run: its memory, its phase and its condition series."""
         with self._guard:
             self._known.discard((namespace, run_name))
-            self._memory.pop((namespace, run_name), None)
+            mem = self._memory.pop((namespace, run_name), None)
+            if mem is not None and mem.timer is not None:
+                mem.timer.cancel()
             self._phases.pop((namespace, run_name), None)
         cond = self.metrics["gagar_run_condition"]
         for kind in CONDITION_TYPES:
@@ -465,6 +525,37 @@ class Reconciler:
                     self.reconcile_named(namespace, run_name, force_apply=True)
                 except Exception as err:  # the next resync retries; nothing to crash for
                     log.warning("resync of %s/%s failed: %s", namespace, run_name, err)
+
+
+def parse_selector(selector: str) -> list[tuple[str, str, str]]:
+    """An equality-based label selector as (key, op, value) terms; op is ``=``, ``!=``,
+    ``exists`` or ``!exists``. Set-based terms (``in``, ``notin``) are refused (ValueError)."""
+    terms = []
+    for raw in filter(None, (t.strip() for t in selector.split(","))):
+        if " in " in raw or " notin " in raw or "(" in raw:
+            raise ValueError(f"set-based selector terms are not supported: {raw!r}")
+        if "!=" in raw:
+            key, _, value = raw.partition("!=")
+            terms.append((key.strip(), "!=", value.strip()))
+        elif "=" in raw:
+            key, _, value = raw.replace("==", "=").partition("=")
+            terms.append((key.strip(), "=", value.strip()))
+        elif raw.startswith("!"):
+            terms.append((raw[1:].strip(), "!exists", ""))
+        else:
+            terms.append((raw, "exists", ""))
+    return terms
+
+
+def selects(selector: str, labels: Mapping[str, str]) -> bool:
+    """Whether the labels match an equality-based selector (empty selects everything)."""
+    checks = {
+        "=": lambda k, v: labels.get(k) == v,
+        "!=": lambda k, v: labels.get(k) != v,
+        "exists": lambda k, _: k in labels,
+        "!exists": lambda k, _: k not in labels,
+    }
+    return all(checks[op](key, value) for key, op, value in parse_selector(selector))
 
 
 def _applies_replicas(obj: dict[str, Any]) -> bool:
@@ -522,11 +613,7 @@ def register(registry: kopf.OperatorRegistry, reconciler: Reconciler) -> kopf.Op
         if run_name:
             reconciler.reconcile_named(namespace, run_name, force_apply=type == "DELETED")
 
-    for group, version, plural, extra in (
-        ("batch", "v1", "jobs", {}),
-        ("apps", "v1", "deployments", {}),
-        ("", "v1", "configmaps", {"app.kubernetes.io/component": "progress"}),
-    ):
+    for group, version, plural, extra in CHILD_WATCHES:
         resource = (group, version, plural) if group else (version, plural)
         kopf.on.event(*resource, labels={**MANAGED, **extra}, id=f"child-{plural}", **on_run)(
             child_changed
@@ -534,11 +621,31 @@ def register(registry: kopf.OperatorRegistry, reconciler: Reconciler) -> kopf.Op
     return registry
 
 
-def configure_settings(settings: kopf.OperatorSettings) -> None:
-    """Keep kopf's bookkeeping in annotations: the CRD's status schema has no room for it."""
+CHILD_WATCHES = (
+    ("batch", "v1", "jobs", {}),
+    ("apps", "v1", "deployments", {}),
+    ("", "v1", "configmaps", {"app.kubernetes.io/component": "progress"}),
+)
+
+
+def _label_selector(labels: Mapping[str, str]) -> str:
+    return ",".join(f"{k}={v}" for k, v in sorted(labels.items()))
+
+
+def configure_settings(settings: kopf.OperatorSettings, run_selector: str = "") -> None:
+    """Keep kopf's bookkeeping in annotations (the CRD's status schema has no room for it), and
+    filter the watches on the server: the children's watches see only the operator's own objects
+    (not every Job, Deployment and ConfigMap of the cluster), and the GagarRuns' watch only the
+    runs ``run_selector`` selects."""
     settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix="kopf.gagar.dev")
     settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(
         prefix="kopf.gagar.dev", key="last-handled-configuration"
     )
     settings.persistence.finalizer = "kopf.gagar.dev/finalizer"
     settings.posting.level = logging.INFO
+    for group, version, plural, extra in CHILD_WATCHES:
+        key = (group, version, plural) if group else (version, plural)
+        settings.watching.label_selectors[key] = _label_selector({**MANAGED, **extra})
+    if run_selector:
+        parse_selector(run_selector)  # refuses what the operator could not check itself
+        settings.watching.label_selectors[API_GROUP, API_VERSION, PLURAL] = run_selector

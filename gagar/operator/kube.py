@@ -39,6 +39,7 @@ PLURALS = {
     "HorizontalPodAutoscaler": "horizontalpodautoscalers",
     "ScaledObject": "scaledobjects",
     "NetworkPolicy": "networkpolicies",
+    "PodDisruptionBudget": "poddisruptionbudgets",
     "PodMonitor": "podmonitors",
     "ServiceMonitor": "servicemonitors",
     "Pod": "pods",

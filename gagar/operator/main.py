@@ -83,7 +83,7 @@ def build_registry(
 
     @kopf.on.startup(registry=registry)
     def _settings(settings: kopf.OperatorSettings, **_: object) -> None:
-        configure_settings(settings)
+        configure_settings(settings, config.run_selector)
 
     return registry
 
@@ -94,6 +94,7 @@ def run_operator(
     port: int,
     health_port: int,
     integrations: frozenset[str] = frozenset(),
+    run_selector: str = "",
 ) -> int:
     """Serve /metrics on ``port`` and /healthz on ``health_port``; run kopf until interrupted."""
     level = os.environ.get(env.LOG_LEVEL, "info").upper()
@@ -102,7 +103,7 @@ def run_operator(
     metrics = Metrics(prom, "operator")
     metrics.prime()  # every unlabelled-by-run series (API verbs and outcomes, error reasons) at 0
     start_http_server(port, registry=prom)
-    config = OperatorConfig(integrations=integrations)
+    config = OperatorConfig(integrations=integrations, run_selector=run_selector)
     kube = Kube(api_client(), observe=ApiObserver(metrics))
     registry = build_registry(kube, metrics, config)
     kopf.run(

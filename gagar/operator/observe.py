@@ -8,7 +8,12 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from gagar.operator.builders.common import ATTEMPT_ANNOTATION, TEMPLATE_ANNOTATION
+from gagar.operator.builders.common import (
+    ATTEMPT_ANNOTATION,
+    IN_A_ROW_ANNOTATION,
+    RESUMED_ANNOTATION,
+    TEMPLATE_ANNOTATION,
+)
 
 
 @dataclass(frozen=True)
@@ -24,7 +29,10 @@ class TrainerObserved:
     failed: bool = False
     failed_reason: str = ""
     failed_message: str = ""
+    failed_time: str | None = None  # when the Failed condition became True
     restarts: int = 0  # JobSet's own restart counter (a Job never restarts itself)
+    in_a_row: int = 0  # the failure policy's restarts in a row when this Job was applied
+    resumed_from: int | None = None  # newest checkpoint step at the restart that made this Job
     start_time: str | None = None
     template_hash: str = ""  # of the immutable spec it was built from ("" when unknown)
 
@@ -67,6 +75,7 @@ class Observed:
     progress: Progress = field(default_factory=Progress)
     spec_error: str | None = None
     apply_error: str | None = None
+    apply_reason: str = "ApplyFailed"  # the Stalled reason of ``apply_error``
     waiting: tuple[str, ...] = ()
 
 
@@ -91,8 +100,11 @@ def parse_job(job: dict[str, Any]) -> TrainerObserved:
         failed=bool(failed),
         failed_reason=failed.get("reason", ""),
         failed_message=failed.get("message", ""),
+        failed_time=failed.get("lastTransitionTime"),
         start_time=status.get("startTime"),
         template_hash=annotations.get(TEMPLATE_ANNOTATION, ""),
+        in_a_row=int(annotations.get(IN_A_ROW_ANNOTATION, "0")),
+        resumed_from=_int(annotations, RESUMED_ANNOTATION),
     )
 
 

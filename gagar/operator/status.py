@@ -6,9 +6,12 @@ with a reason, a message and ``observedGeneration``; ``lastTransitionTime`` only
 condition's status flips (``set_condition``), so identical observations give an identical status
 and the handler can skip the patch. ``phase`` is derived from the conditions for ``kubectl get``.
 
-Failure policy (indexed Job): a failed Job of the current attempt spends one restart (the handler
-deletes it and applies attempt + 1, which resumes from the last checkpoint) until
-``failurePolicy.maxRestarts`` are spent; then, or when the pod failure policy failed the Job
+Failure policy (indexed Job): a failed Job of the current attempt spends one restart, after an
+exponential backoff from the moment it failed (``failurePolicy.backoffSeconds``, doubling, capped
+by ``maxBackoffSeconds``; ``Outcome.retry_after`` tells the handler when to look again): the
+handler deletes it and applies attempt + 1, which resumes from the last checkpoint. Restarts in a
+row are limited by ``failurePolicy.maxRestarts``; a checkpoint newer than the one the last restart
+resumed from refills that budget (and resets the backoff). When it is spent, or when the pod failure policy failed the Job
 outright (``reason: PodFailurePolicy``: the trainer exited with its permanent-error code), the run
 is ``Failed``. A JobSet restarts itself; its ``status.restarts`` is copied. Terminal phases
 (``Succeeded``, ``Failed``) are sticky. Pure: no I/O, ``now`` is an input.
@@ -17,6 +20,7 @@ is ``Failed``. A JobSet restarts itself; its ``status.restarts`` is copied. Term
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from datetime import datetime
 
 from gagar.operator.observe import Observed, PoolObserved, TrainerObserved
 from gagar.spec import (
@@ -48,6 +52,7 @@ class Outcome:
     attempt: int = 0  # trainer attempt the Job must carry; an older Job is deleted and recreated
     terminal: bool = False
     events: list[Event] = field(default_factory=list)
+    retry_after: float | None = None  # reconcile again after this many seconds (a backoff)
 
 
 def set_condition(conditions: list[Condition], new: Condition, now: str) -> list[Condition]:
@@ -75,41 +80,84 @@ class _Trainer:
 
     restarts: int
     attempt: int
-    outcome: str  # running | restarting | complete | failed
+    outcome: str  # running | backoff | restarting | complete | failed
     reason: str = ""
     message: str = ""
+    in_a_row: int = 0
+    resumed_from: int | None = None
+    retry_after: float | None = None  # seconds until the backoff ends
 
 
-def judge_trainer(spec: GagarRunSpec, job: TrainerObserved | None, restarts: int) -> _Trainer:
-    """Apply the failure policy to the observed trainer, given restarts spent so far."""
+def _seconds_between(start: str, end: str) -> float:
+    parse = datetime.fromisoformat
+    return (parse(end.replace("Z", "+00:00")) - parse(start.replace("Z", "+00:00"))).total_seconds()
+
+
+def backoff(spec: GagarRunSpec, in_a_row: int) -> float:
+    """Seconds to wait before a restart that follows ``in_a_row`` restarts in a row."""
+    policy = spec.trainer.failure_policy
+    return min(policy.max_backoff_seconds, policy.backoff_seconds * 2.0 ** min(in_a_row, 32))
+
+
+def judge_trainer(
+    spec: GagarRunSpec,
+    job: TrainerObserved | None,
+    prev: GagarRunStatus,
+    checkpoint: int | None,
+    now: str,
+) -> _Trainer:
+    """Apply the failure policy to the observed trainer, given the previous status, the newest
+    checkpoint's step and the time. A failed Job is restarted after ``backoff`` (from the moment
+    it failed) while fewer than ``maxRestarts`` restarts happened in a row; a checkpoint newer
+    than the one the last restart resumed from is progress, and refills the budget."""
     budget = spec.trainer.failure_policy.max_restarts
+    restarts, in_a_row, resumed = (
+        prev.trainer_restarts,
+        prev.restarts_in_a_row,
+        prev.restart_checkpoint_step,
+    )
     if job is None:
-        return _Trainer(restarts, restarts, "running")
+        return _Trainer(restarts, restarts, "running", in_a_row=in_a_row, resumed_from=resumed)
+    if job.kind == "Job" and job.attempt >= restarts:  # the current attempt's Job remembers too:
+        in_a_row, resumed = job.in_a_row, job.resumed_from  # a lost status never resets the budget
     # the child remembers too: a lost or stale status never lowers the count
     restarts = max(restarts, job.restarts if job.kind == "JobSet" else job.attempt)
+    if in_a_row and checkpoint is not None and checkpoint > (-1 if resumed is None else resumed):
+        in_a_row = 0  # progress since the last restart: the budget refills
+
+    def same(
+        outcome: str, reason: str = "", message: str = "", after: float | None = None
+    ) -> _Trainer:
+        """A verdict that keeps the count and the failure policy's memory."""
+        return _Trainer(restarts, restarts, outcome, reason, message, in_a_row, resumed, after)
+
     if job.complete:
-        return _Trainer(restarts, restarts, "complete", "TrainerSucceeded", "the trainer completed")
+        return same("complete", "TrainerSucceeded", "the trainer completed")
     if job.kind == "Job" and job.attempt < restarts:
-        return _Trainer(
-            restarts, restarts, "restarting", "Restarting", f"attempt {restarts} is being created"
-        )
+        return same("restarting", "Restarting", f"attempt {restarts} is being created")
     if not job.failed:
-        return _Trainer(restarts, restarts, "running")
+        return same("running")
     detail = f"{job.failed_reason}: {job.failed_message}".strip(": ")
     if job.failed_reason == "PodFailurePolicy":
-        return _Trainer(restarts, restarts, "failed", "TrainerFailedPermanently", detail)
-    if job.kind == "Job" and restarts < budget:
-        message = (
-            f"trainer failed ({detail}); restart {restarts + 1}/{budget} from the last checkpoint"
+        return same("failed", "TrainerFailedPermanently", detail)
+    if job.kind == "Job" and in_a_row < budget:
+        wait = backoff(spec, in_a_row)
+        left = wait - _seconds_between(job.failed_time, now) if job.failed_time else 0.0
+        restart = (
+            f"trainer failed ({detail}); restart {in_a_row + 1}/{budget} from the last checkpoint"
         )
-        return _Trainer(restarts + 1, restarts + 1, "restarting", "TrainerRestarted", message)
-    return _Trainer(
-        restarts,
-        restarts,
-        "failed",
-        "RestartBudgetExhausted",
-        f"trainer failed after {restarts} restarts ({detail})",
-    )
+        if left > 0:
+            message = f"{restart} in {left:.0f} s (backoff {wait:.0f} s)"
+            return same("backoff", "RestartBackoff", message, left)
+        return _Trainer(
+            restarts + 1, restarts + 1, "restarting", "TrainerRestarted", restart, in_a_row + 1,
+            checkpoint,
+        )  # fmt: skip
+    if job.kind == "JobSet":  # JobSet counts its own restarts, never refilled
+        message = f"trainer failed after {restarts} restarts ({detail})"
+    else:
+        message = f"trainer failed after {in_a_row} restarts in a row without progress ({detail})"
+    return same("failed", "RestartBudgetExhausted", message)
 
 
 def pool_statuses(spec: GagarRunSpec, obs: Observed) -> dict[str, PoolStatus]:
@@ -166,7 +214,7 @@ def _trainer_ready(f: _Facts) -> Condition:
     nodes, job = f.spec.trainer.nodes, f.obs.trainer
     if f.terminal is not None:
         return _c("TrainerReady", False, "Completed" if f.terminal == "Succeeded" else "Failed")
-    if f.verdict.outcome == "restarting":
+    if f.verdict.outcome in ("restarting", "backoff"):
         return _c("TrainerReady", False, f.verdict.reason, f.verdict.message)
     if job is None:
         return _c("TrainerReady", False, "NotCreated", "the trainer is not created yet")
@@ -240,7 +288,7 @@ def _terminal_conditions(f: _Facts) -> list[Condition]:
 
 def _stalled(f: _Facts) -> Condition:
     if f.obs.apply_error:
-        return _c("Stalled", True, "ApplyFailed", f.obs.apply_error)
+        return _c("Stalled", True, f.obs.apply_reason, f.obs.apply_error)
     return _c("Stalled", False, "NotStalled")
 
 
@@ -349,7 +397,10 @@ def compute_status(
     prev = previous or GagarRunStatus()
     if spec is None or obs.spec_error:
         return _invalid(obs, prev, now)
-    verdict = judge_trainer(spec, obs.trainer, prev.trainer_restarts)
+    checkpoint = obs.progress.checkpoint_step
+    if checkpoint is None and prev.last_checkpoint is not None:
+        checkpoint = prev.last_checkpoint.step
+    verdict = judge_trainer(spec, obs.trainer, prev, checkpoint, now)
     ended = {"complete": "Succeeded", "failed": "Failed"}.get(verdict.outcome)
     terminal = prev.phase if prev.phase in TERMINAL else ended
     f = _Facts(spec, obs, verdict, terminal, prev)
@@ -375,9 +426,12 @@ def compute_status(
         if obs.progress.policy_version is not None
         else prev.policy_version,
         trainer_restarts=verdict.restarts,
+        restarts_in_a_row=verdict.in_a_row,
+        restart_checkpoint_step=verdict.resumed_from,
         last_checkpoint=_checkpoint(f),
         pools=pool_statuses(spec, obs),
         start_time=prev.start_time or obs.progress.start_time or (job.start_time if job else None),
         completion_time=prev.completion_time or (now if terminal else None),
     )
-    return Outcome(status, verdict.attempt, terminal is not None, _events(prev, status, verdict))
+    events = _events(prev, status, verdict)
+    return Outcome(status, verdict.attempt, terminal is not None, events, verdict.retry_after)

@@ -157,6 +157,7 @@ def test_rbac_covers_what_the_operator_manages() -> None:
         ("rbac.authorization.k8s.io", "roles"),
         ("rbac.authorization.k8s.io", "rolebindings"),
         ("networking.k8s.io", "networkpolicies"),
+        ("policy", "poddisruptionbudgets"),
         ("autoscaling", "horizontalpodautoscalers"),
     ]:
         assert {
@@ -189,6 +190,18 @@ def test_namespaced_scope_when_namespaces_are_listed() -> None:
     assert not {"namespaces", "customresourcedefinitions"} & {
         r for _, r, _ in granted(rules_of(objs))
     }
+
+
+def test_run_selector_reaches_the_operator() -> None:
+    """runSelector becomes --run-selector (the operator's server-side filter of the runs' watch);
+    unset, no flag."""
+
+    def args(*flags: str) -> list[str]:
+        objs = helm_template(*flags)
+        return by_kind(objs, "Deployment")[0]["spec"]["template"]["spec"]["containers"][0]["args"]
+
+    assert "--run-selector=team=a" in args("--set", "runSelector=team=a")
+    assert not [a for a in args() if a.startswith("--run-selector")]
 
 
 def test_rbac_create_false_renders_no_rbac() -> None:

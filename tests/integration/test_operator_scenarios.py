@@ -26,14 +26,17 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+from unittest.mock import ANY
 
 import kopf
 import pytest
 from prometheus_client import CollectorRegistry
 
 from gagar.crd import build_crd
+from gagar.env import EXIT_PERMANENT
 from gagar.metrics import Metrics
 from gagar.operator.handlers import (
+    MANAGED,
     OperatorConfig,
     Reconciler,
     configure_settings,
@@ -86,7 +89,9 @@ class Env:
         return self.emulator
 
     @contextlib.contextmanager
-    def operator(self, integrations: frozenset[str] = frozenset()) -> Iterator[Reconciler]:
+    def operator(
+        self, integrations: frozenset[str] = frozenset(), run_selector: str = ""
+    ) -> Iterator[Reconciler]:
         """A fresh operator (new registry, new in-memory state) for the duration of the block,
         logged in through its kubeconfig, with the chart's RBAC for ``integrations``."""
         if self.simulated:
@@ -96,13 +101,18 @@ class Env:
         reconciler = Reconciler(
             Kube(client),
             Metrics(CollectorRegistry(), "operator"),
-            OperatorConfig(resync_seconds=self.resync, integrations=integrations),
+            OperatorConfig(
+                resync_seconds=self.resync, integrations=integrations, run_selector=run_selector
+            ),
         )
         registry = register(kopf.OperatorRegistry(), reconciler)
         add_login(registry, self.operator_kubeconfig)
         try:
             with run_operator(
-                None, registry, namespaces=(self.namespace,), configure=configure_settings
+                None,
+                registry,
+                namespaces=(self.namespace,),
+                configure=lambda settings: configure_settings(settings, run_selector),
             ):
                 yield reconciler
         finally:
@@ -133,6 +143,15 @@ class Env:
     def condition(self, name: str, kind: str) -> dict[str, Any]:
         return next((c for c in self.status(name).get("conditions", []) if c["type"] == kind), {})
 
+    def reason(self, name: str, kind: str, reason: str, what: str) -> dict[str, Any]:
+        """Wait until the run's ``kind`` condition has ``reason``; that condition."""
+        return self.wait(
+            lambda: (
+                self.condition(name, kind).get("reason") == reason and self.condition(name, kind)
+            ),
+            what=what,
+        )
+
     def patch_spec(self, name: str, spec: dict[str, Any]) -> None:
         self.kube.merge_patch(RUN_API, "GagarRun", self.namespace, name, {"spec": spec})
 
@@ -149,6 +168,7 @@ class Env:
             ("apps/v1", "Deployment"),
             ("autoscaling/v2", "HorizontalPodAutoscaler"),
             ("networking.k8s.io/v1", "NetworkPolicy"),
+            ("policy/v1", "PodDisruptionBudget"),
             ("rbac.authorization.k8s.io/v1", "Role"),
             ("rbac.authorization.k8s.io/v1", "RoleBinding"),
             ("v1", "PersistentVolumeClaim"),
@@ -162,6 +182,44 @@ class Env:
     def events(self, name: str) -> list[dict[str, Any]]:
         events = self.kube.list("v1", "Event", self.namespace)
         return [e for e in events if e.get("involvedObject", {}).get("name") == name]
+
+    # -- the kubelet's part (the emulator's Job controller runs the pods; tests end them)
+    def pods(self, job: str) -> dict[str, dict[str, Any]]:
+        """The current Job's live (not failed, not deleted) pods by completion index."""
+        current = self.get("batch/v1", "Job", job)
+        pods = self.kube.list("v1", "Pod", self.namespace, f"batch.kubernetes.io/job-name={job}")
+        return {
+            p["metadata"]["annotations"]["batch.kubernetes.io/job-completion-index"]: p
+            for p in pods
+            if current is not None
+            and p["metadata"]["ownerReferences"][0]["uid"] == current["metadata"]["uid"]
+            and (p.get("status") or {}).get("phase") != "Failed"
+            and not p["metadata"].get("deletionTimestamp")
+        }
+
+    def end_pod(self, job: str, index: int = 0, exit_code: int = 1, evicted: bool = False) -> str:
+        """Rank ``index`` of ``job`` ends as the kubelet reports it: its container exited with
+        ``exit_code`` (0: the pod succeeded), or the pod was evicted (``DisruptionTarget``, then killed). Its name."""
+        if not self.simulated:
+            pytest.skip("a real cluster's kubelet owns pod status")
+        pod = self.wait(lambda: self.pods(job).get(str(index)), what=f"rank {index} of {job}")
+        now = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+        conditions = [{"type": "Ready", "status": "False", "lastTransitionTime": now}]
+        if evicted:
+            conditions.append({"type": "DisruptionTarget", "status": "True",
+                               "reason": "EvictionByEvictionAPI", "lastTransitionTime": now})  # fmt: skip
+        container = pod["spec"]["containers"][0]["name"]
+        status = {
+            "phase": "Succeeded" if exit_code == 0 and not evicted else "Failed",
+            "conditions": conditions,
+            "containerStatuses": [{
+                "name": container, "image": "", "imageID": "", "ready": False, "restartCount": 0,
+                "state": {"terminated": {"exitCode": exit_code, "reason": "Error"}},
+            }],
+        }  # fmt: skip
+        name = pod["metadata"]["name"]
+        self.kube.merge_patch("v1", "Pod", self.namespace, name, {"status": status}, "status")
+        return name
 
 
 def _emulator_process(tmp: Path) -> Iterator[Path]:
@@ -289,6 +347,7 @@ def test_create(env: Env) -> None:
             "Job",
             "Deployment",
             "NetworkPolicy",
+            "PodDisruptionBudget",
             "Role",
             "RoleBinding",
             "PersistentVolumeClaim",
@@ -405,14 +464,16 @@ def test_suspend_and_resume(env: Env) -> None:
             )
 
 
+FAST_RESTARTS = {"trainer.failurePolicy.backoffSeconds": 0.2}
+
+
 def test_trainer_failure_and_restart_budget(env: Env) -> None:
-    emulator = env.need_emulator()
-    run = manifest(**{"trainer.failurePolicy.maxRestarts": 1})
+    run = manifest(**{"trainer.failurePolicy.maxRestarts": 1, **FAST_RESTARTS})
     name, job = run["metadata"]["name"], f"{run['metadata']['name']}-trainer"
     with env.operator():
         env.create(run)
         first = env.wait(lambda: env.get("batch/v1", "Job", job))["metadata"]["uid"]
-        emulator.fail_job(job)
+        env.end_pod(job)
         second = env.wait(
             lambda: (j := env.get("batch/v1", "Job", job)) and j["metadata"]["uid"] != first and j,
             what="Job recreated",
@@ -420,7 +481,7 @@ def test_trainer_failure_and_restart_budget(env: Env) -> None:
         assert second["metadata"]["annotations"]["gagar.dev/attempt"] == "1"
         env.wait(lambda: env.status(name).get("trainerRestarts") == 1, what="restart counted")
         env.wait(phase(env, name, "Running"), what="running again")
-        emulator.fail_job(job)
+        env.end_pod(job)
         env.wait(phase(env, name, "Failed"), what="Failed after the budget")
         assert env.condition(name, "Failed")["reason"] == "RestartBudgetExhausted"
         assert env.status(name)["trainerRestarts"] == 1
@@ -558,7 +619,6 @@ def test_parse_run_names_every_bad_field() -> None:
 
 
 def test_completion_releases_accelerators(env: Env) -> None:
-    emulator = env.need_emulator()
     run = manifest(**{"rollout.replicas": None, "rollout.autoscaling": HPA})
     name = run["metadata"]["name"]
     hpa = ("autoscaling/v2", "HorizontalPodAutoscaler", f"{name}-rollout")
@@ -566,7 +626,7 @@ def test_completion_releases_accelerators(env: Env) -> None:
         env.create(run)
         env.wait(lambda: env.get(*hpa), what="HPA")
         env.wait(phase(env, name, "Running"), what="Running")
-        emulator.succeed_job(f"{name}-trainer")
+        env.end_pod(f"{name}-trainer", exit_code=0)
         env.wait(phase(env, name, "Succeeded"), what="Succeeded")
         assert env.condition(name, "Complete")["status"] == "True"
         env.wait(lambda: env.get(*hpa) is None, what="autoscaler removed")
@@ -642,13 +702,12 @@ def test_default_install_ignores_integrations_it_has_no_rbac_for(env: Env) -> No
 def test_finished_run_stays_down(env: Env) -> None:
     """A Failed run whose Job is deleted gets no new Job (it would hold accelerators for rollouts
     that never come), and the resync leaves a finished run alone: no applies, no lists."""
-    emulator = env.need_emulator()
     run = manifest(**{"trainer.failurePolicy.maxRestarts": 0})
     name, job = run["metadata"]["name"], f"{run['metadata']['name']}-trainer"
     with env.operator():
         env.create(run)
         env.wait(lambda: env.get("batch/v1", "Job", job), what="trainer Job")
-        emulator.fail_job(job)
+        env.end_pod(job)
         env.wait(phase(env, name, "Failed"), what="Failed")
         env.wait(
             lambda: env.get("apps/v1", "Deployment", f"{name}-rollout")["spec"]["replicas"] == 0,
@@ -658,11 +717,13 @@ def test_finished_run_stays_down(env: Env) -> None:
         time.sleep(0.5)  # the rest of that reconcile
         env.kube.delete("batch/v1", "Job", env.namespace, job)
         env.wait(lambda: env.get("batch/v1", "Job", job) is None, what="Job deleted")
-        seen = len(emulator.requests_for())
+        seen = len(env.emulator.requests_for()) if env.emulator else 0
         time.sleep(env.resync * 2.5)  # two resyncs and the deletion's watch event
         assert env.get("batch/v1", "Job", job) is None
         assert env.status(name)["phase"] == "Failed"
-        later = emulator.requests_for()[seen:]
+        if env.emulator is None:
+            return  # the request log is the in-process emulator's
+        later = env.emulator.requests_for()[seen:]
         writes = [r for r in later if r["verb"] in ("patch", "create", "delete", "update")]
         lists = [r for r in later if r["verb"] == "list"]
         assert writes == [] and lists == [], (writes, lists)
@@ -798,16 +859,19 @@ def test_switching_a_pool_to_autoscaling_keeps_its_replicas(env: Env) -> None:
 
 def test_jobset_crd_installed_mid_run_keeps_the_running_job(env: Env) -> None:
     """The JobSet CRD appearing during a run (with the integration on) never replaces, or prunes,
-    the run's running trainer Job."""
+    a run's running trainer Job; a run that asked for a JobSet was refused until then (no quiet
+    fallback to a Job) and now gets its JobSet."""
     if not env.simulated:
         pytest.skip("installs a stand-in JobSet CRD")
-    run = manifest(**{"trainer.useJobSet": True})
-    name, job = run["metadata"]["name"], f"{run['metadata']['name']}-trainer"
+    plain, wants = manifest(), manifest(**{"trainer.useJobSet": True})
+    name, job = plain["metadata"]["name"], f"{plain['metadata']['name']}-trainer"
+    other = wants["metadata"]["name"]
     with env.operator(integrations=frozenset({"jobset.x-k8s.io"})) as reconciler:
-        env.create(run)
-        uid = env.wait(lambda: env.get("batch/v1", "Job", job), what="a Job (no CRD)")["metadata"][
-            "uid"
-        ]
+        env.create(plain)
+        env.create(wants)
+        uid = env.wait(lambda: env.get("batch/v1", "Job", job), what="a Job")["metadata"]["uid"]
+        stalled = env.reason(other, "Stalled", "JobSetUnavailable", what="useJobSet refused")
+        assert "not installed" in stalled["message"]
         env.kube.create(optional_crd("jobset.x-k8s.io", "JobSet", "jobsets", "v1alpha2"))
         reconciler.config.crd_cache_seconds = 0  # see the new API group at once
         env.patch_spec(name, {"rollout": {"replicas": 3}})
@@ -815,10 +879,32 @@ def test_jobset_crd_installed_mid_run_keeps_the_running_job(env: Env) -> None:
             lambda: env.get("apps/v1", "Deployment", f"{name}-rollout")["spec"]["replicas"] == 3,
             what="re-applied",
         )
+        env.wait(
+            lambda: env.kube.get(
+                "jobset.x-k8s.io/v1alpha2", "JobSet", env.namespace, f"{other}-trainer"
+            ),
+            what="the JobSet of the run that asked for one (the next resync)",
+        )
+        env.wait(lambda: env.condition(other, "Stalled").get("status") == "False", what="unstalled")
         time.sleep(env.resync * 1.5)
         assert env.get("batch/v1", "Job", job)["metadata"]["uid"] == uid
-        assert env.kube.list("jobset.x-k8s.io/v1alpha2", "JobSet", env.namespace) == []
+        assert env.get("batch/v1", "Job", f"{other}-trainer") is None
         assert env.condition(name, "Stalled").get("status") != "True"
+
+
+def test_use_jobset_without_the_integration_is_refused(env: Env) -> None:
+    """useJobSet with the operator's JobSet integration off (chart default): Stalled with reason
+    JobSetUnavailable naming the chart value, and nothing created (no accelerator held)."""
+    run = manifest(**{"trainer.useJobSet": True})
+    name = run["metadata"]["name"]
+    with env.operator():
+        env.create(run)
+        stalled = env.reason(name, "Stalled", "JobSetUnavailable", what="refused")
+        assert stalled["status"] == "True" and "integrations.jobset" in stalled["message"]
+        assert env.status(name)["phase"] == "Stalled"
+        time.sleep(env.resync * 1.2)
+        assert env.children(name) == []
+        assert any(e["reason"] == "JobSetUnavailable" for e in env.wait(lambda: env.events(name)))
 
 
 def test_keda_integration_creates_scaled_objects_under_chart_rbac(env: Env) -> None:
@@ -842,3 +928,175 @@ def test_keda_integration_creates_scaled_objects_under_chart_rbac(env: Env) -> N
         env.wait(lambda: env.condition(name, "Ready").get("status") == "True", what="Ready")
         if env.emulator:
             assert [r for r in env.emulator.requests_for() if r["code"] == 403] == []
+
+
+def test_an_evicted_rank_takes_the_trainer_down_at_once(env: Env) -> None:
+    """One rank of a two-node trainer is evicted: the whole Job fails at once (its peers would
+    otherwise block in a collective until the NCCL timeout, the evicted rank recreated alone
+    finding a rendezvous that is long over), the other rank is stopped, and after the backoff the
+    operator starts the next attempt from the last checkpoint."""
+    policy = {"trainer.failurePolicy.backoffSeconds": 1.0}
+    run = manifest(**{"trainer.nodes": 2, **policy})
+    name, job = run["metadata"]["name"], f"{run['metadata']['name']}-trainer"
+    with env.operator():
+        env.create(run)
+        first = env.wait(lambda: env.get("batch/v1", "Job", job), what="trainer Job")
+        env.wait(lambda: len(env.pods(job)) == 2, what="two ranks running")
+        peer = env.pods(job)["0"]["metadata"]["name"]
+        env.end_pod(job, index=1, exit_code=137, evicted=True)
+        failed = env.wait(
+            lambda: next((c for c in (env.get("batch/v1", "Job", job) or {}).get("status", {})
+                          .get("conditions", []) if c["type"] == "Failed"), None),
+            what="the Job failed", timeout=10,
+        )  # fmt: skip
+        assert failed["reason"] == "BackoffLimitExceeded"
+        env.wait(lambda: env.get("v1", "Pod", peer) is None, what="rank 0 stopped", timeout=10)
+        backoff = env.reason(name, "TrainerReady", "RestartBackoff", what="waiting for the backoff")
+        assert "restart 1/3" in backoff["message"]
+        started = time.monotonic()
+        second = env.wait(
+            lambda: (j := env.get("batch/v1", "Job", job))
+            and j["metadata"]["uid"] != first["metadata"]["uid"] and j,
+            what="the next attempt",
+        )  # fmt: skip
+        assert time.monotonic() - started > 0.3  # it waited (1 s from the failure)
+        assert second["metadata"]["annotations"]["gagar.dev/attempt"] == "1"
+        env.wait(lambda: len(env.pods(job)) == 2, what="both ranks of attempt 1")
+        assert env.status(name)["trainerRestarts"] == 1
+
+
+def test_a_permanent_exit_fails_the_run_without_restarts(env: Env) -> None:
+    """A rank exiting with gagar.env's EXIT_PERMANENT (its configuration is unusable) fails the
+    run at once: the pod failure policy fails the Job, no restart is spent."""
+    run = manifest(**{"trainer.nodes": 2, **FAST_RESTARTS})
+    name, job = run["metadata"]["name"], f"{run['metadata']['name']}-trainer"
+    with env.operator():
+        env.create(run)
+        first = env.wait(lambda: env.get("batch/v1", "Job", job), what="trainer Job")
+        env.end_pod(job, index=1, exit_code=EXIT_PERMANENT)
+        env.wait(phase(env, name, "Failed"), what="Failed")
+        failed = env.condition(name, "Failed")
+        assert failed["reason"] == "TrainerFailedPermanently"
+        assert f"exit code {EXIT_PERMANENT}" in failed["message"]
+        time.sleep(0.5)
+        assert env.get("batch/v1", "Job", job)["metadata"]["uid"] == first["metadata"]["uid"]
+        assert env.status(name).get("trainerRestarts", 0) == 0
+
+
+def test_a_checkpoint_refills_the_restart_budget(env: Env) -> None:
+    """maxRestarts: 1 limits restarts in a row: a trainer that wrote a newer checkpoint since its
+    last restart may fail again and restart; one that fails again before one is Failed."""
+    run = manifest(**{"trainer.failurePolicy.maxRestarts": 1, **FAST_RESTARTS})
+    name, job = run["metadata"]["name"], f"{run['metadata']['name']}-trainer"
+    progress = ("v1", "ConfigMap", env.namespace, f"{name}-progress")
+
+    def attempt(n: int) -> Callable[[], bool]:
+        return lambda: (
+            (j := env.get("batch/v1", "Job", job)) is not None
+            and j["metadata"]["annotations"]["gagar.dev/attempt"] == str(n)
+            and len(env.pods(job)) == 1
+        )
+
+    def checkpoint(step: int) -> None:
+        """The trainer reports step ``step + 2`` and a checkpoint at ``step``."""
+        data = {"step": str(step + 2), "checkpointStep": str(step), "checkpointUri": f"c/{step}"}
+        env.kube.merge_patch(*progress, {"data": data})
+
+    with env.operator():
+        env.create(run)
+        env.wait(attempt(0), what="attempt 0")
+        checkpoint(10)
+        env.wait(lambda: env.status(name).get("step") == 12, what="progress seen")
+        env.end_pod(job)
+        env.wait(attempt(1), what="attempt 1")
+        assert env.status(name)["restartCheckpointStep"] == 10
+        checkpoint(20)  # attempt 1 makes progress (20 > 10): its failure is a first one in a row
+        env.wait(lambda: env.status(name).get("restartsInARow") == 0, what="budget refilled")
+        env.end_pod(job)
+        env.wait(attempt(2), what="attempt 2 (budget refilled)")
+        assert env.status(name)["trainerRestarts"] == 2
+        # attempt 2 fails before any newer checkpoint: the budget is spent
+        env.end_pod(job)
+        env.wait(phase(env, name, "Failed"), what="Failed")
+        assert env.condition(name, "Failed")["reason"] == "RestartBudgetExhausted"
+
+
+def test_auth_token_secret_changes_only_while_suspended(env: Env) -> None:
+    """spec.authTokenSecret reaches the trainer's immutable template (its mount) and the grader
+    and sandbox pools: changing it while running would roll the pools onto a token the running
+    trainer does not send. The API refuses it (the CRD's transition rule); under a CRD without
+    the rule, the operator refuses it whole (Stalled, the grader keeps its Secret); once the run
+    is suspended, the change applies and the trainer is recreated with it."""
+    run = manifest(**{"authTokenSecret": "token-a"})
+    name, job = run["metadata"]["name"], f"{run['metadata']['name']}-trainer"
+
+    def secrets(kind: str, obj: str) -> set[str]:
+        api = {"Job": "batch/v1", "Deployment": "apps/v1"}[kind]
+        found = env.get(api, kind, obj) or {"spec": {"template": {"spec": {}}}}  # mid-recreate
+        pod = found["spec"]["template"]["spec"]
+        return {v["secret"]["secretName"] for v in pod.get("volumes", []) if "secret" in v}
+
+    with env.operator():
+        env.create(run)
+        first = env.wait(lambda: env.get("batch/v1", "Job", job), what="trainer Job")
+        env.wait(lambda: env.get("apps/v1", "Deployment", f"{name}-grader"), what="grader")
+        assert "token-a" in secrets("Job", job) and "token-a" in secrets(
+            "Deployment", f"{name}-grader"
+        )
+        with pytest.raises(KubeError) as refused:
+            env.patch_spec(name, {"authTokenSecret": "token-b"})
+        assert refused.value.status == 422 and "authTokenSecret" in str(refused.value)
+        if env.simulated:  # a CRD without the rule: the operator's own check
+            env.kube.apply(without_cel(build_crd()))
+            env.patch_spec(name, {"authTokenSecret": "token-b"})
+            env.wait(
+                lambda: (
+                    "TrainerTemplateChanged" in env.condition(name, "Stalled").get("message", "")
+                ),
+                what="refused by the operator",
+            )
+            time.sleep(0.5)
+            assert "token-a" in secrets("Deployment", f"{name}-grader")  # nothing half-applied
+            assert env.get("batch/v1", "Job", job)["metadata"]["uid"] == first["metadata"]["uid"]
+            env.kube.apply(build_crd())
+        env.patch_spec(name, {"suspend": True})
+        env.patch_spec(name, {"authTokenSecret": "token-c"})
+        second = env.wait(
+            lambda: (j := env.get("batch/v1", "Job", job))
+            and j["metadata"]["uid"] != first["metadata"]["uid"] and j,
+            what="trainer recreated while suspended",
+        )  # fmt: skip
+        env.wait(lambda: "token-c" in secrets("Job", job), what="new Secret on the trainer")
+        assert "token-c" in secrets("Deployment", f"{name}-grader")
+        assert second["spec"]["suspend"] is True
+
+
+def test_watches_are_filtered_on_the_server(env: Env) -> None:
+    """The children's watches ask the API server for the operator's own objects only, and with
+    a run selector (the chart's runSelector) the operator sees, and touches, only the runs it
+    selects, also when another run's children change."""
+    mine = manifest()
+    mine["metadata"]["labels"] = {"team": "a"}
+    theirs = manifest()
+    name, other = mine["metadata"]["name"], theirs["metadata"]["name"]
+    with env.operator(run_selector="team=a"):
+        env.create(theirs)
+        env.create(mine)
+        env.wait(lambda: env.get("batch/v1", "Job", f"{name}-trainer"), what="my run's Job")
+        # a child of the other run (another operator's) changes: still not this operator's
+        env.kube.create({"apiVersion": "v1", "kind": "ConfigMap",
+                         "metadata": {"name": f"{other}-progress", "namespace": env.namespace,
+                                      "labels": {"gagar.dev/run": other, **MANAGED,
+                                                 "app.kubernetes.io/component": "progress"}},
+                         "data": {"step": "3"}})  # fmt: skip
+        time.sleep(env.resync * 1.5)
+        assert env.run(other).get("status") is None
+        assert env.children(other) == [("ConfigMap", f"{other}-progress", ANY)]
+        if env.emulator:
+            watches = [r for r in env.emulator.requests_for() if r["query"].get("watch")]
+            selectors = {r["path"].rsplit("/", 1)[-1]: r["query"].get("labelSelector")
+                         for r in watches}  # fmt: skip
+            managed = "app.kubernetes.io/managed-by=gagar-operator"
+            assert selectors["jobs"] == selectors["deployments"] == managed
+            assert managed in selectors["configmaps"]
+            assert selectors["gagarruns"] == "team=a"

@@ -383,3 +383,13 @@ def test_single_gpu_render_shapes_the_gpu_pods() -> None:
     assert all(p.get("podSelector", {}).get("matchLabels") for p in sources)  # nobody else
     sandbox = by[("Deployment", "qwen3-swe-1node-sandbox")]["spec"]["template"]["spec"]
     assert "tolerations" not in sandbox  # the example's sandbox pods need no GPU node
+    # /dev/shm is memory-backed and bounded in the vLLM and trainer pods
+    shm = {v["name"]: v for v in rollout["volumes"]}["dshm"]["emptyDir"]
+    assert shm == {"medium": "Memory", "sizeLimit": "8Gi"}
+    assert {v["name"]: v for v in job["volumes"]}["dshm"]["emptyDir"]["sizeLimit"] == "16Gi"
+    # drains take the served pools one pod at a time; the trainer has no budget (docs)
+    for pool in ("rollout", "grader"):
+        pdb = by[("PodDisruptionBudget", f"qwen3-swe-1node-{pool}")]["spec"]
+        assert pdb["maxUnavailable"] == 1 and pdb["unhealthyPodEvictionPolicy"] == "AlwaysAllow"
+        assert pdb["selector"]["matchLabels"]["app.kubernetes.io/component"] == pool
+    assert not [k for k, n in by if k == "PodDisruptionBudget" and "trainer" in n]

@@ -65,7 +65,7 @@ def admit(
     obj["apiVersion"], obj["kind"] = rt.api_version, rt.kind
     served: list[ResourceType] = []
     if rt.custom and rt.schema is not None:
-        obj = validate_custom(rt, obj, strict, warnings)
+        obj = validate_custom(rt, obj, strict, warnings, old)
     defaults = _BUILTIN_DEFAULTS.get(rt.storage_key)
     if defaults and not rt.custom:
         obj["spec"] = {**defaults, **(obj.get("spec") or {})}
@@ -128,7 +128,11 @@ def _job_labels(job: dict) -> dict:
     return {**job, "spec": spec}
 
 
-def validate_custom(rt: ResourceType, obj: dict, strict: bool, warnings: list[str]) -> dict:
+def validate_custom(
+    rt: ResourceType, obj: dict, strict: bool, warnings: list[str], old: dict | None = None
+) -> dict:
+    """Defaults, pruning, the schema, then the CEL rules (transition rules against ``old``, the
+    stored object, on an update)."""
     schema = rt.schema or {}
     obj = oas.apply_defaults(obj, schema)
     obj, dropped = oas.prune(obj, schema, root=True)
@@ -136,7 +140,7 @@ def validate_custom(rt: ResourceType, obj: dict, strict: bool, warnings: list[st
     if dropped and strict:
         raise invalid(rt.kind, name, [f'unknown field "{p}"' for p in dropped], rt.group)
     warnings.extend(f'unknown field "{p}"' for p in dropped)
-    errors = oas.validate(obj, schema, root=True) or cel.check_rules(obj, schema)
+    errors = oas.validate(obj, schema, root=True) or cel.check_rules(obj, schema, old=old)
     if errors:
         raise invalid(rt.kind, name, errors, rt.group)
     return obj

@@ -4,8 +4,9 @@ Supported: ``self`` and field selection, ``has(a.b)``, int/double/string/bool/nu
 lists ``[...]``, indexing, ``! - * / % + -``, comparisons, ``in``, ``&& ||``, ``?:``, and the
 functions ``size``, ``matches``, ``startsWith``, ``endsWith``, ``contains``, ``int``, ``double``,
 ``string`` plus the macros ``all``, ``exists``, ``exists_one`` on lists and maps. A rule that uses
-anything else (``oldSelf`` transition rules, ``messageExpression``, maps literals, timestamps,
-quantities, optional types) raises :class:`Unsupported` and the caller skips it.
+anything else (``messageExpression``, maps literals, timestamps, quantities, optional types)
+raises :class:`Unsupported` and the caller skips it. Transition rules (``oldSelf``) are evaluated
+on updates, where the old object has the node, as the API server does.
 """
 
 from __future__ import annotations
@@ -139,7 +140,7 @@ class _Parser:
             return ("lit", tok[1:-1].encode().decode("unicode_escape"))
         if tok in ("true", "false", "null"):
             return ("lit", {"true": True, "false": False, "null": None}[tok])
-        if tok == "oldSelf" or not (tok[0].isalpha() or tok[0] == "_"):
+        if not (tok[0].isalpha() or tok[0] == "_"):
             raise Unsupported(f"unsupported token {tok!r}")
         if self.peek() == "(":
             return ("call", _known(tok), None, self.args())
@@ -275,30 +276,38 @@ def _function(name: str, subject: Any, args: list[Any]) -> Any:
     raise Unsupported(f"function {name!r}")
 
 
-def check_rules(value: Any, schema: dict, path: str = "") -> list[str]:
-    """Evaluate every supported rule on the present parts of ``value``; return failures."""
+_NO_OLD = object()
+
+
+def check_rules(value: Any, schema: dict, path: str = "", old: Any = _NO_OLD) -> list[str]:
+    """Messages of the failed rules under ``schema`` (``old``: the node's stored value on an
+    update, for transition rules; absent on a create or where the old object lacks the node)."""
     errors = []
     for rule in schema.get("x-kubernetes-validations") or []:
-        errors += _check_rule(value, rule, path)
+        errors += _check_rule(value, rule, path, old)
     if isinstance(value, dict):
         props = schema.get("properties") or {}
         extra = schema.get("additionalProperties")
         for key, sub in value.items():
             sub_schema = props.get(key) or (extra if isinstance(extra, dict) else None)
             if sub_schema is not None:
-                errors += check_rules(sub, sub_schema, f"{path}.{key}" if path else key)
+                before = old.get(key, _NO_OLD) if isinstance(old, dict) else _NO_OLD
+                errors += check_rules(sub, sub_schema, f"{path}.{key}" if path else key, before)
     elif isinstance(value, list) and isinstance(schema.get("items"), dict):
-        for i, item in enumerate(value):
+        for i, item in enumerate(value):  # no transition rules inside lists here
             errors += check_rules(item, schema["items"], f"{path}[{i}]")
     return errors
 
 
-def _check_rule(value: Any, rule: dict, path: str) -> list[str]:
+def _check_rule(value: Any, rule: dict, path: str, old: Any = _NO_OLD) -> list[str]:
     text = rule.get("rule", "")
+    env = {"self": value}
     if "oldSelf" in text:
-        return []  # transition rules need the old object: not evaluated
+        if old is _NO_OLD or old is None:
+            return []  # a transition rule applies to updates of an existing node only
+        env["oldSelf"] = old
     try:
-        ok = evaluate(compile_rule(text), {"self": value})
+        ok = evaluate(compile_rule(text), env)
     except Unsupported:
         return []
     except (CelError, TypeError, ValueError, re.error) as e:

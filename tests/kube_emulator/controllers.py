@@ -11,21 +11,33 @@ store API the HTTP handlers use, so every change they make is a normal watch eve
   ``updatedReplicas``, ``readyReplicas``, ``availableReplicas`` equal to ``spec.replicas`` (default
   1, or fewer while a test holds it with :meth:`Controllers.hold_deployment`) and
   ``observedGeneration``. No ReplicaSets or Pods are created.
-* Jobs: an unsuspended Job reports ``active = parallelism`` and ``startTime`` until a test marks it
-  with :meth:`Controllers.succeed_job` or :meth:`Controllers.fail_job`; then it gets the
-  ``Complete`` or ``Failed`` condition. No Pods are created. HPAs are passive (nobody writes them).
+* Jobs: an unsuspended Job runs one Pod per index (``completions`` of an ``Indexed`` Job, else
+  ``parallelism``), each ``Running`` and ready at once (the kubelet's part), named
+  ``<job>-<index>-<suffix>`` with the completion-index label and annotation, owned by the Job. A Pod
+  whose status someone sets to ``Succeeded`` completes its index (all indexes: the Job is
+  ``Complete``); one set to ``Failed`` (as the kubelet does when a container exits non-zero, or
+  an eviction with its ``DisruptionTarget`` condition) meets the Job's ``podFailurePolicy`` as the
+  Job controller applies it: the first matching rule's ``Ignore`` deletes it (a new Pod replaces
+  it), ``FailJob`` fails the Job (reason ``PodFailurePolicy``), ``Count`` or no match counts it;
+  more counted failures than ``backoffLimit`` fail the Job (``BackoffLimitExceeded``). A failed or
+  suspended Job's running Pods are deleted. Tests may also decide a Job's outcome directly with
+  :meth:`Controllers.succeed_job` or :meth:`Controllers.fail_job`. HPAs are passive (nobody
+  writes them).
 """
 
 from __future__ import annotations
 
 import threading
 import time
+import uuid
 
 from .admission import CRD_FINALIZER, CRD_KEY, NS_KEY, now_iso
 from .store import Store, WriteOptions
 
 DEPLOY_KEY = ("apps", "deployments")
 JOB_KEY = ("batch", "jobs")
+POD_KEY = ("", "pods")
+INDEX = "batch.kubernetes.io/job-completion-index"
 
 
 class Controllers:
@@ -38,6 +50,7 @@ class Controllers:
         self.jobs = True
         self._held: dict[tuple[str, str], int] = {}
         self._outcomes: dict[str, tuple[str, str, str]] = {}  # job uid -> (type, reason, message)
+        self._counted: dict[str, set[str]] = {}  # job uid -> uids of its failed Pods counted
         self._seen: dict[str, float] = {}  # deployment uid+generation -> first seen stale
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -237,15 +250,128 @@ class Controllers:
         for job in self._objects(JOB_KEY):
             if job["metadata"].get("deletionTimestamp"):
                 continue
-            target = self._job_status(job)
+            self._judge_pods(job)
+            pods = self._run_pods(job)
+            target = self._job_status(job, pods)
             if target != (job.get("status") or {}):
                 self._update(
                     JOB_KEY, job, lambda o, t=target: {**o, "status": t}, "status", "job-controller"
                 )
 
-    def _job_status(self, job: dict) -> dict:
+    def _pods_of(self, job: dict) -> list[dict]:
+        uid = job["metadata"]["uid"]
+        return [
+            p
+            for p in self._objects(POD_KEY)
+            if any(r.get("uid") == uid for r in p["metadata"].get("ownerReferences") or [])
+            and not p["metadata"].get("deletionTimestamp")
+        ]
+
+    def _judge_pods(self, job: dict) -> None:
+        """The Job controller's verdict on its failed Pods (pod failure policy, backoff limit)."""
+        uid, spec = job["metadata"]["uid"], job.get("spec") or {}
+        if uid in self._outcomes:
+            return
+        counted = self._counted.setdefault(uid, set())
+        for pod in self._pods_of(job):
+            if _phase(pod) != "Failed" or pod["metadata"]["uid"] in counted:
+                continue
+            action, message = _pod_failure_rule(spec.get("podFailurePolicy") or {}, pod)
+            if action == "Ignore":
+                self._delete(POD_KEY, pod)
+            elif action == "FailJob":
+                self._outcomes[uid] = ("Failed", "PodFailurePolicy", message)
+                return
+            else:
+                counted.add(pod["metadata"]["uid"])
+        if len(counted) > spec.get("backoffLimit", 6):
+            self._outcomes[uid] = (
+                "Failed",
+                "BackoffLimitExceeded",
+                "Job has reached the specified backoff limit",
+            )
+            return
+        if len(_indexes(self._pods_of(job), "Succeeded")) >= _completions(spec):
+            self._outcomes[uid] = (
+                "Complete",
+                "CompletionsReached",
+                "Reached expected number of succeeded pods",
+            )
+
+    def _run_pods(self, job: dict) -> list[dict]:
+        """Create a Pod for every index without a live one; delete the live ones of a finished
+        or suspended Job. Returns the live (not failed) Pods."""
+        spec = job.get("spec") or {}
+        pods = self._pods_of(job)
+        live = [p for p in pods if _phase(p) not in ("Failed", "Succeeded")]
+        if job["metadata"]["uid"] in self._outcomes or spec.get("suspend"):
+            for pod in live:
+                self._delete(POD_KEY, pod)
+            return []
+        have = _indexes(live) | _indexes(pods, "Succeeded")
+        for index in range(_completions(spec)):
+            if str(index) not in have:
+                live.append(self._start_pod(job, index))
+        return live
+
+    def _start_pod(self, job: dict, index: int) -> dict:
+        meta, template = job["metadata"], (job.get("spec") or {}).get("template") or {}
+        tmeta = template.get("metadata") or {}
+        pod = {
+            "apiVersion": "v1",
+            "kind": "Pod",
+            "metadata": {
+                "name": f"{meta['name']}-{index}-{uuid.uuid4().hex[:5]}",
+                "labels": {
+                    **(tmeta.get("labels") or {}),
+                    "batch.kubernetes.io/job-name": meta["name"],
+                    INDEX: str(index),
+                },
+                "annotations": {**(tmeta.get("annotations") or {}), INDEX: str(index)},
+                "ownerReferences": [
+                    {
+                        "apiVersion": "batch/v1",
+                        "kind": "Job",
+                        "name": meta["name"],
+                        "uid": meta["uid"],
+                        "controller": True,
+                        "blockOwnerDeletion": True,
+                    }
+                ],
+            },
+            "spec": {**(template.get("spec") or {}), "hostname": f"{meta['name']}-{index}"},
+        }
+        rt = self.store.any_type(POD_KEY)
+        created = self.store.create(rt, meta["namespace"], pod, "job-controller", "Update")
+        now = now_iso()
+        running = {
+            "phase": "Running",
+            "startTime": now,
+            "conditions": [
+                {"type": t, "status": "True", "lastTransitionTime": now}
+                for t in ("PodScheduled", "Initialized", "ContainersReady", "Ready")
+            ],
+            "containerStatuses": [
+                {
+                    "name": c["name"],
+                    "image": c.get("image", ""),
+                    "imageID": "",
+                    "ready": True,
+                    "restartCount": 0,
+                    "started": True,
+                    "state": {"running": {"startedAt": now}},
+                }
+                for c in pod["spec"].get("containers") or []
+            ],
+        }
+        self._update(POD_KEY, created, lambda o: {**o, "status": running}, "status", "kubelet")
+        return created
+
+    def _job_status(self, job: dict, pods: list[dict]) -> dict:
         spec, old = job.get("spec") or {}, job.get("status") or {}
-        outcome = self._outcomes.get(job["metadata"]["uid"])
+        uid = job["metadata"]["uid"]
+        outcome = self._outcomes.get(uid)
+        counted = len(self._counted.get(uid, ()))
         if outcome is None:
             if spec.get("suspend"):
                 return {
@@ -255,8 +381,9 @@ class Controllers:
                 }
             return {
                 "startTime": old.get("startTime") or now_iso(),
-                "active": spec.get("parallelism", 1),
-                "ready": spec.get("parallelism", 1),
+                "active": len(pods),
+                "ready": len(pods),
+                **({"failed": counted} if counted else {}),
             }
         kind, reason, message = outcome
         status = {"startTime": old.get("startTime") or now_iso(), "active": 0, "ready": 0}
@@ -272,12 +399,64 @@ class Controllers:
                 _cond(old, "Complete", reason, message),
             ]
         else:
-            status.update(failed=max(1, old.get("failed", 0)))
+            status.update(failed=max(1, counted, old.get("failed", 0)))
             status["conditions"] = [
                 _cond(old, "FailureTarget", reason, message),
                 _cond(old, "Failed", reason, message),
             ]
         return status
+
+
+def _phase(pod: dict) -> str:
+    return (pod.get("status") or {}).get("phase") or "Pending"
+
+
+def _indexes(pods: list[dict], phase: str | None = None) -> set[str]:
+    """Completion indexes of ``pods`` (of those in ``phase`` when given)."""
+    return {
+        (p["metadata"].get("annotations") or {}).get(INDEX, "")
+        for p in pods
+        if phase is None or _phase(p) == phase
+    }
+
+
+def _completions(spec: dict) -> int:
+    """Pods the Job runs at once: one per index of an Indexed Job, else ``parallelism``."""
+    if spec.get("completionMode") == "Indexed":
+        return spec.get("completions") or 1
+    return spec.get("parallelism", 1)
+
+
+def _pod_failure_rule(policy: dict, pod: dict) -> tuple[str, str]:
+    """(action, message) of the first ``podFailurePolicy`` rule the failed Pod matches, as the
+    Job controller words it; ``("Count", "")`` when none does."""
+    status, meta = pod.get("status") or {}, pod["metadata"]
+    who = f"{meta.get('namespace')}/{meta['name']}"
+    for i, rule in enumerate(policy.get("rules") or []):
+        codes = rule.get("onExitCodes")
+        if codes:
+            for cs in status.get("containerStatuses") or []:
+                code = ((cs.get("state") or {}).get("terminated") or {}).get("exitCode")
+                if code in (None, 0) or codes.get("containerName") not in (None, cs["name"]):
+                    continue
+                inside = code in codes.get("values", [])
+                if inside == (codes.get("operator", "In") == "In"):
+                    message = (
+                        f"Container {cs['name']} for pod {who} failed with exit code {code} "
+                        f"matching {rule['action']} rule at index {i}"
+                    )
+                    return rule["action"], message
+        for want in rule.get("onPodConditions") or []:
+            for cond in status.get("conditions") or []:
+                if cond.get("type") == want.get("type") and cond.get("status") == want.get(
+                    "status", "True"
+                ):
+                    message = (
+                        f"Pod {who} has condition {cond['type']} matching {rule['action']} "
+                        f"rule at index {i}"
+                    )
+                    return rule["action"], message
+    return "Count", ""
 
 
 def _keep(status: dict, *keys: str) -> dict:

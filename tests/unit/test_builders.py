@@ -12,6 +12,7 @@ from typing import Any
 
 import pytest
 
+from gagar.env import EXIT_PERMANENT
 from gagar.manifest import load_run
 from gagar.operator.builders import BuildContext, build_all
 from gagar.operator.builders.pools import transport, vllm_command
@@ -93,7 +94,10 @@ def test_trainer_indexed_job() -> None:
     assert "kueue.x-k8s.io/queue-name" not in job["metadata"]["labels"]
     assert job["metadata"]["annotations"]["gagar.dev/attempt"] == "2"
     rules = spec["podFailurePolicy"]["rules"]
-    assert rules[0]["action"] == "Ignore" and rules[1]["action"] == "FailJob"
+    # one rule: the permanent exit code fails the Job; anything else (an eviction too) counts
+    # against backoffLimit 0, failing the Job at once so that no rank waits for a lost peer
+    assert [r["action"] for r in rules] == ["FailJob"]
+    assert rules[0]["onExitCodes"]["values"] == [EXIT_PERMANENT]
     pod = spec["template"]["spec"]
     assert pod["subdomain"] == "qwen3-swe-1node-trainer-rdzv"
     assert pod["restartPolicy"] == "Never"

@@ -585,6 +585,57 @@ def test_job_status_is_driven_by_the_test(kube, http):
     )
 
 
+def test_job_pods_meet_the_pod_failure_policy(kube, http):
+    """The Job controller runs one pod per index and applies podFailurePolicy as Kubernetes
+    does: Ignore replaces the pod, Count fails the Job past backoffLimit, FailJob at once, and
+    a Job whose every index succeeded is Complete."""
+    jobs, pods = "/apis/batch/v1/namespaces/default/jobs", "/api/v1/namespaces/default/pods"
+    policy = {"rules": [
+        {"action": "Ignore", "onPodConditions": [{"type": "DisruptionTarget", "status": "True"}]},
+        {"action": "FailJob", "onExitCodes": {"containerName": "c", "operator": "In",
+                                              "values": [3]}},
+    ]}  # fmt: skip
+    template = {"spec": {"restartPolicy": "Never", "containers": [{"name": "c", "image": "i"}]}}
+    for job in ("a", "b", "c"):
+        spec = {"completions": 2, "parallelism": 2, "completionMode": "Indexed",
+                "backoffLimit": 0, "podFailurePolicy": policy, "template": template}  # fmt: skip
+        body = {"apiVersion": "batch/v1", "kind": "Job", "metadata": {"name": job}, "spec": spec}
+        assert http.post(jobs, json=body).status_code == 201
+
+    def live(job):
+        items = http.get(pods, params={"labelSelector": f"batch.kubernetes.io/job-name={job}"})
+        return {p["metadata"]["annotations"]["batch.kubernetes.io/job-completion-index"]: p
+                for p in items.json()["items"] if p["status"].get("phase") == "Running"}  # fmt: skip
+
+    def end(pod, phase, code, *conditions):
+        status = {"phase": phase, "conditions": [{"type": t, "status": "True"} for t in conditions],
+                  "containerStatuses": [{"name": "c", "ready": False, "restartCount": 0,
+                                         "image": "i", "imageID": "",
+                                         "state": {"terminated": {"exitCode": code}}}]}  # fmt: skip
+        url = f"{pods}/{pod['metadata']['name']}/status"
+        assert http.patch(url, json={"status": status}, headers=MERGE).status_code == 200
+
+    def failed(job):
+        conds = (http.get(f"{jobs}/{job}").json().get("status") or {}).get("conditions") or []
+        return next((c for c in conds if c["type"] in ("Failed", "Complete")), None)
+
+    kube.wait_for(lambda: len(live("a")) == len(live("b")) == len(live("c")) == 2)
+    evicted = live("a")["1"]
+    end(evicted, "Failed", 137, "DisruptionTarget")  # ignored: a new pod for index 1
+    kube.wait_for(lambda: len(live("a")) == 2 and live("a")["1"]["metadata"]["name"]
+                  != evicted["metadata"]["name"])  # fmt: skip
+    assert failed("a") is None
+    end(live("a")["0"], "Failed", 1)  # counted: past backoffLimit 0
+    assert kube.wait_for(lambda: failed("a"))["reason"] == "BackoffLimitExceeded"
+    kube.wait_for(lambda: live("a") == {})  # the other rank stopped
+    end(live("b")["1"], "Failed", 3)
+    b = kube.wait_for(lambda: failed("b"))
+    assert b["reason"] == "PodFailurePolicy" and "exit code 3" in b["message"]
+    for index in ("0", "1"):
+        end(live("c")[index], "Succeeded", 0)
+    assert kube.wait_for(lambda: failed("c"))["type"] == "Complete"
+
+
 # ----- server-side apply -------------------------------------------------------------------------
 
 
@@ -831,7 +882,11 @@ CEL_CRD = {
                                         "message": "exactly one of a and b",
                                     },
                                     {"rule": "self.tags.all(t, t.startsWith('x-'))"},
-                                    {"rule": "self.whatever == oldSelf.whatever"},
+                                    {
+                                        "rule": "!has(self.a) || !has(oldSelf.a)"
+                                        " || self.a == oldSelf.a",
+                                        "message": "a is immutable",
+                                    },
                                     {"rule": "self.q.isQuantity()"},
                                 ],
                                 "properties": {
@@ -880,9 +935,23 @@ def test_crd_cel_rules_subset(kube, http, spec, message):
         },
     )
     if message is None:
-        assert response.status_code == 201  # the oldSelf and unsupported rules were skipped
+        assert response.status_code == 201  # the transition rule (a create) and the
+        # unsupported one were skipped
     else:
         assert response.status_code == 422 and message in response.json()["message"]
+
+
+def test_crd_transition_rules_see_the_stored_object(kube, http):
+    """``oldSelf`` rules are evaluated on updates, against the stored object."""
+    kube.create(CEL_CRD)
+    body = {"apiVersion": "example.com/v1", "kind": "Toy", "metadata": {"name": "t"},
+            "spec": {"low": 1, "high": 2, "a": "x"}}  # fmt: skip
+    assert http.post(TOYS, json=body).status_code == 201
+    patch = {"headers": {"Content-Type": "application/merge-patch+json"}}
+    ok = http.patch(f"{TOYS}/t", json={"spec": {"high": 3}}, **patch)
+    assert ok.status_code == 200
+    refused = http.patch(f"{TOYS}/t", json={"spec": {"a": "y"}}, **patch)
+    assert refused.status_code == 422 and "a is immutable" in refused.json()["message"]
 
 
 def test_real_cluster_adapter_speaks_the_same_object_api(kube):

@@ -248,9 +248,17 @@ def test_transition_times_move_only_for_flipped_conditions() -> None:
 
 
 # ------------------------------------------------------------------ failure policy
-def failed(attempt: int, reason: str = "BackoffLimitExceeded") -> TrainerObserved:
+def failed(
+    attempt: int, reason: str = "BackoffLimitExceeded", in_a_row: int | None = None, **kw: Any
+) -> TrainerObserved:
+    """The failed Job of ``attempt`` (made by ``in_a_row`` restarts in a row, default all)."""
     return TrainerObserved(
-        attempt=attempt, failed=True, failed_reason=reason, failed_message="pod failed"
+        attempt=attempt,
+        failed=True,
+        failed_reason=reason,
+        failed_message="pod failed",
+        in_a_row=attempt if in_a_row is None else in_a_row,
+        **kw,
     )
 
 
@@ -304,6 +312,7 @@ def test_jobset_restarts_are_copied() -> None:
     assert (
         dead.status.phase == "Failed" and cond(dead.status, "Failed")[1] == "RestartBudgetExhausted"
     )
+    assert "after 2 restarts" in get_condition(dead.status, "Failed").message
 
 
 def test_terminal_is_sticky() -> None:
@@ -438,5 +447,52 @@ def test_lost_status_recovers_restarts_from_the_job() -> None:
     assert out.status.trainer_restarts == 2 and out.attempt == 2
     last = compute_status(SPEC, obs(trainer=failed(2)), None, T0)
     assert last.status.trainer_restarts == 3 and last.attempt == 3
+    assert last.status.restarts_in_a_row == 3  # from the Job's annotation, not the lost status
     done = compute_status(SPEC, obs(trainer=failed(3)), last.status, T1)
     assert done.status.phase == "Failed"
+
+
+# ------------------------------------------------------------------ backoff and budget refill
+BACKOFF = spec(
+    **{"trainer.failurePolicy.backoffSeconds": 10, "trainer.failurePolicy.maxBackoffSeconds": 25}
+)
+
+
+def test_restart_waits_for_an_exponential_backoff() -> None:
+    """The n-th restart in a row waits backoffSeconds * 2**(n-1) (capped) after the failure."""
+    waits = []
+    status: GagarRunStatus | None = None
+    for n in range(3):
+        job = failed(n, failed_time=T0)
+        early = compute_status(BACKOFF, obs(trainer=job), status, "2026-01-01T00:00:04Z")
+        assert early.attempt == n and not early.terminal  # no restart yet
+        assert cond(early.status, "TrainerReady") == ("False", "RestartBackoff")
+        assert early.retry_after is not None
+        waits.append(round(early.retry_after + 4))
+        due = f"2026-01-01T00:00:{waits[-1]:02d}Z"
+        out = compute_status(BACKOFF, obs(trainer=job), early.status, due)
+        assert out.attempt == n + 1 and out.retry_after is None
+        status = out.status
+    assert waits == [10, 20, 25]
+
+
+def test_a_newer_checkpoint_refills_the_budget() -> None:
+    """Failures far apart, each after a new checkpoint, never exhaust maxRestarts: 1."""
+    one = spec(**{"trainer.failurePolicy.maxRestarts": 1})
+    status: GagarRunStatus | None = None
+    for n in range(4):
+        # attempt n made progress: checkpoint 10*(n+1) is newer than the one it resumed from
+        progress = Progress(step=10 * (n + 1), checkpoint_step=10 * (n + 1), checkpoint_uri="u")
+        resumed = 10 * n if n else None
+        job = failed(n, in_a_row=min(n, 1), resumed_from=resumed)
+        out = compute_status(one, obs(trainer=job, progress=progress), status, T1)
+        assert out.attempt == n + 1 and not out.terminal, n
+        assert out.status.restarts_in_a_row == 1
+        assert out.status.restart_checkpoint_step == 10 * (n + 1)
+        status = out.status
+    # attempt 4 fails before a checkpoint newer than 40: the budget (1 in a row) is spent
+    progress = Progress(step=45, checkpoint_step=40, checkpoint_uri="u")
+    job = failed(4, in_a_row=1, resumed_from=40)
+    out = compute_status(one, obs(trainer=job, progress=progress), status, T2)
+    assert out.terminal and cond(out.status, "Failed") == ("True", "RestartBudgetExhausted")
+    assert out.status.trainer_restarts == 4

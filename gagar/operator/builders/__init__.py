@@ -44,6 +44,7 @@ CHILD_KINDS = (
     ("autoscaling/v2", "HorizontalPodAutoscaler"),
     ("keda.sh/v1alpha1", "ScaledObject"),
     ("networking.k8s.io/v1", "NetworkPolicy"),
+    ("policy/v1", "PodDisruptionBudget"),
     ("monitoring.coreos.com/v1", "PodMonitor"),
     ("monitoring.coreos.com/v1", "ServiceMonitor"),
 )

@@ -27,6 +27,10 @@ CONFIG_MOUNT = "/etc/gagar/config"
 CHECKPOINT_MOUNT = "/gagar/checkpoints"
 PUBLISHED_DIR = f"{CHECKPOINT_MOUNT}/published/latest"  # the trainer's newest safetensors
 ATTEMPT_ANNOTATION = "gagar.dev/attempt"
+# The failure policy's memory, on the Job too (it outlives a lost status): restarts in a row and
+# the newest checkpoint's step when the last restart happened (a newer one refills the budget).
+IN_A_ROW_ANNOTATION = "gagar.dev/restarts-in-a-row"
+RESUMED_ANNOTATION = "gagar.dev/restart-checkpoint-step"
 # Hash of the trainer workload's immutable spec: a change is seen before the API server refuses it.
 TEMPLATE_ANNOTATION = "gagar.dev/template-hash"
 PLACEHOLDER_UID = "00000000-0000-0000-0000-000000000000"
@@ -38,12 +42,16 @@ class BuildContext:
 
     ``uid``: the GagarRun's uid for owner references. ``crds``: API groups of optional CRDs
     installed in the cluster. ``attempt``: trainer attempt (restarts so far); a new attempt means
-    a new Job. ``state``: ``terminal`` once the run completed or failed (accelerators released).
+    a new Job. ``in_a_row`` and ``resumed_from``: the failure policy's restarts in a row and the
+    checkpoint step of the last restart (``status.restartsInARow``, ``restartCheckpointStep``).
+    ``state``: ``terminal`` once the run completed or failed (accelerators released).
     """
 
     uid: str = PLACEHOLDER_UID
     crds: frozenset[str] = field(default_factory=frozenset)
     attempt: int = 0
+    in_a_row: int = 0
+    resumed_from: int | None = None
     state: State = "active"
 
 
@@ -149,6 +157,14 @@ def auth_volume(run: GagarRun) -> tuple[list[dict[str, Any]], list[dict[str, Any
         },
     }
     return [volume], [{"name": "auth", "mountPath": AUTH_MOUNT, "readOnly": True}]
+
+
+SHM_MOUNT = {"name": "dshm", "mountPath": "/dev/shm"}
+
+
+def shm_volume(size: str) -> dict[str, Any]:
+    """The pod's ``/dev/shm``: memory-backed, limited to ``size`` (mounted as ``SHM_MOUNT``)."""
+    return {"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": size}}
 
 
 def spec_hash(spec: dict[str, Any]) -> str:

@@ -21,6 +21,7 @@ from typing import Any
 from gagar.operator.builders.common import (
     CONFIG_MOUNT,
     PUBLISHED_DIR,
+    SHM_MOUNT,
     BuildContext,
     Manifest,
     auth_volume,
@@ -35,6 +36,7 @@ from gagar.operator.builders.common import (
     pod_security,
     resources,
     selector,
+    shm_volume,
 )
 from gagar.operator.builders.overlay import pod_template
 from gagar.operator.builders.sandbox import SANDBOX_PORT
@@ -223,8 +225,8 @@ def build_rollout_deployment(run: GagarRun, ctx: BuildContext) -> Manifest:
     publish = run.spec.rollout.weight_sync.publish_safetensors
     ckpt_vols, ckpt_mounts = checkpoint_volume(run, read_only=True) if publish else ([], [])
     cfg_vol, cfg_mount = config_volume(run)
-    shm = {"name": "dshm", "emptyDir": {"medium": "Memory"}}
-    mounts = [cfg_mount, *ckpt_mounts, *model_mounts, {"name": "dshm", "mountPath": "/dev/shm"}]
+    shm = shm_volume(run.spec.rollout.shm_size)
+    mounts = [cfg_mount, *ckpt_mounts, *model_mounts, SHM_MOUNT]
     pod = {
         "serviceAccountName": name(run, "rollout"),
         "automountServiceAccountToken": False,
@@ -298,14 +300,12 @@ def build_grader_deployment(run: GagarRun, ctx: BuildContext) -> Manifest:
     _, model_vols, _ = base_model(
         run.spec.grader.model if run.spec.grader.kind == "agentic" else None
     )
-    shm = {"name": "dshm", "emptyDir": {"medium": "Memory"}}
+    shm = shm_volume(run.spec.grader.shm_size)
     pod = {
         "serviceAccountName": name(run, "grader"),
         "automountServiceAccountToken": False,
         "securityContext": pod_security(),
-        "containers": _grader_containers(
-            run, [cfg_mount, {"name": "dshm", "mountPath": "/dev/shm"}]
-        ),
+        "containers": _grader_containers(run, [cfg_mount, SHM_MOUNT]),
         "volumes": [cfg_vol, shm, *model_vols, *auth_volume(run)[0]],
     }
     return _deployment(run, ctx, "grader", pod, _replicas(run, run.spec.grader, ctx))
@@ -427,12 +427,29 @@ def build_pool_network_policy(run: GagarRun, ctx: BuildContext, component: str) 
     return obj("networking.k8s.io/v1", "NetworkPolicy", meta, spec=spec)
 
 
+def build_pool_disruption_budget(run: GagarRun, ctx: BuildContext, component: str) -> Manifest:
+    """Voluntary disruptions (node drains, cluster upgrades) take a pool's pods one at a time,
+    so that a drain never empties a pool the trainer is waiting on; a pod that is not ready (a
+    vLLM still loading, a crash loop) may always be evicted, so the budget never blocks a drain
+    for good. The trainer has none: a disrupted rank takes the trainer down at once and it
+    resumes from its last checkpoint (docs/operations.md), and a budget forbidding that would
+    hold every node drain for the whole run."""
+    spec = {
+        "maxUnavailable": 1,
+        "selector": {"matchLabels": selector(run, component)},
+        "unhealthyPodEvictionPolicy": "AlwaysAllow",
+    }
+    meta = metadata(run, ctx, name(run, component), component)
+    return obj("policy/v1", "PodDisruptionBudget", meta, spec=spec)
+
+
 def _pool(run: GagarRun, ctx: BuildContext, component: str) -> list[Manifest]:
     deployment = build_rollout_deployment if component == "rollout" else build_grader_deployment
     return [
         deployment(run, ctx),
         build_pool_service(run, ctx, component),
         build_pool_network_policy(run, ctx, component),
+        build_pool_disruption_budget(run, ctx, component),
         *build_autoscaler(run, ctx, component),
     ]
 

@@ -3,11 +3,16 @@
 Every pod runs ``torchrun`` with static rendezvous: node rank = the Job's completion index, master
 = index 0 reached through the headless Service (``<run>-trainer-0.<run>-trainer-rdzv``). Restarts
 are whole-trainer restarts from the last checkpoint (SPMD ranks cannot continue without a lost
-peer): the Job itself never retries (``backoffLimit: 0``); the operator recreates it, counting
-``failurePolicy.maxRestarts`` (the Job carries the attempt number in ``gagar.dev/attempt``). A JobSet
-restarts natively with ``failurePolicy.maxRestarts``. Pod failure policy: evictions and preemptions
-(``DisruptionTarget``) are ignored (the pod is recreated, no restart is spent); exit code
-``EXIT_PERMANENT`` (the trainer found its configuration unusable) fails the run at once.
+peer, and a rank recreated alone would find a rendezvous its peers finished long ago, leaving them
+blocked in a collective until the NCCL timeout): the Job itself never retries (``backoffLimit: 0``),
+so any failed pod, an evicted or preempted one included, fails the Job at once and the Job
+controller stops the other ranks; the operator then recreates it after an exponential backoff,
+counting ``failurePolicy.maxRestarts`` restarts in a row (the Job carries the attempt number in
+``gagar.dev/attempt`` and the failure policy's memory in two more annotations). A JobSet restarts
+natively with ``failurePolicy.maxRestarts`` (every Job of the set, at once, on any Job failure).
+Pod failure policy: exit code ``EXIT_PERMANENT`` (the trainer found its configuration unusable)
+fails the Job with reason ``PodFailurePolicy``, which fails the run (and a JobSet, by its
+``failurePolicy.rules``) at once instead of spending restarts on it.
 
 The container runs ``python -m gagar.driver.launch`` with torchrun's arguments rather than
 ``torchrun``: torchrun exits 1 whatever its workers exit with, and the launcher passes
@@ -25,7 +30,10 @@ from gagar.env import EXIT_PERMANENT
 from gagar.operator.builders.common import (
     ATTEMPT_ANNOTATION,
     CHECKPOINT_MOUNT,
+    IN_A_ROW_ANNOTATION,
     JOBSET,
+    RESUMED_ANNOTATION,
+    SHM_MOUNT,
     TEMPLATE_ANNOTATION,
     BuildContext,
     Manifest,
@@ -43,6 +51,7 @@ from gagar.operator.builders.common import (
     pod_security,
     resources,
     selector,
+    shm_volume,
     spec_hash,
 )
 from gagar.operator.builders.overlay import pod_template
@@ -123,9 +132,9 @@ def _trainer_pod(run: GagarRun, ctx: BuildContext) -> dict[str, Any]:
     cfg_vol, cfg_mount = config_volume(run)
     ckpt_vols, ckpt_mounts = checkpoint_volume(run, read_only=False)
     _, model_vols, model_mounts = base_model(run.spec.model.path)
-    shm = {"name": "dshm", "emptyDir": {"medium": "Memory"}}
+    shm = shm_volume(run.spec.trainer.shm_size)
     auth_vols, auth_mounts = auth_volume(run)
-    mounts = [cfg_mount, *ckpt_mounts, *model_mounts, {"name": "dshm", "mountPath": "/dev/shm"}]
+    mounts = [cfg_mount, *ckpt_mounts, *model_mounts, SHM_MOUNT]
     mounts += auth_mounts
     container = {
         "name": "trainer",
@@ -160,10 +169,6 @@ def _job_spec(run: GagarRun, ctx: BuildContext) -> dict[str, Any]:
         "podFailurePolicy": {
             "rules": [
                 {
-                    "action": "Ignore",
-                    "onPodConditions": [{"type": "DisruptionTarget", "status": "True"}],
-                },
-                {
                     "action": "FailJob",
                     "onExitCodes": {
                         "containerName": "trainer",
@@ -195,7 +200,13 @@ def suspend(run: GagarRun) -> dict[str, Any]:
 def build_trainer_job(run: GagarRun, ctx: BuildContext) -> Manifest:
     """The indexed Job (completions = parallelism = nodes)."""
     job = _job_spec(run, ctx)
-    annotations = {ATTEMPT_ANNOTATION: str(ctx.attempt), TEMPLATE_ANNOTATION: spec_hash(job)}
+    annotations = {
+        ATTEMPT_ANNOTATION: str(ctx.attempt),
+        IN_A_ROW_ANNOTATION: str(ctx.in_a_row),
+        TEMPLATE_ANNOTATION: spec_hash(job),
+    }
+    if ctx.resumed_from is not None:
+        annotations[RESUMED_ANNOTATION] = str(ctx.resumed_from)
     meta = _workload_meta(run, ctx, annotations=annotations)
     return obj("batch/v1", "Job", meta, spec={**suspend(run), **job})
 
