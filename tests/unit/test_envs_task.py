@@ -38,8 +38,12 @@ def test_swe_row_loads_with_snapshot_dir(tmp_path: Path) -> None:
     assert task.fail_to_pass == [
         "astropy/modeling/tests/test_separable.py::test_separable[compound_model6]"
     ]
-    assert task.image and task.image.startswith("swebench/")
-    assert task.metadata == {"base_commit": SWE_ROW["base_commit"], "version": "4.3"}
+    # the row's image is information only (every task runs in spec.sandbox.image)
+    assert task.metadata == {
+        "base_commit": SWE_ROW["base_commit"],
+        "version": "4.3",
+        "image_name": SWE_ROW["image_name"],
+    }
     assert task.repo_files() == {"pkg/a.py": b"x = 1\n"}
 
 
@@ -62,6 +66,7 @@ def test_snapshot_tarball(tmp_path: Path) -> None:
         ({**SWE_ROW, "problem_statment": "typo"}, "problem_statment: Extra inputs"),
         ({k: v for k, v in SWE_ROW.items() if k != "snapshot"}, "exactly one of 'files'"),
         ({**SWE_ROW, "snapshot": None, "files": {"../evil.py": ""}}, "must be relative"),
+        ({**SWE_ROW, "test_patch": "diff --git a/t.py b/t.py"}, "test_patch: Value error, gagar does not apply a test diff"),
     ],
 )
 def test_bad_rows_name_line_and_field(tmp_path: Path, row, message: str) -> None:

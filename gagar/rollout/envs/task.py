@@ -3,10 +3,13 @@
 A row names the repository snapshot (inline ``files``, or ``snapshot``: a directory or ``.tar.gz``
 path relative to the JSONL file), the problem statement, the ``FAIL_TO_PASS`` and ``PASS_TO_PASS``
 test ids (pytest node ids; lists, or JSON strings of lists as SWE-bench ships them), the pristine
-``test_files`` written over the candidate's before verification, the ``test_command`` (a pytest
-invocation), and the environment ``image`` used by the pods backend. SWE-bench bookkeeping keys
-(``base_commit``, ``version``, ...) are kept in ``metadata``; any other unknown key is an error, so
-a misspelt field never silently disappears.
+``test_files`` written over the candidate's before verification and the ``test_command`` (a pytest
+invocation). SWE-bench bookkeeping keys (``base_commit``, ``version``, ...) are kept in
+``metadata``, the task's container image (``image``, ``image_name``, ``environment_image``) too:
+every task runs in ``spec.sandbox.image`` (per-task sandbox images are not implemented, so the
+image is information, not a setting). A ``test_patch`` is refused: gagar does not apply diffs to
+the tests; give the patched test files as ``test_files``. Any other unknown key is an error, so a
+misspelt field never silently disappears.
 """
 
 from __future__ import annotations
@@ -27,6 +30,10 @@ SWE_METADATA_KEYS = frozenset(
         "hints_text",
         "repo_url",
         "difficulty",
+        # the task's own container image: informative only, every task runs in spec.sandbox.image
+        "image",
+        "image_name",
+        "environment_image",
     }
 )
 DEFAULT_TEST_COMMAND = "python -m pytest -q -p no:cacheprovider"
@@ -60,16 +67,13 @@ class Task(BaseModel):
         default_factory=dict, description="Pristine test files, written before verification."
     )
     test_command: str = Field(default=DEFAULT_TEST_COMMAND, description="A pytest invocation.")
-    image: str | None = Field(
-        default=None,
-        validation_alias=AliasChoices("image", "image_name", "environment_image"),
-        description="Container image of the sandbox pod for this task (pods backend).",
-    )
     reference_files: dict[str, str] | None = Field(
         default=None, description="The reference fix, as whole files (synthetic families)."
     )
     patch: str | None = Field(default=None, description="The reference fix as a diff (SWE).")
-    test_patch: str | None = Field(default=None, description="SWE-bench's test diff (kept).")
+    test_patch: str | None = Field(
+        default=None, description="SWE-bench's test diff: refused unless empty (see the module)."
+    )
     metadata: dict[str, Any] = Field(default_factory=dict)
 
     @field_validator("fail_to_pass", "pass_to_pass", mode="before")
@@ -81,6 +85,16 @@ class Task(BaseModel):
                 return json.loads(v)
             except json.JSONDecodeError as e:
                 raise ValueError(f"not a JSON list of test ids: {e}") from None
+        return v
+
+    @field_validator("test_patch")
+    @classmethod
+    def _no_test_patch(cls, v: str | None) -> str | None:
+        if v:
+            raise ValueError(
+                "gagar does not apply a test diff: give the patched test files as test_files "
+                "(written over the candidate's before verification) and drop test_patch"
+            )
         return v
 
     @field_validator("files", "test_files", "reference_files")
