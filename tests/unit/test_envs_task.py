@@ -66,7 +66,10 @@ def test_snapshot_tarball(tmp_path: Path) -> None:
         ({**SWE_ROW, "problem_statment": "typo"}, "problem_statment: Extra inputs"),
         ({k: v for k, v in SWE_ROW.items() if k != "snapshot"}, "exactly one of 'files'"),
         ({**SWE_ROW, "snapshot": None, "files": {"../evil.py": ""}}, "must be relative"),
-        ({**SWE_ROW, "test_patch": "diff --git a/t.py b/t.py"}, "test_patch: Value error, gagar does not apply a test diff"),
+        (
+            {**SWE_ROW, "test_patch": "diff --git a/t.py b/t.py"},
+            "test_patch: Value error, gagar does not apply a test diff",
+        ),
     ],
 )
 def test_bad_rows_name_line_and_field(tmp_path: Path, row, message: str) -> None:
