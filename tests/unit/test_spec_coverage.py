@@ -34,14 +34,14 @@ from tests.support.crd_check import crd_errors
 ROOT = Path(__file__).resolve().parents[2]
 
 # ---------------------------------------------------------------- fields that act
-U, I, E = "tests/unit/", "tests/integration/", "tests/e2e/"
+U, INT, E = "tests/unit/", "tests/integration/", "tests/e2e/"
 POD = U + "test_builders.py::test_pod_template_overlays_every_component"
-RENDER_GPU = I + "test_render.py::test_single_gpu_render_shapes_the_gpu_pods"
+RENDER_GPU = INT + "test_render.py::test_single_gpu_render_shapes_the_gpu_pods"
 ACTS: dict[str, tuple[str, ...]] = {
     "spec.model.path": (U + "test_builders.py::test_trainer_env_points_at_the_run_services",),
     "spec.model.preset": (U + "test_sft_data.py::test_tiny_base_policy_is_never_left_half_made",),
     "spec.model.dtype": (
-        I
+        INT
         + "test_model_presets.py::test_cpu_mixed_precision_keeps_float32_weights_and_close_logprobs",
         U + "test_builders.py::test_rollout_vllm_weight_transfer",
     ),
@@ -120,14 +120,14 @@ ACTS: dict[str, tuple[str, ...]] = {
     "spec.trainer.processesPerNode": (U + "test_builders.py::test_trainer_indexed_job",),
     "spec.*.resources.*": (RENDER_GPU, U + "test_builders.py::test_sandbox_pods_are_hardened"),
     "spec.trainer.parallelism.tensor": (
-        I + "test_model_parallel.py::test_parallel_matches_single_process",
+        INT + "test_model_parallel.py::test_parallel_matches_single_process",
         U + "test_cluster_trainer.py::test_every_example_passes_the_trainers_start_up_checks",
     ),
     "spec.trainer.parallelism.expert": (
-        I + "test_model_parallel.py::test_parallel_matches_single_process",
+        INT + "test_model_parallel.py::test_parallel_matches_single_process",
     ),
     "spec.trainer.failurePolicy.maxRestarts": (
-        I + "test_operator_scenarios.py::test_trainer_failure_and_restart_budget",
+        INT + "test_operator_scenarios.py::test_trainer_failure_and_restart_budget",
     ),
     "spec.trainer.checkpoint.intervalSteps": (
         E + "test_train_local.py::test_sigkill_mid_step_resumes_and_a_dead_engine_is_a_clear_error",
@@ -158,13 +158,13 @@ ACTS: dict[str, tuple[str, ...]] = {
     ),
     "spec.rollout.image": (U + "test_builders.py::test_rollout_vllm_weight_transfer",),
     "spec.rollout.tensorParallelSize": (
-        I + "test_pod_commands.py::test_vllm_containers_and_embedded_server_parse_with_vllm",
+        INT + "test_pod_commands.py::test_vllm_containers_and_embedded_server_parse_with_vllm",
     ),
     "spec.rollout.device": (
         U + "test_driver_bad_input.py::test_unrunnable_spec_is_a_clear_error_and_writes_no_run",
     ),
     "spec.rollout.gpuMemoryUtilization": (
-        I + "test_pod_commands.py::test_vllm_containers_and_embedded_server_parse_with_vllm",
+        INT + "test_pod_commands.py::test_vllm_containers_and_embedded_server_parse_with_vllm",
     ),
     "spec.rollout.weightSync.transport": (
         U + "test_builders.py::test_rollout_vllm_weight_transfer",
@@ -173,7 +173,7 @@ ACTS: dict[str, tuple[str, ...]] = {
         U + "test_builders.py::test_rollout_vllm_weight_transfer",
     ),
     "spec.rollout.agent.*": (
-        I + "test_pod_commands.py::test_rollout_pods_run_the_embedded_servers_rl_flags",
+        INT + "test_pod_commands.py::test_rollout_pods_run_the_embedded_servers_rl_flags",
     ),
     "spec.grader.kind": (
         U
@@ -199,15 +199,15 @@ ACTS: dict[str, tuple[str, ...]] = {
         U + "test_grader_agentic.py::test_malformed_output_retries_then_falls_back_to_heuristic",
     ),
     "spec.grader.maxTurns": (
-        I + "test_pod_commands.py::test_grader_pod_reads_its_settings_from_the_config_dir",
+        INT + "test_pod_commands.py::test_grader_pod_reads_its_settings_from_the_config_dir",
     ),
     "spec.grader.queueSize": (
-        I + "test_grader_service.py::test_back_pressure_when_the_queue_is_full",
+        INT + "test_grader_service.py::test_back_pressure_when_the_queue_is_full",
     ),
     "spec.sandbox.backend": (U + "test_builders.py::test_sandbox_pods_are_hardened",),
     "spec.sandbox.image": (U + "test_builders.py::test_sandbox_pods_are_hardened",),
     "spec.sandbox.limits.*": (
-        I + "test_sandbox_server.py::test_pool_sessions_get_the_runs_limits_not_the_pods",
+        INT + "test_sandbox_server.py::test_pool_sessions_get_the_runs_limits_not_the_pods",
         U + "test_sandbox_pure.py::test_argv_isolates_and_limits",
     ),
     "spec.sandbox.runtimeClassName": (U + "test_builders.py::test_sandbox_pods_are_hardened",),
@@ -216,7 +216,7 @@ ACTS: dict[str, tuple[str, ...]] = {
         U + "test_sft_data.py::test_sft_top_up_skips_seeds_a_source_uses",
     ),
     "spec.dataset.sources.path": (
-        I
+        INT
         + "test_cluster_trainer.py::test_a_configuration_error_inside_the_ranks_exits_permanently",
     ),
     "spec.dataset.sources.size": (
@@ -238,15 +238,15 @@ ACTS: dict[str, tuple[str, ...]] = {
     "spec.observability.logLevel": (
         U + "test_cluster_trainer.py::test_worker_takes_its_log_level_from_the_run",
     ),
-    "spec.observability.trackers": (I + "test_trackers.py::test_tensorboard",),
+    "spec.observability.trackers": (INT + "test_trackers.py::test_tensorboard",),
     "spec.observability.mlflowTrackingUri": (
-        I + "test_trackers.py::test_mlflow_tracking_uri_is_honoured",
+        INT + "test_trackers.py::test_mlflow_tracking_uri_is_honoured",
     ),
-    "spec.observability.wandbProject": (I + "test_trackers.py::test_wandb_offline",),
+    "spec.observability.wandbProject": (INT + "test_trackers.py::test_wandb_offline",),
     "spec.authTokenSecret": (
         U + "test_auth_wiring.py::test_token_secret_is_mounted_where_the_services_and_callers_run",
     ),
-    "spec.suspend": (I + "test_operator_scenarios.py::test_suspend_and_resume",),
+    "spec.suspend": (INT + "test_operator_scenarios.py::test_suspend_and_resume",),
 }
 
 # Delivered by other changes of issue 16 (the trainer's reference policy and learning-rate
