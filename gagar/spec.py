@@ -63,6 +63,10 @@ REFUSED_TRANSPORT = (
     "the trainer syncs weights through gagar's safetensors transport only: use gagar-cpu or auto "
     "(which resolves to it)"
 )
+REFUSED_UNPUBLISHED = (
+    "the gagar-cpu transport loads the published safetensors from the checkpoint volume: "
+    "publishSafetensors cannot be false"
+)
 REFUSED_MODEL_URI = (
     "!has(self.path) || !self.path.contains('://') || self.path.startsWith('pvc://')",
     "the trainer reads the base checkpoint from a file system: give a path in its pod or "
@@ -874,7 +878,12 @@ class WeightSync(Model):
                     "!has(self.transport) || self.transport in ['auto', 'gagar-cpu']",
                     REFUSED_TRANSPORT,
                     ".transport",
-                )
+                ),
+                _cel(
+                    "!has(self.publishSafetensors) || self.publishSafetensors",
+                    REFUSED_UNPUBLISHED,
+                    ".publishSafetensors",
+                ),
             ]
         }
     )
@@ -885,10 +894,14 @@ class WeightSync(Model):
             raise ValueError(
                 f"spec.rollout.weightSync.transport {self.transport!r}: {REFUSED_TRANSPORT}"
             )
+        if not self.publish_safetensors:
+            raise ValueError(f"spec.rollout.weightSync.publishSafetensors: {REFUSED_UNPUBLISHED}")
         return self
 
     publish_safetensors: bool = True
-    """Also publish HF safetensors of every version on the shared volume (new replicas boot from it)."""
+    """Publish HF safetensors of every version on the shared checkpoint volume: the ``gagar-cpu``
+    transport loads them from there and new replicas boot from the newest; ``false`` is refused
+    (no transport would remain)."""
 
 
 class AgentSpec(Model):

@@ -34,6 +34,12 @@ def check_devices(spec: GagarRunSpec, cuda_available: bool) -> None:
             raise SetupError(
                 f"{path} is 'cuda' but this machine has no CUDA GPU: use 'cpu' or 'auto'"
             )
+    if spec.trainer.device == "cpu" and cuda_available:
+        raise SetupError(
+            "spec.trainer.device is 'cpu' but this machine has a CUDA GPU, which the trainer "
+            "uses wherever one is visible: use 'auto' or 'cuda', or hide the GPUs "
+            "(CUDA_VISIBLE_DEVICES=)"
+        )
     if spec.trainer.world_size != 1:
         raise SetupError(
             f"spec.trainer: the embedded runner trains in one process; nodes × processesPerNode = "

@@ -111,6 +111,11 @@ class ClusterProvider:
 
         if run.spec.trainer.device == "cuda" and not torch.cuda.is_available():
             raise SetupError("spec.trainer.device is 'cuda' but this pod has no CUDA GPU")
+        if run.spec.trainer.device == "cpu" and torch.cuda.is_available():
+            raise SetupError(
+                "spec.trainer.device is 'cpu' but this pod has a CUDA GPU, which the trainer uses "
+                "wherever one is visible: use 'auto' or 'cuda'"
+            )
         return _init(run)
 
     def data_parallel(self) -> Any:

@@ -57,14 +57,18 @@ ACTS: dict[str, tuple[str, ...]] = {
         U + "test_sft_data.py::test_tiny_base_policy_is_never_left_half_made",
     ),
     "spec.algorithm.mode": (U + "test_driver_advantages.py::test_grpo_mode_ignores_the_grader",),
-    "spec.algorithm.groupSize": (U + "test_driver_advantages.py::test_groups_must_have_one_size",),
+    "spec.algorithm.groupSize": (
+        U + "test_spec_effects.py::test_group_size_and_concurrency_shape_a_group",
+    ),
     "spec.algorithm.tasksPerStep": (
-        E + "test_train_local.py::test_sigkill_mid_step_resumes_and_a_dead_engine_is_a_clear_error",
+        U + "test_spec_effects.py::test_tasks_per_step_and_dynamic_sampling_shape_the_step",
     ),
     "spec.algorithm.totalSteps": (
-        E + "test_train_local.py::test_sigkill_mid_step_resumes_and_a_dead_engine_is_a_clear_error",
+        E + "test_train_local.py::test_local_example_trains_and_reports",
     ),
     "spec.algorithm.microBatchSize": (
+        INT
+        + "test_spec_reaches_the_learner.py::test_algorithm_settings_reach_the_optimizer_and_the_loss",
         U + "test_learner.py::test_update_is_invariant_to_micro_batching",
     ),
     "spec.algorithm.seed": (
@@ -74,10 +78,10 @@ ACTS: dict[str, tuple[str, ...]] = {
     "spec.algorithm.eps": (U + "test_gar.py::test_grpo_degenerate_groups_are_zero_not_nan",),
     "spec.algorithm.hackZeroing": (U + "test_driver_advantages.py::test_confirmed_hack_is_zeroed",),
     "spec.algorithm.dynamicSampling.enabled": (
-        U + "test_driver_bad_input.py::test_grader_in_time_is_used",
+        U + "test_spec_effects.py::test_tasks_per_step_and_dynamic_sampling_shape_the_step",
     ),
     "spec.algorithm.dynamicSampling.maxExtraRounds": (
-        U + "test_driver_bad_input.py::test_grader_in_time_is_used",
+        U + "test_spec_effects.py::test_tasks_per_step_and_dynamic_sampling_shape_the_step",
     ),
     "spec.algorithm.redistribution.lambdaMax": (
         U + "test_gar.py::test_redistribution_capped_hand_vector",
@@ -97,25 +101,55 @@ ACTS: dict[str, tuple[str, ...]] = {
         U + "test_agent.py::test_redundant_and_tool_error_flags",
         U + "test_agent.py::test_churn_flags_the_overwritten_edit",
     ),
-    "spec.algorithm.loss.aggregation": (U + "test_loss.py::test_aggregation_hand_vectors",),
-    "spec.algorithm.loss.clipLow": (U + "test_loss.py::test_ppo_clip_hand_vectors",),
-    "spec.algorithm.loss.clipHigh": (U + "test_loss.py::test_ppo_clip_hand_vectors",),
-    "spec.algorithm.loss.dualClip": (U + "test_loss.py::test_ppo_clip_hand_vectors",),
-    "spec.algorithm.loss.truncatedIsCap": (U + "test_loss.py::test_truncated_importance_sampling",),
-    "spec.algorithm.loss.kl.estimator": (U + "test_loss.py::test_kl_estimators_hand_values",),
+    "spec.algorithm.loss.aggregation": (
+        INT
+        + "test_spec_reaches_the_learner.py::test_algorithm_settings_reach_the_optimizer_and_the_loss",
+        U + "test_loss.py::test_aggregation_hand_vectors",
+    ),
+    "spec.algorithm.loss.clipLow": (
+        INT
+        + "test_spec_reaches_the_learner.py::test_algorithm_settings_reach_the_optimizer_and_the_loss",
+        U + "test_loss.py::test_ppo_clip_hand_vectors",
+    ),
+    "spec.algorithm.loss.clipHigh": (
+        INT
+        + "test_spec_reaches_the_learner.py::test_algorithm_settings_reach_the_optimizer_and_the_loss",
+        U + "test_loss.py::test_ppo_clip_hand_vectors",
+    ),
+    "spec.algorithm.loss.dualClip": (
+        INT
+        + "test_spec_reaches_the_learner.py::test_algorithm_settings_reach_the_optimizer_and_the_loss",
+        U + "test_loss.py::test_ppo_clip_hand_vectors",
+    ),
+    "spec.algorithm.loss.truncatedIsCap": (
+        INT
+        + "test_spec_reaches_the_learner.py::test_algorithm_settings_reach_the_optimizer_and_the_loss",
+        U + "test_loss.py::test_truncated_importance_sampling",
+    ),
+    "spec.algorithm.loss.kl.estimator": (
+        INT
+        + "test_spec_reaches_the_learner.py::test_algorithm_settings_reach_the_optimizer_and_the_loss",
+        U + "test_loss.py::test_kl_estimators_hand_values",
+    ),
     "spec.algorithm.optimizer.lr": (
-        U + "test_sft_data.py::test_sft_lr_defaults_to_from_scratch_or_fine_tuning",
+        INT
+        + "test_spec_reaches_the_learner.py::test_algorithm_settings_reach_the_optimizer_and_the_loss",
     ),
     "spec.algorithm.optimizer.weightDecay": (
-        U + "test_learner.py::test_update_raises_positive_and_lowers_negative_logprobs",
+        INT
+        + "test_spec_reaches_the_learner.py::test_algorithm_settings_reach_the_optimizer_and_the_loss",
     ),
     "spec.algorithm.optimizer.betas": (
-        U + "test_learner.py::test_update_raises_positive_and_lowers_negative_logprobs",
+        INT
+        + "test_spec_reaches_the_learner.py::test_algorithm_settings_reach_the_optimizer_and_the_loss",
     ),
     "spec.algorithm.optimizer.gradClip": (
-        U + "test_learner.py::test_update_raises_positive_and_lowers_negative_logprobs",
+        INT
+        + "test_spec_reaches_the_learner.py::test_algorithm_settings_reach_the_optimizer_and_the_loss",
     ),
-    "spec.trainer.image": (U + "test_builders.py::test_trainer_indexed_job",),
+    "spec.trainer.image": (
+        U + "test_spec_effects.py::test_every_component_runs_the_image_its_spec_names",
+    ),
     "spec.trainer.nodes": (U + "test_builders.py::test_trainer_indexed_job",),
     "spec.trainer.processesPerNode": (U + "test_builders.py::test_trainer_indexed_job",),
     "spec.*.resources.*": (RENDER_GPU, U + "test_builders.py::test_sandbox_pods_are_hardened"),
@@ -145,35 +179,34 @@ ACTS: dict[str, tuple[str, ...]] = {
     ),
     "spec.trainer.useJobSet": (U + "test_builders.py::test_jobset_only_when_asked_and_installed",),
     "spec.trainer.device": (
-        U + "test_driver_bad_input.py::test_unrunnable_spec_is_a_clear_error_and_writes_no_run",
+        U + "test_spec_effects.py::test_cuda_devices_need_a_gpu",
+        U + "test_spec_effects.py::test_trainer_device_cpu_is_refused_where_cuda_would_be_used",
     ),
     "spec.*.replicas": (U + "test_builders.py::test_fixed_replicas_written",),
     "spec.*.autoscaling.*": (
-        U + "test_builders.py::test_autoscaled_pool_omits_replicas_keda",
+        U + "test_spec_effects.py::test_autoscaling_settings_reach_keda",
         U + "test_builders.py::test_autoscaled_pool_hpa",
     ),
     "spec.*.endpoint": (
         U + "test_builders.py::test_endpoint_pool_builds_nothing",
         U + "test_builders.py::test_trainer_env_with_external_endpoints_and_local_sandboxes",
     ),
-    "spec.rollout.image": (U + "test_builders.py::test_rollout_vllm_weight_transfer",),
+    "spec.rollout.image": (
+        U + "test_spec_effects.py::test_every_component_runs_the_image_its_spec_names",
+    ),
     "spec.rollout.tensorParallelSize": (
-        INT + "test_pod_commands.py::test_vllm_containers_and_embedded_server_parse_with_vllm",
+        U + "test_spec_effects.py::test_rollout_pool_settings_reach_vllm",
     ),
-    "spec.rollout.device": (
-        U + "test_driver_bad_input.py::test_unrunnable_spec_is_a_clear_error_and_writes_no_run",
-    ),
+    "spec.rollout.device": (U + "test_spec_effects.py::test_cuda_devices_need_a_gpu",),
     "spec.rollout.gpuMemoryUtilization": (
-        INT + "test_pod_commands.py::test_vllm_containers_and_embedded_server_parse_with_vllm",
+        U + "test_spec_effects.py::test_rollout_pool_settings_reach_vllm",
     ),
     "spec.rollout.weightSync.transport": (
         U + "test_builders.py::test_rollout_vllm_weight_transfer",
     ),
-    "spec.rollout.weightSync.publishSafetensors": (
-        U + "test_builders.py::test_rollout_vllm_weight_transfer",
-    ),
     "spec.rollout.agent.*": (
-        INT + "test_pod_commands.py::test_rollout_pods_run_the_embedded_servers_rl_flags",
+        U + "test_spec_effects.py::test_agent_settings_reach_the_rollouts",
+        U + "test_spec_effects.py::test_group_size_and_concurrency_shape_a_group",
     ),
     "spec.grader.kind": (
         U
@@ -188,7 +221,9 @@ ACTS: dict[str, tuple[str, ...]] = {
     "spec.grader.maxTokensPerTurn": (
         U + "test_driver_grader_model.py::test_build_graders_talks_to_the_runners_server",
     ),
-    "spec.grader.image": (U + "test_builders.py::test_labels_owner_references_and_unique_names",),
+    "spec.grader.image": (
+        U + "test_spec_effects.py::test_every_component_runs_the_image_its_spec_names",
+    ),
     "spec.grader.deadlineSeconds": (
         U + "test_driver_bad_input.py::test_grader_past_its_deadline_falls_back_with_the_reason",
     ),
@@ -205,19 +240,22 @@ ACTS: dict[str, tuple[str, ...]] = {
         INT + "test_grader_service.py::test_back_pressure_when_the_queue_is_full",
     ),
     "spec.sandbox.backend": (U + "test_builders.py::test_sandbox_pods_are_hardened",),
-    "spec.sandbox.image": (U + "test_builders.py::test_sandbox_pods_are_hardened",),
+    "spec.sandbox.image": (
+        U + "test_spec_effects.py::test_every_component_runs_the_image_its_spec_names",
+    ),
     "spec.sandbox.limits.*": (
         INT + "test_sandbox_server.py::test_pool_sessions_get_the_runs_limits_not_the_pods",
         U + "test_sandbox_pure.py::test_argv_isolates_and_limits",
+        U + "test_spec_effects.py::test_agent_settings_reach_the_rollouts",
     ),
     "spec.sandbox.runtimeClassName": (U + "test_builders.py::test_sandbox_pods_are_hardened",),
     "spec.sandbox.poolSize": (U + "test_builders.py::test_fixed_replicas_written",),
     "spec.dataset.sources.kind": (
+        U + "test_spec_effects.py::test_jsonl_sources_are_read_from_their_path",
         U + "test_sft_data.py::test_sft_top_up_skips_seeds_a_source_uses",
     ),
     "spec.dataset.sources.path": (
-        INT
-        + "test_cluster_trainer.py::test_a_configuration_error_inside_the_ranks_exits_permanently",
+        U + "test_spec_effects.py::test_jsonl_sources_are_read_from_their_path",
     ),
     "spec.dataset.sources.size": (
         U + "test_task_sampler.py::test_the_spec_weights_reach_the_sampler",
@@ -290,6 +328,10 @@ REFUSED: dict[str, tuple[dict[str, Any], str]] = {
         "reads the base checkpoint from a file system",
     ),
     "spec.model.tokenizer": ({"model": {"preset": "tiny", "tokenizer": "/t"}}, "remove tokenizer"),
+    "spec.rollout.weightSync.publishSafetensors": (
+        {"rollout": {"replicas": 1, "weightSync": {"publishSafetensors": False}}},
+        "publishSafetensors cannot be false",
+    ),
     "spec.dataset.sources.path": (
         {"dataset": {"sources": [{"kind": "jsonl", "path": "s3://d/tasks.jsonl"}]}},
         "reads the task file from its file system",
