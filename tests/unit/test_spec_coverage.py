@@ -173,7 +173,11 @@ ACTS: dict[str, tuple[str, ...]] = {
     "spec.trainer.checkpoint.volumeSize": (U + "test_builders.py::test_checkpoint_pvc",),
     "spec.trainer.checkpoint.storageClassName": (U + "test_builders.py::test_checkpoint_pvc",),
     "spec.trainer.checkpoint.existingClaim": (U + "test_builders.py::test_checkpoint_pvc",),
-    "spec.*.podTemplate.*": (POD, RENDER_GPU),
+    "spec.*.podTemplate.*": (
+        U + "test_spec_effects.py::test_every_pod_template_field_reaches_the_pods",
+        POD,
+        RENDER_GPU,
+    ),
     "spec.trainer.queueName": (
         U + "test_builders.py::test_kueue_queue_label_on_the_trainer_workload",
     ),
@@ -270,7 +274,7 @@ ACTS: dict[str, tuple[str, ...]] = {
         U + "test_task_sampler.py::test_the_spec_weights_reach_the_sampler",
     ),
     "spec.observability.metricsPort": (
-        U + "test_cluster_trainer.py::test_builder_env_resolves_to_the_run_services",
+        INT + "test_operator_scenarios.py::test_trainer_template_changes_wait_for_suspend",
     ),
     "spec.observability.monitors": (U + "test_builders.py::test_monitors_follow_crds_and_mode",),
     "spec.observability.logLevel": (

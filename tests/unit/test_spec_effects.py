@@ -193,3 +193,68 @@ def test_autoscaling_settings_reach_keda() -> None:
     (trigger,) = so["spec"]["triggers"]
     assert trigger["metadata"]["serverAddress"] == "http://prom.example:9090"
     assert trigger["metadata"]["threshold"] == "3.5"
+
+
+def test_every_pod_template_field_reaches_the_pods() -> None:
+    """Each leaf of ``podTemplate`` set to a distinctive value appears in the trainer's pods as
+    Kubernetes spells it (the overlay of every component: tests/unit/test_builders.py)."""
+    sources = {
+        "persistentVolumeClaim": {"claimName": "c"},
+        "configMap": {"name": "cm"},
+        "secret": {"secretName": "s"},
+        "emptyDir": {"sizeLimit": "1Gi"},
+        "csi": {"driver": "d.example"},
+        "nfs": {"server": "n.example", "path": "/x"},
+        "ephemeral": {"volumeClaimTemplate": {"spec": {"accessModes": ["ReadWriteOnce"]}}},
+        "projected": {"sources": [{"serviceAccountToken": {"path": "t"}}]},
+    }
+    volumes = [{"name": f"v{i}", kind: src} for i, (kind, src) in enumerate(sources.items())]
+    overlay = {
+        "labels": {"team": "rl"},
+        "annotations": {"note": "x"},
+        "nodeSelector": {"pool": "gpu"},
+        "tolerations": [
+            {
+                "key": "k",
+                "operator": "Equal",
+                "value": "v",
+                "effect": "NoExecute",
+                "tolerationSeconds": 30,
+            }
+        ],
+        "affinity": {"nodeAffinity": {"preferredDuringSchedulingIgnoredDuringExecution": []}},
+        "priorityClassName": "high",
+        "imagePullSecrets": [{"name": "regcred"}],
+        "env": [
+            {"name": "A", "value": "1"},
+            {"name": "B", "valueFrom": {"secretKeyRef": {"name": "s", "key": "k"}}},
+        ],
+        "envFrom": [
+            {"configMapRef": {"name": "cm"}, "prefix": "P_"},
+            {"secretRef": {"name": "sec"}},
+        ],
+        "volumes": volumes,
+        "volumeMounts": [{"name": "v1", "mountPath": "/cm", "readOnly": True, "subPath": "sub"}],
+        "serviceAccountAnnotations": {"iam.gke.io/gcp-service-account": "x@y"},
+    }
+    run = example("single-gpu", **{"trainer.podTemplate": overlay})
+    objs = build_all(run)
+    (job,) = [o for o in objs if o["kind"] == "Job"]
+    tpl = job["spec"]["template"]
+    pod = tpl["spec"]
+    assert (
+        tpl["metadata"]["labels"]["team"] == "rl" and tpl["metadata"]["annotations"]["note"] == "x"
+    )
+    assert pod["nodeSelector"] == {"pool": "gpu"} and pod["priorityClassName"] == "high"
+    assert pod["tolerations"] == overlay["tolerations"] and pod["affinity"] == overlay["affinity"]
+    assert pod["imagePullSecrets"] == [{"name": "regcred"}]
+    assert all(v in pod["volumes"] for v in volumes)
+    (c,) = pod["containers"]
+    assert all(e in c["env"] for e in overlay["env"]) and c["envFrom"] == overlay["envFrom"]
+    assert overlay["volumeMounts"][0] in c["volumeMounts"]
+    (sa,) = [
+        o
+        for o in objs
+        if o["kind"] == "ServiceAccount" and o["metadata"]["name"].endswith("-trainer")
+    ]
+    assert sa["metadata"]["annotations"] == overlay["serviceAccountAnnotations"]
