@@ -152,7 +152,10 @@ ACTS: dict[str, tuple[str, ...]] = {
     ),
     "spec.trainer.nodes": (U + "test_builders.py::test_trainer_indexed_job",),
     "spec.trainer.processesPerNode": (U + "test_builders.py::test_trainer_indexed_job",),
-    "spec.*.resources.*": (RENDER_GPU, U + "test_builders.py::test_sandbox_pods_are_hardened"),
+    "spec.*.resources.*": (
+        U + "test_spec_effects.py::test_every_component_gets_the_resources_its_spec_names",
+        RENDER_GPU,
+    ),
     "spec.trainer.parallelism.tensor": (
         INT + "test_model_parallel.py::test_parallel_matches_single_process",
         U + "test_cluster_trainer.py::test_every_example_passes_the_trainers_start_up_checks",

@@ -258,3 +258,21 @@ def test_every_pod_template_field_reaches_the_pods() -> None:
         if o["kind"] == "ServiceAccount" and o["metadata"]["name"].endswith("-trainer")
     ]
     assert sa["metadata"]["annotations"] == overlay["serviceAccountAnnotations"]
+
+
+def test_every_component_gets_the_resources_its_spec_names() -> None:
+    def res(cpu: str) -> dict[str, dict[str, str]]:
+        return {"requests": {"cpu": cpu, "memory": "1Gi"}, "limits": {"memory": "2Gi"}}
+
+    cpus = {"trainer": "7", "rollout": "5", "grader": "3", "sandbox": "2"}
+    run = example("single-gpu", **{f"{c}.resources": res(cpu) for c, cpu in cpus.items()})
+    for o in build_all(run):
+        if o["kind"] not in ("Job", "Deployment"):
+            continue
+        component = o["metadata"]["name"].removeprefix("qwen3-swe-1node-")
+        # the agentic grader's pods: the model server beside the grader service gets them
+        given = [
+            c["resources"] for c in o["spec"]["template"]["spec"]["containers"] if "resources" in c
+        ]
+        assert [r["requests"]["cpu"] for r in given] == [cpus[component]], component
+        assert given[0]["limits"]["memory"] == "2Gi", component
