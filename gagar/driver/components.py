@@ -13,6 +13,7 @@ import shutil
 from pathlib import Path
 from typing import Any
 
+from gagar.driver.sampling import TaskSampler
 from gagar.rollout.envs import humaneval, synthetic
 from gagar.rollout.envs.task import Task, load_tasks
 from gagar.sandbox import Limits
@@ -33,6 +34,12 @@ def check_devices(spec: GagarRunSpec, cuda_available: bool) -> None:
             raise SetupError(
                 f"{path} is 'cuda' but this machine has no CUDA GPU: use 'cpu' or 'auto'"
             )
+    if spec.trainer.device == "cpu" and cuda_available:
+        raise SetupError(
+            "spec.trainer.device is 'cpu' but this machine has a CUDA GPU, which the trainer "
+            "uses wherever one is visible: use 'auto' or 'cuda', or hide the GPUs "
+            "(CUDA_VISIBLE_DEVICES=)"
+        )
     if spec.trainer.world_size != 1:
         raise SetupError(
             f"spec.trainer: the embedded runner trains in one process; nodes × processesPerNode = "
@@ -131,7 +138,23 @@ def synthetic_seeds(src: Any) -> range:
 
 def load_datasets(dataset: DatasetSpec) -> tuple[list[Task], list[Task]]:
     """(train, held-out) tasks from every source, split reproducibly per source."""
-    train, held = [], []
+    train, held = load_sources(dataset)
+    return [t for tasks in train for t in tasks], held
+
+
+def task_sampler(dataset: DatasetSpec, seed: int) -> tuple[TaskSampler, list[Task]]:
+    """The training-task sampler, weighted by ``spec.dataset.sources[].weight``, and the
+    held-out tasks."""
+    train, held = load_sources(dataset)
+    sources = [(len(tasks), src.weight) for tasks, src in zip(train, dataset.sources, strict=True)]
+    return TaskSampler([t for tasks in train for t in tasks], seed, sources), held
+
+
+def load_sources(dataset: DatasetSpec) -> tuple[list[list[Task]], list[Task]]:
+    """The training tasks of each source (in ``sources`` order) and all held-out tasks, split
+    reproducibly per source."""
+    train: list[list[Task]] = []
+    held: list[Task] = []
     for i, src in enumerate(dataset.sources):
         where = f"spec.dataset.sources[{i}]"
         if src.kind == "synthetic":
@@ -151,8 +174,8 @@ def load_datasets(dataset: DatasetSpec) -> tuple[list[Task], list[Task]]:
             else 0
         )
         held += tasks[:cut]
-        train += tasks[cut:]
-    if not train:
+        train.append(tasks[cut:])
+    if not any(train):
         raise SetupError("spec.dataset: no training tasks left after the held-out split")
     return train, held
 

@@ -11,10 +11,13 @@ spec says (the heuristic grader, or "unusable" = plain GRPO for that group), cou
 from __future__ import annotations
 
 import asyncio
+import bisect
+import itertools
 import random
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 from gagar.driver.rollouts import GroupResult
 from gagar.rollout.envs.task import Task
@@ -25,37 +28,80 @@ GradeFn = Callable[[GroupResult], Awaitable[Ranking]]
 
 
 class TaskSampler:
-    """Draws training tasks without replacement in epochs, reproducibly; its position is state."""
+    """Draws training tasks reproducibly; its position is state (checkpointed, restored on resume).
 
-    def __init__(self, tasks: list[Task], seed: int) -> None:
+    ``tasks`` may come from several dataset sources: ``sources`` gives (task count, weight) of
+    each, in the order of ``tasks``. Draw ``d`` picks source ``i`` with probability
+    ``weight_i / Σ weight`` by a generator seeded by (seed, d) alone, so the choice needs no state
+    beyond the number of draws; within a source, tasks come without replacement in epochs (a fresh
+    shuffle per epoch). One source draws exactly as an unweighted sampler of its tasks does. Each
+    draw's index ``d`` is unique and seeds its rollouts."""
+
+    def __init__(
+        self, tasks: list[Task], seed: int, sources: Sequence[tuple[int, float]] | None = None
+    ) -> None:
         if not tasks:
             raise ValueError("no training tasks")
-        self.tasks, self.seed, self.epoch, self.pos = tasks, seed, 0, 0
-        self._order = self._shuffled()
+        sources = list(sources) if sources is not None else [(len(tasks), 1.0)]
+        if sum(n for n, _ in sources) != len(tasks) or any(n < 0 or w <= 0 for n, w in sources):
+            raise ValueError(f"sources {sources} do not partition {len(tasks)} tasks")
+        self.tasks, self.seed = tasks, seed
+        starts = [sum(n for n, _ in sources[:i]) for i in range(len(sources))]
+        # sources without training tasks (all held out) are never drawn
+        self._sources = [(start, n) for start, (n, _) in zip(starts, sources, strict=True) if n]
+        weights = [w for n, w in sources if n]
+        total = sum(weights)
+        self._cumulative = list(itertools.accumulate(w / total for w in weights))
+        self.drawn = 0
+        self._epochs = [0] * len(self._sources)
+        self._pos = [0] * len(self._sources)
+        self._orders = [self._shuffled(i) for i in range(len(self._sources))]
 
-    def _shuffled(self) -> list[int]:
-        order = list(range(len(self.tasks)))
-        random.Random(self.seed * 100_003 + self.epoch).shuffle(order)
+    def _shuffled(self, source: int) -> list[int]:
+        start, n = self._sources[source]
+        order = list(range(start, start + n))
+        random.Random(self.seed * 100_003 + self._epochs[source] + 7_919 * source).shuffle(order)
         return order
+
+    def _source(self, draw_index: int) -> int:
+        if len(self._sources) == 1:
+            return 0
+        u = random.Random(f"gagar-source:{self.seed}:{draw_index}").random()
+        return min(bisect.bisect_right(self._cumulative, u), len(self._sources) - 1)
 
     def draw(self, k: int) -> list[tuple[int, Task]]:
         """``k`` tasks with a unique draw index each (used to seed their rollouts)."""
         out = []
         for _ in range(k):
-            if self.pos == len(self._order):
-                self.epoch, self.pos = self.epoch + 1, 0
-                self._order = self._shuffled()
-            draw_index = self.epoch * len(self.tasks) + self.pos
-            out.append((draw_index, self.tasks[self._order[self.pos]]))
-            self.pos += 1
+            i = self._source(self.drawn)
+            if self._pos[i] == len(self._orders[i]):
+                self._epochs[i], self._pos[i] = self._epochs[i] + 1, 0
+                self._orders[i] = self._shuffled(i)
+            out.append((self.drawn, self.tasks[self._orders[i][self._pos[i]]]))
+            self._pos[i] += 1
+            self.drawn += 1
         return out
 
-    def state(self) -> dict[str, int]:
-        return {"epoch": self.epoch, "pos": self.pos}
+    def state(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"epoch": self._epochs[0], "pos": self._pos[0]}
+        if len(self._sources) > 1:
+            out.update(drawn=self.drawn, epochs=list(self._epochs), positions=list(self._pos))
+        return out
 
-    def load_state(self, state: dict[str, int]) -> None:
-        self.epoch, self.pos = int(state["epoch"]), int(state["pos"])
-        self._order = self._shuffled()
+    def load_state(self, state: dict[str, Any]) -> None:
+        if len(self._sources) == 1:
+            self._epochs, self._pos = [int(state["epoch"])], [int(state["pos"])]
+            self.drawn = self._epochs[0] * self._sources[0][1] + self._pos[0]
+        else:
+            epochs, positions = state.get("epochs"), state.get("positions")
+            if epochs is None or positions is None or len(epochs) != len(self._sources):
+                raise ValueError(
+                    f"the checkpoint's task sampler has {len(epochs or [0])} dataset sources with "
+                    f"training tasks, spec.dataset.sources has {len(self._sources)}"
+                )
+            self._epochs, self._pos = [int(e) for e in epochs], [int(p) for p in positions]
+            self.drawn = int(state["drawn"])
+        self._orders = [self._shuffled(i) for i in range(len(self._sources))]
 
 
 @dataclass

@@ -58,12 +58,23 @@ log = logging.getLogger("gagar.trainer")
 CONTROL_TIMEOUT_S = 7 * 24 * 3600.0  # followers wait this long for rank 0's next announcement
 
 
+def layout(run: GagarRun) -> Any:
+    """The Megatron layout of ``spec.trainer.parallelism`` (``ValueError`` if it does not fit the
+    world size ``nodes × processesPerNode``)."""
+    from gagar.trainer.model import Parallel
+
+    p = run.spec.trainer.parallelism
+    parallel = Parallel(p.tensor, p.expert, p.pipeline)  # the spec keeps expertTensor = tensor
+    parallel.check(run.spec.trainer.world_size)
+    return parallel
+
+
 def _init(run: GagarRun) -> Any:
     """torch.distributed from torchrun's environment, Megatron's groups, the control group."""
     import torch.distributed as dist
 
     from gagar.trainer.distributed import control_group
-    from gagar.trainer.model import Parallel, init_distributed
+    from gagar.trainer.model import init_distributed
 
     world = int(os.environ.get("WORLD_SIZE", "1"))
     if world != run.spec.trainer.world_size:
@@ -71,8 +82,7 @@ def _init(run: GagarRun) -> Any:
             f"torchrun started {world} ranks but spec.trainer nodes × processesPerNode = "
             f"{run.spec.trainer.world_size}"
         )
-    p = run.spec.trainer.parallelism
-    init_distributed(Parallel(p.tensor, p.expert, p.pipeline), seed=run.spec.algorithm.seed)
+    init_distributed(layout(run), seed=run.spec.algorithm.seed)
     group = control_group(CONTROL_TIMEOUT_S)
     log.info("rank %d of %d up", dist.get_rank(), dist.get_world_size())
     return group
@@ -101,6 +111,11 @@ class ClusterProvider:
 
         if run.spec.trainer.device == "cuda" and not torch.cuda.is_available():
             raise SetupError("spec.trainer.device is 'cuda' but this pod has no CUDA GPU")
+        if run.spec.trainer.device == "cpu" and torch.cuda.is_available():
+            raise SetupError(
+                "spec.trainer.device is 'cpu' but this pod has a CUDA GPU, which the trainer uses "
+                "wherever one is visible: use 'auto' or 'cuda'"
+            )
         return _init(run)
 
     def data_parallel(self) -> Any:

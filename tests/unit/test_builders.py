@@ -135,7 +135,9 @@ def test_trainer_env_points_at_the_run_services() -> None:
     assert env["GAGAR_RUN_DIR"] == "/gagar/checkpoints"
     assert env["GAGAR_CHECKPOINT_URI"] == "pvc://qwen3-swe-1node-checkpoints"
     assert env["GAGAR_PROGRESS_CONFIGMAP"] == "qwen3-swe-1node-progress"
-    assert env["GAGAR_WEIGHT_TRANSPORT"] == "nccl"
+    assert (
+        env["GAGAR_WEIGHT_TRANSPORT"] == "gagar-cpu"
+    )  # auto on GPU replicas: what the trainer syncs
     # the pvc:// base model is mounted in the trainer too, and the trainer is told where
     assert env["GAGAR_MODEL_DIR"] == "/gagar/base-model/Qwen3-1.7B"
     mounts = {m["name"]: m["mountPath"] for m in c["volumeMounts"]}
@@ -336,7 +338,8 @@ def test_checkpoint_pvc() -> None:
     assert pvc["spec"]["storageClassName"] == "fast-rwx"
     assert pvc["spec"]["resources"]["requests"]["storage"] == "500Gi"
     assert pvc["spec"]["accessModes"] == ["ReadWriteMany"]
-    assert by_kind(build_all(example("flash-moe")), "PersistentVolumeClaim") == []  # uri
+    (moe,) = by_kind(build_all(example("flash-moe")), "PersistentVolumeClaim")
+    assert moe["spec"]["resources"]["requests"]["storage"] == "30Ti"
     existing = example("single-gpu", **{"trainer.checkpoint.existingClaim": "ckpts"})
     objs = build_all(existing)
     assert by_kind(objs, "PersistentVolumeClaim") == []
@@ -379,7 +382,9 @@ def test_rollout_vllm_weight_transfer() -> None:
     ]
     env = {e["name"]: e.get("value") for e in c["env"]}
     assert env["VLLM_SERVER_DEV_MODE"] == "1"
-    assert json.loads(_opt(c["args"], "--weight-transfer-config")) == {"backend": "nccl"}
+    assert json.loads(_opt(c["args"], "--weight-transfer-config")) == {
+        "backend": "gagar_safetensors"  # auto on GPU replicas too: the trainer's transport
+    }
     assert _opt(c["args"], "--logprobs-mode") == "raw_logprobs"  # exact log-probs, as embedded
     assert _opt(c["args"], "--dtype") == "bfloat16"  # the trainer's dtype on GPU replicas
     assert _opt(c["args"], "--served-model-name") == "policy"

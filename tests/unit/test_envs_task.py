@@ -38,8 +38,12 @@ def test_swe_row_loads_with_snapshot_dir(tmp_path: Path) -> None:
     assert task.fail_to_pass == [
         "astropy/modeling/tests/test_separable.py::test_separable[compound_model6]"
     ]
-    assert task.image and task.image.startswith("swebench/")
-    assert task.metadata == {"base_commit": SWE_ROW["base_commit"], "version": "4.3"}
+    # the row's image is information only (every task runs in spec.sandbox.image)
+    assert task.metadata == {
+        "base_commit": SWE_ROW["base_commit"],
+        "version": "4.3",
+        "image_name": SWE_ROW["image_name"],
+    }
     assert task.repo_files() == {"pkg/a.py": b"x = 1\n"}
 
 
@@ -62,6 +66,15 @@ def test_snapshot_tarball(tmp_path: Path) -> None:
         ({**SWE_ROW, "problem_statment": "typo"}, "problem_statment: Extra inputs"),
         ({k: v for k, v in SWE_ROW.items() if k != "snapshot"}, "exactly one of 'files'"),
         ({**SWE_ROW, "snapshot": None, "files": {"../evil.py": ""}}, "must be relative"),
+        (
+            {
+                **SWE_ROW,
+                "snapshot": None,
+                "files": {"t.py": "a\n"},
+                "test_patch": "--- a/t.py\n+++ b/t.py\n@@ -1 +1 @@\n-b\n+c\n",
+            },
+            "test_patch: t.py: hunk @@ -1 .1 @@ does not apply",
+        ),
     ],
 )
 def test_bad_rows_name_line_and_field(tmp_path: Path, row, message: str) -> None:
@@ -131,3 +144,76 @@ def test_tampering_detection() -> None:
 def test_task_requires_fail_to_pass() -> None:
     with pytest.raises(ValueError):
         Task(instance_id="x", problem_statement="p", files={}, fail_to_pass=[])
+
+
+TEST_PATCH = """diff --git a/tests/test_a.py b/tests/test_a.py
+--- a/tests/test_a.py
++++ b/tests/test_a.py
+@@ -1,2 +1,3 @@
+ def test_old():
+     assert True
++def test_new(): assert 1
+diff --git a/tests/test_b.py b/tests/test_b.py
+new file mode 100644
+--- /dev/null
++++ b/tests/test_b.py
+@@ -0,0 +1 @@
++def test_b(): pass
+\\ No newline at end of file
+"""
+
+
+def test_test_patch_is_applied_into_the_test_files(tmp_path: Path) -> None:
+    """SWE-bench's ``test_patch``: the files it changes or creates are what verification writes."""
+    files = {"pkg/a.py": "x = 1\n", "tests/test_a.py": "def test_old():\n    assert True\n"}
+    row = {**SWE_ROW, "snapshot": None, "files": files, "test_patch": TEST_PATCH}
+    [task] = load_tasks(_write(tmp_path, [row]))
+    assert task.test_files == {
+        "tests/test_a.py": "def test_old():\n    assert True\ndef test_new(): assert 1\n",
+        "tests/test_b.py": "def test_b(): pass",
+    }
+    assert task.repo_files()["tests/test_a.py"] == files["tests/test_a.py"].encode()  # base kept
+    again = Task.model_validate(task.model_dump())  # re-validated (e.g. off the wire): the same
+    assert again.test_files == task.test_files
+    (tmp_path / "repo" / "tests").mkdir(parents=True)
+    (tmp_path / "repo" / "tests" / "test_a.py").write_text(files["tests/test_a.py"])
+    [from_dir] = load_tasks(_write(tmp_path, [{**SWE_ROW, "test_patch": TEST_PATCH}]))
+    assert from_dir.test_files == task.test_files
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_patches_round_trip_through_the_grader_diff(seed: int) -> None:
+    """``apply_patch`` inverts the unified diffs gagar writes (``grader.diffs.unified_patch``)."""
+    from gagar.grader.diffs import unified_patch
+    from gagar.rollout.envs.patches import apply_patch
+
+    task = synthetic.generate(seed)
+    base = {k: v.decode() for k, v in task.repo_files().items()}
+    final = {k: v.decode() for k, v in task.fixed_files().items()}
+    final["new_dir/extra.py"] = "no trailing newline"
+    changed = {k: v for k, v in final.items() if base.get(k) != v}
+    assert changed and apply_patch(base, unified_patch(base, final)) == changed
+
+
+def test_a_blank_context_line_without_its_space_still_applies() -> None:
+    from gagar.rollout.envs.patches import apply_patch
+
+    patch = "--- a/x.py\n+++ b/x.py\n@@ -1,3 +1,3 @@\n a\n\n-b\n+c\n"  # some tools drop it
+    assert apply_patch({"x.py": "a\n\nb\n"}, patch) == {"x.py": "a\n\nc\n"}
+
+
+@pytest.mark.parametrize(
+    ("patch", "message"),
+    [
+        ("--- a/x.py\n+++ b/x.py\n@@ -1,2 +1,2 @@\n-a\n", "is cut short"),
+        ("--- a/x.py\n+++ /dev/null\n@@ -1 +0,0 @@\n-a\n", "deleting files is not supported"),
+        ("--- a/x.py\n+++ b/y.py\n@@ -1 +1 @@\n-a\n+b\n", "renaming files is not supported"),
+        ("--- a/z.py\n+++ b/z.py\n@@ -1 +1 @@\n-a\n+b\n", "a file the repository does not have"),
+        ("just text", "no file changes found"),
+    ],
+)
+def test_patches_that_cannot_apply_are_refused(patch: str, message: str) -> None:
+    from gagar.rollout.envs.patches import PatchError, apply_patch
+
+    with pytest.raises(PatchError, match=message):
+        apply_patch({"x.py": "a\n"}, patch)

@@ -68,11 +68,10 @@ VLLM_BACKEND = {"gagar-cpu": "gagar_safetensors"}
 
 
 def transport(run: GagarRun) -> str:
-    """vLLM weight-transfer backend: ``auto`` is NCCL on GPU replicas, gagar's CPU transport else."""
+    """The weight-transfer transport: ``auto`` is gagar's safetensors transport on CPU and GPU
+    replicas alike, the one the cluster trainer implements (the spec refuses the others)."""
     chosen = run.spec.rollout.weight_sync.transport
-    if chosen != "auto":
-        return chosen
-    return "nccl" if run.spec.rollout.resources.gpus > 0 else "gagar-cpu"
+    return "gagar-cpu" if chosen == "auto" else chosen
 
 
 def vllm_backend(run: GagarRun) -> str:

@@ -4,8 +4,10 @@ API:
 
 - ``task``: ``Task`` (SWE-style: ``instance_id``, repository snapshot as ``files`` or a
   ``snapshot`` path, ``problem_statement``, ``FAIL_TO_PASS``/``PASS_TO_PASS``, pristine
-  ``test_files``, ``test_command``, pod ``image``, ``reference_files``); ``load_tasks(path)`` reads
+  ``test_files``, ``test_command``, ``reference_files``); ``load_tasks(path)`` reads
   JSONL and raises ``TaskError`` naming the line and field; ``dump_tasks``.
+- ``patches``: ``apply_patch(files, patch)`` applies a unified diff strictly (a task's
+  ``test_patch`` joins its ``test_files`` on load).
 - ``synthetic``: ``generate(seed) -> Task`` and ``generate_many(n, seed)``, deterministic, each
   checked at generation (reference passes every hidden test, the bug fails at least one);
   ``check_in_sandbox(task, factory)`` repeats that through the verifier.

@@ -3,10 +3,14 @@
 A row names the repository snapshot (inline ``files``, or ``snapshot``: a directory or ``.tar.gz``
 path relative to the JSONL file), the problem statement, the ``FAIL_TO_PASS`` and ``PASS_TO_PASS``
 test ids (pytest node ids; lists, or JSON strings of lists as SWE-bench ships them), the pristine
-``test_files`` written over the candidate's before verification, the ``test_command`` (a pytest
-invocation), and the environment ``image`` used by the pods backend. SWE-bench bookkeeping keys
-(``base_commit``, ``version``, ...) are kept in ``metadata``; any other unknown key is an error, so
-a misspelt field never silently disappears.
+``test_files`` written over the candidate's before verification and the ``test_command`` (a pytest
+invocation). SWE-bench bookkeeping keys (``base_commit``, ``version``, ...) are kept in
+``metadata``, the task's container image (``image``, ``image_name``, ``environment_image``) too:
+every task runs in ``spec.sandbox.image`` (per-task sandbox images are not implemented, so the
+image is information, not a setting). A ``test_patch`` (SWE-bench's diff of the tests) is applied
+to the snapshot when the task is loaded, strictly (``patches.apply_patch``), and the files it
+changes or creates join ``test_files``, which verification writes before the tests run. Any other
+unknown key is an error, so a misspelt field never silently disappears.
 """
 
 from __future__ import annotations
@@ -16,7 +20,17 @@ import tarfile
 from pathlib import Path
 from typing import Any
 
-from pydantic import AliasChoices, BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import (
+    AliasChoices,
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
+
+from gagar.rollout.envs.patches import PatchError, apply_patch
 
 SWE_METADATA_KEYS = frozenset(
     {
@@ -27,6 +41,10 @@ SWE_METADATA_KEYS = frozenset(
         "hints_text",
         "repo_url",
         "difficulty",
+        # the task's own container image: informative only, every task runs in spec.sandbox.image
+        "image",
+        "image_name",
+        "environment_image",
     }
 )
 DEFAULT_TEST_COMMAND = "python -m pytest -q -p no:cacheprovider"
@@ -60,16 +78,14 @@ class Task(BaseModel):
         default_factory=dict, description="Pristine test files, written before verification."
     )
     test_command: str = Field(default=DEFAULT_TEST_COMMAND, description="A pytest invocation.")
-    image: str | None = Field(
-        default=None,
-        validation_alias=AliasChoices("image", "image_name", "environment_image"),
-        description="Container image of the sandbox pod for this task (pods backend).",
-    )
     reference_files: dict[str, str] | None = Field(
         default=None, description="The reference fix, as whole files (synthetic families)."
     )
     patch: str | None = Field(default=None, description="The reference fix as a diff (SWE).")
-    test_patch: str | None = Field(default=None, description="SWE-bench's test diff (kept).")
+    test_patch: str | None = Field(
+        default=None,
+        description="SWE-bench's test diff, applied to the snapshot into test_files on load.",
+    )
     metadata: dict[str, Any] = Field(default_factory=dict)
 
     @field_validator("fail_to_pass", "pass_to_pass", mode="before")
@@ -82,6 +98,29 @@ class Task(BaseModel):
             except json.JSONDecodeError as e:
                 raise ValueError(f"not a JSON list of test ids: {e}") from None
         return v
+
+    @model_validator(mode="before")
+    @classmethod
+    def _apply_test_patch(cls, data: Any) -> Any:
+        """``test_patch`` applied to the snapshot: the files it writes join ``test_files``."""
+        if not isinstance(data, dict) or not data.get("test_patch"):
+            return data
+        if data.get("files") is not None:
+            base = dict(data["files"])
+        elif data.get("snapshot"):
+            raw = _read_snapshot(Path(data["snapshot"]))
+            base = {k: v.decode() for k, v in raw.items() if _is_text(v)}
+        else:
+            return data  # the snapshot check names what is missing
+        try:
+            patched = apply_patch(base, data["test_patch"])
+        except PatchError as err:
+            raise ValueError(f"test_patch: {err}") from None
+        given = dict(data.get("test_files") or {})
+        clash = sorted(p for p in patched if p in given and given[p] != patched[p])
+        if clash:
+            raise ValueError(f"test_patch and test_files give different contents for {clash}")
+        return {**data, "test_files": {**given, **patched}}
 
     @field_validator("files", "test_files", "reference_files")
     @classmethod
@@ -110,6 +149,14 @@ class Task(BaseModel):
         if self.reference_files is None:
             raise TaskError(f"{self.instance_id}: no reference_files")
         return {**self.repo_files(), **{k: v.encode() for k, v in self.reference_files.items()}}
+
+
+def _is_text(data: bytes) -> bool:
+    try:
+        data.decode()
+    except UnicodeDecodeError:
+        return False
+    return True
 
 
 def _read_snapshot(path: Path) -> dict[str, bytes]:
