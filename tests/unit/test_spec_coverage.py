@@ -131,6 +131,37 @@ ACTS: dict[str, tuple[str, ...]] = {
         + "test_spec_reaches_the_learner.py::test_algorithm_settings_reach_the_optimizer_and_the_loss",
         U + "test_loss.py::test_kl_estimators_hand_values",
     ),
+    "spec.algorithm.miniBatches": (
+        "tests/unit/test_learner_ppo.py::test_second_mini_batch_sees_the_moved_policy",
+        "tests/integration/test_trainer_ppo_loop.py::test_mini_batches_kl_and_warmup_train_and_resume",
+    ),
+    "spec.algorithm.ppoEpochs": (
+        "tests/unit/test_learner_ppo.py::test_epochs_with_a_large_step_make_the_clips_act",
+    ),
+    "spec.algorithm.microBatchTokens": (
+        "tests/unit/test_learner_ppo.py::test_token_budget_micro_batches_pad_less_and_update_the_same",
+    ),
+    "spec.algorithm.optimizer.schedule": (
+        "tests/unit/test_learner_ppo.py::test_schedule_warms_up_then_holds_or_decays",
+    ),
+    "spec.algorithm.optimizer.minLr": (
+        "tests/unit/test_learner_ppo.py::test_schedule_warms_up_then_holds_or_decays",
+    ),
+    "spec.trainer.failurePolicy.backoffSeconds": (
+        "tests/unit/test_status.py::test_restart_waits_for_an_exponential_backoff",
+    ),
+    "spec.trainer.failurePolicy.maxBackoffSeconds": (
+        "tests/unit/test_status.py::test_restart_waits_for_an_exponential_backoff",
+    ),
+    "spec.trainer.shmSize": (
+        "tests/integration/test_render.py::test_single_gpu_render_shapes_the_gpu_pods",
+    ),
+    "spec.rollout.shmSize": (
+        "tests/integration/test_render.py::test_single_gpu_render_shapes_the_gpu_pods",
+    ),
+    "spec.grader.shmSize": (
+        "tests/integration/test_render.py::test_single_gpu_render_shapes_the_gpu_pods",
+    ),
     "spec.algorithm.optimizer.lr": (
         INT
         + "test_spec_reaches_the_learner.py::test_algorithm_settings_reach_the_optimizer_and_the_loss",
