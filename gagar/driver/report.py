@@ -53,6 +53,18 @@ def append_jsonl(path: Path, record: dict[str, Any]) -> None:
         os.fsync(fh.fileno())
 
 
+def replace_last_jsonl(path: Path, record: dict[str, Any]) -> None:
+    """Rewrite the last record (atomically: a kill leaves the old line or the new one)."""
+    lines = path.read_text().splitlines(keepends=True)
+    tmp = path.with_name(path.name + ".tmp")
+    with open(tmp, "w") as fh:
+        fh.writelines(lines[:-1])
+        fh.write(json.dumps(record) + "\n")
+        fh.flush()
+        os.fsync(fh.fileno())
+    os.replace(tmp, path)
+
+
 def read_jsonl(path: Path) -> list[dict[str, Any]]:
     if not path.exists():
         return []
@@ -65,9 +77,9 @@ def export(metrics: Metrics, run: str, record: dict[str, Any], extras: dict[str,
         if key in record and record[key] is not None:
             metrics[name].labels(run=run).set(float(record[key]))
     metrics["gagar_trainer_step_duration_seconds"].labels(run=run).observe(record["step_seconds"])
-    for stage in ("rollout", "grading", "training", "sync", "checkpoint"):
+    for stage, seconds in record["stage_seconds"].items():  # they add up to step_seconds
         metrics["gagar_trainer_stage_duration_seconds"].labels(run=run, stage=stage).observe(
-            record.get(f"{stage}_seconds", 0.0)
+            seconds
         )
     for stage in ("before", "after"):
         for stat in ("mean", "std", "abs_max"):
@@ -120,6 +132,28 @@ PLOTS = {
 }
 
 
+STAGES_PLOT = "stages.png"
+
+
+def _stage_bars(plt: Any, path: Path, records: list[dict[str, Any]]) -> None:
+    """Where each step's time went: one stacked bar per step, a segment per stage."""
+    from gagar.metrics import STAGES
+
+    fig, ax = plt.subplots(figsize=(6, 3.5))
+    steps = [r["step"] for r in records]
+    bottom = [0.0] * len(records)
+    for stage in STAGES:
+        height = [float((r.get("stage_seconds") or {}).get(stage, 0.0)) for r in records]
+        ax.bar(steps, height, bottom=bottom, label=stage)
+        bottom = [b + h for b, h in zip(bottom, height, strict=True)]
+    ax.set_title("step time by stage, s")
+    ax.set_xlabel("step")
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=90)
+    plt.close(fig)
+
+
 def write_report(
     out: Path, records: list[dict[str, Any]], summary: dict[str, Any]
 ) -> dict[str, Any]:
@@ -140,12 +174,13 @@ def write_report(
         fig.tight_layout()
         fig.savefig(out / name, dpi=90)
         plt.close(fig)
+    _stage_bars(plt, out / STAGES_PLOT, records)
     report = {
         **summary,
         "steps": len(records),
         "first": records[0] if records else None,
         "last": records[-1] if records else None,
-        "plots": sorted(PLOTS),
+        "plots": sorted([*PLOTS, STAGES_PLOT]),
     }
     (out / "report.json").write_text(json.dumps(report, indent=2))
     return report
