@@ -21,7 +21,9 @@ lag) and vLLM's prefix-cache hit rate from its own ``/metrics``. Writes
 "ratio": x / y, ...}, ...], ...}``.
 
     .venv/bin/python bench/rollout.py [--model DIR] [--concurrency 8 32] [--rounds 2]
-        [--manifest examples/local.yaml] [--out bench/results/rollout.json]
+        [--manifest examples/local.yaml] [--out bench/results/rollout.json] [--gpu]
+
+On a lent accelerator, ``tests/gpu/test_rollout_bench_gpu.py`` runs it on SmolLM2-135M.
 
 The policy: ``--model``, else the embedded default's newest published version
 (``runs/local/policy/versions/latest``), else ``runs/bench-policy`` (a copy of one). A fresh clone
@@ -33,9 +35,12 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
+import cProfile
 import json
 import os
 import platform
+import pstats
 import sys
 import tempfile
 import threading
@@ -52,7 +57,7 @@ from rich.console import Console  # noqa: E402
 from rich.table import Table  # noqa: E402
 
 from gagar.driver import components as comp  # noqa: E402
-from gagar.driver.loop import make_rollouts  # noqa: E402
+from gagar.driver import loop as driver_loop  # noqa: E402
 from gagar.driver.rollouts import grading_group  # noqa: E402
 from gagar.driver.sampling import SamplingPlan, TaskSampler, collect  # noqa: E402
 from gagar.driver.setup import chat_format  # noqa: E402
@@ -195,7 +200,13 @@ async def loop_run(
     agent = run.spec.rollout.agent.model_copy(update={"concurrency": concurrency})
     rollout = run.spec.rollout.model_copy(update={"agent": agent})
     run = run.model_copy(update={"spec": run.spec.model_copy(update={"rollout": rollout})})
-    rollouts = make_rollouts(run, TimedFactory(factory, clock), timed, TimedFormat(fmt, clock), 0)
+    sandboxes, templating = TimedFactory(factory, clock), TimedFormat(fmt, clock)
+    if hasattr(driver_loop, "make_rollouts"):
+        rollouts = driver_loop.make_rollouts(run, sandboxes, timed, templating, 0)
+    else:  # the loop before issue 17 (to measure the baseline with this bench)
+        limiter = asyncio.Semaphore(concurrency)
+        cfg = driver_loop.rollout_config(run)
+        rollouts = driver_loop.Rollouts(sandboxes, timed, templating, cfg, limiter)
     groups = max(1, concurrency // alg.group_size) * rounds
     plan = SamplingPlan(groups, 0, False, grade=True)
     sampler = TaskSampler(tasks, alg.seed)
@@ -216,7 +227,7 @@ async def loop_run(
     t0 = time.perf_counter()
     got = await collect(sampler, plan, run_group, grade)
     wall = time.perf_counter() - t0
-    rollouts.close()
+    getattr(rollouts, "close", lambda: None)()
     stop.set()
     await probe
     trajectories = sum(len(g.rollouts) for g in got.all_groups)
@@ -288,21 +299,34 @@ async def measure(args: argparse.Namespace, work: Path) -> dict[str, Any]:
     train, _ = comp.load_datasets(run.spec.dataset)
     factory = comp.sandbox_factory(run.spec.sandbox)
     fmt, _ = chat_format(model)
-    cfg = ServerConfig(
-        model=model,
-        max_model_len=run.spec.rollout.agent.max_context_tokens,
-        enforce_eager=True,
-        threads=1,
-        executor_backend="uni",
-    )
+    if args.gpu:  # vLLM's CUDA build on one device, as a rollout pod runs it
+        cfg = ServerConfig(model=model, max_model_len=run.spec.rollout.agent.max_context_tokens)
+    else:  # as `gagar train` serves the embedded default (gagar.driver.local.start_engine)
+        cfg = ServerConfig(
+            model=model,
+            max_model_len=run.spec.rollout.agent.max_context_tokens,
+            enforce_eager=True,
+            threads=1,
+            executor_backend="uni",
+        )
     results = []
-    with VllmServer(cfg, work / "vllm.log") as server:
+    with contextlib.ExitStack() as stack:
+        if args.url:  # a server already running (several bench runs, one start)
+            server: Any = argparse.Namespace(base_url=args.url.rstrip("/"), startup_seconds=0.0)
+        else:
+            server = stack.enter_context(VllmServer(cfg, work / "vllm.log"))
         engine = AsyncOpenAIEngine(server.base_url)
         await engine.generate([1, 2, 3], SamplingParams(max_tokens=4))  # warm-up
         for c in args.concurrency:
             reset_cache(server.base_url)
             before = prefix_cache(server.base_url)
+            profile = cProfile.Profile() if args.profile else None
+            if profile is not None:  # the event loop's thread only: what blocks it
+                profile.enable()
             loop = await loop_run(run, train, engine, fmt, factory, c, args.rounds)
+            if profile is not None:
+                profile.disable()
+                pstats.Stats(profile).sort_stats("tottime").print_stats(25)
             after = prefix_cache(server.base_url)
             requests = loop.pop("requests")
             reset_cache(server.base_url)
@@ -369,7 +393,13 @@ def main(argv: list[str] | None = None) -> None:
         "--rounds", type=int, default=2, help="groups per slot set (more: longer, steadier)"
     )
     p.add_argument("--out", default=str(RESULTS / "rollout.json"))
+    p.add_argument("--url", help="a vLLM server already serving --model (started as above)")
+    p.add_argument("--switch-interval", type=float, help="sys.setswitchinterval (seconds)")
+    p.add_argument("--profile", action="store_true", help="cProfile the event loop's thread")
+    p.add_argument("--gpu", action="store_true", help="serve on the GPU (vLLM's CUDA build)")
     args = p.parse_args(argv)
+    if args.switch_interval:
+        sys.setswitchinterval(args.switch_interval)
     with tempfile.TemporaryDirectory(prefix="gagar-bench-rollout-") as tmp:
         res = asyncio.run(measure(args, Path(tmp)))
     show(res)
