@@ -557,9 +557,12 @@ async def evaluate(ctx: Context, tasks: list[Any], seed: int = 0) -> dict[str, A
     if not tasks:
         return {"tasks": 0}
     runner = _rollouts(ctx)
-    groups = await asyncio.gather(
-        *(runner.group(t, 1, 7_000_000 + seed + i) for i, t in enumerate(tasks))
-    )
+    try:
+        groups = await asyncio.gather(
+            *(runner.group(t, 1, 7_000_000 + seed + i) for i, t in enumerate(tasks))
+        )
+    finally:
+        runner.close()
     dump_rollouts(ctx.out / "rollouts" / "held_out.jsonl", list(groups))
     check_engine(ctx, list(groups), strict=True)
     rollouts = [g.rollouts[0] for g in groups]
