@@ -45,7 +45,7 @@ GRADER_KINDS = ("heuristic", "agentic", "none")
 GRADER_FALLBACK_REASONS = ("unusable_ranking", "timeout", "grader_error", "nonpositive_mass")
 TOKEN_KINDS = ("prompt", "completion")
 ENGINE_OUTCOMES = ("ok", "error")
-STAGES = ("rollout", "grading", "training", "sync", "checkpoint")
+STAGES = ("rollout", "grading_wait", "update", "sync", "checkpoint", "other")
 ADV_STAGES = ("before", "after")
 THROUGHPUT_STAGES = ("rollout", "training")
 INVALID_REASONS = ("engine_error", "sandbox_error", "verify_error")
@@ -130,7 +130,7 @@ def _defs() -> list[MetricDef]:
         MetricDef(
             "gagar_trainer_stage_duration_seconds",
             h,
-            "Wall time per stage of a step (rollout, grading, training, sync, checkpoint).",
+            "Wall time per stage of a step (rollout, grading_wait, update, sync, checkpoint, other; they add up to the step's duration).",
             t,
             ("run", "stage"),
             DURATION_BUCKETS,

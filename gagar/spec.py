@@ -982,6 +982,11 @@ class RolloutSpec(_Pool):
     """Weight sync."""
     agent: AgentSpec = Field(default_factory=AgentSpec)
     """Agent loop and sampling."""
+    max_staleness: int = Field(default=0, ge=0, le=1)
+    """Policy versions a trajectory may lag the update that trains on it. 0: synchronous (the
+    rollouts of a step use the weights of the previous update). 1: the rollouts of step t+1 are
+    generated while step t trains, by the weights before step t's update; every trajectory is
+    sampled by one policy version (weights are synced between collections, never during one)."""
 
     model_config = ConfigDict(
         json_schema_extra={"x-kubernetes-validations": [_REPLICAS_XOR_AUTOSCALING]}

@@ -86,8 +86,13 @@ class Context:
     warm_start: dict[str, Any]
     trackers: trackers.Trackers  # spec.observability.trackers (none by default)
     step: int = 0
-    version: int = 0
+    version: int = 0  # the policy version the engine serves
     closers: Closers = field(default_factory=list)
+    # rollout.maxStaleness 1: the next step's collection, started before this step's update, and
+    # the sampler's position before it drew (what a checkpoint of this step records).
+    ahead: asyncio.Future[Any] | None = None
+    sampler_state: dict[str, int] | None = None
+    collecting: bool = False  # a collection is in flight: weight sync must wait
 
     def call(self, step: TeamStep, *args: Any) -> Any:
         return self.team.call(step, *args)
@@ -126,19 +131,31 @@ async def _grade(ctx: Context, group: GroupResult) -> Ranking:
 
 
 def _rollouts(ctx: Context) -> Rollouts:
-    limiter = asyncio.Semaphore(ctx.run.spec.rollout.agent.concurrency)
     engine = telemetry.metered(ctx.services.engine, ctx.metrics, ctx.run.metadata.name)
-    return Rollouts(ctx.services.sandboxes, engine, ctx.fmt, rollout_config(ctx.run), limiter)
+    return make_rollouts(ctx.run, ctx.services.sandboxes, engine, ctx.fmt, ctx.version)
 
 
-async def _collect(ctx: Context) -> Any:
-    alg = ctx.alg
-    plan = SamplingPlan(
+def make_rollouts(
+    run: GagarRun, sandboxes: SessionFactory, engine: Engine, fmt: ChatFormat, version: int
+) -> Rollouts:
+    """The rollouts of a collection on the engine serving policy ``version`` (also bench/)."""
+    concurrency = run.spec.rollout.agent.concurrency
+    return Rollouts.bounded(sandboxes, engine, fmt, rollout_config(run), concurrency, version)
+
+
+def sampling_plan(alg: AlgorithmSpec) -> SamplingPlan:
+    return SamplingPlan(
         alg.tasks_per_step,
         alg.dynamic_sampling.max_extra_rounds,
         alg.dynamic_sampling.enabled,
         grade=True,
     )
+
+
+async def _collect(ctx: Context) -> Any:
+    """One step's groups, all sampled by the policy version the engine serves now (``_sync``
+    refuses to run while a collection is in flight)."""
+    alg = ctx.alg
     rollouts = _rollouts(ctx)
 
     async def rollout(task: Any, draw: int) -> GroupResult:
@@ -150,7 +167,14 @@ async def _collect(ctx: Context) -> Any:
         return await ctx.services.fallback_grader.grade(grading_group(group))
 
     grade = (lambda g: _grade(ctx, g)) if alg.mode == "gagar" else measure
-    return await collect(ctx.sampler, plan, rollout, grade)
+    ctx.collecting = True
+    try:
+        collected = await collect(ctx.sampler, sampling_plan(alg), rollout, grade)
+    finally:
+        ctx.collecting = False
+        rollouts.close()
+    collected.version = rollouts.version
+    return collected
 
 
 def _samples(groups: list[GroupResult], per_token: list[list[float]]) -> list[Sample]:
@@ -302,6 +326,8 @@ def _train(ctx: Context, collected: Any) -> tuple[dict[str, Any], dict[str, Any]
 
 
 def _sync(ctx: Context) -> float:
+    if ctx.collecting:  # would mix two policies in one trajectory
+        raise RuntimeError("weight sync while a collection is in flight")
     start = time.perf_counter()
     ctx.version += 1
     ctx.services.sync.sync(ctx.call("weights"), ctx.version)
@@ -337,16 +363,53 @@ def check_engine(ctx: Context, groups: list[GroupResult], *, strict: bool) -> No
         )
 
 
+STAGES = ("rollout", "grading_wait", "update", "sync", "checkpoint", "other")
+
+
+async def _step_rollouts(ctx: Context) -> tuple[Any, float, float]:
+    """This step's collection (started by the previous step when ``maxStaleness`` is 1), and how
+    long the step waited for its rollouts and for their grading."""
+    start = time.perf_counter()
+    ahead, ctx.ahead, ctx.sampler_state = ctx.ahead, None, None
+    collected = await (ahead if ahead is not None else _collect(ctx))
+    waited = time.perf_counter() - start
+    grading = min(collected.grading_wait_seconds, waited)
+    return collected, waited - grading, grading
+
+
+def _collect_ahead(ctx: Context) -> float:
+    """``maxStaleness`` 1: publish the last update's weights (no collection is in flight), then
+    start the next step's collection on them; it runs while this step trains."""
+    sync_seconds = _sync(ctx) if ctx.version < ctx.step else 0.0
+    if ctx.step + 1 < ctx.alg.total_steps:
+        ctx.sampler_state = ctx.sampler.state()  # a checkpoint of this step resumes from here
+        ctx.ahead = asyncio.ensure_future(_collect(ctx))
+    return sync_seconds
+
+
 async def rl_step(ctx: Context) -> dict[str, Any]:
-    """One training step; returns its metrics record (also written and exported)."""
+    """One training step; returns its metrics record (also written and exported).
+
+    ``rollout.maxStaleness`` 0: collect on the last update's weights, update, sync. 1: the
+    collection of this step was started by the previous one (on the weights before its update);
+    sync the previous update's weights, start the next step's collection, then update while it
+    runs. Either way every trajectory is sampled by one policy version (``_sync`` refuses to run
+    during a collection) and the record says how many versions it lags (``staleness_versions``)."""
     t0 = time.perf_counter()
-    collected = await _collect(ctx)
+    overlap = ctx.run.spec.rollout.max_staleness > 0
+    collected, rollout_wait, grading_wait = await _step_rollouts(ctx)
     check_engine(ctx, collected.all_groups, strict=False)
+    sync_seconds = _collect_ahead(ctx) if overlap else 0.0
     t1 = time.perf_counter()
-    record, extras = _train(ctx, collected)
+    if overlap:  # off the event loop: the next step's rollouts proceed meanwhile
+        record, extras = await asyncio.to_thread(_train, ctx, collected)
+    else:
+        record, extras = _train(ctx, collected)
     t2 = time.perf_counter()
     dump_rollouts(ctx.out / "rollouts" / f"step_{ctx.step + 1:06d}.jsonl", collected.all_groups)
-    sync_seconds = _sync(ctx)
+    staleness = ctx.step - collected.version  # updates between the sampling and this one
+    if not overlap:
+        sync_seconds = _sync(ctx)
     facts = _rollout_facts(collected.all_groups)
     extras.update(response_tokens=facts.pop("response_tokens"), turns=facts.pop("turns"))
     ctx.step += 1
@@ -354,7 +417,8 @@ async def rl_step(ctx: Context) -> dict[str, Any]:
     record.update(
         step=ctx.step,
         policy_version=ctx.version,
-        staleness_versions=0,
+        rollout_policy_version=collected.version,
+        staleness_versions=staleness,
         sampled_groups=collected.sampled,
         sampling_rounds=collected.rounds,
         shortfall=collected.shortfall,
@@ -365,11 +429,26 @@ async def rl_step(ctx: Context) -> dict[str, Any]:
         training_seconds=t2 - t1,
         sync_seconds=sync_seconds,
         step_seconds=time.perf_counter() - t0,
-        rollout_tokens_per_second=facts["generated_tokens"] / max(1e-9, t1 - t0),
+        stage_seconds={"rollout": rollout_wait, "grading_wait": grading_wait, "update": t2 - t1},
+        rollout_tokens_per_second=facts["generated_tokens"] / max(1e-9, collected.rollout_seconds),
         training_tokens_per_second=record["tokens_trained"] / max(1e-9, t2 - t1),
     )
     telemetry.record_step(ctx.metrics, ctx.run.metadata.name, collected.all_groups, record)
     return _finish_step(ctx, record, extras)
+
+
+def stage_times(record: dict[str, Any]) -> dict[str, float]:
+    """The step's time by stage (``STAGES``), adding up to ``step_seconds``: ``other`` is what
+    the named stages leave (advantages, the rollout dump, metrics)."""
+    named = {
+        **{k: 0.0 for k in STAGES},
+        **record.get("stage_seconds", {}),
+        "sync": record.get("sync_seconds", 0.0),
+        "checkpoint": record.get("checkpoint_seconds", 0.0),
+    }
+    named["other"] = 0.0
+    named["other"] = max(0.0, record["step_seconds"] - sum(named.values()))
+    return named
 
 
 def dump_rollouts(path: Path, groups: list[GroupResult]) -> None:
@@ -392,6 +471,7 @@ def dump_rollouts(path: Path, groups: list[GroupResult]) -> None:
                     "passed": r.passed,
                     "valid": r.valid,
                     "exit": r.trajectory.exit_reason,
+                    "policy_version": r.trajectory.policy_version,
                     "tampered": r.tampered,
                     "turns": turns,
                 }
@@ -407,13 +487,17 @@ def _finish_step(ctx: Context, record: dict[str, Any], extras: dict[str, Any]) -
     spec = ctx.run.spec.trainer.checkpoint
     log = ctx.out / "metrics.jsonl"
     if ctx.step % spec.interval_steps == 0 or ctx.step == ctx.alg.total_steps:
+        record["stage_seconds"] = stage_times(record)
         rep.append_jsonl(log, record)
         t = time.perf_counter()
         save_checkpoint(ctx)
         record["checkpoint_seconds"] = time.perf_counter() - t
+        record["step_seconds"] += record["checkpoint_seconds"]  # the checkpoint is part of the step
+        record["stage_seconds"] = stage_times(record)
         rep.rewrite_last_jsonl(log, record)
     else:
         record["checkpoint_seconds"] = 0.0  # no checkpoint this step
+        record["stage_seconds"] = stage_times(record)
         rep.append_jsonl(log, record)
     record["checkpoint_step"] = ctx.ckpt.complete()[-1].step if ctx.ckpt.complete() else 0
     rep.export(ctx.metrics, ctx.run.metadata.name, record, extras)
@@ -423,8 +507,10 @@ def _finish_step(ctx: Context, record: dict[str, Any], extras: dict[str, Any]) -
 
 def save_checkpoint(ctx: Context) -> None:
     state = {
-        "policy_version": ctx.version,
-        "sampler": ctx.sampler.state(),
+        # the saved weights' version: the last update's, published or not yet (maxStaleness 1)
+        "policy_version": max(ctx.version, ctx.step),
+        # a collection started ahead has drawn the next step's tasks: a resume draws them again
+        "sampler": ctx.sampler_state or ctx.sampler.state(),
         "python_rng": repr(random.getstate()),
     }
     ctx.call("save", ctx.step, state)  # every rank writes its model/optimizer/RNG parts
@@ -458,7 +544,7 @@ def write_final_report(ctx: Context, extra: dict[str, Any]) -> dict[str, Any]:
         **extra,
     }
     report = rep.write_report(ctx.out, records, summary)
-    ctx.trackers.log_plots(ctx.out / name for name in rep.PLOTS)
+    ctx.trackers.log_plots(ctx.out / name for name in report["plots"])
     (ctx.out / "run.json").write_text(json.dumps(ctx.run.to_wire(), indent=2))
     return report
 
@@ -472,8 +558,17 @@ async def train(
 ) -> dict[str, Any]:
     """The run: steps up to ``totalSteps`` (``on_step`` sees each record), then the held-out
     evaluation of ``eval_tasks`` tasks, then the report (returned, and written to ``report.json``)."""
-    while ctx.step < ctx.alg.total_steps and not eval_only:
-        on_step(await rl_step(ctx))
+    try:
+        while ctx.step < ctx.alg.total_steps and not eval_only:
+            on_step(await rl_step(ctx))
+    finally:
+        if ctx.ahead is not None:  # a step failed with the next one's collection in flight
+            ctx.ahead.cancel()
+            with contextlib.suppress(BaseException):
+                await ctx.ahead
+            ctx.ahead = None
+    if ctx.version < ctx.step:  # maxStaleness 1 leaves the last update unpublished
+        _sync(ctx)
     evaluation = await evaluate(ctx, ctx.held_out[:eval_tasks]) if eval_tasks else {}
     return write_final_report(ctx, {"held_out": evaluation})
 
@@ -486,9 +581,12 @@ async def evaluate(ctx: Context, tasks: list[Any], seed: int = 0) -> dict[str, A
     if not tasks:
         return {"tasks": 0}
     runner = _rollouts(ctx)
-    groups = await asyncio.gather(
-        *(runner.group(t, 1, 7_000_000 + seed + i) for i, t in enumerate(tasks))
-    )
+    try:
+        groups = await asyncio.gather(
+            *(runner.group(t, 1, 7_000_000 + seed + i) for i, t in enumerate(tasks))
+        )
+    finally:
+        runner.close()
     dump_rollouts(ctx.out / "rollouts" / "held_out.jsonl", list(groups))
     check_engine(ctx, list(groups), strict=True)
     rollouts = [g.rollouts[0] for g in groups]

@@ -86,9 +86,9 @@ def export(metrics: Metrics, run: str, record: dict[str, Any], extras: dict[str,
         if key in record and record[key] is not None:
             metrics[name].labels(run=run).set(float(record[key]))
     metrics["gagar_trainer_step_duration_seconds"].labels(run=run).observe(record["step_seconds"])
-    for stage in ("rollout", "grading", "training", "sync", "checkpoint"):
+    for stage, seconds in record["stage_seconds"].items():  # they add up to step_seconds
         metrics["gagar_trainer_stage_duration_seconds"].labels(run=run, stage=stage).observe(
-            record.get(f"{stage}_seconds", 0.0)
+            seconds
         )
     for stage in ("before", "after"):
         for stat in ("mean", "std", "abs_max"):
@@ -156,6 +156,28 @@ def series(records: list[dict[str, Any]], key: str) -> tuple[list[int], list[flo
     return [r["step"] for r in have], [float(r[key]) for r in have]
 
 
+STAGES_PLOT = "stages.png"
+
+
+def _stage_bars(plt: Any, path: Path, records: list[dict[str, Any]]) -> None:
+    """Where each step's time went: one stacked bar per step, a segment per stage."""
+    from gagar.metrics import STAGES
+
+    fig, ax = plt.subplots(figsize=(6, 3.5))
+    steps = [r["step"] for r in records]
+    bottom = [0.0] * len(records)
+    for stage in STAGES:
+        height = [float((r.get("stage_seconds") or {}).get(stage, 0.0)) for r in records]
+        ax.bar(steps, height, bottom=bottom, label=stage)
+        bottom = [b + h for b, h in zip(bottom, height, strict=True)]
+    ax.set_title("step time by stage, s")
+    ax.set_xlabel("step")
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=90)
+    plt.close(fig)
+
+
 def write_report(
     out: Path, records: list[dict[str, Any]], summary: dict[str, Any]
 ) -> dict[str, Any]:
@@ -175,12 +197,13 @@ def write_report(
         fig.tight_layout()
         fig.savefig(out / name, dpi=90)
         plt.close(fig)
+    _stage_bars(plt, out / STAGES_PLOT, records)
     report = {
         **summary,
         "steps": len(records),
         "first": records[0] if records else None,
         "last": records[-1] if records else None,
-        "plots": sorted(PLOTS),
+        "plots": sorted([*PLOTS, STAGES_PLOT]),
     }
     (out / "report.json").write_text(json.dumps(report, indent=2))
     return report

@@ -1,16 +1,23 @@
 """Roll out a group: n agent trajectories on one task, each in its own sandbox, then verified.
 
-Sandbox calls are blocking (subprocesses), so they run in worker threads; the engine calls are
-async HTTP. Concurrency is bounded by one semaphore (``AgentSpec.concurrency``). A sandbox or
-engine failure makes that trajectory *invalid* (dropped from statistics and loss, counted), never
-a failed test.
+Sandbox calls are blocking (subprocesses), so they run in worker threads (a pool as large as
+the concurrency: asyncio's default pool has cpu + 4 threads, which would queue sandbox calls of
+32 trajectories behind each other); the engine calls are async HTTP. Concurrency is bounded by one
+semaphore (``AgentSpec.concurrency``). A trajectory's sandbox session is made ahead, while it
+waits for a slot (at most ``concurrency`` sessions ahead), and closed after it gives the slot
+back, so neither is on the critical path. A sandbox or engine failure makes that trajectory
+*invalid* (dropped from statistics and loss, counted), never a failed test.
 """
 
 from __future__ import annotations
 
 import asyncio
-from dataclasses import dataclass
-from typing import Any
+import contextlib
+import functools
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Any, TypeVar
 
 import torch
 
@@ -31,6 +38,12 @@ SYSTEM_PROMPT = (
     "run(command), submit()."
 )
 STATE_CHANGING = frozenset({"edit", "create", "run"})
+T = TypeVar("T")
+
+
+async def offload(pool: ThreadPoolExecutor | None, fn: Callable[..., T], *args: Any) -> T:
+    """``fn(*args)`` in ``pool``'s threads (asyncio's default pool when None)."""
+    return await asyncio.get_running_loop().run_in_executor(pool, functools.partial(fn, *args))
 
 
 def task_messages(task: Task) -> list[dict[str, Any]]:
@@ -42,15 +55,15 @@ def task_messages(task: Task) -> list[dict[str, Any]]:
 class SandboxTools:
     """The agent's ``Tools`` over the environment's tool registry and one sandbox session."""
 
-    def __init__(self, env: envtools.Env) -> None:
-        self.env = env
+    def __init__(self, env: envtools.Env, pool: ThreadPoolExecutor | None = None) -> None:
+        self.env, self.pool = env, pool
 
     def definitions(self) -> list[dict[str, Any]]:
         return envtools.tool_definitions()
 
     async def execute(self, call: agent.ToolCall) -> agent.Observation:
-        obs = await asyncio.to_thread(
-            envtools.execute, self.env, {"name": call.name, "arguments": call.arguments}
+        obs = await offload(
+            self.pool, envtools.execute, self.env, {"name": call.name, "arguments": call.arguments}
         )
         if obs.infra_error:
             raise agent.SandboxInfraError(obs.infra_error)
@@ -114,45 +127,97 @@ def _finish(
 
 @dataclass(frozen=True)
 class Rollouts:
-    """Where trajectories run: sandbox sessions, the engine, the chat format, limits, concurrency."""
+    """Where trajectories run: sandbox sessions, the engine, the chat format, limits, concurrency,
+    and the policy version the engine serves (stamped on every trajectory; the loop never syncs
+    weights while a ``Rollouts`` is in use)."""
 
     factory: SessionFactory
     engine: agent.Engine
     fmt: agent.ChatFormat
     cfg: RolloutConfig
     limiter: asyncio.Semaphore | None = None
+    version: int | None = None
+    pool: ThreadPoolExecutor | None = None  # sandbox calls' threads (None: asyncio's default)
+    _ahead: asyncio.Semaphore | None = field(default=None, repr=False)
 
-    async def one(self, task: Task, seed: int | None) -> tuple[Rollout, dict[str, str]]:
-        """One trajectory in a fresh sandbox, verified; infrastructure failures make it invalid."""
-        session = await asyncio.to_thread(self.factory.create, files=task.repo_files())
+    @classmethod
+    def bounded(
+        cls,
+        factory: SessionFactory,
+        engine: agent.Engine,
+        fmt: agent.ChatFormat,
+        cfg: RolloutConfig,
+        concurrency: int,
+        version: int | None = None,
+    ) -> Rollouts:
+        """At most ``concurrency`` trajectories in flight (and as many sessions made ahead), with
+        a thread for each sandbox call they can make at once."""
+        pool = ThreadPoolExecutor(2 * concurrency + 2, thread_name_prefix="gagar-sandbox")
+        return cls(
+            factory,
+            engine,
+            fmt,
+            cfg,
+            asyncio.Semaphore(concurrency),
+            version,
+            pool,
+            asyncio.Semaphore(concurrency),
+        )
+
+    def close(self) -> None:
+        if self.pool is not None:
+            self.pool.shutdown(wait=False)
+
+    async def _create(self, task: Task) -> Any:
+        return await offload(self.pool, self.factory.create, task.repo_files())
+
+    async def one(
+        self, task: Task, seed: int | None, session: Any = None
+    ) -> tuple[Rollout, dict[str, str]]:
+        """One trajectory in a fresh sandbox (``session``, or one made now), verified;
+        infrastructure failures make it invalid. The caller closes a session it passed."""
+        own = session is None  # ``_member`` passes None when making one ahead failed
         try:
+            if own:
+                session = await self._create(task)
             env = envtools.Env(task, session, command_timeout_s=self.cfg.command_timeout)
             traj = await agent.Agent(
-                self.engine, self.fmt, SandboxTools(env), self.cfg.limits, seed
+                self.engine, self.fmt, SandboxTools(env, self.pool), self.cfg.limits, seed
             ).run(task_messages(task))
-            return await asyncio.to_thread(
-                _finish, task, session, self.factory, traj, self.cfg.verify_timeout
+            traj.policy_version = self.version
+            return await offload(
+                self.pool, _finish, task, session, self.factory, traj, self.cfg.verify_timeout
             )
-        except (
-            Exception
-        ) as err:  # a sandbox that cannot even be created or verified: infrastructure
+        except Exception as err:  # a sandbox that cannot be created or verified: infrastructure
             traj = agent.Trajectory(
                 [0], [0.0], [0], 1, [], exit_reason="sandbox_error", exit_detail=str(err)
             )
+            traj.policy_version = self.version
             return Rollout(traj, passed=False, valid=False), {}
         finally:
-            await asyncio.to_thread(session.close)
+            if own and session is not None:
+                await offload(self.pool, session.close)
+
+    async def _member(self, task: Task, seed: int) -> tuple[Rollout, dict[str, str]]:
+        if self.limiter is None:
+            return await self.one(task, seed)
+        session: Any = None
+        try:
+            async with self._ahead or contextlib.nullcontext():
+                with contextlib.suppress(Exception):  # not made ahead: ``one`` tries again
+                    session = await self._create(task)
+                await self.limiter.acquire()  # the session waits for the slot, made
+            try:
+                return await self.one(task, seed, session)
+            finally:
+                self.limiter.release()
+        finally:
+            if session is not None:
+                await offload(self.pool, session.close)  # after the slot is given back
 
     async def group(self, task: Task, n: int, seed: int) -> GroupResult:
         """``n`` trajectories on one task, concurrently (bounded by ``limiter``)."""
-
-        async def member(i: int) -> tuple[Rollout, dict[str, str]]:
-            if self.limiter is None:
-                return await self.one(task, seed * 1000 + i)
-            async with self.limiter:
-                return await self.one(task, seed * 1000 + i)
-
-        results = await asyncio.gather(*(member(i) for i in range(n)))
+        results = await asyncio.gather(*(self._member(task, seed * 1000 + i) for i in range(n)))
         return GroupResult(task, [r for r, _ in results], [f for _, f in results])
 
 

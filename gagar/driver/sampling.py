@@ -1,10 +1,11 @@
 """Dynamic sampling with bounded refill and asynchronous grading (DESIGN §1.2, §1.4).
 
 A step needs ``quota`` eligible groups (≥ 2 valid, ≥ 1 pass, ≥ 1 fail, by the raw test outcome).
-Round after round, tasks are drawn for the groups still missing and rolled out concurrently; every
-eligible group is handed to the grader *as soon as it is complete*, so grading overlaps the
-rollouts of later rounds. After ``1 + max_extra_rounds`` rounds the step trains on what it has and
-says so (``shortfall``). Each grading has a deadline; a late or failed grading falls back as the
+Round after round, tasks are drawn for the groups still missing and rolled out concurrently (a
+replacement starts as soon as the group it replaces is done, while the rest of its round runs);
+every eligible group is handed to the grader *as soon as it is complete*, so grading overlaps the
+rollouts of later rounds. After ``1 + max_extra_rounds`` rounds the step trains on what it has
+and says so (``shortfall``). Each grading has a deadline; a late or failed grading falls back as the
 spec says (the heuristic grader, or "unusable" = plain GRPO for that group), counted by reason.
 """
 
@@ -113,6 +114,7 @@ class Collected:
     shortfall: int = 0
     all_groups: list[GroupResult] = field(default_factory=list)
     rollout_seconds: float = 0.0
+    version: int | None = None  # the policy version that sampled every trajectory
     grading_wait_seconds: float = 0.0
 
 
@@ -127,23 +129,45 @@ class SamplingPlan:
 async def collect(
     sampler: TaskSampler, plan: SamplingPlan, rollout: RolloutFn, grade: GradeFn
 ) -> Collected:
+    """Roll out ``quota`` groups, refilling ineligible ones up to ``max_extra_rounds`` deep.
+
+    Refills are streamed: an ineligible group's replacement is drawn the moment it completes
+    (while the rest of its round still runs), so every round's groups are in flight together,
+    bounded only by the agent's concurrency. The draws are today's: one replacement per
+    ineligible group while the step can still use it, each seeded by its draw index, so the
+    same tasks with the same seeds are rolled out as by waiting for whole rounds."""
     out = Collected()
     pending: list[asyncio.Task[Ranking]] = []
-    rounds = 1 + (plan.max_extra_rounds if plan.dynamic else 0)
+    max_depth = 1 + (plan.max_extra_rounds if plan.dynamic else 0)
+    running: dict[asyncio.Future[GroupResult], int] = {}  # group rollout -> its round
+
+    def launch(k: int, depth: int) -> None:
+        out.rounds = max(out.rounds, depth)
+        for idx, task in sampler.draw(k):
+            running[asyncio.ensure_future(rollout(task, idx))] = depth
+
     start = time.perf_counter()
-    for _ in range(rounds):
-        need = plan.quota - len(out.groups)
-        if need <= 0:
-            break
-        out.rounds += 1
-        for coro in asyncio.as_completed([rollout(task, idx) for idx, task in sampler.draw(need)]):
-            group = await coro
-            out.sampled += 1
-            out.all_groups.append(group)
-            if (group.eligible or not plan.dynamic) and len(out.groups) < plan.quota:
-                out.groups.append(group)
-                if plan.grade and group.eligible:
-                    pending.append(asyncio.ensure_future(grade(group)))
+    if plan.quota > 0:
+        launch(plan.quota, 1)
+    try:
+        while running:
+            done, _ = await asyncio.wait(running, return_when=asyncio.FIRST_COMPLETED)
+            for fut in sorted(done, key=lambda f: running[f]):
+                depth = running.pop(fut)
+                group = fut.result()
+                out.sampled += 1
+                out.all_groups.append(group)
+                if (group.eligible or not plan.dynamic) and len(out.groups) < plan.quota:
+                    out.groups.append(group)
+                    if plan.grade and group.eligible:
+                        pending.append(asyncio.ensure_future(grade(group)))
+                need = plan.quota - len(out.groups) - len(running)
+                if need > 0 and depth < max_depth:
+                    launch(need, depth + 1)
+    except BaseException:
+        for fut in [*running, *pending]:
+            fut.cancel()
+        raise
     out.rollout_seconds = time.perf_counter() - start
     out.shortfall = max(0, plan.quota - len(out.groups))
     waited = time.perf_counter()

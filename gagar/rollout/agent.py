@@ -131,6 +131,8 @@ class Trajectory:
     turns: list[Turn] = field(default_factory=list)
     exit_reason: ExitReason | None = None
     exit_detail: str = ""
+    policy_version: int | None = None
+    """The policy version that sampled every token of it (stamped by the driver's rollouts)."""
 
     @property
     def valid(self) -> bool:

@@ -20,6 +20,7 @@ from gagar.rollout.agent import ToolCall
 
 TOOL_CALL = re.compile(r"<tool_call>\s*(.*?)\s*</tool_call>", re.DOTALL)
 _BASE = [{"role": "user", "content": "u"}, {"role": "assistant", "content": "a"}]
+INITIAL_CACHE = 4096  # distinct task prompts kept tokenized
 
 
 def format_tool_call(name: str, arguments: dict[str, Any]) -> str:
@@ -69,6 +70,7 @@ class HFChatFormat:
                 f"the chat template does not end assistant turns with {self.end_of_turn!r}"
             )
         self._base_prefix = base[: cut + len(self.end_of_turn)]
+        self._initial: dict[str, list[int]] = {}
 
     def _render(self, messages: list[dict[str, Any]], add_generation_prompt: bool) -> str:
         text = self.tokenizer.apply_chat_template(
@@ -80,7 +82,17 @@ class HFChatFormat:
         return list(self.tokenizer.encode(text, add_special_tokens=False))
 
     def initial_ids(self, messages: list[dict[str, Any]]) -> list[int]:
-        return self.encode(self._render(messages, add_generation_prompt=True))
+        """The rendered and tokenized task prompt, once per distinct prompt (every member of a
+        group, and every later draw of the task, starts from the same one)."""
+        key = json.dumps(messages, sort_keys=True)
+        ids = self._initial.get(key)
+        if ids is None:
+            if len(self._initial) >= INITIAL_CACHE:
+                self._initial.clear()
+            ids = self._initial[key] = self.encode(
+                self._render(messages, add_generation_prompt=True)
+            )
+        return list(ids)
 
     def observation_text(self, message: dict[str, Any]) -> str:
         full = self._render([*_BASE, message], add_generation_prompt=True)

@@ -35,6 +35,7 @@ RECORD_KEYS = {
     "step", "policy_version", "pass_rate", "reward_mean", "eligible_groups_ratio", "adv_before_mean", "adv_after_abs_max",
     "lambda_mean", "fallbacks", "hacks", "grad_norm", "loss", "response_tokens_mean", "turns_mean",
     "tokens_trained", "rollout_seconds", "training_seconds", "sync_seconds", "step_seconds", "invalid", "flagged_turns",
+    "stage_seconds", "staleness_versions", "rollout_policy_version",
 }  # fmt: skip
 
 

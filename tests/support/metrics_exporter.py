@@ -28,7 +28,16 @@ from gagar.metrics import CATALOGUE, Metrics, series_labels
 
 TICK = 0.2
 EXTRA = {
-    "stage": ("rollout", "grading", "training", "sync", "checkpoint", "before", "after"),
+    "stage": (
+        "rollout",
+        "grading_wait",
+        "update",
+        "sync",
+        "checkpoint",
+        "other",
+        "before",
+        "after",
+    ),
     "reason": ("grader_timeout",),
     "kind": ("redundant",),
     "phase": ("Running",),

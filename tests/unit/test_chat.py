@@ -71,3 +71,20 @@ def test_parse_roundtrip() -> None:
         "thinking...\n" + format_tool_call("edit", {"path": "a.py", "old": "-", "new": "+"})
     )
     assert call.name == "edit" and call.arguments == {"path": "a.py", "old": "-", "new": "+"}
+
+
+def test_a_task_prompt_is_rendered_once_and_handed_out_as_a_copy(
+    tokenizer: PreTrainedTokenizerFast, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    fmt = HFChatFormat(tokenizer)
+    renders = []
+    render = fmt._render
+    monkeypatch.setattr(fmt, "_render", lambda m, **kw: renders.append(m) or render(m, **kw))
+    task = [{"role": "system", "content": "you fix bugs"}, {"role": "user", "content": "fix a.py"}]
+    first = fmt.initial_ids(task)
+    first.append(7)  # the agent grows its trajectory from the prompt's ids
+    second = fmt.initial_ids([dict(m) for m in task])
+    assert second == first[:-1] == fmt.encode(render(task, add_generation_prompt=True))
+    assert len(renders) == 1
+    other = fmt.initial_ids([*task[:1], {"role": "user", "content": "fix b.py"}])
+    assert other != second and len(renders) == 2

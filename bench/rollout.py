@@ -1,0 +1,413 @@
+"""Benchmark: the agent loop against raw vLLM at the same concurrency, in one run.
+
+One vLLM server (configured as ``gagar train`` configures it) serves the embedded default's
+policy. For each concurrency C (8 and 32 by default):
+
+* **loop**: the embedded default's rollout path (``driver.sampling.collect`` over
+  ``driver.rollouts.Rollouts``: bubblewrap sandboxes, the chat format, the heuristic grader) on
+  rounds x C // groupSize groups of the embedded default's training tasks, with ``agent.concurrency: C``;
+  every engine request is recorded (prompt length, generated tokens);
+* **raw**: the same requests replayed against ``/v1/completions`` (the very prompt ids, so the
+  same lengths and the same prefix sharing, exactly as many generated tokens with
+  ``ignore_eos``) by C concurrent clients, in the loop's order. vLLM's prefix cache is emptied
+  before each side, and each side's hit rate comes from vLLM's own ``/metrics``.
+
+The table shows tokens/s of both and their ratio, and where the loop's wall time went: waiting
+for the engine, sandbox calls, templating and tokenization, grading, the rest (per concurrency
+slot: summed over trajectories, divided by C), plus the event loop's blocked time (a probe's
+lag) and vLLM's prefix-cache hit rate from its own ``/metrics``. Writes
+``bench/results/rollout.json``:
+``{"results": [{"concurrency": C, "loop_tokens_per_second": x, "raw_tokens_per_second": y,
+"ratio": x / y, ...}, ...], ...}``.
+
+    .venv/bin/python bench/rollout.py [--model DIR] [--concurrency 8 32] [--rounds 2]
+        [--manifest examples/local.yaml] [--out bench/results/rollout.json] [--gpu]
+
+On a lent accelerator, ``tests/gpu/test_rollout_bench_gpu.py`` runs it on SmolLM2-135M.
+
+The policy: ``--model``, else the embedded default's newest published version
+(``runs/local/policy/versions/latest``), else ``runs/bench-policy`` (a copy of one). A fresh clone
+has neither: ``gagar train examples/local.yaml`` makes the first (about 12 minutes, most of it
+the warm start). The machine's load average is recorded with the numbers.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import cProfile
+import json
+import os
+import platform
+import pstats
+import sys
+import tempfile
+import threading
+import time
+from collections import defaultdict
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+import httpx  # noqa: E402
+from rich.console import Console  # noqa: E402
+from rich.table import Table  # noqa: E402
+
+from gagar.driver import components as comp  # noqa: E402
+from gagar.driver import loop as driver_loop  # noqa: E402
+from gagar.driver.rollouts import grading_group  # noqa: E402
+from gagar.driver.sampling import SamplingPlan, TaskSampler, collect  # noqa: E402
+from gagar.driver.setup import chat_format  # noqa: E402
+from gagar.grader.protocol import HeuristicGrader  # noqa: E402
+from gagar.manifest import load_run  # noqa: E402
+from gagar.rollout.engines.base import SamplingParams  # noqa: E402
+from gagar.rollout.engines.openai_engine import AsyncOpenAIEngine  # noqa: E402
+from gagar.rollout.engines.server import ServerConfig, VllmServer  # noqa: E402
+
+RESULTS = ROOT / "bench" / "results"
+CATEGORIES = ("engine", "sandbox", "templating", "grading")
+POLICIES = (ROOT / "runs/local/policy/versions/latest", ROOT / "runs/bench-policy")
+
+
+class Clock:
+    """Seconds summed per category across concurrent trajectories (thread-safe)."""
+
+    def __init__(self) -> None:
+        self.total: dict[str, float] = defaultdict(float)
+        self.lock = threading.Lock()
+
+    def add(self, kind: str, seconds: float) -> None:
+        with self.lock:
+            self.total[kind] += seconds
+
+
+class TimedEngine:
+    """The engine, timed, recording each request's prompt length and generated tokens."""
+
+    def __init__(self, engine: Any, clock: Clock) -> None:
+        self.engine, self.clock, self.requests = engine, clock, []
+
+    async def generate(self, prompt_ids: list[int], params: SamplingParams) -> Any:
+        t = time.perf_counter()
+        try:
+            gen = await self.engine.generate(prompt_ids, params)
+        finally:
+            self.clock.add("engine", time.perf_counter() - t)
+        self.requests.append((list(prompt_ids), len(gen.token_ids)))
+        return gen
+
+
+class TimedFormat:
+    """The chat format, with templating and tokenization timed."""
+
+    def __init__(self, fmt: Any, clock: Clock) -> None:
+        self.fmt, self.clock = fmt, clock
+
+    def __getattr__(self, name: str) -> Any:
+        attr = getattr(self.fmt, name)
+        if name not in (
+            "initial_ids",
+            "observation_ids",
+            "initial_ids_async",
+            "observation_ids_async",
+        ):
+            return attr
+        if asyncio.iscoroutinefunction(attr):
+
+            async def timed_async(*a: Any, **kw: Any) -> Any:
+                t = time.perf_counter()
+                try:
+                    return await attr(*a, **kw)
+                finally:
+                    self.clock.add("templating", time.perf_counter() - t)
+
+            return timed_async
+
+        def timed(*a: Any, **kw: Any) -> Any:
+            t = time.perf_counter()
+            try:
+                return attr(*a, **kw)
+            finally:
+                self.clock.add("templating", time.perf_counter() - t)
+
+        return timed
+
+
+class TimedSession:
+    def __init__(self, session: Any, clock: Clock) -> None:
+        self.session, self.clock = session, clock
+
+    def __getattr__(self, name: str) -> Any:
+        attr = getattr(self.session, name)
+        if not callable(attr):
+            return attr
+
+        def timed(*a: Any, **kw: Any) -> Any:
+            t = time.perf_counter()
+            try:
+                return attr(*a, **kw)
+            finally:
+                self.clock.add("sandbox", time.perf_counter() - t)
+
+        return timed
+
+
+class TimedFactory:
+    def __init__(self, factory: Any, clock: Clock) -> None:
+        self.factory, self.clock = factory, clock
+
+    def create(self, *a: Any, **kw: Any) -> TimedSession:
+        t = time.perf_counter()
+        try:
+            return TimedSession(self.factory.create(*a, **kw), self.clock)
+        finally:
+            self.clock.add("sandbox", time.perf_counter() - t)
+
+
+async def _lag_probe(stop: asyncio.Event, out: list[float], period: float = 0.01) -> None:
+    """Sum of the event loop's lateness beyond ``period``: time it was blocked by callbacks."""
+    while not stop.is_set():
+        t = time.perf_counter()
+        await asyncio.sleep(period)
+        late = time.perf_counter() - t - period
+        if late > 0.005:
+            out.append(late)
+
+
+def prefix_cache(base_url: str) -> dict[str, float]:
+    """vLLM's own prefix-cache counters (queries and hits, in tokens)."""
+    text = httpx.get(f"{base_url}/metrics", timeout=30).text
+    out = {"queries": 0.0, "hits": 0.0}
+    for line in text.splitlines():
+        if line.startswith("#"):
+            continue
+        name = line.split("{")[0].split(" ")[0]
+        for key in out:
+            if name.endswith(f"prefix_cache_{key}_total") and "external" not in name:
+                out[key] += float(line.rsplit(" ", 1)[1])
+    return out
+
+
+async def loop_run(
+    run: Any, tasks: list[Any], engine: Any, fmt: Any, factory: Any, concurrency: int, rounds: int
+) -> dict[str, Any]:
+    clock = Clock()
+    timed = TimedEngine(engine, clock)
+    alg = run.spec.algorithm
+    agent = run.spec.rollout.agent.model_copy(update={"concurrency": concurrency})
+    rollout = run.spec.rollout.model_copy(update={"agent": agent})
+    run = run.model_copy(update={"spec": run.spec.model_copy(update={"rollout": rollout})})
+    sandboxes, templating = TimedFactory(factory, clock), TimedFormat(fmt, clock)
+    if hasattr(driver_loop, "make_rollouts"):
+        rollouts = driver_loop.make_rollouts(run, sandboxes, timed, templating, 0)
+    else:  # the loop before issue 17 (to measure the baseline with this bench)
+        limiter = asyncio.Semaphore(concurrency)
+        cfg = driver_loop.rollout_config(run)
+        rollouts = driver_loop.Rollouts(sandboxes, timed, templating, cfg, limiter)
+    groups = max(1, concurrency // alg.group_size) * rounds
+    plan = SamplingPlan(groups, 0, False, grade=True)
+    sampler = TaskSampler(tasks, alg.seed)
+    grader = HeuristicGrader()
+
+    async def run_group(task: Any, draw: int) -> Any:
+        return await rollouts.group(task, alg.group_size, alg.seed * 1_000_003 + draw)
+
+    async def grade(group: Any) -> Any:
+        t = time.perf_counter()
+        try:
+            return await grader.grade(grading_group(group))
+        finally:
+            clock.add("grading", time.perf_counter() - t)
+
+    stop, lags = asyncio.Event(), []
+    probe = asyncio.ensure_future(_lag_probe(stop, lags))
+    t0 = time.perf_counter()
+    got = await collect(sampler, plan, run_group, grade)
+    wall = time.perf_counter() - t0
+    getattr(rollouts, "close", lambda: None)()
+    stop.set()
+    await probe
+    trajectories = sum(len(g.rollouts) for g in got.all_groups)
+    slots = min(concurrency, trajectories)
+    per_slot = {k: clock.total[k] / slots for k in CATEGORIES if k != "grading"}
+    breakdown = {**per_slot, "grading_wait": got.grading_wait_seconds}
+    breakdown["rest"] = max(0.0, wall - sum(breakdown.values()))
+    generated = sum(n for _, n in timed.requests)
+    return {
+        "wall_s": wall,
+        "trajectories": trajectories,
+        "requests": timed.requests,
+        "generated_tokens": generated,
+        "tokens_per_second": generated / wall,
+        "breakdown_s": breakdown,
+        "summed_s": dict(clock.total),
+        "event_loop_blocked_s": sum(lags),
+        "valid": sum(r.valid for g in got.all_groups for r in g.rollouts),
+    }
+
+
+async def raw_run(
+    engine: AsyncOpenAIEngine, requests: list[tuple[list[int], int]], concurrency: int
+) -> dict[str, Any]:
+    """The loop's requests again (the same prompt ids, exactly as many generated tokens), in
+    the loop's order, from ``concurrency`` clients: what vLLM alone does with that work."""
+    queue = list(reversed(requests))
+
+    async def client() -> int:
+        n = 0
+        while queue:
+            prompt, gen = queue.pop()
+            params = SamplingParams(max_tokens=gen, temperature=1.0, ignore_eos=True)
+            out = await engine.generate(prompt, params)
+            n += len(out.token_ids)
+        return n
+
+    t0 = time.perf_counter()
+    done = await asyncio.gather(*(client() for _ in range(concurrency)))
+    wall = time.perf_counter() - t0
+    return {"wall_s": wall, "generated_tokens": sum(done), "tokens_per_second": sum(done) / wall}
+
+
+def reset_cache(base_url: str) -> None:
+    """Empty vLLM's prefix cache (a dev-mode route), so each side starts cold."""
+    httpx.post(f"{base_url}/reset_prefix_cache", timeout=60).raise_for_status()
+
+
+def hit_rate(before: dict[str, float], after: dict[str, float]) -> float:
+    queries = after["queries"] - before["queries"]
+    return (after["hits"] - before["hits"]) / queries if queries else 0.0
+
+
+def policy_dir(arg: str | None) -> Path:
+    if arg:
+        return Path(arg)
+    for p in POLICIES:
+        if (p / "config.json").exists():
+            return p.resolve()
+    raise SystemExit(
+        "no policy: pass --model DIR, or run `gagar train examples/local.yaml` first "
+        f"(looked in {', '.join(str(p) for p in POLICIES)})"
+    )
+
+
+async def measure(args: argparse.Namespace, work: Path) -> dict[str, Any]:
+    run = load_run(args.manifest)
+    model = policy_dir(args.model)
+    train, _ = comp.load_datasets(run.spec.dataset)
+    factory = comp.sandbox_factory(run.spec.sandbox)
+    fmt, _ = chat_format(model)
+    if args.gpu:  # vLLM's CUDA build on one device, as a rollout pod runs it
+        cfg = ServerConfig(model=model, max_model_len=run.spec.rollout.agent.max_context_tokens)
+    else:  # as `gagar train` serves the embedded default (gagar.driver.local.start_engine)
+        cfg = ServerConfig(
+            model=model,
+            max_model_len=run.spec.rollout.agent.max_context_tokens,
+            enforce_eager=True,
+            threads=1,
+            executor_backend="uni",
+        )
+    results = []
+    with contextlib.ExitStack() as stack:
+        if args.url:  # a server already running (several bench runs, one start)
+            server: Any = argparse.Namespace(base_url=args.url.rstrip("/"), startup_seconds=0.0)
+        else:
+            server = stack.enter_context(VllmServer(cfg, work / "vllm.log"))
+        engine = AsyncOpenAIEngine(server.base_url)
+        await engine.generate([1, 2, 3], SamplingParams(max_tokens=4))  # warm-up
+        for c in args.concurrency:
+            reset_cache(server.base_url)
+            before = prefix_cache(server.base_url)
+            profile = cProfile.Profile() if args.profile else None
+            if profile is not None:  # the event loop's thread only: what blocks it
+                profile.enable()
+            loop = await loop_run(run, train, engine, fmt, factory, c, args.rounds)
+            if profile is not None:
+                profile.disable()
+                pstats.Stats(profile).sort_stats("tottime").print_stats(25)
+            after = prefix_cache(server.base_url)
+            requests = loop.pop("requests")
+            reset_cache(server.base_url)
+            raw = await raw_run(engine, requests, c)
+            raw["prefix_cache_hit_rate"] = hit_rate(after, prefix_cache(server.base_url))
+            results.append(
+                {
+                    "concurrency": c,
+                    "loop_tokens_per_second": loop["tokens_per_second"],
+                    "raw_tokens_per_second": raw["tokens_per_second"],
+                    "ratio": loop["tokens_per_second"] / raw["tokens_per_second"],
+                    "loop": loop,
+                    "raw": raw,
+                    "engine_requests": len(requests),
+                    "prompt_tokens_mean": sum(len(p) for p, _ in requests) / max(1, len(requests)),
+                    "prefix_cache_hit_rate": hit_rate(before, after),
+                }
+            )
+        startup = server.startup_seconds
+        await engine.aclose()
+    return {
+        "results": results,
+        "model": str(model),
+        "manifest": str(args.manifest),
+        "vllm_startup_s": startup,
+        "load_average": os.getloadavg(),
+        "machine": platform.platform(),
+        "cpus": os.cpu_count(),
+    }
+
+
+def show(res: dict[str, Any]) -> None:
+    console = Console(width=170)
+    table = Table(title="agent loop vs raw vLLM /v1/completions (same requests, same concurrency)")
+    cols = ("C", "loop tok/s", "raw tok/s", "ratio", "wall s", "engine", "sandbox", "templating")
+    for col in (*cols, "grading wait", "rest", "loop blocked", "prefix hits loop/raw"):
+        table.add_column(col, justify="right")
+    for r in res["results"]:
+        b = r["loop"]["breakdown_s"]
+        table.add_row(
+            str(r["concurrency"]),
+            f"{r['loop_tokens_per_second']:.0f}",
+            f"{r['raw_tokens_per_second']:.0f}",
+            f"{r['ratio']:.2f}x",
+            f"{r['loop']['wall_s']:.1f}",
+            *(f"{b[k]:.1f}" for k in ("engine", "sandbox", "templating", "grading_wait", "rest")),
+            f"{r['loop']['event_loop_blocked_s']:.1f}",
+            f"{r['prefix_cache_hit_rate']:.0%} / {r['raw']['prefix_cache_hit_rate']:.0%}",
+        )
+    console.print(table)
+    console.print(
+        "breakdown columns: seconds of the loop's wall time per concurrency slot (summed over "
+        f"trajectories / C); vLLM startup {res['vllm_startup_s']:.0f}s; "
+        f"load average {res['load_average'][0]:.1f}"
+    )
+
+
+def main(argv: list[str] | None = None) -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--model", help="policy folder (HF format); default: see the docstring")
+    p.add_argument("--manifest", default=str(ROOT / "examples/local.yaml"))
+    p.add_argument("--concurrency", type=int, nargs="+", default=[8, 32])
+    p.add_argument(
+        "--rounds", type=int, default=2, help="groups per slot set (more: longer, steadier)"
+    )
+    p.add_argument("--out", default=str(RESULTS / "rollout.json"))
+    p.add_argument("--url", help="a vLLM server already serving --model (started as above)")
+    p.add_argument("--switch-interval", type=float, help="sys.setswitchinterval (seconds)")
+    p.add_argument("--profile", action="store_true", help="cProfile the event loop's thread")
+    p.add_argument("--gpu", action="store_true", help="serve on the GPU (vLLM's CUDA build)")
+    args = p.parse_args(argv)
+    if args.switch_interval:
+        sys.setswitchinterval(args.switch_interval)
+    with tempfile.TemporaryDirectory(prefix="gagar-bench-rollout-") as tmp:
+        res = asyncio.run(measure(args, Path(tmp)))
+    show(res)
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(res, indent=2))
+    print(f"wrote {out}")
+
+
+if __name__ == "__main__":
+    main()
