@@ -61,10 +61,10 @@ from gagar.driver import loop as driver_loop  # noqa: E402
 from gagar.driver.rollouts import grading_group  # noqa: E402
 from gagar.driver.sampling import SamplingPlan, TaskSampler, collect  # noqa: E402
 from gagar.driver.setup import chat_format  # noqa: E402
+from gagar.engine.base import SamplingParams  # noqa: E402
+from gagar.engine.client import AsyncOpenAIEngine  # noqa: E402
 from gagar.grader.protocol import HeuristicGrader  # noqa: E402
 from gagar.manifest import load_run  # noqa: E402
-from gagar.rollout.engines.base import SamplingParams  # noqa: E402
-from gagar.rollout.engines.openai_engine import AsyncOpenAIEngine  # noqa: E402
 from gagar.rollout.engines.server import ServerConfig, VllmServer  # noqa: E402
 
 RESULTS = ROOT / "bench" / "results"

@@ -21,10 +21,10 @@ from gagar.driver import components as comp
 from gagar.driver import loop
 from gagar.driver.sampling import TaskSampler
 from gagar.driver.trackers import Trackers
+from gagar.engine.base import Generation, SamplingParams
 from gagar.grader.protocol import HeuristicGrader
 from gagar.metrics import STAGES, Metrics
 from gagar.rollout.chat import parse_tool_call
-from gagar.rollout.engines.base import Generation, SamplingParams
 from gagar.spec import GagarRun
 
 ROOT = Path(__file__).resolve().parents[2]

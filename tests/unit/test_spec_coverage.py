@@ -162,6 +162,10 @@ ACTS: dict[str, tuple[str, ...]] = {
     "spec.grader.shmSize": (
         "tests/integration/test_render.py::test_single_gpu_render_shapes_the_gpu_pods",
     ),
+    "spec.rollout.maxStaleness": (
+        "tests/integration/test_loop_staleness.py::test_synchronous_loop_samples_each_step_on_the_last_update",
+        "tests/integration/test_loop_staleness.py::test_one_version_of_staleness_overlaps_rollouts_with_the_update",
+    ),
     "spec.algorithm.optimizer.lr": (
         INT
         + "test_spec_reaches_the_learner.py::test_algorithm_settings_reach_the_optimizer_and_the_loss",

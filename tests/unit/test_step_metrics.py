@@ -40,14 +40,15 @@ def _ctx(tmp: Path, interval: int, total: int) -> SimpleNamespace:
 
     return SimpleNamespace(
         run=run, out=tmp, step=0, version=0, alg=run.spec.algorithm, ckpt=ckpt, call=call,
-        sampler=SimpleNamespace(state=lambda: {}), metrics=Metrics(CollectorRegistry(), "trainer"),
+        sampler=SimpleNamespace(state=lambda: {}), sampler_state=None,
+        metrics=Metrics(CollectorRegistry(), "trainer"),
         trackers=SimpleNamespace(log_step=lambda record: None), seen=seen,
     )  # fmt: skip
 
 
 def _record(step: int) -> dict:
     return {
-        "step": step, "step_seconds": 1.0, "sampling_rounds": 1, "shortfall": False, "hacks": 0,
+        "step": step, "step_seconds": 1.0, "stage_seconds": {}, "sampling_rounds": 1, "shortfall": False, "hacks": 0,
         "tokens_trained": 0, "fallbacks": {}, "invalid": {}, "flagged_turns": {},
         **{f"adv_{s}_{k}": 0.0 for s in ("before", "after") for k in ("mean", "std", "abs_max")},
     }  # fmt: skip
