@@ -223,6 +223,7 @@ def expert_batches(
             eos,
             rollout_config(run),
             seed=run.spec.algorithm.seed,
+            styles=run.spec.model.sft_expert_styles,
         )
     )
     batches = sft_batches(

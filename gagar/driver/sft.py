@@ -21,12 +21,19 @@ from gagar.rollout.agent import Trajectory
 from gagar.rollout.chat import format_tool_call
 from gagar.rollout.envs.task import Task
 from gagar.sandbox import SessionFactory
+from gagar.spec import ExpertStyles
 from gagar.trainer.learner import Learner, Sample
 
 Style = Literal["clean", "bloated", "redundant", "wrong"]
 SFT_LR = 1e-3  # SFT from scratch needs a far larger step than RL fine-tuning
 SFT_LR_PRETRAINED = 1e-5  # a pretrained policy only learns the format and the family's fixes
-STYLE_WEIGHTS: dict[Style, float] = {"clean": 0.4, "bloated": 0.25, "redundant": 0.2, "wrong": 0.15}
+STYLES: tuple[Style, ...] = ("clean", "bloated", "redundant", "wrong")
+
+
+def style_weights(styles: ExpertStyles | None) -> dict[Style, float]:
+    """``spec.model.sftExpertStyles`` (or its defaults) as weights per style."""
+    s = styles or ExpertStyles()
+    return {"clean": s.clean, "bloated": s.bloated, "redundant": s.redundant, "wrong": s.wrong}
 
 
 @dataclass(frozen=True)
@@ -110,9 +117,10 @@ class ScriptedExpert:
         return Generation(ids, [0.0] * len(ids), text, "stop")
 
 
-def _styles(n: int, seed: int) -> list[Style]:
+def draw_styles(n: int, seed: int, weights: dict[Style, float]) -> list[Style]:
+    """``n`` expert styles drawn by ``weights`` (seeded: the same mix for the same seed)."""
     rng = random.Random(seed)
-    return rng.choices(list(STYLE_WEIGHTS), weights=list(STYLE_WEIGHTS.values()), k=n)
+    return rng.choices(list(weights), weights=list(weights.values()), k=n)
 
 
 async def expert_trajectories(
@@ -122,8 +130,10 @@ async def expert_trajectories(
     eos_id: int,
     cfg: RolloutConfig,
     seed: int = 0,
+    styles: ExpertStyles | None = None,
 ) -> list[tuple[Style, Trajectory, bool]]:
-    """Run one scripted expert per task (styles drawn by weight); returns (style, trajectory, passed)."""
+    """Run one scripted expert per task (styles drawn by ``styles``' weights); returns (style,
+    trajectory, passed)."""
     limiter = asyncio.Semaphore(4)
 
     async def one(task: Task, style: Style) -> tuple[Style, Trajectory, bool]:
@@ -134,7 +144,12 @@ async def expert_trajectories(
 
     scripted = [t for t in tasks if t.reference_files]
     return await asyncio.gather(
-        *(one(t, s) for t, s in zip(scripted, _styles(len(scripted), seed), strict=True))
+        *(
+            one(t, s)
+            for t, s in zip(
+                scripted, draw_styles(len(scripted), seed, style_weights(styles)), strict=True
+            )
+        )
     )
 
 
