@@ -185,6 +185,15 @@ def summary_rows(report: dict[str, Any], records: list[dict[str, Any]]) -> list[
             ("response tokens per trajectory", _trend(records, "response_tokens_mean", k, ".0f")),
             ("step time, s", f"{statistics.fmean(r['step_seconds'] for r in records):.1f} mean"),
         ]
+    probe = report.get("probe") or {}
+    if probe.get("start") and probe.get("end"):
+        start, end = probe["start"], probe["end"]
+        rows.append(
+            (
+                f"probe pass rate ({end['valid']} training samples, start → end)",
+                f"{start['pass_rate']:.2f} → {end['pass_rate']:.2f}",
+            )
+        )
     held = report.get("held_out") or {}
     if held.get("tasks"):
         solved = round(held["resolution_rate"] * held["valid"])

@@ -117,7 +117,9 @@ def test_local_example_trains_and_reports(tmp_path: Path) -> None:
     metrics_port = free_port()
     prom, url = _prometheus(tmp_path, metrics_port)
     try:
-        proc = _train(tmp_path / "run", "--steps", "2", "--eval-tasks", "2", port=metrics_port)
+        proc = _train(
+            tmp_path / "run", "--steps", "2", "--eval-tasks", "2", "--probe", "4", port=metrics_port
+        )
         output, _ = proc.communicate(timeout=1500)
         assert proc.returncode == 0, output[-4000:]
         # a real Prometheus scraped the real run: the dashboards' queries over what it exported work
@@ -142,6 +144,12 @@ def test_local_example_trains_and_reports(tmp_path: Path) -> None:
     assert records[-1]["policy_version"] == 2
     report = json.loads((tmp_path / "report.json").read_text())
     assert report["steps"] == 2 and report["held_out"]["tasks"] == 2
+    # the probe set: 4 fixed samples of one training task, scored before step 1 and after step 2
+    probe = report["probe"]
+    assert probe["start"]["tasks"] == probe["end"]["tasks"] == 4
+    assert len({s["task"] for s in probe["end"]["samples"]}) == 1
+    assert (tmp_path / "rollouts" / "probe_start.jsonl").exists()
+    assert (tmp_path / "rollouts" / "probe_end.jsonl").exists()
     warm = report["warm_start"]
     assert warm["copy_curriculum"]["steps"] == 2 and warm["sft_steps"] == 2
     assert sum(int(v.split("/")[1].split()[0]) for v in warm["sft_experts"].values()) == 16
@@ -150,6 +158,7 @@ def test_local_example_trains_and_reports(tmp_path: Path) -> None:
     assert (tmp_path / "policy" / "versions").exists()
     # the terminal shows progress and one summary table, no library warnings, no raw dicts
     assert "held-out resolved" in output and "training pass rate" in output, output[-4000:]
+    assert "probe pass rate (4 training samples, start → end)" in output, output[-4000:]
     assert str(tmp_path / "report.json") in output
     assert not re.search(r"Warning|warnings\.warn|\{'", output), output[-4000:]
     assert "Mismatch dtype" in (tmp_path / "logs" / "libraries.log").read_text()
