@@ -203,3 +203,30 @@ def test_sigkill_mid_step_resumes_and_a_dead_engine_is_a_clear_error(tmp_path: P
     assert _steps(out) == [1, 2], "every completed step exactly once; the failed one not at all"
     assert (out / "logs" / "error.log").read_text().startswith("Traceback")
     assert not (out / "checkpoints" / "step_00000003").exists()
+
+
+def test_a_second_run_starts_from_the_machine_s_cached_warm_start(tmp_path: Path) -> None:
+    """The same manifest twice (another run directory): the second restores the warm-started
+    policy from the cache and skips the copying curriculum and the SFT; another style mix misses."""
+    env_cache = Path(os.environ["GAGAR_CACHE_DIR"])
+    first = _train(tmp_path / "a", "--steps", "1", "--eval-tasks", "0")
+    out_a, _ = first.communicate(timeout=1500)
+    assert first.returncode == 0, out_a[-4000:]
+    assert "SFT warm start" in out_a and "cached on this machine" not in out_a
+    second = _train(tmp_path / "b", "--steps", "1", "--eval-tasks", "0")
+    out_b, _ = second.communicate(timeout=1500)
+    assert second.returncode == 0, out_b[-4000:]
+    assert "cached on this machine" in out_b, out_b[-4000:]
+    assert "SFT warm start:" not in out_b and "copying curriculum" not in out_b
+    report = json.loads((tmp_path / "b" / "report.json").read_text())
+    assert report["warm_start"]["cached"] is True and report["warm_start"]["sft_steps"] == 2
+    assert any(p.is_dir() for p in (env_cache / "warm-start").iterdir())
+    # another expert style mix is another warm start
+    doc = yaml.safe_load(EXAMPLE.read_text())
+    doc["spec"]["model"]["sftExpertStyles"] = {"bloated": 0.9}
+    manifest = tmp_path / "styles.yaml"
+    manifest.write_text(yaml.safe_dump(doc))
+    third = _train(tmp_path / "c", "--steps", "1", "--eval-tasks", "0", manifest=manifest)
+    out_c, _ = third.communicate(timeout=1500)
+    assert third.returncode == 0, out_c[-4000:]
+    assert "cached on this machine" not in out_c and "SFT warm start" in out_c

@@ -61,7 +61,9 @@ def test_the_spec_style_mix_decides_which_experts_run(fmt_and_eos) -> None:
     cfg = RolloutConfig(AgentLimits(8, 512, 8192), 20, 30)
     styles = ExpertStyles(clean=0, bloated=1, redundant=0, wrong=1)
     out = asyncio.run(
-        expert_trajectories(tasks, LocalFactory(Limits(wall_time_s=20)), fmt, eos, cfg, 3, styles)
+        expert_trajectories(
+            tasks, LocalFactory(Limits(wall_time_s=20)), fmt, eos, cfg, seed=3, styles=styles
+        )
     )
     assert {s for s, _, _ in out} == {"bloated", "wrong"}
     assert all(passed == (style == "bloated") for style, _, passed in out)
