@@ -14,27 +14,15 @@ from gagar.driver.rollouts import GroupResult
 from gagar.rollout.agent import Trajectory
 from gagar.rollout.envs import synthetic
 from gagar.spec import GagarRun
-from gagar.trainer.learner import Learner, LearnerConfig, causal_lm_logprobs
+from gagar.trainer.learner import Learner, LearnerConfig
 from gagar.wire import Ranking, TiedGroup
+from tests.unit.test_learner import TinyLM
 
 ROOT = Path(__file__).resolve().parents[2]
 _spec = importlib.util.spec_from_file_location("gagar_replay", ROOT / "bench" / "gagar_replay.py")
 replay = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(replay)
 BASE = yaml.safe_load((ROOT / "examples" / "gagar-vs-grpo.yaml").read_text())
-
-
-class TinyLM(torch.nn.Module):
-    def __init__(self, vocab: int = 13, dim: int = 8) -> None:
-        super().__init__()
-        torch.manual_seed(0)
-        self.emb = torch.nn.Embedding(vocab, dim)
-        self.rnn = torch.nn.GRU(dim, dim, batch_first=True)
-        self.out = torch.nn.Linear(dim, vocab)
-
-    def token_logprobs(self, input_ids, attention_mask):
-        hidden, _ = self.rnn(self.emb(input_ids))
-        return causal_lm_logprobs(self.out(hidden), input_ids)
 
 
 def _traj(ids: list[int]) -> Trajectory:
@@ -66,7 +54,8 @@ def test_gagar_widens_the_gap_more_than_grpo_from_the_same_weights() -> None:
     """One SGD update per arm from identical weights: GRPO pushes every pass up alike, GAGAR's
     redistribution gives the T1 pass more than the T3 one, so the gap grows more under GAGAR."""
     group, ranking = _group()
-    model = TinyLM()
+    torch.manual_seed(0)
+    model = TinyLM(vocab=13)
     start = [p.detach().clone() for p in model.parameters()]
     out = {}
     for arm in ("grpo", "gagar-redistribution"):
