@@ -168,7 +168,8 @@ def summary_rows(report: dict[str, Any], records: list[dict[str, Any]]) -> list[
     warm = report.get("warm_start") or {}
     copy = warm.get("copy_curriculum") or {}
     sft = {k: warm.get(f"sft_{k}") for k in ("steps", "nll_first", "nll_last")}
-    for name, part in (("copy curriculum", copy), ("SFT warm start", sft)):
+    cached = " (cached on this machine)" if warm.get("cached") else ""
+    for name, part in (("copy curriculum", copy), ("SFT warm start" + cached, sft)):
         if part.get("steps"):
             rows.append(
                 (
