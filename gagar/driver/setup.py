@@ -33,6 +33,7 @@ from gagar.driver.sft import (
     sft_batches,
     sft_lr,
     store_warm_start,
+    warm_start_key,
 )
 from gagar.driver.trackers import Trackers
 from gagar.grader.protocol import Grader
@@ -285,13 +286,14 @@ def warm_start(
     cached = cached_summary(run, rank.policy_dir) if cache else None
     if cached is not None:
         return cached
+    key = warm_start_key(run) if cache else None  # of the code that runs, taken before it runs
     batches, trajs = expert_batches(run, rank.policy_dir, sandboxes, tasks)
     steps = run.spec.model.sft_warmup_steps
     console.print(f"[bold]SFT warm start[/]: {len(trajs)} expert trajectories, {steps} steps")
     losses = rank.team.call("sft", batches)
     summary = warm_summary(run, trajs, losses, rank.policy_dir)
     if cache:
-        store_warm_start(run, rank.model, rank.policy_dir, summary)
+        store_warm_start(run, rank.model, rank.policy_dir, summary, key)
     return summary
 
 

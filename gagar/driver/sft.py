@@ -292,12 +292,15 @@ def cached_summary(run: Any, policy_dir: Path) -> dict[str, Any] | None:
     return {**data["summary"], "cached": True} if data["key"] == warm_start_key(run) else None
 
 
-def store_warm_start(run: Any, model: Any, policy_dir: Path, summary: dict[str, Any]) -> Path:
-    """Keep the warm-started ``model`` under its key (written whole, then renamed); prune the
-    cache to its ``CACHE_KEEP`` newest entries."""
+def store_warm_start(
+    run: Any, model: Any, policy_dir: Path, summary: dict[str, Any], key: str | None = None
+) -> Path:
+    """Keep the warm-started ``model`` under ``key`` (by default ``run``'s now; a caller takes it
+    before the warm start, so that code edited meanwhile does not name it), written whole, then
+    renamed; prune the cache to its ``CACHE_KEEP`` newest entries."""
     from gagar.trainer.model import save_hf_checkpoint
 
-    key = warm_start_key(run)
+    key = key or warm_start_key(run)
     root = cache_root()
     entry = root / key
     tmp = root / f"{key}.partial-{os.getpid()}"
