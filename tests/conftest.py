@@ -9,6 +9,10 @@ import tempfile
 
 import pytest
 
+# `gagar train` keeps warm-started policies per machine (gagar.driver.sft): tests keep theirs in a
+# fresh folder of their own, so a test never starts from a policy another session left behind
+os.environ.setdefault("GAGAR_CACHE_DIR", tempfile.mkdtemp(prefix="gagar-test-cache-"))
+
 
 def pytest_report_header(config: pytest.Config) -> str:
     tmp = tempfile.gettempdir()

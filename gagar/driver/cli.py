@@ -135,6 +135,7 @@ async def _main(ctx: Context, out: Path, console: Console, args: argparse.Namesp
                 ),
                 eval_tasks=args.eval_tasks,
                 eval_only=args.eval_only,
+                probe_samples=args.probe,
             )
         _print_summary(console, report, out)
         return 0
@@ -228,5 +229,12 @@ def register(sub: argparse._SubParsersAction) -> None:
         "--eval-only",
         action="store_true",
         help="no RL steps: warm-start (or resume), evaluate the held-out tasks, write the report",
+    )
+    p.add_argument(
+        "--probe",
+        type=int,
+        default=0,
+        metavar="N",
+        help="score N fixed samples of training tasks at the start and the end (docs/driver.md)",
     )
     p.set_defaults(func=_train)

@@ -112,14 +112,14 @@ def _tokenizer_corpus() -> list[str]:
     twice the tokens and the copy the policy must learn spans twice the positions.
     """
     from gagar.driver.rollouts import task_messages
-    from gagar.driver.sft import STYLE_WEIGHTS, expert_turns
+    from gagar.driver.sft import STYLES, expert_turns
     from gagar.trainer.model.chat_template import chatml
 
     texts = []
     for task in synthetic.generate_many(64, seed=12345):
         texts += [t for t in (task.files or {}).values()]
         system, user = (m["content"] for m in task_messages(task))
-        turns = [turn for style in STYLE_WEIGHTS for turn in expert_turns(task, style)]
+        turns = [turn for style in STYLES for turn in expert_turns(task, style)]
         _, source = next(iter(sorted((task.reference_files or task.files).items())))
         numbered = "\n".join(f"{i:>5}  {line}" for i, line in enumerate(source.splitlines(), 1))
         texts.append(

@@ -8,6 +8,7 @@ vLLM server when the agentic grader has no endpoint).
 
 from __future__ import annotations
 
+import shutil
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -19,6 +20,7 @@ from gagar.driver import components as comp
 from gagar.driver import grader_model
 from gagar.driver.loop import Closers, Services
 from gagar.driver.setup import Rank, build_graders, progress_bar
+from gagar.driver.sft import WARM_MARKER, cached_summary, restore_warm_start
 from gagar.rollout.engines.server import free_port
 from gagar.sandbox.types import SessionFactory
 from gagar.spec import GagarRun
@@ -52,9 +54,20 @@ class LocalProvider:
     def data_parallel(self) -> DataParallel | None:
         return None
 
+    caches_warm_start = True  # this machine keeps warm-started policies (gagar.driver.sft)
+
     def base_policy(self, run: GagarRun, group: Any) -> Path:
-        """``comp.prepare_policy`` with a progress bar for the tiny preset's copying curriculum."""
+        """The warm-started policy from this machine's cache when it has ``run``'s (the copying
+        curriculum and the SFT are then skipped), else ``comp.prepare_policy`` with a progress
+        bar for the tiny preset's copying curriculum."""
         model, out = run.spec.model, self.out
+        base = out / "policy" / "base"
+        if (base / WARM_MARKER).exists() and cached_summary(run, base) is None:
+            shutil.rmtree(base)  # another spec's (or code's) warm start: not this run's base
+        if model.sft_warmup_steps and not (base / "config.json").exists():
+            if restore_warm_start(run, base) is not None:
+                self.console.print(f"[bold]warm start[/]: cached on this machine → {base}")
+                return base
         steps = model.copy_curriculum_steps
         if model.preset != "tiny" or not steps or (out / "policy" / "base").exists():
             return comp.prepare_policy(model, out)

@@ -25,6 +25,7 @@ from typing import Any, Protocol
 import torch
 
 from gagar.driver import advantages as adv_mod
+from gagar.driver import probe as probe_mod
 from gagar.driver import report as rep
 from gagar.driver import telemetry, trackers
 from gagar.driver.rollouts import GroupResult, RolloutConfig, Rollouts, grading_group
@@ -555,9 +556,16 @@ async def train(
     *,
     eval_tasks: int = 0,
     eval_only: bool = False,
+    probe_samples: int = 0,
 ) -> dict[str, Any]:
-    """The run: steps up to ``totalSteps`` (``on_step`` sees each record), then the held-out
-    evaluation of ``eval_tasks`` tasks, then the report (returned, and written to ``report.json``)."""
+    """The run: the probe set's start score (``probe_samples`` > 0), steps up to ``totalSteps``
+    (``on_step`` sees each record), the probe set's end score, then the held-out evaluation of
+    ``eval_tasks`` tasks, then the report (returned, and written to ``report.json``)."""
+    probes = probe_mod.probe_tasks(ctx.train_tasks, probe_samples)
+    start = probe_mod.load_start(ctx.out) if probes else None
+    if probes and start is None:
+        start = probe_mod.summary(await evaluate(ctx, probes, probe_mod.PROBE_SEED, "probe_start"))
+        probe_mod.save_start(ctx.out, start)
     try:
         while ctx.step < ctx.alg.total_steps and not eval_only:
             on_step(await rl_step(ctx))
@@ -569,12 +577,20 @@ async def train(
             ctx.ahead = None
     if ctx.version < ctx.step:  # maxStaleness 1 leaves the last update unpublished
         _sync(ctx)
+    extra: dict[str, Any] = {}
+    if probes:
+        end = probe_mod.summary(await evaluate(ctx, probes, probe_mod.PROBE_SEED, "probe_end"))
+        extra["probe"] = {"start": start, "end": end}
     evaluation = await evaluate(ctx, ctx.held_out[:eval_tasks]) if eval_tasks else {}
-    return write_final_report(ctx, {"held_out": evaluation})
+    return write_final_report(ctx, {"held_out": evaluation, **extra})
 
 
-async def evaluate(ctx: Context, tasks: list[Any], seed: int = 0) -> dict[str, Any]:
-    """Resolution rate on held-out tasks (one rollout each), length, and bloat among passes.
+async def evaluate(
+    ctx: Context, tasks: list[Any], seed: int = 0, name: str = "held_out"
+) -> dict[str, Any]:
+    """Resolution rate on held-out tasks (one rollout each), length, and bloat among passes;
+    ``samples``: each rollout's task, outcome, length and bloat (trajectories in
+    ``rollouts/<name>.jsonl``).
 
     Raises ``EngineLost`` (or the dead server's error) when any trajectory failed at the engine;
     a sandbox failure leaves its task out of the rates (``valid`` < ``tasks``)."""
@@ -587,22 +603,34 @@ async def evaluate(ctx: Context, tasks: list[Any], seed: int = 0) -> dict[str, A
         )
     finally:
         runner.close()
-    dump_rollouts(ctx.out / "rollouts" / "held_out.jsonl", list(groups))
+    dump_rollouts(ctx.out / "rollouts" / f"{name}.jsonl", list(groups))
     check_engine(ctx, list(groups), strict=True)
     rollouts = [g.rollouts[0] for g in groups]
     valid = [r for r in rollouts if r.valid]
     passes = [(g, r) for g, r in zip(groups, rollouts, strict=True) if r.valid and r.passed]
-    bloated = 0
+    bloated: dict[str, bool] = {}
     for g, _ in passes:
         ranking = await ctx.services.fallback_grader.grade(grading_group(g))
-        bloated += any(t.tier != "T1" for t in ranking.tied_groups) or bool(ranking.hacks)
+        bloated[id(g)] = any(t.tier != "T1" for t in ranking.tied_groups) or bool(ranking.hacks)
+    samples = [
+        {
+            "task": g.task.instance_id,
+            "valid": r.valid,
+            "passed": r.valid and r.passed,
+            "tokens": r.trajectory.response_tokens,
+            "turns": r.trajectory.num_turns,
+            "bloated": bloated.get(id(g), False),
+        }
+        for g, r in zip(groups, rollouts, strict=True)
+    ]
     return {
+        "samples": samples,
         "tasks": len(tasks),
         "valid": len(valid),
         "resolution_rate": len(passes) / len(valid) if valid else 0.0,
         "response_tokens_mean": sum(r.trajectory.response_tokens for r in valid)
         / max(1, len(valid)),
         "turns_mean": sum(r.trajectory.num_turns for r in valid) / max(1, len(valid)),
-        "bloated_pass_share": bloated / len(passes) if passes else 0.0,
+        "bloated_pass_share": sum(bloated.values()) / len(passes) if passes else 0.0,
         "tampering_passes": sum(r.tampered for _, r in passes),
     }

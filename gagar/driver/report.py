@@ -226,7 +226,8 @@ def summary_rows(report: dict[str, Any], records: list[dict[str, Any]]) -> list[
     warm = report.get("warm_start") or {}
     copy = warm.get("copy_curriculum") or {}
     sft = {k: warm.get(f"sft_{k}") for k in ("steps", "nll_first", "nll_last")}
-    for name, part in (("copy curriculum", copy), ("SFT warm start", sft)):
+    cached = " (cached on this machine)" if warm.get("cached") else ""
+    for name, part in (("copy curriculum", copy), ("SFT warm start" + cached, sft)):
         if part.get("steps"):
             rows.append(
                 (
@@ -243,6 +244,15 @@ def summary_rows(report: dict[str, Any], records: list[dict[str, Any]]) -> list[
             ("response tokens per trajectory", _trend(records, "response_tokens_mean", k, ".0f")),
             ("step time, s", f"{statistics.fmean(r['step_seconds'] for r in records):.1f} mean"),
         ]
+    probe = report.get("probe") or {}
+    if probe.get("start") and probe.get("end"):
+        start, end = probe["start"], probe["end"]
+        rows.append(
+            (
+                f"probe pass rate ({end['valid']} training samples, start → end)",
+                f"{start['pass_rate']:.2f} → {end['pass_rate']:.2f}",
+            )
+        )
     held = report.get("held_out") or {}
     if held.get("tasks"):
         solved = round(held["resolution_rate"] * held["valid"])

@@ -26,7 +26,15 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from gagar.driver import components as comp
 from gagar.driver.loop import Closers, Context, Services, close_all, rollout_config
 from gagar.driver.sampling import TaskSampler
-from gagar.driver.sft import expert_trajectories, sft, sft_batches, sft_lr
+from gagar.driver.sft import (
+    cached_summary,
+    expert_trajectories,
+    sft,
+    sft_batches,
+    sft_lr,
+    store_warm_start,
+    warm_start_key,
+)
 from gagar.driver.trackers import Trackers
 from gagar.grader.protocol import Grader
 from gagar.metrics import Metrics
@@ -250,6 +258,7 @@ def expert_batches(
             eos,
             rollout_config(run),
             seed=run.spec.algorithm.seed,
+            styles=run.spec.model.sft_expert_styles,
         )
     )
     batches = sft_batches(
@@ -295,15 +304,24 @@ def progress_bar(label: str, console: Console) -> Progress:
 
 
 def warm_start(
-    rank: Rank, sandboxes: SessionFactory, tasks: list[Any], console: Console
+    rank: Rank, sandboxes: SessionFactory, tasks: list[Any], console: Console, cache: bool = False
 ) -> dict[str, Any]:
-    """SFT on scripted expert trajectories (every rank updates); returns the report's summary."""
+    """SFT on scripted expert trajectories (every rank updates); returns the report's summary.
+    ``cache``: skip it when the base policy is already this run's warm start (restored from the
+    machine's cache), else keep the result there (``gagar.driver.sft``)."""
     run = rank.run
+    cached = cached_summary(run, rank.policy_dir) if cache else None
+    if cached is not None:
+        return cached
+    key = warm_start_key(run) if cache else None  # of the code that runs, taken before it runs
     batches, trajs = expert_batches(run, rank.policy_dir, sandboxes, tasks)
     steps = run.spec.model.sft_warmup_steps
     console.print(f"[bold]SFT warm start[/]: {len(trajs)} expert trajectories, {steps} steps")
     losses = rank.team.call("sft", batches)
-    return warm_summary(run, trajs, losses, rank.policy_dir)
+    summary = warm_summary(run, trajs, losses, rank.policy_dir)
+    if cache:
+        store_warm_start(run, rank.model, rank.policy_dir, summary, key)
+    return summary
 
 
 def build_graders(
@@ -395,7 +413,8 @@ def build(rank: Rank, provider: Provider, *, resume_run: bool) -> Context:
                 provider.out / "metrics.jsonl", 0
             )  # records of a run that left no checkpoint
             if run.spec.model.sft_warmup_steps:
-                warm = warm_start(rank, sandboxes, train_tasks, console)
+                cache = getattr(provider, "caches_warm_start", False)
+                warm = warm_start(rank, sandboxes, train_tasks, console, cache)
         step, version = resumed or (0, 0)
         services = provider.services(rank, sandboxes, version, closers)
         addr, port = provider.metrics_address

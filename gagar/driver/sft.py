@@ -12,8 +12,13 @@ from __future__ import annotations
 
 import asyncio
 import difflib
+import hashlib
+import json
+import os
 import random
+import shutil
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Literal
 
 from gagar.driver.rollouts import RolloutConfig, Rollouts
@@ -21,12 +26,19 @@ from gagar.rollout.agent import Trajectory
 from gagar.rollout.chat import format_tool_call
 from gagar.rollout.envs.task import Task
 from gagar.sandbox import SessionFactory
+from gagar.spec import ExpertStyles
 from gagar.trainer.learner import Learner, Sample
 
 Style = Literal["clean", "bloated", "redundant", "wrong"]
 SFT_LR = 1e-3  # SFT from scratch needs a far larger step than RL fine-tuning
 SFT_LR_PRETRAINED = 1e-5  # a pretrained policy only learns the format and the family's fixes
-STYLE_WEIGHTS: dict[Style, float] = {"clean": 0.4, "bloated": 0.25, "redundant": 0.2, "wrong": 0.15}
+STYLES: tuple[Style, ...] = ("clean", "bloated", "redundant", "wrong")
+
+
+def style_weights(styles: ExpertStyles | None) -> dict[Style, float]:
+    """``spec.model.sftExpertStyles`` (or its defaults) as weights per style."""
+    s = styles or ExpertStyles()
+    return {"clean": s.clean, "bloated": s.bloated, "redundant": s.redundant, "wrong": s.wrong}
 
 
 @dataclass(frozen=True)
@@ -110,20 +122,23 @@ class ScriptedExpert:
         return Generation(ids, [0.0] * len(ids), text, "stop")
 
 
-def _styles(n: int, seed: int) -> list[Style]:
+def draw_styles(n: int, seed: int, weights: dict[Style, float]) -> list[Style]:
+    """``n`` expert styles drawn by ``weights`` (seeded: the same mix for the same seed)."""
     rng = random.Random(seed)
-    return rng.choices(list(STYLE_WEIGHTS), weights=list(STYLE_WEIGHTS.values()), k=n)
+    return rng.choices(list(weights), weights=list(weights.values()), k=n)
 
 
-async def expert_trajectories(
+async def expert_trajectories(  # noqa: PLR0913 - the seed and the style mix of one warm start
     tasks: list[Task],
     factory: SessionFactory,
     fmt: Any,
     eos_id: int,
     cfg: RolloutConfig,
     seed: int = 0,
+    styles: ExpertStyles | None = None,
 ) -> list[tuple[Style, Trajectory, bool]]:
-    """Run one scripted expert per task (styles drawn by weight); returns (style, trajectory, passed)."""
+    """Run one scripted expert per task (styles drawn by ``styles``' weights); returns (style,
+    trajectory, passed)."""
     limiter = asyncio.Semaphore(4)
 
     async def one(task: Task, style: Style) -> tuple[Style, Trajectory, bool]:
@@ -134,7 +149,12 @@ async def expert_trajectories(
 
     scripted = [t for t in tasks if t.reference_files]
     return await asyncio.gather(
-        *(one(t, s) for t, s in zip(scripted, _styles(len(scripted), seed), strict=True))
+        *(
+            one(t, s)
+            for t, s in zip(
+                scripted, draw_styles(len(scripted), seed, style_weights(styles)), strict=True
+            )
+        )
     )
 
 
@@ -182,3 +202,120 @@ def sft(learner: Learner, batches: list[list[Sample]], on_step: Any = None) -> l
         if on_step is not None:
             on_step(len(losses), losses[-1])
     return losses
+
+
+# ---------------------------------------------------------------- the warm-start cache
+# The warm-started policy is a pure function of what its key hashes: the same manifest on the same
+# machine and code makes the same policy, so `gagar train` keeps it per machine and a second run
+# reaches RL at once (LocalProvider only; a cluster trainer always warm-starts).
+CACHE_ENV = "GAGAR_CACHE_DIR"
+CACHE_KEEP = 4  # newest entries kept (a tiny policy is a few MB, SmolLM2 about 540 MB)
+WARM_MARKER = "warm_start.json"
+_PKG = Path(__file__).resolve().parents[1]
+# the code that decides the warm-started weights (tokenizer, copying curriculum, tasks, experts,
+# agent loop, sandboxes, learner, model): any change to it is a new key
+KEY_CODE = ("driver", "rollout", "trainer", "sandbox", "spec.py")
+
+
+def cache_root() -> Path:
+    """``$GAGAR_CACHE_DIR/warm-start`` (default ``~/.cache/gagar/warm-start``)."""
+    return Path(os.environ.get(CACHE_ENV) or Path.home() / ".cache" / "gagar") / "warm-start"
+
+
+def code_hash(package: Path = _PKG) -> str:
+    """One hash of the ``KEY_CODE`` sources of ``package`` (paths and contents)."""
+    h = hashlib.sha256()
+    for rel in KEY_CODE:
+        top = package / rel
+        if not top.exists():
+            h.update(rel.encode() + b"\0absent")
+            continue
+        for path in sorted(top.rglob("*.py")) if top.is_dir() else [top]:
+            h.update(str(path.relative_to(package)).encode() + b"\0" + path.read_bytes())
+    return h.hexdigest()
+
+
+def warm_start_key(run: Any) -> str:
+    """A hash of everything the warm-started weights depend on: the model spec (preset or path,
+    SFT steps, lr, experts and their style mix, copying curriculum, dtype), the seed, the learner
+    settings, the dataset, the agent's limits, the sandbox limits, the code and library versions."""
+    import importlib.metadata as md
+
+    import torch
+
+    s = run.spec
+    dump = lambda m: m.model_dump(mode="json", by_alias=True, exclude_none=True)  # noqa: E731
+    model = dump(s.model)
+    if s.model.path is not None:  # a base folder on disk: its files' sizes and times
+        base = Path(s.model.path)
+        model["files"] = sorted(
+            (p.name, p.stat().st_size, p.stat().st_mtime_ns) for p in base.glob("*") if p.is_file()
+        )
+    parts = {
+        "model": model,
+        "seed": s.algorithm.seed,
+        "microBatchSize": s.algorithm.micro_batch_size,
+        "optimizer": dump(s.algorithm.optimizer),
+        "loss": dump(s.algorithm.loss),
+        "dataset": dump(s.dataset),
+        "agent": dump(s.rollout.agent),
+        "limits": dump(s.sandbox.limits),
+        "device": s.trainer.device,
+        "code": code_hash(),
+        "versions": {p: md.version(p) for p in ("gagar", "transformers", "tokenizers")}
+        | {"torch": torch.__version__},
+    }
+    return hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()[:24]
+
+
+def restore_warm_start(run: Any, dest: Path) -> dict[str, Any] | None:
+    """Copy the cached warm-started policy of ``run`` to ``dest`` (written whole, then renamed);
+    its summary, or None when this machine has none."""
+    entry = cache_root() / warm_start_key(run)
+    if not (entry / WARM_MARKER).exists():
+        return None
+    tmp = dest.with_name(dest.name + ".partial")
+    shutil.rmtree(tmp, ignore_errors=True)
+    shutil.copytree(entry, tmp)
+    shutil.rmtree(dest, ignore_errors=True)
+    tmp.rename(dest)
+    os.utime(entry)  # the newest use: pruned last
+    return json.loads((dest / WARM_MARKER).read_text())["summary"]
+
+
+def cached_summary(run: Any, policy_dir: Path) -> dict[str, Any] | None:
+    """The warm start's summary when ``policy_dir`` already holds ``run``'s warm-started policy."""
+    marker = policy_dir / WARM_MARKER
+    if not marker.exists():
+        return None
+    data = json.loads(marker.read_text())
+    return {**data["summary"], "cached": True} if data["key"] == warm_start_key(run) else None
+
+
+def store_warm_start(
+    run: Any, model: Any, policy_dir: Path, summary: dict[str, Any], key: str | None = None
+) -> Path:
+    """Keep the warm-started ``model`` under ``key`` (by default ``run``'s now; a caller takes it
+    before the warm start, so that code edited meanwhile does not name it), written whole, then
+    renamed; prune the cache to its ``CACHE_KEEP`` newest entries."""
+    from gagar.trainer.model import save_hf_checkpoint
+
+    key = key or warm_start_key(run)
+    root = cache_root()
+    entry = root / key
+    tmp = root / f"{key}.partial-{os.getpid()}"
+    shutil.rmtree(tmp, ignore_errors=True)
+    save_hf_checkpoint(model, tmp, side_files_from=policy_dir)
+    (tmp / WARM_MARKER).write_text(json.dumps({"key": key, "summary": summary}))
+    if entry.exists():
+        shutil.rmtree(tmp)
+    else:
+        tmp.rename(entry)
+    entries = sorted(
+        (p for p in root.iterdir() if p.is_dir() and ".partial" not in p.name),
+        key=lambda p: p.stat().st_mtime,
+        reverse=True,
+    )
+    for old in entries[CACHE_KEEP:]:
+        shutil.rmtree(old, ignore_errors=True)
+    return entry

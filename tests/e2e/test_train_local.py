@@ -118,7 +118,9 @@ def test_local_example_trains_and_reports(tmp_path: Path) -> None:
     metrics_port = free_port()
     prom, url = _prometheus(tmp_path, metrics_port)
     try:
-        proc = _train(tmp_path / "run", "--steps", "2", "--eval-tasks", "2", port=metrics_port)
+        proc = _train(
+            tmp_path / "run", "--steps", "2", "--eval-tasks", "2", "--probe", "4", port=metrics_port
+        )
         output, _ = proc.communicate(timeout=1500)
         assert proc.returncode == 0, output[-4000:]
         # a real Prometheus scraped the real run: the dashboards' queries over what it exported work
@@ -148,6 +150,12 @@ def test_local_example_trains_and_reports(tmp_path: Path) -> None:
     assert records[-1]["policy_version"] == 2
     report = json.loads((tmp_path / "report.json").read_text())
     assert report["steps"] == 2 and report["held_out"]["tasks"] == 2
+    # the probe set: 4 fixed samples of one training task, scored before step 1 and after step 2
+    probe = report["probe"]
+    assert probe["start"]["tasks"] == probe["end"]["tasks"] == 4
+    assert len({s["task"] for s in probe["end"]["samples"]}) == 1
+    assert (tmp_path / "rollouts" / "probe_start.jsonl").exists()
+    assert (tmp_path / "rollouts" / "probe_end.jsonl").exists()
     warm = report["warm_start"]
     assert warm["copy_curriculum"]["steps"] == 2 and warm["sft_steps"] == 2
     assert sum(int(v.split("/")[1].split()[0]) for v in warm["sft_experts"].values()) == 16
@@ -156,6 +164,7 @@ def test_local_example_trains_and_reports(tmp_path: Path) -> None:
     assert (tmp_path / "policy" / "versions").exists()
     # the terminal shows progress and one summary table, no library warnings, no raw dicts
     assert "held-out resolved" in output and "training pass rate" in output, output[-4000:]
+    assert "probe pass rate (4 training samples, start → end)" in output, output[-4000:]
     assert str(tmp_path / "report.json") in output
     assert not re.search(r"Warning|warnings\.warn|\{'", output), output[-4000:]
     assert "Mismatch dtype" in (tmp_path / "logs" / "libraries.log").read_text()
@@ -200,3 +209,30 @@ def test_sigkill_mid_step_resumes_and_a_dead_engine_is_a_clear_error(tmp_path: P
     assert _steps(out) == [1, 2], "every completed step exactly once; the failed one not at all"
     assert (out / "logs" / "error.log").read_text().startswith("Traceback")
     assert not (out / "checkpoints" / "step_00000003").exists()
+
+
+def test_a_second_run_starts_from_the_machine_s_cached_warm_start(tmp_path: Path) -> None:
+    """The same manifest twice (another run directory): the second restores the warm-started
+    policy from the cache and skips the copying curriculum and the SFT; another style mix misses."""
+    env_cache = Path(os.environ["GAGAR_CACHE_DIR"])
+    first = _train(tmp_path / "a", "--steps", "1", "--eval-tasks", "0")
+    out_a, _ = first.communicate(timeout=1500)
+    assert first.returncode == 0, out_a[-4000:]
+    assert "SFT warm start" in out_a and "cached on this machine" not in out_a
+    second = _train(tmp_path / "b", "--steps", "1", "--eval-tasks", "0")
+    out_b, _ = second.communicate(timeout=1500)
+    assert second.returncode == 0, out_b[-4000:]
+    assert "cached on this machine" in out_b, out_b[-4000:]
+    assert "SFT warm start:" not in out_b and "copying curriculum" not in out_b
+    report = json.loads((tmp_path / "b" / "report.json").read_text())
+    assert report["warm_start"]["cached"] is True and report["warm_start"]["sft_steps"] == 2
+    assert any(p.is_dir() for p in (env_cache / "warm-start").iterdir())
+    # another expert style mix is another warm start
+    doc = yaml.safe_load(EXAMPLE.read_text())
+    doc["spec"]["model"]["sftExpertStyles"] = {"bloated": 0.9}
+    manifest = tmp_path / "styles.yaml"
+    manifest.write_text(yaml.safe_dump(doc))
+    third = _train(tmp_path / "c", "--steps", "1", "--eval-tasks", "0", manifest=manifest)
+    out_c, _ = third.communicate(timeout=1500)
+    assert third.returncode == 0, out_c[-4000:]
+    assert "cached on this machine" not in out_c and "SFT warm start" in out_c

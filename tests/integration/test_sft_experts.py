@@ -48,3 +48,22 @@ def test_expert_styles(fmt_and_eos, style: str, passes: bool, tmp_path: Path) ->
             "tool_error": 0,
             "churn": 0,
         }
+
+
+def test_the_spec_style_mix_decides_which_experts_run(fmt_and_eos) -> None:
+    """``spec.model.sftExpertStyles``: a mix of only bloated and wrong experts yields exactly
+    those, bloated ones passing with their debugging module, wrong ones failing."""
+    from gagar.driver.sft import expert_trajectories
+    from gagar.spec import ExpertStyles
+
+    fmt, eos = fmt_and_eos
+    tasks = [synthetic.generate(s) for s in range(6)]
+    cfg = RolloutConfig(AgentLimits(8, 512, 8192), 20, 30)
+    styles = ExpertStyles(clean=0, bloated=1, redundant=0, wrong=1)
+    out = asyncio.run(
+        expert_trajectories(
+            tasks, LocalFactory(Limits(wall_time_s=20)), fmt, eos, cfg, seed=3, styles=styles
+        )
+    )
+    assert {s for s, _, _ in out} == {"bloated", "wrong"}
+    assert all(passed == (style == "bloated") for style, _, passed in out)

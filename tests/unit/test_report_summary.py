@@ -48,3 +48,19 @@ def test_a_short_run_and_a_run_without_evaluation() -> None:
     assert rows["training pass rate (first 1 → last 1 steps)"] == "0.25"
     assert rows["bloated share of passes"] == "–"
     assert "held-out resolved" not in rows and "SFT warm start" not in rows
+
+
+def test_the_probe_set_start_and_end_are_a_row() -> None:
+    probe = {
+        "start": {"valid": 64, "pass_rate": 0.125},
+        "end": {"valid": 64, "pass_rate": 0.3125},
+    }
+    rows = dict(summary_rows({**REPORT, "probe": probe}, [_record(1, 0.25)]))
+    assert rows["probe pass rate (64 training samples, start → end)"] == "0.12 → 0.31"
+    assert not any(k.startswith("probe") for k in dict(summary_rows(REPORT, [])))
+
+
+def test_a_cached_warm_start_says_so() -> None:
+    report = {**REPORT, "warm_start": {**REPORT["warm_start"], "cached": True}}
+    rows = dict(summary_rows(report, []))
+    assert rows["SFT warm start (cached on this machine)"] == "400 steps, NLL/token 6.99 → 0.04"

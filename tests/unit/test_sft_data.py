@@ -10,7 +10,7 @@ import yaml
 from gagar.driver import components as comp
 from gagar.driver.rollouts import task_messages
 from gagar.driver.setup import FRESH_SYNTHETIC_SEED, SFT_EXPERT_TASKS, sft_tasks
-from gagar.driver.sft import STYLE_WEIGHTS, expert_turns
+from gagar.driver.sft import STYLES, expert_turns
 from gagar.rollout.envs import synthetic
 from gagar.spec import GagarRun
 
@@ -95,7 +95,7 @@ def test_every_expert_turn_fits_the_local_turn_budget(tiny_tokenizer) -> None:
     longest = max(
         len(tiny_tokenizer.encode(turn, add_special_tokens=False)) + 1  # + end of turn
         for task in synthetic.generate_many(300, seed=FRESH_SYNTHETIC_SEED)
-        for style in STYLE_WEIGHTS
+        for style in STYLES
         for turn in expert_turns(task, style)
     )
     assert longest <= budget
@@ -160,3 +160,28 @@ def test_tiny_base_policy_is_never_left_half_made(tmp_path: Path, monkeypatch) -
     assert not (tmp_path / "policy" / "base.partial").exists()
     assert calls == [LOCAL["spec"]["model"]["copyCurriculumSteps"]]
     assert comp.prepare_policy(run.spec.model, tmp_path) == base and len(calls) == 1
+
+
+def test_expert_style_mix_comes_from_the_spec() -> None:
+    from collections import Counter
+
+    from gagar.driver.sft import draw_styles, style_weights
+    from gagar.spec import ExpertStyles
+
+    default = style_weights(None)
+    assert default == {"clean": 0.4, "bloated": 0.25, "redundant": 0.2, "wrong": 0.15}
+    assert draw_styles(8, 0, default) == draw_styles(8, 0, default), "seeded"
+    only = style_weights(ExpertStyles(clean=0, bloated=1, redundant=0, wrong=0))
+    assert set(draw_styles(50, 0, only)) == {"bloated"}
+    counts = Counter(
+        draw_styles(4000, 1, style_weights(ExpertStyles(clean=1, bloated=3, redundant=0, wrong=0)))
+    )
+    assert set(counts) == {"clean", "bloated"} and 2.6 < counts["bloated"] / counts["clean"] < 3.4
+    run = _run(4, size=16)
+    assert run.spec.model.sft_expert_styles is None  # examples/local.yaml: the default mix
+    spec = {
+        **LOCAL["spec"],
+        "model": {**LOCAL["spec"]["model"], "sftExpertStyles": {"bloated": 0.7}},
+    }
+    styles = GagarRun.model_validate({**LOCAL, "spec": spec}).spec.model.sft_expert_styles
+    assert style_weights(styles)["bloated"] == 0.7 and style_weights(styles)["clean"] == 0.4

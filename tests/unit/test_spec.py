@@ -106,6 +106,22 @@ INVALID = [
     (("spec.model", {"preset": "tiny", "path": "/x"}), "spec.model"),
     (("spec.model", {"numExperts": 6, "preset": "tiny"}), None),  # paired with expert=4 below
     (("spec.model", {"path": "/x", "copyCurriculumSteps": 10}), "spec.model"),
+    (
+        (
+            "spec.model",
+            {
+                "preset": "tiny",
+                "sftWarmupSteps": 4,
+                "sftExpertStyles": {"clean": 0, "bloated": 0, "redundant": 0, "wrong": 0},
+            },
+        ),
+        "sftExpertStyles",
+    ),
+    (
+        ("spec.model", {"preset": "tiny", "sftWarmupSteps": 4, "sftExpertStyles": {"clean": -1}}),
+        "clean",
+    ),
+    (("spec.model", {"preset": "tiny", "sftExpertStyles": {"bloated": 1.0}}), "spec.model"),
     (("spec.dataset", {"sources": [{"kind": "jsonl"}]}), "path"),
     (("spec.dataset", {"sources": [{"kind": "synthetic", "path": "/x.jsonl"}]}), "path"),
     (
