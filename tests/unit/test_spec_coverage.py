@@ -166,6 +166,22 @@ ACTS: dict[str, tuple[str, ...]] = {
         "tests/integration/test_loop_staleness.py::test_synchronous_loop_samples_each_step_on_the_last_update",
         "tests/integration/test_loop_staleness.py::test_one_version_of_staleness_overlaps_rollouts_with_the_update",
     ),
+    "spec.model.sftExpertStyles.clean": (
+        "tests/integration/test_sft_experts.py::test_the_spec_style_mix_decides_which_experts_run",
+        "tests/unit/test_sft_data.py::test_expert_style_mix_comes_from_the_spec",
+    ),
+    "spec.model.sftExpertStyles.bloated": (
+        "tests/integration/test_sft_experts.py::test_the_spec_style_mix_decides_which_experts_run",
+        "tests/unit/test_sft_data.py::test_expert_style_mix_comes_from_the_spec",
+    ),
+    "spec.model.sftExpertStyles.redundant": (
+        "tests/integration/test_sft_experts.py::test_the_spec_style_mix_decides_which_experts_run",
+        "tests/unit/test_sft_data.py::test_expert_style_mix_comes_from_the_spec",
+    ),
+    "spec.model.sftExpertStyles.wrong": (
+        "tests/integration/test_sft_experts.py::test_the_spec_style_mix_decides_which_experts_run",
+        "tests/unit/test_sft_data.py::test_expert_style_mix_comes_from_the_spec",
+    ),
     "spec.algorithm.optimizer.lr": (
         INT
         + "test_spec_reaches_the_learner.py::test_algorithm_settings_reach_the_optimizer_and_the_loss",
