@@ -154,6 +154,11 @@ def rl_health() -> Dashboard:
                         description="Trace of the covariance of micro-batch gradients.",
                     ),
                     Panel(
+                        "Scale-free gradient variance",
+                        [gauge("gagar_gradient_variance_scaled")],
+                        description="tr Cov / ‖ḡ‖²: comparable across arms that rescale advantages.",
+                    ),
+                    Panel(
                         "Gradient norms",
                         [
                             gauge("gagar_grad_norm", "global {{run}}"),
@@ -168,7 +173,24 @@ def rl_health() -> Dashboard:
                             gauge("gagar_entropy", "entropy {{run}}"),
                         ],
                     ),
-                    Panel("Clip ratio", [gauge("gagar_clip_ratio")], "percentunit"),
+                    Panel(
+                        "Clip ratio (any, low, high, dual)",
+                        [
+                            gauge("gagar_clip_ratio", "any {{run}}"),
+                            gauge("gagar_clip_low_ratio", "low {{run}}"),
+                            gauge("gagar_clip_high_ratio", "high {{run}}"),
+                            gauge("gagar_clip_dual_ratio", "dual {{run}}"),
+                        ],
+                        "percentunit",
+                    ),
+                    Panel(
+                        "Importance ratio π/π_behaviour",
+                        [
+                            gauge("gagar_importance_ratio_mean", "mean {{run}}"),
+                            gauge("gagar_importance_ratio_max", "max {{run}}"),
+                        ],
+                    ),
+                    Panel("Learning rate", [gauge("gagar_learning_rate")]),
                 ],
             ),
             (

@@ -66,24 +66,24 @@ class AsyncOpenAIEngine:
         api_key: str | None = None,
     ) -> None:
         self.model = model
+        self.base_url = openai_base_url(base_url)  # named in every error: which server refused
         headers = {"Authorization": f"Bearer {api_key}"} if api_key else None
-        self._http = httpx.AsyncClient(
-            base_url=openai_base_url(base_url), timeout=timeout, headers=headers
-        )
+        self._http = httpx.AsyncClient(base_url=self.base_url, timeout=timeout, headers=headers)
 
     async def _post(self, route: str, body: dict[str, Any]) -> dict[str, Any]:
+        url = f"{self.base_url}{route}"
         try:
-            r = await self._http.post(route, json=body)
+            r = await self._http.post(route.lstrip("/"), json=body)
         except httpx.HTTPError as e:
-            raise EngineError(f"{self._http.base_url}{route}: {e!r}") from e
+            raise EngineError(f"{url}: {e!r}") from e
         if r.status_code >= 400:
-            raise EngineError(f"/v1{route} -> {r.status_code}: {r.text[:500]}")
+            raise EngineError(f"{url} -> {r.status_code}: {r.text[:500]}")
         try:
             data = r.json()
         except ValueError as e:
-            raise EngineError(f"/v1{route}: the response is not JSON: {r.text[:200]!r}") from e
+            raise EngineError(f"{url}: the response is not JSON: {r.text[:200]!r}") from e
         if not isinstance(data, dict):
-            raise EngineError(f"/v1{route}: expected a JSON object, got {type(data).__name__}")
+            raise EngineError(f"{url}: expected a JSON object, got {type(data).__name__}")
         return data
 
     async def generate(self, prompt_ids: list[int], params: SamplingParams) -> Generation:
@@ -125,7 +125,7 @@ class AsyncOpenAIEngine:
             )
         except (KeyError, IndexError, TypeError, ValueError, AttributeError) as e:
             raise EngineError(
-                f"/v1/chat/completions: malformed response ({type(e).__name__}: {e})"
+                f"{self.base_url}/chat/completions: malformed response ({type(e).__name__}: {e})"
             ) from None
 
     async def aclose(self) -> None:

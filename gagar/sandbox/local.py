@@ -277,9 +277,17 @@ class LocalSession:
         cg = None
         if self._factory.use_cgroup and self.uid is not None:
             cg = Cgroup.create(self.limits.memory_bytes, self.limits.processes)
-        # With a memory cgroup, the address-space rlimit only stops absurd reservations.
+        # With the cgroups as the exact bounds, the rlimits are backstops: the address-space one
+        # only stops absurd reservations, and RLIMIT_NPROC (which counts every process of the
+        # uid, a dying one of the last command too) must not fire before ``pids.max`` does, or a
+        # fork bomb ends with EAGAIN that no counter of the executor's own saw.
         limits = (
-            self.limits.model_copy(update={"memory_bytes": self.limits.memory_bytes * 4})
+            self.limits.model_copy(
+                update={
+                    "memory_bytes": self.limits.memory_bytes * 4,
+                    "processes": self.limits.processes * 2,
+                }
+            )
             if cg
             else self.limits
         )

@@ -106,6 +106,7 @@ def _run(staleness: int) -> GagarRun:
     spec["algorithm"].update(totalSteps=4, tasksPerStep=2, groupSize=2)
     spec["algorithm"]["dynamicSampling"] = {"enabled": False}
     spec["rollout"]["maxStaleness"] = staleness
+    spec["trainer"]["checkpoint"]["intervalSteps"] = 2
     spec["rollout"]["agent"]["maxTurns"] = 2
     return GagarRun.model_validate(doc)
 

@@ -195,8 +195,10 @@ def test_chat_returns_the_assistant_message_and_usage():
     ],
 )
 def test_chat_failures_are_engine_errors(turn: Turn, match: str):
-    with FakeOpenAI([turn]) as server, pytest.raises(EngineError, match=match):
+    """Each names the server and route that failed (several pools may serve one run)."""
+    with FakeOpenAI([turn]) as server, pytest.raises(EngineError, match=match) as err:
         _chat(server.base_url)
+    assert f"{server.base_url}/chat/completions" in str(err.value)
 
 
 def test_chat_on_a_closed_port_is_an_engine_error():
