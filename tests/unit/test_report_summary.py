@@ -56,7 +56,8 @@ def test_the_probe_set_start_and_end_are_a_row() -> None:
         "end": {"valid": 64, "pass_rate": 0.3125},
     }
     rows = dict(summary_rows({**REPORT, "probe": probe}, [_record(1, 0.25)]))
-    assert rows["probe pass rate (64 training samples, start → end)"] == "0.12 → 0.31"
+    assert rows["probe pass rate (start → end)"] == "0.12 → 0.31 (64 samples)"
+    assert max(len(name) for name in rows) <= 45  # with its values, the table fits 80 columns
     assert not any(k.startswith("probe") for k in dict(summary_rows(REPORT, [])))
 
 
