@@ -446,6 +446,11 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     day = datetime.date.today().isoformat()
     p.add_argument("--json", default=str(RESULTS / f"gagar_vs_grpo-{day}.json"))
     p.add_argument("--reuse-sft", action="store_true", help="reuse --work's finished warm start")
+    p.add_argument(
+        "--finish",
+        action="store_true",
+        help="only rewrite --json's table and plots, taking in the newest replay result",
+    )
     args = p.parse_args(argv)
     defaults = {"seeds": [0, 1, 2], "probe": 64}
     for key, value in (QUICK if args.quick else defaults).items():
@@ -469,11 +474,31 @@ def warm_start(
         return None
 
 
+def finish(out_json: Path, console: Any) -> None:
+    """The Markdown table and the plots from the JSON, with the newest replay result in it."""
+    result = json.loads(out_json.read_text())
+    result["replay"] = newest_replay(RESULTS) or result["replay"]
+    out_json.write_text(json.dumps(result, indent=2))
+    live = {a: rs for a, rs in result["arms"].items() if rs}
+    folder = out_json.with_suffix("")
+    written = plots(live, folder)
+    replay = result["replay"] if result["replay"].get("groups") else None
+    table = markdown(result["summary"], result["tests"], replay)
+    out_json.with_suffix(".md").write_text(table)
+    console.print(table)
+    console.print(
+        f"wrote {out_json}, {out_json.with_suffix('.md')}, {len(written)} plots in {folder}"
+    )
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse(argv)
     from rich.console import Console
 
     console = Console()
+    if args.finish:
+        finish(Path(args.json), console)
+        return 0
     work = Path(args.work)
     base = yaml.safe_load(Path(args.manifest).read_text())
     spec = base["spec"]
@@ -556,16 +581,9 @@ def main(argv: list[str] | None = None) -> int:
             )
             write_result(out_json, protocol, arms, failed, replay, finished=False)
     protocol["wall_seconds"] = time.perf_counter() - t0
-    result = write_result(out_json, protocol, arms, failed, replay, finished=True)
-    live = {a: rs for a, rs in arms.items() if rs}
-    folder = out_json.with_suffix("")
-    written = plots(live, folder)
-    table = markdown(result["summary"], result["tests"], replay)
-    out_json.with_suffix(".md").write_text(table)
-    console.print(table)
-    console.print(
-        f"wrote {out_json}, {out_json.with_suffix('.md')}, {len(written)} plots in {folder}"
-    )
+    # the replay may have finished while the arms ran (it is a separate process)
+    write_result(out_json, protocol, arms, failed, newest_replay(RESULTS), finished=True)
+    finish(out_json, console)
     if failed:
         console.print(
             "failed, left out: " + ", ".join(f"{f['arm']} seed {f['seed']}" for f in failed)

@@ -231,3 +231,18 @@ def test_the_replay_result_is_embedded(tmp_path) -> None:
         "gagar_replay-2026-02-01.json",
     )
     assert bench.newest_replay(tmp_path / "none") is None
+
+
+def test_finish_takes_in_a_replay_that_finished_after_the_arms(tmp_path, monkeypatch) -> None:
+    monkeypatch.setattr(bench, "gagar_train", _fake_train({}))
+    monkeypatch.setattr(bench, "RESULTS", tmp_path)
+    out = tmp_path / "r.json"
+    argv = ["--seeds", "0", "--steps", "2", "--probe", "8", "--arms", "grpo", "gagar"]
+    assert bench.main([*argv, "--work", str(tmp_path / "work"), "--json", str(out)]) == 0
+    assert json.loads(out.read_text())["replay"]["groups"] == 0
+    means = {a: {"gap_change": {"mean": 0.5}} for a in ("grpo", "gagar")}
+    (tmp_path / "gagar_replay-2026-01-01.json").write_text(json.dumps({
+        "groups": 24, "p_value": 0.03, "means": means, "tests": {}, "protocol": {}}))  # fmt: skip
+    assert bench.main(["--finish", "--json", str(out)]) == 0
+    assert json.loads(out.read_text())["replay"]["groups"] == 24
+    assert "over 24 groups | 0.5 | 0.5 | 0.03 |" in (tmp_path / "r.md").read_text()
