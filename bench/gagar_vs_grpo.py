@@ -499,6 +499,11 @@ def main(argv: list[str] | None = None) -> int:
     if args.finish:
         finish(Path(args.json), console)
         return 0
+    return run_arms(args, console)
+
+
+def run_arms(args: argparse.Namespace, console: Any) -> int:
+    """The warm start, then every seed and arm from it; the JSON after every run."""
     work = Path(args.work)
     base = yaml.safe_load(Path(args.manifest).read_text())
     spec = base["spec"]
