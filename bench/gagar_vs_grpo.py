@@ -263,6 +263,26 @@ def _probe_pairs(a: list[dict[str, Any]], b: list[dict[str, Any]]) -> list[float
     return diffs
 
 
+# per-step series also compared step by step, pooled over seeds: the same seed draws the same
+# tasks at the same step in every arm (dynamic sampling off), so (seed, step) pairs them. The pairs
+# of one run are not independent (a run's steps share its weights): read p as indicative.
+PER_STEP = ("pass_rate", "response_tokens_mean", "gradient_variance", "scale_free_variance")
+
+
+def _step_pairs(
+    a: list[dict[str, Any]], b: list[dict[str, Any]], key: str
+) -> tuple[list[Any], list[Any]]:
+    xs: list[Any] = []
+    ys: list[Any] = []
+    ra, rb = _by_seed(a), _by_seed(b)
+    for seed in sorted(ra.keys() & rb.keys()):
+        sa, sb = ra[seed]["steps"][key], rb[seed]["steps"][key]
+        n = min(len(sa), len(sb))
+        xs += sa[:n]
+        ys += sb[:n]
+    return xs, ys
+
+
 def compare(arms: dict[str, list[dict[str, Any]]], baseline: str = "grpo") -> dict[str, Any]:
     """``tests[metric]``: ``gagar`` vs ``baseline`` paired over seeds, every other arm under ``vs``."""
     tests: dict[str, Any] = {}
@@ -279,6 +299,15 @@ def compare(arms: dict[str, list[dict[str, Any]]], baseline: str = "grpo") -> di
             )
         main = per_arm.get("gagar", stats.paired([], []))
         tests[metric] = {**main, "vs": {a: t for a, t in per_arm.items() if a != "gagar"}}
+    for key in PER_STEP:
+        per_arm = {
+            a: stats.paired(*_step_pairs(arms[a], arms.get(baseline, []), key)) for a in others
+        }
+        main = per_arm.get("gagar", stats.paired([], []))
+        tests[f"{key}_per_step"] = {
+            **main,
+            "vs": {a: t for a, t in per_arm.items() if a != "gagar"},
+        }
     per_sample = {
         arm: stats.sign_test(_probe_pairs(arms[arm], arms.get(baseline, []))) for arm in others
     }
@@ -321,6 +350,14 @@ def markdown(summary: dict[str, Any], tests: dict[str, Any], replay: dict[str, A
         test = tests.get(key)
         p = f"{test['p_value']:.2g} (n={test['n']})" if test else ""
         lines.append(f"| {label} | " + " | ".join(cells) + f" | {p} |")
+    for key in PER_STEP:
+        t = tests.get(f"{key}_per_step")
+        if t and t.get("pairs"):
+            lines.append(
+                f"| {key}, per step (seed × step pairs, gagar − grpo: {t['mean_difference']:+.3g}) | "
+                + " | ".join("" for _ in arms)
+                + f" | {t['p_value']:.2g} (n={t['n']}) |"
+            )
     t = tests.get("probe_end_per_sample")
     if t:
         lines.append(
@@ -478,8 +515,11 @@ def finish(out_json: Path, console: Any) -> None:
     """The Markdown table and the plots from the JSON, with the newest replay result in it."""
     result = json.loads(out_json.read_text())
     result["replay"] = newest_replay(RESULTS) or result["replay"]
-    out_json.write_text(json.dumps(result, indent=2))
     live = {a: rs for a, rs in result["arms"].items() if rs}
+    if "grpo" in live:  # the tests as this code computes them
+        result["tests"] = compare(live)
+        result["summary"] = arm_summary(live)
+    out_json.write_text(json.dumps(result, indent=2))
     folder = out_json.with_suffix("")
     written = plots(live, folder)
     replay = result["replay"] if result["replay"].get("groups") else None

@@ -195,6 +195,13 @@ def test_the_bench_end_to_end_on_fake_runs(tmp_path, monkeypatch, capsys) -> Non
     assert set(t) >= {"pass_rate_area", "probe_gain", "scale_free_variance", "probe_end_per_sample"}
     assert (t["pass_rate_area"]["n"], t["pass_rate_area"]["p_value"]) == (3, 0.25)
     assert t["pass_rate_area"]["vs"]["gagar-shaping"]["pairs"] == 2
+    # per step, pooled over seeds: 3 seeds x 2 steps, gagar 0.1 above grpo at every one
+    step = t["pass_rate_per_step"]
+    assert (step["pairs"], step["n"], step["statistic"]) == (6, 6, 21.0)
+    assert step["mean_difference"] == pytest.approx(0.1) and step["p_value"] == pytest.approx(
+        2 / 64
+    )
+    assert t["pass_rate_per_step"]["vs"]["gagar-shaping"]["pairs"] == 4  # seed 1 failed
     # per probe sample: gagar passes 4 more of 8 in each of 3 seeds, grpo none more: 12 of 12
     assert (t["probe_end_per_sample"]["statistic"], t["probe_end_per_sample"]["n"]) == (12, 12)
     assert t["probe_end_per_sample"]["p_value"] == pytest.approx(2 / 2**12)
