@@ -100,17 +100,21 @@ def _cel(rule: str, message: str, field_path: str | None = None) -> JsonValue:
     return out
 
 
+# gagar's configuration models (the spec's, the chart values'): camelCase keys, no unknown ones,
+# attribute docstrings as descriptions, immutable.
+CONFIG_MODEL = ConfigDict(
+    extra="forbid",
+    alias_generator=to_camel,
+    populate_by_name=True,
+    use_attribute_docstrings=True,
+    frozen=True,
+)
+
+
 class Model(BaseModel):
     """Base of every spec model: camelCase aliases, forbid unknown fields, attribute docstrings."""
 
-    model_config = ConfigDict(
-        extra="forbid",
-        alias_generator=to_camel,
-        populate_by_name=True,
-        use_attribute_docstrings=True,
-        frozen=True,
-        allow_inf_nan=False,
-    )
+    model_config = ConfigDict(**CONFIG_MODEL, allow_inf_nan=False)
 
     @field_validator("*", mode="after")
     @classmethod
