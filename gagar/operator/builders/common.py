@@ -22,6 +22,7 @@ State = Literal["active", "terminal"]
 MONITORING = "monitoring.coreos.com"
 KEDA = "keda.sh"
 JOBSET = "jobset.x-k8s.io"
+OPTIONAL_CRDS = (MONITORING, KEDA, JOBSET)
 
 CONFIG_MOUNT = "/etc/gagar/config"
 CHECKPOINT_MOUNT = "/gagar/checkpoints"
