@@ -140,7 +140,7 @@ def common_env(run: GagarRun, component: str) -> list[dict[str, Any]]:
         },
     ]
     if run.spec.auth_token_secret and component in AUTH_COMPONENTS:
-        out.append({"name": "GAGAR_AUTH_TOKEN_FILE", "value": f"{AUTH_MOUNT}/token"})
+        out.append({"name": env.AUTH_TOKEN_FILE, "value": f"{AUTH_MOUNT}/token"})
     return out
 
 
