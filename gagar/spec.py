@@ -1375,6 +1375,7 @@ ConditionType = Literal[
     "Failed",
 ]
 CONDITION_TYPES: tuple[ConditionType, ...] = get_args(ConditionType)  # in status order
+ConditionStatus = Literal["True", "False", "Unknown"]
 Phase = Literal["Pending", "Running", "Suspended", "Succeeded", "Failed", "Stalled"]
 PHASES: tuple[Phase, ...] = get_args(Phase)
 
@@ -1384,7 +1385,7 @@ class Condition(Model):
 
     type: ConditionType
     """Condition type."""
-    status: Literal["True", "False", "Unknown"]
+    status: ConditionStatus
     """Condition status."""
     reason: str = ""
     """CamelCase reason."""
