@@ -16,7 +16,8 @@ from pathlib import Path
 
 from aiohttp import web
 
-TOKEN_FILE_ENV = "GAGAR_AUTH_TOKEN_FILE"
+from gagar.env import AUTH_TOKEN_FILE as TOKEN_FILE_ENV
+
 OPEN_PATHS = frozenset({"/healthz", "/metrics"})
 
 

@@ -12,10 +12,9 @@ import json
 import textwrap
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
-from pydantic.alias_generators import to_camel
+from pydantic import BaseModel, Field
 
-from gagar.spec import Quantity
+from gagar.spec import CONFIG_MODEL, Quantity
 
 OPERATOR_IMAGE = "ghcr.io/gagar-dev/gagar-operator"
 NAMESPACE = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"
@@ -24,13 +23,7 @@ NAMESPACE = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"
 class Values(BaseModel):
     """Base of every values model: camelCase keys, no unknown keys, attribute docstrings."""
 
-    model_config = ConfigDict(
-        extra="forbid",
-        alias_generator=to_camel,
-        populate_by_name=True,
-        use_attribute_docstrings=True,
-        frozen=True,
-    )
+    model_config = CONFIG_MODEL
 
 
 class Image(Values):

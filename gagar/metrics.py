@@ -14,6 +14,8 @@ from typing import Literal
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
+from gagar import env
+
 Kind = Literal["counter", "gauge", "histogram"]
 Component = Literal["trainer", "rollout", "grader", "sandbox", "operator"]
 
@@ -584,8 +586,8 @@ def component_labels(
     ``GAGAR_COMPONENT``), else empty run and the component's name. ``namespace`` is not set here:
     Prometheus adds it from the scraped target (ServiceMonitor/PodMonitor), see docs/observability.md."""
     return {
-        "run": run if run is not None else os.environ.get("GAGAR_RUN", ""),
-        "pool": pool if pool is not None else os.environ.get("GAGAR_COMPONENT", component),
+        "run": run if run is not None else os.environ.get(env.RUN, ""),
+        "pool": pool if pool is not None else os.environ.get(env.COMPONENT, component),
     }
 
 

@@ -100,17 +100,21 @@ def _cel(rule: str, message: str, field_path: str | None = None) -> JsonValue:
     return out
 
 
+# gagar's configuration models (the spec's, the chart values'): camelCase keys, no unknown ones,
+# attribute docstrings as descriptions, immutable.
+CONFIG_MODEL = ConfigDict(
+    extra="forbid",
+    alias_generator=to_camel,
+    populate_by_name=True,
+    use_attribute_docstrings=True,
+    frozen=True,
+)
+
+
 class Model(BaseModel):
     """Base of every spec model: camelCase aliases, forbid unknown fields, attribute docstrings."""
 
-    model_config = ConfigDict(
-        extra="forbid",
-        alias_generator=to_camel,
-        populate_by_name=True,
-        use_attribute_docstrings=True,
-        frozen=True,
-        allow_inf_nan=False,
-    )
+    model_config = ConfigDict(**CONFIG_MODEL, allow_inf_nan=False)
 
     @field_validator("*", mode="after")
     @classmethod
@@ -1371,6 +1375,7 @@ ConditionType = Literal[
     "Failed",
 ]
 CONDITION_TYPES: tuple[ConditionType, ...] = get_args(ConditionType)  # in status order
+ConditionStatus = Literal["True", "False", "Unknown"]
 Phase = Literal["Pending", "Running", "Suspended", "Succeeded", "Failed", "Stalled"]
 PHASES: tuple[Phase, ...] = get_args(Phase)
 
@@ -1380,7 +1385,7 @@ class Condition(Model):
 
     type: ConditionType
     """Condition type."""
-    status: Literal["True", "False", "Unknown"]
+    status: ConditionStatus
     """Condition status."""
     reason: str = ""
     """CamelCase reason."""

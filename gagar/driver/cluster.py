@@ -97,21 +97,21 @@ def resolve(env: Mapping[str, str], run: GagarRun) -> Cluster:
     transport = env.get(names.WEIGHT_TRANSPORT, SAFETENSORS_TRANSPORT)
     if transport != SAFETENSORS_TRANSPORT:  # an operator older than the spec's refusal
         raise ConfigError(
-            f"GAGAR_WEIGHT_TRANSPORT is {transport!r}: the trainer syncs weights through "
+            f"{names.WEIGHT_TRANSPORT} is {transport!r}: the trainer syncs weights through "
             f"{SAFETENSORS_TRANSPORT} only"
         )
     rollout = env.get(names.ROLLOUT_URL) or run.spec.rollout.endpoint
     if not rollout:
-        raise ConfigError("GAGAR_ROLLOUT_URL is not set and spec.rollout.endpoint is empty")
+        raise ConfigError(f"{names.ROLLOUT_URL} is not set and spec.rollout.endpoint is empty")
     sandbox = env.get(names.SANDBOX_URL) or None
     if run.spec.sandbox.backend == "pods" and sandbox is None:
-        raise ConfigError("spec.sandbox.backend is 'pods' but GAGAR_SANDBOX_URL is not set")
+        raise ConfigError(f"spec.sandbox.backend is 'pods' but {names.SANDBOX_URL} is not set")
     if names.RUN_DIR not in env:
-        raise ConfigError("GAGAR_RUN_DIR is not set: where is the checkpoint volume mounted?")
+        raise ConfigError(f"{names.RUN_DIR} is not set: where is the checkpoint volume mounted?")
     try:
         port = int(env.get(names.METRICS_PORT, run.spec.observability.metrics_port))
     except ValueError as err:
-        raise ConfigError(f"GAGAR_METRICS_PORT: {err}") from err
+        raise ConfigError(f"{names.METRICS_PORT}: {err}") from err
     replicas = tuple(
         u.strip() for u in env.get(names.ROLLOUT_REPLICA_URLS, "").split(",") if u.strip()
     )
@@ -188,7 +188,7 @@ class ProgressReporter:
     @classmethod
     def from_cluster(cls, cluster: Cluster, api: Any | None) -> ProgressReporter | None:
         if cluster.progress_configmap is None:
-            log.info("GAGAR_PROGRESS_CONFIGMAP is not set: progress is not reported")
+            log.info("%s is not set: progress is not reported", names.PROGRESS_CONFIGMAP)
             return None
         namespace = namespace_of(cluster)
         if api is None or namespace is None:

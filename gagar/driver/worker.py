@@ -271,7 +271,7 @@ def main(argv: list[str] | None = None) -> int:
     _logging()
     try:
         run = load_config(Path(args.config_dir))
-        if "GAGAR_LOG_LEVEL" not in os.environ:  # the run's setting (its ConfigMap), at start
+        if names.LOG_LEVEL not in os.environ:  # the run's setting (its ConfigMap), at start
             logging.getLogger("gagar").setLevel(run.spec.observability.log_level.upper())
         cluster = resolve(os.environ, run)
     except ConfigError as err:

@@ -56,32 +56,22 @@ BUG = "    return total / (len(values) - 1)\n"
 
 CLEAN = OPS.replace(BUG, "    return total / len(values)\n")
 
+# The bloated fix: debug output, a commented-out line, dead code, and its own body again as a
+# helper nobody calls (a duplicate the heuristic grader finds).
+_BLOATED_BODY = """    total = 0
+    for v in values:
+        total += v
+    n = len(values)
+    result = total / n
+    return result
+"""
 BLOATED = OPS.replace(
-    """    total = 0
-    for v in values:
-        total += v
-    return total / (len(values) - 1)
-""",
-    '''    print("mean called with", values)
-    # total = sum(values)
-    total = 0
-    for v in values:
-        total += v
-    n = len(values)
-    result = total / n
-    return result
-    return total / n
-
-
-def mean_of(values):
-    """Arithmetic mean of a non-empty list."""
-    total = 0
-    for v in values:
-        total += v
-    n = len(values)
-    result = total / n
-    return result
-''',
+    "    total = 0\n    for v in values:\n        total += v\n" + BUG,
+    '    print("mean called with", values)\n    # total = sum(values)\n'
+    + _BLOATED_BODY
+    + "    return total / n\n\n\ndef mean_of(values):\n"
+    + '    """Arithmetic mean of a non-empty list."""\n'
+    + _BLOATED_BODY,
 )
 
 SPECIAL = OPS.replace(

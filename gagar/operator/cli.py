@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-OPTIONAL_CRDS = ("monitoring.coreos.com", "keda.sh", "jobset.x-k8s.io")
+from gagar.operator.builders.common import OPTIONAL_CRDS, PLACEHOLDER_UID
 
 
 def _render(args: argparse.Namespace) -> int:
@@ -71,7 +71,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("file", metavar="RUN.yaml")
     p.add_argument(
         "--uid",
-        default="00000000-0000-0000-0000-000000000000",
+        default=PLACEHOLDER_UID,
         help="uid of the GagarRun for owner references (kubectl get gagarrun X -o jsonpath='{.metadata.uid}')",
     )
     p.add_argument(

@@ -37,8 +37,7 @@ from gagar.operator import telemetry
 from gagar.operator.builders import (
     CHILD_KINDS,
     JOBSET,
-    KEDA,
-    MONITORING,
+    OPTIONAL_CRDS,
     TEMPLATE_ANNOTATION,
     BuildContext,
     build_all,
@@ -61,7 +60,7 @@ log = logging.getLogger("gagar.operator")
 PLURAL = "gagarruns"
 MANAGED = {"app.kubernetes.io/managed-by": "gagar-operator"}
 # Kinds that can stop being wanted while the run exists (PVCs are never pruned: checkpoints).
-OPTIONAL_GROUPS = frozenset({JOBSET, KEDA, MONITORING})
+OPTIONAL_GROUPS = frozenset(OPTIONAL_CRDS)
 PRUNABLE = tuple(k for k in CHILD_KINDS if k[1] not in ("PersistentVolumeClaim", "ConfigMap"))
 
 

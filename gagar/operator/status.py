@@ -27,6 +27,8 @@ from gagar.spec import (
     CONDITION_TYPES,
     CheckpointStatus,
     Condition,
+    ConditionStatus,
+    ConditionType,
     GagarRunSpec,
     GagarRunStatus,
     PoolStatus,
@@ -205,9 +207,9 @@ class _Facts:
     prev: GagarRunStatus
 
 
-def _c(kind: str, ok: bool | None, reason: str, message: str = "") -> Condition:
-    status = "Unknown" if ok is None else ("True" if ok else "False")
-    return Condition(type=kind, status=status, reason=reason, message=message)  # type: ignore[arg-type]
+def _c(kind: ConditionType, ok: bool | None, reason: str, message: str = "") -> Condition:
+    status: ConditionStatus = "Unknown" if ok is None else ("True" if ok else "False")
+    return Condition(type=kind, status=status, reason=reason, message=message)
 
 
 def _trainer_ready(f: _Facts) -> Condition:

@@ -78,34 +78,11 @@ class SandboxInfraError(RuntimeError):
 
 # ----------------------------------------------------------------------------- exits
 class AgentExit(Exception):
-    reason: ExitReason = "submitted"
+    """The one way out of ``Agent.step``: the reason the trajectory ended, and a detail."""
 
-    def __init__(self, detail: str = "") -> None:
-        super().__init__(detail or self.reason)
-
-
-class Submitted(AgentExit):
-    reason = "submitted"
-
-
-class MaxTurns(AgentExit):
-    reason = "max_turns"
-
-
-class MaxTokens(AgentExit):
-    reason = "max_tokens"
-
-
-class ContextOverflow(AgentExit):
-    reason = "context_overflow"
-
-
-class EngineFailed(AgentExit):
-    reason = "engine_error"
-
-
-class SandboxFailed(AgentExit):
-    reason = "sandbox_error"
+    def __init__(self, reason: ExitReason, detail: str = "") -> None:
+        super().__init__(detail or reason)
+        self.reason = reason
 
 
 # ----------------------------------------------------------------------------- trajectory
@@ -199,19 +176,21 @@ class Agent:
     async def step(self) -> None:
         traj, lim = self._traj(), self.limits
         if len(traj.turns) >= lim.max_turns:
-            raise MaxTurns(f"reached {lim.max_turns} turns")
+            raise AgentExit("max_turns", f"reached {lim.max_turns} turns")
         budget = min(lim.max_tokens_per_turn, lim.max_context_tokens - len(traj.token_ids))
         if budget <= 0:
-            raise ContextOverflow(f"context of {len(traj.token_ids)} tokens reached the limit")
+            raise AgentExit(
+                "context_overflow", f"context of {len(traj.token_ids)} tokens reached the limit"
+            )
         gen = await self._generate(budget)
         turn = self._append_generation(gen)
         if gen.finish_reason == "length" and len(traj.token_ids) >= lim.max_context_tokens:
-            raise ContextOverflow("generation ran into the context limit")
+            raise AgentExit("context_overflow", "generation ran into the context limit")
         if lim.max_response_tokens is not None and traj.response_tokens >= lim.max_response_tokens:
-            raise MaxTokens(f"generated {traj.response_tokens} tokens")
+            raise AgentExit("max_tokens", f"generated {traj.response_tokens} tokens")
         observation = await self._act(turn, gen)
         if observation.done:
-            raise Submitted(observation.text[:200])
+            raise AgentExit("submitted", observation.text[:200])
         self._append_observation(observation)
 
     def _traj(self) -> Trajectory:
@@ -227,10 +206,11 @@ class Agent:
         try:
             gen = await self.engine.generate(list(traj.token_ids), params)
         except Exception as err:  # any engine failure is infrastructure, never the policy's fault
-            raise EngineFailed(f"{type(err).__name__}: {err}") from err
+            raise AgentExit("engine_error", f"{type(err).__name__}: {err}") from err
         if len(gen.token_ids) != len(gen.logprobs) or not gen.token_ids:
-            raise EngineFailed(
-                f"engine returned {len(gen.token_ids)} tokens and {len(gen.logprobs)} log-probs"
+            raise AgentExit(
+                "engine_error",
+                f"engine returned {len(gen.token_ids)} tokens and {len(gen.logprobs)} log-probs",
             )
         return gen
 
@@ -259,7 +239,7 @@ class Agent:
         try:
             turn.observation = await self.tools.execute(turn.call)
         except SandboxInfraError as err:
-            raise SandboxFailed(str(err)) from err
+            raise AgentExit("sandbox_error", str(err)) from err
         return turn.observation
 
     def _append_observation(self, observation: Observation) -> None:

@@ -20,7 +20,14 @@ from gagar.trainer.model import (
     read_config,
 )
 from gagar.trainer.model.fetch import fetch_model, wheel_gguf_path
-from gagar.trainer.model.presets import TOOL_MARKERS, create_preset, train_tokenizer
+from gagar.trainer.model.presets import (
+    TOOL_MARKERS,
+    Preset,
+    create_preset,
+    fast_tokenizer,
+    random_llama,
+    train_tokenizer,
+)
 
 STEPS_TO_COPY = 200
 
@@ -155,6 +162,22 @@ def test_tokenizer_trains_on_given_texts() -> None:
     assert tok.get_vocab_size() == 400
     other = train_tokenizer(["plain words here " * 20], vocab_size=400)
     assert len(other.encode("frobnicate_widget").ids) > 6
+
+
+def test_random_llama_takes_sizes_and_tying_from_its_preset() -> None:
+    """The vLLM tests' fixture (tests/support/tiny_llama.py) is a smaller, untied ``Preset``."""
+    from dataclasses import replace
+
+    small = Preset(vocab_size=512, hidden_size=128, num_layers=1, num_heads=2, num_kv_heads=1,
+                   ffn_hidden_size=256, max_positions=256, tie_word_embeddings=False)  # fmt: skip
+    tok = fast_tokenizer(["def f(x):\n    return x + 1\n"] * 10, vocab_size=512)
+    untied = random_llama(small, tok)
+    assert untied.lm_head.weight is not untied.model.embed_tokens.weight
+    assert untied.config.head_dim == 64 and untied.config.num_key_value_heads == 1
+    tied = random_llama(replace(small, tie_word_embeddings=True), tok)
+    assert tied.lm_head.weight is tied.model.embed_tokens.weight
+    with pytest.raises(ValueError, match="tokenizer has 512 tokens, expected 1024"):
+        random_llama(replace(small, vocab_size=1024), tok)
 
 
 def test_unknown_preset_and_model_are_refused(tmp_path: Path) -> None:

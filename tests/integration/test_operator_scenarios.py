@@ -35,6 +35,7 @@ from prometheus_client import CollectorRegistry
 from gagar.crd import build_crd
 from gagar.env import EXIT_PERMANENT
 from gagar.metrics import Metrics
+from gagar.operator.builders import BuildContext, build_all
 from gagar.operator.handlers import (
     MANAGED,
     OperatorConfig,
@@ -860,12 +861,19 @@ def test_switching_a_pool_to_autoscaling_keeps_its_replicas(env: Env) -> None:
 def test_jobset_crd_installed_mid_run_keeps_the_running_job(env: Env) -> None:
     """The JobSet CRD appearing during a run (with the integration on) never replaces, or prunes,
     a run's running trainer Job; a run that asked for a JobSet was refused until then (no quiet
-    fallback to a Job) and now gets its JobSet."""
+    fallback to a Job) and now gets its JobSet. A run that asked for one but runs as a Job (an
+    older operator fell back to it) keeps that Job for its life too."""
     if not env.simulated:
         pytest.skip("installs a stand-in JobSet CRD")
     plain, wants = manifest(), manifest(**{"trainer.useJobSet": True})
     name, job = plain["metadata"]["name"], f"{plain['metadata']['name']}-trainer"
     other = wants["metadata"]["name"]
+    legacy = env.create(manifest(**{"trainer.useJobSet": True}))
+    old, parsed = legacy["metadata"]["name"], parse_run(legacy)[0]
+    assert parsed is not None
+    built = build_all(parsed, BuildContext(uid=legacy["metadata"]["uid"]))  # no JobSet CRD
+    (older_job,) = [o for o in built if o["kind"] == "Job"]  # what an older operator fell back to
+    old_uid = env.kube.create(older_job)["metadata"]["uid"]
     with env.operator(integrations=frozenset({"jobset.x-k8s.io"})) as reconciler:
         env.create(plain)
         env.create(wants)
@@ -890,6 +898,10 @@ def test_jobset_crd_installed_mid_run_keeps_the_running_job(env: Env) -> None:
         assert env.get("batch/v1", "Job", job)["metadata"]["uid"] == uid
         assert env.get("batch/v1", "Job", f"{other}-trainer") is None
         assert env.condition(name, "Stalled").get("status") != "True"
+        assert env.get("batch/v1", "Job", f"{old}-trainer")["metadata"]["uid"] == old_uid
+        jobset = ("jobset.x-k8s.io/v1alpha2", "JobSet", env.namespace, f"{old}-trainer")
+        assert env.kube.get(*jobset) is None
+        assert env.condition(old, "Stalled").get("status") == "False", env.status(old)
 
 
 def test_use_jobset_without_the_integration_is_refused(env: Env) -> None:

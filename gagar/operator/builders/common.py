@@ -22,6 +22,7 @@ State = Literal["active", "terminal"]
 MONITORING = "monitoring.coreos.com"
 KEDA = "keda.sh"
 JOBSET = "jobset.x-k8s.io"
+OPTIONAL_CRDS = (MONITORING, KEDA, JOBSET)
 
 CONFIG_MOUNT = "/etc/gagar/config"
 CHECKPOINT_MOUNT = "/gagar/checkpoints"
@@ -139,7 +140,7 @@ def common_env(run: GagarRun, component: str) -> list[dict[str, Any]]:
         },
     ]
     if run.spec.auth_token_secret and component in AUTH_COMPONENTS:
-        out.append({"name": "GAGAR_AUTH_TOKEN_FILE", "value": f"{AUTH_MOUNT}/token"})
+        out.append({"name": env.AUTH_TOKEN_FILE, "value": f"{AUTH_MOUNT}/token"})
     return out
 
 

@@ -142,36 +142,42 @@ def vllm_command(model: str | None, published: bool = True) -> list[str]:
     return ["/bin/sh", "-c", script, "vllm"]  # "vllm" is $0, the args are "$@"
 
 
-def rollout_args(run: GagarRun, model: str | None) -> list[str]:
-    """The policy server's vLLM options (the embedded server's, through ``vllm_args``)."""
-    rollout = run.spec.rollout
+def pod_vllm_args(model: str | None, served_name: str, **options: Any) -> list[str]:
+    """vLLM options of a server in a pool's pod: every interface, ``VLLM_PORT``, object-store
+    models streamed; ``options`` are the server's other ``VllmArgs``."""
     return vllm_args(
         VllmArgs(
             host="0.0.0.0",
             port=VLLM_PORT,
-            served_name="policy",
-            weight_transfer_backend=vllm_backend(run),
-            dtype=rollout_dtype(run),
-            max_model_len=rollout.agent.max_context_tokens,
-            tensor_parallel_size=rollout.tensor_parallel_size,
-            gpu_memory_utilization=rollout.gpu_memory_utilization,
+            served_name=served_name,
             load_format=load_format(model),
+            **options,
         )
+    )
+
+
+def rollout_args(run: GagarRun, model: str | None) -> list[str]:
+    """The policy server's vLLM options (the embedded server's, through ``vllm_args``)."""
+    rollout = run.spec.rollout
+    return pod_vllm_args(
+        model,
+        "policy",
+        weight_transfer_backend=vllm_backend(run),
+        dtype=rollout_dtype(run),
+        max_model_len=rollout.agent.max_context_tokens,
+        tensor_parallel_size=rollout.tensor_parallel_size,
+        gpu_memory_utilization=rollout.gpu_memory_utilization,
     )
 
 
 def grader_model_args(run: GagarRun, model: str | None) -> list[str]:
     """The agentic grader's model server: a fixed model answering OpenAI tool calls."""
     grader = run.spec.grader
-    return vllm_args(
-        VllmArgs(
-            host="0.0.0.0",
-            port=VLLM_PORT,
-            served_name=GRADER_SERVED_NAME,
-            tensor_parallel_size=max(grader.resources.gpus, 1),
-            tool_call_parser=grader.tool_call_parser,
-            load_format=load_format(model),
-        )
+    return pod_vllm_args(
+        model,
+        GRADER_SERVED_NAME,
+        tensor_parallel_size=max(grader.resources.gpus, 1),
+        tool_call_parser=grader.tool_call_parser,
     )
 
 

@@ -6,6 +6,8 @@ transformers, vLLM and ``gagar model convert`` load. The tokenizer is a byte-lev
 on ``texts`` when given (e.g. the synthetic task family, later), otherwise on a generic corpus
 of real Python source and its English docstrings from this interpreter's standard library,
 plus chat-formatted tool-calling examples. Sizes are vLLM-servable (head_dim 64).
+``random_llama(preset, tokenizer)`` is the one initializer: the vLLM tests' tiny Llama
+(``tests/support/tiny_llama.py``) is a smaller ``Preset`` through the same path.
 """
 
 from __future__ import annotations
@@ -35,6 +37,7 @@ class Preset:
     num_kv_heads: int
     ffn_hidden_size: int
     max_positions: int
+    tie_word_embeddings: bool = True  # the tests' vLLM fixture serves untied weights too
 
 
 PRESETS = {
@@ -124,12 +127,29 @@ def llama_config(preset: Preset, tokenizer: Any) -> Any:
         num_attention_heads=preset.num_heads,
         num_key_value_heads=preset.num_kv_heads,
         max_position_embeddings=preset.max_positions,
-        tie_word_embeddings=True,
+        tie_word_embeddings=preset.tie_word_embeddings,
         bos_token_id=tokenizer.convert_tokens_to_ids(BOS),
         eos_token_id=tokenizer.convert_tokens_to_ids(EOS),
         pad_token_id=tokenizer.convert_tokens_to_ids(PAD),
         torch_dtype="float32",
     )
+
+
+def random_llama(preset: Preset, tokenizer: Any, seed: int = 0) -> Any:
+    """A freshly initialized float32 ``LlamaForCausalLM`` of ``preset`` for ``tokenizer``."""
+    import torch
+    from transformers import GenerationConfig, LlamaForCausalLM
+
+    if len(tokenizer) != preset.vocab_size:
+        raise ValueError(f"tokenizer has {len(tokenizer)} tokens, expected {preset.vocab_size}")
+    config = llama_config(preset, tokenizer)
+    torch.manual_seed(seed)
+    model = LlamaForCausalLM(config).float()
+    model.generation_config = GenerationConfig(
+        bos_token_id=config.bos_token_id, eos_token_id=config.eos_token_id,
+        pad_token_id=config.pad_token_id,
+    )  # fmt: skip
+    return model
 
 
 def create_preset(
@@ -144,23 +164,12 @@ def create_preset(
 
     ``copy_steps`` > 0 trains the fresh model on ``copy_curriculum`` first, with spans drawn from
     the tokens of ``texts`` (or of the generic corpus); ``on_copy_step(i, nll)`` reports progress."""
-    import torch
-    from transformers import GenerationConfig, LlamaForCausalLM
-
     if name not in PRESETS:
         raise ValueError(f"unknown preset {name!r}; known: {sorted(PRESETS)}")
     preset = PRESETS[name]
     texts = list(texts) if texts is not None else None
     tokenizer = fast_tokenizer(texts, preset.vocab_size)
-    if len(tokenizer) != preset.vocab_size:
-        raise ValueError(f"tokenizer has {len(tokenizer)} tokens, expected {preset.vocab_size}")
-    config = llama_config(preset, tokenizer)
-    torch.manual_seed(seed)
-    model = LlamaForCausalLM(config).float()
-    model.generation_config = GenerationConfig(
-        bos_token_id=config.bos_token_id, eos_token_id=config.eos_token_id,
-        pad_token_id=config.pad_token_id,
-    )  # fmt: skip
+    model = random_llama(preset, tokenizer, seed)
     out = Path(out)
     if copy_steps:
         seen = {i for text in (texts or default_corpus()) for i in tokenizer.encode(text)}
