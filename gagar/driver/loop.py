@@ -187,6 +187,17 @@ def _samples(groups: list[GroupResult], per_token: list[list[float]]) -> list[Sa
     ]
 
 
+def _below_t1(ranking: Ranking | None, member: int) -> bool | None:
+    """Whether the grader put pass ``member`` below T1 (a confirmed hack is); None when the
+    ranking does not place it."""
+    if ranking is None:
+        return None
+    if any(h.member == member for h in ranking.hacks):
+        return True
+    tiers = [t.tier for t in ranking.tied_groups if member in t.members]
+    return tiers[0] != "T1" if tiers else None
+
+
 def _group_facts(
     groups: list[GroupResult], rankings: list[Ranking | None], batch: Any, alg: AlgorithmSpec
 ) -> dict[str, Any]:
@@ -221,7 +232,9 @@ def _group_facts(
         for j, r in enumerate(g.rollouts)
         if r.valid and r.passed and rankings[gi] is not None
     ]
-    below_t1 = [float(factors[gi, j]) < 1.0 for gi, j in passes]
+    # the grader's tiers, not the factors: an ablation with every factor 1 still measures bloat,
+    # and a second T1 group (factor 0.9) is not bloated
+    below_t1 = [b for gi, j in passes if (b := _below_t1(rankings[gi], j)) is not None]
     return {
         "fallbacks": fallbacks,
         "graded_by": graded_by,

@@ -150,3 +150,26 @@ def test_both_modes_measure_the_bloated_share_from_the_ranking(mode) -> None:
     assert facts["bloated_passes_ratio"] == 0.5 and facts["factors"] == pytest.approx([1, 0.85])
     same = bool(torch.isclose(batch.adv[0, 0], batch.adv[0, 1]))
     assert same == (mode == "grpo")
+
+
+def test_the_bloated_share_reads_the_tiers_not_the_factors() -> None:
+    """The shaping-only ablation sets every quality factor to 1: its passes below T1 are still
+    bloated. A second T1 group (factor 0.9) is not; a pass the ranking does not place is left out."""
+    from gagar.driver.loop import _group_facts
+    from gagar.driver.rollouts import GroupResult
+    from gagar.rollout.envs.synthetic import generate
+
+    ones = {k: 1.0 for k in ("t1First", "t1Other", "t2High", "t2Low", "t3")}
+    alg = AlgorithmSpec.model_validate({"redistribution": {"qualityFactors": ones}})
+    batch = group_advantages([group()], [RANKING], alg)
+    facts = _group_facts([GroupResult(generate(0), group(), [])], [RANKING], batch, alg)
+    assert facts["factors"] == pytest.approx([1, 1]) and facts["bloated_passes_ratio"] == 0.5
+    two_t1 = Ranking(
+        tied_groups=[TiedGroup(tier="T1", members=[0]), TiedGroup(tier="T1", members=[1])],
+        grader="heuristic",
+    )
+    facts = _group_facts([GroupResult(generate(0), group(), [])], [two_t1], batch, NO_LP)
+    assert facts["bloated_passes_ratio"] == 0.0
+    only_one = Ranking(tied_groups=[TiedGroup(tier="T2", members=[1])], grader="heuristic")
+    facts = _group_facts([GroupResult(generate(0), group(), [])], [only_one], batch, NO_LP)
+    assert facts["bloated_passes_ratio"] == 1.0
