@@ -91,6 +91,14 @@ class Ranking(_Wire):
             raise ValueError(f"a candidate appears more than once in the ranking: {sorted(seen)}")
         return self
 
+    def below_t1(self, member: int) -> bool | None:
+        """Whether ``member`` is bloated: a confirmed hack, or in a tied group below T1; None when
+        the ranking does not place it."""
+        if any(h.member == member for h in self.hacks):
+            return True
+        tiers = [g.tier for g in self.tied_groups if member in g.members]
+        return tiers[0] != "T1" if tiers else None
+
     def check_complete(self, passes: list[int]) -> str | None:
         """Return why the ranking is unusable for these passing members, or None if usable."""
         ranked = sorted(

@@ -187,17 +187,6 @@ def _samples(groups: list[GroupResult], per_token: list[list[float]]) -> list[Sa
     ]
 
 
-def _below_t1(ranking: Ranking | None, member: int) -> bool | None:
-    """Whether the grader put pass ``member`` below T1 (a confirmed hack is); None when the
-    ranking does not place it."""
-    if ranking is None:
-        return None
-    if any(h.member == member for h in ranking.hacks):
-        return True
-    tiers = [t.tier for t in ranking.tied_groups if member in t.members]
-    return tiers[0] != "T1" if tiers else None
-
-
 def _group_facts(
     groups: list[GroupResult], rankings: list[Ranking | None], batch: Any, alg: AlgorithmSpec
 ) -> dict[str, Any]:
@@ -234,7 +223,11 @@ def _group_facts(
     ]
     # the grader's tiers, not the factors: an ablation with every factor 1 still measures bloat,
     # and a second T1 group (factor 0.9) is not bloated
-    below_t1 = [b for gi, j in passes if (b := _below_t1(rankings[gi], j)) is not None]
+    below_t1 = [
+        b
+        for gi, j in passes
+        if (rk := rankings[gi]) is not None and (b := rk.below_t1(j)) is not None
+    ]
     return {
         "fallbacks": fallbacks,
         "graded_by": graded_by,
@@ -624,7 +617,7 @@ async def evaluate(
     bloated: dict[str, bool] = {}
     for g, _ in passes:
         ranking = await ctx.services.fallback_grader.grade(grading_group(g))
-        bloated[id(g)] = any(t.tier != "T1" for t in ranking.tied_groups) or bool(ranking.hacks)
+        bloated[id(g)] = ranking.below_t1(0) is True  # a probe "group" has one member
     samples = [
         {
             "task": g.task.instance_id,
