@@ -9,7 +9,9 @@
    redistribution only: length penalty and segment shaping off); ``gagar-shaping`` (length
    penalty and segment shaping only: every quality factor 1, so the redistribution is the
    identity). Every run scores the probe set (``gagar train --probe``: fixed samples of training
-   tasks with fixed seeds, never tuned on) at its start and its end.
+   tasks with fixed seeds, never tuned on) at its end; the start score is the same for all (the
+   same weights, samples and seeds), so the first run rolls it out and the others read it from
+   gagar's per-machine probe cache, keyed by the weights' digest (``gagar.driver.probe``).
 3. Per arm: mean and 95 % interval over seeds of every metric (``METRICS``); paired tests of each
    arm against ``grpo`` over seeds (exact Wilcoxon signed-rank, sign test beside it), and for the
    probe pass rate also per probe sample pooled over seeds (exact sign test on the discordant
@@ -582,6 +584,8 @@ def run_arms(args: argparse.Namespace, console: Any) -> int:
         "steps": args.steps,
         "trajectories_per_step": alg.get("tasksPerStep", 8) * alg.get("groupSize", 8),
         "probe_samples": args.probe,
+        # one start score for every run (the first run's, from the probe cache: same weights)
+        "probe_start": "shared",
         "policy": {
             **{k: v for k, v in sft_doc["spec"]["model"].items() if k != "path"},
             "warm_start": warm,

@@ -56,6 +56,10 @@ class LocalProvider:
 
     caches_warm_start = True  # this machine keeps warm-started policies (gagar.driver.sft)
 
+    @property
+    def published_weights(self) -> Path:
+        return self.out / "policy" / "serving"  # written by start_engine
+
     def base_policy(self, run: GagarRun, group: Any) -> Path:
         """The warm-started policy from this machine's cache when it has ``run``'s (the copying
         curriculum and the SFT are then skipped), else ``comp.prepare_policy`` with a progress
@@ -115,7 +119,7 @@ def start_engine(run: GagarRun, model: Any, policy_dir: Path, out: Path) -> tupl
     from gagar.rollout.engines.weight_sync import ReplicaClient, SafetensorsWeightSync
     from gagar.trainer.model import save_hf_checkpoint
 
-    serving = out / "policy" / "serving"
+    serving = out / "policy" / "serving"  # LocalProvider.published_weights
     save_hf_checkpoint(model, serving, side_files_from=policy_dir)
     cfg = ServerConfig(
         model=serving,

@@ -86,6 +86,9 @@ class Context:
     metrics_port: int
     warm_start: dict[str, Any]
     trackers: trackers.Trackers  # spec.observability.trackers (none by default)
+    # the published starting weights, whose digest keys this machine's cache of the probe's start
+    # score (LocalProvider); None: no cache (the cluster trainer)
+    start_weights: Path | None = None
     step: int = 0
     version: int = 0  # the policy version the engine serves
     closers: Closers = field(default_factory=list)
@@ -570,7 +573,7 @@ async def train(
     probes = probe_mod.probe_tasks(ctx.train_tasks, probe_samples)
     start = probe_mod.load_start(ctx.out) if probes else None
     if probes and start is None:
-        start = probe_mod.summary(await evaluate(ctx, probes, probe_mod.PROBE_SEED, "probe_start"))
+        start = await _probe_start(ctx, probes)
         probe_mod.save_start(ctx.out, start)
     try:
         while ctx.step < ctx.alg.total_steps and not eval_only:
@@ -589,6 +592,22 @@ async def train(
         extra["probe"] = {"start": start, "end": end}
     evaluation = await evaluate(ctx, ctx.held_out[:eval_tasks]) if eval_tasks else {}
     return write_final_report(ctx, {"held_out": evaluation, **extra})
+
+
+async def _probe_start(ctx: Context, probes: list[Task]) -> dict[str, Any]:
+    """The probe's start score: from this machine's cache when the same weights were probed with
+    the same settings before (not on a resumed run: its published weights have moved)."""
+    rollouts = ctx.out / "rollouts" / "probe_start.jsonl"
+    key = None
+    if ctx.start_weights is not None and ctx.version == 0 and ctx.step == 0:
+        key = probe_mod.start_key(ctx.run, ctx.start_weights, len(probes))
+        cached = probe_mod.cached_start(key, rollouts)
+        if cached is not None:
+            return cached
+    start = probe_mod.summary(await evaluate(ctx, probes, probe_mod.PROBE_SEED, "probe_start"))
+    if key is not None:
+        probe_mod.store_start(key, start, rollouts)
+    return start
 
 
 async def evaluate(

@@ -72,6 +72,14 @@ class Provider(Protocol):
         """Where rank 0 serves /metrics (port 0: a free one)."""
         ...
 
+    # this machine keeps warm-started policies and probe start scores (gagar.driver.sft, .probe)
+    caches_warm_start: bool
+
+    @property
+    def published_weights(self) -> Path | None:
+        """The HF folder the engine serves, once ``services`` started (None: not on this disk)."""
+        ...
+
     def start(self, run: GagarRun) -> Any:
         """Check the devices and start torch.distributed; returns the team's control group."""
         ...
@@ -413,10 +421,10 @@ def build(rank: Rank, provider: Provider, *, resume_run: bool) -> Context:
                 provider.out / "metrics.jsonl", 0
             )  # records of a run that left no checkpoint
             if run.spec.model.sft_warmup_steps:
-                cache = getattr(provider, "caches_warm_start", False)
-                warm = warm_start(rank, sandboxes, train_tasks, console, cache)
+                warm = warm_start(rank, sandboxes, train_tasks, console, provider.caches_warm_start)
         step, version = resumed or (0, 0)
         services = provider.services(rank, sandboxes, version, closers)
+        start_weights = provider.published_weights if provider.caches_warm_start else None
         addr, port = provider.metrics_address
         http, _ = start_http_server(port, addr=addr, registry=registry)
         closers.append(http.shutdown)
@@ -429,7 +437,7 @@ def build(rank: Rank, provider: Provider, *, resume_run: bool) -> Context:
         run=run, out=provider.out, policy_dir=rank.policy_dir, model=rank.model,
         learner=rank.learner, ckpt=rank.ckpt, team=rank.team, train_tasks=train_tasks,
         held_out=held_out, fmt=fmt, sampler=sampler, services=services, warm_start=warm,
-        metrics=metrics,
+        metrics=metrics, start_weights=start_weights,
         metrics_port=http.server_port, trackers=tracked, step=step, version=version,
         closers=closers,
     )  # fmt: skip

@@ -97,10 +97,15 @@ class ClusterProvider:
     api: Any = None  # the Kubernetes API client (None outside a cluster)
     console: Console = field(default_factory=lambda: Console(stderr=True))
     sync: ReplicaSync | None = None  # set by ``services``: the progress report reads its version
+    caches_warm_start = False  # a pod's disk is not the next run's: it always warm-starts
 
     @property
     def out(self) -> Path:
         return self.cluster.run_dir
+
+    @property
+    def published_weights(self) -> None:
+        return None
 
     @property
     def metrics_address(self) -> tuple[str, int]:

@@ -227,15 +227,16 @@ def test_a_second_run_starts_from_the_machine_s_cached_warm_start(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The same manifest twice (another run directory): the second restores the warm-started
-    policy from the cache and skips the copying curriculum and the SFT; another style mix misses.
+    policy from the cache and skips the copying curriculum and the SFT, and takes the probe's start
+    score (with its trajectories) from the first run's; another style mix misses both.
     The cache is this test's own: the suite's shared one already holds what other tests made."""
     env_cache = tmp_path / "cache"
     monkeypatch.setenv("GAGAR_CACHE_DIR", str(env_cache))
-    first = _train(tmp_path / "a", "--steps", "1", "--eval-tasks", "0")
+    first = _train(tmp_path / "a", "--steps", "1", "--eval-tasks", "0", "--probe", "2")
     out_a, _ = first.communicate(timeout=1500)
     assert first.returncode == 0, out_a[-4000:]
     assert "SFT warm start" in out_a and "cached on this machine" not in out_a
-    second = _train(tmp_path / "b", "--steps", "1", "--eval-tasks", "0")
+    second = _train(tmp_path / "b", "--steps", "1", "--eval-tasks", "0", "--probe", "2")
     out_b, _ = second.communicate(timeout=1500)
     assert second.returncode == 0, out_b[-4000:]
     assert "cached on this machine" in out_b, out_b[-4000:]
@@ -243,6 +244,13 @@ def test_a_second_run_starts_from_the_machine_s_cached_warm_start(
     report = json.loads((tmp_path / "b" / "report.json").read_text())
     assert report["warm_start"]["cached"] is True and report["warm_start"]["sft_steps"] == 2
     assert any(p.is_dir() for p in (env_cache / "warm-start").iterdir())
+    first_start = json.loads((tmp_path / "a" / "report.json").read_text())["probe"]["start"]
+    assert "cached" not in first_start
+    assert report["probe"]["start"] == {**first_start, "cached": report["probe"]["start"]["cached"]}
+    assert (tmp_path / "b" / "rollouts" / "probe_start.jsonl").read_text() == (
+        tmp_path / "a" / "rollouts" / "probe_start.jsonl"
+    ).read_text()
+    assert "cached" not in report["probe"]["end"], "the end is scored on the run's own weights"
     # another expert style mix is another warm start
     doc = yaml.safe_load(EXAMPLE.read_text())
     doc["spec"]["model"]["sftExpertStyles"] = {"bloated": 0.9}
