@@ -499,10 +499,12 @@ class _TokenLogprob(torch.autograd.Function):
                 k = slice(j, j + ROWS_PER_CHUNK)
                 x = logits[i, k].float()
                 top = x.amax(-1, keepdim=True)
-                e = torch.exp(x - top)
+                e = torch.sub(x, top).exp_()  # one full-vocabulary temporary per chunk
                 total = e.sum(-1)
                 lse[i, k] = top.squeeze(-1) + torch.log(total)
-                ent[i, k] = lse[i, k] - (e * x).sum(-1) / total
+                # Σ e·x as a batched dot product: no second (rows, V) temporary
+                dot = torch.bmm(e.unsqueeze(1), x.unsqueeze(2)).view(-1)
+                ent[i, k] = lse[i, k] - dot / total
         ctx.save_for_backward(logits, targets, lse)
         ctx.mark_non_differentiable(ent)
         return logits.gather(-1, targets[..., None]).squeeze(-1).float() - lse, ent
@@ -512,12 +514,16 @@ class _TokenLogprob(torch.autograd.Function):
         logits, targets, lse = ctx.saved_tensors
         out = torch.empty_like(logits)
         g = grad.float()
+        exact = logits.dtype == torch.float32  # float32 logits: formed in place in the gradient
         for i in range(logits.shape[0]):
             for j in range(0, logits.shape[1], ROWS_PER_CHUNK):
                 k = slice(j, j + ROWS_PER_CHUNK)
-                d = torch.exp(logits[i, k].float() - lse[i, k, None]).mul_(-g[i, k, None])
+                d = out[i, k] if exact else torch.empty_like(logits[i, k], dtype=torch.float32)
+                torch.sub(logits[i, k].float(), lse[i, k, None], out=d)
+                d.exp_().mul_(-g[i, k, None])
                 d.scatter_add_(-1, targets[i, k, None], g[i, k, None])
-                out[i, k] = d
+                if not exact:
+                    out[i, k] = d  # rounded to the logits' dtype
         return out, None
 
 
