@@ -125,14 +125,4 @@ def store_start(key: str, result: dict[str, Any], rollouts: Path) -> None:
     tmp.mkdir()
     shutil.copyfile(rollouts, tmp / "rollouts.jsonl")
     (tmp / "summary.json").write_text(json.dumps(result))
-    if (root / key).exists():
-        shutil.rmtree(tmp)
-    else:
-        tmp.rename(root / key)
-    entries = sorted(
-        (p for p in root.iterdir() if p.is_dir() and ".partial" not in p.name),
-        key=lambda p: p.stat().st_mtime,
-        reverse=True,
-    )
-    for old in entries[CACHE_KEEP:]:
-        shutil.rmtree(old, ignore_errors=True)
+    sft.commit_entry(tmp, root / key, CACHE_KEEP)

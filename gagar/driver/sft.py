@@ -307,15 +307,21 @@ def store_warm_start(
     shutil.rmtree(tmp, ignore_errors=True)
     save_hf_checkpoint(model, tmp, side_files_from=policy_dir)
     (tmp / WARM_MARKER).write_text(json.dumps({"key": key, "summary": summary}))
+    commit_entry(tmp, entry, CACHE_KEEP)
+    return entry
+
+
+def commit_entry(tmp: Path, entry: Path, keep: int) -> None:
+    """Rename a cache entry written whole in ``tmp`` to ``entry`` (another process's identical
+    entry already there wins), then prune ``entry``'s folder to its ``keep`` newest entries."""
     if entry.exists():
         shutil.rmtree(tmp)
     else:
         tmp.rename(entry)
     entries = sorted(
-        (p for p in root.iterdir() if p.is_dir() and ".partial" not in p.name),
+        (p for p in entry.parent.iterdir() if p.is_dir() and ".partial" not in p.name),
         key=lambda p: p.stat().st_mtime,
         reverse=True,
     )
-    for old in entries[CACHE_KEEP:]:
+    for old in entries[keep:]:
         shutil.rmtree(old, ignore_errors=True)
-    return entry
