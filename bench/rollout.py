@@ -41,6 +41,7 @@ import asyncio
 import contextlib
 import cProfile
 import json
+import math
 import os
 import platform
 import pstats
@@ -210,7 +211,8 @@ def cpu_now(pgid: int | None) -> dict[str, float]:
 def cpu_used(before: dict[str, float], wall: float, pgid: int | None) -> dict[str, float]:
     after = cpu_now(pgid)
     used = {k: after[k] - before[k] for k in before}
-    return {**used, "cores_busy": sum(v for v in used.values() if v == v) / wall}
+    known = [v for v in used.values() if not math.isnan(v)]  # no engine CPU with --url
+    return {**used, "cores_busy": sum(known) / wall}
 
 
 def prefix_cache(base_url: str) -> dict[str, float]:

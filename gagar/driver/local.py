@@ -58,7 +58,7 @@ class LocalProvider:
 
     @property
     def published_weights(self) -> Path:
-        return self.out / "policy" / "serving"  # written by start_engine
+        return serving_dir(self.out)
 
     def base_policy(self, run: GagarRun, group: Any) -> Path:
         """The warm-started policy from this machine's cache when it has ``run``'s (the copying
@@ -112,6 +112,11 @@ class LocalProvider:
         )
 
 
+def serving_dir(out: Path) -> Path:
+    """Where ``start_engine`` publishes the weights vLLM serves."""
+    return out / "policy" / "serving"
+
+
 def start_engine(run: GagarRun, model: Any, policy_dir: Path, out: Path) -> tuple[Any, Any, Any]:
     """Publish the current weights, serve them with vLLM, and return (engine, sync, server)."""
     from gagar.engine.client import AsyncOpenAIEngine
@@ -119,7 +124,7 @@ def start_engine(run: GagarRun, model: Any, policy_dir: Path, out: Path) -> tupl
     from gagar.rollout.engines.weight_sync import ReplicaClient, SafetensorsWeightSync
     from gagar.trainer.model import save_hf_checkpoint
 
-    serving = out / "policy" / "serving"  # LocalProvider.published_weights
+    serving = serving_dir(out)
     save_hf_checkpoint(model, serving, side_files_from=policy_dir)
     cfg = ServerConfig(
         model=serving,

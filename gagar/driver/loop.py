@@ -599,7 +599,7 @@ async def _probe_start(ctx: Context, probes: list[Task]) -> dict[str, Any]:
     the same settings before (not on a resumed run: its published weights have moved)."""
     rollouts = ctx.out / "rollouts" / "probe_start.jsonl"
     key = None
-    if ctx.start_weights is not None and ctx.version == 0 and ctx.step == 0:
+    if ctx.start_weights is not None and ctx.step == 0:
         key = probe_mod.start_key(ctx.run, ctx.start_weights, len(probes))
         cached = probe_mod.cached_start(key, rollouts)
         if cached is not None:

@@ -29,6 +29,8 @@ from gagar.rollout.envs.task import Task
 PER_TASK = 4  # samples per probe task: 64 samples are 16 tasks x 4 seeds
 PROBE_SEED = 500_000  # sampling seeds of the probe, far from the held-out evaluation's
 CACHE_KEEP = 64  # newest start scores kept per machine (a few hundred KB each)
+# the code a start score depends on: the warm start's, and the grader that flags bloated passes
+KEY_CODE = (*sft.KEY_CODE, "grader", "wire.py")
 
 
 def probe_tasks(train_tasks: list[Task], samples: int, per_task: int = PER_TASK) -> list[Task]:
@@ -95,7 +97,7 @@ def start_key(run: Any, weights: Path, samples: int) -> str:
         "agent": dump(s.rollout.agent),
         "sandbox": dump(s.sandbox),
         "grader": dump(s.grader),
-        "code": sft.code_hash(),
+        "code": sft.code_hash(parts=KEY_CODE),
     }
     return hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()[:24]
 

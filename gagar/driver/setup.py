@@ -72,12 +72,13 @@ class Provider(Protocol):
         """Where rank 0 serves /metrics (port 0: a free one)."""
         ...
 
-    # this machine keeps warm-started policies and probe start scores (gagar.driver.sft, .probe)
+    # this machine keeps warm-started policies (gagar.driver.sft)
     caches_warm_start: bool
 
     @property
     def published_weights(self) -> Path | None:
-        """The HF folder the engine serves, once ``services`` started (None: not on this disk)."""
+        """The HF folder the engine serves, once ``services`` started, when this machine keeps
+        probe start scores keyed by it (gagar.driver.probe); None: no such cache."""
         ...
 
     def start(self, run: GagarRun) -> Any:
@@ -424,7 +425,7 @@ def build(rank: Rank, provider: Provider, *, resume_run: bool) -> Context:
                 warm = warm_start(rank, sandboxes, train_tasks, console, provider.caches_warm_start)
         step, version = resumed or (0, 0)
         services = provider.services(rank, sandboxes, version, closers)
-        start_weights = provider.published_weights if provider.caches_warm_start else None
+        start_weights = provider.published_weights
         addr, port = provider.metrics_address
         http, _ = start_http_server(port, addr=addr, registry=registry)
         closers.append(http.shutdown)

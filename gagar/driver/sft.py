@@ -222,10 +222,10 @@ def cache_root() -> Path:
     return Path(os.environ.get(CACHE_ENV) or Path.home() / ".cache" / "gagar") / "warm-start"
 
 
-def code_hash(package: Path = _PKG) -> str:
-    """One hash of the ``KEY_CODE`` sources of ``package`` (paths and contents)."""
+def code_hash(package: Path = _PKG, parts: tuple[str, ...] = KEY_CODE) -> str:
+    """One hash of the ``parts`` sources of ``package`` (paths and contents)."""
     h = hashlib.sha256()
-    for rel in KEY_CODE:
+    for rel in parts:
         top = package / rel
         if not top.exists():
             h.update(rel.encode() + b"\0absent")

@@ -87,3 +87,14 @@ def test_a_cached_start_comes_back_with_its_trajectories(tmp_path: Path, monkeyp
     for key in ("k2", "k3"):
         probe.store_start(key, {"pass_rate": 0.0}, rollouts)
     assert sorted(p.name for p in probe.cache_root().iterdir()) == ["k2", "k3"], "pruned to 2"
+
+
+def test_the_start_key_s_code_includes_the_grader_that_flags_bloat(tmp_path: Path) -> None:
+    pkg = tmp_path / "gagar"
+    for rel in ("driver/loop.py", "grader/heuristic.py", "wire.py"):
+        (pkg / rel).parent.mkdir(parents=True, exist_ok=True)
+        (pkg / rel).write_text("x = 1\n")
+    warm, start = sft.code_hash(pkg), sft.code_hash(pkg, probe.KEY_CODE)
+    (pkg / "grader" / "heuristic.py").write_text("x = 2\n")
+    assert sft.code_hash(pkg) == warm, "the warm start does not depend on the grader"
+    assert sft.code_hash(pkg, probe.KEY_CODE) != start
