@@ -249,11 +249,7 @@ class LocalSession:
 
     def _jail(self) -> bwrap.Jail:
         links, etc = host_layout()
-        # The executor's own environment first: a jailed `python` is the project's, with the
-        # packages its lock installs (pytest), not the base interpreter's hand-installed ones.
-        own = os.path.realpath(sys.prefix)
-        paths = sorted(self._factory.ro_paths, key=lambda p: p != own)
-        python_bins = [os.path.join(p, "bin") for p in paths]
+        python_bins = [os.path.join(p, "bin") for p in self._factory.ro_paths]
         return bwrap.Jail(
             workspace=str(self.workspace),
             tmp=str(self.dir / "tmp"),
