@@ -26,16 +26,56 @@ pipeline stages; RoPE scaling other than the default is refused; on the CPU the 
 ``cpu_compat`` are pinned to megatron-core 0.16.1.
 """
 
-from gagar.trainer.model.arch import Arch, UnsupportedModel, arch_from_hf
-from gagar.trainer.model.build import build_model
-from gagar.trainer.model.convert import (
-    convert_hf_to_megatron,
-    export_megatron_to_hf,
-    load_megatron_checkpoint,
-)
-from gagar.trainer.model.hf_io import CheckpointError, read_config
-from gagar.trainer.model.parallel import Parallel, destroy_distributed, init_distributed
-from gagar.trainer.model.weights import iter_hf_weights, load_hf_into_megatron, save_hf_checkpoint
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from gagar.trainer.model.arch import Arch, UnsupportedModel, arch_from_hf
+    from gagar.trainer.model.build import build_model
+    from gagar.trainer.model.convert import (
+        convert_hf_to_megatron,
+        export_megatron_to_hf,
+        load_megatron_checkpoint,
+    )
+    from gagar.trainer.model.hf_io import CheckpointError, read_config
+    from gagar.trainer.model.parallel import Parallel, destroy_distributed, init_distributed
+    from gagar.trainer.model.weights import (
+        iter_hf_weights,
+        load_hf_into_megatron,
+        save_hf_checkpoint,
+    )
+
+# Each public name and the submodule that defines it. They are imported on first use (PEP 562):
+# importing ``gagar.trainer.model.cli`` (every ``gagar`` command line does, to list its
+# subcommands) must not pay for torch and Megatron.
+_SOURCES = {
+    "Arch": "arch",
+    "UnsupportedModel": "arch",
+    "arch_from_hf": "arch",
+    "build_model": "build",
+    "convert_hf_to_megatron": "convert",
+    "export_megatron_to_hf": "convert",
+    "load_megatron_checkpoint": "convert",
+    "CheckpointError": "hf_io",
+    "read_config": "hf_io",
+    "Parallel": "parallel",
+    "destroy_distributed": "parallel",
+    "init_distributed": "parallel",
+    "iter_hf_weights": "weights",
+    "load_hf_into_megatron": "weights",
+    "save_hf_checkpoint": "weights",
+}
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _SOURCES:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(f"{__name__}.{_SOURCES[name]}"), name)
+    globals()[name] = value
+    return value
+
 
 __all__ = [
     "Arch",
