@@ -3,7 +3,9 @@
 Loop (mini-swe-agent style; the message list is the transcript): the model, served behind an
 OpenAI-compatible chat API (the grader pool's vLLM, reached through the engine protocol's
 ``ChatEngine``), calls ``list_files``/``read_file``/``grep``/
-``diff``/``run_tests`` tools that run in a ``GraderSandbox`` session over the workspace, and ends
+``diff`` tools that run in a ``GraderSandbox`` session over the workspace (evidence only: no
+candidate code runs there) and ``run_tests``, which runs in a fresh session holding only that
+candidate's files, and ends
 by calling ``submit_ranking`` (or answering with the same JSON object). The answer is validated
 against ``RankingSubmission`` (pydantic: tiers, types, unknown fields) and then for completeness
 (every valid pass exactly once across tied groups and hacks, nothing else). A malformed answer is
@@ -28,6 +30,8 @@ import re
 import shutil
 import tempfile
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
@@ -37,7 +41,7 @@ from pydantic import ValidationError
 from gagar.engine.base import ChatEngine, EngineError, SamplingParams
 from gagar.engine.client import AsyncOpenAIEngine
 from gagar.grader.heuristic import HeuristicConfig, rank
-from gagar.grader.protocol import SandboxFactory, unusable
+from gagar.grader.protocol import GraderSandbox, SandboxFactory, unusable
 from gagar.grader.tools import (
     SUBMIT,
     RankingSubmission,
@@ -46,7 +50,7 @@ from gagar.grader.tools import (
     parse_arguments,
     tool_specs,
 )
-from gagar.grader.workspace import write_workspace
+from gagar.grader.workspace import write_tree, write_workspace
 from gagar.spec import GraderSpec
 from gagar.wire import FallbackReason, Finding, GradingGroup, Hack, Ranking, Usage
 
@@ -209,7 +213,7 @@ class AgenticGrader:
             write_workspace(group, root / "ws")
             sandbox = await asyncio.to_thread(self.sandbox_factory, root / "ws")
             try:
-                toolbox = Toolbox(sandbox, group)
+                toolbox = Toolbox(sandbox, group, lambda m: self._fresh(group, m, root))
                 session.messages += self._opening(group, root / "ws")
                 session.tools = tool_specs(group.passes(), len(group.candidates))
                 if self.engine is not None:
@@ -228,6 +232,21 @@ class AgenticGrader:
                 await asyncio.to_thread(sandbox.close)
         finally:
             shutil.rmtree(root, ignore_errors=True)
+
+    @contextmanager
+    def _fresh(self, group: GradingGroup, member: int, root: Path) -> Iterator[GraderSandbox]:
+        """A new session over a copy of ``member``'s files alone, taken from the group (not from
+        any workspace a test run could have touched), removed after use."""
+        run = Path(tempfile.mkdtemp(prefix=f"run-{member}-", dir=root))
+        try:
+            write_tree(run / "repo", group.candidates[member].files)
+            sandbox = self.sandbox_factory(run / "repo")
+            try:
+                yield sandbox
+            finally:
+                sandbox.close()
+        finally:
+            shutil.rmtree(run, ignore_errors=True)
 
     def _opening(self, group: GradingGroup, ws: Path) -> list[dict[str, Any]]:
         readme = (ws / "README.md").read_text(encoding="utf-8")

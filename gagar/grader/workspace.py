@@ -32,7 +32,7 @@ def cand_dir(member: int) -> str:
     return f"cand_{member}"
 
 
-def _write_tree(root: Path, files: dict[str, str]) -> None:
+def write_tree(root: Path, files: dict[str, str]) -> None:
     root.mkdir(parents=True, exist_ok=True)
     for rel, text in files.items():
         path = root / check_relative_path(rel)
@@ -104,12 +104,12 @@ def write_workspace(group: GradingGroup, root: Path) -> Path:
         raise FileExistsError(f"workspace directory is not empty: {root}")
     root.mkdir(parents=True, exist_ok=True)
     (root / "task.md").write_text(group.statement, encoding="utf-8")
-    _write_tree(root / "base", group.base_files)
+    write_tree(root / "base", group.base_files)
     for sub in ("patches", "trajectories", "test_logs"):
         (root / sub).mkdir()
     for c in group.candidates:
         name = cand_dir(c.member)
-        _write_tree(root / name, c.files)
+        write_tree(root / name, c.files)
         patch = c.patch or unified_patch(group.base_files, c.files)
         (root / "patches" / f"{name}.diff").write_text(patch, encoding="utf-8")
         (root / "trajectories" / f"{name}.md").write_text(

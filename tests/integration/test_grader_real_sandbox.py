@@ -11,6 +11,7 @@ from gagar.grader.agentic import AgenticConfig, AgenticGrader
 from gagar.grader.sample import sample_group
 from gagar.grader.sandbox_adapter import adapt_factory
 from tests.support.fake_openai import FakeOpenAI, tool_call
+from tests.unit.test_grader_agentic import assert_not_sabotaged, sabotage_group, sabotage_script
 
 local = pytest.importorskip("gagar.sandbox.local")
 types = pytest.importorskip("gagar.sandbox.types")
@@ -45,3 +46,18 @@ def test_tools_run_in_a_bubblewrap_session(tmp_path):
     assert obs[1].startswith("[exit code 1]") and "AssertionError" in obs[1]
     assert obs[2].startswith("Error:")
     assert "+    return total / len(values)" in obs[3]
+
+
+def test_a_candidates_tests_cannot_rewrite_another_candidate_in_bubblewrap(tmp_path):
+    try:
+        factory = local.LocalFactory()
+    except types.SandboxUnavailable as err:
+        pytest.skip(f"bubblewrap unavailable: {err}")
+    with FakeOpenAI(sabotage_script()) as fake:
+        config = AgenticConfig(base_url=fake.base_url, model="m")
+        grader = AgenticGrader(config, adapt_factory(factory, (types.SandboxError,)), tmp_path)
+        ranking = asyncio.run(grader.grade(sabotage_group()))
+    assert ranking.grader == "agentic", ranking.detail
+    assert_not_sabotaged(
+        [m["content"] for m in fake.requests[-1]["messages"] if m["role"] == "tool"]
+    )
