@@ -29,7 +29,13 @@ Tier = Literal["T1", "T2", "T3"]
 GraderKind = Literal["agentic", "heuristic", "none"]
 FallbackReason = Literal["unusable_ranking", "timeout", "grader_error", "nonpositive_mass"]
 SkipReason = Literal[
-    "unsafe_path", "not_text", "file_too_large", "total_too_large", "too_many_files", "not_parsed"
+    "unsafe_path",
+    "unreadable",
+    "not_text",
+    "file_too_large",
+    "total_too_large",
+    "too_many_files",
+    "not_parsed",
 ]
 
 

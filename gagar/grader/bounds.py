@@ -26,7 +26,7 @@ Pure: no I/O, no clock.
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Collection, Iterable, Mapping
+from collections.abc import Callable, Collection, Iterable, Mapping
 from dataclasses import dataclass, field
 
 from gagar.wire import Skipped, SkipReason, check_relative_path
@@ -98,12 +98,17 @@ class _Admission:
             Skipped(member=self.member, path=shown_path(path), reason=reason, detail=detail)
         )
 
-    def add(self, path: str, data: str | bytes) -> None:
+    def room(self, path: str) -> bool:
+        """Whether ``path`` may be read at all (a safe name, under the file count)."""
         why = _safe(path)
         if why is not None:
-            return self.skip(path, "unsafe_path", why)
-        if len(self.files) >= self.bounds.files:
-            return self.skip(path, "too_many_files", f"past {self.bounds.files} files")
+            self.skip(path, "unsafe_path", why)
+        elif len(self.files) >= self.bounds.files:
+            self.skip(path, "too_many_files", f"past {self.bounds.files} files")
+        return why is None and len(self.files) < self.bounds.files
+
+    def add(self, path: str, data: str | bytes) -> None:
+        """Keep ``data`` as ``path``'s text, as a marker, or not at all (``room`` said yes)."""
         size = len(data) if isinstance(data, bytes) else text_bytes(data)
         if size > self.bounds.file_bytes:
             why = f"past {self.bounds.file_bytes} bytes per file"
@@ -133,9 +138,30 @@ def admit(
 ) -> tuple[dict[str, str], list[Skipped]]:
     """``files`` within ``bounds`` (paths in ``prefer`` first), and what was left out or replaced
     by a marker. ``member`` None: the base repository. Idempotent on its own output."""
+    return admit_read(files, files.__getitem__, member, prefer, bounds)
+
+
+def admit_read(
+    paths: Iterable[str],
+    read: Callable[[str], str | bytes],
+    member: int | None = None,
+    prefer: Collection[str] = (),
+    bounds: Bounds = BOUNDS,
+) -> tuple[dict[str, str], list[Skipped]]:
+    """``admit`` for files read one at a time by ``read`` (e.g. from a sandbox session): a name
+    refused or past the file count is never read, a large file is dropped for its marker as soon
+    as it is read, and a file ``read`` cannot read (``OSError``, ``ValueError`` and their kin: a
+    link, a FIFO) is skipped as ``unreadable``."""
     adm = _Admission(member, bounds)
-    for path in _order(files, prefer):
-        adm.add(path, files[path])
+    for path in _order(paths, prefer):
+        if not adm.room(path):
+            continue
+        try:
+            data = read(path)
+        except Exception as err:  # what a hostile file does to a reader is not ours to list
+            adm.skip(path, "unreadable", f"{type(err).__name__}: {err}"[:200])
+            continue
+        adm.add(path, data)
     return adm.files, cap(adm.skipped, bounds.reported)
 
 
