@@ -40,7 +40,8 @@ from pydantic import ValidationError
 
 from gagar.engine.base import ChatEngine, EngineError, SamplingParams
 from gagar.engine.client import AsyncOpenAIEngine
-from gagar.grader.heuristic import HeuristicConfig, rank
+from gagar.grader.bounds import cap
+from gagar.grader.heuristic import HeuristicConfig, bounded, rank
 from gagar.grader.protocol import GraderSandbox, SandboxFactory, unusable
 from gagar.grader.tools import (
     SUBMIT,
@@ -52,7 +53,7 @@ from gagar.grader.tools import (
 )
 from gagar.grader.workspace import write_tree, write_workspace
 from gagar.spec import GraderSpec
-from gagar.wire import FallbackReason, Finding, GradingGroup, Hack, Ranking, Usage
+from gagar.wire import FallbackReason, Finding, GradingGroup, Hack, Ranking, Skipped, Usage
 
 SYSTEM_PROMPT = """You grade candidate solutions of one coding task, jointly, as a reviewer.
 The workspace holds the task (task.md), the base repository (base/), each candidate's final
@@ -110,6 +111,7 @@ class _Session:
     prompt_tokens: int = 0
     completion_tokens: int = 0
     retries: int = 0
+    skipped: list[Skipped] = field(default_factory=list)  # what the sandbox copy left out
 
     def usage(self) -> Usage:
         return Usage(prompt_tokens=self.prompt_tokens, completion_tokens=self.completion_tokens)
@@ -173,6 +175,7 @@ class AgenticGrader:
     async def grade(self, group: GradingGroup) -> Ranking:
         start = time.perf_counter()
         session = _Session(messages=[])
+        group = self._bounded(group)
         if not group.passes():  # nothing to rank: no model call; the heuristic reports findings
             ranking = rank(group, self.config.heuristic)
             update = {"latency_seconds": time.perf_counter() - start, "detail": "no passes"}
@@ -189,7 +192,16 @@ class AgenticGrader:
             infra = GraderFailure("grader_error", f"{type(err).__name__}: {err}")
             return self._fallback(group, infra, session, start)
         update = {"latency_seconds": time.perf_counter() - start, "usage": session.usage()}
-        return ranking.model_copy(update=update)
+        return ranking.model_copy(update=update | {"skipped": self._skipped(group, session)})
+
+    def _bounded(self, group: GradingGroup) -> GradingGroup:
+        """The group within the host's bounds (``gagar.grader.bounds``), its skips recorded."""
+        group, admitted = bounded(group, self.config.heuristic.bounds)
+        return group.model_copy(update={"skipped": [*group.skipped, *admitted]})
+
+    def _skipped(self, group: GradingGroup, session: _Session) -> list[Skipped]:
+        skipped = list(dict.fromkeys([*group.skipped, *session.skipped]))
+        return cap(skipped, self.config.heuristic.bounds.reported * (len(group.candidates) + 1))
 
     def _fallback(
         self, group: GradingGroup, failure: GraderFailure, session: _Session, start: float
@@ -202,16 +214,19 @@ class AgenticGrader:
                     failure.reason, detail, session.usage(), time.perf_counter() - start
                 )
             update = {"fallback": failure.reason, "detail": detail, "usage": session.usage()}
+            update["skipped"] = [*ranking.skipped, *session.skipped]
             return ranking.model_copy(
                 update=update | {"latency_seconds": time.perf_counter() - start}
             )
-        return unusable(failure.reason, detail, session.usage(), time.perf_counter() - start)
+        ranking = unusable(failure.reason, detail, session.usage(), time.perf_counter() - start)
+        return ranking.model_copy(update={"skipped": self._skipped(group, session)})
 
     async def _grade(self, group: GradingGroup, session: _Session) -> Ranking:
         root = Path(tempfile.mkdtemp(prefix="gagar-grade-", dir=self.workdir))
         try:
             write_workspace(group, root / "ws")
             sandbox = await asyncio.to_thread(self.sandbox_factory, root / "ws")
+            session.skipped += getattr(sandbox, "skipped", [])
             try:
                 toolbox = Toolbox(sandbox, group, lambda m: self._fresh(group, m, root))
                 session.messages += self._opening(group, root / "ws")

@@ -32,6 +32,15 @@ from dataclasses import dataclass, field
 from gagar.wire import Skipped, SkipReason, check_relative_path
 
 MARKER_PREFIX = "<gagar: not graded:"
+HASH_BYTES = 64 << 20  # a marker's digest covers this much of the file (with its size)
+
+
+@dataclass(frozen=True)
+class Oversize:
+    """What a reader returns instead of a file past ``file_bytes``: its size and digest."""
+
+    size: int
+    digest: str
 
 
 @dataclass(frozen=True)
@@ -60,10 +69,15 @@ def shown_path(path: str) -> str:
     return path.encode("utf-8", "backslashreplace").decode("utf-8")[:300]
 
 
-def marker(data: str | bytes, size: int, why: str) -> str:
-    """The text that stands for a file the host does not keep."""
+def digest(data: str | bytes) -> str:
     raw = data.encode("utf-8", "surrogatepass") if isinstance(data, str) else data
-    return f"{MARKER_PREFIX} {size} bytes, sha256 {hashlib.sha256(raw).hexdigest()}; {why}>\n"
+    return hashlib.sha256(raw[:HASH_BYTES]).hexdigest()
+
+
+def marker(data: str | bytes | Oversize, size: int, why: str) -> str:
+    """The text that stands for a file the host does not keep (equal for equal contents)."""
+    sha = data.digest if isinstance(data, Oversize) else digest(data)
+    return f"{MARKER_PREFIX} {size} bytes, sha256 {sha}; {why}>\n"
 
 
 def _safe(path: str) -> str | None:
@@ -74,6 +88,12 @@ def _safe(path: str) -> str | None:
     except (UnicodeEncodeError, ValueError) as err:
         return str(err)[:200] if isinstance(err, ValueError) else "the name is not UTF-8"
     return None
+
+
+def _size(data: str | bytes | Oversize) -> int:
+    if isinstance(data, Oversize):
+        return data.size
+    return len(data) if isinstance(data, bytes) else text_bytes(data)
 
 
 def _text(data: str | bytes) -> str | None:
@@ -107,9 +127,9 @@ class _Admission:
             self.skip(path, "too_many_files", f"past {self.bounds.files} files")
         return why is None and len(self.files) < self.bounds.files
 
-    def add(self, path: str, data: str | bytes) -> None:
+    def add(self, path: str, data: str | bytes | Oversize) -> None:
         """Keep ``data`` as ``path``'s text, as a marker, or not at all (``room`` said yes)."""
-        size = len(data) if isinstance(data, bytes) else text_bytes(data)
+        size = _size(data)
         if size > self.bounds.file_bytes:
             why = f"past {self.bounds.file_bytes} bytes per file"
             self.files[path] = marker(data, size, why)
@@ -118,7 +138,7 @@ class _Admission:
             why = f"past {self.bounds.total_bytes} bytes per repository"
             self.files[path] = marker(data, size, why)
             return self.skip(path, "total_too_large", f"{size} bytes, {why}")
-        text = _text(data)
+        text = _text(data) if not isinstance(data, Oversize) else None
         if text is None:
             return self.skip(path, "not_text", f"{size} bytes, not UTF-8 text")
         self.files[path] = text
@@ -143,7 +163,7 @@ def admit(
 
 def admit_read(
     paths: Iterable[str],
-    read: Callable[[str], str | bytes],
+    read: Callable[[str], str | bytes | Oversize],
     member: int | None = None,
     prefer: Collection[str] = (),
     bounds: Bounds = BOUNDS,

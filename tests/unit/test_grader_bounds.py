@@ -156,3 +156,103 @@ def test_a_multi_megabyte_module_is_graded_in_bounded_memory():
     assert out["peak"] < 256 << 20, out
     assert {"file_too_large", "not_parsed"} <= set(out["reasons"])
     assert out["tiers"] == [["T1", [0]], ["T3", [1]]]
+
+
+def _hostile_dir(root: Path) -> Path:
+    """A repository on disk with a link out, a FIFO, a sparse 50 MB file and a binary file."""
+    import os
+
+    (root / "calc").mkdir(parents=True)
+    (root / "calc" / "ops.py").write_text(CLEAN)
+    (root / "passwd").symlink_to("/etc/passwd")
+    (root / "up").symlink_to("..")
+    os.mkfifo(root / "fifo")
+    with (root / "huge.py").open("wb") as fh:
+        fh.truncate(50 << 20)
+    (root / "blob.bin").write_bytes(b"\xff\xfe\x00")
+    return root
+
+
+def test_a_directory_is_read_within_bounds_and_reports_what_it_left(tmp_path):
+    import tracemalloc
+
+    from gagar.grader.workspace import read_tree
+
+    root = _hostile_dir(tmp_path / "repo")
+    tracemalloc.start()
+    files, skipped = read_tree(root, member=2)
+    peak = tracemalloc.get_traced_memory()[1]
+    tracemalloc.stop()
+    assert peak < 8 << 20, peak  # the 50 MB file is hashed in chunks, never held
+    assert files["calc/ops.py"] == CLEAN and files["huge.py"].startswith(MARKER_PREFIX)
+    reasons = {s.path: s.reason for s in skipped}
+    assert reasons == {
+        "blob.bin": "not_text",
+        "fifo": "unreadable",
+        "huge.py": "file_too_large",
+        "passwd": "unreadable",
+        "up": "unreadable",
+    }
+    assert all(s.member == 2 for s in skipped)
+    few, left = read_tree(root, bounds=Bounds(files=2))
+    assert len(few) == 2 and left[-1].reason == "too_many_files"
+
+
+def test_a_hand_laid_out_workspace_loads_with_what_it_left_out(tmp_path):
+    import os
+
+    from gagar.grader.workspace import load_workspace, write_workspace
+
+    group = sample_group()
+    root = write_workspace(group, tmp_path / "ws")
+    _hostile_dir(root / "cand_1" / "extra")
+    (root / "test_logs" / "cand_0.log").unlink()
+    os.mkfifo(root / "test_logs" / "cand_0.log")
+    loaded = load_workspace(root)
+    assert loaded.candidates[0].test_log.startswith("[not read")
+    assert {(s.member, s.path) for s in loaded.skipped} >= {(1, "extra/fifo"), (1, "extra/passwd")}
+    ranking = rank(loaded)
+    assert ranking.check_complete(loaded.passes()) is None
+    assert (1, "extra/huge.py", "file_too_large") in {
+        (s.member, s.path, s.reason) for s in ranking.skipped
+    }
+
+
+def test_the_sandbox_copy_of_a_workspace_is_bounded_and_reported(tmp_path):
+    from gagar.grader.bounds import Bounds as B
+    from gagar.grader.sandbox_adapter import _workspace_bytes
+
+    root = _hostile_dir(tmp_path / "ws")
+    files, skipped = _workspace_bytes(root, B(files=100, file_bytes=1 << 20, total_bytes=8 << 20))
+    assert files["blob.bin"] == b"\xff\xfe\x00"  # binary files travel to the session
+    assert files["huge.py"].startswith(MARKER_PREFIX.encode())
+    assert {s.path: s.reason for s in skipped} == {
+        "fifo": "unreadable",
+        "huge.py": "file_too_large",
+        "passwd": "unreadable",
+        "up": "unreadable",
+    }
+
+
+def test_the_agentic_grader_reports_what_it_left_out(tmp_path):
+    import asyncio
+
+    from gagar.grader.agentic import AgenticConfig, AgenticGrader
+    from gagar.grader.local_sandbox import unsafe_local_factory
+    from tests.support.fake_openai import FakeOpenAI, tool_call
+
+    group = _group(_clean_with(1, {"calc/data.py": "x = 1\n" * 400_000}))
+    good = {"tied_groups": [{"tier": "T1", "members": [0]}, {"tier": "T3", "members": [1]}]}
+    script = [
+        tool_call("read_file", {"path": "cand_1/calc/data.py"}),
+        tool_call("submit_ranking", good),
+    ]
+    with FakeOpenAI(script) as fake:
+        config = AgenticConfig(base_url=fake.base_url, model="m")
+        ranking = asyncio.run(AgenticGrader(config, unsafe_local_factory, tmp_path).grade(group))
+    assert ranking.grader == "agentic", ranking.detail
+    assert (1, "calc/data.py", "file_too_large") in {
+        (s.member, s.path, s.reason) for s in ranking.skipped
+    }
+    seen = next(m["content"] for m in fake.requests[-1]["messages"] if m["role"] == "tool")
+    assert MARKER_PREFIX in seen and len(seen) < 1000  # the model reads the marker, not 2.4 MB
