@@ -101,8 +101,23 @@ class SessionAdapter:
         self.session.close()
 
 
-def adapt_factory(factory: Any, refused: tuple[type[BaseException], ...] = ()) -> SandboxFactory:
-    """A grader ``SandboxFactory`` that copies the workspace into a new session of ``factory``."""
+def sandbox_refusals() -> tuple[type[BaseException], ...]:
+    """``gagar.sandbox``'s refusal (bad path, missing file, link), where that package is here."""
+    try:
+        from gagar.sandbox.types import SandboxError
+    except ImportError:  # a grader-only install: the caller names its own refusals
+        return ()
+    return (SandboxError,)
+
+
+def adapt_factory(
+    factory: Any, refused: tuple[type[BaseException], ...] | None = None
+) -> SandboxFactory:
+    """A grader ``SandboxFactory`` that copies the workspace into a new session of ``factory``.
+    ``refused``: what the session raises for a request it refuses (default: the sandbox's own
+    ``SandboxError``), which a tool turns into an error the model can correct; without it, a
+    model reading a missing file would end the grading with ``grader_error``."""
+    refused = sandbox_refusals() if refused is None else refused
 
     def open_session(root: Path) -> SessionAdapter:
         files, skipped = _workspace_bytes(Path(root))
