@@ -34,12 +34,21 @@ from pathlib import Path
 
 from gagar.grader.bounds import BOUNDS, HASH_BYTES, Bounds, Oversize, admit_read
 from gagar.grader.diffs import unified_patch
-from gagar.wire import Action, Candidate, GradingGroup, Skipped, ToolStats, check_relative_path
+from gagar.wire import (
+    Action,
+    Candidate,
+    GradingGroup,
+    Skipped,
+    SkipReason,
+    ToolStats,
+    check_relative_path,
+)
 
 OBSERVATION_CHARS = 2000  # per observation in the readable trajectory; the JSON keeps all of it
 SKIP_DIRS = {"__pycache__", ".git", ".pytest_cache", ".mypy_cache"}
 EVIDENCE_BYTES = 8 << 20  # task.md, one patch, one test log, one trajectory
 WALK_FACTOR = 4
+CUT_NOTE = "\n... [cut: "  # starts the note ending evidence cut at EVIDENCE_BYTES
 
 
 def cand_dir(member: int) -> str:
@@ -201,7 +210,7 @@ def _read_opt(path: Path, limit: int = EVIDENCE_BYTES) -> str:
     if isinstance(data, Oversize):
         with path.open("rb") as fh:
             head = fh.read(limit)
-        cut = f"\n... [cut: {data.size} bytes, the grader reads {limit}]\n"
+        cut = f"{CUT_NOTE}{data.size} bytes, the grader reads {limit}]\n"
         return head.decode("utf-8", "replace") + cut
     return data.decode("utf-8", "replace")
 
@@ -212,8 +221,9 @@ def _trajectory(root: Path, name: str) -> tuple[list, list[Skipped]]:
     try:
         return (json.loads(text) if text else []), []
     except json.JSONDecodeError as err:  # cut, or not JSON: the trajectory is left out, said so
+        reason: SkipReason = "file_too_large" if CUT_NOTE in text[-200:] else "unreadable"
         why = f"trajectory not read: {err}"[:200]
-        return [], [Skipped(path=f"trajectories/{name}.json", reason="file_too_large", detail=why)]
+        return [], [Skipped(path=f"trajectories/{name}.json", reason=reason, detail=why)]
 
 
 def _load_candidate(root: Path, entry: dict) -> tuple[Candidate, list[Skipped]]:

@@ -256,3 +256,19 @@ def test_the_agentic_grader_reports_what_it_left_out(tmp_path):
     }
     seen = next(m["content"] for m in fake.requests[-1]["messages"] if m["role"] == "tool")
     assert MARKER_PREFIX in seen and len(seen) < 1000  # the model reads the marker, not 2.4 MB
+
+
+def test_evidence_is_cut_and_a_bad_trajectory_left_out_with_a_note(tmp_path):
+    from gagar.grader import workspace as ws
+
+    root = ws.write_workspace(sample_group(), tmp_path / "ws")
+    (root / "trajectories" / "cand_0.json").write_text("[" + '"x", ' * 10 + '"y"')
+    with (root / "patches" / "cand_1.diff").open("wb") as fh:
+        fh.truncate(ws.EVIDENCE_BYTES + 10)
+    loaded = ws.load_workspace(root)
+    assert loaded.candidates[0].trajectory == []
+    assert ("trajectories/cand_0.json", "unreadable") in {
+        (s.path, s.reason) for s in loaded.skipped
+    }
+    patch = loaded.candidates[1].patch
+    assert len(patch) < ws.EVIDENCE_BYTES + 200 and "[cut: " in patch[-200:]
