@@ -15,7 +15,7 @@ heuristic grader itself passes it through ``admit``, which keeps at most
 and drops names ``check_relative_path`` refuses and files that are not UTF-8 text. ``ast`` parses
 at most ``parse_file_bytes`` of one file, ``base_parse_bytes`` of the base and ``parse_bytes`` of
 what each candidate changed or added (``ParseBudget``; files equal to the base's are analysed once,
-on the base's budget): a parse tree costs up to ~500 bytes of memory and ~10 µs of analysis per
+on the base's budget): a parse tree costs up to ~500 bytes of memory and ~20 µs of analysis per
 byte of source, so these bound both the memory (one tree at a time) and the time a group takes. Nothing is left out silently:
 each repository's omissions are ``Skipped`` entries (at most ``reported`` of them, the rest counted
 in the last), which reach ``GradingGroup.skipped`` and the ``Ranking``.
@@ -50,7 +50,7 @@ class Bounds:
     files: int = 5_000
     file_bytes: int = 1 << 20
     total_bytes: int = 32 << 20
-    parse_file_bytes: int = 128 << 10
+    parse_file_bytes: int = 256 << 10
     parse_bytes: int = 512 << 10  # a candidate's files that differ from the base
     base_parse_bytes: int = 16 << 20  # the task's own repository
     reported: int = 50

@@ -85,7 +85,7 @@ def test_deeply_nested_source_is_reported_not_fatal(source):
 
 
 def test_a_file_too_large_to_analyse_ranks_last_never_better():
-    padded = CLEAN + "\n" + "\n".join(f"# pad {i}" for i in range(20_000)) + "\n"
+    padded = CLEAN + "\n" + "\n".join(f"# pad {i}" for i in range(40_000)) + "\n"
     group = _group(_clean_with(1, {"calc/ops.py": padded}))
     ranking = rank(group)
     assert [g.members for g in ranking.tied_groups] == [[0], [1]]
@@ -114,8 +114,8 @@ CLEAN_FILES = BASE | {"calc/ops.py": CLEAN}
 
 # One multi-megabyte module of the densest syntax (a parse tree costs ~500 bytes per byte of it)
 # and a flood of modules just under the per-file parse bound, in a process whose address space
-# is capped: unbounded, the first alone needs ~2.5 GB and half a minute. (A
-# smaller budget per repository than the default keeps the test quick; the peak is one file's.)
+# is capped: unbounded, the first alone needs ~2.5 GB and a minute. (A smaller budget per
+# repository than the default keeps the test quick; the peak is one tree's: ~130 MB.)
 MEMORY_PROBE = textwrap.dedent(
     """
     import json, resource, sys, time, tracemalloc
@@ -126,7 +126,7 @@ MEMORY_PROBE = textwrap.dedent(
     from gagar.grader.sample import sample_group, variant
     dense = lambda n, i=0: f"x{i} = [" + "1," * (n // 2) + "]\\n"
     clean = variant("clean", 1)
-    flood = {f"calc/gen_{i}.py": dense(120 << 10, i) for i in range(3)}
+    flood = {f"calc/gen_{i}.py": dense(250 << 10, i) for i in range(2)}
     files = clean.files | {"calc/big.py": dense(5 << 20)} | flood
     group = sample_group(("clean", "clean"))
     group = group.model_copy(
@@ -134,7 +134,7 @@ MEMORY_PROBE = textwrap.dedent(
     )
     tracemalloc.start()
     start = time.perf_counter()
-    ranking = rank(group, HeuristicConfig(bounds=Bounds(parse_bytes=250 << 10)))  # 2 of the flood
+    ranking = rank(group, HeuristicConfig(bounds=Bounds(parse_bytes=300 << 10)))  # 1 of the flood
     peak = tracemalloc.get_traced_memory()[1]
     reasons = sorted({s.reason for s in ranking.skipped})
     tiers = [(g.tier, g.members) for g in ranking.tied_groups]
