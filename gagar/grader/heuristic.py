@@ -143,12 +143,13 @@ class _Repo:
     def of(
         files: dict[str, str], changed: list[str], cache: checks.ModuleCache, budget: ParseBudget
     ) -> _Repo:
+        edited = set(changed)
         py = [p for p in changed if p.endswith(".py")]
-        py += sorted(p for p in files if p.endswith(".py") and p not in set(changed))
+        py += sorted(p for p in files if p.endswith(".py") and p not in edited)
         idx = [cache.index(p, files[p], budget) for p in py]
         used = checks.referenced_names([i[0] for i in idx])
         unanalysed = {p for p in changed if files[p].startswith(MARKER_PREFIX)}
-        unanalysed |= budget.refused & set(changed)
+        unanalysed |= budget.refused & edited
         return _Repo(used, checks.function_bodies([i[1] for i in idx]), unanalysed)
 
 
