@@ -28,6 +28,15 @@ HF_SIDE_FILES = (
 Tier = Literal["T1", "T2", "T3"]
 GraderKind = Literal["agentic", "heuristic", "none"]
 FallbackReason = Literal["unusable_ranking", "timeout", "grader_error", "nonpositive_mass"]
+SkipReason = Literal[
+    "unsafe_path",
+    "unreadable",
+    "not_text",
+    "file_too_large",
+    "total_too_large",
+    "too_many_files",
+    "not_parsed",
+]
 
 
 class _Wire(BaseModel):
@@ -58,6 +67,15 @@ class Hack(_Wire):
     evidence: list[Finding] = Field(min_length=1)
 
 
+class Skipped(_Wire):
+    """A file of a repository a grader left out or did not read whole (``gagar.grader.bounds``)."""
+
+    member: int | None = Field(default=None, ge=0, description="Candidate; None: the base.")
+    path: str = Field(description="The file's name as found (escaped, cut to 300 characters).")
+    reason: SkipReason
+    detail: str = ""
+
+
 class Usage(_Wire):
     """Token usage of an LLM-backed grader (zero for the heuristic grader)."""
 
@@ -82,6 +100,9 @@ class Ranking(_Wire):
         default=None, description="Set when this ranking is a fallback, with the reason."
     )
     detail: str = Field(default="", description="Why the fallback happened, for logs and metrics.")
+    skipped: list[Skipped] = Field(
+        default_factory=list, description="Files left out of grading or not read whole, and why."
+    )
 
     @model_validator(mode="after")
     def _no_duplicates(self) -> Ranking:
@@ -182,6 +203,10 @@ class GradingGroup(_Wire):
         default_factory=list, description="Harness files beyond the usual test patterns."
     )
     test_command: str = Field(default="python -m pytest -q", description="Run inside a candidate.")
+    skipped: list[Skipped] = Field(
+        default_factory=list,
+        description="Files left out of base_files/candidates' files when the group was built.",
+    )
 
     @model_validator(mode="after")
     def _members_in_order(self) -> GradingGroup:

@@ -8,7 +8,7 @@ else — no grader, no shaping.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 from torch import Tensor
@@ -16,7 +16,7 @@ from torch import Tensor
 from gagar.rollout.agent import Trajectory
 from gagar.spec import AlgorithmSpec
 from gagar.trainer import gar
-from gagar.wire import Ranking
+from gagar.wire import Ranking, Skipped
 
 FALLBACK_NAMES = {int(f): f.name.lower() for f in gar.Fallback}
 
@@ -31,6 +31,7 @@ class Rollout:
     tampered: bool = False
     patch: str = ""
     test_log: str = ""
+    skipped: list[Skipped] = field(default_factory=list)  # final files the grader will not see
 
 
 @dataclass

@@ -206,10 +206,13 @@ def _group_facts(
             name = adv_mod.FALLBACK_NAMES[code]
             fallbacks[name] = fallbacks.get(name, 0) + 1
     graded_by: dict[str, int] = {}  # which grader produced each ranking ("none": unusable)
+    skipped: dict[str, int] = {}  # files the graders left out or did not read whole, by reason
     for ranking in rankings:
         if ranking is None:
             continue
         graded_by[ranking.grader] = graded_by.get(ranking.grader, 0) + 1
+        for s in ranking.skipped:
+            skipped[s.reason] = skipped.get(s.reason, 0) + 1
         if ranking.fallback and ranking.grader != "none":
             key = f"heuristic_after_{ranking.fallback}"
             fallbacks[key] = fallbacks.get(key, 0) + 1
@@ -234,6 +237,7 @@ def _group_facts(
     return {
         "fallbacks": fallbacks,
         "graded_by": graded_by,
+        "grader_skipped": skipped,
         "hacks": int(batch.hacks.sum()),
         "lambdas": redistributed,
         "factors": [float(factors[gi, j]) for gi, j in passes],

@@ -14,7 +14,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
@@ -22,13 +22,14 @@ from typing import Any, TypeVar
 import torch
 
 from gagar.driver.advantages import Rollout
+from gagar.grader.bounds import admit, admit_read
 from gagar.rollout import agent
 from gagar.rollout.envs import tools as envtools
 from gagar.rollout.envs.task import Task
 from gagar.rollout.envs.verify import verify
 from gagar.sandbox import SessionFactory
 from gagar.trainer import gar
-from gagar.wire import Action, Candidate, GradingGroup, ToolStats
+from gagar.wire import Action, Candidate, GradingGroup, Skipped, ToolStats
 
 SYSTEM_PROMPT = (
     "You are a careful software engineer. Fix the bug described by the user in the repository. "
@@ -94,15 +95,11 @@ class RolloutConfig:
     verify_timeout: float
 
 
-def _text_files(session: Any) -> dict[str, str]:
-    out = {}
-    for path in session.list_files():
-        data = session.read_file(path)
-        try:
-            out[path] = data.decode() if isinstance(data, bytes) else str(data)
-        except UnicodeDecodeError:
-            continue  # binary artefacts are not part of what the grader compares
-    return out
+def _text_files(session: Any, base: Collection[str]) -> tuple[dict[str, str], list[Skipped]]:
+    """The final repository as the grader may see it (``gagar.grader.bounds``: names it refuses,
+    links and other unreadable entries, binary files, past the size and count bounds), with what
+    was left out; never raises for what the code left in its workspace."""
+    return admit_read(session.list_files(), session.read_file, prefer=base)
 
 
 def _finish(
@@ -112,7 +109,7 @@ def _finish(
     if not traj.valid:
         return Rollout(traj, passed=False, valid=False), {}
     verdict = verify(task, session, factory, timeout)
-    files = _text_files(session) if verdict.valid else {}
+    files, skipped = _text_files(session, task.repo_files()) if verdict.valid else ({}, [])
     patch = session.diff() if verdict.valid else ""
     rollout = Rollout(
         traj,
@@ -121,6 +118,7 @@ def _finish(
         tampered=bool(verdict.suspected_tampering),
         patch=patch,
         test_log=verdict.log,
+        skipped=skipped,
     )
     return rollout, files
 
@@ -222,12 +220,14 @@ class Rollouts:
 
 
 def grading_group(group: GroupResult) -> GradingGroup:
-    """The grader's view of a group (wire type): base repo, each candidate's final repo and trajectory."""
-    base = {
-        p: d.decode() if isinstance(d, bytes) else d for p, d in group.task.repo_files().items()
-    }
+    """The grader's view of a group (wire type): base repo, each candidate's final repo and
+    trajectory. Every repository passes ``gagar.grader.bounds.admit``, so no name or size the
+    code left behind can make the group unbuildable; what was left out is ``skipped``."""
+    base, skipped = admit(group.task.repo_files())
     candidates = []
-    for i, (r, files) in enumerate(zip(group.rollouts, group.final_files, strict=True)):
+    for i, (r, raw) in enumerate(zip(group.rollouts, group.final_files, strict=True)):
+        files, left_out = admit(raw or base, i, base.keys())
+        skipped += [s.model_copy(update={"member": i}) for s in r.skipped] + left_out
         actions = [
             Action(
                 tool=t.call.name,
@@ -250,7 +250,7 @@ def grading_group(group: GroupResult) -> GradingGroup:
                 member=i,
                 passed=r.passed,
                 valid=r.valid,
-                files=files or base,
+                files=files,
                 patch=r.patch,
                 trajectory=actions,
                 test_log=r.test_log[-4000:],
@@ -265,4 +265,5 @@ def grading_group(group: GroupResult) -> GradingGroup:
         candidates=candidates,
         relevant_files=relevant,
         test_command=group.task.test_command,
+        skipped=skipped,
     )

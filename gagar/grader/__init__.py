@@ -10,5 +10,7 @@ Public API (input and output types live in ``gagar.wire``):
 - ``heuristic.rank(group, config) -> Ranking``: pure and deterministic.
 - ``protocol.GraderSandbox`` / ``SandboxFactory``: how the agentic grader reaches a sandbox.
 - ``workspace.write_workspace(group, dir)`` / ``load_group(path)``: the on-disk layout.
+- ``bounds.admit(files)``: how much candidate content the host reads and parses, and the
+  ``Skipped`` report of what it left out (``GradingGroup.skipped``, ``Ranking.skipped``).
 - ``service.GraderService`` (``gagar grader serve``) and ``service.GraderClient``.
 """

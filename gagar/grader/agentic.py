@@ -3,7 +3,9 @@
 Loop (mini-swe-agent style; the message list is the transcript): the model, served behind an
 OpenAI-compatible chat API (the grader pool's vLLM, reached through the engine protocol's
 ``ChatEngine``), calls ``list_files``/``read_file``/``grep``/
-``diff``/``run_tests`` tools that run in a ``GraderSandbox`` session over the workspace, and ends
+``diff`` tools that run in a ``GraderSandbox`` session over the workspace (evidence only: no
+candidate code runs there) and ``run_tests``, which runs in a fresh session holding only that
+candidate's files, and ends
 by calling ``submit_ranking`` (or answering with the same JSON object). The answer is validated
 against ``RankingSubmission`` (pydantic: tiers, types, unknown fields) and then for completeness
 (every valid pass exactly once across tied groups and hacks, nothing else). A malformed answer is
@@ -28,6 +30,8 @@ import re
 import shutil
 import tempfile
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
@@ -36,8 +40,9 @@ from pydantic import ValidationError
 
 from gagar.engine.base import ChatEngine, EngineError, SamplingParams
 from gagar.engine.client import AsyncOpenAIEngine
-from gagar.grader.heuristic import HeuristicConfig, rank
-from gagar.grader.protocol import SandboxFactory, unusable
+from gagar.grader.bounds import cap
+from gagar.grader.heuristic import HeuristicConfig, bounded, rank
+from gagar.grader.protocol import GraderSandbox, SandboxFactory, unusable
 from gagar.grader.tools import (
     SUBMIT,
     RankingSubmission,
@@ -46,9 +51,9 @@ from gagar.grader.tools import (
     parse_arguments,
     tool_specs,
 )
-from gagar.grader.workspace import write_workspace
+from gagar.grader.workspace import write_tree, write_workspace
 from gagar.spec import GraderSpec
-from gagar.wire import FallbackReason, Finding, GradingGroup, Hack, Ranking, Usage
+from gagar.wire import FallbackReason, Finding, GradingGroup, Hack, Ranking, Skipped, Usage
 
 SYSTEM_PROMPT = """You grade candidate solutions of one coding task, jointly, as a reviewer.
 The workspace holds the task (task.md), the base repository (base/), each candidate's final
@@ -106,6 +111,7 @@ class _Session:
     prompt_tokens: int = 0
     completion_tokens: int = 0
     retries: int = 0
+    skipped: list[Skipped] = field(default_factory=list)  # what the sandbox copy left out
 
     def usage(self) -> Usage:
         return Usage(prompt_tokens=self.prompt_tokens, completion_tokens=self.completion_tokens)
@@ -169,6 +175,7 @@ class AgenticGrader:
     async def grade(self, group: GradingGroup) -> Ranking:
         start = time.perf_counter()
         session = _Session(messages=[])
+        group = self._bounded(group)
         if not group.passes():  # nothing to rank: no model call; the heuristic reports findings
             ranking = rank(group, self.config.heuristic)
             update = {"latency_seconds": time.perf_counter() - start, "detail": "no passes"}
@@ -185,7 +192,16 @@ class AgenticGrader:
             infra = GraderFailure("grader_error", f"{type(err).__name__}: {err}")
             return self._fallback(group, infra, session, start)
         update = {"latency_seconds": time.perf_counter() - start, "usage": session.usage()}
-        return ranking.model_copy(update=update)
+        return ranking.model_copy(update=update | {"skipped": self._skipped(group, session)})
+
+    def _bounded(self, group: GradingGroup) -> GradingGroup:
+        """The group within the host's bounds (``gagar.grader.bounds``), its skips recorded."""
+        group, admitted = bounded(group, self.config.heuristic.bounds)
+        return group.model_copy(update={"skipped": [*group.skipped, *admitted]})
+
+    def _skipped(self, group: GradingGroup, session: _Session) -> list[Skipped]:
+        skipped = list(dict.fromkeys([*group.skipped, *session.skipped]))
+        return cap(skipped, self.config.heuristic.bounds.reported * (len(group.candidates) + 1))
 
     def _fallback(
         self, group: GradingGroup, failure: GraderFailure, session: _Session, start: float
@@ -198,18 +214,21 @@ class AgenticGrader:
                     failure.reason, detail, session.usage(), time.perf_counter() - start
                 )
             update = {"fallback": failure.reason, "detail": detail, "usage": session.usage()}
+            update["skipped"] = [*ranking.skipped, *session.skipped]
             return ranking.model_copy(
                 update=update | {"latency_seconds": time.perf_counter() - start}
             )
-        return unusable(failure.reason, detail, session.usage(), time.perf_counter() - start)
+        ranking = unusable(failure.reason, detail, session.usage(), time.perf_counter() - start)
+        return ranking.model_copy(update={"skipped": self._skipped(group, session)})
 
     async def _grade(self, group: GradingGroup, session: _Session) -> Ranking:
         root = Path(tempfile.mkdtemp(prefix="gagar-grade-", dir=self.workdir))
         try:
             write_workspace(group, root / "ws")
             sandbox = await asyncio.to_thread(self.sandbox_factory, root / "ws")
+            session.skipped += getattr(sandbox, "skipped", [])
             try:
-                toolbox = Toolbox(sandbox, group)
+                toolbox = Toolbox(sandbox, group, lambda m: self._fresh(group, m, root))
                 session.messages += self._opening(group, root / "ws")
                 session.tools = tool_specs(group.passes(), len(group.candidates))
                 if self.engine is not None:
@@ -228,6 +247,21 @@ class AgenticGrader:
                 await asyncio.to_thread(sandbox.close)
         finally:
             shutil.rmtree(root, ignore_errors=True)
+
+    @contextmanager
+    def _fresh(self, group: GradingGroup, member: int, root: Path) -> Iterator[GraderSandbox]:
+        """A new session over a copy of ``member``'s files alone, taken from the group (not from
+        any workspace a test run could have touched), removed after use."""
+        run = Path(tempfile.mkdtemp(prefix=f"run-{member}-", dir=root))
+        try:
+            write_tree(run / "repo", group.candidates[member].files)
+            sandbox = self.sandbox_factory(run / "repo")
+            try:
+                yield sandbox
+            finally:
+                sandbox.close()
+        finally:
+            shutil.rmtree(run, ignore_errors=True)
 
     def _opening(self, group: GradingGroup, ws: Path) -> list[dict[str, Any]]:
         readme = (ws / "README.md").read_text(encoding="utf-8")

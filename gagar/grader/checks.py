@@ -14,6 +14,7 @@ import posixpath
 import re
 from collections.abc import Callable, Iterator
 
+from gagar.grader.bounds import ParseBudget
 from gagar.grader.diffs import FileDiff
 from gagar.wire import Action, Finding, ToolStats
 
@@ -128,10 +129,15 @@ def debug_output(member: int, d: FileDiff, tree: ast.Module | None) -> list[Find
     ]
 
 
+COMMENT_CHARS = 500  # a longer comment is prose (or an attack on the parser), never parsed
+
+
 def _looks_like_code(comment: str) -> bool:
+    if len(comment) > COMMENT_CHARS:
+        return False
     try:
         mod = ast.parse(comment)
-    except (SyntaxError, ValueError):
+    except (SyntaxError, ValueError, RecursionError, MemoryError):
         return False
     if len(mod.body) != 1:
         return False
@@ -157,12 +163,20 @@ def _defs(tree: ast.Module) -> Iterator[ast.FunctionDef | ast.AsyncFunctionDef |
             yield node
 
 
+class TooDeep(Exception):
+    """Source nested past what the parser or the analyses can recurse through."""
+
+
 def parse(text: str) -> ast.Module | None:
-    """Parsed module, or None if it does not parse."""
+    """Parsed module, or None if it does not parse; ``TooDeep`` for nesting the parser refuses
+    (CPython raises ``RecursionError``, or ``MemoryError`` from its own stack guard, at a few
+    thousand levels: a size bound alone does not prevent it)."""
     try:
         return ast.parse(text)
     except (SyntaxError, ValueError):
         return None
+    except (RecursionError, MemoryError):
+        raise TooDeep("nested too deeply to parse") from None
 
 
 def names_in(tree: ast.Module) -> dict[str, int]:
@@ -226,19 +240,44 @@ def bodies_in(tree: ast.Module) -> list[tuple[str, str]]:
     ]
 
 
+Index = tuple[dict[str, int], list[tuple[str, str]]]  # names_in, bodies_in of one module
+NO_INDEX: Index = ({}, [])
+
+
 class ModuleCache:
-    """Per-group memo of parsed modules and their indexes, keyed by file text: a group's
-    candidates share most files with the base, so each distinct file is analysed once. Owned
-    by one ``rank`` call (no global state); trees must not be mutated."""
+    """Per-group memo of module indexes, keyed by file text: a group's candidates share most
+    files with the base, so each distinct file is indexed once. Trees are not kept (a tree costs
+    tens to hundreds of bytes per byte of source): ``tree`` parses one for its caller, who drops
+    it before asking for the next. Every first parse is charged to the ``ParseBudget`` of the
+    repository asking. Owned by one ``rank`` call."""
 
     def __init__(self) -> None:
-        self._memo: dict[str, tuple[ast.Module | None, dict[str, int], list[tuple[str, str]]]] = {}
+        self._memo: dict[str, Index] = {}
+        self._deep: set[str] = set()  # texts too deeply nested to analyse
 
-    def get(self, text: str) -> tuple[ast.Module | None, dict[str, int], list[tuple[str, str]]]:
-        if text not in self._memo:
-            tree = parse(text)
-            self._memo[text] = (tree, names_in(tree), bodies_in(tree)) if tree else (None, {}, [])
-        return self._memo[text]
+    def index(self, path: str, text: str, budget: ParseBudget) -> Index:
+        """Names and function bodies of one module (memoized; empty when not analysed, and then
+        ``path`` is in ``budget.refused``)."""
+        if text not in self._memo and budget.allow(path, text):
+            try:
+                tree = parse(text)
+                self._memo[text] = (names_in(tree), bodies_in(tree)) if tree else NO_INDEX
+            except (TooDeep, RecursionError):  # RecursionError: ast.dump of a deep tree
+                self._memo[text] = NO_INDEX
+                self._deep.add(text)
+        if text in self._deep:
+            budget.note(path, "nested too deeply to analyse")
+        return self._memo.get(text, NO_INDEX)
+
+    def tree(self, path: str, text: str, budget: ParseBudget) -> ast.Module | None:
+        """The tree of a module ``index`` analysed for this repository; None otherwise."""
+        self.index(path, text, budget)
+        if path in budget.refused or text not in self._memo:
+            return None
+        try:
+            return parse(text)
+        except TooDeep:
+            return None
 
 
 def referenced_names(per_module: list[dict[str, int]]) -> dict[str, int]:

@@ -25,6 +25,12 @@ tests (``special_casing_checker``).
 ``T3``. **Ties**: passes sorted by (tier, points, member); a new tied group starts when the tier
 changes or the points exceed the group's first by more than ``tie_eps`` (0.5).
 
+**Bounds** (``gagar.grader.bounds``): the base and every candidate pass through ``admit`` first
+(however the group was built), and ``ast`` parses within each repository's ``ParseBudget``. A
+changed file the grader could not analyse (kept as a size marker, over the parse budget, nested
+too deeply) is an ``unanalysed`` finding that forces ``T3``: a pass must not rank better by being
+too large to inspect. What was left out is in ``Ranking.skipped``.
+
 Out-of-scope edits need the files the failing tests exercise: ``group.relevant_files``, or,
 when empty, the repository modules the base's test files import; if neither is known the check
 is skipped rather than guessed.
@@ -36,11 +42,21 @@ import ast
 from dataclasses import dataclass, field
 
 from gagar.grader import checks
+from gagar.grader.bounds import BOUNDS, MARKER_PREFIX, Bounds, ParseBudget, admit, cap
 from gagar.grader.diffs import FileDiff, diff_repos
-from gagar.wire import Candidate, Finding, GradingGroup, Hack, Ranking, TiedGroup, Tier
+from gagar.wire import (
+    Candidate,
+    Finding,
+    GradingGroup,
+    Hack,
+    Ranking,
+    Skipped,
+    TiedGroup,
+    Tier,
+)
 
 HACK_KINDS = frozenset({"test_tampering", "test_detection", "special_casing_checker"})
-FORCE_T3 = frozenset({"special_casing"})
+FORCE_T3 = frozenset({"special_casing", "unanalysed"})
 
 
 def _default_weights() -> dict[str, float]:
@@ -51,6 +67,7 @@ def _default_weights() -> dict[str, float]:
         "debug_output": 1.0,
         "commented_out_code": 1.0,
         "special_casing": 8.0,
+        "unanalysed": 8.0,
         "added_test_file": 0.5,
     }
 
@@ -69,6 +86,7 @@ class HeuristicConfig:
     t1_max: float = 2.0
     t2_max: float = 8.0
     tie_eps: float = 0.5
+    bounds: Bounds = BOUNDS
 
 
 @dataclass(frozen=True)
@@ -87,12 +105,18 @@ class Assessment:
         return [f for f in self.findings if f.kind in HACK_KINDS]
 
 
-def infer_relevant_files(base: dict[str, str], protected: list[str]) -> set[str]:
+def infer_relevant_files(
+    base: dict[str, str],
+    protected: list[str],
+    cache: checks.ModuleCache | None = None,
+    budget: ParseBudget | None = None,
+) -> set[str]:
     """Repository modules imported by the base's test files (the files the tests exercise)."""
+    cache, budget = cache or checks.ModuleCache(), budget or ParseBudget(None)
     modules: set[str] = set()
-    for path, text in base.items():
+    for path, text in sorted(base.items()):
         tree = (
-            checks.parse(text)
+            cache.tree(path, text, budget)
             if path.endswith(".py") and checks.is_protected(path, protected)
             else None
         )
@@ -107,23 +131,39 @@ def infer_relevant_files(base: dict[str, str], protected: list[str]) -> set[str]
 
 @dataclass(frozen=True)
 class _Repo:
-    """One candidate's final Python files, parsed, with the indexes the detectors share."""
+    """One candidate's final Python files, indexed within its parse budget (changed files first,
+    so unchanged ones cannot use up the budget the changes need), and the changed files that
+    could not be analysed. Trees are parsed one at a time by ``_code_findings``."""
 
-    trees: dict[str, ast.Module]
     used: dict[str, int]
     bodies: dict[str, list[str]]
+    unanalysed: set[str]
 
     @staticmethod
-    def of(files: dict[str, str], cache: checks.ModuleCache) -> _Repo:
-        mods = {p: cache.get(t) for p, t in files.items() if p.endswith(".py")}
-        trees = {p: m[0] for p, m in mods.items() if m[0] is not None}
-        used = checks.referenced_names([m[1] for m in mods.values()])
-        return _Repo(trees, used, checks.function_bodies([m[2] for m in mods.values()]))
+    def of(
+        files: dict[str, str], changed: list[str], cache: checks.ModuleCache, budget: ParseBudget
+    ) -> _Repo:
+        edited = set(changed)
+        py = [p for p in changed if p.endswith(".py")]
+        py += sorted(p for p in files if p.endswith(".py") and p not in edited)
+        idx = [cache.index(p, files[p], budget) for p in py]
+        used = checks.referenced_names([i[0] for i in idx])
+        unanalysed = {p for p in changed if files[p].startswith(MARKER_PREFIX)}
+        unanalysed |= budget.refused & edited
+        return _Repo(used, checks.function_bodies([i[1] for i in idx]), unanalysed)
 
 
-def _code_findings(member: int, d: FileDiff, repo: _Repo, ctx: _Context) -> list[Finding]:
+def _unanalysed(member: int, d: FileDiff) -> Finding:
+    why = "changes a file too large or too deeply nested for the grader to analyse"
+    return Finding(member=member, kind="unanalysed", reason=why, file=d.path, line=d.first_line())
+
+
+def _code_findings(
+    member: int, d: FileDiff, repo: _Repo, ctx: _Context, tree: ast.Module | None
+) -> list[Finding]:
     out = checks.test_detection(member, d) + checks.commented_out_code(member, d)
-    tree = repo.trees.get(d.path)
+    if d.path in repo.unanalysed:
+        out.append(_unanalysed(member, d))
     if d.path.endswith(".py"):
         out += checks.debug_output(member, d, tree)
     if tree is None:
@@ -142,6 +182,7 @@ class _Context:
     protected: list[str]
     test_text: str
     cache: checks.ModuleCache
+    bounds: Bounds
 
 
 def _behaviour(c: Candidate, cfg: HeuristicConfig) -> tuple[float, list[Finding]]:
@@ -158,14 +199,25 @@ def _behaviour(c: Candidate, cfg: HeuristicConfig) -> tuple[float, list[Finding]
     return points, out
 
 
-def assess(c: Candidate, group: GradingGroup, ctx: _Context, cfg: HeuristicConfig) -> Assessment:
-    """All findings and the diff scope of one candidate."""
+def _changed(diffs: list[FileDiff]) -> list[str]:
+    """Edited files before new ones (an edit is likelier to be the fix the checks must see)."""
+    kept = [d for d in diffs if d.status != "removed"]
+    return [d.path for d in sorted(kept, key=lambda d: (d.status != "modified", d.path))]
+
+
+def assess(
+    c: Candidate, group: GradingGroup, ctx: _Context, cfg: HeuristicConfig
+) -> tuple[Assessment, list[Skipped]]:
+    """All findings and the diff scope of one candidate, and the files it could not parse."""
     diffs = diff_repos(group.base_files, c.files)
     findings = checks.tampering(c.member, diffs, ctx.protected)
     code = [d for d in diffs if not checks.is_protected(d.path, ctx.protected)]
-    repo = _Repo.of(c.files, ctx.cache)
+    budget = ParseBudget(c.member, ctx.bounds)
+    repo = _Repo.of(c.files, _changed(diffs), ctx.cache, budget)
     for d in code:
-        findings += _code_findings(c.member, d, repo, ctx)
+        python = d.path.endswith(".py") and d.status != "removed"
+        tree = ctx.cache.tree(d.path, c.files[d.path], budget) if python else None
+        findings += _code_findings(c.member, d, repo, ctx, tree)
         if ctx.relevant and d.path not in ctx.relevant:
             why = f"edits a file the failing tests do not exercise ({d.status})"
             findings.append(
@@ -179,9 +231,10 @@ def assess(c: Candidate, group: GradingGroup, ctx: _Context, cfg: HeuristicConfi
             )
     points, behaviour = _behaviour(c, cfg)
     lines = sum(1 for d in code for _, t in d.added + d.removed if t.strip())
+    hunks = sum(d.hunks for d in code)
     return Assessment(
-        c.member, findings + behaviour, lines, sum(d.hunks for d in code), len(code), points
-    )
+        c.member, findings + behaviour, lines, hunks, len(code), points
+    ), budget.skipped
 
 
 def _scope(
@@ -215,16 +268,43 @@ def points_of(a: Assessment, cfg: HeuristicConfig) -> float:
     return a.behaviour_points + sum(cfg.weights.get(f.kind, 0.0) for f in a.findings)
 
 
+def bounded(group: GradingGroup, bounds: Bounds) -> tuple[GradingGroup, list[Skipped]]:
+    """``group`` with the base and every candidate's files through ``admit``, and what it left
+    out now (nothing for a group already admitted where it was built)."""
+    base, skipped = admit(group.base_files, None, bounds=bounds)
+    candidates = []
+    for c in group.candidates:
+        files, left_out = admit(c.files, c.member, base.keys(), bounds)
+        candidates.append(c.model_copy(update={"files": files}))
+        skipped += left_out
+    return group.model_copy(update={"base_files": base, "candidates": candidates}), skipped
+
+
+def _context(group: GradingGroup, cfg: HeuristicConfig) -> tuple[_Context, list[Skipped]]:
+    """What the candidates are judged against. The base's modules are indexed on the base's own
+    parse budget first, so candidates pay for their edits only."""
+    protected, base = group.protected_files, group.base_files
+    cache, budget = checks.ModuleCache(), ParseBudget(None, cfg.bounds)
+    relevant = set(group.relevant_files) or infer_relevant_files(base, protected, cache, budget)
+    for path in sorted(base):
+        if path.endswith(".py"):
+            cache.index(path, base[path], budget)
+    tests = "\n".join(t for p, t in sorted(base.items()) if checks.is_protected(p, protected))
+    return _Context(relevant, protected, tests, cache, cfg.bounds), budget.skipped
+
+
 def rank(group: GradingGroup, cfg: HeuristicConfig | None = None) -> Ranking:
     """Rank the valid passes of ``group``; failures contribute findings but are never ranked."""
     cfg = cfg or HeuristicConfig()
-    protected = group.protected_files
-    relevant = set(group.relevant_files) or infer_relevant_files(group.base_files, protected)
-    tests = "\n".join(
-        t for p, t in sorted(group.base_files.items()) if checks.is_protected(p, protected)
-    )
-    ctx = _Context(relevant, protected, tests, checks.ModuleCache())
-    assessed = [assess(c, group, ctx, cfg) for c in group.candidates if c.valid]
+    group, admitted = bounded(group, cfg.bounds)
+    ctx, skipped = _context(group, cfg)
+    skipped = [*group.skipped, *admitted, *skipped]
+    assessed = []
+    for c in group.candidates:
+        if c.valid:
+            a, left_out = assess(c, group, ctx, cfg)
+            assessed.append(a)
+            skipped += left_out
     passes = set(group.passes())
     hacks = [
         Hack(member=a.member, evidence=a.hack_evidence)
@@ -249,5 +329,13 @@ def rank(group: GradingGroup, cfg: HeuristicConfig | None = None) -> Ranking:
         findings += a.findings + scope
     findings.sort(key=lambda f: (f.member, f.kind, f.file or "", f.line or 0))
     return Ranking(
-        tied_groups=_tie(scored, cfg.tie_eps), hacks=hacks, findings=findings, grader="heuristic"
+        tied_groups=_tie(scored, cfg.tie_eps),
+        hacks=hacks,
+        findings=findings,
+        grader="heuristic",
+        skipped=cap(_unique(skipped), cfg.bounds.reported * (len(group.candidates) + 1)),
     )
+
+
+def _unique(skipped: list[Skipped]) -> list[Skipped]:
+    return list(dict.fromkeys(skipped))

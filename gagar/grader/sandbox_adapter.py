@@ -9,6 +9,11 @@ by duck typing, so ``gagar.grader`` does not depend on the sandbox package at im
     from gagar.sandbox.types import SandboxError
     grader = AgenticGrader(config, adapt_factory(LocalFactory(), refused=(SandboxError,)))
 
+The workspace is copied in within ``WORKSPACE_BOUNDS`` (the files of a whole group: base, every
+candidate and the evidence), read as ``gagar.grader.workspace`` reads: links and special files are
+left out, a file past the size bound is copied as its marker; what was left out is the adapter's
+``skipped``, which the agentic grader adds to its ranking.
+
 An ``infra_error`` becomes an exception (the agentic grader then falls back with
 ``grader_error``); a refused request (bad path, missing file) becomes ``ValueError``, which the
 grader's tools turn into an error observation for the model.
@@ -21,29 +26,56 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from gagar.grader.bounds import Bounds, Oversize, marker
 from gagar.grader.protocol import ExecOutcome, SandboxFactory
-from gagar.grader.workspace import SKIP_DIRS
+from gagar.grader.workspace import read_bytes, walk
+from gagar.wire import Skipped
+
+WORKSPACE_BOUNDS = Bounds(files=100_000, file_bytes=8 << 20, total_bytes=1 << 30)
 
 
 class SandboxInfrastructureError(RuntimeError):
     """The sandbox failed to run a grader tool (not the candidate's code failing)."""
 
 
-def _workspace_bytes(root: Path) -> dict[str, bytes]:
+def _workspace_bytes(
+    root: Path, bounds: Bounds = WORKSPACE_BOUNDS
+) -> tuple[dict[str, bytes], list[Skipped]]:
+    """The workspace's files as bytes (binary ones too: tests may need them), within ``bounds``."""
     files: dict[str, bytes] = {}
-    for path in sorted(root.rglob("*")):
-        rel = path.relative_to(root)
-        if path.is_file() and not path.is_symlink() and not SKIP_DIRS & set(rel.parts):
-            files[rel.as_posix()] = path.read_bytes()
-    return files
+    skipped: list[Skipped] = []
+    total = 0
+    for rel in walk(root, bounds.files):
+        if len(files) >= bounds.files:
+            skipped.append(Skipped(path=rel, reason="too_many_files", detail="walk stopped"))
+            break
+        try:
+            data = read_bytes(root / rel, bounds.file_bytes)
+        except OSError as err:
+            skipped.append(Skipped(path=rel, reason="unreadable", detail=str(err)[:200]))
+            continue
+        size = data.size if isinstance(data, Oversize) else len(data)
+        if isinstance(data, Oversize) or total + size > bounds.total_bytes:
+            reason = "file_too_large" if isinstance(data, Oversize) else "total_too_large"
+            skipped.append(Skipped(path=rel, reason=reason, detail=f"{size} bytes"))
+            data = marker(data, size, reason.replace("_", " ")).encode()
+        files[rel] = data
+        total += min(size, len(data))
+    return files, skipped
 
 
 class SessionAdapter:
     """A ``GraderSandbox`` over one ``gagar.sandbox`` session."""
 
-    def __init__(self, session: Any, refused: tuple[type[BaseException], ...] = ()) -> None:
+    def __init__(
+        self,
+        session: Any,
+        refused: tuple[type[BaseException], ...] = (),
+        skipped: list[Skipped] | None = None,
+    ) -> None:
         self.session = session
         self.refused = refused
+        self.skipped = skipped or []  # what the copy into the session left out
 
     def exec(self, cmd: Sequence[str], timeout: float, cwd: str = ".") -> ExecOutcome:
         argv = list(cmd)
@@ -69,10 +101,26 @@ class SessionAdapter:
         self.session.close()
 
 
-def adapt_factory(factory: Any, refused: tuple[type[BaseException], ...] = ()) -> SandboxFactory:
-    """A grader ``SandboxFactory`` that copies the workspace into a new session of ``factory``."""
+def sandbox_refusals() -> tuple[type[BaseException], ...]:
+    """``gagar.sandbox``'s refusal (bad path, missing file, link), where that package is here."""
+    try:
+        from gagar.sandbox.types import SandboxError
+    except ImportError:  # a grader-only install: the caller names its own refusals
+        return ()
+    return (SandboxError,)
+
+
+def adapt_factory(
+    factory: Any, refused: tuple[type[BaseException], ...] | None = None
+) -> SandboxFactory:
+    """A grader ``SandboxFactory`` that copies the workspace into a new session of ``factory``.
+    ``refused``: what the session raises for a request it refuses (default: the sandbox's own
+    ``SandboxError``), which a tool turns into an error the model can correct; without it, a
+    model reading a missing file would end the grading with ``grader_error``."""
+    refused = sandbox_refusals() if refused is None else refused
 
     def open_session(root: Path) -> SessionAdapter:
-        return SessionAdapter(factory.create(files=_workspace_bytes(Path(root))), refused)
+        files, skipped = _workspace_bytes(Path(root))
+        return SessionAdapter(factory.create(files=files), refused, skipped)
 
     return open_session

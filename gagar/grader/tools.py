@@ -1,5 +1,11 @@
-"""The agentic grader's tools: read, list, grep, diff and run-tests over the shared workspace,
-executed in a ``GraderSandbox`` session, plus the ``submit_ranking`` schema.
+"""The agentic grader's tools: read, list, grep, diff and run-tests, plus the ``submit_ranking``
+schema.
+
+The shared workspace is evidence to read, never a place candidate code runs: ``list_files``,
+``read_file``, ``grep`` and ``diff`` run fixed programs in one session over the workspace, and
+``run_tests`` runs the task's test command in a *fresh* session holding only that candidate's files
+(``Toolbox.fresh``), closed after the run. So one candidate's test code cannot rewrite another
+candidate's tree (or the base, patches and logs) and have the grader read the rewritten file.
 
 Tool arguments come from a model, so every path is checked (relative, inside the workspace, not
 an option) and commands are argv lists; a bad argument becomes an error observation the model can
@@ -9,13 +15,14 @@ correct, never an exception out of the loop.
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
 from gagar.grader.protocol import ExecOutcome, GraderSandbox
-from gagar.grader.workspace import cand_dir
 from gagar.wire import Finding, GradingGroup, TiedGroup, check_relative_path
 
 
@@ -118,7 +125,7 @@ def tool_specs(passes: list[int] | None = None, members: int | None = None) -> l
         ),
         _fn(
             "run_tests",
-            "Run the task's test command in cand_N.",
+            "Run the task's test command on member N's files (a fresh copy holding only them).",
             {"member": {"type": "integer"}},
             ["member"],
         ),
@@ -149,12 +156,18 @@ def _path(args: dict, key: str, default: str | None = None) -> str:
     return value.rstrip("/")
 
 
+FreshSession = Callable[[int], AbstractContextManager[GraderSandbox]]
+"""Member N -> a new session whose workspace holds only member N's files (closed on exit)."""
+
+
 @dataclass
 class Toolbox:
-    """Executes tool calls for one group in one sandbox session."""
+    """Executes tool calls for one group: reads in the evidence session ``sandbox``, tests in a
+    fresh session per run (``fresh``)."""
 
     sandbox: GraderSandbox
     group: GradingGroup
+    fresh: FreshSession
     max_chars: int = 8000
     exec_timeout: float = 30.0
     test_timeout: float = 120.0
@@ -171,9 +184,9 @@ class Toolbox:
             return text
         return text[: self.max_chars] + f"\n... [truncated {len(text) - self.max_chars} chars]"
 
-    def _run(self, argv: list[str], timeout: float, cwd: str = ".") -> ExecOutcome:
+    def _run(self, argv: list[str], timeout: float) -> ExecOutcome:
         try:
-            return self.sandbox.exec(argv, timeout, cwd)
+            return self.sandbox.exec(argv, timeout)
         except ValueError as err:
             raise ToolError(str(err)) from None
 
@@ -243,7 +256,8 @@ class Toolbox:
         member = args.get("member")
         if not isinstance(member, int) or not 0 <= member < len(self.group.candidates):
             raise ToolError(f"member must be an integer in 0..{len(self.group.candidates) - 1}")
-        res = self._run(["sh", "-c", self.group.test_command], self.test_timeout, cand_dir(member))
+        with self.fresh(member) as session:  # never the evidence session: see the module doc
+            res = session.exec(["sh", "-c", self.group.test_command], self.test_timeout)
         status = "timed out" if res.timed_out else f"exit code {res.exit_code}"
         return f"[{status}]\n{res.output}"
 

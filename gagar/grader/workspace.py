@@ -14,25 +14,48 @@ Layout (``cand_N`` is member N)::
 
 Everything the grader needs is in the files, so ordinary tools (``diff -r``, ``grep -r``) work
 and ``gagar grade DIR`` can grade a directory someone laid out by hand.
+
+Reading a directory back is bounded like every host-side read of candidate content
+(``gagar.grader.bounds``): the walk stops past the file count, links and anything but a regular
+file are never followed or opened for reading (``O_NOFOLLOW | O_NONBLOCK``, a FIFO cannot block
+it), at most ``file_bytes`` of a file are read (a larger one is hashed in chunks and kept as a
+marker), and the task statement, patches, logs and trajectories are read up to ``EVIDENCE_BYTES``.
+What was left out is reported in ``GradingGroup.skipped``.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
+import os
+import stat
+from collections.abc import Iterator
 from pathlib import Path
 
+from gagar.grader.bounds import BOUNDS, HASH_BYTES, Bounds, Oversize, admit_read
 from gagar.grader.diffs import unified_patch
-from gagar.wire import Action, Candidate, GradingGroup, ToolStats, check_relative_path
+from gagar.wire import (
+    Action,
+    Candidate,
+    GradingGroup,
+    Skipped,
+    SkipReason,
+    ToolStats,
+    check_relative_path,
+)
 
 OBSERVATION_CHARS = 2000  # per observation in the readable trajectory; the JSON keeps all of it
 SKIP_DIRS = {"__pycache__", ".git", ".pytest_cache", ".mypy_cache"}
+EVIDENCE_BYTES = 8 << 20  # task.md, one patch, one test log, one trajectory
+WALK_FACTOR = 4
+CUT_NOTE = "\n... [cut: "  # starts the note ending evidence cut at EVIDENCE_BYTES
 
 
 def cand_dir(member: int) -> str:
     return f"cand_{member}"
 
 
-def _write_tree(root: Path, files: dict[str, str]) -> None:
+def write_tree(root: Path, files: dict[str, str]) -> None:
     root.mkdir(parents=True, exist_ok=True)
     for rel, text in files.items():
         path = root / check_relative_path(rel)
@@ -104,12 +127,12 @@ def write_workspace(group: GradingGroup, root: Path) -> Path:
         raise FileExistsError(f"workspace directory is not empty: {root}")
     root.mkdir(parents=True, exist_ok=True)
     (root / "task.md").write_text(group.statement, encoding="utf-8")
-    _write_tree(root / "base", group.base_files)
+    write_tree(root / "base", group.base_files)
     for sub in ("patches", "trajectories", "test_logs"):
         (root / sub).mkdir()
     for c in group.candidates:
         name = cand_dir(c.member)
-        _write_tree(root / name, c.files)
+        write_tree(root / name, c.files)
         patch = c.patch or unified_patch(group.base_files, c.files)
         (root / "patches" / f"{name}.diff").write_text(patch, encoding="utf-8")
         (root / "trajectories" / f"{name}.md").write_text(
@@ -125,38 +148,99 @@ def write_workspace(group: GradingGroup, root: Path) -> Path:
     return root
 
 
-def read_tree(root: Path) -> dict[str, str]:
-    """Text files under ``root`` as relative path -> text (caches and binary files skipped)."""
-    files: dict[str, str] = {}
-    for path in sorted(root.rglob("*")):
-        rel = path.relative_to(root)
-        if not path.is_file() or path.is_symlink() or SKIP_DIRS & set(rel.parts):
-            continue
-        try:
-            files[rel.as_posix()] = path.read_text(encoding="utf-8")
-        except UnicodeDecodeError:
-            continue
-    return files
+def walk(root: Path, limit: int) -> Iterator[str]:
+    """Relative paths of the entries under ``root`` that are not directories (links included,
+    never followed), caches skipped, sorted per directory; at most ``limit + 1`` of them."""
+    seen = 0
+    for top, dirs, names in os.walk(root):
+        dirs[:] = sorted(d for d in dirs if d not in SKIP_DIRS)
+        rel = Path(top).relative_to(root)
+        links = [d for d in dirs if os.path.islink(os.path.join(top, d))]
+        for name in sorted(names + links):
+            yield (rel / name).as_posix()
+            seen += 1
+            if seen > limit:
+                return
 
 
-def _read_opt(path: Path) -> str:
-    return path.read_text(encoding="utf-8") if path.is_file() else ""
+def read_bytes(path: Path, limit: int) -> bytes | Oversize:
+    """A regular file's bytes (links not followed, FIFOs not waited on), or past ``limit`` its
+    size and digest (read in chunks); ``OSError`` for anything else."""
+    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+    with os.fdopen(fd, "rb") as fh:
+        if not stat.S_ISREG(os.fstat(fh.fileno()).st_mode):
+            raise OSError(f"not a regular file: {path.name}")
+        data = fh.read(limit + 1)
+        if len(data) <= limit:
+            return data
+        sha, size = hashlib.sha256(data), len(data)
+        while size < HASH_BYTES and (chunk := fh.read(min(1 << 20, HASH_BYTES - size))):
+            sha.update(chunk)
+            size += len(chunk)
+        return Oversize(os.fstat(fh.fileno()).st_size, sha.hexdigest())
 
 
-def _load_candidate(root: Path, entry: dict) -> Candidate:
+def read_tree(
+    root: Path, member: int | None = None, bounds: Bounds = BOUNDS
+) -> tuple[dict[str, str], list[Skipped]]:
+    """Text files under ``root`` as relative path -> text, within ``bounds``, and what was left
+    out (caches are not part of a repository and are not reported). The walk itself stops after
+    ``WALK_FACTOR`` entries per admitted file: links and FIFOs count too."""
+    limit = bounds.files * WALK_FACTOR
+    paths = list(walk(root, limit)) if root.is_dir() else []
+    files, skipped = admit_read(
+        paths[:limit], lambda rel: read_bytes(root / rel, bounds.file_bytes), member, (), bounds
+    )
+    if len(paths) > limit:
+        why = f"walk stopped after {limit} entries"
+        skipped.append(
+            Skipped(member=member, path=paths[limit], reason="too_many_files", detail=why)
+        )
+    return files, skipped
+
+
+def _read_opt(path: Path, limit: int = EVIDENCE_BYTES) -> str:
+    """A piece of evidence's text ("" when absent), cut at ``limit`` bytes with a note."""
+    try:
+        data = read_bytes(path, limit)
+    except FileNotFoundError:
+        return ""
+    except OSError as err:  # a link, a FIFO, a directory where a file belongs
+        return f"[not read: {err}]"
+    if isinstance(data, Oversize):
+        with path.open("rb") as fh:
+            head = fh.read(limit)
+        cut = f"{CUT_NOTE}{data.size} bytes, the grader reads {limit}]\n"
+        return head.decode("utf-8", "replace") + cut
+    return data.decode("utf-8", "replace")
+
+
+def _trajectory(root: Path, name: str) -> tuple[list, list[Skipped]]:
+    path = root / "trajectories" / f"{name}.json"
+    text = _read_opt(path)
+    try:
+        return (json.loads(text) if text else []), []
+    except json.JSONDecodeError as err:  # cut, or not JSON: the trajectory is left out, said so
+        reason: SkipReason = "file_too_large" if CUT_NOTE in text[-200:] else "unreadable"
+        why = f"trajectory not read: {err}"[:200]
+        return [], [Skipped(path=f"trajectories/{name}.json", reason=reason, detail=why)]
+
+
+def _load_candidate(root: Path, entry: dict) -> tuple[Candidate, list[Skipped]]:
     name = cand_dir(entry["member"])
-    traj_path = root / "trajectories" / f"{name}.json"
-    traj = json.loads(traj_path.read_text(encoding="utf-8")) if traj_path.is_file() else []
-    return Candidate(
+    files, skipped = read_tree(root / name, entry["member"])
+    traj, left_out = _trajectory(root, name)
+    candidate = Candidate(
         member=entry["member"],
         passed=entry["passed"],
         valid=entry.get("valid", True),
-        files=read_tree(root / name),
+        files=files,
         patch=_read_opt(root / "patches" / f"{name}.diff"),
         trajectory=traj,
         test_log=_read_opt(root / "test_logs" / f"{name}.log"),
         stats=entry.get("stats"),
     )
+    return candidate, skipped + [s.model_copy(update={"member": entry["member"]}) for s in left_out]
 
 
 def load_workspace(root: Path) -> GradingGroup:
@@ -165,7 +249,10 @@ def load_workspace(root: Path) -> GradingGroup:
     index_path = root / "index.json"
     if not index_path.is_file():
         raise FileNotFoundError(f"{root} is not a grading workspace: index.json is missing")
-    index = json.loads(index_path.read_text(encoding="utf-8"))
+    data = read_bytes(index_path, EVIDENCE_BYTES)
+    if isinstance(data, Oversize):
+        raise ValueError(f"{index_path}: {data.size} bytes, past the {EVIDENCE_BYTES} read")
+    index = json.loads(data)
     try:
         return _group_from_index(root, index)
     except (KeyError, TypeError) as err:
@@ -173,14 +260,21 @@ def load_workspace(root: Path) -> GradingGroup:
 
 
 def _group_from_index(root: Path, index: dict) -> GradingGroup:
+    base, skipped = read_tree(root / "base")
+    candidates = []
+    for entry in index["candidates"]:
+        candidate, left_out = _load_candidate(root, entry)
+        candidates.append(candidate)
+        skipped += left_out
     return GradingGroup(
         task_id=index["task_id"],
         statement=_read_opt(root / "task.md"),
-        base_files=read_tree(root / "base"),
-        candidates=[_load_candidate(root, e) for e in index["candidates"]],
+        base_files=base,
+        candidates=candidates,
         relevant_files=index.get("relevant_files", []),
         protected_files=index.get("protected_files", []),
         test_command=index.get("test_command", "python -m pytest -q"),
+        skipped=skipped,
     )
 
 

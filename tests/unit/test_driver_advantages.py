@@ -173,3 +173,20 @@ def test_the_bloated_share_reads_the_tiers_not_the_factors() -> None:
     only_one = Ranking(tied_groups=[TiedGroup(tier="T2", members=[1])], grader="heuristic")
     facts = _group_facts([GroupResult(generate(0), group(), [])], [only_one], batch, NO_LP)
     assert facts["bloated_passes_ratio"] == 1.0
+
+
+def test_what_the_graders_left_out_reaches_the_step_record() -> None:
+    from gagar.driver.loop import _group_facts
+    from gagar.driver.rollouts import GroupResult
+    from gagar.rollout.envs.synthetic import generate
+    from gagar.wire import Skipped
+
+    skipped = [
+        Skipped(member=1, path="..evil.py", reason="unsafe_path"),
+        Skipped(member=1, path="big.py", reason="file_too_large"),
+        Skipped(member=2, path="b.py", reason="unsafe_path"),
+    ]
+    ranking = RANKING.model_copy(update={"skipped": skipped})
+    batch = group_advantages([group()], [ranking], NO_LP)
+    facts = _group_facts([GroupResult(generate(0), group(), [])], [ranking], batch, NO_LP)
+    assert facts["grader_skipped"] == {"unsafe_path": 2, "file_too_large": 1}

@@ -178,3 +178,81 @@ def test_failed_evaluation_says_so_and_how_to_repeat_it(tmp_path: Path) -> None:
     assert "newest complete checkpoint is of step 3" in text and "--eval-only" in text
     assert "step 4 failed" not in text
     assert (tmp_path / "logs" / "error.log").read_text().startswith("Traceback")
+
+
+def _hostile_group():
+    """A group whose second member left odd names, a link, a binary and a huge file behind."""
+    from types import SimpleNamespace
+
+    from gagar.driver.advantages import Rollout
+    from gagar.driver.rollouts import GroupResult
+    from gagar.grader.sample import BASE, CLEAN
+    from gagar.rollout.agent import Trajectory
+
+    task = SimpleNamespace(
+        repo_files=lambda: {**BASE, "logo.png": b"\x89PNG\xff"},
+        instance_id="t",
+        problem_statement="fix mean",
+        reference_files={"calc/ops.py": CLEAN},
+        test_command="python -m pytest -q",
+    )
+    hostile = {"..evil.py": "x = 1\n", "a\\b.py": "", "calc/../x.py": "", "\udcff.py": ""}
+    finals = [BASE | {"calc/ops.py": CLEAN}, BASE | {"calc/ops.py": CLEAN} | hostile]
+    rollouts = [
+        Rollout(Trajectory([0], [0.0], [0], 1, [], exit_reason="submitted"), True, True)
+        for _ in finals
+    ]
+    return GroupResult(task, rollouts, finals)
+
+
+def test_names_the_safe_path_check_refuses_are_skipped_not_fatal_to_the_step() -> None:
+    """The driver's grading call on a group whose member left names no repository may hold: the
+    group is graded (both passes ranked) and every refused name is in the ranking's report."""
+    from types import SimpleNamespace
+
+    from gagar.driver.loop import _grade
+    from gagar.grader.protocol import HeuristicGrader
+
+    heuristic = HeuristicGrader()
+    spec = SimpleNamespace(deadline_seconds=30, fallback="heuristic")
+    ctx = SimpleNamespace(
+        run=SimpleNamespace(spec=SimpleNamespace(grader=spec)),
+        services=SimpleNamespace(grader=heuristic, fallback_grader=heuristic),
+    )
+    ranking = asyncio.run(_grade(ctx, _hostile_group()))
+    assert ranking.fallback is None and ranking.check_complete([0, 1]) is None
+    refused = {(s.member, s.path, s.reason) for s in ranking.skipped}
+    assert {(1, "..evil.py", "unsafe_path"), (1, "a\\b.py", "unsafe_path")} <= refused
+    assert (1, "\\udcff.py", "unsafe_path") in refused
+    assert (None, "logo.png", "not_text") in refused
+
+
+def test_final_files_are_read_within_bounds_and_links_do_not_raise() -> None:
+    from gagar.driver.rollouts import _text_files
+    from gagar.grader.bounds import BOUNDS, MARKER_PREFIX
+
+    class Session:
+        def __init__(self) -> None:
+            self.read: list[str] = []
+
+        def list_files(self) -> list[str]:
+            return ["a.py", "link", "huge.py", "../up.py", "blob.bin"]
+
+        def read_file(self, path: str) -> bytes:
+            self.read.append(path)
+            if path == "link":
+                raise OSError("cannot read link: Too many levels of symbolic links")
+            if path == "huge.py":
+                return b"x" * (BOUNDS.file_bytes + 1)
+            return b"\xff\xfe" if path == "blob.bin" else b"x = 1\n"
+
+    session = Session()
+    files, skipped = _text_files(session, {"a.py"})
+    assert files["a.py"] == "x = 1\n" and files["huge.py"].startswith(MARKER_PREFIX)
+    assert {s.path: s.reason for s in skipped} == {
+        "link": "unreadable",
+        "huge.py": "file_too_large",
+        "../up.py": "unsafe_path",
+        "blob.bin": "not_text",
+    }
+    assert "../up.py" not in session.read  # a refused name is never read

@@ -277,3 +277,71 @@ def test_sandbox_failure_is_a_grader_error(tmp_path):
         ranking = asyncio.run(AgenticGrader(config, broken_factory, tmp_path).grade(sample_group()))
     assert ranking.fallback == "grader_error" and ranking.grader == "heuristic"
     assert "bubblewrap" in ranking.detail and not fake.requests
+
+
+# Imported by the test command, this rewrites every candidate's module it can reach from the
+# directory the tests run in (the shared workspace's ``cand_0/`` when candidates share a session).
+SABOTEUR = """import pathlib
+for _target in pathlib.Path("..").glob("cand_*/calc/ops.py"):
+    try:
+        _target.write_text("SABOTAGED = True\\n")
+    except OSError:
+        pass
+"""
+
+
+def sabotage_group():
+    """The sample group whose member 0 is a clean fix carrying ``SABOTEUR`` in its package."""
+    group = sample_group().model_copy(update={"test_command": QUICK_TESTS})
+    saboteur = group.candidates[0]
+    files = saboteur.files | {"calc/__init__.py": SABOTEUR}
+    candidates = [saboteur.model_copy(update={"files": files}), *group.candidates[1:]]
+    return group.model_copy(update={"candidates": candidates})
+
+
+def sabotage_script():
+    """Run member 0's tests, then look at member 1 every way the tools allow."""
+    return [
+        tool_call("run_tests", {"member": 0}),
+        tool_call("read_file", {"path": "cand_1/calc/ops.py"}),
+        tool_call("diff", {"a": "base/calc", "b": "cand_1/calc"}),
+        tool_call("grep", {"pattern": "SABOTAGED", "path": "cand_1"}),
+        tool_call("run_tests", {"member": 1}),
+        tool_call("submit_ranking", GOOD),
+    ]
+
+
+def assert_not_sabotaged(obs):
+    """What ``SABOTAGE_SCRIPT`` observed: member 0's tests ran, and nothing of member 1 changed."""
+    assert obs[0].startswith("[exit code 0]") and "1 passed" in obs[0], obs[0]
+    assert "SABOTAGED" not in obs[1] and "def mean(values):" in obs[1]
+    assert "SABOTAGED" not in obs[2] and "print(" in obs[2]  # member 1's own (bloated) edit
+    assert obs[3] == "(no matches)", obs[3]
+    assert obs[4].startswith("[exit code 0]") and "1 passed" in obs[4], obs[4]
+
+
+def test_a_candidates_tests_cannot_rewrite_another_candidate(tmp_path):
+    with FakeOpenAI(sabotage_script()) as fake:
+        ranking = _grade(fake, tmp_path, sabotage_group())
+    assert ranking.grader == "agentic", ranking.detail
+    assert_not_sabotaged(_tool_messages(fake.requests[-1]))
+
+
+def test_tests_run_in_a_fresh_session_holding_only_that_candidate(tmp_path):
+    opened = []
+
+    def factory(root):
+        opened.append(sorted(p.relative_to(root).as_posix() for p in root.rglob("*")))
+        return unsafe_local_factory(root)
+
+    listing = "python3 -c 'import os; print(sorted(os.listdir(\"..\")), sorted(os.listdir()))'"
+    group = sample_group().model_copy(update={"test_command": listing})
+    script = [tool_call("run_tests", {"member": 1}), tool_call("submit_ranking", GOOD)]
+    with FakeOpenAI(script) as fake:
+        config = AgenticConfig(base_url=fake.base_url, model="m")
+        asyncio.run(AgenticGrader(config, factory, tmp_path).grade(group))
+    evidence, fresh = opened
+    assert "cand_0/calc/ops.py" in evidence and "index.json" in evidence
+    assert [p for p in fresh if "." in p] == sorted(group.candidates[1].files)
+    obs = _tool_messages(fake.requests[-1])[0]
+    assert "cand_0" not in obs and "'calc'" in obs and "'tests'" in obs

@@ -123,3 +123,27 @@ def test_session_adapter_unit():
         adapter.read_file("missing")
     with pytest.raises(SandboxInfrastructureError):
         SessionAdapter(FakeSession({}, infra="boom")).exec(["true"], 5)
+
+
+def test_the_sandboxs_refusal_is_a_tool_error_by_default(tmp_path):
+    """The driver builds its adapter without naming refusals: a model reading a missing file
+    must get an error observation, not end the grading with grader_error."""
+    from gagar.sandbox.types import SandboxError
+
+    class Refusing(FakeSession):
+        def read_file(self, path):
+            raise SandboxError(f"no such file: {path}")
+
+    class Factory(FakeFactory):
+        def create(self, files=None, tarball=None, limits=None):
+            self.sessions.append(Refusing(files or {}))
+            return self.sessions[-1]
+
+    script = [tool_call("read_file", {"path": "missing.txt"}), tool_call("submit_ranking", GOOD)]
+    with FakeOpenAI(script) as fake:
+        config = AgenticConfig(base_url=fake.base_url, model="m")
+        grader = AgenticGrader(config, adapt_factory(Factory()), tmp_path)
+        ranking = asyncio.run(grader.grade(sample_group()))
+    assert ranking.grader == "agentic", ranking.detail
+    obs = [m["content"] for m in fake.requests[-1]["messages"] if m["role"] == "tool"]
+    assert obs[0].startswith("Error:") and "no such file" in obs[0]
