@@ -27,7 +27,9 @@ server is 503. What a hostile or broken client cannot do: send a body past ``max
 is not finite or out of bounds (NaN, infinite or hour-long timeouts), open more than
 ``max_sessions`` sessions (the limit is checked and taken in one step of the event loop), keep a
 session it abandoned (closed after ``idle_timeout_s`` unused), or leave sessions behind by
-stopping the server (SIGTERM and SIGINT close every session), send its headers slower than
+stopping the server (SIGTERM and SIGINT close every session; after a SIGKILL the next server
+reclaims them as it starts, ``sweep_stale_sessions``, and a running one every
+``min(30 s, idle_timeout_s / 4)``), send its headers slower than
 ``header_timeout_s`` or keep an idle connection longer, hold more than ``max_connections``
 connections (the rest get 503), or get a traceback into the log (``gagar.serving``). With ``GAGAR_AUTH_TOKEN_FILE`` set
 (``gagar.auth``) every call but ``/healthz`` and ``/metrics`` needs the shared token; otherwise
@@ -53,7 +55,7 @@ from aiohttp import web
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from gagar import auth, serving
-from gagar.sandbox.local import LocalFactory, LocalSession
+from gagar.sandbox.local import LocalFactory, LocalSession, sweep_stale_sessions
 from gagar.sandbox.metrics import CONTENT_TYPE_LATEST, SandboxMetrics
 from gagar.sandbox.types import MAX_WALL_S, Limits, SandboxError
 
@@ -180,6 +182,11 @@ class Registry:
         for sid in idle:
             await self.close(sid)
         return len(idle)
+
+    async def sweep(self) -> int:
+        """Reclaim what dead sessions under the root left (another executor's killed there, or
+        this one's predecessor); how many."""
+        return await self._blocking(sweep_stale_sessions, self.factory.root)
 
     def close_all(self) -> None:
         """Close every session (blocking; after the server stopped, or from its clean-up)."""
@@ -315,6 +322,7 @@ class Server:
         while True:
             await asyncio.sleep(min(30.0, self.config.idle_timeout_s / 4))
             await self.registry.expire_idle()
+            await self.registry.sweep()
 
     async def _serve(self) -> None:
         self._loop, self._stop = asyncio.get_running_loop(), asyncio.Event()
