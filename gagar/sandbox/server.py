@@ -247,8 +247,13 @@ async def _errors(request: web.Request, handler: Any) -> web.StreamResponse:
     except (SandboxError, ValueError) as e:
         status, message = HTTPStatus.BAD_REQUEST, str(e)
     except Exception as e:  # the server must answer, and say it was its own failure
-        status, message = HTTPStatus.INTERNAL_SERVER_ERROR, f"{type(e).__name__}: {e}"
-        serving.log.error("%s %s failed: %s", request.method, request.path, message)
+        # an OSError's text names host paths (the session's directory): the client gets its
+        # errno text only, the log the whole of it
+        said = e.strerror if isinstance(e, OSError) and e.strerror else str(e)
+        serving.log.error("%s %s failed: %s: %s", request.method, request.path, type(e).__name__, e)
+        return web.json_response(
+            {"error": f"{type(e).__name__}: {said}"}, status=HTTPStatus.INTERNAL_SERVER_ERROR
+        )
     response = web.json_response({"error": message}, status=status)
     if status == HTTPStatus.REQUEST_TIMEOUT:
         response.force_close()  # the rest of a slow body would be read as the next request

@@ -329,3 +329,40 @@ def test_a_running_server_reclaims_what_a_killed_executor_left(tmp_path: Path) -
         killed.kill()
         proc.send_signal(signal.SIGTERM)
         proc.wait(60)
+
+
+def _tarball(*members: tuple[str, bytes | None, str | None]) -> str:
+    """A base64 tarball of (name, data, link target) members."""
+    import base64
+    import io
+    import tarfile
+
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w:gz") as tar:
+        for name, data, target in members:
+            info = tarfile.TarInfo(name)
+            if target is not None:
+                info.type, info.linkname = tarfile.SYMTYPE, target
+                tar.addfile(info)
+            else:
+                info.size = len(data or b"")
+                tar.addfile(info, io.BytesIO(data or b""))
+    return base64.b64encode(buf.getvalue()).decode()
+
+
+@pytest.mark.parametrize(
+    "members",
+    [
+        [("../escape", b"x", None)],
+        [("link", None, "../../etc")],
+        [("link", None, "/etc"), ("link/passwd", b"x", None)],
+        [("d", b"a file", None), ("d/x", b"x", None)],
+    ],
+    ids=["dotdot", "link-dotdot", "link-absolute", "file-as-dir"],
+)
+def test_bad_tarball_errors_name_no_host_path(served, tmp_path: Path, members) -> None:
+    url = served()
+    r = httpx.post(f"{url}/v1/sessions", json={"tarball_b64": _tarball(*members)})
+    error = r.json()["error"]
+    assert r.status_code == 400 and error.startswith("bad tarball"), error
+    assert str(tmp_path) not in error and SESSION_PREFIX not in error and "/tmp" not in error
