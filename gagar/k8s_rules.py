@@ -3,15 +3,17 @@
 ``gagar.spec`` types its fields with these, so a value the API server would refuse when the
 operator creates the pods (a namespace that is not a DNS-1123 label, a label key with two
 slashes, a 70-character label value, a ``subPath`` that climbs out of its volume) is refused by
-pydantic (``gagar validate`` names the field) and, as a ``pattern``/``maxLength`` or a CEL rule
-in the CRD, by ``kubectl apply``. The rules are apimachinery's ``validation.go``:
+pydantic (``gagar validate`` names the field) and, where a ``pattern``/``maxLength`` can say
+it, by the CRD at ``kubectl apply``. The rules are apimachinery's ``validation.go``:
 ``IsDNS1123Label``/``IsDNS1123Subdomain``, ``IsQualifiedName`` (label and annotation keys),
 ``IsValidLabelValue``, ``ValidateAnnotations`` (256 KiB in all), ``IsEnvVarName`` and
 ``validateLocalDescendingPath`` (``subPath``). Every pattern here is RE2 (no look-arounds), as the
 API server's regular expressions are.
 
-Not covered: the annotations' total size in the CRD (CEL has no cheap sum; pydantic and
-``gagar validate`` check it, and each value is bounded by the schema's string limits).
+Not in the CRD (pydantic, ``gagar validate`` and the operator's boundary only): the keys of
+labels, node selectors and annotations (a structural schema cannot constrain map keys, and a CEL
+regular expression over them exceeds the API server's cost budget) and the annotations' total
+size (CEL has no cheap sum).
 """
 
 from __future__ import annotations
@@ -19,9 +21,9 @@ from __future__ import annotations
 import re
 from typing import Annotated, Any
 
-from pydantic import AfterValidator, Field, WithJsonSchema
+from pydantic import AfterValidator, WithJsonSchema
 
-# "[.]", never "\.": the patterns are also CEL string literals, where "\." is no escape
+# "[.]" rather than "\.": the same text reads alike in Python, in Go (RE2) and in JSON
 _LABEL = r"[a-z0-9]([-a-z0-9]*[a-z0-9])?"
 DNS1123_LABEL = rf"^{_LABEL}$"
 DNS1123_SUBDOMAIN = rf"^{_LABEL}([.]{_LABEL})*$"
@@ -42,7 +44,6 @@ QUALIFIED = (
     "a qualified name: an optional DNS-1123 subdomain prefix of at most 253 characters and "
     "'/', then at most 63 of [A-Za-z0-9-_.], alphanumeric at both ends"
 )
-KEY_MESSAGE = f"every key must be {QUALIFIED}"
 
 
 def _rule(pattern: str, what: str, max_length: int | None = None) -> tuple[Any, Any]:
@@ -108,14 +109,10 @@ def _annotations(value: dict[str, str]) -> dict[str, str]:
     return value
 
 
-_KEY_RULE = f"k.matches('{QUALIFIED_NAME}') && k.matches('{QUALIFIED_NAME_LENGTHS}')"
-_CEL_KEYS = {
-    "x-kubernetes-validations": [{"rule": f"self.all(k, {_KEY_RULE})", "message": KEY_MESSAGE}]
-}
-
-# Labels and node selectors: qualified-name keys, label values.
-Labels = Annotated[dict[str, LabelValue], AfterValidator(_keys), Field(json_schema_extra=_CEL_KEYS)]
+# Keys are checked by pydantic only (gagar validate, and the operator's boundary, which marks
+# the run failed with the field path): no structural schema can constrain a map's keys, and a CEL
+# regular expression over them is refused by the API server's cost estimate (a key's length is
+# unbounded to it). Values carry their pattern and maxLength into the CRD.
+Labels = Annotated[dict[str, LabelValue], AfterValidator(_keys)]
 # Annotations: qualified-name keys, any values, 256 KiB in all.
-Annotations = Annotated[
-    dict[str, str], AfterValidator(_annotations), Field(json_schema_extra=_CEL_KEYS)
-]
+Annotations = Annotated[dict[str, str], AfterValidator(_annotations)]
