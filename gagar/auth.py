@@ -4,7 +4,8 @@ When ``GAGAR_AUTH_TOKEN_FILE`` names a file (a Kubernetes Secret mounted in the 
 sandbox executor and the grader service refuse every request without ``Authorization: Bearer
 <token>`` (401), except ``/healthz`` and ``/metrics`` (probes and scrapers), and the clients
 (trainer, grader) send it. Without the variable, nothing changes: the services rely on listening
-on 127.0.0.1 or on the pods' NetworkPolicies. The token is compared in constant time.
+on 127.0.0.1 or on the pods' NetworkPolicies. The token is compared as bytes, in constant time: a
+header that is not UTF-8 (aiohttp keeps its raw bytes as surrogate escapes) is simply wrong, 401.
 """
 
 from __future__ import annotations
@@ -54,7 +55,8 @@ def middleware(
     @web.middleware
     async def check(request: web.Request, handler: Handler) -> web.StreamResponse:
         if want is not None and request.path not in OPEN_PATHS:
-            got = request.headers.get("Authorization", "").encode()
+            # surrogateescape gives back the bytes the client sent, whatever they are
+            got = request.headers.get("Authorization", "").encode("utf-8", "surrogateescape")
             if not hmac.compare_digest(got, want):
                 return web.json_response({"error": "missing or wrong token"}, status=401)
         return await handler(request)

@@ -18,15 +18,30 @@ from gagar.spec import GagarRun
 
 MAX_MANIFEST_BYTES = 1 << 20  # a GagarRun is a few KiB; bigger input is refused before parsing
 MAX_DEPTH = 64  # nesting of collections; the YAML composer recurses once per level
+# Nodes of a document with every alias expanded: a GagarRun has a few hundred; 814 bytes of
+# nested aliases ("billion laughs") expand to 10^9, which validation and rendering would walk.
+MAX_NODES = 100_000
 
 
 class _StrictLoader(yaml.SafeLoader):
     """``yaml.SafeLoader`` that refuses a mapping with the same key twice (YAML says keys are
-    unique; PyYAML would silently keep the last one)."""
+    unique; PyYAML would silently keep the last one), a key that is a collection (``? [a, b]``),
+    and a document whose aliases expand past ``MAX_NODES`` nodes or ``MAX_DEPTH`` levels (counted
+    on the composed graph, before anything is constructed)."""
+
+    def compose_document(self) -> yaml.Node | None:
+        node = super().compose_document()
+        if node is not None:
+            _check_expansion(node)
+        return node
 
     def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
         seen: set[Any] = set()
         for key_node, _ in node.value:
+            if not isinstance(key_node, yaml.ScalarNode):
+                raise yaml.constructor.ConstructorError(
+                    None, None, "a mapping key must be a scalar", key_node.start_mark
+                )
             key = self.construct_object(key_node, deep=deep)
             if key in seen:
                 raise yaml.constructor.ConstructorError(
@@ -34,6 +49,42 @@ class _StrictLoader(yaml.SafeLoader):
                 )
             seen.add(key)
         return super().construct_mapping(node, deep=deep)
+
+
+def _children(node: yaml.Node) -> list[yaml.Node]:
+    if isinstance(node, yaml.SequenceNode):
+        return list(node.value)
+    if isinstance(node, yaml.MappingNode):
+        return [n for pair in node.value for n in pair]
+    return []
+
+
+def _check_expansion(root: yaml.Node) -> None:
+    """Raise ``yaml.YAMLError`` if ``root`` with its aliases expanded has more than ``MAX_NODES``
+    nodes, more than ``MAX_DEPTH`` levels, or a cycle. Iterative, each node once (an alias is the
+    same node object as its anchor, so sizes are shared, not recomputed)."""
+    size: dict[int, int] = {}
+    depth: dict[int, int] = {}
+    stack: list[tuple[yaml.Node, bool]] = [(root, False)]
+    open_: set[int] = set()
+    while stack:
+        node, done = stack.pop()
+        key = id(node)
+        if done:
+            kids = _children(node)
+            size[key] = min(1 + sum(size[id(k)] for k in kids), MAX_NODES + 1)
+            depth[key] = 1 + max((depth[id(k)] for k in kids), default=0)
+            open_.discard(key)
+            if size[key] > MAX_NODES or depth[key] > MAX_DEPTH:
+                what = f"{MAX_NODES} nodes" if size[key] > MAX_NODES else f"{MAX_DEPTH} levels"
+                line = node.start_mark.line + 1
+                raise yaml.YAMLError(f"aliases expand past {what} (line {line})")
+        elif key not in size:
+            if key in open_:
+                raise yaml.YAMLError(f"an alias refers to itself (line {node.start_mark.line + 1})")
+            open_.add(key)
+            stack.append((node, True))
+            stack.extend((k, False) for k in _children(node) if id(k) not in size)
 
 
 _OPEN = (yaml.FlowMappingStartToken, yaml.FlowSequenceStartToken, yaml.BlockMappingStartToken)

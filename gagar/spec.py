@@ -22,13 +22,24 @@ from pydantic import (
     ConfigDict,
     Field,
     JsonValue,
-    StringConstraints,
     ValidationInfo,
     WithJsonSchema,
     field_validator,
     model_validator,
 )
 from pydantic.alias_generators import to_camel
+
+from gagar.k8s_rules import (
+    Annotations,
+    EnvVarName,
+    Labels,
+    LabelValue,
+    Namespace,
+    QualifiedName,
+    Quantity,
+    Subdomain,
+    SubPath,
+)
 
 # Child objects are named "<run>-<component>[-<suffix>]" (longest: "<run>-trainer-rdzv", and pods of
 # the indexed Job "<run>-trainer-<index>-<5 random>"); 42 keeps every child name within the 63
@@ -40,9 +51,6 @@ DNS_LABEL = r"^[a-z]([-a-z0-9]*[a-z0-9])?$"
 # setting, within the integers JSON and float64 carry exactly, so "1e23 bytes" is refused, not run.
 MAX_NUMBER = 10**15
 
-Quantity = Annotated[
-    str, StringConstraints(pattern=r"^[0-9]+(\.[0-9]+)?([eE][0-9]+|[KMGTPE]i?|[munk])?$")
-]
 Device = Literal["auto", "cpu", "cuda"]
 
 
@@ -555,9 +563,9 @@ class CheckpointSpec(Model):
     PersistentVolumeClaim only; see ``volumeSize``, ``storageClassName``, ``existingClaim``)."""
     volume_size: Quantity = "100Gi"
     """Size of the checkpoint PVC the operator creates."""
-    storage_class_name: str | None = None
+    storage_class_name: Subdomain | None = None
     """StorageClass of that PVC (ReadWriteMany is needed for multi-node trainers)."""
-    existing_claim: str | None = None
+    existing_claim: Subdomain | None = None
     """Use this existing PVC instead of creating one."""
 
     model_config = ConfigDict(
@@ -591,11 +599,11 @@ RESERVED_LABEL_PREFIXES = ("app.kubernetes.io/", "gagar.dev/")
 class Toleration(Model):
     """A pod toleration (``kubectl explain pod.spec.tolerations``)."""
 
-    key: str | None = None
+    key: QualifiedName | None = None
     """Taint key; empty with ``Exists`` tolerates everything."""
     operator: Literal["Exists", "Equal"] = "Equal"
     """``Equal`` matches ``value``; ``Exists`` any value."""
-    value: str | None = None
+    value: LabelValue | None = None
     """Taint value (``Equal``)."""
     effect: Literal["NoSchedule", "PreferNoSchedule", "NoExecute"] | None = None
     """Taint effect; empty matches every effect."""
@@ -606,14 +614,14 @@ class Toleration(Model):
 class LocalObjectReference(Model):
     """A reference by name to an object in the run's namespace."""
 
-    name: str
+    name: Subdomain
     """Object name."""
 
 
 class EnvVar(Model):
     """A container environment variable."""
 
-    name: str = Field(min_length=1)
+    name: EnvVarName = Field(min_length=1)
     """Variable name (``GAGAR_*`` is the operator's own)."""
     value: str | None = None
     """Literal value."""
@@ -640,7 +648,7 @@ class EnvFromSource(Model):
     """The ConfigMap."""
     secret_ref: LocalObjectReference | None = None
     """The Secret."""
-    prefix: str | None = None
+    prefix: EnvVarName | None = None
     """Prefix of each variable name."""
 
     model_config = ConfigDict(
@@ -704,8 +712,8 @@ class VolumeMount(Model):
     """Absolute path in the container."""
     read_only: bool = False
     """Mount read-only."""
-    sub_path: str | None = None
-    """Path inside the volume."""
+    sub_path: SubPath | None = None
+    """Path inside the volume (relative, no ``..``)."""
 
 
 _SCHEDULING_RULES: list[JsonValue] = [
@@ -727,17 +735,17 @@ _SCHEDULING_RULES: list[JsonValue] = [
 class PodScheduling(Model):
     """Where a component's pods run and how they are marked."""
 
-    labels: dict[str, str] = Field(default_factory=dict)
+    labels: Labels = Field(default_factory=dict)
     """Extra pod labels (not ``app.kubernetes.io/*`` or ``gagar.dev/*``)."""
-    annotations: dict[str, str] = Field(default_factory=dict)
+    annotations: Annotations = Field(default_factory=dict)
     """Extra pod annotations."""
-    node_selector: dict[str, str] = Field(default_factory=dict)
+    node_selector: Labels = Field(default_factory=dict)
     """Node labels the pods require, e.g. a GPU node pool."""
     tolerations: list[Toleration] = Field(default_factory=list)
     """Taints the pods tolerate, e.g. ``nvidia.com/gpu``."""
     affinity: FreeForm | None = None
     """Kubernetes ``affinity`` (``nodeAffinity``, ``podAffinity``, ``podAntiAffinity``)."""
-    priority_class_name: str | None = None
+    priority_class_name: Subdomain | None = None
     """PriorityClass of the pods."""
     image_pull_secrets: list[LocalObjectReference] = Field(default_factory=list)
     """Secrets to pull the images with."""
@@ -767,7 +775,7 @@ class PodTemplate(PodScheduling):
     """Extra pod volumes."""
     volume_mounts: list[VolumeMount] = Field(default_factory=list)
     """Where the extra volumes appear, in every container."""
-    service_account_annotations: dict[str, str] = Field(default_factory=dict)
+    service_account_annotations: Annotations = Field(default_factory=dict)
     """Annotations of the component's ServiceAccount, e.g. ``eks.amazonaws.com/role-arn``
     (IRSA) or ``iam.gke.io/gcp-service-account`` (GKE Workload Identity)."""
 
@@ -1176,7 +1184,7 @@ class SandboxSpec(Model):
     """Executor image (one per task family)."""
     limits: SandboxLimits = Field(default_factory=SandboxLimits)
     """Limits of each execution."""
-    runtime_class_name: str | None = None
+    runtime_class_name: Subdomain | None = None
     """RuntimeClass of sandbox pods, e.g. ``gvisor``."""
     pool_size: int = Field(default=4, ge=0)
     """Warm sandbox pods (or local concurrent sessions)."""
@@ -1458,9 +1466,9 @@ class ObjectMeta(BaseModel):
     model_config = ConfigDict(extra="allow", frozen=True)
 
     name: str = Field(max_length=MAX_NAME_LENGTH, pattern=DNS_LABEL)
-    namespace: str | None = None
-    labels: dict[str, str] = Field(default_factory=dict)
-    annotations: dict[str, str] = Field(default_factory=dict)
+    namespace: Namespace | None = None
+    labels: Labels = Field(default_factory=dict)
+    annotations: Annotations = Field(default_factory=dict)
 
 
 class GagarRun(Model):

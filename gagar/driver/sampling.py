@@ -102,6 +102,12 @@ class TaskSampler:
                 )
             self._epochs, self._pos = [int(e) for e in epochs], [int(p) for p in positions]
             self.drawn = int(state["drawn"])
+        sizes = [n for _, n in self._sources]
+        if (
+            any(not 0 <= p <= n for p, n in zip(self._pos, sizes, strict=True))
+            or min(self._epochs) < 0
+        ):  # a later draw would index past its order: refuse the checkpoint now
+            raise ValueError(f"the checkpoint's sampler position {self._pos} is outside {sizes}")
         self._orders = [self._shuffled(i) for i in range(len(self._sources))]
 
 

@@ -10,6 +10,8 @@ import difflib
 from dataclasses import dataclass, field
 from typing import Literal
 
+from gagar.gitpath import file_line
+
 FileStatus = Literal["added", "removed", "modified"]
 
 
@@ -77,8 +79,8 @@ def unified_patch(base: dict[str, str], final: dict[str, str]) -> str:
         chunks += difflib.unified_diff(
             (old or "").splitlines(keepends=True),
             (new or "").splitlines(keepends=True),
-            fromfile="/dev/null" if old is None else f"a/{path}",
-            tofile="/dev/null" if new is None else f"b/{path}",
+            fromfile=file_line("a/", None if old is None else path),  # quoted as git does
+            tofile=file_line("b/", None if new is None else path),
         )
         if chunks and not chunks[-1].endswith("\n"):
             chunks.append("\n\\ No newline at end of file\n")

@@ -10,12 +10,20 @@ Graceful shutdown (SIGTERM, or ``stop``): listening sockets close, new requests 
 connections get 503, queued and in-flight groups are finished within ``drain_seconds``; whatever
 is left after that is *returned* to its caller as 503 ("shutting down, retry elsewhere"), never
 dropped silently and never answered with a made-up ranking.
+
+Against slow or broken clients (``gagar.serving``): a request's headers must arrive within
+``header_timeout_s`` (an idle keep-alive connection is closed after as long), its body within
+``body_timeout_s`` (else 408), at most ``max_connections`` connections are open (the rest get
+503), a caller that hangs up takes its queued group with it (aiohttp's handler cancellation),
+and a failure is one log line and a JSON 500, never a traceback.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import signal
+import socket
 import time
 from dataclasses import dataclass
 
@@ -25,7 +33,7 @@ from prometheus_client import CollectorRegistry, generate_latest, start_http_ser
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 from pydantic import ValidationError
 
-from gagar import auth
+from gagar import auth, serving
 from gagar.grader.metrics import GraderMetrics
 from gagar.grader.protocol import Grader
 from gagar.wire import GradingGroup, Ranking
@@ -39,6 +47,9 @@ class ServiceConfig:
     workers: int = 2
     drain_seconds: float = 30.0
     max_body_bytes: int = 256 * 1024 * 1024
+    body_timeout_s: float = 60.0  # the whole body must arrive within this (else 408)
+    header_timeout_s: float = serving.HEADER_TIMEOUT_S  # headers, and idle keep-alive connections
+    max_connections: int = serving.MAX_CONNECTIONS  # open at once; past it: 503, closed
     metrics_port: int | None = None  # also serve /metrics there (a pod's metrics port)
     token: str | None = None  # shared token every /v1/grade call must carry (gagar.auth)
     run: str | None = None  # run/pool labels of the metrics (None: from the environment)
@@ -78,7 +89,7 @@ class GraderService:
     def app(self) -> web.Application:
         app = web.Application(
             client_max_size=self.config.max_body_bytes,
-            middlewares=[auth.middleware(self.config.token)],
+            middlewares=[serving.errors, auth.middleware(self.config.token)],
         )
         app.router.add_post("/v1/grade", self._grade)
         app.router.add_get("/healthz", self._healthz)
@@ -140,7 +151,8 @@ class GraderService:
                 503, "unavailable", "grader service is shutting down; retry elsewhere"
             )
         try:
-            group = GradingGroup.model_validate_json(await request.read())
+            body = await serving.read_body(request, self.config.body_timeout_s)
+            group = GradingGroup.model_validate_json(body)
         except ValidationError as err:
             return self._error(400, "invalid", f"invalid grading group: {err}")
         job = _Job(group, asyncio.get_running_loop().create_future(), time.monotonic())
@@ -193,13 +205,35 @@ def serve(service: GraderService) -> None:
     cfg = service.config
     if cfg.metrics_port is not None and cfg.metrics_port != cfg.port:
         start_http_server(cfg.metrics_port, addr=cfg.host, registry=service.registry)
-    web.run_app(
+    sock = socket.create_server((cfg.host, cfg.port), backlog=max(128, cfg.queue_size))
+    asyncio.run(run(service, sock))
+
+
+async def run(
+    service: GraderService, sock: socket.socket, stop: asyncio.Event | None = None
+) -> None:
+    """Serve on ``sock`` until ``stop`` is set (SIGINT/SIGTERM set it from the main thread),
+    then drain."""
+    stop = stop or asyncio.Event()
+    loop = asyncio.get_running_loop()
+    with contextlib.suppress(ValueError, RuntimeError):  # not the main thread: no signals
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, stop.set)
+    cfg = service.config
+    runner = serving.runner(
         service.app(),
-        host=cfg.host,
-        port=cfg.port,
+        cfg.header_timeout_s,
+        handler_cancellation=True,
         shutdown_timeout=cfg.drain_seconds + 5,
-        print=None,
     )
+    await runner.setup()
+    backlog = max(128, cfg.queue_size)
+    listening = await serving.listen(runner, sock, cfg.max_connections, backlog)
+    try:
+        await stop.wait()
+    finally:
+        listening.close()
+        await runner.cleanup()
 
 
 _JSON = {"Content-Type": "application/json"}

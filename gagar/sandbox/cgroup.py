@@ -41,11 +41,12 @@ class Cgroup:
     cpuacct: Path | None = None
 
     @classmethod
-    def create(cls, memory_bytes: int, processes: int) -> Cgroup | None:
+    def create(cls, memory_bytes: int, processes: int, tag: str = "") -> Cgroup | None:
+        """``tag``: a prefix of the groups' names (a session's), for ``destroy_tagged``."""
         mem, pids, cpu = _own_path("memory"), _own_path("pids"), _own_path("cpuacct")
         if mem is None or pids is None or not (mem / "cgroup.procs").exists():
             return None
-        name = f"gagar-{uuid.uuid4().hex[:12]}"
+        name = f"gagar-{tag}{uuid.uuid4().hex[:12]}"
         cpu_dir = _try_mkdir(cpu / name) if cpu is not None else None
         try:
             (mem / name).mkdir()
@@ -79,18 +80,35 @@ class Cgroup:
     def destroy(self) -> None:
         """Kill whatever is still inside, then remove both groups."""
         for d in (self.memory, self.pids, self.cpuacct):
-            if d is None:
-                continue
-            for _ in range(50):
-                pids = _procs(d)
-                for pid in pids:
-                    with contextlib.suppress(ProcessLookupError):
-                        os.kill(pid, signal.SIGKILL)
-                try:
-                    d.rmdir()
-                    break
-                except OSError:
-                    time.sleep(0.02)
+            if d is not None:
+                _kill_and_remove(d)
+
+
+def _kill_and_remove(d: Path) -> None:
+    for _ in range(50):
+        for pid in _procs(d):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        try:
+            d.rmdir()
+            return
+        except FileNotFoundError:
+            return
+        except OSError:
+            time.sleep(0.02)
+
+
+def destroy_tagged(tag: str) -> int:
+    """Kill and remove every group ``create`` made with ``tag`` (a dead session's, whatever
+    their age or content); returns how many."""
+    removed = 0
+    for controller in ("memory", "pids", "cpuacct"):
+        parent = _own_path(controller)
+        if tag and parent is not None and parent.is_dir():
+            for d in parent.glob(f"gagar-{tag}*"):
+                _kill_and_remove(d)
+                removed += not d.exists()
+    return removed
 
 
 def sweep_stale(min_age_s: float = 600.0) -> int:

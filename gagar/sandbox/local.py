@@ -28,7 +28,7 @@ from functools import cache
 from pathlib import Path
 
 from gagar.sandbox import bwrap, quota, runner, workspace
-from gagar.sandbox.cgroup import Cgroup, sweep_stale
+from gagar.sandbox.cgroup import Cgroup, destroy_tagged, sweep_stale
 from gagar.sandbox.classify import classify
 from gagar.sandbox.seccomp import filter_bpf
 from gagar.sandbox.types import (
@@ -74,21 +74,62 @@ class UidLease:
         runner.kill_uid(self.uid)
         os.close(self._fd)
 
+    @classmethod
+    def take(cls, uid: int) -> UidLease | None:
+        """The lease of ``uid`` if nobody holds it (a dead session's), else None."""
+        if not UID_BASE <= uid < UID_BASE + UID_SLOTS:
+            return None
+        try:
+            fd = os.open(LOCK_DIR / f"{uid - UID_BASE}.lock", os.O_RDWR)
+        except OSError:
+            return None
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(fd)
+            return None
+        lease = cls.__new__(cls)
+        lease.uid, lease._fd = uid, fd
+        return lease
+
 
 def sweep_stale_sessions(root: str | None = None, min_age_s: float = 60.0) -> int:
-    """Remove the session directories under ``root`` whose process died without ``close``
-    (SIGKILL, OOM kill). A live session holds an ``flock`` on its ``OWNER_LOCK``; a directory
-    younger than ``min_age_s`` may be one being set up right now and is left alone."""
+    """Reclaim what the sessions under ``root`` whose process died without ``close`` (SIGKILL,
+    OOM kill) left: processes of their uid, cgroups, tmpfs, directory. A live session's
+    ``OWNER_LOCK`` is ``flock``ed from the moment the file exists, so a free one is a dead
+    session, reclaimed at once; a directory without it may be one being set up right now and
+    is left alone until ``min_age_s`` old."""
     removed = 0
     for d in Path(root or tempfile.gettempdir()).glob(f"{SESSION_PREFIX}*"):
         try:
-            if time.time() - d.stat().st_mtime < min_age_s or _owner_alive(d):
+            young = time.time() - d.stat().st_mtime < min_age_s
+            if (young and not (d / OWNER_LOCK).exists()) or _owner_alive(d):
                 continue
-            remove_session_dir(d)
+            _reclaim(d)
         except OSError:
             continue  # another sweeper got there first, or it cannot go: never fail a caller
         removed += 1
     return removed
+
+
+def _reclaim(d: Path) -> None:
+    lease = UidLease.take(_recorded_uid(d))  # None once a live session leased the uid again
+    if lease is not None:
+        lease.release()  # kills whatever still runs as that uid
+    destroy_tagged(_cgroup_tag(d))
+    remove_session_dir(d)
+
+
+def _recorded_uid(d: Path) -> int:
+    try:
+        return int((d / OWNER_LOCK).read_text() or -1)
+    except (OSError, ValueError):
+        return -1
+
+
+def _cgroup_tag(d: Path) -> str:
+    """The prefix of the names of a session's cgroups (``Cgroup.create``)."""
+    return d.name.removeprefix(SESSION_PREFIX) + "-"
 
 
 def remove_session_dir(d: Path) -> None:
@@ -130,6 +171,18 @@ def _owner_alive(session_dir: Path) -> bool:
     finally:
         os.close(fd)
     return False
+
+
+def _take_ownership(session_dir: Path, uid: int | None) -> int:
+    """The session's ``OWNER_LOCK``, ``flock``ed (released by the kernel when this process dies)
+    and holding its uid (for the sweep). Made under another name and renamed: a sweeper never
+    sees the lock file before it is locked."""
+    new = session_dir / f"{OWNER_LOCK}.new"
+    fd = os.open(new, os.O_CREAT | os.O_RDWR, 0o600)
+    fcntl.flock(fd, fcntl.LOCK_EX)
+    os.write(fd, str(uid if uid is not None else "").encode())
+    os.rename(new, session_dir / OWNER_LOCK)
+    return fd
 
 
 def python_paths() -> tuple[str, ...]:
@@ -217,8 +270,7 @@ class LocalSession:
         self.quota = factory.isolation == "bwrap" and quota.try_mount(
             self.dir, limits.disk_bytes, limits.inodes
         )
-        self._owner = os.open(self.dir / OWNER_LOCK, os.O_CREAT | os.O_RDWR, 0o600)
-        fcntl.flock(self._owner, fcntl.LOCK_EX)  # released by the kernel if this process dies
+        self._owner = _take_ownership(self.dir, self.uid)
         self.workspace = self.dir / "workspace"
         try:
             self._layout(files, tarball)
@@ -229,6 +281,10 @@ class LocalSession:
     @property
     def uid(self) -> int | None:
         return self._lease.uid if self._lease else None
+
+    @property
+    def cgroup_tag(self) -> str:
+        return _cgroup_tag(self.dir)
 
     def _layout(self, files: Mapping[str, FileData], tarball: bytes | None) -> None:
         for name in ("workspace", "tmp", "etc"):
@@ -276,7 +332,7 @@ class LocalSession:
     def _exec_jailed(self, argv: list[str], wall: float) -> ExecResult:
         cg = None
         if self._factory.use_cgroup and self.uid is not None:
-            cg = Cgroup.create(self.limits.memory_bytes, self.limits.processes)
+            cg = Cgroup.create(self.limits.memory_bytes, self.limits.processes, self.cgroup_tag)
         # With the cgroups as the exact bounds, the rlimits are backstops: the address-space one
         # only stops absurd reservations, and RLIMIT_NPROC (which counts every process of the
         # uid, a dying one of the last command too) must not fire before ``pids.max`` does, or a

@@ -27,7 +27,11 @@ server is 503. What a hostile or broken client cannot do: send a body past ``max
 is not finite or out of bounds (NaN, infinite or hour-long timeouts), open more than
 ``max_sessions`` sessions (the limit is checked and taken in one step of the event loop), keep a
 session it abandoned (closed after ``idle_timeout_s`` unused), or leave sessions behind by
-stopping the server (SIGTERM and SIGINT close every session). With ``GAGAR_AUTH_TOKEN_FILE`` set
+stopping the server (SIGTERM and SIGINT close every session; after a SIGKILL the next server
+reclaims them as it starts, ``sweep_stale_sessions``, and a running one every
+``min(30 s, idle_timeout_s / 4)``), send its headers slower than
+``header_timeout_s`` or keep an idle connection longer, hold more than ``max_connections``
+connections (the rest get 503), or get a traceback into the log (``gagar.serving``). With ``GAGAR_AUTH_TOKEN_FILE`` set
 (``gagar.auth``) every call but ``/healthz`` and ``/metrics`` needs the shared token; otherwise
 the server must only be reachable by its trainer (127.0.0.1 by default; the pod's NetworkPolicy).
 """
@@ -50,8 +54,8 @@ from typing import Any
 from aiohttp import web
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from gagar import auth
-from gagar.sandbox.local import LocalFactory, LocalSession
+from gagar import auth, serving
+from gagar.sandbox.local import LocalFactory, LocalSession, sweep_stale_sessions
 from gagar.sandbox.metrics import CONTENT_TYPE_LATEST, SandboxMetrics
 from gagar.sandbox.types import MAX_WALL_S, Limits, SandboxError
 
@@ -66,6 +70,8 @@ class ServerConfig:
     idle_timeout_s: float = 1800.0  # a session unused this long is closed (its client vanished)
     max_body_bytes: int = MAX_BODY
     body_timeout_s: float = 60.0  # a request body must arrive within this
+    header_timeout_s: float = serving.HEADER_TIMEOUT_S  # headers, and idle keep-alive connections
+    max_connections: int = serving.MAX_CONNECTIONS  # open at once; past it: 503, closed
     token: str | None = None  # shared token (gagar.auth); None: no authentication
     backlog: int = 0  # listen backlog; 0: 4 per session, at least 128
 
@@ -177,6 +183,11 @@ class Registry:
             await self.close(sid)
         return len(idle)
 
+    async def sweep(self) -> int:
+        """Reclaim what dead sessions under the root left (another executor's killed there, or
+        this one's predecessor); how many."""
+        return await self._blocking(sweep_stale_sessions, self.factory.root)
+
     def close_all(self) -> None:
         """Close every session (blocking; after the server stopped, or from its clean-up)."""
         while self.sessions:
@@ -236,7 +247,13 @@ async def _errors(request: web.Request, handler: Any) -> web.StreamResponse:
     except (SandboxError, ValueError) as e:
         status, message = HTTPStatus.BAD_REQUEST, str(e)
     except Exception as e:  # the server must answer, and say it was its own failure
-        status, message = HTTPStatus.INTERNAL_SERVER_ERROR, f"{type(e).__name__}: {e}"
+        # an OSError's text names host paths (the session's directory): the client gets its
+        # errno text only, the log the whole of it
+        said = e.strerror if isinstance(e, OSError) and e.strerror else str(e)
+        serving.log.error("%s %s failed: %s: %s", request.method, request.path, type(e).__name__, e)
+        return web.json_response(
+            {"error": f"{type(e).__name__}: {said}"}, status=HTTPStatus.INTERNAL_SERVER_ERROR
+        )
     response = web.json_response({"error": message}, status=status)
     if status == HTTPStatus.REQUEST_TIMEOUT:
         response.force_close()  # the rest of a slow body would be read as the next request
@@ -310,20 +327,27 @@ class Server:
         while True:
             await asyncio.sleep(min(30.0, self.config.idle_timeout_s / 4))
             await self.registry.expire_idle()
+            await self.registry.sweep()
 
     async def _serve(self) -> None:
         self._loop, self._stop = asyncio.get_running_loop(), asyncio.Event()
         if threading.current_thread() is threading.main_thread():
             for sig in (signal.SIGTERM, signal.SIGINT):
                 self._loop.add_signal_handler(sig, self._stop.set)
-        runner = web.AppRunner(self.app(), access_log=None)
+        # no handler_cancellation: a cancelled handler would free its session's lock while the
+        # session's call still runs in the pool, and let a second call into the same session
+        runner = serving.runner(self.app(), self.config.header_timeout_s)
         await runner.setup()
-        await web.SockSite(runner, self.socket).start()
+        cfg = self.config
+        listening = await serving.listen(
+            runner, self.socket, cfg.max_connections, cfg.listen_backlog
+        )
         expiry = asyncio.create_task(self._expire_loop())
         try:
             await self._stop.wait()
         finally:
             expiry.cancel()
+            listening.close()
             await runner.cleanup()
             await self._loop.run_in_executor(None, self.registry.close_all)
 

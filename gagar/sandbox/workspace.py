@@ -24,6 +24,7 @@ import tarfile
 from collections.abc import Iterator, Mapping
 from pathlib import Path
 
+from gagar import gitpath
 from gagar.sandbox.types import FileData, SandboxError
 
 # Build and cache products that are not part of a change.
@@ -198,9 +199,10 @@ def unified_diff(base: Mapping[str, bytes], new: Mapping[str, bytes]) -> str:
         old, cur = base.get(rel), new.get(rel)
         if old == cur:
             continue
-        a = f"a/{rel}" if old is not None else "/dev/null"
-        b = f"b/{rel}" if cur is not None else "/dev/null"
-        chunks.append(f"diff --git a/{rel} b/{rel}\n")
+        # names quoted as git does: a newline in a name must not start a line of the patch
+        a = gitpath.side("a/", rel if old is not None else None)
+        b = gitpath.side("b/", rel if cur is not None else None)
+        chunks.append(f"diff --git {gitpath.side('a/', rel)} {gitpath.side('b/', rel)}\n")
         marker = next((m for m in (cur, old) if m and m.startswith(b"\x00<")), None)
         if marker is not None:  # what the walk did not read: say why, not "binary"
             chunks.append(f"Not compared: {a} and {b}: {marker[2:-1].decode(errors='replace')}\n")
@@ -210,7 +212,11 @@ def unified_diff(base: Mapping[str, bytes], new: Mapping[str, bytes]) -> str:
             continue
         old_lines = (old or b"").decode().splitlines(keepends=True)
         new_lines = (cur or b"").decode().splitlines(keepends=True)
-        for line in difflib.unified_diff(old_lines, new_lines, a, b):
+        names = (
+            gitpath.file_line("a/", rel if old is not None else None),
+            gitpath.file_line("b/", rel if cur is not None else None),
+        )
+        for line in difflib.unified_diff(old_lines, new_lines, *names):
             chunks.append(
                 line if line.endswith("\n") else line + "\n\\ No newline at end of file\n"
             )
@@ -268,7 +274,12 @@ def unpack(root: Path, tarball: bytes) -> None:
     try:
         with tarfile.open(fileobj=io.BytesIO(tarball), mode="r:*") as tar:
             tar.extractall(root, filter="data")
-    except (tarfile.TarError, OSError) as e:
+    except tarfile.FilterError as e:  # its message holds the host path it would extract to
+        raise SandboxError(f"bad tarball: member {e.tarinfo.name!r}: {type(e).__name__}") from None
+    except OSError as e:  # its filename is a host path: say which member, relative
+        where = os.path.relpath(e.filename, root) if isinstance(e.filename, str) else ""
+        raise SandboxError(f"bad tarball: {where or 'extracting'}: {e.strerror}") from None
+    except tarfile.TarError as e:
         raise SandboxError(f"bad tarball: {e}") from None
 
 

@@ -11,8 +11,9 @@ leaves either the previous complete checkpoint or the new one, never a half-writ
 Loading cannot run code: parts are read with ``torch.load(weights_only=True)`` (tensors,
 numbers, strings and containers of them; a pickle that names any other callable is refused), and
 ``state.json`` is plain JSON. A checkpoint that fails any check (manifest shape, sizes, checksums,
-a part that does not load) is skipped with a warning naming it, and ``candidates`` offers the
-previous one.
+a ``state.json`` of the wrong shape or with a number that is not a finite count, a part that does
+not load or holds a non-finite float) is skipped with a warning naming it, and ``candidates``
+offers the previous one.
 
 Guarantees: no step is lost or repeated across a kill as long as the driver checkpoints *after* a
 step's update and its metrics record, and truncates ``metrics.jsonl`` to the resumed step
@@ -32,9 +33,10 @@ import sys
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
 
 import torch
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 MANIFEST = "COMPLETE"
 STATE = "state.json"
@@ -45,13 +47,71 @@ class CheckpointError(RuntimeError):
     """A checkpoint is missing, incomplete or corrupt."""
 
 
+_Count = Annotated[int, Field(ge=0, le=2**53)]  # exact in JSON and float64 alike
+
+
+class _SamplerState(BaseModel):
+    """The task sampler's position (``TaskSampler.state``): counts, never negative."""
+
+    model_config = ConfigDict(extra="allow", strict=True)
+    epoch: _Count | None = None
+    pos: _Count | None = None
+    drawn: _Count | None = None
+    epochs: list[_Count] | None = None
+    positions: list[_Count] | None = None
+
+
+class _State(BaseModel):
+    """What resume reads from ``state.json``; other keys (metrics) are kept as they are."""
+
+    model_config = ConfigDict(extra="allow", strict=True)
+    step: _Count
+    policy_version: _Count | None = None
+    sampler: _SamplerState | None = None
+    layout: dict[str, Annotated[int, Field(ge=1, le=1 << 20)]] | None = None
+    python_rng: str | None = None
+
+
+def _refuse_constant(name: str) -> None:
+    raise ValueError(f"{name} is not a number JSON allows")
+
+
+def _finite(obj: Any, file: Path) -> Any:
+    """``obj`` if every floating tensor in it is finite, else ``CheckpointError`` naming ``file``."""
+    stack = [obj]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, torch.Tensor):
+            if item.is_floating_point() and not bool(torch.isfinite(item).all()):
+                raise CheckpointError(f"{file}: holds a tensor that is not finite (NaN or inf)")
+        elif isinstance(item, dict):
+            stack.extend(item.values())
+        elif isinstance(item, (list, tuple)):
+            stack.extend(item)
+    return obj
+
+
 @dataclass(frozen=True)
 class Checkpoint:
     step: int
     path: Path
 
     def state(self) -> dict[str, Any]:
-        return json.loads((self.path / STATE).read_text())
+        """``state.json``, checked for shape and finiteness before anyone uses it."""
+        file = self.path / STATE
+        try:
+            state = json.loads(file.read_text(), parse_constant=_refuse_constant)
+            _State.model_validate(state)
+        except ValidationError as err:
+            where = "; ".join(
+                f"{'.'.join(map(str, e['loc'])) or '(top)'}: {e['msg']}" for e in err.errors()[:3]
+            )
+            raise CheckpointError(f"{file}: malformed: {where}") from None
+        except (OSError, ValueError, RecursionError) as err:  # RecursionError: nested past json's
+            raise CheckpointError(f"{file}: unreadable: {type(err).__name__}: {err}") from None
+        if state["step"] != self.step:
+            raise CheckpointError(f"{file}: says step {state['step']}, its directory {self.step}")
+        return state
 
     def load(self, part: str, map_location: str | torch.device = "cpu") -> Any:
         """Load one torch-serialized part (e.g. ``model``, ``optimizer``, ``rng``); tensors and
@@ -60,9 +120,10 @@ class Checkpoint:
         if not file.exists():
             raise CheckpointError(f"{self.path}: no part {part!r}")
         try:
-            return torch.load(file, map_location=map_location, weights_only=True)
+            loaded = torch.load(file, map_location=map_location, weights_only=True)
         except Exception as err:  # UnpicklingError, RuntimeError, EOFError, ...: all "bad part"
             raise CheckpointError(f"{file}: cannot load: {type(err).__name__}: {err}") from err
+        return _finite(loaded, file)
 
 
 def _fsync_write(path: Path, data: bytes) -> str:
@@ -176,6 +237,7 @@ class CheckpointManager:
         for ckpt in reversed(self.complete()):
             try:
                 self.verify(ckpt.path)
+                ckpt.state()  # its shape and numbers, before a caller reads it
             except CheckpointError as err:
                 skip(err)
                 continue

@@ -224,3 +224,145 @@ def test_grader_service_requires_the_token(tmp_path: Path, monkeypatch) -> None:
     no, yes, health = asyncio.run(probe())
     assert (no, yes, health) == (401, 400, 200)  # with the token: past auth, to validation
     assert json.loads(json.dumps(auth.headers("tok"))) == {"Authorization": "Bearer tok"}
+
+
+def _serve(tmp_path: Path, *extra: str) -> tuple[subprocess.Popen, str]:
+    env = {**os.environ, "TMPDIR": str(tmp_path)}
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "gagar.cli", "sandbox", "serve", "--port", "0", *extra],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        text=True,
+        env=env,
+    )
+    return proc, proc.stdout.readline().strip().rsplit(" ", 1)[1]
+
+
+def _leftovers(session_dir: Path) -> dict[str, object]:
+    """What a session left on the host: its directory, its tmpfs, its cgroups, its uid's
+    processes (the uid is recorded in its owner lock)."""
+    from gagar.sandbox.cgroup import _own_path
+
+    tag = session_dir.name.removeprefix(SESSION_PREFIX) + "-"
+    groups = [
+        d
+        for c in ("memory", "pids", "cpuacct")
+        if (parent := _own_path(c)) is not None and parent.is_dir()
+        for d in parent.glob(f"gagar-{tag}*")
+    ]
+    uid = int((session_dir / ".owner.lock").read_text() or -1) if session_dir.exists() else -1
+    procs = [p for p in Path("/proc").glob("[0-9]*") if p.exists() and p.stat().st_uid == uid]
+    return {
+        "dir": session_dir.exists(),
+        "mounted": os.path.ismount(session_dir),
+        "cgroups": groups,
+        "processes": len(procs),
+    }
+
+
+def test_a_restart_after_kill_9_reclaims_everything_at_once(tmp_path: Path) -> None:
+    check_isolation()
+    proc, url = _serve(tmp_path)
+    try:
+        session = HttpFactory(url).create(files={"a": "1"})
+        running = threading.Thread(target=lambda: _swallow(session.exec, "sleep 60"), daemon=True)
+        running.start()
+        time.sleep(2)  # the command runs: its cgroups exist
+        (session_dir,) = tmp_path.glob(f"{SESSION_PREFIX}*")
+        before = _leftovers(session_dir)
+        proc.kill()
+        proc.wait(10)
+    finally:
+        proc.kill()
+    left = _leftovers(session_dir)
+    assert left["dir"], f"nothing left to reclaim: the test proves nothing ({before}, {left})"
+    successor, _ = _serve(tmp_path)  # serving only after the sweep: checked as soon as it says so
+    try:
+        assert _leftovers(session_dir) == {
+            "dir": False,
+            "mounted": False,
+            "cgroups": [],
+            "processes": 0,
+        }, f"left by the killed server: {left}"
+    finally:
+        successor.send_signal(signal.SIGTERM)
+        successor.wait(60)
+
+
+def _swallow(fn, *args) -> None:
+    try:
+        fn(*args)
+    except (SandboxError, httpx.HTTPError):
+        pass  # the server it ran on was killed
+
+
+def test_a_running_server_reclaims_what_a_killed_executor_left(tmp_path: Path) -> None:
+    check_isolation()
+    proc, _ = _serve(tmp_path, "--idle-timeout", "2")  # sweeps every 0.5 s
+    killed = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            "import sys, time; from gagar.sandbox.local import LocalFactory;"
+            f"s = LocalFactory(root={str(tmp_path)!r}).create(files={{'a': '1'}});"
+            "print(s.dir, flush=True); s.exec('sleep 60')",
+        ],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        session_dir = Path(killed.stdout.readline().strip())
+        time.sleep(1)
+        assert _leftovers(session_dir)["dir"]
+        killed.kill()
+        killed.wait(10)
+        deadline = time.monotonic() + 10
+        while session_dir.exists() and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert _leftovers(session_dir) == {
+            "dir": False,
+            "mounted": False,
+            "cgroups": [],
+            "processes": 0,
+        }
+    finally:
+        killed.kill()
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(60)
+
+
+def _tarball(*members: tuple[str, bytes | None, str | None]) -> str:
+    """A base64 tarball of (name, data, link target) members."""
+    import base64
+    import io
+    import tarfile
+
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w:gz") as tar:
+        for name, data, target in members:
+            info = tarfile.TarInfo(name)
+            if target is not None:
+                info.type, info.linkname = tarfile.SYMTYPE, target
+                tar.addfile(info)
+            else:
+                info.size = len(data or b"")
+                tar.addfile(info, io.BytesIO(data or b""))
+    return base64.b64encode(buf.getvalue()).decode()
+
+
+@pytest.mark.parametrize(
+    "members",
+    [
+        [("../escape", b"x", None)],
+        [("link", None, "../../etc")],
+        [("link", None, "/etc"), ("link/passwd", b"x", None)],
+        [("d", b"a file", None), ("d/x", b"x", None)],
+    ],
+    ids=["dotdot", "link-dotdot", "link-absolute", "file-as-dir"],
+)
+def test_bad_tarball_errors_name_no_host_path(served, tmp_path: Path, members) -> None:
+    url = served()
+    r = httpx.post(f"{url}/v1/sessions", json={"tarball_b64": _tarball(*members)})
+    error = r.json()["error"]
+    assert r.status_code == 400 and error.startswith("bad tarball"), error
+    assert str(tmp_path) not in error and SESSION_PREFIX not in error and "/tmp" not in error

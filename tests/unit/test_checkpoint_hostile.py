@@ -109,3 +109,89 @@ def test_resume_refuses_to_start_over_when_no_checkpoint_loads(tmp_path: Path) -
     with pytest.raises(CheckpointError, match="no checkpoint loads"):
         resume(_rank(tmp_path, mgr), SAMPLER)
     assert json.loads((mgr.root / "step_00000001" / MANIFEST).read_text())["step"] == 1
+
+
+def _plant(path: Path, name: str, data: bytes) -> None:
+    """Replace ``name`` in the checkpoint at ``path`` and record it in the manifest: the
+    checksums match, only the content is wrong."""
+    import hashlib
+
+    (path / name).write_bytes(data)
+    manifest = json.loads((path / MANIFEST).read_text())
+    manifest["files"][name] = {"size": len(data), "sha256": hashlib.sha256(data).hexdigest()}
+    (path / MANIFEST).write_text(json.dumps(manifest))
+
+
+@pytest.mark.parametrize(
+    "state",
+    [
+        "[]",
+        '"state"',
+        '{"step": 2, "policy_version": NaN, "sampler": {}}',
+        '{"step": 2, "policy_version": Infinity, "sampler": {}}',
+        '{"step": 2, "policy_version": 1e400, "sampler": {}}',
+        '{"step": 2, "policy_version": -1, "sampler": {}}',
+        '{"step": 2, "policy_version": 2.5, "sampler": {}}',
+        '{"step": 2, "policy_version": true, "sampler": {}}',
+        '{"step": 2, "policy_version": "2", "sampler": {}}',
+        '{"step": 2, "policy_version": 2, "sampler": []}',
+        '{"step": 2, "policy_version": 2, "sampler": {"pos": -3}}',
+        '{"step": 2, "policy_version": 2, "sampler": {}, "layout": []}',
+        '{"step": 7, "policy_version": 2, "sampler": {}}',
+        '{"policy_version": 2, "sampler": {}}',
+        '{"step": 2, "policy_version": 2, "x": ' + "[" * 100_000 + "]" * 100_000 + "}",
+    ],
+    ids=[
+        "list",
+        "string",
+        "nan",
+        "infinity",
+        "1e400",
+        "negative",
+        "fraction",
+        "bool",
+        "text",
+        "sampler-list",
+        "sampler-negative",
+        "layout-list",
+        "other-step",
+        "no-step",
+        "deep",
+    ],
+)
+def test_a_malformed_state_json_is_skipped_for_the_previous(
+    tmp_path: Path, capsys, state: str
+) -> None:
+    mgr = CheckpointManager(tmp_path / "ckpt", keep=5)
+    mgr.save(1, {"model": {"w": torch.ones(2)}}, {"policy_version": 1, "sampler": {}})
+    bad = mgr.save(2, {"model": {"w": torch.ones(2)}}, {"policy_version": 2, "sampler": {}})
+    _plant(bad.path, "state.json", state.encode())
+    mgr.verify(bad.path)  # the checksums match: only the shape is wrong
+    assert resume(_rank(tmp_path, mgr), SAMPLER) == (1, 1)
+    assert f"skipping checkpoint: {bad.path / 'state.json'}" in capsys.readouterr().err
+
+
+def test_a_part_with_non_finite_weights_is_skipped_for_the_previous(tmp_path: Path, capsys) -> None:
+    mgr = CheckpointManager(tmp_path / "ckpt", keep=5)
+    mgr.save(1, {"model": {"w": torch.ones(2)}}, {"policy_version": 1, "sampler": {}})
+    nan = torch.tensor([1.0, float("nan")])
+    bad = mgr.save(2, {"model": {"w": nan}}, {"policy_version": 2, "sampler": {}})
+    assert resume(_rank(tmp_path, mgr), SAMPLER) == (1, 1)
+    err = capsys.readouterr().err
+    assert f"{bad.path / 'model.pt'}: holds a tensor that is not finite" in err
+
+
+def test_a_sampler_position_past_the_dataset_is_skipped_for_the_previous(
+    tmp_path: Path, capsys
+) -> None:
+    from gagar.driver.sampling import TaskSampler
+
+    sampler = TaskSampler(["a", "b", "c"], seed=0)  # type: ignore[list-item]
+    mgr = CheckpointManager(tmp_path / "ckpt", keep=5)
+    good = {"epoch": 1, "pos": 2}
+    mgr.save(1, {"model": {"w": torch.ones(2)}}, {"policy_version": 1, "sampler": good})
+    far = {"epoch": 0, "pos": 10**6}
+    mgr.save(2, {"model": {"w": torch.ones(2)}}, {"policy_version": 2, "sampler": far})
+    assert resume(_rank(tmp_path, mgr), sampler) == (1, 1)
+    assert "step_00000002" in capsys.readouterr().err
+    assert [i for i, _ in sampler.draw(2)] == [5, 6]  # epoch 1, position 2 of 3: resumed there

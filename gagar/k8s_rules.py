@@ -1,0 +1,118 @@
+"""Kubernetes' own rules for the names and values a GagarRun hands to the API server (pure).
+
+``gagar.spec`` types its fields with these, so a value the API server would refuse when the
+operator creates the pods (a namespace that is not a DNS-1123 label, a label key with two
+slashes, a 70-character label value, a ``subPath`` that climbs out of its volume) is refused by
+pydantic (``gagar validate`` names the field) and, where a ``pattern``/``maxLength`` can say
+it, by the CRD at ``kubectl apply``. The rules are apimachinery's ``validation.go``:
+``IsDNS1123Label``/``IsDNS1123Subdomain``, ``IsQualifiedName`` (label and annotation keys),
+``IsValidLabelValue``, ``ValidateAnnotations`` (256 KiB in all), ``IsEnvVarName`` and
+``validateLocalDescendingPath`` (``subPath``). Every pattern here is RE2 (no look-arounds), as the
+API server's regular expressions are.
+
+Not in the CRD (pydantic, ``gagar validate`` and the operator's boundary only): the keys of
+labels, node selectors and annotations (a structural schema cannot constrain map keys, and a CEL
+regular expression over them exceeds the API server's cost budget) and the annotations' total
+size (CEL has no cheap sum).
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Annotated, Any
+
+from pydantic import AfterValidator, WithJsonSchema
+
+# "[.]" rather than "\.": the same text reads alike in Python, in Go (RE2) and in JSON
+_LABEL = r"[a-z0-9]([-a-z0-9]*[a-z0-9])?"
+DNS1123_LABEL = rf"^{_LABEL}$"
+DNS1123_SUBDOMAIN = rf"^{_LABEL}([.]{_LABEL})*$"
+_NAME = r"[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?"
+QUALIFIED_NAME = rf"^({_LABEL}([.]{_LABEL})*/)?{_NAME}$"
+# the lengths of a qualified name: a prefix of at most 253, a name of at most 63
+QUALIFIED_NAME_LENGTHS = r"^([^/]{1,253}/)?[^/]{1,63}$"
+LABEL_VALUE = rf"^({_NAME})?$"
+ENV_VAR_NAME = r"^[-._a-zA-Z][-._a-zA-Z0-9]*$"
+# a relative path none of whose elements is "..": ".", "..x", ".x" and "x..." are fine
+_ELEMENT = r"([.]|[.][.][^/]+|[.][^./][^/]*|[^./][^/]*)"
+SUB_PATH = rf"^({_ELEMENT}(/{_ELEMENT}?)*)?$"
+MAX_ANNOTATIONS_BYTES = 256 * 1024
+# A quantity as the API server parses it (a decimal exponent must fit an int32: three digits
+# here), a subset of its grammar: no sign, a digit first.
+QUANTITY = r"^[0-9]{1,20}([.][0-9]{1,20})?([eE][0-9]{1,3}|[KMGTPE]i?|[munk])?$"
+QUALIFIED = (
+    "a qualified name: an optional DNS-1123 subdomain prefix of at most 253 characters and "
+    "'/', then at most 63 of [A-Za-z0-9-_.], alphanumeric at both ends"
+)
+
+
+def _rule(pattern: str, what: str, max_length: int | None = None) -> tuple[Any, Any]:
+    """A pydantic check that names the rule (not its regular expression), and the same
+    ``pattern``/``maxLength`` in the JSON schema, hence in the CRD."""
+    regex = re.compile(pattern)
+
+    def check(value: str) -> str:
+        if (max_length is not None and len(value) > max_length) or not regex.fullmatch(value):
+            raise ValueError(f"{value[:80]!r} is not {what}")
+        return value
+
+    schema: dict[str, Any] = {"type": "string", "pattern": pattern}
+    if max_length is not None:
+        schema["maxLength"] = max_length
+    return AfterValidator(check), WithJsonSchema(schema)
+
+
+Namespace = Annotated[
+    str, *_rule(DNS1123_LABEL, "a DNS-1123 label (at most 63 of a-z, 0-9, '-'; alnum ends)", 63)
+]
+Subdomain = Annotated[
+    str, *_rule(DNS1123_SUBDOMAIN, "a DNS-1123 subdomain (DNS-1123 labels joined by '.')", 253)
+]
+LabelValue = Annotated[
+    str, *_rule(LABEL_VALUE, "a label value (at most 63 of A-Za-z0-9-_.; alnum ends)", 63)
+]
+EnvVarName = Annotated[str, *_rule(ENV_VAR_NAME, "an environment variable name")]
+SubPath = Annotated[str, *_rule(SUB_PATH, "a relative path without '..' elements")]
+Quantity = Annotated[str, *_rule(QUANTITY, "a Kubernetes quantity (e.g. 500m, 16Gi, 1e3)")]
+
+
+def bad_key(key: str) -> bool:
+    return not (re.fullmatch(QUALIFIED_NAME, key) and re.fullmatch(QUALIFIED_NAME_LENGTHS, key))
+
+
+def _key(key: str) -> str:
+    if bad_key(key):
+        raise ValueError(f"{key[:80]!r} is not {QUALIFIED}")
+    return key
+
+
+QualifiedName = Annotated[
+    str,
+    AfterValidator(_key),
+    WithJsonSchema({"type": "string", "pattern": QUALIFIED_NAME, "maxLength": 317}),
+]
+
+
+def _keys(value: dict[str, str]) -> dict[str, str]:
+    bad = sorted(k for k in value if bad_key(k))
+    if bad:
+        raise ValueError(f"{', '.join(repr(k[:80]) for k in bad[:3])}: not {QUALIFIED}")
+    return value
+
+
+def _annotations(value: dict[str, str]) -> dict[str, str]:
+    size = sum(len(k.encode()) + len(v.encode()) for k, v in _keys(value).items())
+    if size > MAX_ANNOTATIONS_BYTES:
+        raise ValueError(
+            f"annotations total {size} bytes, Kubernetes allows {MAX_ANNOTATIONS_BYTES}"
+        )
+    return value
+
+
+# Keys are checked by pydantic only (gagar validate, and the operator's boundary, which marks
+# the run failed with the field path): no structural schema can constrain a map's keys, and a CEL
+# regular expression over them is refused by the API server's cost estimate (a key's length is
+# unbounded to it). Values carry their pattern and maxLength into the CRD.
+Labels = Annotated[dict[str, LabelValue], AfterValidator(_keys)]
+# Annotations: qualified-name keys, any values, 256 KiB in all.
+Annotations = Annotated[dict[str, str], AfterValidator(_annotations)]
