@@ -167,16 +167,37 @@ class TooDeep(Exception):
     """Source nested past what the parser or the analyses can recurse through."""
 
 
+# Levels of syntax tree the analyses accept. Real modules stay far below it; past it a recursive
+# analysis (``ast.dump`` of a function body) would raise or not depending on the interpreter's
+# recursion limit at that moment, which other libraries in the process raise (one imported by the
+# tests sets it to 2500): the verdict must not depend on that.
+MAX_DEPTH = 200
+
+
+def _too_deep(tree: ast.AST) -> bool:
+    """Whether ``tree`` nests deeper than ``MAX_DEPTH`` (iterative: no recursion to exhaust)."""
+    stack = [(tree, 1)]
+    while stack:
+        node, depth = stack.pop()
+        if depth > MAX_DEPTH:
+            return True
+        stack.extend((child, depth + 1) for child in ast.iter_child_nodes(node))
+    return False
+
+
 def parse(text: str) -> ast.Module | None:
     """Parsed module, or None if it does not parse; ``TooDeep`` for nesting the parser refuses
     (CPython raises ``RecursionError``, or ``MemoryError`` from its own stack guard, at a few
-    thousand levels: a size bound alone does not prevent it)."""
+    thousand levels: a size bound alone does not prevent it) or deeper than ``MAX_DEPTH``."""
     try:
-        return ast.parse(text)
+        tree = ast.parse(text)
     except (SyntaxError, ValueError):
         return None
     except (RecursionError, MemoryError):
         raise TooDeep("nested too deeply to parse") from None
+    if _too_deep(tree):
+        raise TooDeep(f"nested deeper than {MAX_DEPTH} levels")
+    return tree
 
 
 def names_in(tree: ast.Module) -> dict[str, int]:

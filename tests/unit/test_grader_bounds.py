@@ -272,3 +272,20 @@ def test_evidence_is_cut_and_a_bad_trajectory_left_out_with_a_note(tmp_path):
     }
     patch = loaded.candidates[1].patch
     assert len(patch) < ws.EVIDENCE_BYTES + 200 and "[cut: " in patch[-200:]
+
+
+def test_the_depth_verdict_does_not_depend_on_the_recursion_limit():
+    """A library in the process may raise the recursion limit (one the tests import sets it to
+    2500): a tree deeper than the analyses accept is refused all the same."""
+    import sys
+
+    source = "def f():\n    x = " + "1+" * 1500 + "1\n    return x\n"
+    group = _group(_clean_with(1, {"calc/ops.py": CLEAN + source}))
+    old = sys.getrecursionlimit()
+    sys.setrecursionlimit(5000)
+    try:
+        ranking = rank(group)
+    finally:
+        sys.setrecursionlimit(old)
+    kinds = {f.kind for f in ranking.findings if f.member == 1}
+    assert "unanalysed" in kinds or "not_parsed" in {s.reason for s in ranking.skipped}
