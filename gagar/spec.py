@@ -14,9 +14,11 @@ This module is pure: no I/O, no Kubernetes client, no torch.
 
 from __future__ import annotations
 
+import types
 from datetime import UTC, datetime
-from typing import Annotated, Any, Literal, get_args
+from typing import Annotated, Any, Literal, Union, get_args, get_origin
 
+from annotated_types import MaxLen
 from pydantic import (
     BaseModel,
     ConfigDict,
@@ -39,6 +41,13 @@ DNS_LABEL = r"^[a-z]([-a-z0-9]*[a-z0-9])?$"
 # Every number of a spec lies within +-MAX_NUMBER (also in the CRD's schema): far above any real
 # setting, within the integers JSON and float64 carry exactly, so "1e23 bytes" is refused, not run.
 MAX_NUMBER = 10**15
+# Every string, list and map of a spec that names no bound of its own has these (also in the
+# CRD's schema): far above what a user writes, and what kube-apiserver needs to estimate the cost
+# of the CEL rules at CRD creation, which it refuses when a rule could cost too much (without a
+# bound, a list counts as a million elements, a string as 3 MiB).
+MAX_TEXT = 4096
+MAX_ITEMS = 64
+MAX_ENTRIES = 64
 
 Quantity = Annotated[
     str, StringConstraints(pattern=r"^[0-9]+(\.[0-9]+)?([eE][0-9]+|[KMGTPE]i?|[munk])?$")
@@ -116,6 +125,12 @@ class Model(BaseModel):
 
     model_config = ConfigDict(**CONFIG_MODEL, allow_inf_nan=False)
 
+    @classmethod
+    def __pydantic_init_subclass__(cls, **kwargs: Any) -> None:
+        super().__pydantic_init_subclass__(**kwargs)
+        if any([_bound_field(f) for f in cls.model_fields.values()]):
+            cls.model_rebuild(force=True)
+
     @field_validator("*", mode="after")
     @classmethod
     def _bounded(cls, value: Any, info: ValidationInfo) -> Any:
@@ -128,6 +143,59 @@ class Model(BaseModel):
     def to_wire(self) -> dict[str, Any]:
         """The camelCase dict a manifest or ConfigMap holds (defaults included)."""
         return self.model_dump(mode="json", by_alias=True, exclude_none=True)
+
+
+def _bounded_text(t: Any) -> Any:
+    return Annotated[t, MaxLen(MAX_TEXT)] if _base(t) is str and not _has_bound(t) else t
+
+
+def _base(t: Any) -> Any:
+    """``t`` without ``Annotated`` and ``| None``."""
+    while get_origin(t) is Annotated:
+        t = get_args(t)[0]
+    if get_origin(t) in (Union, types.UnionType):
+        rest = [a for a in get_args(t) if a is not type(None)]
+        return _base(rest[0]) if len(rest) == 1 else t
+    return t
+
+
+def _free_form(t: Any) -> bool:
+    if get_origin(t) is Annotated:
+        meta = get_args(t)[1:]
+        return any(isinstance(m, WithJsonSchema) for m in meta) or _free_form(get_args(t)[0])
+    return get_origin(t) in (Union, types.UnionType) and any(_free_form(a) for a in get_args(t))
+
+
+def _has_bound(t: Any) -> bool:
+    return get_origin(t) is Annotated and any(
+        isinstance(m, MaxLen) or getattr(m, "max_length", None) is not None for m in get_args(t)[1:]
+    )
+
+
+def _bound_field(info: Any) -> bool:
+    """Give a string, list or map field without a bound of its own the default one (and the
+    strings inside a list or map too). Free-form objects (Kubernetes' own, passed through) and
+    enums are left as they are. True when it changed the field."""
+    if any(isinstance(m, (MaxLen, WithJsonSchema)) for m in info.metadata) or _free_form(
+        info.annotation
+    ):
+        return False
+    base = _base(info.annotation)
+    origin = get_origin(base)
+    if base is str:
+        info.metadata.append(MaxLen(MAX_TEXT))
+    elif origin is list:
+        info.metadata.append(MaxLen(MAX_ITEMS))
+        bounded = list[_bounded_text(get_args(base)[0])]  # type: ignore[misc,valid-type]
+        info.annotation = bounded | None if base is not info.annotation else bounded
+    elif origin is dict:
+        info.metadata.append(MaxLen(MAX_ENTRIES))
+        key, value = get_args(base)
+        bounded = dict[key, _bounded_text(value)]  # type: ignore[misc,valid-type]
+        info.annotation = bounded | None if base is not info.annotation else bounded
+    else:
+        return False
+    return True
 
 
 class ResourceRequirements(Model):
@@ -575,27 +643,60 @@ class CheckpointSpec(Model):
 
 # ---------------------------------------------------------------- pod templates
 # Overlays on the pods the operator builds, in the spirit of Kubeflow Trainer v2's pod overrides:
-# scheduling (GPU taints, node pools, priorities), identity (cloud workload identities through
-# ServiceAccount annotations), environment and extra volumes. Typed where Kubernetes' shape is
-# small; affinity, volume sources and ``valueFrom`` are Kubernetes' own objects, passed through
-# (the rendered pods are validated against Kubernetes' schemas in tests). What the operator
-# itself sets (its labels, its volumes, GAGAR_* variables) cannot be overridden.
+# scheduling (GPU taints, node pools, priorities, topology spread), identity (cloud workload
+# identities through ServiceAccount annotations), environment, extra volumes, init containers and
+# native sidecars. Lists of named things are keyed (``x-kubernetes-list-type: map``): the API
+# server refuses duplicate keys and server-side apply merges them by key, and the operator merges
+# them into its pods by the same keys (env by name, volumes by name, mounts by mountPath, containers
+# by name). What the operator itself sets (its labels, volumes, mount paths, containers, env
+# variables) cannot be overridden: such an entry is refused with its field path. Affinity, volume
+# sources, ``valueFrom`` and security contexts are Kubernetes' own objects, passed through (the
+# rendered pods are validated against Kubernetes' schemas in tests).
 FreeForm = Annotated[
     dict[str, Any],
     WithJsonSchema({"type": "object", "x-kubernetes-preserve-unknown-fields": True}),
 ]
-RESERVED_VOLUMES = frozenset({"config", "checkpoints", "dshm", "base-model"})
+RESERVED_VOLUMES = frozenset({"config", "checkpoints", "dshm", "base-model", "auth"})
 RESERVED_LABEL_PREFIXES = ("app.kubernetes.io/", "gagar.dev/")
+# The operator's own env variables besides GAGAR_*, mount paths and container names (a unit test
+# checks that every pod the builders render stays within these).
+RESERVED_ENV = frozenset({"NODE_RANK", "VLLM_SERVER_DEV_MODE"})
+RESERVED_MOUNT_PATHS = frozenset(
+    {
+        "/etc/gagar/config",
+        "/gagar/checkpoints",
+        "/gagar/base-model",
+        "/var/run/gagar/auth",
+        "/dev/shm",
+    }
+)
+RESERVED_CONTAINERS = frozenset({"trainer", "vllm", "grader", "model", "executor"})
+DNS_LABEL_1123 = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"
+ENV_NAME = r"^[-._a-zA-Z][-._a-zA-Z0-9]*$"
+
+
+def _keyed(*keys: str) -> dict[str, JsonValue]:
+    """A list the API server keeps unique by ``keys`` and server-side apply merges by them."""
+    return {"x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": list(keys)}
+
+
+def _cel_list(items: frozenset[str]) -> str:
+    return "[" + ", ".join(f"'{x}'" for x in sorted(items)) + "]"
+
+
+def _duplicates(values: list[str]) -> list[int]:
+    """Indexes of the entries whose value an earlier entry already has."""
+    return [i for i, v in enumerate(values) if v in values[:i]]
 
 
 class Toleration(Model):
     """A pod toleration (``kubectl explain pod.spec.tolerations``)."""
 
-    key: str | None = None
+    key: str | None = Field(default=None, max_length=317)
     """Taint key; empty with ``Exists`` tolerates everything."""
     operator: Literal["Exists", "Equal"] = "Equal"
     """``Equal`` matches ``value``; ``Exists`` any value."""
-    value: str | None = None
+    value: str | None = Field(default=None, max_length=63)
     """Taint value (``Equal``)."""
     effect: Literal["NoSchedule", "PreferNoSchedule", "NoExecute"] | None = None
     """Taint effect; empty matches every effect."""
@@ -606,16 +707,49 @@ class Toleration(Model):
 class LocalObjectReference(Model):
     """A reference by name to an object in the run's namespace."""
 
-    name: str
+    name: str = Field(min_length=1, max_length=253)
     """Object name."""
+
+
+class Affinity(Model):
+    """Kubernetes ``affinity``: node and inter-pod (anti-)affinity, each Kubernetes' own object."""
+
+    node_affinity: FreeForm | None = None
+    """``nodeAffinity`` (required/preferred node selector terms)."""
+    pod_affinity: FreeForm | None = None
+    """``podAffinity``."""
+    pod_anti_affinity: FreeForm | None = None
+    """``podAntiAffinity``."""
+
+
+class TopologySpreadConstraint(Model):
+    """How the pods spread over a topology domain (``kubectl explain
+    pod.spec.topologySpreadConstraints``)."""
+
+    max_skew: int = Field(ge=1)
+    """Largest allowed difference of matching pods between two domains."""
+    topology_key: str = Field(min_length=1, max_length=317)
+    """Node label whose values are the domains, e.g. ``topology.kubernetes.io/zone``."""
+    when_unsatisfiable: Literal["DoNotSchedule", "ScheduleAnyway"]
+    """What the scheduler does when the skew cannot be kept."""
+    label_selector: FreeForm | None = None
+    """Pods counted (Kubernetes' ``labelSelector``); usually the component's labels."""
+    match_label_keys: list[Annotated[str, MaxLen(317)]] = Field(default_factory=list, max_length=16)
+    """Pod label keys whose values further select the counted pods."""
+    min_domains: int | None = Field(default=None, ge=1)
+    """Fewest eligible domains (``DoNotSchedule`` only)."""
+    node_affinity_policy: Literal["Honor", "Ignore"] | None = None
+    """Whether nodeAffinity/nodeSelector limit the domains."""
+    node_taints_policy: Literal["Honor", "Ignore"] | None = None
+    """Whether node taints limit the domains."""
 
 
 class EnvVar(Model):
     """A container environment variable."""
 
-    name: str = Field(min_length=1)
-    """Variable name (``GAGAR_*`` is the operator's own)."""
-    value: str | None = None
+    name: str = Field(min_length=1, max_length=256, pattern=ENV_NAME)
+    """Variable name (``GAGAR_*`` and ``NODE_RANK`` are the operator's)."""
+    value: str | None = Field(default=None, max_length=32768)
     """Literal value."""
     value_from: FreeForm | None = None
     """Kubernetes ``valueFrom`` (``secretKeyRef``, ``configMapKeyRef``, ``fieldRef``, ...)."""
@@ -623,7 +757,11 @@ class EnvVar(Model):
     model_config = ConfigDict(
         json_schema_extra={
             "x-kubernetes-validations": [
-                _cel("!self.name.startsWith('GAGAR_')", "GAGAR_* is the operator's", ".name"),
+                _cel(
+                    f"!self.name.startsWith('GAGAR_') && !(self.name in {_cel_list(RESERVED_ENV)})",
+                    "the operator sets this variable",
+                    ".name",
+                ),
                 _cel(
                     "has(self.value) != has(self.valueFrom)",
                     "set exactly one of value and valueFrom",
@@ -640,7 +778,7 @@ class EnvFromSource(Model):
     """The ConfigMap."""
     secret_ref: LocalObjectReference | None = None
     """The Secret."""
-    prefix: str | None = None
+    prefix: str | None = Field(default=None, max_length=256)
     """Prefix of each variable name."""
 
     model_config = ConfigDict(
@@ -659,8 +797,9 @@ class Volume(Model):
     """An extra pod volume: its name and Kubernetes' volume source of one kind (``hostPath`` is
     not offered)."""
 
-    name: str = Field(pattern=DNS_LABEL, max_length=63)
-    """Volume name (``config``, ``checkpoints``, ``dshm``, ``base-model`` are the operator's)."""
+    name: str = Field(pattern=DNS_LABEL_1123, max_length=63)
+    """Volume name (``config``, ``checkpoints``, ``dshm``, ``base-model``, ``auth`` are the
+    operator's)."""
     persistent_volume_claim: FreeForm | None = None
     """``{claimName, readOnly}``."""
     config_map: FreeForm | None = None
@@ -682,7 +821,7 @@ class Volume(Model):
         json_schema_extra={
             "x-kubernetes-validations": [
                 _cel(
-                    "!(self.name in ['config', 'checkpoints', 'dshm', 'base-model'])",
+                    f"!(self.name in {_cel_list(RESERVED_VOLUMES)})",
                     "the name is taken by the operator's volumes",
                     ".name",
                 ),
@@ -696,16 +835,118 @@ class Volume(Model):
 
 
 class VolumeMount(Model):
-    """Where an extra volume appears in the containers."""
+    """Where an extra volume appears in a container."""
 
-    name: str
+    name: str = Field(pattern=DNS_LABEL_1123, max_length=63)
     """Volume name (a ``volumes`` entry)."""
-    mount_path: str = Field(pattern=r"^/")
-    """Absolute path in the container."""
+    mount_path: str = Field(pattern=r"^/", max_length=1024)
+    """Absolute path in the container (``/dev/shm`` and gagar's own paths are the operator's)."""
     read_only: bool = False
     """Mount read-only."""
-    sub_path: str | None = None
+    sub_path: str | None = Field(default=None, max_length=1024)
     """Path inside the volume."""
+
+    model_config = ConfigDict(
+        json_schema_extra={
+            "x-kubernetes-validations": [
+                _cel(
+                    f"!(self.mountPath in {_cel_list(RESERVED_MOUNT_PATHS)})",
+                    "the operator mounts its own volume there",
+                    ".mountPath",
+                )
+            ]
+        }
+    )
+
+
+class ContainerPort(Model):
+    """A port of an init or sidecar container."""
+
+    container_port: int = Field(ge=1, le=65535)
+    """Port number."""
+    name: str | None = Field(
+        default=None, max_length=15, pattern=r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"
+    )
+    """Port name."""
+    protocol: Literal["TCP", "UDP", "SCTP"] = "TCP"
+    """Protocol."""
+
+
+class Container(Model):
+    """An init container, or with ``restartPolicy: Always`` a native sidecar (started before the
+    component's containers and running beside them). The fields named here are typed; the rest of
+    Kubernetes' container (probes, lifecycle, ...) passes through."""
+
+    model_config = ConfigDict(
+        extra="allow",
+        json_schema_extra={
+            "x-kubernetes-preserve-unknown-fields": True,
+            "x-kubernetes-validations": [
+                _cel(
+                    f"!(self.name in {_cel_list(RESERVED_CONTAINERS)})",
+                    "the name is taken by the operator's containers",
+                    ".name",
+                )
+            ],
+        },
+    )
+
+    name: str = Field(pattern=DNS_LABEL_1123, max_length=63)
+    """Container name (unique in the pod)."""
+    image: str = Field(min_length=1, max_length=1024)
+    """Container image."""
+    restart_policy: Literal["Always"] | None = None
+    """``Always`` makes it a native sidecar (Kubernetes 1.29+)."""
+    command: list[Annotated[str, MaxLen(MAX_TEXT)]] = Field(default_factory=list)
+    """Entrypoint."""
+    args: list[Annotated[str, MaxLen(MAX_TEXT)]] = Field(default_factory=list)
+    """Arguments."""
+    env: list[EnvVar] = Field(
+        default_factory=list, max_length=128, json_schema_extra=_keyed("name")
+    )
+    """Its environment (the podTemplate's ``env`` is the component containers')."""
+    env_from: list[EnvFromSource] = Field(default_factory=list)
+    """ConfigMaps/Secrets as its environment."""
+    ports: list[ContainerPort] = Field(
+        default_factory=list, json_schema_extra=_keyed("containerPort", "protocol")
+    )
+    """Its ports."""
+    volume_mounts: list[VolumeMount] = Field(
+        default_factory=list, json_schema_extra=_keyed("mountPath")
+    )
+    """Its mounts (of ``volumes`` or of the operator's volumes, e.g. ``checkpoints``)."""
+    resources: ResourceRequirements | None = None
+    """Its resources."""
+    security_context: FreeForm | None = None
+    """Kubernetes' container ``securityContext`` (default: the operator's restricted one)."""
+
+    @model_validator(mode="after")
+    def _own_names(self) -> Container:
+        if self.name in RESERVED_CONTAINERS:
+            raise ValueError(f"name: {self.name} is the operator's container")
+        _check_env(self.env, "env")
+        for i in _duplicates([f"{p.container_port}/{p.protocol}" for p in self.ports]):
+            raise ValueError(f"ports[{i}].containerPort: {self.ports[i].container_port} twice")
+        _check_mounts(self.volume_mounts, "volumeMounts")
+        return self
+
+
+def _check_env(env: list[EnvVar], path: str) -> None:
+    for i, var in enumerate(env):
+        if var.name.startswith("GAGAR_") or var.name in RESERVED_ENV:
+            raise ValueError(f"{path}[{i}].name: {var.name} is set by the operator")
+        if (var.value is None) == (var.value_from is None):
+            raise ValueError(f"{path}[{i}]: set exactly one of value and valueFrom")
+    for i in _duplicates([v.name for v in env]):
+        raise ValueError(f"{path}[{i}].name: {env[i].name} twice")
+
+
+def _check_mounts(mounts: list[VolumeMount], path: str) -> None:
+    for i, mount in enumerate(mounts):
+        if mount.mount_path in RESERVED_MOUNT_PATHS:
+            raise ValueError(f"{path}[{i}].mountPath: the operator mounts {mount.mount_path}")
+    for i in _duplicates([m.mount_path for m in mounts]):
+        raise ValueError(f"{path}[{i}].mountPath: {mounts[i].mount_path} twice")
 
 
 _SCHEDULING_RULES: list[JsonValue] = [
@@ -715,31 +956,35 @@ _SCHEDULING_RULES: list[JsonValue] = [
         "app.kubernetes.io/* and gagar.dev/* labels are the operator's",
         ".labels",
     ),
-    _cel(
-        "!has(self.affinity) || self.affinity.all(k, k in"
-        " ['nodeAffinity', 'podAffinity', 'podAntiAffinity'])",
-        "affinity has nodeAffinity, podAffinity and podAntiAffinity only",
-        ".affinity",
-    ),
 ]
 
 
 class PodScheduling(Model):
     """Where a component's pods run and how they are marked."""
 
-    labels: dict[str, str] = Field(default_factory=dict)
+    labels: dict[str, Annotated[str, MaxLen(63)]] = Field(default_factory=dict)
     """Extra pod labels (not ``app.kubernetes.io/*`` or ``gagar.dev/*``)."""
-    annotations: dict[str, str] = Field(default_factory=dict)
+    annotations: dict[str, Annotated[str, MaxLen(65536)]] = Field(default_factory=dict)
     """Extra pod annotations."""
-    node_selector: dict[str, str] = Field(default_factory=dict)
+    node_selector: dict[str, Annotated[str, MaxLen(63)]] = Field(default_factory=dict)
     """Node labels the pods require, e.g. a GPU node pool."""
     tolerations: list[Toleration] = Field(default_factory=list)
     """Taints the pods tolerate, e.g. ``nvidia.com/gpu``."""
-    affinity: FreeForm | None = None
+    affinity: Affinity | None = None
     """Kubernetes ``affinity`` (``nodeAffinity``, ``podAffinity``, ``podAntiAffinity``)."""
-    priority_class_name: str | None = None
+    topology_spread_constraints: list[TopologySpreadConstraint] = Field(
+        default_factory=list,
+        max_length=16,
+        json_schema_extra=_keyed("topologyKey", "whenUnsatisfiable"),
+    )
+    """How the pods spread over zones or nodes."""
+    priority_class_name: str | None = Field(default=None, max_length=253, pattern=DNS_SUBDOMAIN)
     """PriorityClass of the pods."""
-    image_pull_secrets: list[LocalObjectReference] = Field(default_factory=list)
+    scheduler_name: str | None = Field(default=None, max_length=253, pattern=DNS_SUBDOMAIN)
+    """Scheduler of the pods (e.g. a gang scheduler's); default: the cluster's."""
+    image_pull_secrets: list[LocalObjectReference] = Field(
+        default_factory=list, json_schema_extra=_keyed("name")
+    )
     """Secrets to pull the images with."""
 
     model_config = ConfigDict(json_schema_extra={"x-kubernetes-validations": _SCHEDULING_RULES})
@@ -749,25 +994,44 @@ class PodScheduling(Model):
         for key in self.labels:
             if key.startswith(RESERVED_LABEL_PREFIXES):
                 raise ValueError(f"labels: {key} is the operator's label")
-        unknown = set(self.affinity or {}) - {"nodeAffinity", "podAffinity", "podAntiAffinity"}
-        if unknown:
-            raise ValueError(f"affinity: unknown fields {sorted(unknown)}")
+        for i in _duplicates([r.name for r in self.image_pull_secrets]):
+            raise ValueError(f"imagePullSecrets[{i}].name: {self.image_pull_secrets[i].name} twice")
+        keys = [
+            f"{c.topology_key}/{c.when_unsatisfiable}" for c in self.topology_spread_constraints
+        ]
+        for i in _duplicates(keys):
+            raise ValueError(f"topologySpreadConstraints[{i}]: {keys[i]} twice")
         return self
 
 
 class PodTemplate(PodScheduling):
-    """Overlay on a component's pods: scheduling, identity, environment and extra volumes."""
+    """Overlay on a component's pods: scheduling, identity, environment, extra volumes, init
+    containers and sidecars, pod security context."""
 
-    env: list[EnvVar] = Field(default_factory=list)
-    """Extra environment variables of every container."""
+    env: list[EnvVar] = Field(
+        default_factory=list, max_length=128, json_schema_extra=_keyed("name")
+    )
+    """Extra environment variables of the component's containers."""
     env_from: list[EnvFromSource] = Field(default_factory=list)
-    """ConfigMaps/Secrets as environment variables of every container (e.g. object-store
-    credentials for ``s3://`` models)."""
-    volumes: list[Volume] = Field(default_factory=list)
+    """ConfigMaps/Secrets as environment variables of the component's containers (e.g.
+    object-store credentials for ``s3://`` models)."""
+    volumes: list[Volume] = Field(default_factory=list, json_schema_extra=_keyed("name"))
     """Extra pod volumes."""
-    volume_mounts: list[VolumeMount] = Field(default_factory=list)
-    """Where the extra volumes appear, in every container."""
-    service_account_annotations: dict[str, str] = Field(default_factory=dict)
+    volume_mounts: list[VolumeMount] = Field(
+        default_factory=list, json_schema_extra=_keyed("mountPath")
+    )
+    """Where the extra volumes appear, in the component's containers."""
+    init_containers: list[Container] = Field(
+        default_factory=list, max_length=16, json_schema_extra=_keyed("name")
+    )
+    """Init containers, run in order before the component's containers; with ``restartPolicy:
+    Always`` native sidecars that keep running beside them."""
+    security_context: FreeForm | None = None
+    """Kubernetes' pod ``securityContext``, merged key by key over the operator's (non-root user
+    1000, ``RuntimeDefault`` seccomp): a key given here wins."""
+    service_account_annotations: dict[str, Annotated[str, MaxLen(4096)]] = Field(
+        default_factory=dict
+    )
     """Annotations of the component's ServiceAccount, e.g. ``eks.amazonaws.com/role-arn``
     (IRSA) or ``iam.gke.io/gcp-service-account`` (GKE Workload Identity)."""
 
@@ -775,12 +1039,6 @@ class PodTemplate(PodScheduling):
         json_schema_extra={
             "x-kubernetes-validations": [
                 *_SCHEDULING_RULES,
-                _cel(
-                    "!has(self.volumes) || self.volumes.all(v,"
-                    " self.volumes.exists_one(w, w.name == v.name))",
-                    "volume names must be unique",
-                    ".volumes",
-                ),
                 _cel(
                     "!has(self.volumeMounts) || self.volumeMounts.all(m,"
                     " has(self.volumes) && self.volumes.exists(v, v.name == m.name))",
@@ -793,24 +1051,24 @@ class PodTemplate(PodScheduling):
 
     @model_validator(mode="after")
     def _own_names(self) -> PodTemplate:
-        for i, var in enumerate(self.env):
-            if var.name.startswith("GAGAR_"):
-                raise ValueError(f"env[{i}].name: GAGAR_* is the operator's")
-            if (var.value is None) == (var.value_from is None):
-                raise ValueError(f"env[{i}]: set exactly one of value and valueFrom")
+        _check_env(self.env, "env")
         for i, ref in enumerate(self.env_from):
             if (ref.config_map_ref is None) == (ref.secret_ref is None):
                 raise ValueError(f"envFrom[{i}]: set exactly one of configMapRef and secretRef")
         names = [v.name for v in self.volumes]
         for i, vol in enumerate(self.volumes):
-            if vol.name in RESERVED_VOLUMES or names.count(vol.name) > 1:
-                raise ValueError(f"volumes[{i}].name: {vol.name} is taken")
-            sources = vol.model_dump(exclude={"name"}, exclude_none=True)
-            if len(sources) != 1:
+            if vol.name in RESERVED_VOLUMES:
+                raise ValueError(f"volumes[{i}].name: {vol.name} is the operator's volume")
+            if len(vol.model_dump(exclude={"name"}, exclude_none=True)) != 1:
                 raise ValueError(f"volumes[{i}]: set exactly one volume source")
+        for i in _duplicates(names):
+            raise ValueError(f"volumes[{i}].name: {names[i]} twice")
+        _check_mounts(self.volume_mounts, "volumeMounts")
         for i, mount in enumerate(self.volume_mounts):
             if mount.name not in names:
                 raise ValueError(f"volumeMounts[{i}].name: no volume {mount.name}")
+        for i in _duplicates([c.name for c in self.init_containers]):
+            raise ValueError(f"initContainers[{i}].name: {self.init_containers[i].name} twice")
         return self
 
 
@@ -1243,18 +1501,6 @@ class DatasetSpec(Model):
 class ObservabilitySpec(Model):
     """Metrics and logs."""
 
-    model_config = ConfigDict(
-        json_schema_extra={
-            "x-kubernetes-validations": [
-                _cel(
-                    "!has(self.trackers) || self.trackers.all(t, self.trackers.exists_one(u, u == t))",
-                    "each tracker at most once",
-                    ".trackers",
-                )
-            ]
-        }
-    )
-
     metrics_port: int = Field(default=9400, ge=1024, le=65535)
     """Port of every component's ``/metrics``."""
     monitors: Literal["auto", "enabled", "disabled"] = "auto"
@@ -1262,7 +1508,7 @@ class ObservabilitySpec(Model):
     log_level: Literal["debug", "info", "warning", "error"] = "info"
     """Log level of every component."""
     trackers: list[Literal["tensorboard", "mlflow", "wandb"]] = Field(
-        default_factory=list, json_schema_extra={"x-kubernetes-list-type": "set"}
+        default_factory=list, max_length=3, json_schema_extra={"x-kubernetes-list-type": "set"}
     )
     """Experiment trackers the trainer also logs to (none by default): each step's record (as in
     ``metrics.jsonl``), the run's spec and the report's plots, through the tool's own library.

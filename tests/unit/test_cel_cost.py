@@ -134,13 +134,19 @@ def test_a_macro_over_an_object_does_not_compile() -> None:
         rule_cost("self.all(k, k in ['a'])", decl_of(free))
 
 
-def test_metadata_name_is_unbounded_unless_the_crd_bounds_name_and_generate_name() -> None:
+def test_metadata_name_is_unbounded_unless_the_root_types_name_generate_name_kind_api_version() -> (
+    None
+):
     rule = "self.metadata.name.matches('^[a-z]+$')"
     plain = {"type": "object", "properties": {"metadata": {"type": "object"}}}
     assert rule_cost(rule, decl_of(plain, root=True)) == 314573 * 2 + 3
     name = {"type": "string", "maxLength": 42}
     meta = {"type": "object", "properties": {"name": name, "generateName": name}}
-    bounded = {"type": "object", "properties": {"metadata": meta}}
+    typed = {"kind": {"type": "string"}, "apiVersion": {"type": "string"}}
+    assert (
+        rule_cost(rule, decl_of({"type": "object", "properties": {"metadata": meta}}, True)) > 1e5
+    )
+    bounded = {"type": "object", "properties": {"metadata": meta, **typed}}
     assert rule_cost(rule, decl_of(bounded, root=True)) == 17 * 2 + 3
 
 
