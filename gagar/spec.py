@@ -734,7 +734,7 @@ class TopologySpreadConstraint(Model):
     """What the scheduler does when the skew cannot be kept."""
     label_selector: FreeForm | None = None
     """Pods counted (Kubernetes' ``labelSelector``); usually the component's labels."""
-    match_label_keys: list[Annotated[str, MaxLen(317)]] = Field(default_factory=list, max_length=16)
+    match_label_keys: list[Annotated[str, MaxLen(317)]] | None = Field(default=None, max_length=16)
     """Pod label keys whose values further select the counted pods."""
     min_domains: int | None = Field(default=None, ge=1)
     """Fewest eligible domains (``DoNotSchedule`` only)."""

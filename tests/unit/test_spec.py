@@ -168,7 +168,26 @@ INVALID = [
     ),
     (("spec.sandbox", {"podTemplate": {"env": [{"name": "A", "value": "1"}]}}), "env"),
     (("spec.sandbox", {"podTemplate": {"volumes": []}}), "volumes"),
-]
+    (("spec.sandbox", {"podTemplate": {"securityContext": {"runAsUser": 0}}}), "securityContext"),
+    # entries colliding with the operator's own, or with each other (keyed lists)
+    (("spec.trainer", {"podTemplate": {"env": [{"name": "NODE_RANK", "value": "0"}]}}), "env[0].name"),
+    (("spec.rollout", {"podTemplate": {"env": [{"name": "A", "value": "1"}, {"name": "A", "value": "2"}]}}), "env[1].name"),
+    (("spec.grader", {"podTemplate": {"volumes": [{"name": "auth", "emptyDir": {}}]}}), "volumes[0].name"),
+    (("spec.trainer", {"podTemplate": {"volumes": [{"name": "d", "emptyDir": {}}], "volumeMounts": [{"name": "d", "mountPath": "/dev/shm"}]}}), "volumeMounts[0].mountPath"),
+    (("spec.trainer", {"podTemplate": {"volumes": [{"name": "d", "emptyDir": {}}], "volumeMounts": [{"name": "d", "mountPath": "/x"}, {"name": "d", "mountPath": "/x"}]}}), "volumeMounts[1].mountPath"),
+    (("spec.trainer", {"podTemplate": {"initContainers": [{"name": "trainer", "image": "busybox"}]}}), "initContainers[0]"),
+    (("spec.trainer", {"podTemplate": {"initContainers": [{"name": "a", "image": "busybox"}, {"name": "a", "image": "busybox"}]}}), "initContainers[1].name"),
+    (("spec.trainer", {"podTemplate": {"initContainers": [{"name": "a"}]}}), "image"),
+    (("spec.trainer", {"podTemplate": {"initContainers": [{"name": "a", "image": "b", "restartPolicy": "OnFailure"}]}}), "restartPolicy"),
+    (("spec.trainer", {"podTemplate": {"initContainers": [{"name": "a", "image": "b", "env": [{"name": "GAGAR_RUN", "value": "x"}]}]}}), "env[0].name"),
+    (("spec.trainer", {"podTemplate": {"topologySpreadConstraints": [{"maxSkew": 1, "topologyKey": "z", "whenUnsatisfiable": "DoNotSchedule"}] * 2}}), "topologySpreadConstraints[1]"),
+    (("spec.trainer", {"podTemplate": {"imagePullSecrets": [{"name": "r"}, {"name": "r"}]}}), "imagePullSecrets[1].name"),
+    (("spec.trainer", {"podTemplate": {"schedulerName": "Not A Name"}}), "schedulerName"),
+    (("spec.trainer", {"podTemplate": {"env": [{"name": f"V{i}", "value": "1"} for i in range(129)]}}), "env"),
+    (("spec.trainer", {"podTemplate": {"annotations": {"a": "x" * 65537}}}), "annotations"),
+    (("spec.trainer", {"image": "x" * 4097}), "image"),
+    (("spec.observability", {"trackers": ["wandb", "wandb"]}), "trackers"),
+]  # fmt: skip
 
 
 def _mutated(case: tuple[str, Any]) -> dict[str, Any]:
