@@ -59,7 +59,12 @@ def check_name(rt: ResourceType, name: str) -> None:
 
 
 def admit(
-    rt: ResourceType, obj: dict, old: dict | None, strict: bool, warnings: list[str]
+    rt: ResourceType,
+    obj: dict,
+    old: dict | None,
+    strict: bool,
+    warnings: list[str],
+    openapi: bool = False,
 ) -> tuple[dict, list[ResourceType]]:
     """Return the object to store and, for a CRD, the kinds it serves; pruned fields are
     appended to ``warnings`` (or rejected when ``strict``)."""
@@ -76,6 +81,8 @@ def admit(
         _check_immutable(rt, obj, old)
     if not rt.custom:
         errors = builtin.object_errors(rt.storage_key, obj)
+        if openapi and not errors:
+            errors = builtin.openapi_errors(obj)
         if errors:
             raise invalid(rt.kind, obj["metadata"]["name"], errors, rt.group)
     if rt.storage_key == CRD_KEY:

@@ -149,6 +149,23 @@ def _selector_matches(selector: dict[str, Any], labels: dict[str, str]) -> bool:
     return True
 
 
+K8S_VERSION = "1.32.0"
+
+
+def openapi_errors(obj: dict[str, Any]) -> list[str]:
+    """``obj`` against Kubernetes' OpenAPI schema of its kind (kubernetes-validate, strict)."""
+    import kubernetes_validate  # only where asked for: it loads the schemas on first use
+
+    try:
+        kubernetes_validate.validate(obj, K8S_VERSION, strict=True)
+    except kubernetes_validate.ValidationError as e:
+        where = ".".join(map(str, e.path)) or "<root>"
+        return [f"{where}: Invalid value: {e.message}"]
+    except kubernetes_validate.SchemaNotFoundError:
+        return []  # a kind this Kubernetes version's schemas lack
+    return []
+
+
 def object_errors(storage_key: tuple[str, str], obj: dict[str, Any]) -> list[str]:
     """Built-in validation of ``obj`` (a built-in kind), as far as modelled."""
     meta = obj.get("metadata") or {}

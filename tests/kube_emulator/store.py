@@ -69,6 +69,7 @@ class Store:
         self.uids: dict[str, tuple[tuple[str, str], tuple[str, str]]] = {}
         self.watchers: list[Watcher] = []
         self.strict_fields = False
+        self.openapi_validate = False
         for rt in BUILTINS:
             self._register(rt)
         for ns in ("default", "kube-system", "kube-public"):
@@ -256,7 +257,7 @@ class Store:
         request = _REQUEST.get() or {}
         mode = request.get("mode") or ("Strict" if self.strict_fields else "Warn")
         warnings: list[str] = []
-        obj, served = admit(rt, obj, old, mode == "Strict", warnings)
+        obj, served = admit(rt, obj, old, mode == "Strict", warnings, self.openapi_validate)
         if mode == "Warn" and "warnings" in request:
             request["warnings"].extend(warnings)
         for t in served if not _dry_run() else []:

@@ -1269,3 +1269,17 @@ def test_table_output_has_the_crds_printer_columns(kube, http):
     assert one["rows"][0]["cells"][0] == "t1"
     plain = http.get(f"{CM}", headers=TABLE).json()
     assert [c["name"] for c in plain["columnDefinitions"]] == ["Name", "Created At"]
+
+
+def test_openapi_validation_of_built_in_objects_is_strict():
+    with KubeEmulator(openapi_validate=True) as kube:
+        bad = cm("a")
+        bad["data"] = {"k": 1}
+        with httpx.Client(base_url=kube.url, headers=ADMIN_HEADERS) as http:
+            r = http.post(CM, json=bad)
+            assert r.status_code == 422 and "data.k" in r.text, r.text
+            typo = _pod_deployment("web")
+            typo["spec"]["template"]["spec"]["containers"][0]["imagePullPolice"] = "Always"
+            r = http.post(DEPLOY, json=typo)
+            assert r.status_code == 422 and "imagePullPolice" in r.text, r.text
+            assert http.post(DEPLOY, json=_pod_deployment("web")).status_code == 201
