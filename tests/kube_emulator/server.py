@@ -292,6 +292,10 @@ class Server:
         if not isinstance(applied, dict):
             raise ApiError(400, "the applied configuration must be an object")
         _check_kind(t.rt, applied, required=True)
+        duplicates = [] if t.rt.custom else ssa.duplicate_keys(applied)
+        if duplicates:
+            raise ApiError(422, "failed to create typed patch object: " + "; ".join(duplicates),
+                           "Invalid")  # fmt: skip
         if (applied.get("metadata") or {}).get("name") not in (None, t.name):
             raise ApiError(400, "the name of the object does not match the name on the URL")
         applied.setdefault("metadata", {})["name"] = t.name

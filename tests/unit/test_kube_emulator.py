@@ -1283,3 +1283,30 @@ def test_openapi_validation_of_built_in_objects_is_strict():
             r = http.post(DEPLOY, json=typo)
             assert r.status_code == 422 and "imagePullPolice" in r.text, r.text
             assert http.post(DEPLOY, json=_pod_deployment("web")).status_code == 201
+
+
+def test_keyed_list_duplicates_are_refused(kube, http):
+    d = _pod_deployment("web")
+    d["spec"]["template"]["spec"]["containers"][0]["env"] = [
+        {"name": "A", "value": "1"},
+        {"name": "A", "value": "2"},
+    ]
+    r = http.patch(f"{DEPLOY}/web", params={"fieldManager": "me"}, content=json.dumps(d),
+                   headers=APPLY)  # fmt: skip
+    assert r.status_code == 422 and 'duplicate entries for key [{"name":"A"}]' in r.json()["message"]
+    crd = json.loads(json.dumps(TOY_CRD))
+    props = crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"]
+    props["properties"]["ports"] = {
+        "type": "array",
+        "x-kubernetes-list-type": "map",
+        "x-kubernetes-list-map-keys": ["name"],
+        "items": {
+            "type": "object",
+            "required": ["name"],
+            "properties": {"name": {"type": "string"}},
+        },
+    }
+    kube.create(crd)
+    kube.wait_for(lambda: http.get(TOYS).status_code == 200)
+    r = http.post(TOYS, json=toy("t", ports=[{"name": "a"}, {"name": "a"}]))
+    assert r.status_code == 422 and "spec.ports[1]: Duplicate value" in r.text, r.text
