@@ -1293,7 +1293,9 @@ def test_keyed_list_duplicates_are_refused(kube, http):
     ]
     r = http.patch(f"{DEPLOY}/web", params={"fieldManager": "me"}, content=json.dumps(d),
                    headers=APPLY)  # fmt: skip
-    assert r.status_code == 422 and 'duplicate entries for key [{"name":"A"}]' in r.json()["message"]
+    assert (
+        r.status_code == 422 and 'duplicate entries for key [{"name":"A"}]' in r.json()["message"]
+    )
     crd = json.loads(json.dumps(TOY_CRD))
     props = crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"]
     props["properties"]["ports"] = {
