@@ -48,6 +48,7 @@ MAX_NUMBER = 10**15
 MAX_TEXT = 4096
 MAX_ITEMS = 64
 MAX_ENTRIES = 64
+MAX_CONDITION_MESSAGE = 32768
 
 Quantity = Annotated[
     str, StringConstraints(pattern=r"^[0-9]+(\.[0-9]+)?([eE][0-9]+|[KMGTPE]i?|[munk])?$")
@@ -1633,14 +1634,22 @@ class Condition(Model):
     """Condition type."""
     status: ConditionStatus
     """Condition status."""
-    reason: str = ""
+    reason: str = Field(default="", max_length=1024)
     """CamelCase reason."""
-    message: str = ""
-    """Human-readable details."""
+    message: str = Field(default="", max_length=MAX_CONDITION_MESSAGE)
+    """Human-readable details (cut to metav1.Condition's 32768 characters)."""
     last_transition_time: str | None = None
     """When the status last flipped (RFC 3339)."""
     observed_generation: int | None = None
     """The generation this condition was computed from."""
+
+    @field_validator("message", mode="before")
+    @classmethod
+    def _cut(cls, value: Any) -> Any:
+        """A failure's message quotes pods' termination messages: cut, never refused, so that
+        the status that reports the failure is always written."""
+        limit = MAX_CONDITION_MESSAGE
+        return value[: limit - 1] + "…" if isinstance(value, str) and len(value) > limit else value
 
 
 class PoolStatus(Model):

@@ -282,3 +282,34 @@ def test_trainer_and_model_change_only_while_suspended() -> None:
     assert crd_errors(suspended_new, crd, old=old)  # suspending and changing at once: refused
     pools = with_spec("spec.rollout", {"replicas": 5})
     assert crd_errors(pools, crd, old=with_spec("spec.rollout", {"replicas": 2})) == []
+
+
+def test_strings_lists_and_maps_are_bounded_and_a_long_condition_message_is_cut() -> None:
+    """Every spec string, list and map has a bound (pydantic and the CRD alike), but the status
+    that reports a failure quoting a long pod message is still written, its message cut."""
+    from gagar.spec import MAX_CONDITION_MESSAGE, Condition, GagarRunStatus
+
+    status = GagarRunStatus(
+        conditions=[Condition(type="Ready", status="False", message="x" * 10**5)]
+    )
+    assert len(status.conditions[0].message) == MAX_CONDITION_MESSAGE
+
+    def unbounded(node: dict, path: str) -> list[str]:
+        out = []
+        kind = node.get("type")
+        free = node.get("x-kubernetes-preserve-unknown-fields") and "properties" not in node
+        if kind == "string" and "maxLength" not in node and "enum" not in node:
+            out.append(path)
+        if kind == "array" and "maxItems" not in node:
+            out.append(path)
+        if kind == "object" and "additionalProperties" in node and "maxProperties" not in node:
+            out.append(path)
+        for key, sub in (node.get("properties") or {}).items():
+            out += unbounded(sub, f"{path}.{key}")
+        for key in ("items", "additionalProperties"):
+            if isinstance(node.get(key), dict) and not free:
+                out += unbounded(node[key], f"{path}.{key}")
+        return out
+
+    schema = build_crd()["spec"]["versions"][0]["schema"]["openAPIV3Schema"]
+    assert unbounded(schema["properties"]["spec"], "spec") == []
