@@ -146,10 +146,6 @@ class Model(BaseModel):
         return self.model_dump(mode="json", by_alias=True, exclude_none=True)
 
 
-def _bounded_text(t: Any) -> Any:
-    return Annotated[t, MaxLen(MAX_TEXT)] if _base(t) is str and not _has_bound(t) else t
-
-
 def _base(t: Any) -> Any:
     """``t`` without ``Annotated`` and ``| None``."""
     while get_origin(t) is Annotated:
@@ -160,42 +156,91 @@ def _base(t: Any) -> Any:
     return t
 
 
-def _free_form(t: Any) -> bool:
+def _metadata(t: Any) -> list[Any]:
+    """The ``Annotated`` metadata anywhere in ``t`` (through ``| None``)."""
     if get_origin(t) is Annotated:
-        meta = get_args(t)[1:]
-        return any(isinstance(m, WithJsonSchema) for m in meta) or _free_form(get_args(t)[0])
-    return get_origin(t) in (Union, types.UnionType) and any(_free_form(a) for a in get_args(t))
+        return [*get_args(t)[1:], *_metadata(get_args(t)[0])]
+    if get_origin(t) in (Union, types.UnionType):
+        return [m for a in get_args(t) for m in _metadata(a)]
+    return []
 
 
-def _has_bound(t: Any) -> bool:
-    return get_origin(t) is Annotated and any(
-        isinstance(m, MaxLen) or getattr(m, "max_length", None) is not None for m in get_args(t)[1:]
+def _schema_of(m: Any) -> dict[str, Any]:
+    return (
+        m.json_schema if isinstance(m, WithJsonSchema) and isinstance(m.json_schema, dict) else {}
     )
+
+
+def _bounds(m: Any) -> bool:
+    schema = _schema_of(m)
+    return (
+        isinstance(m, MaxLen)
+        or getattr(m, "max_length", None) is not None
+        or any(k in schema for k in ("maxLength", "maxItems", "maxProperties", "enum"))
+    )
+
+
+def _with_length(m: Any, n: int) -> Any:
+    """A string's own JSON schema (``WithJsonSchema``) given ``maxLength: n`` if it has none."""
+    schema = _schema_of(m)
+    if schema.get("type") == "string" and "maxLength" not in schema:
+        return WithJsonSchema({**schema, "maxLength": n}, mode=m.mode)
+    return m
+
+
+def _patched(t: Any, n: int) -> Any:
+    """``t`` with ``_with_length`` applied to every ``WithJsonSchema`` in it."""
+    if get_origin(t) is Annotated:
+        inner, *meta = get_args(t)
+        return Annotated[(_patched(inner, n), *(_with_length(m, n) for m in meta))]
+    if get_origin(t) in (Union, types.UnionType):
+        return Union[tuple(_patched(a, n) for a in get_args(t))]  # noqa: UP007
+    return t
+
+
+def _bounded_text(t: Any) -> Any:
+    """The item type ``t`` of a list or map, bounded when it is a string that names no bound."""
+    if _base(t) is not str or any(_bounds(m) for m in _metadata(t)):
+        return t
+    return _patched(Annotated[t, MaxLen(MAX_TEXT)], MAX_TEXT)
 
 
 def _bound_field(info: Any) -> bool:
     """Give a string, list or map field without a bound of its own the default one (and the
-    strings inside a list or map too). Free-form objects (Kubernetes' own, passed through) and
-    enums are left as they are. True when it changed the field."""
-    if any(isinstance(m, (MaxLen, WithJsonSchema)) for m in info.metadata) or _free_form(
-        info.annotation
-    ):
+    strings inside a list or map too), in its validation and its JSON schema alike (a type with
+    its own JSON schema gets the ``maxLength`` there). Free-form objects (Kubernetes' own, passed
+    through) and enums are left as they are. True when it changed the field."""
+    meta = [*info.metadata, *_metadata(info.annotation)]
+    if any(_schema_of(m).get("x-kubernetes-preserve-unknown-fields") for m in meta):
         return False
     base = _base(info.annotation)
-    origin = get_origin(base)
     if base is str:
-        info.metadata.append(MaxLen(MAX_TEXT))
-    elif origin is list:
-        info.metadata.append(MaxLen(MAX_ITEMS))
-        bounded = list[_bounded_text(get_args(base)[0])]  # type: ignore[misc,valid-type]
-        info.annotation = bounded | None if base is not info.annotation else bounded
-    elif origin is dict:
-        info.metadata.append(MaxLen(MAX_ENTRIES))
-        key, value = get_args(base)
-        bounded = dict[key, _bounded_text(value)]  # type: ignore[misc,valid-type]
-        info.annotation = bounded | None if base is not info.annotation else bounded
-    else:
+        return _bound_text_field(info, meta)
+    if get_origin(base) not in (list, dict) or any(_bounds(m) for m in info.metadata):
         return False
+    if get_origin(base) is list:
+        bounded: Any = Annotated[list[_bounded_text(get_args(base)[0])], MaxLen(MAX_ITEMS)]  # type: ignore[misc]
+    else:
+        key, value = get_args(base)
+        bounded = Annotated[dict[key, _bounded_text(value)], MaxLen(MAX_ENTRIES)]  # type: ignore[misc,valid-type]
+    optional = get_origin(info.annotation) in (Union, types.UnionType)
+    plain = [a for a in get_args(info.annotation) if a is not type(None)] if optional else []
+    own = plain[0] if len(plain) == 1 else info.annotation
+    if get_origin(own) is Annotated:  # keep the type's own validators
+        bounded = Annotated[(bounded, *get_args(own)[1:])]
+    info.annotation = bounded | None if optional else bounded
+    return True
+
+
+def _bound_text_field(info: Any, meta: list[Any]) -> bool:
+    own = next((m.max_length for m in info.metadata if isinstance(m, MaxLen)), None)
+    if own is None and any(_bounds(m) for m in meta):
+        return False
+    n = own if own is not None else MAX_TEXT
+    info.metadata[:] = [_with_length(m, n) for m in info.metadata]
+    info.annotation = _patched(info.annotation, n)
+    if own is None:
+        info.metadata.append(MaxLen(n))
     return True
 
 
