@@ -14,9 +14,11 @@ This module is pure: no I/O, no Kubernetes client, no torch.
 
 from __future__ import annotations
 
+import types
 from datetime import UTC, datetime
-from typing import Annotated, Any, Literal, get_args
+from typing import Annotated, Any, Literal, Union, get_args, get_origin
 
+from annotated_types import MaxLen
 from pydantic import (
     BaseModel,
     ConfigDict,
@@ -50,6 +52,14 @@ DNS_LABEL = r"^[a-z]([-a-z0-9]*[a-z0-9])?$"
 # Every number of a spec lies within +-MAX_NUMBER (also in the CRD's schema): far above any real
 # setting, within the integers JSON and float64 carry exactly, so "1e23 bytes" is refused, not run.
 MAX_NUMBER = 10**15
+# Every string, list and map of a spec that names no bound of its own has these (also in the
+# CRD's schema): far above what a user writes, and what kube-apiserver needs to estimate the cost
+# of the CEL rules at CRD creation, which it refuses when a rule could cost too much (without a
+# bound, a list counts as a million elements, a string as 3 MiB).
+MAX_TEXT = 4096
+MAX_ITEMS = 64
+MAX_ENTRIES = 64
+MAX_CONDITION_MESSAGE = 32768
 
 Device = Literal["auto", "cpu", "cuda"]
 
@@ -124,6 +134,12 @@ class Model(BaseModel):
 
     model_config = ConfigDict(**CONFIG_MODEL, allow_inf_nan=False)
 
+    @classmethod
+    def __pydantic_init_subclass__(cls, **kwargs: Any) -> None:
+        super().__pydantic_init_subclass__(**kwargs)
+        if any([_bound_field(f) for f in cls.model_fields.values()]):
+            cls.model_rebuild(force=True)
+
     @field_validator("*", mode="after")
     @classmethod
     def _bounded(cls, value: Any, info: ValidationInfo) -> Any:
@@ -136,6 +152,104 @@ class Model(BaseModel):
     def to_wire(self) -> dict[str, Any]:
         """The camelCase dict a manifest or ConfigMap holds (defaults included)."""
         return self.model_dump(mode="json", by_alias=True, exclude_none=True)
+
+
+def _base(t: Any) -> Any:
+    """``t`` without ``Annotated`` and ``| None``."""
+    while get_origin(t) is Annotated:
+        t = get_args(t)[0]
+    if get_origin(t) in (Union, types.UnionType):
+        rest = [a for a in get_args(t) if a is not type(None)]
+        return _base(rest[0]) if len(rest) == 1 else t
+    return t
+
+
+def _metadata(t: Any) -> list[Any]:
+    """The ``Annotated`` metadata anywhere in ``t`` (through ``| None``)."""
+    if get_origin(t) is Annotated:
+        return [*get_args(t)[1:], *_metadata(get_args(t)[0])]
+    if get_origin(t) in (Union, types.UnionType):
+        return [m for a in get_args(t) for m in _metadata(a)]
+    return []
+
+
+def _schema_of(m: Any) -> dict[str, Any]:
+    return (
+        m.json_schema if isinstance(m, WithJsonSchema) and isinstance(m.json_schema, dict) else {}
+    )
+
+
+def _bounds(m: Any) -> bool:
+    schema = _schema_of(m)
+    return (
+        isinstance(m, MaxLen)
+        or getattr(m, "max_length", None) is not None
+        or any(k in schema for k in ("maxLength", "maxItems", "maxProperties", "enum"))
+    )
+
+
+def _with_length(m: Any, n: int) -> Any:
+    """A string's own JSON schema (``WithJsonSchema``) given ``maxLength: n`` if it has none."""
+    schema = _schema_of(m)
+    if schema.get("type") == "string" and "maxLength" not in schema:
+        return WithJsonSchema({**schema, "maxLength": n}, mode=m.mode)
+    return m
+
+
+def _patched(t: Any, n: int) -> Any:
+    """``t`` with ``_with_length`` applied to every ``WithJsonSchema`` in it."""
+    if get_origin(t) is Annotated:
+        inner, *meta = get_args(t)
+        return Annotated[(_patched(inner, n), *(_with_length(m, n) for m in meta))]
+    if get_origin(t) in (Union, types.UnionType):
+        return Union[tuple(_patched(a, n) for a in get_args(t))]  # noqa: UP007
+    return t
+
+
+def _bounded_text(t: Any) -> Any:
+    """The item type ``t`` of a list or map, bounded when it is a string that names no bound."""
+    if _base(t) is not str or any(_bounds(m) for m in _metadata(t)):
+        return t
+    return _patched(Annotated[t, MaxLen(MAX_TEXT)], MAX_TEXT)
+
+
+def _bound_field(info: Any) -> bool:
+    """Give a string, list or map field without a bound of its own the default one (and the
+    strings inside a list or map too), in its validation and its JSON schema alike (a type with
+    its own JSON schema gets the ``maxLength`` there). Free-form objects (Kubernetes' own, passed
+    through) and enums are left as they are. True when it changed the field."""
+    meta = [*info.metadata, *_metadata(info.annotation)]
+    if any(_schema_of(m).get("x-kubernetes-preserve-unknown-fields") for m in meta):
+        return False
+    base = _base(info.annotation)
+    if base is str:
+        return _bound_text_field(info, meta)
+    if get_origin(base) not in (list, dict) or any(_bounds(m) for m in info.metadata):
+        return False
+    if get_origin(base) is list:
+        bounded: Any = Annotated[list[_bounded_text(get_args(base)[0])], MaxLen(MAX_ITEMS)]  # type: ignore[misc]
+    else:
+        key, value = get_args(base)
+        bounded = Annotated[dict[key, _bounded_text(value)], MaxLen(MAX_ENTRIES)]  # type: ignore[misc,valid-type]
+    optional = get_origin(info.annotation) in (Union, types.UnionType)
+    plain = [a for a in get_args(info.annotation) if a is not type(None)] if optional else []
+    own = plain[0] if len(plain) == 1 else info.annotation
+    if get_origin(own) is Annotated:  # keep the type's own validators
+        bounded = Annotated[(bounded, *get_args(own)[1:])]
+    info.annotation = bounded | None if optional else bounded
+    return True
+
+
+def _bound_text_field(info: Any, meta: list[Any]) -> bool:
+    own = next((m.max_length for m in info.metadata if isinstance(m, MaxLen)), None)
+    if own is None and any(_bounds(m) for m in meta):
+        return False
+    n = own if own is not None else MAX_TEXT
+    info.metadata[:] = [_with_length(m, n) for m in info.metadata]
+    info.annotation = _patched(info.annotation, n)
+    if own is None:
+        info.metadata.append(MaxLen(n))
+    return True
 
 
 class ResourceRequirements(Model):
@@ -583,17 +697,50 @@ class CheckpointSpec(Model):
 
 # ---------------------------------------------------------------- pod templates
 # Overlays on the pods the operator builds, in the spirit of Kubeflow Trainer v2's pod overrides:
-# scheduling (GPU taints, node pools, priorities), identity (cloud workload identities through
-# ServiceAccount annotations), environment and extra volumes. Typed where Kubernetes' shape is
-# small; affinity, volume sources and ``valueFrom`` are Kubernetes' own objects, passed through
-# (the rendered pods are validated against Kubernetes' schemas in tests). What the operator
-# itself sets (its labels, its volumes, GAGAR_* variables) cannot be overridden.
+# scheduling (GPU taints, node pools, priorities, topology spread), identity (cloud workload
+# identities through ServiceAccount annotations), environment, extra volumes, init containers and
+# native sidecars. Lists of named things are keyed (``x-kubernetes-list-type: map``): the API
+# server refuses duplicate keys and server-side apply merges them by key, and the operator merges
+# them into its pods by the same keys (env by name, volumes by name, mounts by mountPath, containers
+# by name). What the operator itself sets (its labels, volumes, mount paths, containers, env
+# variables) cannot be overridden: such an entry is refused with its field path. Affinity, volume
+# sources, ``valueFrom`` and security contexts are Kubernetes' own objects, passed through (the
+# rendered pods are validated against Kubernetes' schemas in tests).
 FreeForm = Annotated[
     dict[str, Any],
     WithJsonSchema({"type": "object", "x-kubernetes-preserve-unknown-fields": True}),
 ]
-RESERVED_VOLUMES = frozenset({"config", "checkpoints", "dshm", "base-model"})
+RESERVED_VOLUMES = frozenset({"config", "checkpoints", "dshm", "base-model", "auth"})
 RESERVED_LABEL_PREFIXES = ("app.kubernetes.io/", "gagar.dev/")
+# The operator's own env variables besides GAGAR_*, mount paths and container names (a unit test
+# checks that every pod the builders render stays within these).
+RESERVED_ENV = frozenset({"NODE_RANK", "VLLM_SERVER_DEV_MODE"})
+RESERVED_MOUNT_PATHS = frozenset(
+    {
+        "/etc/gagar/config",
+        "/gagar/checkpoints",
+        "/gagar/base-model",
+        "/var/run/gagar/auth",
+        "/dev/shm",
+    }
+)
+RESERVED_CONTAINERS = frozenset({"trainer", "vllm", "grader", "model", "executor"})
+DNS_LABEL_1123 = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"
+ENV_NAME = r"^[-._a-zA-Z][-._a-zA-Z0-9]*$"
+
+
+def _keyed(*keys: str) -> dict[str, JsonValue]:
+    """A list the API server keeps unique by ``keys`` and server-side apply merges by them."""
+    return {"x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": list(keys)}
+
+
+def _cel_list(items: frozenset[str]) -> str:
+    return "[" + ", ".join(f"'{x}'" for x in sorted(items)) + "]"
+
+
+def _duplicates(values: list[str]) -> list[int]:
+    """Indexes of the entries whose value an earlier entry already has."""
+    return [i for i, v in enumerate(values) if v in values[:i]]
 
 
 class Toleration(Model):
@@ -618,12 +765,45 @@ class LocalObjectReference(Model):
     """Object name."""
 
 
+class Affinity(Model):
+    """Kubernetes ``affinity``: node and inter-pod (anti-)affinity, each Kubernetes' own object."""
+
+    node_affinity: FreeForm | None = None
+    """``nodeAffinity`` (required/preferred node selector terms)."""
+    pod_affinity: FreeForm | None = None
+    """``podAffinity``."""
+    pod_anti_affinity: FreeForm | None = None
+    """``podAntiAffinity``."""
+
+
+class TopologySpreadConstraint(Model):
+    """How the pods spread over a topology domain (``kubectl explain
+    pod.spec.topologySpreadConstraints``)."""
+
+    max_skew: int = Field(ge=1)
+    """Largest allowed difference of matching pods between two domains."""
+    topology_key: str = Field(min_length=1, max_length=317)
+    """Node label whose values are the domains, e.g. ``topology.kubernetes.io/zone``."""
+    when_unsatisfiable: Literal["DoNotSchedule", "ScheduleAnyway"]
+    """What the scheduler does when the skew cannot be kept."""
+    label_selector: FreeForm | None = None
+    """Pods counted (Kubernetes' ``labelSelector``); usually the component's labels."""
+    match_label_keys: list[Annotated[str, MaxLen(317)]] | None = Field(default=None, max_length=16)
+    """Pod label keys whose values further select the counted pods."""
+    min_domains: int | None = Field(default=None, ge=1)
+    """Fewest eligible domains (``DoNotSchedule`` only)."""
+    node_affinity_policy: Literal["Honor", "Ignore"] | None = None
+    """Whether nodeAffinity/nodeSelector limit the domains."""
+    node_taints_policy: Literal["Honor", "Ignore"] | None = None
+    """Whether node taints limit the domains."""
+
+
 class EnvVar(Model):
     """A container environment variable."""
 
-    name: EnvVarName = Field(min_length=1)
-    """Variable name (``GAGAR_*`` is the operator's own)."""
-    value: str | None = None
+    name: EnvVarName = Field(min_length=1, max_length=256)
+    """Variable name (``GAGAR_*`` and ``NODE_RANK`` are the operator's)."""
+    value: str | None = Field(default=None, max_length=32768)
     """Literal value."""
     value_from: FreeForm | None = None
     """Kubernetes ``valueFrom`` (``secretKeyRef``, ``configMapKeyRef``, ``fieldRef``, ...)."""
@@ -631,7 +811,11 @@ class EnvVar(Model):
     model_config = ConfigDict(
         json_schema_extra={
             "x-kubernetes-validations": [
-                _cel("!self.name.startsWith('GAGAR_')", "GAGAR_* is the operator's", ".name"),
+                _cel(
+                    f"!self.name.startsWith('GAGAR_') && !(self.name in {_cel_list(RESERVED_ENV)})",
+                    "the operator sets this variable",
+                    ".name",
+                ),
                 _cel(
                     "has(self.value) != has(self.valueFrom)",
                     "set exactly one of value and valueFrom",
@@ -648,7 +832,7 @@ class EnvFromSource(Model):
     """The ConfigMap."""
     secret_ref: LocalObjectReference | None = None
     """The Secret."""
-    prefix: EnvVarName | None = None
+    prefix: EnvVarName | None = Field(default=None, max_length=256)
     """Prefix of each variable name."""
 
     model_config = ConfigDict(
@@ -667,8 +851,9 @@ class Volume(Model):
     """An extra pod volume: its name and Kubernetes' volume source of one kind (``hostPath`` is
     not offered)."""
 
-    name: str = Field(pattern=DNS_LABEL, max_length=63)
-    """Volume name (``config``, ``checkpoints``, ``dshm``, ``base-model`` are the operator's)."""
+    name: str = Field(pattern=DNS_LABEL_1123, max_length=63)
+    """Volume name (``config``, ``checkpoints``, ``dshm``, ``base-model``, ``auth`` are the
+    operator's)."""
     persistent_volume_claim: FreeForm | None = None
     """``{claimName, readOnly}``."""
     config_map: FreeForm | None = None
@@ -690,7 +875,7 @@ class Volume(Model):
         json_schema_extra={
             "x-kubernetes-validations": [
                 _cel(
-                    "!(self.name in ['config', 'checkpoints', 'dshm', 'base-model'])",
+                    f"!(self.name in {_cel_list(RESERVED_VOLUMES)})",
                     "the name is taken by the operator's volumes",
                     ".name",
                 ),
@@ -704,16 +889,118 @@ class Volume(Model):
 
 
 class VolumeMount(Model):
-    """Where an extra volume appears in the containers."""
+    """Where an extra volume appears in a container."""
 
-    name: str
+    name: str = Field(pattern=DNS_LABEL_1123, max_length=63)
     """Volume name (a ``volumes`` entry)."""
-    mount_path: str = Field(pattern=r"^/")
-    """Absolute path in the container."""
+    mount_path: str = Field(pattern=r"^/", max_length=1024)
+    """Absolute path in the container (``/dev/shm`` and gagar's own paths are the operator's)."""
     read_only: bool = False
     """Mount read-only."""
-    sub_path: SubPath | None = None
+    sub_path: SubPath | None = Field(default=None, max_length=1024)
     """Path inside the volume (relative, no ``..``)."""
+
+    model_config = ConfigDict(
+        json_schema_extra={
+            "x-kubernetes-validations": [
+                _cel(
+                    f"!(self.mountPath in {_cel_list(RESERVED_MOUNT_PATHS)})",
+                    "the operator mounts its own volume there",
+                    ".mountPath",
+                )
+            ]
+        }
+    )
+
+
+class ContainerPort(Model):
+    """A port of an init or sidecar container."""
+
+    container_port: int = Field(ge=1, le=65535)
+    """Port number."""
+    name: str | None = Field(
+        default=None, max_length=15, pattern=r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"
+    )
+    """Port name."""
+    protocol: Literal["TCP", "UDP", "SCTP"] = "TCP"
+    """Protocol."""
+
+
+class Container(Model):
+    """An init container, or with ``restartPolicy: Always`` a native sidecar (started before the
+    component's containers and running beside them). The fields named here are typed; the rest of
+    Kubernetes' container (probes, lifecycle, ...) passes through."""
+
+    model_config = ConfigDict(
+        extra="allow",
+        json_schema_extra={
+            "x-kubernetes-preserve-unknown-fields": True,
+            "x-kubernetes-validations": [
+                _cel(
+                    f"!(self.name in {_cel_list(RESERVED_CONTAINERS)})",
+                    "the name is taken by the operator's containers",
+                    ".name",
+                )
+            ],
+        },
+    )
+
+    name: str = Field(pattern=DNS_LABEL_1123, max_length=63)
+    """Container name (unique in the pod)."""
+    image: str = Field(min_length=1, max_length=1024)
+    """Container image."""
+    restart_policy: Literal["Always"] | None = None
+    """``Always`` makes it a native sidecar (Kubernetes 1.29+)."""
+    command: list[Annotated[str, MaxLen(MAX_TEXT)]] = Field(default_factory=list)
+    """Entrypoint."""
+    args: list[Annotated[str, MaxLen(MAX_TEXT)]] = Field(default_factory=list)
+    """Arguments."""
+    env: list[EnvVar] = Field(
+        default_factory=list, max_length=128, json_schema_extra=_keyed("name")
+    )
+    """Its environment (the podTemplate's ``env`` is the component containers')."""
+    env_from: list[EnvFromSource] = Field(default_factory=list)
+    """ConfigMaps/Secrets as its environment."""
+    ports: list[ContainerPort] = Field(
+        default_factory=list, json_schema_extra=_keyed("containerPort", "protocol")
+    )
+    """Its ports."""
+    volume_mounts: list[VolumeMount] = Field(
+        default_factory=list, json_schema_extra=_keyed("mountPath")
+    )
+    """Its mounts (of ``volumes`` or of the operator's volumes, e.g. ``checkpoints``)."""
+    resources: ResourceRequirements | None = None
+    """Its resources."""
+    security_context: FreeForm | None = None
+    """Kubernetes' container ``securityContext`` (default: the operator's restricted one)."""
+
+    @model_validator(mode="after")
+    def _own_names(self) -> Container:
+        if self.name in RESERVED_CONTAINERS:
+            raise ValueError(f"name: {self.name} is the operator's container")
+        _check_env(self.env, "env")
+        for i in _duplicates([f"{p.container_port}/{p.protocol}" for p in self.ports]):
+            raise ValueError(f"ports[{i}].containerPort: {self.ports[i].container_port} twice")
+        _check_mounts(self.volume_mounts, "volumeMounts")
+        return self
+
+
+def _check_env(env: list[EnvVar], path: str) -> None:
+    for i, var in enumerate(env):
+        if var.name.startswith("GAGAR_") or var.name in RESERVED_ENV:
+            raise ValueError(f"{path}[{i}].name: {var.name} is set by the operator")
+        if (var.value is None) == (var.value_from is None):
+            raise ValueError(f"{path}[{i}]: set exactly one of value and valueFrom")
+    for i in _duplicates([v.name for v in env]):
+        raise ValueError(f"{path}[{i}].name: {env[i].name} twice")
+
+
+def _check_mounts(mounts: list[VolumeMount], path: str) -> None:
+    for i, mount in enumerate(mounts):
+        if mount.mount_path in RESERVED_MOUNT_PATHS:
+            raise ValueError(f"{path}[{i}].mountPath: the operator mounts {mount.mount_path}")
+    for i in _duplicates([m.mount_path for m in mounts]):
+        raise ValueError(f"{path}[{i}].mountPath: {mounts[i].mount_path} twice")
 
 
 _SCHEDULING_RULES: list[JsonValue] = [
@@ -722,12 +1009,6 @@ _SCHEDULING_RULES: list[JsonValue] = [
         " && !k.startsWith('gagar.dev/'))",
         "app.kubernetes.io/* and gagar.dev/* labels are the operator's",
         ".labels",
-    ),
-    _cel(
-        "!has(self.affinity) || self.affinity.all(k, k in"
-        " ['nodeAffinity', 'podAffinity', 'podAntiAffinity'])",
-        "affinity has nodeAffinity, podAffinity and podAntiAffinity only",
-        ".affinity",
     ),
 ]
 
@@ -743,11 +1024,21 @@ class PodScheduling(Model):
     """Node labels the pods require, e.g. a GPU node pool."""
     tolerations: list[Toleration] = Field(default_factory=list)
     """Taints the pods tolerate, e.g. ``nvidia.com/gpu``."""
-    affinity: FreeForm | None = None
+    affinity: Affinity | None = None
     """Kubernetes ``affinity`` (``nodeAffinity``, ``podAffinity``, ``podAntiAffinity``)."""
+    topology_spread_constraints: list[TopologySpreadConstraint] = Field(
+        default_factory=list,
+        max_length=16,
+        json_schema_extra=_keyed("topologyKey", "whenUnsatisfiable"),
+    )
+    """How the pods spread over zones or nodes."""
     priority_class_name: Subdomain | None = None
     """PriorityClass of the pods."""
-    image_pull_secrets: list[LocalObjectReference] = Field(default_factory=list)
+    scheduler_name: str | None = Field(default=None, max_length=253, pattern=DNS_SUBDOMAIN)
+    """Scheduler of the pods (e.g. a gang scheduler's); default: the cluster's."""
+    image_pull_secrets: list[LocalObjectReference] = Field(
+        default_factory=list, json_schema_extra=_keyed("name")
+    )
     """Secrets to pull the images with."""
 
     model_config = ConfigDict(json_schema_extra={"x-kubernetes-validations": _SCHEDULING_RULES})
@@ -757,24 +1048,41 @@ class PodScheduling(Model):
         for key in self.labels:
             if key.startswith(RESERVED_LABEL_PREFIXES):
                 raise ValueError(f"labels: {key} is the operator's label")
-        unknown = set(self.affinity or {}) - {"nodeAffinity", "podAffinity", "podAntiAffinity"}
-        if unknown:
-            raise ValueError(f"affinity: unknown fields {sorted(unknown)}")
+        for i in _duplicates([r.name for r in self.image_pull_secrets]):
+            raise ValueError(f"imagePullSecrets[{i}].name: {self.image_pull_secrets[i].name} twice")
+        keys = [
+            f"{c.topology_key}/{c.when_unsatisfiable}" for c in self.topology_spread_constraints
+        ]
+        for i in _duplicates(keys):
+            raise ValueError(f"topologySpreadConstraints[{i}]: {keys[i]} twice")
         return self
 
 
 class PodTemplate(PodScheduling):
-    """Overlay on a component's pods: scheduling, identity, environment and extra volumes."""
+    """Overlay on a component's pods: scheduling, identity, environment, extra volumes, init
+    containers and sidecars, pod security context."""
 
-    env: list[EnvVar] = Field(default_factory=list)
-    """Extra environment variables of every container."""
+    env: list[EnvVar] = Field(
+        default_factory=list, max_length=128, json_schema_extra=_keyed("name")
+    )
+    """Extra environment variables of the component's containers."""
     env_from: list[EnvFromSource] = Field(default_factory=list)
-    """ConfigMaps/Secrets as environment variables of every container (e.g. object-store
-    credentials for ``s3://`` models)."""
-    volumes: list[Volume] = Field(default_factory=list)
+    """ConfigMaps/Secrets as environment variables of the component's containers (e.g.
+    object-store credentials for ``s3://`` models)."""
+    volumes: list[Volume] = Field(default_factory=list, json_schema_extra=_keyed("name"))
     """Extra pod volumes."""
-    volume_mounts: list[VolumeMount] = Field(default_factory=list)
-    """Where the extra volumes appear, in every container."""
+    volume_mounts: list[VolumeMount] = Field(
+        default_factory=list, json_schema_extra=_keyed("mountPath")
+    )
+    """Where the extra volumes appear, in the component's containers."""
+    init_containers: list[Container] = Field(
+        default_factory=list, max_length=16, json_schema_extra=_keyed("name")
+    )
+    """Init containers, run in order before the component's containers; with ``restartPolicy:
+    Always`` native sidecars that keep running beside them."""
+    security_context: FreeForm | None = None
+    """Kubernetes' pod ``securityContext``, merged key by key over the operator's (non-root user
+    1000, ``RuntimeDefault`` seccomp): a key given here wins."""
     service_account_annotations: Annotations = Field(default_factory=dict)
     """Annotations of the component's ServiceAccount, e.g. ``eks.amazonaws.com/role-arn``
     (IRSA) or ``iam.gke.io/gcp-service-account`` (GKE Workload Identity)."""
@@ -783,12 +1091,6 @@ class PodTemplate(PodScheduling):
         json_schema_extra={
             "x-kubernetes-validations": [
                 *_SCHEDULING_RULES,
-                _cel(
-                    "!has(self.volumes) || self.volumes.all(v,"
-                    " self.volumes.exists_one(w, w.name == v.name))",
-                    "volume names must be unique",
-                    ".volumes",
-                ),
                 _cel(
                     "!has(self.volumeMounts) || self.volumeMounts.all(m,"
                     " has(self.volumes) && self.volumes.exists(v, v.name == m.name))",
@@ -801,24 +1103,24 @@ class PodTemplate(PodScheduling):
 
     @model_validator(mode="after")
     def _own_names(self) -> PodTemplate:
-        for i, var in enumerate(self.env):
-            if var.name.startswith("GAGAR_"):
-                raise ValueError(f"env[{i}].name: GAGAR_* is the operator's")
-            if (var.value is None) == (var.value_from is None):
-                raise ValueError(f"env[{i}]: set exactly one of value and valueFrom")
+        _check_env(self.env, "env")
         for i, ref in enumerate(self.env_from):
             if (ref.config_map_ref is None) == (ref.secret_ref is None):
                 raise ValueError(f"envFrom[{i}]: set exactly one of configMapRef and secretRef")
         names = [v.name for v in self.volumes]
         for i, vol in enumerate(self.volumes):
-            if vol.name in RESERVED_VOLUMES or names.count(vol.name) > 1:
-                raise ValueError(f"volumes[{i}].name: {vol.name} is taken")
-            sources = vol.model_dump(exclude={"name"}, exclude_none=True)
-            if len(sources) != 1:
+            if vol.name in RESERVED_VOLUMES:
+                raise ValueError(f"volumes[{i}].name: {vol.name} is the operator's volume")
+            if len(vol.model_dump(exclude={"name"}, exclude_none=True)) != 1:
                 raise ValueError(f"volumes[{i}]: set exactly one volume source")
+        for i in _duplicates(names):
+            raise ValueError(f"volumes[{i}].name: {names[i]} twice")
+        _check_mounts(self.volume_mounts, "volumeMounts")
         for i, mount in enumerate(self.volume_mounts):
             if mount.name not in names:
                 raise ValueError(f"volumeMounts[{i}].name: no volume {mount.name}")
+        for i in _duplicates([c.name for c in self.init_containers]):
+            raise ValueError(f"initContainers[{i}].name: {self.init_containers[i].name} twice")
         return self
 
 
@@ -1251,18 +1553,6 @@ class DatasetSpec(Model):
 class ObservabilitySpec(Model):
     """Metrics and logs."""
 
-    model_config = ConfigDict(
-        json_schema_extra={
-            "x-kubernetes-validations": [
-                _cel(
-                    "!has(self.trackers) || self.trackers.all(t, self.trackers.exists_one(u, u == t))",
-                    "each tracker at most once",
-                    ".trackers",
-                )
-            ]
-        }
-    )
-
     metrics_port: int = Field(default=9400, ge=1024, le=65535)
     """Port of every component's ``/metrics``."""
     monitors: Literal["auto", "enabled", "disabled"] = "auto"
@@ -1270,7 +1560,7 @@ class ObservabilitySpec(Model):
     log_level: Literal["debug", "info", "warning", "error"] = "info"
     """Log level of every component."""
     trackers: list[Literal["tensorboard", "mlflow", "wandb"]] = Field(
-        default_factory=list, json_schema_extra={"x-kubernetes-list-type": "set"}
+        default_factory=list, max_length=3, json_schema_extra={"x-kubernetes-list-type": "set"}
     )
     """Experiment trackers the trainer also logs to (none by default): each step's record (as in
     ``metrics.jsonl``), the run's spec and the report's plots, through the tool's own library.
@@ -1395,14 +1685,22 @@ class Condition(Model):
     """Condition type."""
     status: ConditionStatus
     """Condition status."""
-    reason: str = ""
+    reason: str = Field(default="", max_length=1024)
     """CamelCase reason."""
-    message: str = ""
-    """Human-readable details."""
+    message: str = Field(default="", max_length=MAX_CONDITION_MESSAGE)
+    """Human-readable details (cut to metav1.Condition's 32768 characters)."""
     last_transition_time: str | None = None
     """When the status last flipped (RFC 3339)."""
     observed_generation: int | None = None
     """The generation this condition was computed from."""
+
+    @field_validator("message", mode="before")
+    @classmethod
+    def _cut(cls, value: Any) -> Any:
+        """A failure's message quotes pods' termination messages: cut, never refused, so that
+        the status that reports the failure is always written."""
+        limit = MAX_CONDITION_MESSAGE
+        return value[: limit - 1] + "…" if isinstance(value, str) and len(value) > limit else value
 
 
 class PoolStatus(Model):

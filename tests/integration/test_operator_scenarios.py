@@ -226,7 +226,8 @@ class Env:
 def _emulator_process(tmp: Path) -> Iterator[Path]:
     """An emulator in a process of its own; yields the folder of its kubeconfigs."""
     account = "/".join(OPERATOR_SA)
-    cmd = [sys.executable, "-m", "tests.kube_emulator", str(tmp), "--service-account", account]
+    cmd = [sys.executable, "-m", "tests.kube_emulator", str(tmp), "--service-account", account,
+           "--openapi-validate"]  # fmt: skip
     proc = subprocess.Popen(cmd, cwd=ROOT, stdin=subprocess.PIPE)
     try:
         deadline = time.monotonic() + 30
@@ -275,7 +276,9 @@ def env(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Env]:
             finally:
                 client.close()
         return
-    with KubeEmulator(bookmark_interval=0.5, deployment_delay=0.05) as emulator:
+    with KubeEmulator(
+        bookmark_interval=0.5, deployment_delay=0.05, openapi_validate=True
+    ) as emulator:
         emulator.create(build_crd())
         client = emulator.api_client()
         sa = str(emulator.service_account_kubeconfig(*OPERATOR_SA))
@@ -357,6 +360,47 @@ def test_create(env: Env) -> None:
             reconciler.metrics["gagar_operator_reconciles_total"].labels(result="ok")._value.get()
             >= 1
         )
+
+
+# What a user overrides in podTemplate: env, a volume and its mount, an init container and a
+# native sidecar (restartPolicy: Always).
+OVERRIDES = {
+    "env": [{"name": "HF_HOME", "value": "/cache"}],
+    "volumes": [{"name": "cache", "emptyDir": {"sizeLimit": "1Gi"}}],
+    "volumeMounts": [{"name": "cache", "mountPath": "/cache"}],
+    "initContainers": [
+        {"name": "warm-cache", "image": "busybox:1.36", "command": ["sh", "-c", "true"],
+         "volumeMounts": [{"name": "cache", "mountPath": "/cache"}]},
+        {"name": "log-shipper", "image": "fluent/fluent-bit:3.1", "restartPolicy": "Always",
+         "env": [{"name": "FLB_LOG_LEVEL", "value": "info"}]},
+    ],
+}  # fmt: skip
+
+
+def test_pod_template_overrides_render_valid_pods(env: Env) -> None:
+    """The done-when scenario: the overridden pods are stored by a server that checks them
+    against Kubernetes' OpenAPI schemas (strict) and its built-in pod validation, and they hold
+    each override once, merged by key into the operator's own entries."""
+    run = manifest(**{f"{c}.podTemplate": OVERRIDES for c in ("trainer", "rollout", "grader")})
+    name = run["metadata"]["name"]
+    with env.operator():
+        env.create(run)
+        job = env.wait(lambda: env.get("batch/v1", "Job", f"{name}-trainer"), what="trainer Job")
+        pools = [
+            env.wait(lambda c=c: env.get("apps/v1", "Deployment", f"{name}-{c}"), what=c)
+            for c in ("rollout", "grader")
+        ]
+    for workload in (job, *pools):
+        spec = workload["spec"]["template"]["spec"]
+        assert [c["name"] for c in spec["initContainers"]] == ["warm-cache", "log-shipper"]
+        assert spec["initContainers"][1]["restartPolicy"] == "Always"
+        assert [v["name"] for v in spec["volumes"]].count("cache") == 1
+        for c in spec["containers"]:
+            names = [e["name"] for e in c["env"]]
+            assert names.count("HF_HOME") == 1 and len(names) == len(set(names))
+            paths = [m["mountPath"] for m in c["volumeMounts"]]
+            assert paths.count("/cache") == 1 and len(paths) == len(set(paths))
+    assert not any(e.get("type") == "Warning" for e in env.events(name)), env.events(name)
 
 
 def test_scale_by_editing_replicas(env: Env) -> None:

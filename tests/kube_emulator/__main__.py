@@ -24,12 +24,15 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--service-account", action="append", default=[], metavar="NS/NAME")
     p.add_argument("--bookmark-interval", type=float, default=0.5)
     p.add_argument("--deployment-delay", type=float, default=0.05)
+    p.add_argument("--openapi-validate", action="store_true")
     args = p.parse_args(argv)
     done = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: done.set())
     threading.Thread(target=lambda: (sys.stdin.read(), done.set()), daemon=True).start()
     emulator = KubeEmulator(
-        bookmark_interval=args.bookmark_interval, deployment_delay=args.deployment_delay
+        bookmark_interval=args.bookmark_interval,
+        deployment_delay=args.deployment_delay,
+        openapi_validate=args.openapi_validate,
     )
     with emulator:
         emulator.write_kubeconfig(args.dir / "admin.kubeconfig")

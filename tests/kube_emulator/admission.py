@@ -2,7 +2,8 @@
 
 Custom objects get their CRD schema's defaults, pruning and validation; CustomResourceDefinitions
 are checked and get their status (names accepted, established) and cleanup finalizer; namespaces
-get their ``Active`` phase and ``kubernetes`` finalizer. Built-in kinds are not schema-checked.
+get their ``Active`` phase and ``kubernetes`` finalizer. Built-in kinds get the part of the
+server's own validation the operator depends on (:mod:`.builtin`), not a schema check.
 CEL rules run (see :mod:`.cel` for the subset) only when the OpenAPI validation passed.
 """
 
@@ -11,7 +12,7 @@ from __future__ import annotations
 import datetime as dt
 import re
 
-from . import cel
+from . import builtin, cel
 from . import schema as oas
 from .errors import invalid
 from .resources import CRDError, ResourceType, types_from_crd
@@ -58,7 +59,12 @@ def check_name(rt: ResourceType, name: str) -> None:
 
 
 def admit(
-    rt: ResourceType, obj: dict, old: dict | None, strict: bool, warnings: list[str]
+    rt: ResourceType,
+    obj: dict,
+    old: dict | None,
+    strict: bool,
+    warnings: list[str],
+    openapi: bool = False,
 ) -> tuple[dict, list[ResourceType]]:
     """Return the object to store and, for a CRD, the kinds it serves; pruned fields are
     appended to ``warnings`` (or rejected when ``strict``)."""
@@ -73,6 +79,12 @@ def admit(
         obj = _job_labels(obj)
     if old is not None and not rt.custom:
         _check_immutable(rt, obj, old)
+    if not rt.custom:
+        errors = builtin.object_errors(rt.storage_key, obj)
+        if openapi and not errors:
+            errors = builtin.openapi_errors(obj)
+        if errors:
+            raise invalid(rt.kind, obj["metadata"]["name"], errors, rt.group)
     if rt.storage_key == CRD_KEY:
         try:
             served = types_from_crd(obj)

@@ -9,6 +9,7 @@ streams, or forget history so that resumed watches get 410 Gone.
 from __future__ import annotations
 
 import asyncio
+import base64
 import contextlib
 import pathlib
 import socket
@@ -21,6 +22,7 @@ from typing import Any
 import yaml
 from aiohttp import web
 
+from . import tls
 from .controllers import Controllers
 from .faults import Faults
 from .rbac import ADMIN_TOKEN
@@ -52,18 +54,25 @@ class KubeEmulator:
         history_limit: int = 10_000,
         deployment_delay: float = 0.1,
         strict_fields: bool = False,
+        openapi_validate: bool = False,
     ) -> None:
         self.store = Store(history_limit=history_limit)
         self.store.strict_fields = strict_fields
+        # every built-in object written is also checked against Kubernetes' OpenAPI schemas
+        # (kubernetes-validate, strict: unknown fields refused); ~40 ms a write, so opt-in
+        self.store.openapi_validate = openapi_validate
         self.faults = Faults()
         self.controllers = Controllers(self.store, deployment_delay=deployment_delay)
         self.server = Server(self.store, self.faults, bookmark_interval)
         self.port = 0
+        self.tls_port = 0
         self._loop: asyncio.AbstractEventLoop | None = None
         self._runner: web.AppRunner | None = None
         self._thread: threading.Thread | None = None
         self._tmp = tempfile.TemporaryDirectory(prefix="kube-emulator-")
         self.kubeconfig_path = pathlib.Path(self._tmp.name) / "kubeconfig"
+        # the same admin over HTTPS: what kubectl needs to send its token (see tls.py)
+        self.tls_kubeconfig_path = pathlib.Path(self._tmp.name) / "kubeconfig-tls"
 
     # ----- lifecycle -------------------------------------------------------------------------
 
@@ -71,10 +80,16 @@ class KubeEmulator:
     def url(self) -> str:
         return f"http://127.0.0.1:{self.port}"
 
+    @property
+    def tls_url(self) -> str:
+        return f"https://127.0.0.1:{self.tls_port}"
+
     def start(self) -> KubeEmulator:
-        with socket.socket() as s:
+        with socket.socket() as s, socket.socket() as t:
             s.bind(("127.0.0.1", 0))
-            self.port = s.getsockname()[1]
+            t.bind(("127.0.0.1", 0))
+            self.port, self.tls_port = s.getsockname()[1], t.getsockname()[1]
+        self._cert, self._tls = tls.self_signed(pathlib.Path(self._tmp.name))
         ready = threading.Event()
         self._thread = threading.Thread(
             target=self._serve, args=(ready,), name="kube-emulator", daemon=True
@@ -84,6 +99,7 @@ class KubeEmulator:
             raise RuntimeError("the Kubernetes API emulator did not start within 10 s")
         self.controllers.start()
         self.write_kubeconfig(self.kubeconfig_path)
+        self.write_kubeconfig(self.tls_kubeconfig_path, tls=True)
         return self
 
     def _serve(self, ready: threading.Event) -> None:
@@ -95,6 +111,8 @@ class KubeEmulator:
         self._loop.run_until_complete(self._runner.setup())
         site = web.TCPSite(self._runner, "127.0.0.1", self.port)
         self._loop.run_until_complete(site.start())
+        secure = web.TCPSite(self._runner, "127.0.0.1", self.tls_port, ssl_context=self._tls)
+        self._loop.run_until_complete(secure.start())
         ready.set()
         self._loop.run_forever()
         self._loop.close()
@@ -125,13 +143,22 @@ class KubeEmulator:
         return self.write_kubeconfig(path, token=token)
 
     def write_kubeconfig(
-        self, path: str | pathlib.Path, namespace: str = "default", token: str = ADMIN_TOKEN
+        self,
+        path: str | pathlib.Path,
+        namespace: str = "default",
+        token: str = ADMIN_TOKEN,
+        tls: bool = False,
     ) -> pathlib.Path:
+        """A kubeconfig for ``token``; ``tls``: over HTTPS (kubectl sends tokens only there)."""
+        cluster: dict = {"server": self.url}
+        if tls:
+            data = base64.b64encode(self._cert.read_bytes()).decode()
+            cluster = {"server": self.tls_url, "certificate-authority-data": data}
         config = {
             "apiVersion": "v1",
             "kind": "Config",
             "current-context": "emulator",
-            "clusters": [{"name": "emulator", "cluster": {"server": self.url}}],
+            "clusters": [{"name": "emulator", "cluster": cluster}],
             "users": [{"name": "emulator", "user": {"token": token}}],
             "contexts": [
                 {

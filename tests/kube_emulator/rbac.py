@@ -37,9 +37,11 @@ class Identity:
 
 
 ADMIN = Identity("emulator-admin", ("system:masters", "system:authenticated"), admin=True)
-# requests without a token (plain HTTP clients in the emulator's own tests) are admins too, under
-# a name of their own so that a test can tell a client that forgot its credentials
-ANONYMOUS = Identity("system:anonymous", ("system:masters",), admin=True)
+# Requests without a token are anonymous, as on a real cluster: they hold only what a binding to
+# system:anonymous or system:unauthenticated grants (none by default), so a client that forgot its
+# credentials fails as it would against a real server instead of acting as an admin.
+ANONYMOUS = Identity("system:anonymous", ("system:unauthenticated",))
+ADMIN_HEADERS = {"Authorization": f"Bearer {ADMIN_TOKEN}"}
 
 
 @dataclass(frozen=True)

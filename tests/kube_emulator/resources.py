@@ -33,6 +33,7 @@ class ResourceType:
     scale: ScalePaths | None = None
     schema: dict | None = field(default=None, compare=False, hash=False)
     custom: bool = False
+    columns: tuple[dict, ...] = field(default=(), compare=False, hash=False)  # printer columns
 
     @property
     def api_version(self) -> str:
@@ -176,6 +177,7 @@ def types_from_crd(crd: dict) -> list[ResourceType]:
                 _scale_from(subs.get("scale")),
                 schema,
                 custom=True,
+                columns=tuple(v.get("additionalPrinterColumns") or ()),
             )
         )
     return out

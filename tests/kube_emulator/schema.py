@@ -6,7 +6,8 @@ rejected), and the object is validated: ``type`` (with ``nullable`` and
 ``x-kubernetes-int-or-string``), ``required``, ``enum``, ``minimum``/``maximum`` (and the
 exclusive flags), ``multipleOf``, ``minLength``/``maxLength``, ``pattern``, ``minItems``/
 ``maxItems``, ``uniqueItems``, ``minProperties``/``maxProperties``, ``items``,
-``additionalProperties``, ``allOf``/``anyOf``/``oneOf``/``not``.
+``additionalProperties``, ``allOf``/``anyOf``/``oneOf``/``not``, and unique keys of
+``x-kubernetes-list-type: map`` (by ``x-kubernetes-list-map-keys``) and ``set`` lists.
 
 CEL rules (``x-kubernetes-validations``) are evaluated separately by :mod:`.cel` (a subset;
 rules outside it are skipped). Not checked: ``format``; ``metadata`` is only checked for the
@@ -206,6 +207,25 @@ def _check_object(value: dict, schema: dict, path: str, root: bool) -> list[str]
     return errors
 
 
+def _list_type(value: list, schema: dict, path: str) -> list[str]:
+    """``x-kubernetes-list-type: map`` lists are unique by their ``x-kubernetes-list-map-keys``,
+    ``set`` lists by value, as the server checks them."""
+    kind, keys = schema.get("x-kubernetes-list-type"), schema.get("x-kubernetes-list-map-keys")
+    if kind not in ("map", "set"):
+        return []
+    seen, errors = [], []
+    for i, item in enumerate(value):
+        key = (
+            {k: item.get(k) for k in keys or []}
+            if kind == "map" and isinstance(item, dict)
+            else item
+        )
+        if key in seen:
+            errors.append(f"{path}[{i}]: Duplicate value: {key!r}")
+        seen.append(key)
+    return errors
+
+
 def _check_array(value: list, schema: dict, path: str) -> list[str]:
     errors = []
     if "minItems" in schema and len(value) < schema["minItems"]:
@@ -218,6 +238,7 @@ def _check_array(value: list, schema: dict, path: str) -> list[str]:
         )
     if schema.get("uniqueItems") and len({repr(v) for v in value}) != len(value):
         errors.append(f"{path}: Duplicate value: shall give unique items")
+    errors += _list_type(value, schema, path)
     if isinstance(schema.get("items"), dict):
         for i, item in enumerate(value):
             errors += validate(item, schema["items"], _join(path, i))

@@ -16,7 +16,24 @@ Predicate = Callable[[dict], bool]
 
 _SET_RE = re.compile(r"^\s*(!?)([A-Za-z0-9./_-]+)\s*(?:(notin|in)\s*\(([^)]*)\))?\s*$")
 _EQ_RE = re.compile(r"^\s*([A-Za-z0-9./_-]+)\s*(==|=|!=)\s*([A-Za-z0-9._-]*)\s*$")
-_FIELDS = {"metadata.name": ("metadata", "name"), "metadata.namespace": ("metadata", "namespace")}
+# Field labels: every kind's metadata ones, and those of Events (what ``kubectl describe`` lists an
+# object's events by) and Pods.
+_FIELDS = {
+    "metadata.name": ("metadata", "name"),
+    "metadata.namespace": ("metadata", "namespace"),
+    **{f"involvedObject.{k}": ("involvedObject", k)
+       for k in ("kind", "namespace", "name", "uid", "apiVersion", "resourceVersion", "fieldPath")},
+    "reason": ("reason",),
+    "type": ("type",),
+    "spec.nodeName": ("spec", "nodeName"),
+    "status.phase": ("status", "phase"),
+}  # fmt: skip
+
+
+def _field(obj: dict, path: tuple[str, ...]) -> str:
+    for key in path:
+        obj = obj.get(key) if isinstance(obj, dict) else None  # type: ignore[assignment]
+    return "" if obj is None else str(obj)
 
 
 class SelectorError(ValueError):
@@ -99,6 +116,6 @@ def make_predicate(label_selector: str | None, field_selector: str | None) -> Pr
         obj_labels = meta.get("labels") or {}
         if not all(r.matches(obj_labels) for r in labels):
             return False
-        return all((meta.get(path[1], "") == value) == equal for path, equal, value in fields)
+        return all((_field(obj, path) == value) == equal for path, equal, value in fields)
 
     return predicate

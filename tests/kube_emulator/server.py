@@ -20,6 +20,7 @@ import yaml
 from aiohttp import web
 
 from . import patching, ssa
+from . import table as tables
 from .errors import ApiError
 from .faults import Faults
 from .rbac import Attributes, Authorizer, Identity
@@ -89,7 +90,7 @@ class Server:
         }
         self.requests.append(record)
         try:
-            self.store.begin_request(query.get("fieldValidation"))
+            self.store.begin_request(query.get("fieldValidation"), query.get("dryRun"))
             response = await self._route(request, query, record)
             warnings = self.store.take_warnings()
             if warnings:
@@ -132,8 +133,6 @@ class Server:
                 )
             else:
                 raise ApiError(rule.code, rule.message)
-        if query.get("dryRun"):
-            raise ApiError(400, "dryRun is not supported by the emulator")
         handler = getattr(self, f"_{verb}")
         return await handler(request, target, query)
 
@@ -214,6 +213,9 @@ class Server:
 
     async def _get(self, request: web.Request, t: Target, query: dict) -> web.Response:
         obj = self.store.get(t.rt, t.namespace, t.name)
+        if not t.sub and tables.wants_table(request.headers.get("Accept")):
+            meta = {"resourceVersion": obj["metadata"].get("resourceVersion", "")}
+            return _json(tables.table(t.rt, [obj], meta, query.get("includeObject")))
         return _json(read_scale(t.rt, obj) if t.sub == "scale" else obj)
 
     async def _list(self, request: web.Request, t: Target, query: dict) -> web.Response:
@@ -229,6 +231,8 @@ class Server:
         if start + limit < len(items):
             meta["continue"] = base64.urlsafe_b64encode(_key(page[-1]).encode()).decode()
             meta["remainingItemCount"] = len(items) - start - limit
+        if tables.wants_table(request.headers.get("Accept")):
+            return _json(tables.table(t.rt, page, meta, query.get("includeObject")))
         return _json(
             {
                 "kind": f"{t.rt.kind}List",
@@ -288,6 +292,10 @@ class Server:
         if not isinstance(applied, dict):
             raise ApiError(400, "the applied configuration must be an object")
         _check_kind(t.rt, applied, required=True)
+        duplicates = [] if t.rt.custom else ssa.duplicate_keys(applied)
+        if duplicates:
+            raise ApiError(422, "failed to create typed patch object: " + "; ".join(duplicates),
+                           "Invalid")  # fmt: skip
         if (applied.get("metadata") or {}).get("name") not in (None, t.name):
             raise ApiError(400, "the name of the object does not match the name on the URL")
         applied.setdefault("metadata", {})["name"] = t.name
@@ -330,10 +338,14 @@ class Server:
 
     async def _delete(self, request: web.Request, t: Target, query: dict) -> web.Response:
         options = await _delete_options(request, query)
+        if options.get("dryRun"):
+            self.store.begin_request(query.get("fieldValidation"), "All")
         return _json(self.store.delete(t.rt, t.namespace, t.name, options))
 
     async def _deletecollection(self, request: web.Request, t: Target, query: dict) -> web.Response:
         options = await _delete_options(request, query)
+        if options.get("dryRun"):
+            self.store.begin_request(query.get("fieldValidation"), "All")
         predicate = make_predicate(query.get("labelSelector"), query.get("fieldSelector"))
         items, _ = self.store.list(t.rt, t.namespace, predicate)
         deleted = [
@@ -414,4 +426,7 @@ async def _delete_options(request: web.Request, query: dict) -> dict:
         options = json.loads(text) if text.strip() else {}
     if query.get("propagationPolicy"):
         options["propagationPolicy"] = query["propagationPolicy"]
+    dry = options.get("dryRun") or []  # DeleteOptions carry it in the body (kubectl does)
+    if dry and dry != ["All"]:
+        raise ApiError(400, f"Invalid dryRun value: {dry!r}: supported values: All")
     return options

@@ -85,6 +85,24 @@ def _item_key(field: str, item: Any) -> str | None:
     return "k:" + json.dumps(values, separators=(",", ":"), sort_keys=True)
 
 
+def duplicate_keys(obj: Any, path: str = "") -> list[str]:
+    """Items of a built-in kind's map list that repeat a key: the server refuses such an applied
+    configuration ("duplicate entries for key")."""
+    errors: list[str] = []
+    if isinstance(obj, dict):
+        for key, value in obj.items():
+            sub = f"{path}.{key}"
+            if isinstance(value, list) and key in MAP_LISTS:
+                keys = [_item_key(key, item) for item in value]
+                errors += [f"{sub}: duplicate entries for key [{keys[i][2:]}]" for i in range(len(keys))
+                           if keys[i] is not None and keys[i] in keys[:i]]  # fmt: skip
+            errors += duplicate_keys(value, sub)
+    elif isinstance(obj, list):
+        for i, item in enumerate(obj):
+            errors += duplicate_keys(item, f"{path}[{i}]")
+    return errors
+
+
 def _keyed(field: str, value: Any) -> dict[str, Any] | None:
     """A map list as {k:...: item} (in order), or None when ``value`` is not one."""
     if not isinstance(value, list) or not value:

@@ -54,6 +54,10 @@ def _spec_part(obj: dict, status_is_separate: bool) -> dict:
 _REQUEST: contextvars.ContextVar[dict | None] = contextvars.ContextVar("request", default=None)
 
 
+def _dry_run() -> bool:
+    return bool((_REQUEST.get() or {}).get("dry"))
+
+
 class Store:
     def __init__(self, history_limit: int = 10_000) -> None:
         self.lock = threading.RLock()
@@ -65,20 +69,25 @@ class Store:
         self.uids: dict[str, tuple[tuple[str, str], tuple[str, str]]] = {}
         self.watchers: list[Watcher] = []
         self.strict_fields = False
+        self.openapi_validate = False
         for rt in BUILTINS:
             self._register(rt)
         for ns in ("default", "kube-system", "kube-public"):
             self.create(self.type_for("", "v1", "namespaces"), None, {"metadata": {"name": ns}})
 
-    def begin_request(self, field_validation: str | None) -> None:
-        """Set the ``fieldValidation`` (Strict, Warn, Ignore) of the current HTTP request.
+    def begin_request(self, field_validation: str | None, dry_run: str | None = None) -> None:
+        """Set the ``fieldValidation`` (Strict, Warn, Ignore) and ``dryRun`` of the current HTTP
+        request. A dry run (``dryRun=All``) goes through admission and validation and answers
+        what would be stored, but stores, deletes, emits and registers nothing.
 
         A context variable: each aiohttp request runs in its own task, so concurrent requests
         never see each other's mode or warnings; Python-side writes use the emulator default.
         """
         if field_validation not in (None, "", "Strict", "Warn", "Ignore"):
             raise ApiError(400, f"invalid fieldValidation {field_validation!r}")
-        _REQUEST.set({"mode": field_validation or None, "warnings": []})
+        if dry_run not in (None, "", "All"):
+            raise ApiError(400, f"Invalid dryRun value: {dry_run!r}: supported values: All")
+        _REQUEST.set({"mode": field_validation or None, "warnings": [], "dry": bool(dry_run)})
 
     def take_warnings(self) -> list[str]:
         request = _REQUEST.get() or {}
@@ -138,6 +147,8 @@ class Store:
     # ----- writes ----------------------------------------------------------------------------
 
     def _emit(self, rt: ResourceType, kind: str, obj: dict, old: dict | None) -> None:
+        if _dry_run():
+            return
         if kind != "DELETED":
             self.rv += 1
             _meta(obj)["resourceVersion"] = str(self.rv)
@@ -153,11 +164,15 @@ class Store:
                 w.offer(change)
 
     def _store(self, rt: ResourceType, obj: dict) -> None:
+        if _dry_run():
+            return
         meta = obj["metadata"]
         self.objects[rt.storage_key][(meta.get("namespace", ""), meta["name"])] = obj
         self.uids[meta["uid"]] = (rt.storage_key, (meta.get("namespace", ""), meta["name"]))
 
     def _remove(self, rt: ResourceType, obj: dict) -> None:
+        if _dry_run():
+            return
         meta = obj["metadata"]
         self.objects[rt.storage_key].pop((meta.get("namespace", ""), meta["name"]), None)
         self.uids.pop(meta["uid"], None)
@@ -242,10 +257,10 @@ class Store:
         request = _REQUEST.get() or {}
         mode = request.get("mode") or ("Strict" if self.strict_fields else "Warn")
         warnings: list[str] = []
-        obj, served = admit(rt, obj, old, mode == "Strict", warnings)
+        obj, served = admit(rt, obj, old, mode == "Strict", warnings, self.openapi_validate)
         if mode == "Warn" and "warnings" in request:
             request["warnings"].extend(warnings)
-        for t in served:
+        for t in served if not _dry_run() else []:
             self._register(t)
         return obj
 
@@ -337,7 +352,7 @@ class Store:
             policy = options.get("propagationPolicy") or "Background"
             if policy not in ("Background", "Foreground", "Orphan"):
                 raise ApiError(400, f"unsupported propagationPolicy {policy!r}")
-            if policy == "Orphan":
+            if policy == "Orphan" and not _dry_run():
                 self._orphan(old["metadata"]["uid"])
             new = copy.deepcopy(old)
             meta = new["metadata"]

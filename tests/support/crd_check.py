@@ -82,7 +82,28 @@ def crd_errors(
         f"{'.'.join(map(str, e.absolute_path))}: {e.message}" for e in validator.iter_errors(value)
     ]
     errors += _unknown_fields(value, schema, "")
+    errors += list_type_errors(value, schema, "")
     return errors or _cel_errors(value, schema, "", old)
+
+
+def list_type_errors(value: Any, schema: dict[str, Any], path: str) -> list[str]:
+    """Duplicates in ``x-kubernetes-list-type: map`` (by ``x-kubernetes-list-map-keys``) and
+    ``set`` lists, which the API server refuses ("Duplicate value")."""
+    errors: list[str] = []
+    if isinstance(value, list) and isinstance(schema.get("items"), dict):
+        kind, keys = schema.get("x-kubernetes-list-type"), schema.get("x-kubernetes-list-map-keys")
+        seen: list[Any] = []
+        for i, item in enumerate(value):
+            key = [item.get(k) for k in keys] if kind == "map" and isinstance(item, dict) else item
+            if kind in ("map", "set") and key in seen:
+                errors.append(f"{path}[{i}]: Duplicate value: {key!r}")
+            seen.append(key)
+            errors += list_type_errors(item, schema["items"], f"{path}[{i}]")
+    elif isinstance(value, dict):
+        for key, sub in (schema.get("properties") or {}).items():
+            if key in value:
+                errors += list_type_errors(value[key], sub, f"{path}.{key}")
+    return errors
 
 
 def _unknown_fields(value: Any, schema: dict[str, Any], path: str) -> list[str]:
@@ -95,8 +116,10 @@ def _unknown_fields(value: Any, schema: dict[str, Any], path: str) -> list[str]:
         ]
     if not isinstance(value, dict) or "properties" not in schema:
         return []
-    errors = [f"{path}.{k}: unknown field" for k in value if k not in schema["properties"]]
-    for key, sub in schema["properties"].items():
-        if key in value:
+    known = schema["properties"]
+    preserve = schema.get("x-kubernetes-preserve-unknown-fields")
+    errors = [f"{path}.{k}: unknown field" for k in value if k not in known and not preserve]
+    for key, sub in known.items():
+        if key in value and (path, key) != ("", "metadata"):  # ObjectMeta: the server's own
             errors += _unknown_fields(value[key], sub, f"{path}.{key}")
     return errors

@@ -11,6 +11,7 @@ import httpx
 import pytest
 
 from tests.kube_emulator import KubeEmulator
+from tests.kube_emulator.rbac import ADMIN_HEADERS
 
 CM = "/api/v1/namespaces/default/configmaps"
 DEPLOY = "/apis/apps/v1/namespaces/default/deployments"
@@ -87,7 +88,7 @@ def kube():
 
 @pytest.fixture
 def http(kube):
-    with httpx.Client(base_url=kube.url, timeout=10) as client:
+    with httpx.Client(base_url=kube.url, timeout=10, headers=ADMIN_HEADERS) as client:
         yield client
 
 
@@ -130,7 +131,7 @@ def watch_events(
 ) -> list[dict]:
     """Read ``count`` events (or until the server ends the stream) from a watch."""
     events: list[dict] = []
-    with httpx.Client(base_url=kube.url, timeout=timeout) as client:
+    with httpx.Client(base_url=kube.url, timeout=timeout, headers=ADMIN_HEADERS) as client:
         with client.stream("GET", path, params={"watch": "true", **params}) as response:
             for line in response.iter_lines():
                 if line.strip():
@@ -376,7 +377,7 @@ def test_watch_from_compacted_version_is_410_expired(kube, http):
 
 def test_watch_history_is_bounded():
     with KubeEmulator(history_limit=5) as kube:
-        with httpx.Client(base_url=kube.url) as http:
+        with httpx.Client(base_url=kube.url, headers=ADMIN_HEADERS) as http:
             rv = http.post(CM, json=cm("a")).json()["metadata"]["resourceVersion"]
             for i in range(6):
                 http.patch(f"{CM}/a", json={"data": {"i": str(i)}}, headers=MERGE)
@@ -726,7 +727,7 @@ def test_custom_resource_schema_validation_and_defaults(kube, http):
 def test_strict_field_validation_rejects_unknown_fields():
     with KubeEmulator(strict_fields=True) as kube:
         kube.create(TOY_CRD)
-        with httpx.Client(base_url=kube.url) as http:
+        with httpx.Client(base_url=kube.url, headers=ADMIN_HEADERS) as http:
             rejected = http.post(TOYS, json=toy("p", unknown=1))
     assert (
         rejected.status_code == 422 and 'unknown field "spec.unknown"' in rejected.json()["message"]
@@ -1000,7 +1001,7 @@ def test_watch_opened_during_concurrent_writes_has_no_gaps_or_duplicates(kube, h
     writes = 40
 
     def writer(index: int) -> None:
-        with httpx.Client(base_url=kube.url) as client:
+        with httpx.Client(base_url=kube.url, headers=ADMIN_HEADERS) as client:
             client.post(CM, json=cm(f"w{index}"))
             for i in range(writes):
                 client.patch(f"{CM}/w{index}", json={"data": {"i": str(i)}}, headers=MERGE)
@@ -1157,3 +1158,157 @@ def test_apply_merges_map_lists_by_key(http):
         c for c in out["spec"]["template"]["spec"]["containers"] if c["name"] == "main"
     ]
     assert main_after["env"] == [{"name": "B", "value": "2"}]
+
+
+# ----- what a real server refuses ----------------------------------------------------------------
+
+
+def test_anonymous_requests_have_no_rights(kube):
+    for method, path in (("GET", CM), ("POST", CM), ("GET", "/api/v1/namespaces")):
+        r = httpx.request(method, kube.url + path, json=cm("x") if method == "POST" else None)
+        assert r.status_code == 403, (method, path, r.text)
+        assert 'User "system:anonymous" cannot' in r.json()["message"]
+    assert kube.find("v1", "ConfigMap", "x", "default") is None
+
+
+def _pod_deployment(name: str, **pod: object) -> dict:
+    d = deployment(name, replicas=1)
+    d["spec"]["template"]["spec"] = {"containers": [{"name": "c", "image": "i"}], **pod}
+    return d
+
+
+@pytest.mark.parametrize(
+    ("change", "reason"),
+    [
+        ({"containers": [{"name": "c", "image": "i", "resources": {"requests": {"cpu": "banana"}}}]},
+         "quantities must match"),
+        ({"containers": [{"name": "c", "image": "i", "resources": {"requests": {"cpu": "2"}, "limits": {"cpu": "1"}}}]},
+         "less than or equal to cpu limit"),
+        ({"volumes": [{"name": "v", "emptyDir": {}}],
+          "containers": [{"name": "c", "image": "i", "volumeMounts": [
+              {"name": "v", "mountPath": "/d"}, {"name": "v", "mountPath": "/d"}]}]},
+         "volumeMounts[1].mountPath: Invalid value: '/d': must be unique"),
+        ({"containers": [{"name": "c", "image": "i", "volumeMounts": [{"name": "nope", "mountPath": "/d"}]}]},
+         "volumeMounts[0].name: Not found"),
+        ({"volumes": [{"name": "v", "emptyDir": {}}, {"name": "v", "emptyDir": {}}]},
+         "volumes[1].name: Duplicate value"),
+        ({"initContainers": [{"name": "c", "image": "i"}]}, "initContainers[0].name: Duplicate value"),
+        ({"initContainers": [{"name": "s", "image": "i", "restartPolicy": "OnFailure"}]},
+         "initContainers[0].restartPolicy: Unsupported value"),
+    ],
+)  # fmt: skip
+def test_built_in_validation_of_pod_templates(http, change, reason):
+    r = http.post(DEPLOY, json=_pod_deployment("bad", **change))
+    assert r.status_code == 422, r.text
+    assert reason in r.text
+
+
+def test_label_sizes_and_selector_vs_template(http):
+    d = deployment("web")
+    d["metadata"]["labels"] = {"team": "x" * 70}
+    r = http.post(DEPLOY, json=d)
+    assert r.status_code == 422 and "at most 63 characters" in r.text
+    d = deployment("web")
+    d["spec"]["template"]["metadata"]["labels"] = {"app": "other"}
+    r = http.post(DEPLOY, json=d)
+    assert r.status_code == 422 and "`selector` does not match template `labels`" in r.text
+    assert http.post(DEPLOY, json=_pod_deployment("ok", initContainers=[
+        {"name": "side", "image": "i", "restartPolicy": "Always"}])).status_code == 201  # fmt: skip
+
+
+def test_dry_run_on_every_verb_validates_and_stores_nothing(kube, http):
+    dry = {"dryRun": "All"}
+    r = http.post(CM, params=dry, json=cm("a", x="1"))
+    assert r.status_code == 201 and r.json()["data"] == {"x": "1"}
+    assert http.get(f"{CM}/a").status_code == 404
+    assert http.post(DEPLOY, params=dry, json=_pod_deployment("bad", volumes=[
+        {"name": "v", "emptyDir": {}}] * 2)).status_code == 422  # fmt: skip
+    http.post(CM, json=cm("b", x="1"))
+    rv = http.get(f"{CM}/b").json()["metadata"]["resourceVersion"]
+    r = http.patch(f"{CM}/b", params=dry, json={"data": {"x": "2"}}, headers=MERGE)
+    assert r.status_code == 200 and r.json()["data"] == {"x": "2"}
+    applied = {
+        "apiVersion": "v1",
+        "kind": "ConfigMap",
+        "metadata": {"name": "b"},
+        "data": {"y": "3"},
+    }
+    r = http.patch(f"{CM}/b", params={**dry, "fieldManager": "me", "force": "true"},
+                   content=json.dumps(applied), headers=APPLY)  # fmt: skip
+    assert r.status_code == 200 and r.json()["data"]["y"] == "3"
+    r = http.request("DELETE", f"{CM}/b", json={"dryRun": ["All"]})
+    assert r.status_code == 200
+    r = http.delete(f"{CM}/b", params=dry)
+    assert r.status_code == 200
+    after = http.get(f"{CM}/b").json()
+    assert after["data"] == {"x": "1"} and after["metadata"]["resourceVersion"] == rv
+    assert http.post(CM, params={"dryRun": "Some"}, json=cm("c")).status_code == 400
+
+
+TABLE = {"Accept": "application/json;as=Table;v=v1;g=meta.k8s.io,application/json"}
+
+
+def test_table_output_has_the_crds_printer_columns(kube, http):
+    crd = json.loads(json.dumps(TOY_CRD))
+    crd["spec"]["versions"][0]["additionalPrinterColumns"] = [
+        {"name": "Size", "type": "integer", "jsonPath": ".spec.size"},
+        {"name": "Ready", "type": "string",
+         "jsonPath": '.status.conditions[?(@.type=="Ready")].status'},
+        {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"},
+    ]  # fmt: skip
+    kube.create(crd)
+    kube.wait_for(lambda: http.get(TOYS).status_code == 200)
+    http.post(TOYS, json=toy("t1", size=4))
+    table = http.get(TOYS, headers=TABLE).json()
+    assert table["kind"] == "Table"
+    assert [c["name"] for c in table["columnDefinitions"]] == ["Name", "Size", "Ready", "Age"]
+    (row,) = table["rows"]
+    assert row["cells"][:3] == ["t1", 4, None] and row["cells"][3].endswith("s")
+    assert row["object"]["metadata"]["name"] == "t1"
+    one = http.get(f"{TOYS}/t1", headers=TABLE).json()
+    assert one["rows"][0]["cells"][0] == "t1"
+    plain = http.get(f"{CM}", headers=TABLE).json()
+    assert [c["name"] for c in plain["columnDefinitions"]] == ["Name", "Created At"]
+
+
+def test_openapi_validation_of_built_in_objects_is_strict():
+    with KubeEmulator(openapi_validate=True) as kube:
+        bad = cm("a")
+        bad["data"] = {"k": 1}
+        with httpx.Client(base_url=kube.url, headers=ADMIN_HEADERS) as http:
+            r = http.post(CM, json=bad)
+            assert r.status_code == 422 and "data.k" in r.text, r.text
+            typo = _pod_deployment("web")
+            typo["spec"]["template"]["spec"]["containers"][0]["imagePullPolice"] = "Always"
+            r = http.post(DEPLOY, json=typo)
+            assert r.status_code == 422 and "imagePullPolice" in r.text, r.text
+            assert http.post(DEPLOY, json=_pod_deployment("web")).status_code == 201
+
+
+def test_keyed_list_duplicates_are_refused(kube, http):
+    d = _pod_deployment("web")
+    d["spec"]["template"]["spec"]["containers"][0]["env"] = [
+        {"name": "A", "value": "1"},
+        {"name": "A", "value": "2"},
+    ]
+    r = http.patch(f"{DEPLOY}/web", params={"fieldManager": "me"}, content=json.dumps(d),
+                   headers=APPLY)  # fmt: skip
+    assert (
+        r.status_code == 422 and 'duplicate entries for key [{"name":"A"}]' in r.json()["message"]
+    )
+    crd = json.loads(json.dumps(TOY_CRD))
+    props = crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"]
+    props["properties"]["ports"] = {
+        "type": "array",
+        "x-kubernetes-list-type": "map",
+        "x-kubernetes-list-map-keys": ["name"],
+        "items": {
+            "type": "object",
+            "required": ["name"],
+            "properties": {"name": {"type": "string"}},
+        },
+    }
+    kube.create(crd)
+    kube.wait_for(lambda: http.get(TOYS).status_code == 200)
+    r = http.post(TOYS, json=toy("t", ports=[{"name": "a"}, {"name": "a"}]))
+    assert r.status_code == 422 and "spec.ports[1]: Duplicate value" in r.text, r.text

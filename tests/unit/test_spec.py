@@ -168,7 +168,26 @@ INVALID = [
     ),
     (("spec.sandbox", {"podTemplate": {"env": [{"name": "A", "value": "1"}]}}), "env"),
     (("spec.sandbox", {"podTemplate": {"volumes": []}}), "volumes"),
-]
+    (("spec.sandbox", {"podTemplate": {"securityContext": {"runAsUser": 0}}}), "securityContext"),
+    # entries colliding with the operator's own, or with each other (keyed lists)
+    (("spec.trainer", {"podTemplate": {"env": [{"name": "NODE_RANK", "value": "0"}]}}), "env[0].name"),
+    (("spec.rollout", {"podTemplate": {"env": [{"name": "A", "value": "1"}, {"name": "A", "value": "2"}]}}), "env[1].name"),
+    (("spec.grader", {"podTemplate": {"volumes": [{"name": "auth", "emptyDir": {}}]}}), "volumes[0].name"),
+    (("spec.trainer", {"podTemplate": {"volumes": [{"name": "d", "emptyDir": {}}], "volumeMounts": [{"name": "d", "mountPath": "/dev/shm"}]}}), "volumeMounts[0].mountPath"),
+    (("spec.trainer", {"podTemplate": {"volumes": [{"name": "d", "emptyDir": {}}], "volumeMounts": [{"name": "d", "mountPath": "/x"}, {"name": "d", "mountPath": "/x"}]}}), "volumeMounts[1].mountPath"),
+    (("spec.trainer", {"podTemplate": {"initContainers": [{"name": "trainer", "image": "busybox"}]}}), "initContainers[0]"),
+    (("spec.trainer", {"podTemplate": {"initContainers": [{"name": "a", "image": "busybox"}, {"name": "a", "image": "busybox"}]}}), "initContainers[1].name"),
+    (("spec.trainer", {"podTemplate": {"initContainers": [{"name": "a"}]}}), "image"),
+    (("spec.trainer", {"podTemplate": {"initContainers": [{"name": "a", "image": "b", "restartPolicy": "OnFailure"}]}}), "restartPolicy"),
+    (("spec.trainer", {"podTemplate": {"initContainers": [{"name": "a", "image": "b", "env": [{"name": "GAGAR_RUN", "value": "x"}]}]}}), "env[0].name"),
+    (("spec.trainer", {"podTemplate": {"topologySpreadConstraints": [{"maxSkew": 1, "topologyKey": "z", "whenUnsatisfiable": "DoNotSchedule"}] * 2}}), "topologySpreadConstraints[1]"),
+    (("spec.trainer", {"podTemplate": {"imagePullSecrets": [{"name": "r"}, {"name": "r"}]}}), "imagePullSecrets[1].name"),
+    (("spec.trainer", {"podTemplate": {"schedulerName": "Not A Name"}}), "schedulerName"),
+    (("spec.trainer", {"podTemplate": {"env": [{"name": f"V{i}", "value": "1"} for i in range(129)]}}), "env"),
+    (("spec.trainer", {"podTemplate": {"annotations": {"a": "x" * 65537}}}), "annotations"),
+    (("spec.trainer", {"image": "x" * 4097}), "image"),
+    (("spec.observability", {"trackers": ["wandb", "wandb"]}), "trackers"),
+]  # fmt: skip
 
 
 def _mutated(case: tuple[str, Any]) -> dict[str, Any]:
@@ -263,3 +282,34 @@ def test_trainer_and_model_change_only_while_suspended() -> None:
     assert crd_errors(suspended_new, crd, old=old)  # suspending and changing at once: refused
     pools = with_spec("spec.rollout", {"replicas": 5})
     assert crd_errors(pools, crd, old=with_spec("spec.rollout", {"replicas": 2})) == []
+
+
+def test_strings_lists_and_maps_are_bounded_and_a_long_condition_message_is_cut() -> None:
+    """Every spec string, list and map has a bound (pydantic and the CRD alike), but the status
+    that reports a failure quoting a long pod message is still written, its message cut."""
+    from gagar.spec import MAX_CONDITION_MESSAGE, Condition, GagarRunStatus
+
+    status = GagarRunStatus(
+        conditions=[Condition(type="Ready", status="False", message="x" * 10**5)]
+    )
+    assert len(status.conditions[0].message) == MAX_CONDITION_MESSAGE
+
+    def unbounded(node: dict, path: str) -> list[str]:
+        out = []
+        kind = node.get("type")
+        free = node.get("x-kubernetes-preserve-unknown-fields") and "properties" not in node
+        if kind == "string" and "maxLength" not in node and "enum" not in node:
+            out.append(path)
+        if kind == "array" and "maxItems" not in node:
+            out.append(path)
+        if kind == "object" and "additionalProperties" in node and "maxProperties" not in node:
+            out.append(path)
+        for key, sub in (node.get("properties") or {}).items():
+            out += unbounded(sub, f"{path}.{key}")
+        for key in ("items", "additionalProperties"):
+            if isinstance(node.get(key), dict) and not free:
+                out += unbounded(node[key], f"{path}.{key}")
+        return out
+
+    schema = build_crd()["spec"]["versions"][0]["schema"]["openAPIV3Schema"]
+    assert unbounded(schema["properties"]["spec"], "spec") == []

@@ -236,6 +236,28 @@ def test_every_pod_template_field_reaches_the_pods() -> None:
         "volumes": volumes,
         "volumeMounts": [{"name": "v1", "mountPath": "/cm", "readOnly": True, "subPath": "sub"}],
         "serviceAccountAnnotations": {"iam.gke.io/gcp-service-account": "x@y"},
+        "schedulerName": "volcano",
+        "topologySpreadConstraints": [
+            {
+                "maxSkew": 1,
+                "topologyKey": "topology.kubernetes.io/zone",
+                "whenUnsatisfiable": "ScheduleAnyway",
+                "labelSelector": {"matchLabels": {"team": "rl"}},
+            }
+        ],
+        "securityContext": {"runAsGroup": 3000, "supplementalGroups": [4000]},
+        "initContainers": [
+            {"name": "fetch", "image": "busybox:1.36", "command": ["sh", "-c", "true"]},
+            {
+                "name": "proxy",
+                "image": "envoyproxy/envoy:v1.31",
+                "restartPolicy": "Always",
+                "ports": [{"containerPort": 15001}],
+                "env": [{"name": "LEVEL", "value": "info"}],
+                "volumeMounts": [{"name": "v1", "mountPath": "/etc/proxy"}],
+                "startupProbe": {"tcpSocket": {"port": 15001}},
+            },
+        ],
     }
     run = example("single-gpu", **{"trainer.podTemplate": overlay})
     objs = build_all(run)
@@ -252,6 +274,17 @@ def test_every_pod_template_field_reaches_the_pods() -> None:
     (c,) = pod["containers"]
     assert all(e in c["env"] for e in overlay["env"]) and c["envFrom"] == overlay["envFrom"]
     assert overlay["volumeMounts"][0] in c["volumeMounts"]
+    assert pod["schedulerName"] == "volcano"
+    assert pod["topologySpreadConstraints"] == overlay["topologySpreadConstraints"]
+    assert pod["securityContext"]["runAsGroup"] == 3000
+    assert pod["securityContext"]["runAsNonRoot"] is True  # the operator's keys stay
+    fetch, proxy = pod["initContainers"]
+    assert fetch["name"] == "fetch" and fetch["command"] == ["sh", "-c", "true"]
+    assert (
+        proxy["restartPolicy"] == "Always" and proxy["startupProbe"]["tcpSocket"]["port"] == 15001
+    )
+    assert proxy["ports"] == [{"containerPort": 15001, "protocol": "TCP"}]
+    assert proxy["securityContext"]["allowPrivilegeEscalation"] is False
     (sa,) = [
         o
         for o in objs

@@ -1,19 +1,24 @@
 """``spec.<component>.podTemplate``: the user's overlay on the pods the operator builds.
 
-The operator's pod comes first and the overlay adds to it: labels and annotations, scheduling
-(nodeSelector, tolerations, affinity, priorityClassName), imagePullSecrets, and for trainer,
-rollout and grader pods also env/envFrom and extra volumes mounted in every container. Validation
-(``gagar.spec.PodTemplate``) already refused what would collide with the operator's own names
-(its labels, volumes, GAGAR_* variables), so adding never overrides. Sandbox pods take the
+The operator's pod comes first and the overlay is merged into it by key, as Kubeflow Trainer's
+pod overrides and strategic merge do: env by name, volumes by name, mounts by mountPath,
+imagePullSecrets by name, topology spread constraints by (topologyKey, whenUnsatisfiable), init
+containers by name (after the operator's, in the user's order; ``restartPolicy: Always`` makes one
+a native sidecar). Validation (``gagar.spec.PodTemplate``) already refused an entry whose key the
+operator owns (its labels, volumes, mount paths, containers, GAGAR_* and NODE_RANK variables), so
+the merge never overrides the operator; should a key still collide, the operator's entry wins and
+the user's is dropped, so a rendered pod never has a duplicate. The pod ``securityContext`` is
+merged key by key and there the user's keys win (documented in docs/spec.md). Sandbox pods take the
 scheduling part only: nothing of the user's reaches the pods that run untrusted code.
 Pure: no I/O.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterable
 from typing import Any
 
-from gagar.operator.builders.common import labels
+from gagar.operator.builders.common import container_security, labels
 from gagar.spec import GagarRun, PodScheduling, PodTemplate
 
 
@@ -27,30 +32,88 @@ def overlay_of(run: GagarRun, component: str) -> PodScheduling:
     }[component]
 
 
-def _scheduling(o: PodScheduling) -> dict[str, Any]:
+def merge_by_key(
+    base: Iterable[dict[str, Any]],
+    extra: Iterable[dict[str, Any]],
+    key: Callable[[dict[str, Any]], Any],
+) -> list[dict[str, Any]]:
+    """``base`` then each entry of ``extra`` whose key no earlier entry has (the first wins)."""
+    out: list[dict[str, Any]] = []
+    seen = set()
+    for entry in [*base, *extra]:
+        if key(entry) not in seen:
+            seen.add(key(entry))
+            out.append(entry)
+    return out
+
+
+def _name(entry: dict[str, Any]) -> Any:
+    return entry["name"]
+
+
+def _path(entry: dict[str, Any]) -> Any:
+    return entry["mountPath"]
+
+
+def _spread(entry: dict[str, Any]) -> Any:
+    return (entry["topologyKey"], entry["whenUnsatisfiable"])
+
+
+def _scheduling(pod: dict[str, Any], o: PodScheduling) -> dict[str, Any]:
     out: dict[str, Any] = {}
     if o.node_selector:
-        out["nodeSelector"] = dict(o.node_selector)
+        out["nodeSelector"] = {**pod.get("nodeSelector", {}), **o.node_selector}
     if o.tolerations:
-        out["tolerations"] = [t.to_wire() for t in o.tolerations]
+        out["tolerations"] = [*pod.get("tolerations", []), *(t.to_wire() for t in o.tolerations)]
     if o.affinity:
-        out["affinity"] = dict(o.affinity)
+        out["affinity"] = o.affinity.to_wire()
+    if o.topology_spread_constraints:
+        extra = (c.to_wire() for c in o.topology_spread_constraints)
+        out["topologySpreadConstraints"] = merge_by_key(
+            pod.get("topologySpreadConstraints", []), extra, _spread
+        )
     if o.priority_class_name:
         out["priorityClassName"] = o.priority_class_name
+    if o.scheduler_name:
+        out["schedulerName"] = o.scheduler_name
     if o.image_pull_secrets:
-        out["imagePullSecrets"] = [r.to_wire() for r in o.image_pull_secrets]
+        extra = (r.to_wire() for r in o.image_pull_secrets)
+        out["imagePullSecrets"] = merge_by_key(pod.get("imagePullSecrets", []), extra, _name)
     return out
 
 
 def _container(container: dict[str, Any], o: PodTemplate) -> dict[str, Any]:
     out = dict(container)
     if o.env:
-        out["env"] = [*container.get("env", []), *(e.to_wire() for e in o.env)]
+        out["env"] = merge_by_key(container.get("env", []), (e.to_wire() for e in o.env), _name)
     if o.env_from:
         out["envFrom"] = [*container.get("envFrom", []), *(e.to_wire() for e in o.env_from)]
     if o.volume_mounts:
         mounts = (m.to_wire() for m in o.volume_mounts)
-        out["volumeMounts"] = [*container.get("volumeMounts", []), *mounts]
+        out["volumeMounts"] = merge_by_key(container.get("volumeMounts", []), mounts, _path)
+    return out
+
+
+def _init_container(c: dict[str, Any]) -> dict[str, Any]:
+    """A user's init container or sidecar, with the operator's restricted security context
+    unless it names its own; empty lists left out."""
+    out = {k: v for k, v in c.items() if v not in ([], {})}
+    out.setdefault("securityContext", container_security())
+    return out
+
+
+def _workload(pod: dict[str, Any], o: PodTemplate) -> dict[str, Any]:
+    out: dict[str, Any] = {"containers": [_container(c, o) for c in pod["containers"]]}
+    if o.volumes:
+        extra = (v.to_wire() for v in o.volumes)
+        out["volumes"] = merge_by_key(pod.get("volumes", []), extra, _name)
+    if o.init_containers:
+        extra = (_init_container(c.to_wire()) for c in o.init_containers)
+        taken = {c["name"] for c in pod["containers"]}
+        init = merge_by_key(pod.get("initContainers", []), extra, _name)
+        out["initContainers"] = [c for c in init if c["name"] not in taken]
+    if o.security_context:
+        out["securityContext"] = {**pod.get("securityContext", {}), **o.security_context}
     return out
 
 
@@ -60,11 +123,9 @@ def pod_template(run: GagarRun, component: str, pod: dict[str, Any]) -> dict[str
     meta: dict[str, Any] = {"labels": {**o.labels, **labels(run, component)}}
     if o.annotations:
         meta["annotations"] = dict(o.annotations)
-    spec = {**pod, **_scheduling(o)}
+    spec = {**pod, **_scheduling(pod, o)}
     if isinstance(o, PodTemplate):
-        spec["containers"] = [_container(c, o) for c in pod["containers"]]
-        if o.volumes:
-            spec["volumes"] = [*pod.get("volumes", []), *(v.to_wire() for v in o.volumes)]
+        spec.update(_workload(pod, o))
     return {"metadata": meta, "spec": spec}
 
 
