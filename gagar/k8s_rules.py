@@ -21,6 +21,7 @@ from __future__ import annotations
 import re
 from typing import Annotated, Any
 
+from annotated_types import MaxLen
 from pydantic import AfterValidator, WithJsonSchema
 
 # "[.]" rather than "\.": the same text reads alike in Python, in Go (RE2) and in JSON
@@ -114,5 +115,8 @@ def _annotations(value: dict[str, str]) -> dict[str, str]:
 # regular expression over them is refused by the API server's cost estimate (a key's length is
 # unbounded to it). Values carry their pattern and maxLength into the CRD.
 Labels = Annotated[dict[str, LabelValue], AfterValidator(_keys)]
-# Annotations: qualified-name keys, any values, 256 KiB in all.
-Annotations = Annotated[dict[str, str], AfterValidator(_annotations)]
+# Annotations: qualified-name keys, any values, 256 KiB in all (so one value may take it all: the
+# spec's default bound on strings would otherwise cut values at 4096 characters).
+Annotations = Annotated[
+    dict[str, Annotated[str, MaxLen(MAX_ANNOTATIONS_BYTES)]], AfterValidator(_annotations)
+]

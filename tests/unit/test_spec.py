@@ -184,7 +184,7 @@ INVALID = [
     (("spec.trainer", {"podTemplate": {"imagePullSecrets": [{"name": "r"}, {"name": "r"}]}}), "imagePullSecrets[1].name"),
     (("spec.trainer", {"podTemplate": {"schedulerName": "Not A Name"}}), "schedulerName"),
     (("spec.trainer", {"podTemplate": {"env": [{"name": f"V{i}", "value": "1"} for i in range(129)]}}), "env"),
-    (("spec.trainer", {"podTemplate": {"annotations": {"a": "x" * 65537}}}), "annotations"),
+    (("spec.trainer", {"podTemplate": {"annotations": {"a": "x" * (256 * 1024 + 1)}}}), "annotations"),
     (("spec.trainer", {"image": "x" * 4097}), "image"),
     (("spec.observability", {"trackers": ["wandb", "wandb"]}), "trackers"),
 ]  # fmt: skip
