@@ -92,7 +92,15 @@ def _system_argv(jail: Jail) -> list[str]:
         argv += ["--ro-bind", f"/etc/{name}", f"/etc/{name}"]
     for name in ("passwd", "group", "hosts"):
         argv += ["--ro-bind", os.path.join(jail.etc, name), f"/etc/{name}"]
-    made = {"/etc", "/usr"}
+    return argv
+
+
+def _ro_paths_argv(jail: Jail) -> list[str]:
+    """The extra read-only paths (the executor's Python), bound after ``/tmp`` and the workspace:
+    one under ``/tmp`` (a clone's environment) is then seen over the session's ``/tmp``, not
+    hidden by it. The mount points this needs are made in the session's own ``/tmp``."""
+    argv: list[str] = []
+    made = {"/etc", "/usr", "/tmp", WORKDIR}
     for path in jail.ro_paths:
         if path == "/usr" or path.startswith("/usr/"):
             continue
@@ -112,6 +120,7 @@ def bwrap_argv(jail: Jail, limits: Limits, cmd: list[str]) -> list[str]:
     argv += ["--proc", "/proc", "--dev", "/dev"]
     argv += ["--perms", "1777", "--size", str(limits.shm_bytes), "--tmpfs", "/dev/shm"]
     argv += ["--bind", jail.tmp, "/tmp", "--bind", jail.workspace, WORKDIR, "--chdir", WORKDIR]
+    argv += _ro_paths_argv(jail)
     if jail.seccomp:
         argv += ["--seccomp", SECCOMP_FD]
     argv += ["--clearenv"]

@@ -1,12 +1,15 @@
 """Turn what the executor observed about a run into an ``ExecResult`` (pure).
 
 Only the executor's own observations count: its wall clock, the wait status, bubblewrap's JSON
-status records and the kernel's cgroup counters. What the command printed never decides anything.
+status records and the kernel's cgroup counters. What the command printed never decides anything,
+and neither does the value of its exit status: bubblewrap reports a child killed by signal N as
+``128 + N``, exactly as it reports ``exit 128+N``, so a jailed run's status above 128 stays an exit
+status (no signal is made up from it), and a limit is reported only where the executor saw it
+(its own kill at the wall clock, the cgroup's OOM kill or ``pids.max``, the CPU time it measured
+reaching the limit, a file it found at the size limit).
 """
 
 from __future__ import annotations
-
-import signal
 
 from gagar.sandbox.cgroup import Stats
 from gagar.sandbox.runner import Outcome
@@ -19,25 +22,26 @@ def classify(
     stats: Stats | None,
     jailed: bool,
     disk_full: bool = False,
+    file_at_limit: bool = False,
 ) -> ExecResult:
     """Turn what the executor observed into an ``ExecResult`` (pure). ``disk_full``: the
-    session's quota filesystem had no space or inodes left when the command ended."""
+    session's quota filesystem had no space or inodes left when the command ended;
+    ``file_at_limit``: a file of the session had reached ``limits.file_size_bytes``."""
     exit_code, sig = outcome.exit_code, outcome.signal
     infra = None
     finished = any("exit-code" in r for r in outcome.status)
     if jailed and not outcome.timed_out and not finished:
         tail = outcome.stderr.decode(errors="replace").strip()[-500:]
         infra = f"bubblewrap did not start the command: {tail or 'no message'}"
-    if jailed and sig is None and exit_code is not None and exit_code > 128:
-        sig = exit_code - 128  # bubblewrap reports a signalled child as 128+N
-        exit_code = None
+    ended = sig is not None or (exit_code is not None and exit_code > 128)
     return ExecResult(
         exit_code=exit_code,
         signal=sig,
         stdout=outcome.stdout.decode(errors="replace"),
         stderr=outcome.stderr.decode(errors="replace"),
         timed_out=outcome.timed_out,
-        limit_hit=_limit_hit(outcome, sig, limits, stats) or ("disk" if disk_full else None),
+        limit_hit=_limit_hit(outcome, ended, limits, stats, file_at_limit)
+        or ("disk" if disk_full else None),
         truncated=outcome.truncated,
         duration_s=round(outcome.duration_s, 4),
         cpu_time_s=round(_cpu(outcome, stats), 4),
@@ -52,17 +56,18 @@ def _cpu(outcome: Outcome, stats: Stats | None) -> float:
 
 
 def _limit_hit(
-    outcome: Outcome, sig: int | None, limits: Limits, stats: Stats | None
+    outcome: Outcome, ended: bool, limits: Limits, stats: Stats | None, file_at_limit: bool
 ) -> LimitKind | None:
+    """The limit that ended the run, from the executor's own observations. ``ended``: killed by
+    a signal, or a status above 128 (how a jailed kill shows): it only gates, never names."""
     if stats and stats.oom_killed:
         return "memory"
     if stats and stats.pids_max_hit:
         return "processes"
-    cpu = _cpu(outcome, stats)
-    if sig == signal.SIGXCPU or (sig == signal.SIGKILL and cpu >= limits.cpu_time_s):
-        return "cpu_time"
-    if sig == signal.SIGXFSZ:
-        return "file_size"
     if outcome.timed_out:
         return "wall_time"
+    if ended and _cpu(outcome, stats) >= limits.cpu_time_s:
+        return "cpu_time"
+    if ended and file_at_limit:
+        return "file_size"
     return None

@@ -104,7 +104,16 @@ def test_one_huge_allocation_fails(session) -> None:
 
 def test_infinite_loop_hits_cpu_limit(session) -> None:
     r = session.exec("python3 -c 'while True: pass'", timeout=60)  # CPU is shared: generous wall
-    assert r.limit_hit == "cpu_time" and r.signal is not None and not r.timed_out
+    assert r.limit_hit == "cpu_time" and not r.ok and not r.timed_out
+    assert r.cpu_time_s >= LIMITS.cpu_time_s  # what the executor measured, not a claimed signal
+
+
+def test_an_exit_status_is_not_a_signal(session) -> None:
+    """bubblewrap reports a killed child as 128+N; `exit 152` must not become SIGXCPU and a CPU
+    limit, nor `exit 153` SIGXFSZ and a file size limit."""
+    for code in (152, 153, 137):
+        r = session.exec(f"exit {code}")
+        assert (r.exit_code, r.signal, r.limit_hit) == (code, None, None), r
 
 
 def test_sleep_past_wall_clock_is_killed(session) -> None:
@@ -233,7 +242,9 @@ def test_symlink_escapes_are_refused_on_the_host(session, tmp_path: Path) -> Non
 
 def test_file_size_limit(session) -> None:
     r = session.exec('python3 -c \'open("big","wb").write(b"x"*(5<<20))\'')
-    assert not r.ok
+    assert not r.ok  # Python ignores SIGXFSZ: the write fails with EFBIG
+    r = session.exec("head -c 5M /dev/zero > big2")  # killed by SIGXFSZ, a file left at the limit
+    assert not r.ok and r.limit_hit == "file_size", r
     assert session.exec("stat -c %s big").stdout.strip() in ("0", str(1 << 20))
 
 
