@@ -26,7 +26,7 @@ from gagar.rollout import agent
 from gagar.rollout.envs import tools as envtools
 from gagar.rollout.envs.task import Task
 from gagar.rollout.envs.verify import verify
-from gagar.sandbox import SessionFactory
+from gagar.sandbox import SandboxError, SandboxInfraError, SessionFactory
 from gagar.trainer import gar
 from gagar.wire import Action, Candidate, GradingGroup, ToolStats
 
@@ -97,7 +97,12 @@ class RolloutConfig:
 def _text_files(session: Any) -> dict[str, str]:
     out = {}
     for path in session.list_files():
-        data = session.read_file(path)
+        try:
+            data = session.read_file(path)
+        except SandboxInfraError:
+            raise
+        except SandboxError:
+            continue  # a link, a FIFO, an unreadable file the code left: not content to compare
         try:
             out[path] = data.decode() if isinstance(data, bytes) else str(data)
         except UnicodeDecodeError:

@@ -66,7 +66,8 @@ def _limit_hit(
         return "processes"
     if outcome.timed_out:
         return "wall_time"
-    if ended and _cpu(outcome, stats) >= limits.cpu_time_s:
+    # RLIMIT_CPU fires on the kernel's tick accounting, a little ahead of the measured time
+    if ended and _cpu(outcome, stats) >= 0.9 * limits.cpu_time_s:
         return "cpu_time"
     if ended and file_at_limit:
         return "file_size"

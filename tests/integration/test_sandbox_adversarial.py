@@ -105,7 +105,7 @@ def test_one_huge_allocation_fails(session) -> None:
 def test_infinite_loop_hits_cpu_limit(session) -> None:
     r = session.exec("python3 -c 'while True: pass'", timeout=60)  # CPU is shared: generous wall
     assert r.limit_hit == "cpu_time" and not r.ok and not r.timed_out
-    assert r.cpu_time_s >= LIMITS.cpu_time_s  # what the executor measured, not a claimed signal
+    assert r.cpu_time_s >= 0.9 * LIMITS.cpu_time_s  # what the executor measured, no signal claimed
 
 
 def test_an_exit_status_is_not_a_signal(session) -> None:
@@ -234,7 +234,7 @@ def test_symlink_escapes_are_refused_on_the_host(session, tmp_path: Path) -> Non
     assert not Path("/tmp/evil").exists()
     assert "TOPSECRET" not in session.diff()
     with tarfile.open(fileobj=io.BytesIO(session.archive())) as tar:
-        assert tar.getmember("leak").issym()
+        assert "leak" not in tar.getnames()  # a link out of the workspace does not travel
     session.write_file("leak", "replaced")  # writing replaces the link itself
     assert secret.read_text() == "TOPSECRET-LINK"
     assert session.exec(f"cat {secret}").exit_code != 0
