@@ -23,13 +23,38 @@ import os
 from dataclasses import dataclass, field
 from pathlib import PurePosixPath
 
-from gagar.sandbox.runner import SECCOMP_FD, STATUS_FD
+from gagar.sandbox.runner import SECCOMP_FD, STATUS_FD, WAIT_FD
 from gagar.sandbox.types import Limits
 
 WORKDIR = "/workspace"
 # /etc entries programs need to start (dynamic linker cache, alternatives links, time zone).
 ETC_FILES = ("ld.so.cache", "ld.so.conf", "ld.so.conf.d", "alternatives", "localtime")
 TOP_LINKS = ("bin", "lib", "lib32", "lib64", "libx32", "sbin")
+
+
+# The jail's waiter, run by the executor's own Python (``-I -S``: nothing of the workspace, no
+# site) between bubblewrap and the command: bubblewrap reports a child killed by signal N as
+# 128+N, the same as ``exit 128+N``; the waiter reports the wait status itself, on a pipe the
+# command does not inherit (close-on-exec before the fork), then exits as bubblewrap would.
+WAITER = """import os, signal, sys
+fd = int(sys.argv[1])
+os.set_inheritable(fd, False)
+pid = os.fork()
+if pid == 0:
+    for sig in (signal.SIGPIPE, signal.SIGXFSZ):  # Python ignores them: the command must not
+        signal.signal(sig, signal.SIG_DFL)
+    try:
+        os.execvp(sys.argv[2], sys.argv[2:])
+    except OSError as e:
+        os.write(2, ("%s: %s\\n" % (sys.argv[2], e.strerror)).encode())
+        os._exit(127)
+st = os.waitpid(pid, 0)[1]
+if os.WIFSIGNALED(st):
+    os.write(fd, b'{"signal": %d}\\n' % os.WTERMSIG(st))
+    os._exit(128 + os.WTERMSIG(st))
+os.write(fd, b'{"exit": %d}\\n' % os.WEXITSTATUS(st))
+os._exit(os.WEXITSTATUS(st))
+"""
 
 
 @dataclass(frozen=True)
@@ -43,6 +68,7 @@ class Jail:
     host_links: dict[str, str] = field(default_factory=dict)  # /bin -> usr/bin etc. on this host
     host_etc: tuple[str, ...] = ()  # which ETC_FILES exist here
     seccomp: bool = True  # load the filter from the fd the runner passes as SECCOMP_FD
+    waiter: str | None = None  # a Python to run ``WAITER`` with (None: no waiter)
 
 
 def rlimit_argv(limits: Limits, cpu_grace_s: int = 1) -> list[str]:
@@ -127,6 +153,8 @@ def bwrap_argv(jail: Jail, limits: Limits, cmd: list[str]) -> list[str]:
     for key, value in sorted(jail.env.items()):
         argv += ["--setenv", key, value]
     argv += ["--"]
+    if jail.waiter is not None:
+        argv += [jail.waiter, "-I", "-S", "-c", WAITER, WAIT_FD]
     if jail.uid is not None:
         argv += drop_argv(jail.uid)
     return argv + rlimit_argv(limits) + cmd

@@ -3,10 +3,12 @@
 Only the executor's own observations count: its wall clock, the wait status, bubblewrap's JSON
 status records and the kernel's cgroup counters. What the command printed never decides anything,
 and neither does the value of its exit status: bubblewrap reports a child killed by signal N as
-``128 + N``, exactly as it reports ``exit 128+N``, so a jailed run's status above 128 stays an exit
-status (no signal is made up from it), and a limit is reported only where the executor saw it
-(its own kill at the wall clock, the cgroup's OOM kill or ``pids.max``, the CPU time it measured
-reaching the limit, a file it found at the size limit).
+``128 + N``, exactly as it reports ``exit 128+N``. A jailed command's signal comes from the jail's
+waiter (``bwrap.WAITER``), which reports the wait status on a pipe of its own; without its record
+(a non-root jail whose command killed it) a status above 128 stays an exit status, no signal is
+made up from it (nor from a shell's ``exit 152`` after its child was killed). A limit is reported only where the executor saw it: its own kill at the wall
+clock, the cgroup's OOM kill or ``pids.max``, the CPU time it measured reaching the limit, a file
+it found at the size limit.
 """
 
 from __future__ import annotations
@@ -33,6 +35,11 @@ def classify(
     if jailed and not outcome.timed_out and not finished:
         tail = outcome.stderr.decode(errors="replace").strip()[-500:]
         infra = f"bubblewrap did not start the command: {tail or 'no message'}"
+    waited = outcome.waited[0] if len(outcome.waited) == 1 else {}  # more than one: not ours
+    if jailed and sig is None and isinstance(waited.get("signal"), int):
+        sig, exit_code = waited["signal"], None
+    # killed, or a status above 128 (how a shell passes on its child's kill): a gate for the
+    # limits the executor measured, never a source of a signal
     ended = sig is not None or (exit_code is not None and exit_code > 128)
     return ExecResult(
         exit_code=exit_code,

@@ -263,6 +263,7 @@ class LocalSession:
             env=bwrap.sandbox_env(python_bins, self.uid),
             host_links=links,
             host_etc=etc,
+            waiter=os.path.realpath(sys.executable),
         )
 
     def exec(self, cmd: Command, timeout: float | None = None) -> ExecResult:
@@ -314,7 +315,7 @@ class LocalSession:
                 cg.destroy()  # kills all inside: no process can leave its cgroup unprivileged
             elif self.uid is not None:
                 runner.kill_uid(self.uid)
-        ended = outcome.exit_code is not None and outcome.exit_code > 128
+        ended = outcome.signal is not None or (outcome.exit_code or 0) > 128
         return classify(
             outcome,
             self.limits,

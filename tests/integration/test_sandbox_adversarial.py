@@ -114,6 +114,10 @@ def test_an_exit_status_is_not_a_signal(session) -> None:
     for code in (152, 153, 137):
         r = session.exec(f"exit {code}")
         assert (r.exit_code, r.signal, r.limit_hit) == (code, None, None), r
+    r = session.exec("kill -SEGV $$")  # a real signal is reported, from the wait status
+    assert (r.exit_code, r.signal, r.limit_hit) == (None, 11, None), r
+    r = session.exec("kill -XCPU $$")  # a real SIGXCPU, but no CPU limit was reached
+    assert (r.signal, r.limit_hit) == (24, None), r
 
 
 def test_sleep_past_wall_clock_is_killed(session) -> None:

@@ -74,6 +74,12 @@ def test_the_exit_status_forges_no_observation() -> None:
     assert r.limit_hit == "file_size"
     r = classify.classify(_outcome(exit_code=1, cpu_time_s=5.0), limits, None, jailed=True)
     assert r.limit_hit is None  # a clean exit after much CPU: nothing ended it
+    killed = _outcome(exit_code=128 + 9, waited=[{"signal": 9}], cpu_time_s=2.0)
+    r = classify.classify(killed, limits, None, jailed=True)  # the waiter saw the kill
+    assert (r.exit_code, r.signal, r.limit_hit) == (None, 9, "cpu_time")
+    two = _outcome(exit_code=139, waited=[{"signal": 11}, {"signal": 11}])
+    r = classify.classify(two, limits, None, jailed=True)  # more than one record: not the waiter's
+    assert (r.exit_code, r.signal) == (139, None)
 
 
 def test_unified_diff_added_removed_binary() -> None:
