@@ -84,3 +84,67 @@ def test_tasks_verify_with_the_base_interpreter_s_pytest_masked(factory, monkeyp
         task = synthetic.generate(seed)
         verdict = verify_files(task, task.fixed_files(), factory)
         assert verdict.valid and verdict.passed, verdict.log[-2000:]
+
+
+RUNNER_PACKAGES = ("pytest", "_pytest", "pluggy", "iniconfig", "packaging", "py.py")
+CLONE_SCRIPT = """
+import sys
+sys.path += {extra!r}  # gagar and its dependencies, after the clone's own site-packages
+from gagar.rollout.envs import synthetic
+from gagar.rollout.envs.verify import verify_files
+from gagar.sandbox import bwrap
+from gagar.sandbox.local import LocalFactory
+from gagar.sandbox.types import Limits
+real = bwrap.bwrap_argv
+def masked(jail, limits, cmd):  # the base interpreter's site-packages hidden inside the jail
+    argv = real(jail, limits, cmd)
+    at = argv.index("--clearenv")
+    return [*argv[:at], "--tmpfs", {base!r}, *argv[at:]]
+bwrap.bwrap_argv = masked
+factory = LocalFactory(limits=Limits(wall_time_s=60, cpu_time_s=30, memory_bytes=1 << 30))
+task = synthetic.generate(0)
+v = verify_files(task, task.fixed_files(), factory)
+print(sys.prefix, v.passed, v.valid)
+print(v.log[-1500:])
+"""
+
+
+def test_an_environment_under_tmp_verifies_tasks(tmp_path) -> None:
+    """A clone under /tmp: its environment (the only one with pytest, the base's masked) runs
+    the tests. The executor here is a venv made under /tmp holding a copy of pytest."""
+    import shutil
+    import subprocess
+    import venv
+
+    check_isolation()
+    base = _base_site_packages()
+    if base.startswith(os.path.realpath(sys.prefix) + "/"):
+        pytest.skip("no separate environment: the executor runs the base interpreter itself")
+    env = Path(tempfile.mkdtemp(prefix="gagar-clone-", dir="/tmp"))
+    try:
+        env.chmod(0o755)
+        venv.EnvBuilder(symlinks=True, with_pip=False).create(env / "venv")
+        py = env / "venv" / "bin" / "python"
+        site = subprocess.run(
+            [py, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout.strip()
+        ours = sysconfig.get_paths()["purelib"]
+        for name in RUNNER_PACKAGES:
+            src = Path(ours) / name
+            if src.is_dir():
+                shutil.copytree(src, Path(site) / name)
+            elif src.exists():
+                shutil.copy2(src, Path(site) / name)
+        root = str(Path(__file__).resolve().parents[2])
+        script = CLONE_SCRIPT.format(extra=[root, ours], base=base)
+        r = subprocess.run(
+            [py, "-c", script], capture_output=True, text=True, timeout=300, cwd=root
+        )
+        assert r.returncode == 0, r.stderr[-3000:]
+        prefix, passed, valid = r.stdout.split("\n", 1)[0].split()
+        assert prefix.startswith("/tmp/") and (passed, valid) == ("True", "True"), r.stdout
+    finally:
+        shutil.rmtree(env)

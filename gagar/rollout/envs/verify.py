@@ -2,15 +2,22 @@
 
 The candidate's final repository is copied (``archive``) into a new session; every test file of
 the task, and every test or harness file the candidate changed, is put back as the task has it
-(files the candidate added there are deleted); then the task's test command runs the
-``FAIL_TO_PASS`` and ``PASS_TO_PASS`` ids, and a JUnit XML report at an unguessable path decides
-each id. Editing tests therefore never earns reward. Separately, a patch that touches tests, the
-test runner's configuration or the harness is recorded as *suspected tampering* for the grader.
+(files the candidate added there are deleted, whatever stands at their paths removed); then the
+task's pytest invocation runs the ``FAIL_TO_PASS`` and ``PASS_TO_PASS`` ids through a bootstrap
+(``verify_boot.py``, ``python -I -B -c``): the interpreter, the standard library, pytest and its
+plugins come from the executor's environment, never from the workspace, and the bootstrap writes
+a record of the outcomes and of where everything was loaded from, carrying a nonce, at an
+unguessable path. ``judge`` decides from that record; a record without the nonce, or one showing
+the runner or a test loaded from the workspace or pytest's machinery replaced, is ``tampering``
+and never passes. Editing tests therefore never earns reward. Separately, a patch that touches
+tests, the test runner's configuration or the harness is recorded as *suspected tampering* for
+the grader. What the candidate left that cannot be copied (links out of the workspace, FIFOs,
+unreadable or huge files) is listed in ``refused``; it never makes verification raise.
 
 Limits (stated, not hidden): the tests run in the same process as the candidate's code, so code
-that rewrites pytest's report from inside could forge a pass; such code has to live in the patch,
-where the graders see it. The exit status must agree with the report, which catches the crude
-forms (``os._exit(0)`` at import leaves no report and fails).
+that deliberately reads the nonce out of the bootstrap's memory could still forge a record; such
+code has to live in the patch, where the graders see it. docs/security.md lists the catalogue of
+reward hacks this is tested against, and what remains.
 """
 
 from __future__ import annotations
@@ -114,14 +121,15 @@ def _restore(session: Session, task: Task, base: dict[str, bytes]) -> list[str]:
     for path in listed:
         if is_guarded_path(path, task) and path not in pristine:
             problems += _try(session.delete_file, path)
-    listed = session.list_files()
+    listed = set(session.list_files())
+    dirs = {str(d) for e in listed for d in PurePosixPath(e).parents}
     for path, data in sorted(pristine.items()):
-        in_the_way = [
-            e for e in listed if e == path or path.startswith(e + "/") or e.startswith(path + "/")
-        ]
-        for entry in sorted({path if e.startswith(path + "/") else e for e in in_the_way}):
-            problems += _try(session.delete_file, entry)
-        problems += _try(session.write_file, path, data)
+        ancestors = [str(d) for d in PurePosixPath(path).parents if str(d) in listed]
+        for entry in [*ancestors, *([path] if path in dirs else [])]:
+            problems += _try(session.delete_file, entry)  # a link or file where a dir goes
+            listed.discard(entry)
+        if _try(session.write_file, path, data):  # a FIFO or other special file: remove, again
+            problems += _try(session.delete_file, path) + _try(session.write_file, path, data)
     return problems
 
 
@@ -225,7 +233,7 @@ def _record_findings(rec: dict, task: Task) -> list[str]:
 
     out = []
     for name, where in (rec.get("runner") or {}).items():
-        if not where or rel(where) is not None or str(where).startswith("/tmp/"):
+        if not where or rel(where) is not None:
             out.append(f"the test runner's {name} was loaded from {where!r}")
     expected = {tid.split("::")[0] for tid in task.test_ids}
     for item in rec.get("items") or []:

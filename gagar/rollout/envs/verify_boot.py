@@ -292,6 +292,9 @@ def main():
     watch.check("after the run")
     watch.restore()
     runner = {n: _file_of(sys.modules.get(n)) for n in ("pytest", "_pytest", "pluggy")}
+    for name, where in runner.items():
+        if where and _inside(where, root):  # /tmp outside the executor's environment
+            watch.flags.append(f"the test runner's {name} was loaded from {where!r}")
     facts = {
         "nonce": nonce,
         "root": root,
