@@ -86,7 +86,7 @@ def test_tasks_verify_with_the_base_interpreter_s_pytest_masked(factory, monkeyp
         assert verdict.valid and verdict.passed, verdict.log[-2000:]
 
 
-RUNNER_PACKAGES = ("pytest", "_pytest", "pluggy", "iniconfig", "packaging", "py.py")
+RUNNER_PACKAGES = ("pytest", "_pytest", "pluggy", "iniconfig", "packaging", "pygments", "py.py")
 CLONE_SCRIPT = """
 import sys
 sys.path += {extra!r}  # gagar and its dependencies, after the clone's own site-packages
