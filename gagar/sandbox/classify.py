@@ -13,6 +13,8 @@ it found at the size limit.
 
 from __future__ import annotations
 
+import signal
+
 from gagar.sandbox.cgroup import Stats
 from gagar.sandbox.runner import Outcome
 from gagar.sandbox.types import ExecResult, LimitKind, Limits
@@ -38,16 +40,13 @@ def classify(
     waited = outcome.waited[0] if len(outcome.waited) == 1 else {}  # more than one: not ours
     if jailed and sig is None and isinstance(waited.get("signal"), int):
         sig, exit_code = waited["signal"], None
-    # killed, or a status above 128 (how a shell passes on its child's kill): a gate for the
-    # limits the executor measured, never a source of a signal
-    ended = sig is not None or (exit_code is not None and exit_code > 128)
     return ExecResult(
         exit_code=exit_code,
         signal=sig,
         stdout=outcome.stdout.decode(errors="replace"),
         stderr=outcome.stderr.decode(errors="replace"),
         timed_out=outcome.timed_out,
-        limit_hit=_limit_hit(outcome, ended, limits, stats, file_at_limit)
+        limit_hit=_limit_hit(outcome, sig, limits, stats, file_at_limit)
         or ("disk" if disk_full else None),
         truncated=outcome.truncated,
         duration_s=round(outcome.duration_s, 4),
@@ -63,19 +62,23 @@ def _cpu(outcome: Outcome, stats: Stats | None) -> float:
 
 
 def _limit_hit(
-    outcome: Outcome, ended: bool, limits: Limits, stats: Stats | None, file_at_limit: bool
+    outcome: Outcome, sig: int | None, limits: Limits, stats: Stats | None, file_at_limit: bool
 ) -> LimitKind | None:
-    """The limit that ended the run, from the executor's own observations. ``ended``: killed by
-    a signal, or a status above 128 (how a jailed kill shows): it only gates, never names."""
+    """The limit that ended the run, from the executor's own observations. The signal (or, where
+    a shell passed its child's kill on, the status 128+N) only says which limit to look at; the
+    measurement decides: CPU time at the limit, a file at the size limit."""
     if stats and stats.oom_killed:
         return "memory"
     if stats and stats.pids_max_hit:
         return "processes"
     if outcome.timed_out:
         return "wall_time"
+    code = outcome.exit_code if outcome.exit_code is not None and outcome.exit_code > 128 else 0
+    claimed = {sig, code - 128}
     # RLIMIT_CPU fires on the kernel's tick accounting, a little ahead of the measured time
-    if ended and _cpu(outcome, stats) >= 0.9 * limits.cpu_time_s:
+    cpu_out = _cpu(outcome, stats) >= 0.9 * limits.cpu_time_s
+    if claimed & {signal.SIGXCPU, signal.SIGKILL} and cpu_out:
         return "cpu_time"
-    if ended and file_at_limit:
+    if signal.SIGXFSZ in claimed and file_at_limit:
         return "file_size"
     return None

@@ -143,6 +143,13 @@ def python_paths() -> tuple[str, ...]:
     return (own, *sorted(paths - {own}))
 
 
+@cache
+def _perl() -> str | None:
+    """Perl under /usr (visible inside the jail), for the jail's waiter; None: use Python."""
+    found = shutil.which("perl", path="/usr/bin")
+    return found if found and found.startswith("/usr/") else None
+
+
 def host_layout() -> tuple[dict[str, str], tuple[str, ...]]:
     links = {n: os.readlink(f"/{n}") for n in bwrap.TOP_LINKS if os.path.islink(f"/{n}")}
     etc = tuple(n for n in bwrap.ETC_FILES if os.path.exists(f"/etc/{n}"))
@@ -263,7 +270,7 @@ class LocalSession:
             env=bwrap.sandbox_env(python_bins, self.uid),
             host_links=links,
             host_etc=etc,
-            waiter=os.path.realpath(sys.executable),
+            waiter=bwrap.waiter_argv(os.path.realpath(sys.executable), _perl()),
         )
 
     def exec(self, cmd: Command, timeout: float | None = None) -> ExecResult:
@@ -315,7 +322,7 @@ class LocalSession:
                 cg.destroy()  # kills all inside: no process can leave its cgroup unprivileged
             elif self.uid is not None:
                 runner.kill_uid(self.uid)
-        ended = outcome.signal is not None or (outcome.exit_code or 0) > 128
+        ended = outcome.signal is not None or (outcome.exit_code or 0) > 128  # only then look
         return classify(
             outcome,
             self.limits,
