@@ -264,8 +264,20 @@ def _children() -> list[int]:
     return out
 
 
+def _from_a_jail(pid: int) -> bool:
+    """Born in a PID namespace below ours (a jail's process orphaned to us when its namespace
+    went: the jail's waiter, a command's child): more than one ``NSpid``."""
+    try:
+        status = Path(f"/proc/{pid}/status").read_text()
+    except (FileNotFoundError, ProcessLookupError):
+        return False
+    line = next((x for x in status.splitlines() if x.startswith("NSpid:")), "")
+    return len(line.split()) > 2
+
+
 def reap_orphans() -> int:
-    """Reap zombie bubblewrap children that no run in flight owns (orphans re-parented to us)."""
+    """Reap zombie children that no run in flight owns (orphans re-parented to us): bubblewrap's
+    processes and any process born inside a jail, never another child of the executor."""
     reaped = 0
     for pid in _children():
         try:
@@ -274,7 +286,7 @@ def reap_orphans() -> int:
             continue
         comm = stat_line[stat_line.find("(") + 1 : stat_line.rfind(")")]
         state = stat_line[stat_line.rfind(")") + 2 :].split(" ", 1)[0]
-        if state != "Z" or comm != "bwrap":
+        if state != "Z" or (comm != "bwrap" and not _from_a_jail(pid)):
             continue
         with _lock:
             if pid in _active:
