@@ -16,6 +16,8 @@ done here only (by patching the executor's modules), never offered by the execut
 
     .venv/bin/python bench/sandbox.py [--runs N] [--out bench/results/sandbox.json]
     .venv/bin/python bench/sandbox.py --fixed-cost [--runs N] [--out bench/results/sandbox-fixed-cost.json]
+    .venv/bin/python bench/sandbox.py --verify [--runs N] [--baseline OLD/verify.py]
+    .venv/bin/python bench/sandbox.py --waiter [--runs N] [--rounds R]
 """
 
 from __future__ import annotations
@@ -123,6 +125,45 @@ def _variant(seccomp: bool, quota: bool):
         local.filter_bpf, local.quota.try_mount, local.bwrap.bwrap_argv = saved
 
 
+def waiter_cost(runs: int, rounds: int, out: str) -> int:
+    """Median ms of ``exec(["true"])`` with the jail's waiter (``bwrap.WAITER``) and without it
+    (bench only), alternating in rounds."""
+    import dataclasses
+
+    factory = LocalFactory(limits=Limits(wall_time_s=60))
+    jail = local.LocalSession._jail
+    times: dict[bool, list[float]] = {True: [], False: []}
+    with factory.create(files={"a.py": "print(1)\n"}) as session:
+        for _ in range(rounds):
+            for waiter in (True, False):
+                if not waiter:
+                    local.LocalSession._jail = lambda self: dataclasses.replace(  # type: ignore[method-assign]
+                        jail(self), waiter=None
+                    )
+                try:
+                    for _ in range(runs):
+                        t = time.perf_counter()
+                        if not session.exec(["true"]).ok:
+                            raise RuntimeError("true failed")
+                        times[waiter].append(time.perf_counter() - t)
+                finally:
+                    local.LocalSession._jail = jail  # type: ignore[method-assign]
+    med = {w: round(statistics.median(v) * 1e3, 2) for w, v in times.items()}
+    print(f"{'waiter':<8}{'exec true ms':>14}")
+    for w in (False, True):
+        print(f"{w!s:<8}{med[w]:>14}")
+    result = {
+        "benchmark": "sandbox-waiter-cost",
+        "load_avg": os.getloadavg(),
+        "exec_median_ms": {"with_waiter": med[True], "without_waiter": med[False]},
+        "n": len(times[True]),
+    }
+    Path(out).parent.mkdir(parents=True, exist_ok=True)
+    Path(out).write_text(json.dumps(result, indent=2) + "\n")
+    print(f"wrote {out}")
+    return 0
+
+
 def fixed_cost(runs: int, rounds: int, out: str) -> int:
     """Median ms of ``exec(["true"])`` and of create+close, per variant, alternating in rounds."""
     factory = LocalFactory(limits=Limits(wall_time_s=60))
@@ -163,14 +204,63 @@ def fixed_cost(runs: int, rounds: int, out: str) -> int:
     return 0
 
 
+def verify_cost(runs: int, baseline: str | None, out: str) -> int:
+    """Median wall time of one verification (``verify_files`` of a synthetic task's reference
+    fix: two sessions, the archive, the restore, the test run), today's verifier against
+    ``baseline`` (a ``verify.py`` of an older checkout, loaded beside it), alternating."""
+    import importlib.util
+
+    from gagar.rollout.envs import verify
+
+    variants = {"current": verify.verify_files}
+    if baseline:
+        spec = importlib.util.spec_from_file_location("gagar_verify_baseline", baseline)
+        old = importlib.util.module_from_spec(spec)  # type: ignore[arg-type]
+        spec.loader.exec_module(old)  # type: ignore[union-attr]
+        variants["baseline"] = old.verify_files
+    task = synthetic.generate(5)
+    files = task.fixed_files()
+    factory = LocalFactory(limits=Limits(wall_time_s=120, cpu_time_s=60))
+    times: dict[str, list[float]] = {k: [] for k in variants}
+    load_start = os.getloadavg()
+    for _ in range(runs):
+        for name, fn in variants.items():
+            t0 = time.perf_counter()
+            v = fn(task, files, factory)
+            times[name].append(time.perf_counter() - t0)
+            assert v.passed, (name, v.log[-500:])
+    result = {
+        "what": "seconds per verification of a synthetic task's reference fix",
+        "runs": runs,
+        "median_s": {k: round(statistics.median(v), 3) for k, v in times.items()},
+        "load_avg_start": load_start,
+        "load_avg_end": os.getloadavg(),
+        "machine": platform.node(),
+    }
+    for k, v in result["median_s"].items():  # type: ignore[union-attr]
+        print(f"{k:<10}{v:>8.3f} s per verification (median of {runs})")
+    Path(out).parent.mkdir(parents=True, exist_ok=True)
+    Path(out).write_text(json.dumps(result, indent=2) + "\n")
+    print(f"wrote {out}")
+    return 0
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--runs", type=int, default=2, help="runs per worker (session) per round")
     ap.add_argument("--rounds", type=int, default=3, help="alternating rounds")
     ap.add_argument("--out", default=None)
     ap.add_argument("--fixed-cost", action="store_true", help="fixed cost per command instead")
+    ap.add_argument("--verify", action="store_true", help="cost per verification instead")
+    ap.add_argument("--waiter", action="store_true", help="fixed cost of the jail's waiter")
+    ap.add_argument("--baseline", default=None, help="with --verify: an older verify.py")
     args = ap.parse_args()
     check_isolation()
+    if args.waiter:
+        return waiter_cost(args.runs, args.rounds, args.out or "bench/results/waiter-cost.json")
+    if args.verify:
+        out = args.out or "bench/results/verify-cost.json"
+        return verify_cost(args.runs, args.baseline, out)
     if args.fixed_cost:
         return fixed_cost(
             args.runs, args.rounds, args.out or "bench/results/sandbox-fixed-cost.json"

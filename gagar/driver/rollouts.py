@@ -27,7 +27,7 @@ from gagar.rollout import agent
 from gagar.rollout.envs import tools as envtools
 from gagar.rollout.envs.task import Task
 from gagar.rollout.envs.verify import verify
-from gagar.sandbox import SessionFactory
+from gagar.sandbox import SandboxInfraError, SessionFactory
 from gagar.trainer import gar
 from gagar.wire import Action, Candidate, GradingGroup, Skipped, ToolStats
 
@@ -98,8 +98,11 @@ class RolloutConfig:
 def _text_files(session: Any, base: Collection[str]) -> tuple[dict[str, str], list[Skipped]]:
     """The final repository as the grader may see it (``gagar.grader.bounds``: names it refuses,
     links and other unreadable entries, binary files, past the size and count bounds), with what
-    was left out; never raises for what the code left in its workspace."""
-    return admit_read(session.list_files(), session.read_file, prefer=base)
+    was left out; never raises for what the code left in its workspace (a failure of the
+    sandbox itself is raised: the rollout is then invalid, not its files missing)."""
+    return admit_read(
+        session.list_files(), session.read_file, prefer=base, reraise=(SandboxInfraError,)
+    )
 
 
 def _finish(

@@ -167,17 +167,21 @@ def admit_read(
     member: int | None = None,
     prefer: Collection[str] = (),
     bounds: Bounds = BOUNDS,
+    reraise: tuple[type[Exception], ...] = (),
 ) -> tuple[dict[str, str], list[Skipped]]:
     """``admit`` for files read one at a time by ``read`` (e.g. from a sandbox session): a name
     refused or past the file count is never read, a large file is dropped for its marker as soon
     as it is read, and a file ``read`` cannot read (``OSError``, ``ValueError`` and their kin: a
-    link, a FIFO) is skipped as ``unreadable``."""
+    link, a FIFO) is skipped as ``unreadable``, except the ``reraise`` errors (the reader's own
+    failure, not the file's)."""
     adm = _Admission(member, bounds)
     for path in _order(paths, prefer):
         if not adm.room(path):
             continue
         try:
             data = read(path)
+        except reraise:
+            raise
         except Exception as err:  # what a hostile file does to a reader is not ours to list
             adm.skip(path, "unreadable", f"{type(err).__name__}: {err}"[:200])
             continue

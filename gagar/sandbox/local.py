@@ -19,6 +19,7 @@ import os
 import random
 import resource
 import shutil
+import signal
 import sys
 import tempfile
 import time
@@ -186,10 +187,20 @@ def _take_ownership(session_dir: Path, uid: int | None) -> int:
 
 
 def python_paths() -> tuple[str, ...]:
-    """The Python installation(s) this executor runs, to be visible read-only inside."""
+    """The Python installation(s) this executor runs, to be visible read-only inside: its own
+    environment first (a jailed ``python`` is the first on the jail's PATH), then the base
+    installation(s) the environment is made from."""
+    own = os.path.realpath(sys.prefix)
     paths = {os.path.realpath(p) for p in (sys.prefix, sys.base_prefix)}
     paths.add(os.path.realpath(os.path.dirname(os.path.dirname(os.path.realpath(sys.executable)))))
-    return tuple(sorted(paths))
+    return (own, *sorted(paths - {own}))
+
+
+@cache
+def _perl() -> str | None:
+    """Perl under /usr (visible inside the jail), for the jail's waiter; None: use Python."""
+    found = shutil.which("perl", path="/usr/bin")
+    return found if found and found.startswith("/usr/") else None
 
 
 def host_layout() -> tuple[dict[str, str], tuple[str, ...]]:
@@ -315,6 +326,7 @@ class LocalSession:
             env=bwrap.sandbox_env(python_bins, self.uid),
             host_links=links,
             host_etc=etc,
+            waiter=bwrap.waiter_argv(os.path.realpath(sys.executable), _perl()),
         )
 
     def exec(self, cmd: Command, timeout: float | None = None) -> ExecResult:
@@ -366,7 +378,23 @@ class LocalSession:
                 cg.destroy()  # kills all inside: no process can leave its cgroup unprivileged
             elif self.uid is not None:
                 runner.kill_uid(self.uid)
-        return classify(outcome, self.limits, stats, jailed=True, disk_full=self._disk_full())
+        ended = outcome.signal is not None or (outcome.exit_code or 0) > 128  # only then look
+        return classify(
+            outcome,
+            self.limits,
+            stats,
+            jailed=True,
+            disk_full=self._disk_full(),
+            file_at_limit=ended and self._file_at_limit(),
+        )
+
+    def _file_at_limit(self) -> bool:
+        """A file of the session at the size limit: what ``RLIMIT_FSIZE`` leaves when it fires
+        (bubblewrap's status cannot tell its SIGXFSZ from an ``exit 153``)."""
+        return any(
+            not isinstance(st, bytes) and st.st_size >= self.limits.file_size_bytes
+            for _, st in workspace.walk(self.dir, ignored=frozenset())
+        )
 
     def _disk_full(self) -> bool:
         """Out of quota: the tmpfs is full or, without one (a non-root executor cannot mount),
@@ -391,7 +419,8 @@ class LocalSession:
             outcome = runner.run(launch)
         except OSError as e:
             return ExecResult(exit_code=None, infra_error=f"cannot start the command: {e}")
-        return classify(outcome, self.limits, None, jailed=False)
+        xfsz = outcome.signal == signal.SIGXFSZ  # the wait status, observed here directly
+        return classify(outcome, self.limits, None, jailed=False, file_at_limit=xfsz)
 
     def read_file(self, path: str) -> bytes:
         self._check_open()

@@ -22,6 +22,7 @@ from pathlib import Path
 _PR_SET_CHILD_SUBREAPER = 36
 STATUS_FD = "{status_fd}"
 SECCOMP_FD = "{seccomp_fd}"
+WAIT_FD = "{wait_fd}"  # the write end of a pipe for the jail's waiter (see ``bwrap.WAITER``)
 _active: set[int] = set()  # pids of runs in flight in this process: never reaped behind their back
 _lock = threading.Lock()
 _subreaper = False
@@ -58,6 +59,7 @@ class Outcome:
     duration_s: float = 0.0
     cpu_time_s: float = 0.0
     status: list[dict] = field(default_factory=list)
+    waited: list[dict] = field(default_factory=list)  # the jail's waiter: the command's status
 
 
 class _Capture:
@@ -115,6 +117,11 @@ def run(launch: Launch) -> Outcome:
         status_r, status_w = os.pipe()
         argv = [str(status_w) if a == STATUS_FD else a for a in argv]
     child_fds = [status_w] if status_w is not None else []
+    wait_r = None
+    if WAIT_FD in argv:
+        wait_r, wait_w = os.pipe()
+        child_fds.append(wait_w)
+        argv = [str(wait_w) if a == WAIT_FD else a for a in argv]
     if launch.seccomp is not None:
         child_fds.append(_memfd(launch.seccomp))
         argv = [str(child_fds[-1]) if a == SECCOMP_FD else a for a in argv]
@@ -133,14 +140,15 @@ def run(launch: Launch) -> Outcome:
             )
             _active.add(proc.pid)
     except OSError:
-        if status_r is not None:
-            os.close(status_r)
+        for fd in (status_r, wait_r):
+            if fd is not None:
+                os.close(fd)
         raise
     finally:
         for fd in child_fds:
             os.close(fd)
     try:
-        return _supervise(proc, launch, status_r, start)
+        return _supervise(proc, launch, status_r, wait_r, start)
     finally:
         with _lock:
             _active.discard(proc.pid)
@@ -156,13 +164,18 @@ def _memfd(data: bytes) -> int:
 
 
 def _supervise(
-    proc: subprocess.Popen, launch: Launch, status_r: int | None, start: float
+    proc: subprocess.Popen,
+    launch: Launch,
+    status_r: int | None,
+    wait_r: int | None,
+    start: float,
 ) -> Outcome:
     cap = _Capture(launch.output_bytes, proc.pid)
     cap.add(os.dup(proc.stdout.fileno()))  # type: ignore[union-attr]
     cap.add(os.dup(proc.stderr.fileno()))  # type: ignore[union-attr]
-    if status_r is not None:
-        cap.add(status_r)
+    for fd in (status_r, wait_r):
+        if fd is not None:
+            cap.add(fd)
     proc.stdout.close()  # type: ignore[union-attr]
     proc.stderr.close()  # type: ignore[union-attr]
     deadline, outcome = start + launch.wall_time_s, Outcome()
@@ -179,6 +192,8 @@ def _supervise(
     proc.returncode = -1  # we waited ourselves; keep Popen from waiting again
     _drain(cap, time.monotonic() + 1.0)
     _fill(outcome, waited, cap, status_r is not None, time.monotonic() - start)
+    if wait_r is not None:
+        outcome.waited = _parse_status(bytes(cap.data[wait_r]))
     return outcome
 
 
@@ -249,8 +264,20 @@ def _children() -> list[int]:
     return out
 
 
+def _from_a_jail(pid: int) -> bool:
+    """Born in a PID namespace below ours (a jail's process orphaned to us when its namespace
+    went: the jail's waiter, a command's child): more than one ``NSpid``."""
+    try:
+        status = Path(f"/proc/{pid}/status").read_text()
+    except (FileNotFoundError, ProcessLookupError):
+        return False
+    line = next((x for x in status.splitlines() if x.startswith("NSpid:")), "")
+    return len(line.split()) > 2
+
+
 def reap_orphans() -> int:
-    """Reap zombie bubblewrap children that no run in flight owns (orphans re-parented to us)."""
+    """Reap zombie children that no run in flight owns (orphans re-parented to us): bubblewrap's
+    processes and any process born inside a jail, never another child of the executor."""
     reaped = 0
     for pid in _children():
         try:
@@ -259,7 +286,7 @@ def reap_orphans() -> int:
             continue
         comm = stat_line[stat_line.find("(") + 1 : stat_line.rfind(")")]
         state = stat_line[stat_line.rfind(")") + 2 :].split(" ", 1)[0]
-        if state != "Z" or comm != "bwrap":
+        if state != "Z" or (comm != "bwrap" and not _from_a_jail(pid)):
             continue
         with _lock:
             if pid in _active:

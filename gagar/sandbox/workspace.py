@@ -9,7 +9,8 @@ executor kills them all), so these checks cannot race with the code.
 Walking is iterative (no recursion limit, however deep the tree the code built) and bounded:
 at most ``MAX_DEPTH`` levels and ``MAX_ENTRIES`` entries are visited, a snapshot reads at most
 ``SNAPSHOT_FILE_BYTES`` of one file and ``SNAPSHOT_BYTES`` in all into the host (larger files are
-fingerprinted by size and mtime), and an archive refuses a workspace past ``ARCHIVE_BYTES``.
+fingerprinted by size and mtime), and an archive leaves out, and lists, what cannot travel
+(links an extraction refuses, special or unreadable files, bytes past ``ARCHIVE_BYTES``).
 ``remove_tree`` deletes with one directory descriptor at a time, relative to it, so neither depth
 nor ``PATH_MAX`` can make it fail.
 """
@@ -241,20 +242,72 @@ def populate(root: Path, files: Mapping[str, FileData], owner: int | None = None
 
 
 def pack(root: Path) -> bytes:
-    """The workspace as ``.tar.gz`` (symlinks stored as links, special files skipped); refuses a
-    workspace holding more than ``ARCHIVE_BYTES`` or more entries than a walk visits."""
-    buf, total = io.BytesIO(), 0
+    """The workspace as ``.tar.gz``; what cannot travel is left out (``pack_report``)."""
+    return pack_report(root)[0]
+
+
+def pack_report(root: Path) -> tuple[bytes, list[str]]:
+    """The workspace as ``.tar.gz`` and what was left out, with why: special files, links an
+    extraction would refuse (absolute, or leading out of the workspace), unreadable files,
+    directories not walked (too deep, unreadable, past ``MAX_ENTRIES``) and regular files past
+    ``ARCHIVE_BYTES`` in all. Never raises for what the code left in the workspace."""
+    buf, total, skipped = io.BytesIO(), 0, []
     with tarfile.open(fileobj=buf, mode="w:gz") as tar:
         for rel, st in walk(root):
             if isinstance(st, bytes):
-                raise SandboxError(f"workspace too large to archive: {rel}: {st[2:-1].decode()}")
-            if stat.S_ISREG(st.st_mode):
+                skipped.append(f"{rel}: {st[2:-1].decode(errors='replace')}")
+                continue
+            if not (stat.S_ISREG(st.st_mode) or stat.S_ISLNK(st.st_mode)):
+                skipped.append(f"{rel}: special file")
+                continue
+            if stat.S_ISREG(st.st_mode) and total + st.st_size > ARCHIVE_BYTES:
+                skipped.append(f"{rel}: {st.st_size} bytes past the archive's {ARCHIVE_BYTES}")
+                continue
+            why = _add(tar, root, rel)
+            if why:
+                skipped.append(f"{rel}: {why}")
+            elif stat.S_ISREG(st.st_mode):
                 total += st.st_size
-                if total > ARCHIVE_BYTES:
-                    raise SandboxError(f"workspace too large to archive (> {ARCHIVE_BYTES} bytes)")
-            if stat.S_ISREG(st.st_mode) or stat.S_ISLNK(st.st_mode):
-                tar.add(root / rel, arcname=rel, recursive=False)
-    return buf.getvalue()
+    return buf.getvalue(), skipped
+
+
+def _add(tar: tarfile.TarFile, root: Path, rel: str) -> str | None:
+    """Add one file or link; the reason it was left out, if it was."""
+    try:
+        info = tar.gettarinfo(str(root / rel), arcname=rel)
+        if info.issym():
+            tarfile.data_filter(info, str(root))  # the check an extraction will make
+            tar.addfile(info)
+            return None
+        info.type, info.linkname = tarfile.REGTYPE, ""  # a hard link travels as its own copy
+        fd = os.open(root / rel, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+    except tarfile.FilterError as e:
+        return f"link refused ({e})"
+    except OSError as e:
+        return f"unreadable ({e.strerror})"
+    with os.fdopen(fd, "rb") as f:
+        if not stat.S_ISREG(os.fstat(f.fileno()).st_mode):
+            return "not a regular file"
+        info.size = os.fstat(f.fileno()).st_size
+        tar.addfile(info, _Exact(f, info.size))
+    return None
+
+
+class _Exact(io.RawIOBase):
+    """``size`` bytes of ``f``: zeros past a file that shrank, nothing past one that grew."""
+
+    def __init__(self, f: io.BufferedReader, size: int) -> None:
+        self.f, self.left = f, size
+
+    def readable(self) -> bool:
+        return True
+
+    def read(self, n: int = -1) -> bytes:
+        n = self.left if n < 0 else min(n, self.left)
+        data = self.f.read(n)
+        data += b"\0" * (n - len(data))
+        self.left -= n
+        return data
 
 
 def files_tarball(files: Mapping[str, FileData]) -> bytes:

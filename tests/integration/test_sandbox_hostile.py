@@ -20,7 +20,7 @@ import pytest
 
 from gagar.sandbox import quota, workspace
 from gagar.sandbox.local import SESSION_PREFIX, LocalFactory, check_isolation, sweep_stale_sessions
-from gagar.sandbox.types import Limits, SandboxError
+from gagar.sandbox.types import Limits
 
 LIMITS = Limits(
     wall_time_s=30,
@@ -71,8 +71,8 @@ def test_deep_tree_leaves_host_operations_working(session, n: int, name: str) ->
     assert diff.startswith("diff --git")  # the top of the tree is there, the rest is a marker
     files = session.list_files()
     assert any(f.startswith(name) for f in files)
-    with pytest.raises(SandboxError, match="too large to archive"):
-        session.archive()
+    tarball, skipped = workspace.pack_report(session.workspace)  # the deep part left out, said
+    assert skipped and ("too deep" in skipped[0] or "not walked" in skipped[0]) and tarball
     session.reset()
     assert session.list_files() == ["pkg/mod.py"]
     assert session.exec(["python3", "-c", DEEP.format(n=n, name=name)]).ok  # again, for close
@@ -175,7 +175,7 @@ def test_other_abis_cannot_go_around_the_filter(session) -> None:
     """The x32 number of unshare (bit 30 set) is another ABI's call: the process is killed."""
     code = "import ctypes; ctypes.CDLL(None).syscall(0x40000000 | 272, 0x10000000); print('ran')"
     r = session.exec(["python3", "-c", code])
-    assert r.signal == 31 and r.stdout == ""  # SIGSYS
+    assert r.signal == 31 and r.stdout == ""  # SIGSYS, as the jail's waiter saw it
 
 
 def test_nested_user_namespace_is_refused(session) -> None:

@@ -49,9 +49,9 @@ def test_classify() -> None:
     limits = Limits(cpu_time_s=2)
     assert classify.classify(_outcome(exit_code=0), limits, None, jailed=True).ok
     r = classify.classify(_outcome(exit_code=128 + 9), limits, Stats(True, False, 0.1), jailed=True)
-    assert r.signal == 9 and r.exit_code is None and r.limit_hit == "memory"
-    r = classify.classify(_outcome(exit_code=128 + signal.SIGXCPU), limits, None, jailed=True)
-    assert r.limit_hit == "cpu_time"
+    assert r.limit_hit == "memory"  # the cgroup's OOM kill, observed by the executor
+    xcpu = _outcome(exit_code=128 + signal.SIGXCPU, cpu_time_s=2.01)
+    assert classify.classify(xcpu, limits, None, jailed=True).limit_hit == "cpu_time"
     r = classify.classify(_outcome(signal=9, timed_out=True, status=[]), limits, None, jailed=True)
     assert r.timed_out and r.limit_hit == "wall_time" and r.infra_error is None
     r = classify.classify(
@@ -60,6 +60,26 @@ def test_classify() -> None:
     assert r.infra_error is not None and not r.ok
     r = classify.classify(_outcome(exit_code=1, status=[]), limits, None, jailed=False)
     assert r.infra_error is None and r.exit_code == 1
+
+
+def test_the_exit_status_forges_no_observation() -> None:
+    """`exit 152` is what bubblewrap reports for a SIGXCPU kill too: without the executor's own
+    observations (CPU time at the limit, a file at the size limit, the cgroup's events) it is an
+    exit status, never a signal or a limit."""
+    limits = Limits(cpu_time_s=2)
+    for code in (128 + signal.SIGXCPU, 128 + signal.SIGKILL, 128 + signal.SIGXFSZ, 255):
+        r = classify.classify(_outcome(exit_code=code, cpu_time_s=0.01), limits, None, jailed=True)
+        assert (r.exit_code, r.signal, r.limit_hit) == (code, None, None)
+    r = classify.classify(_outcome(exit_code=153), limits, None, jailed=True, file_at_limit=True)
+    assert r.limit_hit == "file_size"
+    r = classify.classify(_outcome(exit_code=1, cpu_time_s=5.0), limits, None, jailed=True)
+    assert r.limit_hit is None  # a clean exit after much CPU: nothing ended it
+    killed = _outcome(exit_code=128 + 9, waited=[{"signal": 9}], cpu_time_s=2.0)
+    r = classify.classify(killed, limits, None, jailed=True)  # the waiter saw the kill
+    assert (r.exit_code, r.signal, r.limit_hit) == (None, 9, "cpu_time")
+    two = _outcome(exit_code=139, waited=[{"signal": 11}, {"signal": 11}])
+    r = classify.classify(two, limits, None, jailed=True)  # more than one record: not the waiter's
+    assert (r.exit_code, r.signal) == (139, None)
 
 
 def test_unified_diff_added_removed_binary() -> None:

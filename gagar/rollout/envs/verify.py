@@ -2,30 +2,37 @@
 
 The candidate's final repository is copied (``archive``) into a new session; every test file of
 the task, and every test or harness file the candidate changed, is put back as the task has it
-(files the candidate added there are deleted); then the task's test command runs the
-``FAIL_TO_PASS`` and ``PASS_TO_PASS`` ids, and a JUnit XML report at an unguessable path decides
-each id. Editing tests therefore never earns reward. Separately, a patch that touches tests, the
-test runner's configuration or the harness is recorded as *suspected tampering* for the grader.
+(files the candidate added there are deleted, whatever stands at their paths removed); then the
+task's pytest invocation runs the ``FAIL_TO_PASS`` and ``PASS_TO_PASS`` ids through a bootstrap
+(``verify_boot.py``, ``python -I -B -c``): the interpreter, the standard library, pytest and its
+plugins come from the executor's environment, never from the workspace, and the bootstrap writes
+a record of the outcomes and of where everything was loaded from, carrying a nonce, at an
+unguessable path. ``judge`` decides from that record; a record without the nonce, or one showing
+the runner or a test loaded from the workspace or pytest's machinery replaced, is ``tampering``
+and never passes. Editing tests therefore never earns reward. Separately, a patch that touches
+tests, the test runner's configuration or the harness is recorded as *suspected tampering* for
+the grader. What the candidate left that cannot be copied (links out of the workspace, FIFOs,
+unreadable or huge files) is listed in ``refused``; it never makes verification raise.
 
 Limits (stated, not hidden): the tests run in the same process as the candidate's code, so code
-that rewrites pytest's report from inside could forge a pass; such code has to live in the patch,
-where the graders see it. The exit status must agree with the report, which catches the crude
-forms (``os._exit(0)`` at import leaves no report and fails).
+that deliberately reads the nonce out of the bootstrap's memory could still forge a record; such
+code has to live in the patch, where the graders see it. docs/security.md lists the catalogue of
+reward hacks this is tested against, and what remains.
 """
 
 from __future__ import annotations
 
-import posixpath
+import json
 import re
 import secrets
 import shlex
-import xml.etree.ElementTree as ET
-from pathlib import PurePosixPath
+from pathlib import Path, PurePosixPath
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from gagar.rollout.envs import verify_boot
 from gagar.rollout.envs.task import Task
-from gagar.sandbox import ExecResult, SandboxInfraError, Session, SessionFactory
+from gagar.sandbox import ExecResult, SandboxError, SandboxInfraError, Session, SessionFactory
 
 # Files that steer how tests run: changing them can change the verdict without fixing the code.
 RUNNER_FILES = frozenset(
@@ -33,6 +40,12 @@ RUNNER_FILES = frozenset(
 )
 HARNESS_FILES = frozenset({"sitecustomize.py", "usercustomize.py"})
 LOG_CAP = 20_000
+# The test process's bootstrap, run as ``python -I -B -c`` inside the jail (never imported there).
+BOOT_SOURCE = Path(verify_boot.__file__).read_text()
+
+
+class TestCommandError(ValueError):
+    """The task's ``test_command`` is not a pytest invocation the verifier can run safely."""
 
 
 class Verdict(BaseModel):
@@ -45,6 +58,15 @@ class Verdict(BaseModel):
     valid: bool
     tests: dict[str, bool] = Field(default_factory=dict, description="Test id -> passed.")
     suspected_tampering: list[str] = Field(default_factory=list, description="Paths touched.")
+    tampering: list[str] = Field(
+        default_factory=list,
+        description="What the run itself showed subverted (the runner or a test loaded from the "
+        "workspace, pytest's machinery replaced, a forged record): never passed.",
+    )
+    refused: list[str] = Field(
+        default_factory=list,
+        description="Entries of the workspace not carried into verification, or not restored.",
+    )
     infra_error: str | None = None
     exit_code: int | None = None
     log: str = ""
@@ -86,52 +108,151 @@ def suspected_tampering(patch: str, task: Task) -> list[str]:
     return [p for p in touched_paths(patch) if is_guarded_path(p, task)]
 
 
-def _restore(session: Session, task: Task, base: dict[str, bytes]) -> None:
-    """Put every guarded file back as the task has it; delete guarded files the candidate added."""
-    for path in session.list_files():
-        if is_guarded_path(path, task) and path not in task.test_files and path not in base:
-            session.delete_file(path)
-    for path, data in base.items():
-        if is_guarded_path(path, task):
-            session.write_file(path, data)
-    for path, text in task.test_files.items():
-        session.write_file(path, text)
+def _restore(session: Session, task: Task, base: dict[str, bytes]) -> list[str]:
+    """Put every guarded file back as the task has it; delete guarded files the candidate added.
+
+    Whatever stands in the way (a link, a FIFO or a directory at a test path, a file where a
+    directory of tests should be) is removed first. Returns what could not be restored, with why:
+    never raises for what the candidate left."""
+    listed = session.list_files()
+    pristine = {p: d for p, d in base.items() if is_guarded_path(p, task)}
+    pristine.update({p: t.encode() for p, t in task.test_files.items()})
+    problems = []
+    for path in listed:
+        if is_guarded_path(path, task) and path not in pristine:
+            problems += _try(session.delete_file, path)
+    listed = set(session.list_files())
+    dirs = {str(d) for e in listed for d in PurePosixPath(e).parents}
+    for path, data in sorted(pristine.items()):
+        ancestors = [str(d) for d in PurePosixPath(path).parents if str(d) in listed]
+        for entry in [*ancestors, *([path] if path in dirs else [])]:
+            problems += _try(session.delete_file, entry)  # a link or file where a dir goes
+            listed.discard(entry)
+        if _try(session.write_file, path, data):  # a FIFO or other special file: remove, again
+            problems += _try(session.delete_file, path) + _try(session.write_file, path, data)
+    return problems
 
 
-def _junit_results(xml_text: bytes, ids: list[str]) -> dict[str, bool]:
-    """Map each requested node id to pass/fail from pytest's JUnit report (missing = fail)."""
-    outcomes: dict[tuple[str, str], bool] = {}
-    for case in ET.fromstring(xml_text).iter("testcase"):
-        key = (case.get("classname", ""), case.get("name", ""))
-        failed = any(child.tag in ("failure", "error", "skipped") for child in case)
-        outcomes[key] = outcomes.get(key, True) and not failed
-    return {tid: outcomes.get(_junit_key(tid), False) for tid in ids}
-
-
-def _junit_key(node_id: str) -> tuple[str, str]:
-    """``tests/test_a.py::TestX::test_y[1]`` -> ``("tests.test_a.TestX", "test_y[1]")``."""
-    file, *rest = node_id.split("::")
-    module = posixpath.splitext(file)[0].replace("/", ".")
-    return ".".join([module, *rest[:-1]]), rest[-1] if rest else ""
-
-
-def run_tests(
-    session: Session, task: Task, timeout: float | None
-) -> tuple[dict[str, bool], ExecResult]:
-    """Run the task's test ids in ``session``; returns per-id results and the ``ExecResult``."""
-    report = f".gagar-junit-{secrets.token_hex(8)}.xml"
-    ids = task.test_ids
-    cmd = f"{task.test_command} --junitxml={report} " + " ".join(shlex.quote(i) for i in ids)
-    result = session.exec(cmd, timeout=timeout)
+def _try(op, path: str, *args: object) -> list[str]:
     try:
-        xml_text = session.read_file(report)
-        session.delete_file(report)
-    except Exception:
-        return dict.fromkeys(ids, False), result
+        op(path, *args)
+    except SandboxInfraError:
+        raise
+    except (SandboxError, OSError) as e:
+        return [f"{path}: {e}"]
+    return []
+
+
+def _boot_command(task: Task, record: str, nonce: str) -> str | None:
+    """The task's pytest invocation, run through the bootstrap (``verify_boot``) instead: the
+    variable assignments and pytest's arguments kept, the interpreter started isolated."""
     try:
-        return _junit_results(xml_text, ids), result
-    except ET.ParseError:
-        return dict.fromkeys(ids, False), result
+        words = shlex.split(task.test_command)
+    except ValueError:
+        return None
+    env = []
+    while words and re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*=.*", words[0]):
+        env.append(words.pop(0))
+    if words[:1] and PurePosixPath(words[0]).name in ("pytest", "py.test"):
+        python, args = "python", words[1:]
+    elif len(words) >= 3 and re.fullmatch(r"python3?(\.\d+)?", PurePosixPath(words[0]).name):
+        if words[1:3] != ["-m", "pytest"]:
+            return None
+        python, args = words[0], words[3:]
+    else:
+        return None
+    boot = [python, "-I", "-B", "-c", BOOT_SOURCE, record, nonce, ".", "--", *args]
+    return " ".join(shlex.quote(w) for w in [*env, *boot])
+
+
+def run_tests(session: Session, task: Task, timeout: float | None) -> TestRun:
+    """Run the task's test ids in ``session`` through the bootstrap and judge its record."""
+    token = secrets.token_hex(16)
+    record, nonce_file, nonce = f".gagar-verify-{token}.json", f".gagar-nonce-{token}", token
+    cmd = _boot_command(task, record, nonce_file)
+    if cmd is None:
+        raise TestCommandError(
+            f"{task.instance_id}: test_command {task.test_command!r} is not a pytest invocation "
+            "the verifier can run (`[VAR=value ...] python -m pytest [args]` or `pytest [args]`)"
+        )
+    session.write_file(nonce_file, nonce)
+    result = session.exec(cmd + " " + " ".join(shlex.quote(i) for i in task.test_ids), timeout)
+    try:
+        raw: bytes | None = session.read_file(record)
+        session.delete_file(record)
+    except SandboxInfraError:
+        raise
+    except SandboxError:
+        raw = None
+    return judge(raw, nonce, task, result)
+
+
+class TestRun(BaseModel):
+    """What one run of the tests gave: per-id outcomes, what the record says went wrong, notes."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    __test__ = False  # not a test class, whatever pytest thinks of the name
+
+    tests: dict[str, bool]
+    tampering: list[str] = Field(default_factory=list)
+    notes: list[str] = Field(default_factory=list)
+    result: ExecResult
+    exit: int | None = None
+
+
+def judge(raw: bytes | None, nonce: str, task: Task, result: ExecResult) -> TestRun:
+    """The verdict's facts from the bootstrap's record (pure). No record: every id failed; a
+    record without the nonce, or facts that show the run was subverted: tampering."""
+    failed = dict.fromkeys(task.test_ids, False)
+    if raw is None:
+        note = "no record from the test process: it ended before pytest finished"
+        return TestRun(tests=failed, notes=[note], result=result)
+    try:
+        rec = json.loads(raw)
+        if not isinstance(rec, dict) or rec.get("nonce") != nonce:
+            raise ValueError("wrong nonce")
+    except (ValueError, UnicodeDecodeError):
+        forged = ["the verification record was not written by the verifier (forged)"]
+        return TestRun(tests=failed, tampering=forged, result=result)
+    outcomes = rec.get("outcomes") or {}
+    tests = {tid: outcomes.get(tid) is True for tid in task.test_ids}
+    return TestRun(
+        tests=tests,
+        tampering=_record_findings(rec, task),
+        result=result,
+        exit=rec.get("exit") if isinstance(rec.get("exit"), int) else None,
+    )
+
+
+def _record_findings(rec: dict, task: Task) -> list[str]:
+    root = str(rec.get("root") or "/workspace").rstrip("/")
+
+    def rel(path: object) -> str | None:
+        p = str(path or "")
+        return p[len(root) + 1 :] if p.startswith(root + "/") else None
+
+    out = []
+    for name, where in (rec.get("runner") or {}).items():
+        if not where or rel(where) is not None:
+            out.append(f"the test runner's {name} was loaded from {where!r}")
+    expected = {tid.split("::")[0] for tid in task.test_ids}
+    for item in rec.get("items") or []:
+        path, node = rel(item.get("path")), item.get("nodeid")
+        if path not in expected:
+            out.append(f"{node}: collected from {item.get('path')!r}, not a test file of the task")
+        if item.get("module_file") != item.get("path"):
+            out.append(f"{node}: its module was loaded from {item.get('module_file')!r}")
+        code = rel(item.get("code_file"))
+        if code is not None and not is_guarded_path(code, task):
+            out.append(f"{node}: its function's code comes from {code!r}")
+        if rel(item.get("loader_file")) is not None:
+            out.append(f"{node}: its module was loaded by a loader from {item['loader_file']!r}")
+    for where in rec.get("plugins") or []:
+        out.append(f"a pytest plugin was loaded from {where!r}")
+    for where in rec.get("shadowed") or []:
+        out.append(f"{where!r} shadowed a module of the standard library or the test runner")
+    out += [str(f) for f in rec.get("flags") or []]
+    return out
 
 
 def verify(
@@ -140,28 +261,55 @@ def verify(
     """Verify the candidate's current workspace (left untouched) against the task's tests.
 
     A failure of the sandbox machinery anywhere on the way gives an invalid verdict
-    (``valid=False``), never a failed one.
+    (``valid=False``), never a failed one. What the candidate left (links, FIFOs, odd names, huge
+    or unreadable files) never makes this raise: what could not be carried over or restored is
+    listed in ``refused`` and the log, and the tests decide.
     """
     try:
         patch = candidate.diff()
+        before = set(candidate.list_files())
         fresh = factory.create(tarball=candidate.archive())
     except SandboxInfraError as e:
         return Verdict(instance_id=task.instance_id, passed=False, valid=False, infra_error=str(e))
+    except SandboxError as e:  # what the candidate left cannot be copied at all: its failure
+        return Verdict(
+            instance_id=task.instance_id,
+            passed=False,
+            valid=True,
+            tests=dict.fromkeys(task.test_ids, False),
+            refused=[f"the workspace: {e}"],
+            log=f"verification could not copy the workspace: {e}",
+        )
     try:
-        _restore(fresh, task, task.repo_files())
-        tests, result = run_tests(fresh, task, timeout)
+        refused = sorted(before - set(fresh.list_files()))
+        refused += _restore(fresh, task, task.repo_files())
+        run = run_tests(fresh, task, timeout)
     except SandboxInfraError as e:
+        return Verdict(instance_id=task.instance_id, passed=False, valid=False, infra_error=str(e))
+    except (
+        TestCommandError
+    ) as e:  # the task's own test command: a configuration error, not the code's
         return Verdict(instance_id=task.instance_id, passed=False, valid=False, infra_error=str(e))
     finally:
         fresh.close()
-    log = (result.stdout + result.stderr)[-LOG_CAP:]
+    result = run.result
+    notes = [*run.notes, *(f"tampering: {t}" for t in run.tampering)]
+    if refused:
+        notes.append("not carried into verification: " + "; ".join(refused[:50]))
+    log = (result.stdout + result.stderr + "".join(f"\n[gagar] {n}" for n in notes))[-LOG_CAP:]
     return Verdict(
         instance_id=task.instance_id,
-        # The exit status must agree with the report: no report, or a non-zero exit, is a fail.
-        passed=result.infra_error is None and result.exit_code == 0 and all(tests.values()),
+        # The process's exit status, the record's and every id must agree on a pass.
+        passed=result.infra_error is None
+        and result.exit_code == 0
+        and run.exit == 0
+        and not run.tampering
+        and all(run.tests.values()),
         valid=result.infra_error is None,
-        tests=tests,
+        tests=run.tests,
         suspected_tampering=suspected_tampering(patch, task),
+        tampering=run.tampering,
+        refused=refused,
         infra_error=result.infra_error,
         exit_code=result.exit_code,
         log=log,

@@ -1,0 +1,75 @@
+"""The host's judgement of the verification record (pure), and the test command it runs."""
+
+from __future__ import annotations
+
+import json
+
+from gagar.rollout.envs import synthetic
+from gagar.rollout.envs.verify import _boot_command, judge
+from gagar.sandbox import ExecResult
+
+TASK = synthetic.generate(5)
+OK = ExecResult(exit_code=0)
+
+
+def _record(**over) -> bytes:
+    rec = {
+        "nonce": "n1",
+        "root": "/workspace",
+        "exit": 0,
+        "outcomes": dict.fromkeys(TASK.test_ids, True),
+        "items": [],
+        "runner": {"pytest": "/env/lib/pytest/__init__.py"},
+        "plugins": [],
+        "shadowed": [],
+        "flags": [],
+    }
+    return json.dumps({**rec, **over}).encode()
+
+
+def test_a_clean_record_passes_every_id() -> None:
+    run = judge(_record(), "n1", TASK, OK)
+    assert all(run.tests.values()) and run.tampering == [] and run.exit == 0
+
+
+def test_no_record_fails_every_id() -> None:
+    run = judge(None, "n1", TASK, OK)
+    assert not any(run.tests.values()) and run.tampering == [] and run.notes
+
+
+def test_a_record_without_the_nonce_is_forged() -> None:
+    for raw in (_record(nonce="guess"), b"{}", b"not json", b"\xff"):
+        run = judge(raw, "n1", TASK, OK)
+        assert not any(run.tests.values()) and "forged" in run.tampering[0]
+
+
+def test_facts_of_a_subverted_run_are_tampering() -> None:
+    test_file = TASK.test_ids[0].split("::")[0]
+    cases = {
+        "runner": {"pytest": "/workspace/pytest.py"},
+        "plugins": ["/workspace/mathkit/plug.py"],
+        "shadowed": ["/workspace/unittest.py"],
+        "flags": ["_pytest.python.Function.runtest replaced (after the run)"],
+        "items": [
+            {
+                "nodeid": TASK.test_ids[0],
+                "path": f"/workspace/{test_file}",
+                "module_file": f"/workspace/{test_file}",
+                "code_file": "/workspace/mathkit/numeric.py",
+                "loader_file": None,
+            }
+        ],
+    }
+    for key, value in cases.items():
+        run = judge(_record(**{key: value}), "n1", TASK, OK)
+        assert run.tampering, key
+
+
+def test_the_test_command_is_run_isolated_or_refused() -> None:
+    cmd = _boot_command(TASK, "r.json", "n")
+    assert cmd is not None and cmd.startswith("PYTEST_DISABLE_PLUGIN_AUTOLOAD=1 python -I -B -c ")
+    assert cmd.endswith("r.json n . -- -q -p no:cacheprovider")
+    for bad in ("make test", "python tests/run.py", "cd x && pytest", "python -m unittest"):
+        assert _boot_command(TASK.model_copy(update={"test_command": bad}), "r", "n") is None
+    plain = TASK.model_copy(update={"test_command": "pytest -x"})
+    assert (_boot_command(plain, "r", "n") or "").startswith("python -I -B -c ")
