@@ -100,18 +100,6 @@ def test_arms_run_the_projects_advantages() -> None:
     assert shaped[2][-1] == 0.0 < shaped[2][0]  # redundant calls lose their positive credit
 
 
-def test_holm_and_paired_t() -> None:
-    assert stats.holm([0.01, 0.04, 0.03]) == pytest.approx([0.03, 0.06, 0.06])
-    assert stats.holm([0.5, 0.001]) == pytest.approx([0.5, 0.002])
-    a, b = [1.0, 2.0, 3.0, 4.5], [0.0, 1.5, 2.0, 3.0]
-    t = stats.paired_t(a, b)
-    d = [1.0, 0.5, 1.0, 1.5]
-    mean, sd = sum(d) / 4, float(np.std(d, ddof=1))
-    assert t["mean_difference"] == pytest.approx(mean)
-    assert t["statistic"] == pytest.approx(mean / (sd / 2))
-    assert t["low"] < mean < t["high"]
-
-
 def test_tiny_grid_writes_protocol_cells_and_holm_tests(tmp_path: Path) -> None:
     torch.manual_seed(0)
     out = tmp_path / "mech.json"
