@@ -80,6 +80,7 @@ def alerts(w: Windows) -> list[Alert]:
     """The alert catalogue (DESIGN §4): what goes wrong in GAGAR/GRPO runs, per run."""
     mean = _mean_length(w.short)
     variance = metric("gagar_gradient_variance")
+    noise = metric("gagar_gradient_noise_scale")
     fallbacks = metric("gagar_grader_fallbacks_total")
     # both sides from the trainer (one target, the same run and namespace labels): the groups it
     # had graded, wherever the grader ran (a pool, an endpoint, in process)
@@ -117,6 +118,18 @@ def alerts(w: Windows) -> list[Alert]:
             "Gradient variance spike on run {{ $labels.run }}",
             "Micro-batch gradient variance is {{ $value | humanize }}× its median over "
             f"{w.long}; training may be about to diverge.",
+        ),
+        Alert(
+            "GagarGradientSignalLost",
+            f"max by ({BY}) ({noise}) / clamp_min(max by ({BY}) "
+            f"(quantile_over_time(0.5, {noise}[{w.long}])), 1e-12)",
+            ">",
+            "10",
+            "warning",
+            "Gradient signal lost on run {{ $labels.run }}",
+            "The gradient noise scale is {{ $value | humanize }}× its median over "
+            f"{w.long}: the step's batch is far below the noise scale, so updates are mostly "
+            "noise (advantages collapsing to zero, or a stuck policy).",
         ),
         Alert(
             "GagarStalledStep",

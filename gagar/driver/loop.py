@@ -277,7 +277,7 @@ LEARNER_FIELDS = {
     "clip_dual_ratio": "pg_clipfrac_dual", "ratio_mean": "ratio_mean", "ratio_max": "ratio_max",
     "tis_weight": "tis_weight", "grad_norm": "grad_norm", "gradient_variance": "gradient_variance",
     "gradient_variance_scaled": "gradient_variance_scaled",
-    "gradient_mean_norm": "gradient_mean_norm",
+    "gradient_mean_norm": "gradient_mean_norm", "gradient_noise_scale": "gradient_noise_scale",
 }  # fmt: skip
 
 

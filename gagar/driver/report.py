@@ -38,6 +38,7 @@ GAUGES = {
     "ratio_mean": "gagar_importance_ratio_mean",
     "ratio_max": "gagar_importance_ratio_max",
     "gradient_mean_norm": "gagar_gradient_mean_norm",
+    "gradient_noise_scale": "gagar_gradient_noise_scale",
     "checkpoint_step": "gagar_checkpoint_step",
 }
 
@@ -134,9 +135,9 @@ PLOTS = {
     "bloat.png": (("bloated_passes_ratio",), "share of passes graded below T1"),
     "lambda.png": (("lambda_mean",), "mean λ of redistributed groups"),
     "gradient_variance.png": (("gradient_variance",), "tr Cov of micro-batch gradients"),
-    "gradient_variance_scaled.png": (
-        ("gradient_variance_scaled",),
-        "scale-free gradient variance: tr Cov / ‖mean gradient‖²",
+    "gradient_noise_scale.png": (
+        ("gradient_noise_scale",),
+        "gradient noise scale B = tr Σ / ‖G‖² (tokens)",
     ),
     "learning.png": (
         ("lr", "kl", "clip_ratio", "ratio_max"),
