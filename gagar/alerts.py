@@ -80,7 +80,13 @@ def alerts(w: Windows) -> list[Alert]:
     """The alert catalogue (DESIGN §4): what goes wrong in GAGAR/GRPO runs, per run."""
     mean = _mean_length(w.short)
     variance = metric("gagar_gradient_variance")
-    noise = metric("gagar_gradient_noise_scale")
+    trace, signal = metric("gagar_gradient_noise_trace"), metric("gagar_gradient_signal_sq")
+
+    def noise(window: str) -> str:  # B pooled over the window: one step's ‖G‖² is too noisy
+        return (
+            f"max by ({BY}) (avg_over_time({trace}[{window}]) / avg_over_time({signal}[{window}]))"
+        )
+
     fallbacks = metric("gagar_grader_fallbacks_total")
     # both sides from the trainer (one target, the same run and namespace labels): the groups it
     # had graded, wherever the grader ran (a pool, an endpoint, in process)
@@ -121,13 +127,13 @@ def alerts(w: Windows) -> list[Alert]:
         ),
         Alert(
             "GagarGradientSignalLost",
-            f"max by ({BY}) ({noise}) / clamp_min(max by ({BY}) "
-            f"(quantile_over_time(0.5, {noise}[{w.long}])), 1e-12)",
+            f"{noise(w.short)} / clamp_min({noise(w.long)}, 1e-12)",
             ">",
             "10",
             "warning",
             "Gradient signal lost on run {{ $labels.run }}",
-            "The gradient noise scale is {{ $value | humanize }}× its median over "
+            "The gradient noise scale (tr Σ and ‖G‖² pooled over "
+            f"{w.short}) is {{{{ $value | humanize }}}}× its value pooled over "
             f"{w.long}: the step's batch is far below the noise scale, so updates are mostly "
             "noise (advantages collapsing to zero, or a stuck policy).",
         ),

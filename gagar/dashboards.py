@@ -155,7 +155,14 @@ def rl_health() -> Dashboard:
                     ),
                     Panel(
                         "Gradient noise scale",
-                        [gauge("gagar_gradient_noise_scale")],
+                        [
+                            gauge("gagar_gradient_noise_scale", "step {{run}}"),
+                            (
+                                f"avg_over_time({gauge('gagar_gradient_noise_trace')[0]}[30m]) / "
+                                f"avg_over_time({gauge('gagar_gradient_signal_sq')[0]}[30m])",
+                                "30 min pooled {{run}}",
+                            ),
+                        ],
                         description="B = tr Σ / ‖G‖² in tokens (McCandlish et al. 2018): the batch "
                         "at which gradient noise equals signal; independent of the micro-batch "
                         "count and of the advantages' scale.",

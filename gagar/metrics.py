@@ -303,6 +303,18 @@ def _defs() -> list[MetricDef]:
             "from micro-batch and full-batch squared norms; absent when ‖G‖² comes out ≤ 0.",
             t,
         ),
+        MetricDef(
+            "gagar_gradient_noise_trace",
+            G,
+            "tr Σ per token, the noise scale's numerator (average over steps before dividing).",
+            t,
+        ),
+        MetricDef(
+            "gagar_gradient_signal_sq",
+            G,
+            "Unbiased ‖G‖², the noise scale's denominator (one step's value can be ≤ 0).",
+            t,
+        ),
         MetricDef("gagar_tokens_trained_total", c, "Policy-generated tokens trained on.", t),
         # trainer: behaviour
         MetricDef(

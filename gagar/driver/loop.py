@@ -284,6 +284,7 @@ LEARNER_FIELDS = {
     "tis_weight": "tis_weight", "grad_norm": "grad_norm", "gradient_variance": "gradient_variance",
     "gradient_variance_scaled": "gradient_variance_scaled",
     "gradient_mean_norm": "gradient_mean_norm", "gradient_noise_scale": "gradient_noise_scale",
+    "gradient_noise_trace": "gradient_noise_trace", "gradient_signal_sq": "gradient_signal_sq",
 }  # fmt: skip
 
 

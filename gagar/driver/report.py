@@ -41,6 +41,8 @@ GAUGES = {
     "ratio_max": "gagar_importance_ratio_max",
     "gradient_mean_norm": "gagar_gradient_mean_norm",
     "gradient_noise_scale": "gagar_gradient_noise_scale",
+    "gradient_noise_trace": "gagar_gradient_noise_trace",
+    "gradient_signal_sq": "gagar_gradient_signal_sq",
     "checkpoint_step": "gagar_checkpoint_step",
 }
 
@@ -207,6 +209,7 @@ def write_report(
         "first": records[0] if records else None,
         "last": records[-1] if records else None,
         "plots": sorted([*PLOTS, STAGES_PLOT]),
+        "gradient_noise_scale_pooled": pooled_noise_scale(records),
     }
     (out / "report.json").write_text(json.dumps(report, indent=2))
     return report
@@ -221,6 +224,26 @@ def _trend(records: list[dict[str, Any]], key: str, k: int = 5, fmt: str = ".2f"
     if len(vals) <= k:
         return f"{statistics.fmean(vals):{fmt}}"
     return f"{statistics.fmean(head):{fmt}} → {statistics.fmean(tail):{fmt}}"
+
+
+def pooled_noise_scale(records: list[dict[str, Any]]) -> float | None:
+    """B over the run: mean tr Σ / mean ‖G‖² over the steps that have both (McCandlish's advice:
+    one step's ‖G‖² estimate is noisy and can be ≤ 0); None when the pooled ‖G‖² is ≤ 0 too."""
+    have = [r for r in records if r.get("gradient_noise_trace") is not None]
+    signal = sum(float(r["gradient_signal_sq"]) for r in have)
+    if not have or signal <= 0:
+        return None
+    return sum(float(r["gradient_noise_trace"]) for r in have) / signal
+
+
+def _noise_row(records: list[dict[str, Any]]) -> str:
+    steps = sum(r.get("gradient_noise_trace") is not None for r in records)
+    if not steps:
+        return "–"
+    b = pooled_noise_scale(records)
+    if b is None:
+        return f"undefined: pooled ‖G‖² ≤ 0 over {steps} steps (noise dominates)"
+    return f"{b:.3g} (tr Σ and ‖G‖² pooled over {steps} steps)"
 
 
 def _pooled(records: list[dict[str, Any]], x: str, n: str) -> tuple[int, int] | None:
@@ -303,6 +326,7 @@ def summary_rows(report: dict[str, Any], records: list[dict[str, Any]]) -> list[
             ("bloated share of passes", bloated or _trend(records, "bloated_passes_ratio", k)),
             ("response tokens per trajectory", _trend(records, "response_tokens_mean", k, ".0f")),
             ("step time, s", f"{statistics.fmean(r['step_seconds'] for r in records):.1f} mean"),
+            ("gradient noise scale, tokens", _noise_row(records)),
         ]
     probe = report.get("probe") or {}
     if probe.get("start") and probe.get("end"):

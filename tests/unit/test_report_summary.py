@@ -100,3 +100,17 @@ def test_the_probe_change_counts_the_samples_that_moved() -> None:
     text = rows["probe pass rate (start → end)"]
     assert text.startswith("16/64 = 0.25 [0.15, 0.37] → 20/64 = 0.31 [0.20, 0.44]")
     assert "4 gained, 0 lost (within noise, p = 0.12)" in text
+
+
+def test_the_noise_scale_is_pooled_over_steps_before_dividing() -> None:
+    from gagar.driver.report import pooled_noise_scale
+
+    records = [_record(1, 0.2), _record(2, 0.3), _record(3, 0.3)]
+    records[0] |= {"gradient_noise_trace": 10.0, "gradient_signal_sq": -0.5}  # one noisy step
+    records[1] |= {"gradient_noise_trace": 30.0, "gradient_signal_sq": 1.5}
+    assert pooled_noise_scale(records) == 40.0 / 1.0  # not the mean of per-step ratios
+    rows = dict(summary_rows(REPORT, records))
+    assert rows["gradient noise scale, tokens"] == "40 (tr Σ and ‖G‖² pooled over 2 steps)"
+    records[1]["gradient_signal_sq"] = 0.25
+    assert pooled_noise_scale(records) is None
+    assert "undefined" in dict(summary_rows(REPORT, records))["gradient noise scale, tokens"]
