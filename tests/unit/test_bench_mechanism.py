@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import json
+import math
 import sys
 from pathlib import Path
 
@@ -114,3 +115,15 @@ def test_tiny_grid_writes_protocol_cells_and_holm_tests(tmp_path: Path) -> None:
     for t in data["tests"]:
         assert t["n"] == 3 and t["p_holm"] >= t["p_value"]
     assert all((tmp_path / "mech" / f"{k}.png").exists() for k in m.PRIMARY)
+
+
+def test_noise_scale_bench_measures_both_arms_on_the_same_batches(tmp_path: Path) -> None:
+    from bench import mechanism_noise as mn
+
+    row = mn.measure("uniform", 1.0, 0.0, batches=6)
+    assert set(row["arms"]) == {"grpo", "gagar"}
+    for arm in row["arms"].values():
+        assert arm["trace_sigma"] > 0
+        assert arm["noise_scale_tokens"] == arm["trace_sigma"] / arm["grad_sq_norm"]
+    low, high = row["ratio_ci95"]
+    assert low <= row["ratio_gagar_over_grpo"] <= high or math.isnan(low)
