@@ -155,7 +155,8 @@ def replay_group(
 
 
 def summarize(per_arm: dict[str, dict[str, list[float]]]) -> dict[str, Any]:
-    """Mean (95 % interval over groups) per arm and metric; paired tests of each arm vs grpo."""
+    """Mean (95 % interval over groups) per arm and metric; paired tests of each arm vs grpo over
+    the groups (the unit: each group's update starts from the same weights), Holm over all."""
     keys = ("gap_change", "gradient_variance", "scale_free_variance")
     means = {arm: {k: stats.mean_ci95(v[k]) for k in keys} for arm, v in per_arm.items()}
     tests = {
@@ -163,6 +164,9 @@ def summarize(per_arm: dict[str, dict[str, list[float]]]) -> dict[str, Any]:
         for arm, v in per_arm.items()
         if arm != "grpo"
     }
+    family = [t for per in tests.values() for t in per.values()]  # Holm over all of them
+    for t, p in zip(family, stats.holm([t["p_value"] for t in family]), strict=True):
+        t["p_holm"] = p
     return {"means": means, "tests": tests}
 
 

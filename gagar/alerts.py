@@ -80,6 +80,13 @@ def alerts(w: Windows) -> list[Alert]:
     """The alert catalogue (DESIGN §4): what goes wrong in GAGAR/GRPO runs, per run."""
     mean = _mean_length(w.short)
     variance = metric("gagar_gradient_variance")
+    trace, signal = metric("gagar_gradient_noise_trace"), metric("gagar_gradient_signal_sq")
+
+    def noise(window: str) -> str:  # B pooled over the window: one step's ‖G‖² is too noisy
+        return (
+            f"max by ({BY}) (avg_over_time({trace}[{window}]) / avg_over_time({signal}[{window}]))"
+        )
+
     fallbacks = metric("gagar_grader_fallbacks_total")
     # both sides from the trainer (one target, the same run and namespace labels): the groups it
     # had graded, wherever the grader ran (a pool, an endpoint, in process)
@@ -117,6 +124,18 @@ def alerts(w: Windows) -> list[Alert]:
             "Gradient variance spike on run {{ $labels.run }}",
             "Micro-batch gradient variance is {{ $value | humanize }}× its median over "
             f"{w.long}; training may be about to diverge.",
+        ),
+        Alert(
+            "GagarGradientSignalLost",
+            f"{noise(w.short)} / clamp_min({noise(w.long)}, 1e-12)",
+            ">",
+            "10",
+            "warning",
+            "Gradient signal lost on run {{ $labels.run }}",
+            "The gradient noise scale (tr Σ and ‖G‖² pooled over "
+            f"{w.short}) is {{{{ $value | humanize }}}}× its value pooled over "
+            f"{w.long}: the step's batch is far below the noise scale, so updates are mostly "
+            "noise (advantages collapsing to zero, or a stuck policy).",
         ),
         Alert(
             "GagarStalledStep",

@@ -154,9 +154,18 @@ def rl_health() -> Dashboard:
                         description="Trace of the covariance of micro-batch gradients.",
                     ),
                     Panel(
-                        "Scale-free gradient variance",
-                        [gauge("gagar_gradient_variance_scaled")],
-                        description="tr Cov / ‖ḡ‖²: comparable across arms that rescale advantages.",
+                        "Gradient noise scale",
+                        [
+                            gauge("gagar_gradient_noise_scale", "step {{run}}"),
+                            (
+                                f"avg_over_time({gauge('gagar_gradient_noise_trace')[0]}[30m]) / "
+                                f"avg_over_time({gauge('gagar_gradient_signal_sq')[0]}[30m])",
+                                "30 min pooled {{run}}",
+                            ),
+                        ],
+                        description="B = tr Σ / ‖G‖² in tokens (McCandlish et al. 2018): the batch "
+                        "at which gradient noise equals signal; independent of the micro-batch "
+                        "count and of the advantages' scale.",
                     ),
                     Panel(
                         "Gradient norms",

@@ -292,7 +292,27 @@ def _defs() -> list[MetricDef]:
         MetricDef(
             "gagar_gradient_variance_scaled",
             G,
-            "Scale-free gradient variance, tr Cov / ‖ḡ‖² (advantage rescaling cancels out).",
+            "tr Cov / ‖ḡ‖²: about M − 1 for nearly orthogonal micro-batch gradients whatever the "
+            "algorithm (kept for old dashboards; gagar_gradient_noise_scale measures).",
+            t,
+        ),
+        MetricDef(
+            "gagar_gradient_noise_scale",
+            G,
+            "Gradient noise scale B = tr Σ / ‖G‖² in tokens (McCandlish et al. 2018), unbiased "
+            "from micro-batch and full-batch squared norms; absent when ‖G‖² comes out ≤ 0.",
+            t,
+        ),
+        MetricDef(
+            "gagar_gradient_noise_trace",
+            G,
+            "tr Σ per token, the noise scale's numerator (average over steps before dividing).",
+            t,
+        ),
+        MetricDef(
+            "gagar_gradient_signal_sq",
+            G,
+            "Unbiased ‖G‖², the noise scale's denominator (one step's value can be ≤ 0).",
             t,
         ),
         MetricDef("gagar_tokens_trained_total", c, "Policy-generated tokens trained on.", t),

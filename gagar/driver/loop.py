@@ -242,6 +242,10 @@ def _group_facts(
         "lambdas": redistributed,
         "factors": [float(factors[gi, j]) for gi, j in passes],
         "bloated_passes_ratio": sum(below_t1) / len(below_t1) if below_t1 else 0.0,
+        # the counts behind the ratio: the summary pools them over steps (x of n), never
+        # averages per-step ratios of 3 or 4 passes
+        "bloated_passes": sum(below_t1),
+        "graded_passes": len(below_t1),
     }
 
 
@@ -260,6 +264,8 @@ def _rollout_facts(all_groups: list[GroupResult]) -> dict[str, Any]:
     turns = [r.trajectory.num_turns for r in valid]
     return {
         "pass_rate": sum(r.passed for r in valid) / len(valid) if valid else 0.0,
+        "passes": sum(r.passed for r in valid),
+        "valid_trajectories": len(valid),
         "reward_mean": sum(r.passed for r in valid) / len(valid) if valid else 0.0,
         "invalid": invalid,
         "flagged_turns": flagged,
@@ -281,7 +287,8 @@ LEARNER_FIELDS = {
     "clip_dual_ratio": "pg_clipfrac_dual", "ratio_mean": "ratio_mean", "ratio_max": "ratio_max",
     "tis_weight": "tis_weight", "grad_norm": "grad_norm", "gradient_variance": "gradient_variance",
     "gradient_variance_scaled": "gradient_variance_scaled",
-    "gradient_mean_norm": "gradient_mean_norm",
+    "gradient_mean_norm": "gradient_mean_norm", "gradient_noise_scale": "gradient_noise_scale",
+    "gradient_noise_trace": "gradient_noise_trace", "gradient_signal_sq": "gradient_signal_sq",
 }  # fmt: skip
 
 
@@ -312,6 +319,8 @@ def _train(ctx: Context, collected: Any) -> tuple[dict[str, Any], dict[str, Any]
             "graded_by": {},
             "hacks": 0,
             "bloated_passes_ratio": 0.0,
+            "bloated_passes": 0,
+            "graded_passes": 0,
             "trained_groups": 0,
         }, {}
     rollouts = [g.rollouts for g in groups]
@@ -330,6 +339,7 @@ def _train(ctx: Context, collected: Any) -> tuple[dict[str, Any], dict[str, Any]
         **{f"adv_before_{k}": v for k, v in rep.summarize(before).items()},
         **{f"adv_after_{k}": v for k, v in rep.summarize(after).items()},
         **{k: facts[k] for k in ("fallbacks", "graded_by", "hacks", "bloated_passes_ratio")},
+        **{k: facts[k] for k in ("bloated_passes", "graded_passes")},
     }
     return record, {
         "adv_before": before,

@@ -13,6 +13,8 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
+from scipy.stats import binomtest, fisher_exact
+
 from gagar.metrics import Metrics
 
 GAUGES = {
@@ -38,6 +40,9 @@ GAUGES = {
     "ratio_mean": "gagar_importance_ratio_mean",
     "ratio_max": "gagar_importance_ratio_max",
     "gradient_mean_norm": "gagar_gradient_mean_norm",
+    "gradient_noise_scale": "gagar_gradient_noise_scale",
+    "gradient_noise_trace": "gagar_gradient_noise_trace",
+    "gradient_signal_sq": "gagar_gradient_signal_sq",
     "checkpoint_step": "gagar_checkpoint_step",
 }
 
@@ -134,9 +139,9 @@ PLOTS = {
     "bloat.png": (("bloated_passes_ratio",), "share of passes graded below T1"),
     "lambda.png": (("lambda_mean",), "mean λ of redistributed groups"),
     "gradient_variance.png": (("gradient_variance",), "tr Cov of micro-batch gradients"),
-    "gradient_variance_scaled.png": (
-        ("gradient_variance_scaled",),
-        "scale-free gradient variance: tr Cov / ‖mean gradient‖²",
+    "gradient_noise_scale.png": (
+        ("gradient_noise_scale",),
+        "gradient noise scale B = tr Σ / ‖G‖² (tokens)",
     ),
     "learning.png": (
         ("lr", "kl", "clip_ratio", "ratio_max"),
@@ -204,6 +209,7 @@ def write_report(
         "first": records[0] if records else None,
         "last": records[-1] if records else None,
         "plots": sorted([*PLOTS, STAGES_PLOT]),
+        "gradient_noise_scale_pooled": pooled_noise_scale(records),
     }
     (out / "report.json").write_text(json.dumps(report, indent=2))
     return report
@@ -218,6 +224,77 @@ def _trend(records: list[dict[str, Any]], key: str, k: int = 5, fmt: str = ".2f"
     if len(vals) <= k:
         return f"{statistics.fmean(vals):{fmt}}"
     return f"{statistics.fmean(head):{fmt}} → {statistics.fmean(tail):{fmt}}"
+
+
+def pooled_noise_scale(records: list[dict[str, Any]]) -> float | None:
+    """B over the run: mean tr Σ / mean ‖G‖² over the steps that have both (McCandlish's advice:
+    one step's ‖G‖² estimate is noisy and can be ≤ 0); None when the pooled ‖G‖² is ≤ 0 too."""
+    have = [r for r in records if r.get("gradient_noise_trace") is not None]
+    signal = sum(float(r["gradient_signal_sq"]) for r in have)
+    if not have or signal <= 0:
+        return None
+    return sum(float(r["gradient_noise_trace"]) for r in have) / signal
+
+
+def _noise_row(records: list[dict[str, Any]]) -> str:
+    steps = sum(r.get("gradient_noise_trace") is not None for r in records)
+    if not steps:
+        return "–"
+    b = pooled_noise_scale(records)
+    if b is None:
+        return f"undefined: pooled ‖G‖² ≤ 0 over {steps} steps (noise dominates)"
+    return f"{b:.3g} (tr Σ and ‖G‖² pooled over {steps} steps)"
+
+
+def _pooled(records: list[dict[str, Any]], x: str, n: str) -> tuple[int, int] | None:
+    """Counts pooled over steps (Σx of Σn); None when a record lacks them (an older run)."""
+    if not records or any(r.get(x) is None or r.get(n) is None for r in records):
+        return None
+    return sum(int(r[x]) for r in records), sum(int(r[n]) for r in records)
+
+
+def _rate(x: int, n: int) -> str:
+    """``x/n = 0.25 [0.15, 0.38]``: the share and its exact (Clopper-Pearson) 95 % interval."""
+    if n == 0:
+        return "0/0"
+    ci = binomtest(x, n).proportion_ci(0.95, method="exact")
+    return f"{x}/{n} = {x / n:.2f} [{ci.low:.2f}, {ci.high:.2f}]"
+
+
+def _verdict(p: float) -> str:
+    return f"within noise, p = {p:.2g}" if p >= 0.05 else f"p = {p:.2g}"
+
+
+def _pooled_trend(records: list[dict[str, Any]], x: str, n: str, k: int) -> str | None:
+    """First k steps' pooled share → last k steps', each with its interval, and Fisher's exact
+    test of the two (trajectories of a group share a task, so read p as optimistic)."""
+    head, tail = _pooled(records[:k], x, n), _pooled(records[-k:], x, n)
+    if head is None or tail is None:
+        return None
+    if len(records) <= k:
+        return _rate(*head)
+    (x1, n1), (x2, n2) = head, tail
+    if n1 == 0 or n2 == 0:
+        return f"{_rate(x1, n1)} → {_rate(x2, n2)}"
+    p = fisher_exact([[x1, n1 - x1], [x2, n2 - x2]]).pvalue
+    return f"{_rate(x1, n1)} → {_rate(x2, n2)} ({_verdict(float(p))})"
+
+
+def _probe_change(start: dict[str, Any], end: dict[str, Any]) -> str:
+    """Probe start → end: pooled counts with intervals, and the exact sign (McNemar) test on the
+    samples that changed (the same samples and seeds at both ends)."""
+    pairs = [
+        (a["passed"], b["passed"])
+        for a, b in zip(start.get("samples") or [], end.get("samples") or [], strict=False)
+        if a.get("valid") and b.get("valid")
+    ]
+    if not pairs:
+        return f"{start['pass_rate']:.2f} → {end['pass_rate']:.2f} ({end['valid']} samples)"
+    x1, x2, n = sum(a for a, _ in pairs), sum(b for _, b in pairs), len(pairs)
+    gained = sum(b and not a for a, b in pairs)
+    lost = sum(a and not b for a, b in pairs)
+    p = binomtest(gained, gained + lost).pvalue if gained + lost else 1.0
+    return f"{_rate(x1, n)} → {_rate(x2, n)}; {gained} gained, {lost} lost ({_verdict(float(p))})"
 
 
 def summary_rows(report: dict[str, Any], records: list[dict[str, Any]]) -> list[tuple[str, str]]:
@@ -238,26 +315,29 @@ def summary_rows(report: dict[str, Any], records: list[dict[str, Any]]) -> list[
     rows.append(("RL steps", str(report["steps"])))
     if records:
         k = min(5, max(1, len(records) // 2))
+        pass_rate = _pooled_trend(records, "passes", "valid_trajectories", k)
+        bloated = _pooled_trend(records, "bloated_passes", "graded_passes", k)
         rows += [
-            (f"training pass rate (first {k} → last {k} steps)", _trend(records, "pass_rate", k)),
-            ("bloated share of passes", _trend(records, "bloated_passes_ratio", k)),
+            (
+                f"training pass rate (first {k} → last {k} steps)",
+                pass_rate or _trend(records, "pass_rate", k),
+            ),
+            # an older run without counts: the mean of per-step ratios, as it was
+            ("bloated share of passes", bloated or _trend(records, "bloated_passes_ratio", k)),
             ("response tokens per trajectory", _trend(records, "response_tokens_mean", k, ".0f")),
             ("step time, s", f"{statistics.fmean(r['step_seconds'] for r in records):.1f} mean"),
+            ("gradient noise scale, tokens", _noise_row(records)),
         ]
     probe = report.get("probe") or {}
     if probe.get("start") and probe.get("end"):
         start, end = probe["start"], probe["end"]
-        rows.append(
-            (
-                "probe pass rate (start → end)",  # short: a longer name wraps on 80 columns
-                f"{start['pass_rate']:.2f} → {end['pass_rate']:.2f} ({end['valid']} samples)",
-            )
-        )
+        # short name: a longer one wraps on 80 columns
+        rows.append(("probe pass rate (start → end)", _probe_change(start, end)))
     held = report.get("held_out") or {}
     if held.get("tasks"):
         solved = round(held["resolution_rate"] * held["valid"])
         rows += [
-            ("held-out resolved", f"{solved}/{held['valid']} ({held['resolution_rate']:.0%})"),
+            ("held-out resolved", _rate(solved, held["valid"])),
             ("held-out response tokens", f"{held['response_tokens_mean']:.0f}"),
         ]
     return rows

@@ -41,7 +41,7 @@ from gagar.metrics import Metrics
 from gagar.rollout.chat import HFChatFormat
 from gagar.rollout.envs import synthetic
 from gagar.sandbox.types import SessionFactory
-from gagar.spec import GRADER_SERVED_NAME, GagarRun
+from gagar.spec import GRADER_SERVED_NAME, AgentSpec, GagarRun
 from gagar.trainer.checkpoint import CheckpointError, CheckpointManager, skip, truncate_jsonl
 from gagar.trainer.distributed import LayoutMismatch, RankState, Team
 from gagar.trainer.learner import DataParallel, Learner, LearnerConfig, Sample
@@ -126,6 +126,15 @@ def load_policy(policy_dir: Path) -> Any:
     return model
 
 
+def max_response_tokens(agent: AgentSpec) -> int:
+    """Most tokens the policy can generate in one trajectory: ``maxTurns × maxTokensPerTurn``,
+    and never more than the context. Dr. GRPO's constant normaliser (``seq-mean-token-sum-norm``)
+    is this, the maximum *response* length, not the context length: the context also holds the
+    prompt and the tool outputs, which carry no loss, and a larger constant only shrinks every
+    gradient by the same factor (an lr change in disguise)."""
+    return min(agent.max_turns * agent.max_tokens_per_turn, agent.max_context_tokens)
+
+
 def build_learner(
     run: GagarRun,
     model: Any,
@@ -146,7 +155,7 @@ def build_learner(
     )
     loss = LossConfig(
         eps_low=lo.clip_low, eps_high=lo.clip_high, dual_clip=lo.dual_clip, agg_mode="token-mean" if sft else lo.aggregation,
-        max_len=run.spec.rollout.agent.max_context_tokens, tis_cap=lo.truncated_is_cap, kl_coef=0.0 if sft else lo.kl.coef, kl_estimator=lo.kl.estimator,
+        max_len=max_response_tokens(run.spec.rollout.agent), tis_cap=lo.truncated_is_cap, kl_coef=0.0 if sft else lo.kl.coef, kl_estimator=lo.kl.estimator,
     )  # fmt: skip
     tp = current_parallel().tp
     schedule = LRSchedule(o.lr, o.warmup_steps, o.schedule, o.min_lr, alg.total_steps)

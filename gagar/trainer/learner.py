@@ -212,6 +212,7 @@ def _check(samples: list[Sample]) -> None:
 # Token means over the optimizer steps (weighted by each step's tokens); the rest as named.
 _MAXIMA = ("ratio_max",)
 _STEP_MEANS = ("grad_norm", "gradient_variance", "gradient_mean_norm", "gradient_variance_scaled")
+_STEP_MEANS += ("gradient_noise_scale", "gradient_noise_trace", "gradient_signal_sq")
 
 
 class Learner:
@@ -352,7 +353,7 @@ class Learner:
         for batch in mini.micro:
             loss, metrics, peaks = self._micro_step(batch, mini.counts)
             if batch.real:  # a zero-weight round adds nothing to the gradient or the metrics
-                tracker.after_micro_batch()
+                tracker.after_micro_batch(float(batch.mask.sum()))
                 for key, value in {"loss": loss.detach(), **metrics}.items():
                     totals[key] = totals.get(key, 0.0) + float(value)
                 for key, value in peaks.items():
@@ -374,6 +375,9 @@ class Learner:
             totals = dp.sum_metrics(totals)
             maxima = dp.max_metrics(maxima)
         variance, mean_norm = tracker.result(dp.reduce_variance if dp is not None else None)
+        trace, signal, noise = tracker.noise(
+            counts.num_tokens, dp.reduce_variance if dp is not None else None
+        )
         grad_norm = dp.grad_norm(params) if dp is not None else _local_norm(params)
         if not math.isfinite(grad_norm):
             self.optimizer.zero_grad(set_to_none=True)
@@ -385,6 +389,10 @@ class Learner:
             totals["gradient_variance"] = variance
             if mean_norm > 0:
                 totals["gradient_variance_scaled"] = variance / mean_norm**2
+        if math.isfinite(trace):  # B's parts, to pool over steps (one step's ‖G‖² may be ≤ 0)
+            totals.update(gradient_noise_trace=trace, gradient_signal_sq=signal)
+        if noise is not None:  # ‖G‖² estimated ≤ 0 this step: undefined, not 0
+            totals["gradient_noise_scale"] = noise
         totals["tokens"] = counts.num_tokens
         totals["micro_batches"] = (
             float(tracker.num_micro) if dp is None else _global_micro(tracker, dp)

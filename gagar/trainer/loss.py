@@ -209,7 +209,10 @@ def ppo_clip(adv: Tensor, log_ratio: Tensor, cfg: LossConfig) -> tuple[Tensor, T
 
 
 def kl_penalty(logp: Tensor, ref_logp: Tensor, estimator: KLEstimator) -> Tensor:
-    """Per-token KL(π‖π_ref) estimate (N, T) from sampled tokens: k1, k2 or k3 (Schulman)."""
+    """Per-token KL(π‖π_ref) estimate (N, T) from sampled tokens: k1, k2 or k3 (Schulman).
+
+    As a loss only the expected gradient matters: k1's is zero (E_π ∇log π = 0), k2's is that of
+    KL(π‖π_ref), k3's that of KL(π_ref‖π) (docs/trainer.md)."""
     log_r = (logp - ref_logp).clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)  # (N, T)
     if estimator == "k1":
         return log_r

@@ -60,5 +60,12 @@ def test_two_replicas_equal_one_process(tmp_path) -> None:
             abs(m["gradient_variance"] - ref["gradient_variance"]) < 1e-4 * ref["gradient_variance"]
         )
         assert m["micro_batches"] == ref["micro_batches"] == 4
+        # the noise scale's extra stats go through the same all-reduce: one process's value
+        for key in ("gradient_noise_trace", "gradient_signal_sq"):  # always there with M ≥ 2
+            assert abs(m[key] - ref[key]) < 1e-4 * abs(ref[key])
+        noise, ref_noise = m.get("gradient_noise_scale"), ref.get("gradient_noise_scale")
+        assert (noise is None) == (ref_noise is None)
+        if ref_noise is not None:
+            assert abs(noise - ref_noise) < 1e-4 * abs(ref_noise)
         for p, q in zip(got["params"], model.parameters(), strict=True):
             assert torch.allclose(p, q.detach(), atol=1e-6)

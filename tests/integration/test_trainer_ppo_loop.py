@@ -63,6 +63,8 @@ def test_mini_batches_kl_and_warmup_train_and_resume(services, tmp_path) -> None
     assert records[0]["checkpoint_seconds"] == 0.0  # no checkpoint at step 1
     assert records[1]["checkpoint_seconds"] > 0 and records[2]["checkpoint_seconds"] > 0
     assert all("gradient_variance_scaled" in r for r in records)
+    # the noise scale's parts are in every record (B itself only where ‖G‖² came out > 0)
+    assert all({"gradient_noise_trace", "gradient_signal_sq"} <= set(r) for r in records)
 
     refs = {}
     for step in (2, 3):

@@ -88,3 +88,5 @@ def test_summary_pairs_every_arm_with_grpo() -> None:
     assert test["gap_change"]["p_value"] == pytest.approx(2 / 64) and test["gap_change"]["n"] == 6
     assert test["scale_free_variance"]["n"] == 0 and test["scale_free_variance"]["p_value"] == 1.0
     assert s["means"]["gagar"]["gap_change"]["mean"] == pytest.approx(0.1)
+    # Holm over the 3 tests: the smallest p times 3
+    assert test["gap_change"]["p_holm"] == pytest.approx(3 * 2 / 64)

@@ -1,4 +1,4 @@
-"""The bench's exact tests and intervals against values computed by hand (scipy agrees)."""
+"""The benches' tests and intervals (scipy.stats underneath) against values computed by hand."""
 
 from __future__ import annotations
 
@@ -33,7 +33,7 @@ def test_wilcoxon_exact_small_samples() -> None:
 
 def test_wilcoxon_with_ties_matches_brute_force_enumeration() -> None:
     diffs = [0.5, -0.5, 1.0, 1.0, -2.0, 3.0, 3.0, 3.0]
-    ranks = stats._midranks([abs(d) for d in diffs])
+    ranks = [1.5, 1.5, 3.5, 3.5, 5, 7, 7, 7]  # mid-ranks of |d|
     observed = sum(r for r, d in zip(ranks, diffs, strict=True) if d > 0)
     sums = [sum(r for r, s in zip(ranks, signs, strict=True) if s) for signs in
             itertools.product([0, 1], repeat=len(diffs))]  # fmt: skip
@@ -46,17 +46,49 @@ def test_wilcoxon_with_ties_matches_brute_force_enumeration() -> None:
 
 def test_mean_ci95_uses_student_t_over_seeds() -> None:
     out = stats.mean_ci95([1.0, 2.0, 3.0])
-    half = 4.303 * 1.0 / math.sqrt(3)
+    half = 4.302652729911275 * 1.0 / math.sqrt(3)  # t(0.975, df = 2)
     assert out["mean"] == 2.0 and out["n"] == 3
     assert (out["low"], out["high"]) == (pytest.approx(2 - half), pytest.approx(2 + half))
     assert math.isnan(stats.mean_ci95([1.0])["low"])
     assert stats.mean_ci95([float("nan"), 1.0, 3.0])["n"] == 2
-    assert stats.t975(1000) == 1.96
-    with pytest.raises(ValueError):
-        stats.t975(0)
+    assert stats.mean_ci95([2.0, 2.0])["low"] == 2.0  # no spread: a zero-width interval
 
 
 def test_paired_drops_undefined_pairs() -> None:
     out = stats.paired([1.0, 2.0, float("nan"), 4.0], [0.0, 0.0, 1.0, 0.0])
     assert out["pairs"] == 3 and out["mean_difference"] == pytest.approx(7 / 3)
     assert out["p_value"] == 0.25 and out["sign_p_value"] == 0.25
+
+
+def test_run_mean_summarises_a_step_series_per_run() -> None:
+    assert stats.run_mean([0.25, None, 0.75, float("nan")]) == 0.5
+    assert math.isnan(stats.run_mean([None]))
+
+
+def test_holm_adjusts_over_the_whole_family() -> None:
+    assert stats.holm([0.01, 0.04, 0.03]) == pytest.approx([0.03, 0.06, 0.06])
+    assert stats.holm([0.5, 0.001]) == pytest.approx([0.5, 0.002])
+    assert stats.holm([0.9, 0.8]) == [1.0, 1.0]  # 2 × 0.8 capped at 1, then monotone
+    assert stats.holm([]) == []
+
+
+def test_paired_t_by_hand() -> None:
+    a, b = [1.0, 2.0, 3.0, 4.5], [0.0, 1.5, 2.0, 3.0]
+    d = [1.0, 0.5, 1.0, 1.5]
+    mean = sum(d) / 4
+    sd = math.sqrt(sum((x - mean) ** 2 for x in d) / 3)
+    out = stats.paired_t(a, b)
+    assert out["n"] == 4 and out["mean_difference"] == pytest.approx(mean)
+    assert out["statistic"] == pytest.approx(mean / (sd / 2))
+    half = 3.182446305284263 * sd / 2  # t(0.975, df = 3)
+    assert (out["low"], out["high"]) == (pytest.approx(mean - half), pytest.approx(mean + half))
+    assert out["effect_size"] == pytest.approx(mean / sd)
+    assert stats.paired_t([1.0], [0.0])["p_value"] == 1.0  # one unit: nothing to test
+
+
+def test_proportion_ci_is_clopper_pearson() -> None:
+    low, high = stats.proportion_ci(0, 10)
+    assert low == 0.0 and high == pytest.approx(1 - 0.025 ** (1 / 10))
+    low, high = stats.proportion_ci(10, 10)
+    assert high == 1.0 and low == pytest.approx(0.025 ** (1 / 10))
+    assert stats.proportion_ci(0, 0) == (0.0, 1.0)

@@ -100,6 +100,7 @@ def test_every_alert_groups_by_run_and_has_docs() -> None:
         "GagarLengthExplosion",
         "GagarGraderFallbackRate",
         "GagarGradientVarianceSpike",
+        "GagarGradientSignalLost",
         "GagarStalledStep",
         "GagarPoolNotReady",
     }

@@ -205,9 +205,12 @@ def test_gradient_variance_is_absent_for_one_micro_batch_and_scale_free_beside()
     one = Learner(opt_model, torch.optim.SGD(opt_model.parameters(), lr=0.1), LearnerConfig(8))
     metrics = one.update(_samples())
     assert "gradient_variance" not in metrics and "gradient_variance_scaled" not in metrics
+    assert "gradient_noise_scale" not in metrics  # one batch size: no noise-scale estimate
     many = _learner(TinyLM()).update(_samples())
     var, norm = many["gradient_variance"], many["gradient_mean_norm"]
     assert many["gradient_variance_scaled"] == pytest.approx(var / norm**2)
+    # the noise scale is tr Σ / ‖G‖², positive wherever ‖G‖² came out > 0
+    assert many.get("gradient_noise_scale", 1.0) > 0
 
 
 def test_schedule_warms_up_then_holds_or_decays() -> None:

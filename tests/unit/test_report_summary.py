@@ -36,7 +36,7 @@ def test_rows_show_the_trend_the_warm_start_and_the_held_out_score() -> None:
     assert rows["training pass rate (first 5 → last 5 steps)"] == "0.10 → 0.50"
     assert rows["copy curriculum"] == "400 steps, NLL/token 8.37 → 5.31"
     assert rows["SFT warm start"] == "400 steps, NLL/token 6.99 → 0.04"
-    assert rows["held-out resolved"] == "2/16 (12%)"
+    assert rows["held-out resolved"] == "2/16 = 0.12 [0.02, 0.38]"
     # steps without a bloat measurement are skipped, not counted as 0
     assert rows["bloated share of passes"] == "0.50 → 0.50"
     assert not any("{" in v for v in rows.values())
@@ -65,3 +65,52 @@ def test_a_cached_warm_start_says_so() -> None:
     report = {**REPORT, "warm_start": {**REPORT["warm_start"], "cached": True}}
     rows = dict(summary_rows(report, []))
     assert rows["SFT warm start (cached on this machine)"] == "400 steps, NLL/token 6.99 → 0.04"
+
+
+def _counted(step: int, passes: int, bloated: int, graded: int) -> dict:
+    rec = _record(step, passes / 16, bloated / graded if graded else 0.0)
+    counts = {"passes": passes, "valid_trajectories": 16}
+    return rec | counts | {"bloated_passes": bloated, "graded_passes": graded}
+
+
+def test_small_numbers_are_pooled_counts_with_intervals_and_a_verdict() -> None:
+    # the run that printed "bloated share 0.23 → 0.67": means of per-step ratios over 3-4 passes,
+    # several steps counting one bloated pass of one as 1.0
+    records = [_counted(i, 3, 1, 3) for i in range(1, 6)]  # 5 of 15 bloated
+    records += [_counted(i, 3, [1, 1, 0, 3, 1][i - 6], 3) for i in range(6, 11)]
+    rows = dict(summary_rows(REPORT, records))
+    bloat = rows["bloated share of passes"]
+    assert bloat.startswith("5/15 = 0.33 [0.12, 0.62] → 6/15 = 0.40 [0.16, 0.68]")
+    assert "within noise" in bloat
+    many = [_counted(i, 2, 0, 2) for i in range(1, 6)] + [
+        _counted(i, 14, 0, 2) for i in range(6, 11)
+    ]
+    rate = dict(summary_rows(REPORT, many))["training pass rate (first 5 → last 5 steps)"]
+    assert rate.startswith("10/80 = 0.12") and "within noise" not in rate and "p = " in rate
+
+
+def test_the_probe_change_counts_the_samples_that_moved() -> None:
+    def ev(passed: list[bool]) -> dict:
+        samples = [{"valid": True, "passed": p} for p in passed]
+        return {"valid": len(passed), "pass_rate": sum(passed) / len(passed), "samples": samples}
+
+    start = [i < 16 for i in range(64)]
+    end = [i < 20 for i in range(64)]  # 4 gained, none lost: p = 2/16
+    rows = dict(summary_rows({**REPORT, "probe": {"start": ev(start), "end": ev(end)}}, []))
+    text = rows["probe pass rate (start → end)"]
+    assert text.startswith("16/64 = 0.25 [0.15, 0.37] → 20/64 = 0.31 [0.20, 0.44]")
+    assert "4 gained, 0 lost (within noise, p = 0.12)" in text
+
+
+def test_the_noise_scale_is_pooled_over_steps_before_dividing() -> None:
+    from gagar.driver.report import pooled_noise_scale
+
+    records = [_record(1, 0.2), _record(2, 0.3), _record(3, 0.3)]
+    records[0] |= {"gradient_noise_trace": 10.0, "gradient_signal_sq": -0.5}  # one noisy step
+    records[1] |= {"gradient_noise_trace": 30.0, "gradient_signal_sq": 1.5}
+    assert pooled_noise_scale(records) == 40.0 / 1.0  # not the mean of per-step ratios
+    rows = dict(summary_rows(REPORT, records))
+    assert rows["gradient noise scale, tokens"] == "40 (tr Σ and ‖G‖² pooled over 2 steps)"
+    records[1]["gradient_signal_sq"] = 0.25
+    assert pooled_noise_scale(records) is None
+    assert "undefined" in dict(summary_rows(REPORT, records))["gradient noise scale, tokens"]

@@ -57,3 +57,24 @@ def test_accepted_fields_reach_the_learner_config(monkeypatch) -> None:
     assert learner.reference is None  # kl.coef 0: no reference model at all
     sft = build_learner(run, model, sft=True)
     assert (sft.cfg.mini_batches, sft.cfg.epochs, sft.cfg.lr) == (1, 1, None)
+
+
+def test_dr_grpo_constant_is_the_maximum_response_length(monkeypatch) -> None:
+    """Dr. GRPO divides by the maximum generated length, not the context length."""
+    from gagar.driver.setup import build_learner
+    from gagar.trainer.model import parallel
+
+    monkeypatch.setattr(parallel, "current_parallel", lambda: parallel.Parallel(1, 1, 1))
+    import torch
+
+    agent = {"maxTurns": 4, "maxTokensPerTurn": 256, "maxContextTokens": 8192}
+    doc = with_spec(
+        "spec.algorithm", {"loss": {"aggregation": "seq-mean-token-sum-norm"}}, minimal()
+    )
+    doc = with_spec("spec.rollout.agent", agent, doc)
+    learner = build_learner(GagarRun.model_validate(doc), torch.nn.Linear(2, 2))
+    assert learner.cfg.loss.max_len == 4 * 256
+    long = with_spec("spec.rollout.agent", agent | {"maxTurns": 64}, doc)
+    assert (
+        build_learner(GagarRun.model_validate(long), torch.nn.Linear(2, 2)).cfg.loss.max_len == 8192
+    )
