@@ -214,3 +214,22 @@ def export_hf(path: Path, policy_dir: Path, out: Path) -> None:
     model = build_model(read_config(policy_dir))
     load_model(path, model)
     save_hf_checkpoint(model, out, policy_dir)
+
+
+def read_tensors(path: Path) -> dict[str, torch.Tensor]:
+    """Every tensor of the checkpoint at ``path`` whole, by its global key (``decoder.layers...``
+    with the layers stacked first, ``optimizer.state.exp_avg.<key>``, ``reference.<key>``), in
+    this one process: for inspection and tests, no process group needed."""
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.metadata import TensorStorageMetadata
+
+    check_safe(path)
+    reader = dcp.FileSystemReader(str(path))
+    items = reader.read_metadata().state_dict_metadata.items()
+    out = {
+        k: torch.empty(m.size, dtype=m.properties.dtype)
+        for k, m in items
+        if isinstance(m, TensorStorageMetadata)
+    }
+    dcp.load(out, storage_reader=reader, no_dist=True)
+    return out
