@@ -1,6 +1,6 @@
 """A checkpoint saved at one parallel layout resumes at another (two CPU processes, gloo).
 
-Per model (dense Qwen2 at TP=2, Qwen3-MoE at EP=2) one two-process job (spawned once: starting
+Per model (dense Qwen2 with tied embeddings at TP=2, Qwen3-MoE at EP=2) one two-process job (spawned once: starting
 Megatron costs seconds per process) runs, from the same HF weights:
 
 - at the saved layout: a step, a checkpoint, the next step (the uninterrupted run);
@@ -178,7 +178,8 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> dict:
     hf_dirs = {}
     for case, (family, _, _) in CASES.items():
         hf_dirs[case] = str(tmp / f"hf-{case}")
-        save_random_hf_model(family, hf_dirs[case], vocab_size=VOCAB)
+        tied = case == "dense-tp2"  # as the presets (tiny, SmolLM2) are
+        save_random_hf_model(family, hf_dirs[case], vocab_size=VOCAB, tie_word_embeddings=tied)
     start = time.perf_counter()
     mp.spawn(_worker, args=(str(tmp), hf_dirs), nprocs=WORLD, join=True)
     print(f"\n2-process job {time.perf_counter() - start:.1f}s")
