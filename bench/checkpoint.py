@@ -86,6 +86,14 @@ def _measure(rank: Any, fmt: str, repeats: int) -> dict[str, Any]:
             "bytes": _size(rank.ckpt.root / f"step_{repeats:08d}")}  # fmt: skip
 
 
+def _layouts(hf: str, world: int) -> list[dict[str, int]]:
+    """The layouts of ``world`` processes this model takes (SmolLM2-135M's 3 KV heads: no TP=2)."""
+    from gagar.trainer.model import read_config
+
+    heads = int(read_config(hf)["num_key_value_heads"])
+    return [layout for layout in LAYOUTS[world] if heads % layout["tp"] == 0]
+
+
 def _worker(rank_id: int, world: int, hf: str, tmp: str, repeats: int) -> None:
     import warnings
 
@@ -95,7 +103,7 @@ def _worker(rank_id: int, world: int, hf: str, tmp: str, repeats: int) -> None:
 
     warnings.filterwarnings("ignore")
     rows = []
-    for layout in LAYOUTS[world]:
+    for layout in _layouts(hf, world):
         init_distributed(
             Parallel(**layout), rank_id, world, init_method=f"file://{tmp}/rdzv{world}"
         )

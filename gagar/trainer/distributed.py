@@ -31,6 +31,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import timedelta
+from pathlib import Path
 from typing import Any, Literal
 
 import torch
@@ -276,6 +277,15 @@ class RankState:
             parts[_part("reference", r, w)] = reference
         return parts
 
+    def _write(self, staging: Path) -> dict[str, Any]:
+        """This rank's files in ``staging`` (its shards and RNG state, or its per-rank parts);
+        returns their manifest records (the shards' are recorded by rank 0)."""
+        if not self._sharded():
+            return self.ckpt.write_parts(staging, self._parts())
+        sharded.save(staging, self.model, self.learner.optimizer, self._reference_model())
+        rng = {_part("rng", self.rank, self.world): torch.get_rng_state()}
+        return self.ckpt.write_parts(staging, rng)
+
     def save(self, step: int, state: dict[str, Any]) -> None:
         """Every rank writes its parts; rank 0 commits them as one checkpoint."""
         state = {**state, "layout": {"world_size": self.world, **self.layout}}
@@ -286,15 +296,7 @@ class RankState:
             return
         staging = self.ckpt.stage(step, "job") if self.rank == 0 else None
         dist.barrier(group=self.group)
-        path = staging or self.ckpt.staging_path(step, "job")
-        if self._sharded():
-            model, optimizer = self.model, self.learner.optimizer
-            sharded.save(path, model, optimizer, self._reference_model())
-            files = self.ckpt.write_parts(
-                path, {_part("rng", self.rank, self.world): torch.get_rng_state()}
-            )
-        else:
-            files = self.ckpt.write_parts(path, self._parts())
+        files = self._write(staging or self.ckpt.staging_path(step, "job"))
         gathered: list[Any] = [None] * self.world if self.rank == 0 else []
         dist.gather_object(files, gathered if self.rank == 0 else None, dst=0, group=self.group)
         if staging is not None:
