@@ -233,3 +233,23 @@ def read_tensors(path: Path) -> dict[str, torch.Tensor]:
     }
     dcp.load(out, storage_reader=reader, no_dist=True)
     return out
+
+
+def export_checkpoint(step_dir: Path, policy_dir: Path, out: Path) -> Path:
+    """``gagar model export-checkpoint``: in this one process (TP=1, whatever layout saved it),
+    the verified checkpoint at ``step_dir`` as an HF folder ``out``."""
+    import tempfile
+
+    from gagar.trainer.checkpoint import CheckpointManager
+    from gagar.trainer.model import Parallel, destroy_distributed, init_distributed
+
+    CheckpointManager(step_dir.parent).verify(step_dir)
+    if (step_dir / "state.json").exists() and not (step_dir / METADATA).exists():
+        raise CheckpointError(f"{step_dir}: a per-rank checkpoint (resume it to convert it)")
+    with tempfile.TemporaryDirectory() as tmp:
+        init_distributed(Parallel(), rank=0, world_size=1, init_method=f"file://{tmp}/rdzv")
+        try:
+            export_hf(step_dir, policy_dir, out)
+        finally:
+            destroy_distributed()
+    return out

@@ -254,3 +254,31 @@ def test_old_per_rank_checkpoint_loads_at_its_layout_and_names_the_way_elsewhere
     want = out[("first", "next")]["weights"]  # the legacy parts are of the run after its next step
     assert set(loaded) == set(want)
     assert all(torch.equal(loaded[n], want[n]) for n in want)
+
+
+def test_cli_exports_a_tp2_checkpoint_in_one_process(runs: dict, tmp_path: Path) -> None:
+    import subprocess
+    import sys
+
+    from safetensors.torch import load_file
+
+    case = runs["tmp"] / "dense-tp2"
+
+    def export(step_dir: Path, out: Path) -> subprocess.CompletedProcess:
+        cmd = ["model", "export-checkpoint", "--from", str(step_dir), "--to-hf", str(out)]
+        cmd += ["--policy", str(runs["tmp"] / "hf-dense-tp2")]
+        return subprocess.run(
+            [sys.executable, "-m", "gagar.cli", *cmd], capture_output=True, text=True
+        )
+
+    done = export(case / "first" / "step_00000001", tmp_path / "hf")
+    assert done.returncode == 0, done.stderr[-3000:]
+    got, want = (
+        load_file(tmp_path / "hf" / "model.safetensors"),
+        runs["out"]["dense-tp2"][("first", "saved")],
+    )
+    assert set(got) == set(want) and all(torch.equal(got[n], want[n]) for n in want)
+    assert (tmp_path / "hf" / "config.json").is_file()
+    refused = export(case / "legacy" / "step_00000001", tmp_path / "no")
+    assert refused.returncode == 2 and "per-rank checkpoint" in refused.stderr
+    assert not (tmp_path / "no").exists()
