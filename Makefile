@@ -66,6 +66,7 @@ bench: install ## Run the benchmarks (print tables, write JSON under bench/resul
 	$(PYTHON) bench/engine.py
 	$(PYTHON) bench/grader.py
 	$(PYTHON) bench/model.py
+	$(PYTHON) bench/checkpoint.py
 	$(PYTHON) bench/train_step.py
 
 .PHONY: help install lock run test test-slow lint format crd check-generated helm-lint images bench

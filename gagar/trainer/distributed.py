@@ -15,10 +15,15 @@ replicas skipped), and the gradient-variance statistics summed over the job. Und
 parallelism an expert's gradient mixes the micro-batches of every replica that routed tokens to
 it, so the variance is an approximation there (the update itself is exact).
 
-A checkpoint of a job of several ranks holds one ``model``/``optimizer``/``rng`` part per global
-rank (``model-rank00001`` ...): every rank writes its own into rank 0's staging directory, then
-rank 0 writes the manifest and renames it into place, so a kill at any point still leaves the
-previous complete checkpoint. A checkpoint is restored only by a job of the same layout.
+A checkpoint of a Megatron policy holds the model, the optimizer and the KL reference in
+Megatron-Core's layout-independent sharded format (``gagar.trainer.sharded``), plus one ``rng``
+part per global rank (``rng-rank00001`` ...): every rank writes its shards and its RNG state into
+rank 0's staging directory, then rank 0 records their sizes and checksums in the manifest and
+renames it into place, so a kill at any point still leaves the previous complete checkpoint. Such
+a checkpoint resumes at any tensor, expert or data-parallel layout (a rank beyond the saved world
+takes rank 0's RNG state). Checkpoints of the older per-rank format (``model-rank00001``, and the
+one-process ``model``/``optimizer`` parts of a model without sharded state) are restored only
+by a job of the same layout; another layout is refused, saying how to convert them.
 """
 
 from __future__ import annotations
@@ -26,12 +31,14 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import timedelta
+from pathlib import Path
 from typing import Any, Literal
 
 import torch
 import torch.distributed as dist
 from torch._utils import _flatten_dense_tensors, _unflatten_dense_tensors
 
+from gagar.trainer import sharded
 from gagar.trainer.checkpoint import Checkpoint, CheckpointManager
 from gagar.trainer.learner import Learner, Sample
 
@@ -250,6 +257,14 @@ class RankState:
 
         return list(iter_hf_weights(self.model))
 
+    def _sharded(self) -> bool:
+        """Whether checkpoints take the layout-independent format (a Megatron model)."""
+        return dist.is_initialized() and hasattr(self.model, "sharded_state_dict")
+
+    def _reference_model(self) -> Any:
+        reference = self.learner.reference
+        return getattr(reference, "model", reference)  # the Megatron model under the policy
+
     def _parts(self) -> dict[str, Any]:
         r, w = self.rank, self.world
         parts = {
@@ -262,32 +277,55 @@ class RankState:
             parts[_part("reference", r, w)] = reference
         return parts
 
+    def _write(self, staging: Path) -> dict[str, Any]:
+        """This rank's files in ``staging`` (its shards and RNG state, or its per-rank parts);
+        returns their manifest records (the shards' are recorded by rank 0)."""
+        if not self._sharded():
+            return self.ckpt.write_parts(staging, self._parts())
+        sharded.save(staging, self.model, self.learner.optimizer, self._reference_model())
+        rng = {_part("rng", self.rank, self.world): torch.get_rng_state()}
+        return self.ckpt.write_parts(staging, rng)
+
     def save(self, step: int, state: dict[str, Any]) -> None:
         """Every rank writes its parts; rank 0 commits them as one checkpoint."""
         state = {**state, "layout": {"world_size": self.world, **self.layout}}
-        if self.world == 1:
+        if self._sharded():
+            state["format"] = sharded.FORMAT
+        if self.world == 1 and not self._sharded():
             self.ckpt.save(step, self._parts(), state)
             return
         staging = self.ckpt.stage(step, "job") if self.rank == 0 else None
         dist.barrier(group=self.group)
-        files = self.ckpt.write_parts(staging or self.ckpt.staging_path(step, "job"), self._parts())
+        files = self._write(staging or self.ckpt.staging_path(step, "job"))
         gathered: list[Any] = [None] * self.world if self.rank == 0 else []
         dist.gather_object(files, gathered if self.rank == 0 else None, dst=0, group=self.group)
         if staging is not None:
             merged = {name: meta for part in gathered for name, meta in part.items()}
+            if self._sharded():
+                merged.update(sharded.records(staging))
             self.ckpt.commit(step, staging, merged, state)
         dist.barrier(group=self.group)
 
     def restore(self, step: int) -> dict[str, Any]:
-        """Load this rank's parts of the checkpoint of ``step``; returns its state."""
+        """Load this rank's part of the checkpoint of ``step``; returns its state."""
         ckpt = Checkpoint(step, self.ckpt.root / f"step_{step:08d}")
         state = ckpt.state()
         saved = state.get("layout", {"world_size": 1})
+        if state.get("format") == sharded.FORMAT:
+            if not self._sharded():
+                raise LayoutMismatch(f"{ckpt.path} holds a sharded Megatron model, not this model")
+            sharded.load(ckpt.path, self.model, self.learner.optimizer, self._reference_model())
+            world = int(saved.get("world_size", 1))
+            torch.set_rng_state(
+                ckpt.load(_part("rng", self.rank if self.rank < world else 0, world))
+            )
+            return state
         mine = {"world_size": self.world, **self.layout}
         if any(saved.get(k, 1) != v for k, v in mine.items()):
             raise LayoutMismatch(
-                f"{ckpt.path} was written by a job of layout {saved}, this job is {mine}: "
-                "resume with the same nodes, processesPerNode and parallelism"
+                f"{ckpt.path} is a per-rank checkpoint of layout {saved}, this job is {mine}: "
+                "resume it once at its own layout (same nodes, processesPerNode and parallelism); "
+                "the checkpoints it writes then resume at any layout"
             )
         r, w = self.rank, self.world
         self.model.load_state_dict(ckpt.load(_part("model", r, w)))

@@ -191,11 +191,13 @@ def test_two_ranks_train_one_step_against_the_run_services(services, tmp_path) -
     assert (step / "COMPLETE").exists()
     state = json.loads((step / "state.json").read_text())
     assert state["layout"] == {"world_size": 2, "tp": 1, "ep": 1, "pp": 1}
-    ranks = [torch.load(step / f"model-rank{r:05d}.pt", weights_only=False) for r in (0, 1)]
-    assert ranks[0].keys() == ranks[1].keys()
-    for name, tensor in ranks[0].items():
-        if isinstance(tensor, torch.Tensor):
-            assert torch.equal(tensor, ranks[1][name]), f"{name} differs between the ranks"
+    assert state["format"] == "megatron-dist"  # layout-independent: one copy of each tensor
+    assert {"rng-rank00000.pt", "rng-rank00001.pt", "common.pt"} <= {p.name for p in step.iterdir()}
+    from gagar.trainer.sharded import read_tensors
+
+    saved = read_tensors(step)
+    moments = [k for k in saved if k.startswith("optimizer.state.exp_avg_sq.")]
+    assert moments and all(bool(saved[k].gt(0).any()) for k in moments)  # after the update
 
     from safetensors.torch import load_file
 

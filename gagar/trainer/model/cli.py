@@ -25,6 +25,16 @@ def _export(args: argparse.Namespace) -> int:
     return 0
 
 
+def _export_checkpoint(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from gagar.trainer.sharded import export_checkpoint
+
+    path = export_checkpoint(Path(args.from_dir), Path(args.policy), Path(args.to_hf))
+    print(f"wrote {path}")
+    return 0
+
+
 def _init(args: argparse.Namespace) -> int:
     from gagar.trainer.model.presets import create_preset
 
@@ -45,9 +55,11 @@ def _guarded(func):  # type: ignore[no-untyped-def]
     """Turn checkpoint and config errors into one line on stderr and exit status 2."""
 
     def run(args: argparse.Namespace) -> int:
+        from gagar.trainer.checkpoint import CheckpointError  # a training checkpoint's
+
         try:
             return int(func(args))
-        except (ValueError, FileNotFoundError) as exc:
+        except (ValueError, FileNotFoundError, CheckpointError) as exc:
             print(f"gagar model: error: {exc}", file=sys.stderr)
             return 2
 
@@ -69,6 +81,14 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--from", dest="from_dir", required=True, metavar="DIR")
     p.add_argument("--to-hf", required=True, metavar="DIR")
     p.set_defaults(func=_guarded(_export))
+
+    p = msub.add_parser(
+        "export-checkpoint", help="a training checkpoint (any layout) -> HF folder, in one process"
+    )
+    p.add_argument("--from", dest="from_dir", required=True, metavar="STEP_DIR")
+    p.add_argument("--policy", required=True, metavar="DIR", help="its policy's HF folder (config)")
+    p.add_argument("--to-hf", required=True, metavar="DIR")
+    p.set_defaults(func=_guarded(_export_checkpoint))
 
     p = msub.add_parser("init", help="create a small random policy with a trained tokenizer")
     p.add_argument("--preset", default="tiny", choices=["tiny"])

@@ -12,6 +12,8 @@ Megatron-Core 0.16 assumes CUDA in a handful of places even when the model is bu
 4. ``moe_utils.te_general_gemm`` is defined as ``None``: without Transformer Engine the name is
    never bound, and the router's gating GEMM reads it unconditionally.
 5. ``torch.cuda.manual_seed`` is a no-op: ``model_parallel_cuda_manual_seed`` calls it.
+6. ``torch.cuda.synchronize`` is a no-op (nothing runs asynchronously without a GPU):
+   ``dist_checkpointing``'s writer waits on it after copying tensors to the host.
 
 Limits measured with 0.16.1: the ``alltoall`` MoE token dispatcher needs CUDA streams (use
 ``allgather``); tensor parallelism with MoE requires sequence parallelism, which the plain-torch
@@ -50,6 +52,7 @@ PATCHED_SOURCES = {
     "megatron.core.transformer.moe.moe_utils:RouterGatingLinearFunction.forward": "dcba4f9f02b30a36",
     "megatron.core.utils:GlobalMemoryBuffer.get_tensor": "2b843a83eb762098",
     "megatron.core.models.common.embeddings.rotary_pos_embedding:RotaryEmbedding.get_emb": "d36bc7732392e419",
+    "megatron.core.dist_checkpointing.strategies.filesystem_async:FileSystemWriterAsync.preload_tensors": "df5b267188bbfd77",
 }
 
 _applied = False
@@ -157,6 +160,7 @@ def apply(force: bool = False) -> bool:
     )
     torch.cuda.current_device = _cpu_current_device  # type: ignore[assignment]
     torch.cuda.manual_seed = lambda seed: None  # type: ignore[assignment]
+    torch.cuda.synchronize = lambda device=None: None  # type: ignore[assignment]
     tutils.get_default_causal_mask = _cpu_causal_mask
     fused_softmax.get_default_causal_mask = _cpu_causal_mask
     if not hasattr(moe_utils, "te_general_gemm"):
