@@ -149,3 +149,16 @@ def test_sessions_cannot_read_each_other(tmp_path: Path) -> None:
         r = b.exec(["cat", str(a.workspace / "secret.txt")])
         assert r.exit_code != 0 and "A-ONLY" not in r.stdout
         assert b.exec(["ls", str(a.dir)]).exit_code != 0  # nor list the other's directory
+
+
+@pytest.mark.parametrize(
+    ("asked", "runs"), [("pod", "pod"), ("bubblewrap", "bwrap"), ("auto", "bwrap")]
+)
+def test_the_embedded_trainer_takes_the_specs_mode(asked: str, runs: str) -> None:
+    from gagar.driver.components import sandbox_factory
+    from gagar.spec import SandboxSpec
+
+    factory = sandbox_factory(SandboxSpec(isolation=asked))  # type: ignore[arg-type]
+    assert factory.isolation == runs  # auto: namespaces work on this machine
+    with factory.create(files={}) as s:
+        assert s.exec(["python3", "-c", "print('ok')"]).stdout == "ok\n"
