@@ -1,6 +1,7 @@
 """The executor under a stock container runtime: containerd's/Docker's default seccomp profile
-without ``CAP_SYS_ADMIN`` (``tests/support/stock_runtime.py``), as root with only the
-capabilities the rendered ``pod``/``auto`` sandbox pods add, or as a non-root user with none.
+without ``CAP_SYS_ADMIN`` and a ``/proc`` masked as runc masks it
+(``tests/support/stock_runtime.py``), as root with only the capabilities the rendered
+``pod``/``auto`` sandbox pods add, or as a non-root user with none.
 
 There bubblewrap cannot create its namespaces; ``auto`` (no flag) must fall back to the ``pod``
 mode and say so, ``gagar sandbox exec`` must print ``ok`` and ``gagar sandbox serve`` must serve
@@ -24,7 +25,7 @@ from gagar.sandbox import isolation, podjail
 from gagar.sandbox.client import HttpFactory
 from gagar.sandbox.local import LocalFactory
 from gagar.sandbox.types import SandboxUnavailable
-from tests.support.stock_runtime import wrap
+from tests.support.stock_runtime import masked_proc, wrap
 
 pytestmark = pytest.mark.skipif(
     platform.machine() != "x86_64" or os.geteuid() != 0,
@@ -115,7 +116,7 @@ def test_a_non_root_executor_runs_pod_mode_and_says_its_limit(tmp_path: Path) ->
         pytest.skip("no interpreter an unprivileged user may run gagar with")
     tmp_path.chmod(0o777)
     argv = [python, "-m", "tests.support.stock_runtime", "--", python, "-m", "gagar.cli"]
-    out = _run([*nobody, *argv, "sandbox", "exec", "--", *PRINT_OK], env=env)
+    out = _run([*masked_proc(), *nobody, *argv, "sandbox", "exec", "--", *PRINT_OK], env=env)
     assert out.returncode == 0, out.stderr
     assert json.loads(out.stdout)["stdout"] == "ok\n"
     assert "isolation pod (auto:" in out.stderr

@@ -9,7 +9,8 @@ family, ``pivot_root``, ``bpf``, ``perf_event_open``, ``fanotify_init``, ``open_
 ``name_to_handle_at``, ``quotactl``, ``syslog``, ``sethostname``/``setdomainname``, the keyring,
 ``userfaultfd``, ``acct``, ``kexec``, module loading, ``reboot`` and swap; all with ``EPERM`` as
 those profiles answer. The profile is an allow-list; as a deny-list this keeps every other call,
-which only makes the test kinder to the code under it, never to bubblewrap. ``--caps`` narrows
+which only makes the test kinder to the code under it, never to bubblewrap. ``wrap`` also gives
+the command a ``/proc`` masked as runc masks it (``masked_proc``). ``--caps`` narrows
 the capability bounding set (a root container with ``drop: [ALL]`` and these added), then
 ``no_new_privs`` and the filter are set and ``CMD`` executed.
 """
@@ -61,10 +62,34 @@ DENIED = (
 POD_CAPS = "setuid,setgid,chown,fowner,dac_override,kill,setpcap"
 
 
-def wrap(argv: list[str], caps: str | None = POD_CAPS) -> list[str]:
-    """``argv`` as the stock runtime starts it (``caps=None``: keep this process's)."""
+# runc's defaults (config.json's maskedPaths and readonlyPaths): a /proc with parts covered.
+MASKED = ("kcore", "keys", "latency_stats", "timer_list", "sched_debug", "acpi", "scsi")
+READ_ONLY = ("bus", "fs", "irq", "sys", "sysrq-trigger")
+
+
+def masked_proc() -> list[str]:
+    """A PID namespace with a fresh ``/proc`` masked as runc masks a container's (bubblewrap,
+    privileged, is the runtime here; everything else of the host stays as it is)."""
+    argv = ["bwrap", "--dev-bind", "/", "/", "--unshare-pid", "--proc", "/proc"]
+    for name in MASKED:
+        if os.path.exists(f"/proc/{name}"):
+            argv += (
+                ["--tmpfs", f"/proc/{name}"]
+                if os.path.isdir(f"/proc/{name}")
+                else ["--ro-bind", "/dev/null", f"/proc/{name}"]
+            )
+    for name in READ_ONLY:
+        if os.path.exists(f"/proc/{name}"):
+            argv += ["--ro-bind", f"/proc/{name}", f"/proc/{name}"]
+    return [*argv, "--die-with-parent", "--"]
+
+
+def wrap(argv: list[str], caps: str | None = POD_CAPS, masked: bool = True) -> list[str]:
+    """``argv`` as the stock runtime starts it: under a masked ``/proc`` (``masked``), with the
+    capabilities ``caps`` (``None``: keep this process's), ``no_new_privs`` and the filter."""
     extra = ["--caps", caps] if caps is not None else []
-    return [sys.executable, "-m", "tests.support.stock_runtime", *extra, "--", *argv]
+    outer = masked_proc() if masked else []
+    return [*outer, sys.executable, "-m", "tests.support.stock_runtime", *extra, "--", *argv]
 
 
 def _load_filter() -> None:
