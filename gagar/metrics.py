@@ -35,6 +35,7 @@ ALLOWED_LABELS = frozenset(
         "kind",
         "tier",
         "verb",
+        "mode",
     }
 )
 # The values of the small-enum labels that a component knows before any event: it creates these
@@ -42,6 +43,7 @@ ALLOWED_LABELS = frozenset(
 # and rates start from 0 instead of appearing with the first event.
 SANDBOX_OUTCOMES = ("ok", "failed", "timeout", "limit", "infra")
 SANDBOX_LIMITS = ("wall_time", "cpu_time", "memory", "processes", "file_size")
+SANDBOX_ISOLATIONS = ("bubblewrap", "pod", "none")  # gagar.sandbox.isolation.REPORTED
 GRADER_OUTCOMES = ("ok", "fallback", "invalid", "rejected", "unavailable", "error")
 GRADER_KINDS = ("heuristic", "agentic", "none")
 GRADER_FALLBACK_REASONS = ("unusable_ranking", "timeout", "grader_error", "nonpositive_mass")
@@ -466,6 +468,14 @@ def _defs() -> list[MetricDef]:
             enums=(("kind", SANDBOX_LIMITS),),
         ),
         MetricDef("gagar_sandbox_sessions_active", G, "Open sandbox sessions.", s, ("run", "pool")),
+        MetricDef(
+            "gagar_sandbox_isolation",
+            G,
+            "1 for the isolation mode the sandbox server runs (auto resolved at start), else 0.",
+            s,
+            ("run", "pool", "mode"),
+            enums=(("mode", SANDBOX_ISOLATIONS),),
+        ),
         MetricDef(
             "gagar_sandbox_sessions_max",
             G,

@@ -1477,6 +1477,9 @@ class SandboxLimits(Model):
         }
 
 
+SandboxIsolation = Literal["bubblewrap", "pod", "auto"]
+
+
 class SandboxSpec(Model):
     """Isolated executors for tool calls and tests."""
 
@@ -1486,6 +1489,17 @@ class SandboxSpec(Model):
     """Executor image (one per task family)."""
     limits: SandboxLimits = Field(default_factory=SandboxLimits)
     """Limits of each execution."""
+    isolation: SandboxIsolation = "auto"
+    """What isolates one session's commands (docs/operations.md has the table of node setups):
+    ``bubblewrap`` (namespaces of its own per command: needs a node that lets the pod create
+    them: user-namespaced pods with an unmasked ``/proc``, a Localhost seccomp profile, or a
+    runtime class that allows them), ``pod`` (the pod is the boundary, recommended with a gVisor
+    or Kata ``runtimeClassName``: no namespaces; each session runs as a uid of its own, with
+    rlimits, its own workspace and ``/tmp``, no IP sockets, and the seccomp filter) or ``auto``
+    (probe at start and take ``bubblewrap`` where it works, else ``pod``; the executor reports
+    which it took). ``pod`` and ``auto`` sandbox pods start their executor as root with only the
+    capabilities that switching uids needs (Pod Security ``baseline``); ``bubblewrap`` ones run as
+    non-root with none."""
     runtime_class_name: Subdomain | None = None
     """RuntimeClass of sandbox pods, e.g. ``gvisor``."""
     pool_size: int = Field(default=4, ge=0)

@@ -8,7 +8,8 @@
 # filesystem; bubblewrap is the runtime (`buildah run` cannot make the root read-only, and its
 # chroot isolation forbids the user namespaces the sandbox's own jail needs).
 #   operator  gagar operator --help
-#   sandbox   gagar sandbox check: refuses under a masked /proc (exit 3), passes with it unmasked
+#   sandbox   gagar sandbox check --isolation=bubblewrap: refuses under a masked /proc (exit 3),
+#             passes with it unmasked; auto takes pod there, and pod mode runs a command
 #   grader    the heuristic grader ranks the prepared sample group (gagar grader sample)
 #   trainer   the trainer entry point (python -m gagar.driver.launch) --help
 #   rollout   vLLM serves a tiny Llama policy (written by gagar on the host) and answers one
@@ -89,13 +90,18 @@ smoke_sandbox() {
   # container's /proc unmasked (a pod's procMount: Unmasked; here the host's /proc, so this
   # run alone shares the host's PID namespace) bubblewrap creates its namespaces.
   local out code=0
-  out=$(run_image "$(tag sandbox)" --tmpfs /workspace -- sandbox check 2>&1) || code=$?
+  out=$(run_image "$(tag sandbox)" --tmpfs /workspace -- sandbox check --isolation=bubblewrap 2>&1) || code=$?
   expect "sandbox: gagar sandbox check refuses under a masked /proc" \
     "bubblewrap cannot create its namespaces here .*Can't mount proc" "$out"
   expect "sandbox: ... with exit code 3" '^3$' "$code"
   expect "sandbox: gagar sandbox check passes with /proc unmasked" \
     '^sandbox isolation available \(bubblewrap\)$' \
-    "$(UNMASKED_PROC=1 run_image "$(tag sandbox)" --tmpfs /workspace -- sandbox check 2>&1)"
+    "$(UNMASKED_PROC=1 run_image "$(tag sandbox)" --tmpfs /workspace -- sandbox check --isolation=bubblewrap 2>&1)"
+  # Where bubblewrap cannot run, auto takes the pod mode (the pod is the boundary), and it runs.
+  expect "sandbox: auto takes the pod mode under a masked /proc" '^sandbox isolation available \(pod\)$' \
+    "$(run_image "$(tag sandbox)" --tmpfs /workspace -- sandbox check 2>/dev/null)"
+  expect "sandbox: a command in the pod mode" '"stdout": "ok\\n"' \
+    "$(run_image "$(tag sandbox)" --tmpfs /workspace -- sandbox exec --isolation=pod -- python3 -c "print('ok')" 2>/dev/null)"
 }
 
 smoke_grader() {

@@ -12,7 +12,9 @@
 # Storage: containers/storage's vfs driver (works on any filesystem, in containers too) and chroot
 # isolation for RUN steps, both as root. Package sources inside a build are those of `make install`
 # (scripts/uv.sh and the lock files, through scripts/image-venv.sh): the wheel folder
-# ($GAGAR_FIND_LINKS, default /opt/wheels) and uv's cache are mounted into the build when present.
+# ($GAGAR_FIND_LINKS, default /opt/wheels), uv's cache and the host's pinned uv itself
+# (.tools/uv/bin/uv, as $GAGAR_UV: no pip bootstrap in the build) are mounted into the build when
+# present. `scripts/images.sh args NAME` prints one image's build arguments.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export STORAGE_DRIVER=vfs BUILDAH_ISOLATION=chroot
@@ -86,6 +88,10 @@ build_args() {
     args+=(--volume "$(realpath "$SSL_CERT_FILE"):/run/gagar-ca.crt:ro")
     args+=(--build-arg SSL_CERT_FILE=/run/gagar-ca.crt --build-arg PIP_CERT=/run/gagar-ca.crt)
   fi
+  if [ -x .tools/uv/bin/uv ]; then  # the host's pinned uv: no pip bootstrap inside the build,
+    # whose pip would have to trust a TLS-intercepting proxy on its own (Debian's ignores PIP_CERT)
+    args+=(--volume "$(realpath .tools/uv/bin/uv):/run/gagar-uv:ro" --build-arg GAGAR_UV=/run/gagar-uv)
+  fi
   cache=$([ -x .tools/uv/bin/uv ] && .tools/uv/bin/uv cache dir 2>/dev/null || true)
   [ -z "$cache" ] || [ ! -d "$cache" ] || args+=(--volume "$cache:/root/.cache/uv")
   printf '%s\n' -f "$file" --ignorefile "$file.dockerignore" "${args[@]}"
@@ -122,6 +128,8 @@ main() {
 if [ "${1:-}" = tag ]; then
   shift
   for name in "$@"; do tag "$name"; done
+elif [ "${1:-}" = args ]; then  # the Dockerfile and build arguments of one image, a line each
+  build_args "$2"
 else
   main
 fi

@@ -9,7 +9,10 @@ LOCK_PYTHON=3.11
 UV=.tools/uv/bin/uv
 STAMP_DIR=.install-stamps
 mkdir -p "$STAMP_DIR"
-if ! [ -x "$UV" ] || [ "$("$UV" --version | cut -d' ' -f2)" != "$UV_VERSION" ]; then
+if [ -n "${GAGAR_UV:-}" ] && [ -x "$GAGAR_UV" ] \
+  && [ "$("$GAGAR_UV" --version | cut -d' ' -f2)" = "$UV_VERSION" ]; then
+  UV=$GAGAR_UV  # an image build: the host's pinned uv, mounted read-only (scripts/images.sh)
+elif ! [ -x "$UV" ] || [ "$("$UV" --version | cut -d' ' -f2)" != "$UV_VERSION" ]; then
   echo "install: uv $UV_VERSION into .tools/uv"
   python3 -m venv .tools/uv
   .tools/uv/bin/python -m pip install -q --isolated --disable-pip-version-check "uv==$UV_VERSION"

@@ -8,6 +8,7 @@ cluster.
 
 from __future__ import annotations
 
+import logging
 import random
 import shutil
 from pathlib import Path
@@ -16,7 +17,7 @@ from typing import Any
 from gagar.driver.sampling import TaskSampler
 from gagar.rollout.envs import humaneval, synthetic
 from gagar.rollout.envs.task import Task, load_tasks
-from gagar.sandbox import Limits
+from gagar.sandbox import Limits, isolation
 from gagar.sandbox.local import LocalFactory
 from gagar.spec import DatasetSpec, GagarRunSpec, ModelSpec, SandboxSpec
 
@@ -185,4 +186,8 @@ def sandbox_factory(sandbox: SandboxSpec) -> LocalFactory:
         raise SetupError(
             "spec.sandbox.backend 'pods' needs the cluster; the embedded runner uses 'local' (bubblewrap)"
         )
-    return LocalFactory(Limits(**sandbox.limits.executor_limits()))
+    factory, choice = isolation.factory(
+        sandbox.isolation, Limits(**sandbox.limits.executor_limits())
+    )
+    logging.getLogger("gagar.sandbox").info("sandbox: %s", choice.why)
+    return factory

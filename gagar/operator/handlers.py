@@ -47,10 +47,12 @@ from gagar.operator.builders import (
 from gagar.operator.kube import FIELD_MANAGER, HANDOFF_MANAGER, Kube, KubeError
 from gagar.operator.observe import (
     Observed,
+    PoolObserved,
     parse_deployment,
     parse_job,
     parse_jobset,
     parse_progress,
+    sandbox_refusal,
     waiting_reasons,
 )
 from gagar.operator.status import TERMINAL, Event, Outcome, compute_status
@@ -234,6 +236,7 @@ class Reconciler:
             in_a_row=outcome.status.restarts_in_a_row,
             resumed_from=outcome.status.restart_checkpoint_step,
             state="terminal" if outcome.terminal else "active",
+            hold_trainer=observed.sandbox_refused is not None,
         )
         before = mem.apply_error
         desired = build_all(run, ctx)
@@ -308,7 +311,17 @@ class Reconciler:
             apply_error=error[2] if error else None,
             apply_reason=error[1] if error else "ApplyFailed",
             waiting=waiting_reasons(pods),
+            sandbox_refused=self._sandbox_refusal(run, pools.get("sandbox"), finished),
         )
+
+    def _sandbox_refusal(
+        self, run: GagarRun, pool: PoolObserved | None, finished: bool
+    ) -> str | None:
+        """Why the sandbox pods exit at start (no isolation works on their nodes), if they do."""
+        if finished or pool is None or pool.ready >= pool.desired:
+            return None
+        selector = f"gagar.dev/run={run.metadata.name},app.kubernetes.io/component=sandbox"
+        return sandbox_refusal(self.kube.list("v1", "Pod", run.metadata.namespace, selector))
 
     # ------------------------------------------------------------------ act
     def _restart_trainer(

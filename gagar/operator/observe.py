@@ -77,6 +77,7 @@ class Observed:
     apply_error: str | None = None
     apply_reason: str = "ApplyFailed"  # the Stalled reason of ``apply_error``
     waiting: tuple[str, ...] = ()
+    sandbox_refused: str | None = None  # why sandbox pods exit at start (sandbox_refusal)
 
 
 def _condition(obj: dict[str, Any], kind: str) -> dict[str, Any] | None:
@@ -159,6 +160,26 @@ def parse_progress(data: dict[str, str] | None) -> Progress:
         checkpoint_time=data.get("checkpointTime"),
         start_time=data.get("startTime"),
     )
+
+
+SANDBOX_REFUSED_EXIT = 3  # ``gagar sandbox serve``: the isolation asked for cannot run here
+
+
+def sandbox_refusal(pods: list[dict[str, Any]]) -> str | None:
+    """The executor's own words when a sandbox pod that is not ready last exited because no
+    isolation works on its node (its termination message: the log's ``gagar sandbox:`` line)."""
+    for pod in pods:
+        for cs in (pod.get("status") or {}).get("containerStatuses") or []:
+            if cs.get("ready"):
+                continue
+            for state in (cs.get("state") or {}, cs.get("lastState") or {}):
+                done = state.get("terminated") or {}
+                if done.get("exitCode") == SANDBOX_REFUSED_EXIT:
+                    said = [
+                        x for x in (done.get("message") or "").splitlines() if "gagar sandbox:" in x
+                    ]
+                    return (said[-1] if said else "exit 3, no message").strip()[-800:]
+    return None
 
 
 def waiting_reasons(pods: list[dict[str, Any]]) -> tuple[str, ...]:

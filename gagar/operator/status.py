@@ -212,12 +212,31 @@ def _c(kind: ConditionType, ok: bool | None, reason: str, message: str = "") -> 
     return Condition(type=kind, status=status, reason=reason, message=message)
 
 
+def sandbox_advice(isolation: str) -> str:
+    """What to change when sandbox pods cannot isolate commands in ``isolation``."""
+    if isolation == "bubblewrap":
+        return (
+            "set spec.sandbox.isolation to pod or auto (the pod is the boundary: best with a "
+            "gVisor or Kata spec.sandbox.runtimeClassName), or give the sandbox pods a node "
+            "where they may create namespaces (user-namespaced pods with a seccomp profile "
+            "that allows unshare and mount; docs/operations.md)"
+        )
+    return (
+        "the pod mode needs an executor that may switch uids and load a seccomp filter: keep "
+        "the rendered securityContext (root with SETUID/SETGID/CHOWN/FOWNER/DAC_OVERRIDE/KILL/"
+        "SETPCAP, no privilege escalation) and admit it (Pod Security baseline; docs/operations.md)"
+    )
+
+
 def _trainer_ready(f: _Facts) -> Condition:
     nodes, job = f.spec.trainer.nodes, f.obs.trainer
     if f.terminal is not None:
         return _c("TrainerReady", False, "Completed" if f.terminal == "Succeeded" else "Failed")
     if f.verdict.outcome in ("restarting", "backoff"):
         return _c("TrainerReady", False, f.verdict.reason, f.verdict.message)
+    if f.obs.sandbox_refused and not f.spec.suspend:
+        held = "the trainer is held (suspended) until sandbox pods can start; see PoolsReady"
+        return _c("TrainerReady", False, "WaitingForSandbox", held)
     if job is None:
         return _c("TrainerReady", False, "NotCreated", "the trainer is not created yet")
     if f.spec.suspend:
@@ -234,6 +253,14 @@ def _pools_ready(f: _Facts) -> Condition:
         return _c("PoolsReady", False, "Released", "pools scaled to zero: the run ended")
     if f.spec.suspend:
         return _c("PoolsReady", False, "Suspended", "pools scaled to zero while suspended")
+    if f.obs.sandbox_refused:
+        why = f"sandbox pods cannot start: {f.obs.sandbox_refused}. To fix: "
+        return _c(
+            "PoolsReady",
+            False,
+            "SandboxUnavailable",
+            why + sandbox_advice(f.spec.sandbox.isolation),
+        )
     lagging = _pools_not_ready(f.spec, f.obs)
     if lagging:
         return _c("PoolsReady", False, "PoolsNotReady", "; ".join(lagging))

@@ -36,10 +36,14 @@ cannot mount (a non-root sandbox pod: its emptyDir's ``sizeLimit`` bounds it), C
 between sessions (no CPU shares), and side channels. Exit codes above 128 are read as "killed by
 signal N" (bubblewrap's convention), and a command's own output is never used to decide what
 happened to it. Python ignores SIGXFSZ, so a Python program over the file-size limit sees
-``EFBIG`` and is reported as an ordinary failure. In sandbox pods whose seccomp profile forbids
-namespaces, bubblewrap cannot run and the executor refuses (``SandboxUnavailable``) unless started
-with ``--unsafe-no-isolation``, which is only appropriate when the pod itself is the isolation
-boundary.
+``EFBIG`` and is reported as an ordinary failure.
+
+Where the container runtime forbids namespaces (a stock runc node's seccomp profile), bubblewrap
+cannot run: the ``pod`` isolation mode (``podjail.py``) then runs each command without namespaces,
+as a leased uid with no capabilities under the same filter (plus no IP sockets), rlimits and
+cgroups, and leaves the filesystem view, the PID space and the kernel boundary to the pod's
+runtime class (gVisor, Kata). ``isolation.choose("auto")`` probes and takes the strongest mode
+that works here, and says which; ``LocalFactory(isolation="pod")`` asks for it directly.
 """
 
 from gagar.sandbox.types import (

@@ -5,20 +5,31 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import os
 import sys
 from pathlib import Path
 from typing import Any
 
+NO_UID_WARNING = (
+    "WARNING: the executor is not root, so pod-mode sessions share its uid: run one session "
+    "per pod (a root executor with CAP_SETUID/CAP_SETGID gives each session a uid of its own)"
+)
+
 
 def _factory(args: argparse.Namespace, root: str | None = None, **limit_overrides: object):
-    from gagar.sandbox.local import LocalFactory, check_isolation
+    from gagar.sandbox import isolation
+    from gagar.sandbox.local import LocalFactory
     from gagar.sandbox.types import Limits
 
-    if not args.unsafe_no_isolation:
-        check_isolation()
     limits = Limits.model_validate({k: v for k, v in limit_overrides.items() if v is not None})
-    isolation = "none" if args.unsafe_no_isolation else "bwrap"
-    return LocalFactory(limits=limits, isolation=isolation, root=root)
+    if args.unsafe_no_isolation:
+        return LocalFactory(limits=limits, isolation="none", root=root)
+    factory, choice = isolation.factory(args.isolation, limits, root)
+    if args.sandbox_command == "serve" or choice.mode != "bubblewrap":
+        print(f"gagar sandbox: {choice.why}", file=sys.stderr, flush=True)
+    if choice.mode == "pod" and os.geteuid() != 0:
+        print(f"gagar sandbox: {NO_UID_WARNING}", file=sys.stderr, flush=True)
+    return factory
 
 
 def _read_dir(root: Path) -> dict[str, bytes]:
@@ -110,19 +121,32 @@ def _positive(kind: type) -> Any:
 
 
 def _check(args: argparse.Namespace) -> int:
-    from gagar.sandbox.local import check_isolation
+    from gagar.sandbox import isolation
     from gagar.sandbox.types import SandboxError
 
     try:
-        check_isolation()
+        choice = isolation.choose(args.isolation)
     except SandboxError as e:
         print(f"gagar sandbox: {e}", file=sys.stderr)
         return 3
-    print("sandbox isolation available (bubblewrap)")
+    if choice.mode != "bubblewrap":
+        print(f"gagar sandbox: {choice.why}", file=sys.stderr)
+    print(f"sandbox isolation available ({choice.mode})")
     return 0
 
 
+def _isolation_flag(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--isolation",
+        choices=("auto", "bubblewrap", "pod"),
+        default="auto",
+        help="bubblewrap: namespaces per command; pod: the pod is the boundary (no namespaces); "
+        "auto: bubblewrap where it works, else pod (default)",
+    )
+
+
 def _unsafe_flag(p: argparse.ArgumentParser) -> None:
+    _isolation_flag(p)
     p.add_argument(
         "--unsafe-no-isolation",
         action="store_true",
@@ -170,4 +194,5 @@ def register(sub: argparse._SubParsersAction) -> None:
     _unsafe_flag(s)
     s.set_defaults(func=_serve)
     c = ssub.add_parser("check", help="check that isolation works on this machine")
+    _isolation_flag(c)
     c.set_defaults(func=_check)

@@ -28,7 +28,7 @@ from collections.abc import Mapping
 from functools import cache
 from pathlib import Path
 
-from gagar.sandbox import bwrap, quota, runner, workspace
+from gagar.sandbox import bwrap, podjail, quota, runner, workspace
 from gagar.sandbox.cgroup import Cgroup, destroy_tagged, sweep_stale
 from gagar.sandbox.classify import classify
 from gagar.sandbox.seccomp import filter_bpf
@@ -245,9 +245,13 @@ class LocalFactory:
     ) -> None:
         if isolation == "bwrap" and check:
             check_isolation()  # refuse here, once, rather than fail every command later
+        elif isolation == "pod":
+            podjail.check_root(root)
+            if check:
+                podjail.check()
         self.limits, self.isolation, self.root = limits or Limits(), isolation, root
         self.ro_paths, self.use_cgroup = python_paths() + ro_paths, use_cgroup
-        if use_cgroup and isolation == "bwrap" and os.geteuid() == 0:
+        if use_cgroup and isolation != "none" and os.geteuid() == 0:
             sweep_stale()
         sweep_stale_sessions(root)
         if isolation == "none":
@@ -276,11 +280,10 @@ class LocalSession:
         limits: Limits,
     ) -> None:
         self.limits, self._factory, self._closed = limits, factory, False
-        self._lease = UidLease() if factory.isolation == "bwrap" and os.geteuid() == 0 else None
+        jailed = factory.isolation in ("bwrap", "pod")
+        self._lease = UidLease() if jailed and os.geteuid() == 0 else None
         self.dir = Path(tempfile.mkdtemp(prefix=SESSION_PREFIX, dir=factory.root))
-        self.quota = factory.isolation == "bwrap" and quota.try_mount(
-            self.dir, limits.disk_bytes, limits.inodes
-        )
+        self.quota = jailed and quota.try_mount(self.dir, limits.disk_bytes, limits.inodes)
         self._owner = _take_ownership(self.dir, self.uid)
         self.workspace = self.dir / "workspace"
         try:
@@ -313,6 +316,8 @@ class LocalSession:
         if self.uid is not None:
             workspace.chown_tree(self.workspace, self.uid)
             workspace.chown_tree(self.dir / "tmp", self.uid)
+        if self._factory.isolation == "pod":
+            podjail.seal(self)
 
     def _jail(self) -> bwrap.Jail:
         links, etc = host_layout()
@@ -339,6 +344,8 @@ class LocalSession:
             raise SandboxError(f"timeout must be a number in (0, {MAX_WALL_S:g}], got {timeout}")
         if self._factory.isolation == "none":
             return self._exec_unsafe(argv, wall)
+        if self._factory.isolation == "pod":
+            return podjail.exec_pod(self, argv, wall)
         return self._exec_jailed(argv, wall)
 
     def _exec_jailed(self, argv: list[str], wall: float) -> ExecResult:

@@ -8,7 +8,8 @@ every series exists from start-up, at zero. What counts as what:
   wall clock), ``limit`` (another resource limit), else ``ok``/``failed`` by exit code;
 - ``gagar_sandbox_timeouts_total``: killed at the wall-clock limit;
 - ``gagar_sandbox_oom_kills_total``: ended by the memory limit;
-- ``gagar_sandbox_limit_hits_total{kind}``: every limit that ended a command, by limit.
+- ``gagar_sandbox_limit_hits_total{kind}``: every limit that ended a command, by limit;
+- ``gagar_sandbox_isolation{mode}``: 1 for the isolation the server runs (``auto`` resolved).
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from collections.abc import Callable
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
-from gagar.metrics import Metrics, component_labels
+from gagar.metrics import SANDBOX_ISOLATIONS, Metrics, component_labels
 from gagar.sandbox.types import ExecResult
 
 __all__ = ["CONTENT_TYPE_LATEST", "SandboxMetrics", "outcome_of"]
@@ -63,6 +64,11 @@ class SandboxMetrics:
             self._m("gagar_sandbox_limit_hits_total", kind=result.limit_hit).inc()
         if result.limit_hit == "memory":
             self._m("gagar_sandbox_oom_kills_total").inc()
+
+    def isolation(self, mode: str) -> None:
+        """The isolation this server runs (1 for its mode, 0 for the others)."""
+        for m in SANDBOX_ISOLATIONS:
+            self._m("gagar_sandbox_isolation", mode=m).set(1 if m == mode else 0)
 
     def exposition(self) -> bytes:
         return generate_latest(self.registry)

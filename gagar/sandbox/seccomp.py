@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import errno
 import os
+import socket
 from functools import cache
 
 # Namespace flags of clone(2); CLONE_NEWTIME (0x80) shares its bits with the exit signal in
@@ -74,14 +75,18 @@ REFUSED = (
 
 
 @cache
-def filter_bpf() -> bytes:
-    """The compiled filter (classic BPF, as ``bwrap --seccomp`` reads it)."""
+def filter_bpf(ip_sockets: bool = True) -> bytes:
+    """The compiled filter (classic BPF, as ``bwrap --seccomp`` reads it). ``ip_sockets=False``
+    also refuses every socket but ``AF_UNIX`` (the ``pod`` mode, which has no network namespace
+    of its own: the code must not reach the executor's port or the pod's network)."""
     import pyseccomp as sc
 
     f = sc.SyscallFilter(sc.ALLOW)
     refuse = sc.ERRNO(errno.EPERM)
     for name in REFUSED:
         f.add_rule(refuse, name)
+    if not ip_sockets:
+        f.add_rule(refuse, "socket", sc.Arg(0, sc.NE, socket.AF_UNIX))
     for flag in CLONE_NEW.values():
         f.add_rule(refuse, "clone", sc.Arg(0, sc.MASKED_EQ, flag, flag))
     f.add_rule(sc.ERRNO(errno.ENOSYS), "clone3")

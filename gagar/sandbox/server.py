@@ -14,7 +14,7 @@ GET      /v1/sessions/{id}/diff          → ``{diff}`` (unified diff against th
 GET      /v1/sessions/{id}/archive       → ``{tarball_b64}``
 POST     /v1/sessions/{id}/reset
 DELETE   /v1/sessions/{id}
-GET      /healthz
+GET      /healthz                        → ``{ok, sessions, isolation}`` (the mode it runs)
 GET      /metrics                        Prometheus text format
 =======  ==============================  ==============================================
 
@@ -55,6 +55,7 @@ from aiohttp import web
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from gagar import auth, serving
+from gagar.sandbox.isolation import REPORTED
 from gagar.sandbox.local import LocalFactory, LocalSession, sweep_stale_sessions
 from gagar.sandbox.metrics import CONTENT_TYPE_LATEST, SandboxMetrics
 from gagar.sandbox.types import MAX_WALL_S, Limits, SandboxError
@@ -136,6 +137,7 @@ class Registry:
         self.reserved = 0  # slots taken by sessions being created right now
         self.pool = ThreadPoolExecutor(max_sessions + 4, thread_name_prefix="sandbox")
         self.metrics = SandboxMetrics(lambda: len(self.sessions), max_sessions, **(labels or {}))
+        self.metrics.isolation(REPORTED[factory.isolation])
 
     async def _blocking(self, fn: Any, *args: Any) -> Any:
         return await asyncio.get_running_loop().run_in_executor(self.pool, fn, *args)
@@ -304,7 +306,9 @@ class Server:
         return body
 
     async def _healthz(self, _: web.Request) -> web.Response:
-        return web.json_response({"ok": True, "sessions": len(self.registry.sessions)})
+        isolation = REPORTED[self.registry.factory.isolation]
+        body = {"ok": True, "sessions": len(self.registry.sessions), "isolation": isolation}
+        return web.json_response(body)
 
     async def _metrics(self, _: web.Request) -> web.Response:
         body = self.registry.metrics.exposition()

@@ -13,7 +13,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 MAX_WALL_S = 3600.0  # the longest any command may run, whatever a caller asks
 LimitKind = Literal["wall_time", "cpu_time", "memory", "processes", "file_size", "disk"]
-Isolation = Literal["bwrap", "none"]
+Isolation = Literal["bwrap", "pod", "none"]  # how a LocalFactory runs commands (isolation.py)
 FileData = bytes | str
 
 

@@ -1158,3 +1158,65 @@ def test_watches_are_filtered_on_the_server(env: Env) -> None:
             assert selectors["jobs"] == selectors["deployments"] == managed
             assert managed in selectors["configmaps"]
             assert selectors["gagarruns"] == "team=a"
+
+
+def test_sandboxes_that_cannot_isolate_hold_the_trainer_with_the_reason(env: Env) -> None:
+    """Sandbox pods of a bubblewrap run land on a stock runc node: the executor exits 3 at start
+    ("no isolation works here") and crash-loops. The run says why and what to change
+    (PoolsReady: SandboxUnavailable) and suspends its trainer instead of holding its GPUs for
+    rollouts that cannot run; switching to the pod mode lets the pods start and the trainer go."""
+    emulator = env.need_emulator()  # the test plays the kubelet of the sandbox pods
+    run = manifest(**{"sandbox.isolation": "bubblewrap"})
+    name = run["metadata"]["name"]
+    job, sandbox = f"{name}-trainer", f"{name}-sandbox"
+    emulator.hold_deployment(sandbox, ready=0)
+    refusal = (
+        "gagar sandbox: isolation bubblewrap does not work here: refusing to run untrusted code: "
+        "bubblewrap cannot create its namespaces here (bwrap: Creating new namespace failed: "
+        "Operation not permitted)"
+    )
+    with env.operator():
+        env.create(run)
+        env.wait(lambda: env.get("batch/v1", "Job", job), what="trainer Job")
+        pod = _crash_looping_sandbox_pod(env, name, "Traceback-free log line\n" + refusal)
+        pools = env.reason(name, "PoolsReady", "SandboxUnavailable", what="the refusal")
+        assert refusal in pools["message"]
+        assert "set spec.sandbox.isolation to pod or auto" in pools["message"]
+        held = env.reason(name, "TrainerReady", "WaitingForSandbox", what="the trainer held")
+        assert "suspended" in held["message"]
+        assert env.condition(name, "Ready")["status"] == "False"
+        env.wait(lambda: env.get("batch/v1", "Job", job)["spec"].get("suspend"), what="suspend")
+        env.wait(lambda: env.pods(job) == {}, what="no trainer pod holds GPUs")
+        # the fix: the pod mode; its pods start (the crash-looping one goes with the old template)
+        env.patch_spec(name, {"sandbox": {"isolation": "pod"}})
+        env.wait(
+            lambda: "--isolation=pod"
+            in env.get("apps/v1", "Deployment", sandbox)["spec"]["template"]["spec"]["containers"][0]["args"],
+            what="the pod mode rendered",
+        )  # fmt: skip
+        env.kube.delete("v1", "Pod", env.namespace, pod)
+        emulator.hold_deployment(sandbox, ready=None)
+        env.wait(lambda: not env.get("batch/v1", "Job", job)["spec"].get("suspend"), what="resumed")
+        env.wait(lambda: len(env.pods(job)) == 1, what="the trainer running")
+        env.reason(name, "PoolsReady", "PoolsReady", what="pools ready")
+
+
+def _crash_looping_sandbox_pod(env: Env, run_name: str, log: str) -> str:
+    """A sandbox pod whose executor exited 3 and waits in CrashLoopBackOff (as the kubelet
+    reports it; ``FallbackToLogsOnError`` made the log's tail its termination message)."""
+    labels = {"gagar.dev/run": run_name, "app.kubernetes.io/component": "sandbox"}
+    meta = {"name": f"{run_name}-sandbox-x1", "namespace": env.namespace, "labels": labels}
+    containers = [{"name": "executor", "image": "gagar-sandbox"}]
+    env.kube.create(
+        {"apiVersion": "v1", "kind": "Pod", "metadata": meta, "spec": {"containers": containers}}
+    )
+    status = {
+        "phase": "Running",
+        "containerStatuses": [{
+            "name": "executor", "image": "", "imageID": "", "ready": False, "restartCount": 4,
+            "state": {"waiting": {"reason": "CrashLoopBackOff"}},
+            "lastState": {"terminated": {"exitCode": 3, "reason": "Error", "message": log}},
+        }],
+    }  # fmt: skip
+    env.kube.merge_patch("v1", "Pod", env.namespace, meta["name"], {"status": status}, "status")
+    return meta["name"]

@@ -279,12 +279,11 @@ def test_sandbox_pods_are_hardened() -> None:
     pod = one(objs, "Deployment", "qwen3-swe-1node-sandbox")["spec"]["template"]["spec"]
     assert pod["automountServiceAccountToken"] is False
     assert pod["runtimeClassName"] == "gvisor"
-    assert pod["securityContext"]["runAsNonRoot"] is True
     assert pod["securityContext"]["seccompProfile"] == {"type": "RuntimeDefault"}
     (c,) = pod["containers"]
     sc = c["securityContext"]
     assert sc["readOnlyRootFilesystem"] and not sc["allowPrivilegeEscalation"]
-    assert sc["capabilities"] == {"drop": ["ALL"]} and sc["runAsNonRoot"]
+    assert sc["capabilities"]["drop"] == ["ALL"]  # what each isolation adds: the next test
     writable = {m["mountPath"] for m in c["volumeMounts"] if not m.get("readOnly")}
     empty_dirs = {v["name"] for v in pod["volumes"] if "emptyDir" in v}
     assert {m["name"] for m in c["volumeMounts"] if m["mountPath"] in writable} <= empty_dirs
@@ -299,6 +298,31 @@ def test_sandbox_pods_are_hardened() -> None:
     assert sorted(sources) == ["grader", "trainer"]
     local = {o["metadata"]["name"] for o in by_kind(build_all(example("local")), "NetworkPolicy")}
     assert local == {"local-rollout", "local-grader"}  # local backend: no sandbox pods
+
+
+# Pod Security "baseline" lets a pod add only these capabilities.
+BASELINE_CAPS = {"AUDIT_WRITE", "CHOWN", "DAC_OVERRIDE", "FOWNER", "FSETID", "KILL", "MKNOD"}
+BASELINE_CAPS |= {"NET_BIND_SERVICE", "SETFCAP", "SETGID", "SETPCAP", "SETUID", "SYS_CHROOT"}
+
+
+@pytest.mark.parametrize("mode", ["bubblewrap", "pod", "auto"])
+def test_sandbox_isolation_sets_the_executors_mode_and_identity(mode: str) -> None:
+    run = example("single-gpu", **{"sandbox.isolation": mode})
+    dep = one(build_all(run), "Deployment", "qwen3-swe-1node-sandbox")
+    pod = dep["spec"]["template"]["spec"]
+    (c,) = pod["containers"]
+    sc = c["securityContext"]
+    assert f"--isolation={mode}" in c["args"]
+    assert c["terminationMessagePolicy"] == "FallbackToLogsOnError"  # the refusal's reason
+    assert "procMount" not in json.dumps(pod)  # baseline forbids an unmasked /proc
+    assert not sc["privileged"] and not sc["allowPrivilegeEscalation"]
+    if mode == "bubblewrap":  # bubblewrap makes its own user namespace: nothing to add
+        assert sc["runAsNonRoot"] and pod["securityContext"]["runAsNonRoot"]
+        assert sc["capabilities"] == {"drop": ["ALL"]}
+    else:  # the pod is the boundary; root only to give each session a uid of its own
+        assert sc["runAsUser"] == 0 and sc["runAsNonRoot"] is False
+        assert set(sc["capabilities"]["add"]) <= BASELINE_CAPS
+        assert {"SETUID", "SETGID", "KILL"} <= set(sc["capabilities"]["add"])
 
 
 def test_rbac_least_privilege() -> None:

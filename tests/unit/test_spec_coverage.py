@@ -307,6 +307,11 @@ ACTS: dict[str, tuple[str, ...]] = {
         U + "test_spec_effects.py::test_agent_settings_reach_the_rollouts",
     ),
     "spec.sandbox.runtimeClassName": (U + "test_builders.py::test_sandbox_pods_are_hardened",),
+    "spec.sandbox.isolation": (
+        U + "test_builders.py::test_sandbox_isolation_sets_the_executors_mode_and_identity",
+        INT + "test_sandbox_stock_runtime.py::test_exec_with_no_flag_prints_ok",
+        INT + "test_sandbox_stock_runtime.py::test_the_embedded_trainer_takes_the_specs_mode",
+    ),
     "spec.sandbox.poolSize": (U + "test_builders.py::test_fixed_replicas_written",),
     "spec.dataset.sources.kind": (
         U + "test_spec_effects.py::test_jsonl_sources_are_read_from_their_path",

@@ -46,6 +46,8 @@ class BuildContext:
     a new Job. ``in_a_row`` and ``resumed_from``: the failure policy's restarts in a row and the
     checkpoint step of the last restart (``status.restartsInARow``, ``restartCheckpointStep``).
     ``state``: ``terminal`` once the run completed or failed (accelerators released).
+    ``hold_trainer``: the sandbox pods cannot isolate commands here, so the trainer is suspended
+    (not started, or its pods stopped) instead of holding accelerators for rollouts that fail.
     """
 
     uid: str = PLACEHOLDER_UID
@@ -54,6 +56,7 @@ class BuildContext:
     in_a_row: int = 0
     resumed_from: int | None = None
     state: State = "active"
+    hold_trainer: bool = False  # sandbox pods refuse to start: the trainer waits, suspended
 
 
 def name(run: GagarRun, component: str, suffix: str = "") -> str:

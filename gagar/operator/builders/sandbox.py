@@ -7,6 +7,14 @@ exfiltration or lateral movement (deny-all egress, ingress only from this run's 
 pods). An optional ``runtimeClassName`` (e.g. gVisor) adds a kernel boundary. What it does not
 guard against: kernel exploits without such a runtime class, and resource exhaustion beyond the
 executor's own limits and the pod's resources. Only built for ``sandbox.backend: pods``.
+
+``spec.sandbox.isolation`` decides the executor's identity: ``bubblewrap`` runs it as non-root
+with no capability (bubblewrap makes a user namespace; the node must allow that), ``pod`` and
+``auto`` run it as root with only the capabilities that giving each session a uid of its own
+needs (``POD_MODE_CAPS``; Pod Security ``baseline``), since there the pod is the boundary and
+the sessions' uids are what keeps them apart. No mode asks for an unmasked ``/proc``. The
+executor's refusal (exit 3, "no isolation works here") becomes the container's termination
+message, which the operator reads into the run's conditions.
 """
 
 from __future__ import annotations
@@ -31,6 +39,10 @@ from gagar.spec import GagarRun
 
 SANDBOX_PORT = 8090
 SANDBOX_UID = 65534
+# What the executor needs to lease uids: switch to them (setuid/setgid, setpcap for setpriv's
+# bounding-set drop), hand them their workspace (chown), clean up after them (fowner,
+# dac_override) and kill what they leave (kill). Nothing that mounts, traces or configures.
+POD_MODE_CAPS = ["CHOWN", "DAC_OVERRIDE", "FOWNER", "KILL", "SETGID", "SETPCAP", "SETUID"]
 WORKSPACE_ROOT = "/workspace"  # the workspace emptyDir: every session's directory lies under it
 
 
@@ -44,7 +56,17 @@ def serve_args(run: GagarRun) -> list[str]:
         f"--port={SANDBOX_PORT}",
         f"--workspace-root={WORKSPACE_ROOT}",
         f"--metrics-port={run.spec.observability.metrics_port}",
+        f"--isolation={run.spec.sandbox.isolation}",
     ]
+
+
+def _identity(run: GagarRun) -> dict[str, Any]:
+    """Who the executor is: non-root for bubblewrap, root with ``POD_MODE_CAPS`` otherwise."""
+    if run.spec.sandbox.isolation == "bubblewrap":
+        user = {"runAsNonRoot": True, "runAsUser": SANDBOX_UID, "runAsGroup": SANDBOX_UID}
+        return {"user": user, "caps": {"drop": ["ALL"]}}
+    user = {"runAsNonRoot": False, "runAsUser": 0, "runAsGroup": 0}
+    return {"user": user, "caps": {"drop": ["ALL"], "add": POD_MODE_CAPS}}
 
 
 def _container(run: GagarRun) -> dict[str, Any]:
@@ -58,6 +80,7 @@ def _container(run: GagarRun) -> dict[str, Any]:
         "env": common_env(run, "sandbox"),
         "ports": [{"name": "executor", "containerPort": SANDBOX_PORT}, metrics_port(run)],
         "readinessProbe": {"tcpSocket": {"port": "executor"}, "periodSeconds": 10},
+        "terminationMessagePolicy": "FallbackToLogsOnError",  # the refusal, for the operator
         "resources": resources(sb.resources),
         "volumeMounts": [
             cfg_mount,
@@ -66,13 +89,11 @@ def _container(run: GagarRun) -> dict[str, Any]:
             *auth_volume(run)[1],
         ],
         "securityContext": {
-            "runAsNonRoot": True,
-            "runAsUser": SANDBOX_UID,
-            "runAsGroup": SANDBOX_UID,
+            **_identity(run)["user"],
             "readOnlyRootFilesystem": True,
             "allowPrivilegeEscalation": False,
             "privileged": False,
-            "capabilities": {"drop": ["ALL"]},
+            "capabilities": _identity(run)["caps"],
             "seccompProfile": {"type": "RuntimeDefault"},
         },
     }
@@ -85,9 +106,7 @@ def _pod(run: GagarRun) -> dict[str, Any]:
         "automountServiceAccountToken": False,
         "enableServiceLinks": False,
         "securityContext": {
-            "runAsNonRoot": True,
-            "runAsUser": SANDBOX_UID,
-            "runAsGroup": SANDBOX_UID,
+            **_identity(run)["user"],
             "fsGroup": SANDBOX_UID,
             "seccompProfile": {"type": "RuntimeDefault"},
         },

@@ -190,11 +190,12 @@ def _workload_meta(run: GagarRun, ctx: BuildContext, **extra: Any) -> dict[str, 
     return meta
 
 
-def suspend(run: GagarRun) -> dict[str, Any]:
-    """``suspend`` as the operator writes it: true while ``spec.suspend``, else not at all, so
-    that the field is never taken from another manager (Kueue suspends a queued workload until
-    it is admitted); left unowned, the server defaults it to false."""
-    return {"suspend": True} if run.spec.suspend else {}
+def suspend(run: GagarRun, ctx: BuildContext) -> dict[str, Any]:
+    """``suspend`` as the operator writes it: true while ``spec.suspend`` or while the sandbox
+    pods refuse to start (``ctx.hold_trainer``), else not at all, so that the field is never
+    taken from another manager (Kueue suspends a queued workload until it is admitted); left
+    unowned, the server defaults it to false."""
+    return {"suspend": True} if run.spec.suspend or ctx.hold_trainer else {}
 
 
 def build_trainer_job(run: GagarRun, ctx: BuildContext) -> Manifest:
@@ -208,7 +209,7 @@ def build_trainer_job(run: GagarRun, ctx: BuildContext) -> Manifest:
     if ctx.resumed_from is not None:
         annotations[RESUMED_ANNOTATION] = str(ctx.resumed_from)
     meta = _workload_meta(run, ctx, annotations=annotations)
-    return obj("batch/v1", "Job", meta, spec={**suspend(run), **job})
+    return obj("batch/v1", "Job", meta, spec={**suspend(run, ctx), **job})
 
 
 def build_trainer_jobset(run: GagarRun, ctx: BuildContext) -> Manifest:
@@ -240,7 +241,7 @@ def build_trainer_jobset(run: GagarRun, ctx: BuildContext) -> Manifest:
         ],
     }
     meta = _workload_meta(run, ctx, annotations={TEMPLATE_ANNOTATION: spec_hash(spec)})
-    return obj("jobset.x-k8s.io/v1alpha2", "JobSet", meta, spec={**suspend(run), **spec})
+    return obj("jobset.x-k8s.io/v1alpha2", "JobSet", meta, spec={**suspend(run, ctx), **spec})
 
 
 def build_rdzv_service(run: GagarRun, ctx: BuildContext) -> Manifest:

@@ -1,0 +1,218 @@
+"""The ``pod`` isolation mode: the pod (its runtime class) is the boundary, no namespaces needed.
+
+Where the container runtime's seccomp profile refuses ``unshare``, ``mount`` and namespace
+``clone`` (containerd's and Docker's default without ``CAP_SYS_ADMIN``), bubblewrap cannot build
+its jail. This mode runs each command without new namespaces, under what an unprivileged process
+can still set up for itself:
+
+- a launcher (a few lines of Python, ``LAUNCHER``) sets ``no_new_privs`` and loads the sandbox's
+  seccomp filter (``seccomp.filter_bpf(ip_sockets=False)``: the usual refusals plus every socket
+  but ``AF_UNIX``, since the code shares the pod's network namespace and must reach neither the
+  executor's own port nor anything the NetworkPolicy lets the pod reach), then executes
+- ``setpriv`` to the session's leased uid with no capabilities (when the executor is root-capable:
+  the rendered ``pod``/``auto`` sandbox pods run it as root with only ``SETUID``, ``SETGID``,
+  ``CHOWN``, ``FOWNER``, ``DAC_OVERRIDE`` and ``KILL``), then
+- ``prlimit`` with the session's rlimits, inside fresh memory/pids cgroups where they are writable;
+- the command runs in its own workspace with its own ``/tmp`` (``HOME``/``TMPDIR``), a rebuilt
+  environment, and the session directory sealed from other uids (``0711``, workspace and tmp
+  ``0700``); afterwards every process of the session uid is killed, repeatedly until none is left.
+
+What it does not give (docs/security.md lists it per promise; the runtime class must): a
+filesystem view of its own (the code reads what the container's other uids may read, e.g. the
+image, and sees the pod's process list and command lines, though it can signal, trace or read
+the memory of none of them), a kernel boundary (gVisor or Kata), and the disk quota where the
+executor cannot mount. A non-root executor has no uid to lease: its sessions run as its own uid,
+so the code could signal the executor or read another session's workspace, and a process that
+leaves its process group (``setsid``) outlives the command; one session per pod is the only
+safe shape there, and ``gagar sandbox serve`` says so in its log.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, replace
+from functools import cache
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from gagar.sandbox import bwrap, runner
+from gagar.sandbox.cgroup import Cgroup
+from gagar.sandbox.classify import classify
+from gagar.sandbox.runner import SECCOMP_FD, STATUS_FD
+from gagar.sandbox.seccomp import filter_bpf
+from gagar.sandbox.types import ExecResult, Limits, SandboxUnavailable
+
+if TYPE_CHECKING:
+    from gagar.sandbox.local import LocalSession
+
+LAUNCHED = "launched"  # the status record the launcher writes just before it executes the command
+# Runs as ``python -I -S -c``: no site, no environment, nothing read from the workspace (its cwd).
+LAUNCHER = r"""
+import ctypes, os, sys
+bpf_fd, status_fd = int(sys.argv[1]), int(sys.argv[2])
+bpf = b""
+while chunk := os.read(bpf_fd, 65536):
+    bpf += chunk
+os.close(bpf_fd)
+class Prog(ctypes.Structure):
+    _fields_ = [("len", ctypes.c_ushort), ("filter", ctypes.c_void_p)]
+buf = ctypes.create_string_buffer(bpf, len(bpf))
+prog = Prog(len(bpf) // 8, ctypes.cast(buf, ctypes.c_void_p))
+libc = ctypes.CDLL(None, use_errno=True)
+ul = ctypes.c_ulong
+if libc.prctl(38, ul(1), ul(0), ul(0), ul(0)) or libc.prctl(22, ul(2), ctypes.byref(prog), ul(0), ul(0)):
+    err = os.strerror(ctypes.get_errno())
+    os.write(2, f"gagar pod jail: cannot load the seccomp filter: {err}\n".encode())
+    os._exit(126)
+os.write(status_fd, b'{"launched": true}\n')
+os.close(status_fd)
+os.execv(sys.argv[3], sys.argv[3:])
+"""
+KILL_PASSES = 64  # a fork loop racing the sweep is bounded by RLIMIT_NPROC per pass
+
+
+@dataclass(frozen=True)
+class PodJail:
+    """One command's setting: where it runs, as whom, with what environment."""
+
+    workspace: str
+    tmp: str
+    uid: int | None  # switch to this uid (root-capable executor); None: stay the executor's uid
+    env: dict[str, str]
+
+
+@cache
+def _tool(name: str) -> str:
+    path = shutil.which(name)
+    if path is None:
+        raise SandboxUnavailable(f"refusing to run untrusted code: {name} not found (util-linux)")
+    return path
+
+
+def pod_argv(jail: PodJail, limits: Limits, cmd: list[str]) -> list[str]:
+    """The command line: launcher (filter), privilege drop, rlimits, then ``cmd``."""
+    argv = [sys.executable, "-I", "-S", "-c", LAUNCHER, SECCOMP_FD, STATUS_FD]
+    if jail.uid is not None:
+        argv += [_tool("setpriv"), *bwrap.drop_argv(jail.uid)[1:]]
+    return argv + [_tool("prlimit"), *bwrap.rlimit_argv(limits)[1:], *cmd]
+
+
+def env_for(session: LocalSession) -> dict[str, str]:
+    """The sandbox's environment, with the session's own ``/tmp`` standing for ``/tmp``."""
+    env = bwrap.sandbox_env([os.path.dirname(sys.executable)], session.uid)
+    env["HOME"] = env["TMPDIR"] = str(session.dir / "tmp")
+    return env
+
+
+def seal(session: LocalSession) -> None:
+    """Other uids may pass through the session directory (not list it) and see nothing inside."""
+    os.chmod(session.dir, 0o711)
+    for name in ("workspace", "tmp"):
+        os.chmod(session.dir / name, 0o700)
+
+
+def exec_pod(session: LocalSession, argv: list[str], wall: float) -> ExecResult:
+    """Run ``argv`` in ``session`` under the ``pod`` mode; only the executor's observations count."""
+    limits = session.limits
+    use_cgroup = session._factory.use_cgroup and session.uid is not None
+    cg = Cgroup.create(limits.memory_bytes, limits.processes) if use_cgroup else None
+    if cg:  # as in the bubblewrap jail: the cgroups bind exactly, the rlimits are backstops
+        backstop = {"memory_bytes": limits.memory_bytes * 4, "processes": limits.processes * 2}
+        limits = limits.model_copy(update=backstop)
+    from gagar.sandbox.local import within_inherited
+
+    jail = PodJail(str(session.workspace), str(session.dir / "tmp"), session.uid, env_for(session))
+    full = pod_argv(jail, within_inherited(limits), argv)
+    launch = runner.Launch(
+        argv=cg.wrap(full) if cg else full,
+        wall_time_s=wall,
+        output_bytes=session.limits.output_bytes,
+        env=jail.env,
+        cwd=jail.workspace,
+        status_fd=True,
+        seccomp=filter_bpf(ip_sockets=False),
+    )
+    try:
+        outcome = runner.run(launch)
+    except OSError as e:
+        return ExecResult(exit_code=None, infra_error=f"cannot start the command: {e}")
+    finally:
+        stats = cg.stats() if cg else None
+        kill_leftovers(session.uid)  # first: our unreaped zombies would keep the groups busy
+        if cg:
+            cg.destroy()
+    if outcome.exit_code is not None and outcome.exit_code > 128:  # as the jail reads them:
+        outcome = replace(outcome, exit_code=None, signal=outcome.exit_code - 128)  # a shell's
+    result = classify(outcome, session.limits, stats, jailed=False, disk_full=session._disk_full())
+    launched = any(r.get(LAUNCHED) for r in outcome.status)
+    if not launched and not outcome.timed_out:
+        tail = outcome.stderr.decode(errors="replace").strip()[-500:]
+        return result.model_copy(update={"infra_error": f"the pod jail did not start: {tail}"})
+    return result
+
+
+def kill_leftovers(uid: int | None) -> None:
+    """Kill every process of the session uid and reap those re-parented to this executor (its
+    subreaper), pass after pass until none is left: a fork loop racing the sweep is bounded by
+    ``RLIMIT_NPROC``. Without a uid of its own the runner's kill of the process group is all
+    there is: a process that left it (``setsid``) lives on."""
+    if uid is None:
+        return
+    for _ in range(KILL_PASSES):
+        runner.kill_uid(uid)
+        if not _reap(uid):
+            return
+        time.sleep(0.001)
+
+
+def _reap(uid: int) -> bool:
+    """Reap our zombie children of ``uid``; whether any process of ``uid`` is still there."""
+    for pid in runner._children():
+        try:
+            if os.stat(f"/proc/{pid}").st_uid == uid:
+                os.waitpid(pid, os.WNOHANG)
+        except (FileNotFoundError, ChildProcessError):
+            continue
+    return any(_owned_by(pid, uid) for pid in runner._pids())
+
+
+def _owned_by(pid: int, uid: int) -> bool:
+    try:
+        return os.stat(f"/proc/{pid}").st_uid == uid
+    except FileNotFoundError:
+        return False
+
+
+def check_root(root: str | None) -> None:
+    """Refuse a session root that the sessions' uids could not pass through to their workspace."""
+    if os.geteuid() != 0:
+        return  # no uid to switch to: the sessions run as the executor, who made the root
+    path = Path(os.path.realpath(root or tempfile.gettempdir()))
+    for d in (path, *path.parents):
+        if not os.stat(d).st_mode & 0o001:
+            raise SandboxUnavailable(
+                f"the pod mode's session uids cannot pass through {d} (mode "
+                f"{os.stat(d).st_mode & 0o777:o}) to reach their workspaces under {path}: give "
+                "a workspace root every ancestor of which others may traverse (o+x)"
+            )
+
+
+@cache
+def check() -> None:
+    """Raise ``SandboxUnavailable`` unless a trivial command runs in this mode here (once)."""
+    from gagar.sandbox.local import LocalFactory
+
+    with LocalFactory(limits=Limits(wall_time_s=20), isolation="pod", check=False).create() as s:
+        result = s.exec(["true"])
+    if not result.ok:
+        raise SandboxUnavailable(
+            f"refusing to run untrusted code: the pod mode cannot start a command here "
+            f"({result.describe()}; {result.stderr.strip()[-300:]})"
+        )
+
+
+__all__ = ["LAUNCHER", "PodJail", "check", "exec_pod", "kill_leftovers", "pod_argv", "seal"]
