@@ -559,6 +559,11 @@ class CheckpointSpec(Model):
     """StorageClass of that PVC (ReadWriteMany is needed for multi-node trainers)."""
     existing_claim: str | None = None
     """Use this existing PVC instead of creating one."""
+    retention: Literal["Retain", "Delete"] = "Retain"
+    """What deleting the run does to the checkpoint PVC the operator created (as a
+    StatefulSet's ``persistentVolumeClaimRetentionPolicy``): ``Retain`` keeps it (it is not
+    owned by the run), so a run re-created with the same name resumes from its checkpoints;
+    ``Delete`` makes the run its owner, and the garbage collector deletes it with the run."""
 
     model_config = ConfigDict(
         json_schema_extra={

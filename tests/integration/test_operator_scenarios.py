@@ -554,7 +554,41 @@ def test_delete_garbage_collects_children(env: Env) -> None:
         env.wait(lambda: samples() == [], what="its series removed")
     env.kube.delete(RUN_API, "GagarRun", env.namespace, name)  # no operator now
     env.wait(lambda: env.run(name) is None, what="run gone")
-    env.wait(lambda: env.children(name) == [], what="children collected")
+    # every child but the checkpoints (retention: Retain, the default)
+    kept = [("PersistentVolumeClaim", f"{name}-checkpoints")]
+    env.wait(lambda: [c[:2] for c in env.children(name)] == kept, what="children collected")
+
+
+def test_checkpoints_outlive_the_run_and_a_new_run_resumes_from_them(env: Env) -> None:
+    """``checkpoint.retention: Retain`` (the default): deleting the run leaves its checkpoint
+    PVC; a run re-created with the same name adopts that very claim and its trainer mounts it
+    (resuming from the newest checkpoint on it). ``Delete``: the PVC goes with the run."""
+    run = manifest()
+    name = run["metadata"]["name"]
+    pvc = ("v1", "PersistentVolumeClaim", f"{name}-checkpoints")
+    job = ("batch/v1", "Job", f"{name}-trainer")
+    with env.operator():
+        env.create(run)
+        first = env.wait(lambda: env.get(*pvc), what="checkpoint PVC")
+        assert not first["metadata"].get("ownerReferences")
+        env.wait(lambda: env.get(*job), what="trainer")
+        env.kube.delete(RUN_API, "GagarRun", env.namespace, name)
+        env.wait(lambda: env.get(*job) is None, what="trainer collected with the run")
+        time.sleep(0.5)  # the collector has had its chance at the PVC too
+        assert env.get(*pvc)["metadata"]["uid"] == first["metadata"]["uid"]
+        env.create(run)  # the same name again
+        second = env.wait(lambda: env.get(*job), what="new trainer")
+        volumes = {v["name"]: v for v in second["spec"]["template"]["spec"]["volumes"]}
+        assert volumes["checkpoints"]["persistentVolumeClaim"]["claimName"] == pvc[2]
+        env.wait(lambda: env.get(*pvc)["metadata"]["labels"]["gagar.dev/run"] == name)
+        assert env.get(*pvc)["metadata"]["uid"] == first["metadata"]["uid"]  # resumed from it
+        # switching to Delete (spec.trainer changes while suspended) makes the run its owner;
+        # deleting the run then deletes it
+        env.patch_spec(name, {"suspend": True})
+        env.patch_spec(name, {"trainer": {"checkpoint": {"retention": "Delete"}}})
+        env.wait(lambda: env.get(*pvc)["metadata"].get("ownerReferences"), what="owned")
+        env.kube.delete(RUN_API, "GagarRun", env.namespace, name)
+        env.wait(lambda: env.get(*pvc) is None, what="checkpoints deleted with the run")
 
 
 def without_cel(node: Any) -> Any:

@@ -64,6 +64,9 @@ def test_labels_owner_references_and_unique_names(name: str) -> None:
         assert meta["labels"]["gagar.dev/run"] == run.metadata.name
         assert meta["labels"]["app.kubernetes.io/component"]
         assert meta.get("namespace") == run.metadata.namespace
+        if o["kind"] == "PersistentVolumeClaim":  # checkpoints outlive the run (Retain)
+            assert "ownerReferences" not in meta
+            continue
         (ref,) = meta["ownerReferences"]
         assert ref == {
             "apiVersion": "gagar.dev/v1alpha1",
@@ -347,6 +350,18 @@ def test_checkpoint_pvc() -> None:
     assert {v["name"]: v for v in pod["volumes"]}["checkpoints"]["persistentVolumeClaim"][
         "claimName"
     ] == "ckpts"
+
+
+def test_checkpoint_pvc_outlives_the_run_unless_asked() -> None:
+    """``retention: Retain`` (the default): no owner, so the garbage collector never deletes the
+    checkpoints with the run; ``Delete``: owned by the run, as the run's other children."""
+    ctx = BuildContext(uid=UID)
+    (kept,) = by_kind(build_all(example("single-gpu"), ctx), "PersistentVolumeClaim")
+    assert "ownerReferences" not in kept["metadata"]
+    assert kept["metadata"]["labels"]["gagar.dev/run"] == "qwen3-swe-1node"
+    deleted = example("single-gpu", **{"trainer.checkpoint.retention": "Delete"})
+    (owned,) = by_kind(build_all(deleted, ctx), "PersistentVolumeClaim")
+    assert owned["metadata"]["ownerReferences"][0]["uid"] == UID
 
 
 def test_monitors_follow_crds_and_mode() -> None:
