@@ -123,6 +123,18 @@ class AuthSecretValues(Values):
     """Name of the Secret (its key ``token`` holds the token)."""
 
 
+class PrometheusValues(Values):
+    """The Prometheus allowed to scrape runs' pods: their NetworkPolicies admit its pods (these
+    labels, in this namespace) to the metrics ports and vLLM's port, and no other pod."""
+
+    namespace: str = Field(default="monitoring", pattern=r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
+    """Namespace of the Prometheus pods (``--prometheus-namespace``)."""
+    pod_labels: dict[str, str] = Field(
+        default_factory=lambda: {"app.kubernetes.io/name": "prometheus"}, min_length=1
+    )
+    """Labels of the Prometheus pods (``--prometheus-label``)."""
+
+
 class OperatorValues(Values):
     """The operator Deployment."""
 
@@ -175,6 +187,8 @@ class ChartValues(Values):
     """Grafana dashboards."""
     prometheus_rule: PrometheusRuleValues = Field(default_factory=PrometheusRuleValues)
     """PrometheusRule alerts."""
+    prometheus: PrometheusValues = Field(default_factory=PrometheusValues)
+    """The Prometheus that may scrape runs' pods (every other pod is refused)."""
     auth_secret: AuthSecretValues = Field(default_factory=AuthSecretValues)
     """Shared-token Secret for the services of runs (sandbox executors, grader service)."""
 

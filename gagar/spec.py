@@ -1328,8 +1328,9 @@ class GagarRunSpec(Model):
     auth_token_secret: str | None = Field(default=None, pattern=DNS_SUBDOMAIN, max_length=253)
     """Name of a Secret (key ``token``) holding a shared token: mounted read-only in the trainer,
     grader and sandbox pods, where the grader service and the sandbox executors then refuse any
-    call without it (401) and the trainer's and grader's clients send it. Unset: the services rely
-    on the NetworkPolicies alone. The chart can create one (``authSecret.create``)."""
+    call without it (401) and the trainer's and grader's clients send it; the rollout pool's vLLM
+    takes it as its API key (``VLLM_API_KEY``) for its OpenAI API. Unset: the services rely on
+    the NetworkPolicies alone. The chart can create one (``authSecret.create``)."""
     suspend: bool = False
     """Stop trainer pods and scale pools to zero; resuming continues from the last checkpoint."""
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from gagar.operator.builders.common import OPTIONAL_CRDS, PLACEHOLDER_UID
+from gagar.operator.builders.common import OPTIONAL_CRDS, PLACEHOLDER_UID, Scraper
 
 
 def _render(args: argparse.Namespace) -> int:
@@ -21,6 +21,7 @@ def _render(args: argparse.Namespace) -> int:
         uid=args.uid,
         crds=frozenset(args.with_crd or ()),
         state="terminal" if args.terminal else "active",
+        scraper=scraper(args),
     )
     sys.stdout.write(to_yaml_stream(build_all(run, ctx)))
     return 0
@@ -41,6 +42,38 @@ def to_yaml_stream(objects: list[dict]) -> str:
     return yaml.dump_all(objects, Dumper=Dumper, sort_keys=False)
 
 
+def _label(text: str) -> tuple[str, str]:
+    key, sep, value = text.partition("=")
+    if not sep or not key:
+        raise argparse.ArgumentTypeError(f"expected KEY=VALUE, got {text!r}")
+    return key, value
+
+
+def scraper(args: argparse.Namespace) -> Scraper:
+    """The Prometheus the flags name (the defaults' when none is named)."""
+    labels = tuple(sorted(args.prometheus_label)) if args.prometheus_label else None
+    default = Scraper()
+    return Scraper(args.prometheus_namespace or default.namespace, labels or default.labels)
+
+
+def _prometheus_flags(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--prometheus-namespace",
+        default="",
+        metavar="NAMESPACE",
+        help="namespace of the Prometheus whose pods may scrape runs' pods (chart value "
+        f"prometheus.namespace; default {Scraper().namespace})",
+    )
+    p.add_argument(
+        "--prometheus-label",
+        action="append",
+        type=_label,
+        metavar="KEY=VALUE",
+        help="a label of those Prometheus pods (repeatable; chart value prometheus.podLabels; "
+        "default app.kubernetes.io/name=prometheus); no other pod may reach a run's ports",
+    )
+
+
 def _run_selector(text: str) -> str:
     from gagar.operator.handlers import parse_selector
 
@@ -52,6 +85,7 @@ def _run_selector(text: str) -> str:
 
 
 def _operator(args: argparse.Namespace) -> int:
+    from gagar.operator.handlers import OperatorConfig
     from gagar.operator.main import run_operator
 
     return run_operator(
@@ -59,8 +93,11 @@ def _operator(args: argparse.Namespace) -> int:
         standalone=args.standalone,
         port=args.metrics_port,
         health_port=args.health_port,
-        integrations=frozenset(args.integration or ()),
-        run_selector=args.run_selector,
+        config=OperatorConfig(
+            integrations=frozenset(args.integration or ()),
+            run_selector=args.run_selector,
+            scraper=scraper(args),
+        ),
     )
 
 
@@ -84,6 +121,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--terminal", action="store_true", help="render the released state of an ended run"
     )
+    _prometheus_flags(p)
     p.set_defaults(func=_render)
 
     p = sub.add_parser("operator", help="run the GagarRun operator (kopf)")
@@ -116,4 +154,5 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--health-port", type=int, default=8080, help="port of kopf's liveness probe (/healthz)"
     )
+    _prometheus_flags(p)
     p.set_defaults(func=_operator)

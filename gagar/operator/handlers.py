@@ -40,6 +40,7 @@ from gagar.operator.builders import (
     OPTIONAL_CRDS,
     TEMPLATE_ANNOTATION,
     BuildContext,
+    Scraper,
     build_all,
     name,
     uses_jobset,
@@ -83,6 +84,7 @@ class OperatorConfig:
     clock: Callable[[], str] = now_rfc3339
     integrations: frozenset[str] = frozenset()
     run_selector: str = ""  # label selector of the runs this operator owns (--run-selector)
+    scraper: Scraper = field(default_factory=Scraper)  # the Prometheus runs' pods admit
 
 
 @dataclass
@@ -234,6 +236,7 @@ class Reconciler:
             in_a_row=outcome.status.restarts_in_a_row,
             resumed_from=outcome.status.restart_checkpoint_step,
             state="terminal" if outcome.terminal else "active",
+            scraper=self.config.scraper,
         )
         before = mem.apply_error
         desired = build_all(run, ctx)

@@ -93,8 +93,7 @@ def run_operator(
     standalone: bool,
     port: int,
     health_port: int,
-    integrations: frozenset[str] = frozenset(),
-    run_selector: str = "",
+    config: OperatorConfig | None = None,
 ) -> int:
     """Serve /metrics on ``port`` and /healthz on ``health_port``; run kopf until interrupted."""
     level = os.environ.get(env.LOG_LEVEL, "info").upper()
@@ -103,7 +102,7 @@ def run_operator(
     metrics = Metrics(prom, "operator")
     metrics.prime()  # every unlabelled-by-run series (API verbs and outcomes, error reasons) at 0
     start_http_server(port, registry=prom)
-    config = OperatorConfig(integrations=integrations, run_selector=run_selector)
+    config = config or OperatorConfig()
     kube = Kube(api_client(), observe=ApiObserver(metrics))
     registry = build_registry(kube, metrics, config)
     kopf.run(

@@ -15,6 +15,7 @@ import pytest
 from gagar.env import EXIT_PERMANENT
 from gagar.manifest import load_run
 from gagar.operator.builders import BuildContext, build_all
+from gagar.operator.builders.common import Scraper
 from gagar.operator.builders.pools import transport, vllm_command
 from gagar.spec import GagarRun
 
@@ -301,7 +302,7 @@ def test_sandbox_pods_are_hardened() -> None:
     ]
     assert sorted(sources) == ["grader", "trainer"]
     local = {o["metadata"]["name"] for o in by_kind(build_all(example("local")), "NetworkPolicy")}
-    assert local == {"local-rollout", "local-grader"}  # local backend: no sandbox pods
+    assert local == {"local-rollout", "local-grader", "local-trainer"}  # no sandbox pods
 
 
 def test_rbac_least_privilege() -> None:
@@ -379,7 +380,9 @@ def test_monitors_follow_crds_and_mode() -> None:
     assert "metrics" in {p["name"] for p in sandbox["spec"]["ports"]}
     policy = by_kind(objs, "NetworkPolicy")
     rules = next(p for p in policy if p["metadata"]["name"].endswith("-sandbox"))["spec"]["ingress"]
-    assert rules[1] == {"ports": [{"protocol": "TCP", "port": 9400}]} and "from" in rules[0]
+    prometheus = Scraper().peer()  # the named Prometheus only, never every pod of the cluster
+    assert rules[1] == {"from": [prometheus], "ports": [{"protocol": "TCP", "port": 9400}]}
+    assert "from" in rules[0]
     off = example("single-gpu", **{"observability.monitors": "disabled"})
     assert by_kind(build_all(off, BuildContext(crds=ALL_CRDS)), "PodMonitor") == []
     on = example("single-gpu", **{"observability.monitors": "enabled"})

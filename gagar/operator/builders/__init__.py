@@ -15,6 +15,7 @@ from gagar.operator.builders.common import (
     TEMPLATE_ANNOTATION,
     BuildContext,
     Manifest,
+    Scraper,
     labels,
     name,
 )
@@ -72,6 +73,7 @@ __all__ = [
     "TEMPLATE_ANNOTATION",
     "BuildContext",
     "Manifest",
+    "Scraper",
     "build_all",
     "labels",
     "name",

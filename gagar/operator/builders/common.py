@@ -38,6 +38,23 @@ PLACEHOLDER_UID = "00000000-0000-0000-0000-000000000000"
 
 
 @dataclass(frozen=True)
+class Scraper:
+    """The Prometheus allowed to scrape a run's pods (the chart's ``prometheus.namespace`` and
+    ``prometheus.podLabels``, the operator's ``--prometheus-namespace``/``--prometheus-label``):
+    its pods' labels in its namespace, and no other pod of the cluster."""
+
+    namespace: str = "monitoring"
+    labels: tuple[tuple[str, str], ...] = (("app.kubernetes.io/name", "prometheus"),)
+
+    def peer(self) -> dict[str, Any]:
+        """A NetworkPolicy peer selecting exactly these pods."""
+        return {
+            "namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": self.namespace}},
+            "podSelector": {"matchLabels": dict(self.labels)},
+        }
+
+
+@dataclass(frozen=True)
 class BuildContext:
     """Inputs besides the run that decide the manifests (all observed by the handler, passed in).
 
@@ -46,6 +63,7 @@ class BuildContext:
     a new Job. ``in_a_row`` and ``resumed_from``: the failure policy's restarts in a row and the
     checkpoint step of the last restart (``status.restartsInARow``, ``restartCheckpointStep``).
     ``state``: ``terminal`` once the run completed or failed (accelerators released).
+    ``scraper``: the one Prometheus the NetworkPolicies let scrape the pods' metrics ports.
     """
 
     uid: str = PLACEHOLDER_UID
@@ -54,6 +72,7 @@ class BuildContext:
     in_a_row: int = 0
     resumed_from: int | None = None
     state: State = "active"
+    scraper: Scraper = field(default_factory=Scraper)
 
 
 def name(run: GagarRun, component: str, suffix: str = "") -> str:
@@ -113,6 +132,18 @@ def resources(req: Any) -> dict[str, Any]:
         out["requests"] = dict(req.requests)
     if req.limits:
         out["limits"] = dict(req.limits)
+    return out
+
+
+def requests_with_defaults(req: Any, defaults: dict[str, str]) -> dict[str, Any]:
+    """``resources(req)`` with a request for every resource of ``defaults`` the spec names
+    neither as a request nor as a limit (a limit alone makes its request, and a default above a
+    limit would make the pod invalid), and the GPU limit repeated as a request: every container
+    states what the scheduler must reserve, so none lands where it is OOM-killed or starved."""
+    out = resources(req)
+    gpus = {k: v for k, v in req.limits.items() if k == "nvidia.com/gpu"}
+    unset = {k: v for k, v in defaults.items() if k not in req.limits}
+    out["requests"] = {**unset, **gpus, **req.requests}
     return out
 
 

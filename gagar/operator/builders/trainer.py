@@ -49,7 +49,7 @@ from gagar.operator.builders.common import (
     name,
     obj,
     pod_security,
-    resources,
+    requests_with_defaults,
     selector,
     shm_volume,
     spec_hash,
@@ -60,6 +60,8 @@ from gagar.operator.builders.sandbox import SANDBOX_PORT
 from gagar.spec import GagarRun
 
 RDZV_PORT = 29500
+# Requests of a trainer pod whose spec names none (the driver, its data loader, the tokenizer).
+TRAINER_DEFAULT_REQUESTS = {"cpu": "2", "memory": "8Gi"}
 KUEUE_QUEUE_LABEL = "kueue.x-k8s.io/queue-name"
 JOBSET_REPLICATED_JOB = "node"
 # The trainer's entry point inside its image (torchrun runs it as a module on every rank), and
@@ -143,7 +145,7 @@ def _trainer_pod(run: GagarRun, ctx: BuildContext) -> dict[str, Any]:
         "args": torchrun_args(run, ctx),
         "env": _trainer_env(run),
         "ports": [{"name": "rdzv", "containerPort": RDZV_PORT}, metrics_port(run)],
-        "resources": resources(run.spec.trainer.resources),
+        "resources": requests_with_defaults(run.spec.trainer.resources, TRAINER_DEFAULT_REQUESTS),
         "volumeMounts": mounts,
         "securityContext": container_security(),
     }
@@ -255,12 +257,29 @@ def build_rdzv_service(run: GagarRun, ctx: BuildContext) -> Manifest:
     return obj("v1", "Service", meta, spec=spec)
 
 
+def build_trainer_network_policy(run: GagarRun, ctx: BuildContext) -> Manifest:
+    """Only the run's own ranks reach a trainer pod (the rendezvous port, and every other port:
+    NCCL and Gloo pick theirs), and the Prometheus the operator names its metrics port. Nothing
+    else calls the trainer: weights go out through the checkpoint volume, and it calls the pools,
+    never the reverse. Egress stays open (model and dataset downloads, trackers)."""
+    trainer = {"podSelector": {"matchLabels": selector(run, "trainer")}}
+    metrics = {"protocol": "TCP", "port": run.spec.observability.metrics_port}
+    spec = {
+        "podSelector": {"matchLabels": selector(run, "trainer")},
+        "policyTypes": ["Ingress"],
+        "ingress": [{"from": [trainer]}, {"from": [ctx.scraper.peer()], "ports": [metrics]}],
+    }
+    meta = metadata(run, ctx, name(run, "trainer"), "trainer")
+    return obj("networking.k8s.io/v1", "NetworkPolicy", meta, spec=spec)
+
+
 def build_trainer(run: GagarRun, ctx: BuildContext) -> list[Manifest]:
     """Trainer objects: JobSet (which makes its own headless Service) or Job + Service; nothing
     for a terminal run (its finished Job stays as the record; deleting it never brings a new one
     that would hold accelerators for rollouts that never come)."""
     if ctx.state == "terminal":
         return []
+    policy = build_trainer_network_policy(run, ctx)
     if uses_jobset(run, ctx):
-        return [build_trainer_jobset(run, ctx)]
-    return [build_rdzv_service(run, ctx), build_trainer_job(run, ctx)]
+        return [policy, build_trainer_jobset(run, ctx)]
+    return [policy, build_rdzv_service(run, ctx), build_trainer_job(run, ctx)]
