@@ -74,6 +74,9 @@ class Integrations(Values):
     """Grant access to KEDA ``scaledobjects`` (pools with ``autoscaling.backend: keda``)."""
     jobset: bool = False
     """Grant access to JobSet ``jobsets`` (trainers with ``useJobSet: true``)."""
+    kueue: bool = False
+    """Grant access to Kueue ``workloads`` (trainers with ``queueName``): Kueue alone then
+    suspends and admits the trainer, and ``spec.suspend`` deactivates its Workload."""
     prometheus_operator: bool = False
     """Grant access to ``servicemonitors``/``podmonitors`` the operator creates per run."""
 

@@ -43,9 +43,16 @@ from gagar.operator.builders import (
     Scraper,
     build_all,
     name,
+    queued,
     uses_jobset,
 )
-from gagar.operator.kube import FIELD_MANAGER, HANDOFF_MANAGER, Kube, KubeError
+from gagar.operator.kube import (
+    FIELD_MANAGER,
+    HANDOFF_MANAGER,
+    KUEUE_HANDOFF_MANAGER,
+    Kube,
+    KubeError,
+)
 from gagar.operator.observe import (
     Observed,
     parse_deployment,
@@ -63,6 +70,9 @@ MANAGED = {"app.kubernetes.io/managed-by": "gagar-operator"}
 # Kinds that can stop being wanted while the run exists (PVCs are never pruned: checkpoints).
 OPTIONAL_GROUPS = frozenset(OPTIONAL_CRDS)
 PRUNABLE = tuple(k for k in CHILD_KINDS if k[1] not in ("PersistentVolumeClaim", "ConfigMap"))
+KUEUE_API = "kueue.x-k8s.io/v1beta1"
+JOB_UID_LABEL = "kueue.x-k8s.io/job-uid"  # Kueue's label on a Workload: its job's uid
+KUEUE_RETRY_SECONDS = 2.0  # a suspend waiting for Kueue to make the trainer's Workload
 
 
 def now_rfc3339() -> str:
@@ -249,6 +259,8 @@ class Reconciler:
             # a finished run's objects change only with its spec: the resync does not re-apply
             force = (force_apply and not outcome.terminal) or restarted
             self._apply(run, desired, mem, generation, force, outcome.terminal)
+            if queued(run, ctx) and not outcome.terminal:
+                self._kueue_activation(run, mem, raw)
         if mem.apply_error != before:
             observed = self._observe(run, generation, crds, mem)
             final = compute_status(run.spec, observed, outcome.status, self.config.clock())
@@ -388,6 +400,7 @@ class Reconciler:
         for obj in desired:
             try:
                 self._hand_over_replicas(obj)
+                self._create_queued_suspended(run, obj)
                 self.kube.apply(obj)
             except KubeError as err:
                 if err.transient:
@@ -396,6 +409,41 @@ class Reconciler:
         self._prune(run, desired, terminal)
         mem.apply_error = (generation, "ApplyFailed", "; ".join(errors)) if errors else None
         mem.applied = "" if errors else fingerprint
+
+    def _create_queued_suspended(self, run: GagarRun, obj: dict[str, Any]) -> None:
+        """A queued trainer (no ``suspend`` in the operator's manifest: Kueue owns the field) is
+        created suspended, by a manager of its own, so that it never starts before Kueue admits
+        it, webhook or not, and the operator's later applies never remove the field (SSA
+        removes only what the applier owns)."""
+        meta = obj["metadata"]
+        is_trainer = meta["name"] == name(run, "trainer") and obj["kind"] in ("Job", "JobSet")
+        if not is_trainer or not queued(run, BuildContext(crds=self.crds())):
+            return
+        if self.kube.get(obj["apiVersion"], obj["kind"], meta.get("namespace"), meta["name"]):
+            return
+        held = {**obj, "spec": {**obj["spec"], "suspend": True}}
+        self.kube.apply(held, manager=KUEUE_HANDOFF_MANAGER, force=False)
+
+    def _kueue_activation(self, run: GagarRun, mem: _RunMemory, raw: dict[str, Any]) -> None:
+        """``spec.suspend`` of a queued run goes through Kueue: the trainer's Workload is
+        deactivated (``spec.active: false``; Kueue evicts it, suspends the trainer and releases
+        its quota) and reactivated on resume (Kueue queues it again and unsuspends the trainer
+        when it admits it). Written only when it differs, so nothing loops. A Workload Kueue has
+        not made yet is looked for again shortly."""
+        ns, want = run.metadata.namespace, not run.spec.suspend
+        kind = "JobSet" if uses_jobset(run, BuildContext(crds=self.crds())) else "Job"
+        api = f"{JOBSET}/v1alpha2" if kind == "JobSet" else "batch/v1"
+        trainer = self.kube.get(api, kind, ns, name(run, "trainer"))
+        uid = (trainer or {}).get("metadata", {}).get("uid")
+        found = self.kube.list(KUEUE_API, "Workload", ns, f"{JOB_UID_LABEL}={uid}") if uid else []
+        for wl in found:
+            if (wl.get("spec") or {}).get("active", True) != want:
+                body = {"spec": {"active": want}}
+                self.kube.merge_patch(KUEUE_API, "Workload", ns, wl["metadata"]["name"], body)
+                log.info("%s/%s: Workload %s active=%s", ns, run.metadata.name,
+                         wl["metadata"]["name"], want)  # fmt: skip
+        if not found and not want:
+            self._later(mem, raw, KUEUE_RETRY_SECONDS)
 
     def _hand_over_replicas(self, obj: dict[str, Any]) -> None:
         """Before the operator stops writing a Deployment's replicas (its pool became

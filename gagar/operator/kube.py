@@ -23,6 +23,9 @@ FIELD_MANAGER = "gagar-operator"
 # Takes over fields the operator stops writing but that must keep their value (replicas of a pool
 # switched to an autoscaler), as Kubernetes documents for handing a field over to an HPA.
 HANDOFF_MANAGER = "gagar-handoff"
+# Owns the ``suspend: true`` a queued trainer is created with, so that the operator's own applies
+# (which never send ``suspend`` for it) leave the field to Kueue.
+KUEUE_HANDOFF_MANAGER = "gagar-kueue-handoff"
 
 PLURALS = {
     "ConfigMap": "configmaps",
@@ -43,6 +46,7 @@ PLURALS = {
     "PodMonitor": "podmonitors",
     "ServiceMonitor": "servicemonitors",
     "Pod": "pods",
+    "Workload": "workloads",
     "Event": "events",
     "Namespace": "namespaces",
     "CustomResourceDefinition": "customresourcedefinitions",

@@ -60,6 +60,7 @@ CHART_INTEGRATION = {
     "keda.sh": "integrations.keda",
     "jobset.x-k8s.io": "integrations.jobset",
     "monitoring.coreos.com": "integrations.prometheusOperator",
+    "kueue.x-k8s.io": "integrations.kueue",
 }
 
 
@@ -820,6 +821,81 @@ def test_kueue_owns_suspend_of_a_queued_trainer(env: Env) -> None:
         env.patch_spec(name, {"suspend": True})
         env.wait(phase(env, name, "Suspended"), what="Suspended by spec.suspend")
         assert env.get("batch/v1", "Job", job)["spec"]["suspend"] is True
+
+
+KUEUE_API = "kueue.x-k8s.io/v1beta1"
+
+
+def test_kueue_alone_suspends_a_queued_trainer_and_spec_suspend_goes_through_it(
+    env: Env,
+) -> None:
+    """With the Kueue integration, the test plays Kueue: it admits the queued trainer
+    (unsuspends the Job), preempts it, admits it again, and follows its Workload's
+    ``spec.active``, while the user suspends and resumes the run. The operator never writes the
+    Job's ``suspend`` after creating it held, never undoes Kueue, and writes the Workload
+    exactly once per suspend and once per resume (no loop)."""
+    if not env.simulated:
+        pytest.skip("installs a stand-in Workload CRD and plays Kueue")
+    env.kube.create(optional_crd("kueue.x-k8s.io", "Workload", "workloads", "v1beta1"))
+    run = manifest(**{"trainer.queueName": "team-a"})
+    name, job = run["metadata"]["name"], f"{run['metadata']['name']}-trainer"
+    url = f"/apis/batch/v1/namespaces/{env.namespace}/jobs/{job}"
+    seen: list[bool] = []  # the Job's suspend at every look: Kueue's decisions only
+
+    def kueue_sets(value: bool) -> None:
+        env.kube._call("PATCH", url, body={"spec": {"suspend": value}},
+                       query=[("fieldManager", "kueue")],
+                       content_type="application/merge-patch+json")  # fmt: skip
+
+    def holds(value: bool, seconds: float) -> None:
+        """The Job's suspend stays ``value`` for ``seconds`` (resyncs included)."""
+        deadline = time.monotonic() + seconds
+        while time.monotonic() < deadline:
+            seen.append(env.get("batch/v1", "Job", job)["spec"]["suspend"])
+            assert seen[-1] is value, f"suspend undone: {seen[-5:]}"
+            time.sleep(0.05)
+
+    def active() -> bool | None:
+        return env.get(KUEUE_API, "Workload", f"job-{job}")["spec"].get("active")
+
+    with env.operator(integrations=frozenset({"kueue.x-k8s.io"})):
+        env.create(run)
+        created = env.wait(lambda: env.get("batch/v1", "Job", job), what="trainer Job")
+        assert created["spec"]["suspend"] is True  # held for Kueue, webhook or not
+        workload = {
+            "apiVersion": KUEUE_API, "kind": "Workload",
+            "metadata": {"name": f"job-{job}", "namespace": env.namespace,
+                         "labels": {"kueue.x-k8s.io/job-uid": created["metadata"]["uid"]}},
+            "spec": {"queueName": "team-a"},
+        }  # fmt: skip
+        env.kube.create(workload)
+        holds(True, 0.5)
+        kueue_sets(False)  # admitted
+        holds(False, env.resync * 1.5)
+        kueue_sets(True)  # preempted
+        holds(True, env.resync * 1.5)
+        kueue_sets(False)  # admitted again
+        holds(False, env.resync * 1.5)
+        env.patch_spec(name, {"suspend": True})  # the user: through the Workload
+        env.wait(lambda: active() is False, what="Workload deactivated")
+        holds(False, 0.5)  # the operator left the Job to Kueue...
+        kueue_sets(True)  # ...which evicts the deactivated Workload
+        env.wait(phase(env, name, "Suspended"), what="Suspended")
+        holds(True, env.resync * 1.5)
+        env.patch_spec(name, {"suspend": False})
+        env.wait(lambda: active() is True, what="Workload reactivated")
+        holds(True, env.resync * 1.5)  # queued again: no start without Kueue's admission
+        kueue_sets(False)
+        holds(False, env.resync * 1.5)
+        if env.emulator is not None:
+            patches = env.emulator.requests_for("patch", "/workloads/")
+            assert len(patches) == 2, patches  # one deactivation, one reactivation
+        owners = [
+            f["manager"]
+            for f in env.get("batch/v1", "Job", job)["metadata"]["managedFields"]
+            if "f:suspend" in (f.get("fieldsV1") or {}).get("f:spec", {})
+        ]
+        assert owners == ["kueue"], owners  # fmt: skip
 
 
 def test_trainer_template_changes_wait_for_suspend(env: Env) -> None:

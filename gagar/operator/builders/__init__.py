@@ -27,7 +27,7 @@ from gagar.operator.builders.config import (
 from gagar.operator.builders.monitoring import build_monitors
 from gagar.operator.builders.pools import build_pools
 from gagar.operator.builders.sandbox import build_sandbox
-from gagar.operator.builders.trainer import build_trainer, uses_jobset
+from gagar.operator.builders.trainer import build_trainer, queued, uses_jobset
 from gagar.spec import GagarRun
 
 # Kinds the operator creates, as (apiVersion, kind): what it watches and prunes by label.
@@ -77,5 +77,6 @@ __all__ = [
     "build_all",
     "labels",
     "name",
+    "queued",
     "uses_jobset",
 ]

@@ -22,7 +22,8 @@ State = Literal["active", "terminal"]
 MONITORING = "monitoring.coreos.com"
 KEDA = "keda.sh"
 JOBSET = "jobset.x-k8s.io"
-OPTIONAL_CRDS = (MONITORING, KEDA, JOBSET)
+KUEUE = "kueue.x-k8s.io"
+OPTIONAL_CRDS = (MONITORING, KEDA, JOBSET, KUEUE)
 
 CONFIG_MOUNT = "/etc/gagar/config"
 CHECKPOINT_MOUNT = "/gagar/checkpoints"

@@ -32,6 +32,7 @@ from gagar.operator.builders.common import (
     CHECKPOINT_MOUNT,
     IN_A_ROW_ANNOTATION,
     JOBSET,
+    KUEUE,
     RESUMED_ANNOTATION,
     SHM_MOUNT,
     TEMPLATE_ANNOTATION,
@@ -192,10 +193,20 @@ def _workload_meta(run: GagarRun, ctx: BuildContext, **extra: Any) -> dict[str, 
     return meta
 
 
-def suspend(run: GagarRun) -> dict[str, Any]:
-    """``suspend`` as the operator writes it: true while ``spec.suspend``, else not at all, so
-    that the field is never taken from another manager (Kueue suspends a queued workload until
-    it is admitted); left unowned, the server defaults it to false."""
+def queued(run: GagarRun, ctx: BuildContext) -> bool:
+    """Whether Kueue owns the trainer's ``suspend``: a queue is named and the operator's Kueue
+    integration is on (and Kueue installed)."""
+    return bool(run.spec.trainer.queue_name) and KUEUE in ctx.crds
+
+
+def suspend(run: GagarRun, ctx: BuildContext) -> dict[str, Any]:
+    """``suspend`` as the operator writes it. A queued trainer: never (Kueue suspends it until
+    admitted, unsuspends on admission, suspends again on preemption; the operator creates it
+    suspended through a hand-off manager and suspends the run through the Workload's
+    ``spec.active``). Otherwise: true while ``spec.suspend``, else not at all; left unowned,
+    the server defaults it to false."""
+    if queued(run, ctx):
+        return {}
     return {"suspend": True} if run.spec.suspend else {}
 
 
@@ -210,7 +221,7 @@ def build_trainer_job(run: GagarRun, ctx: BuildContext) -> Manifest:
     if ctx.resumed_from is not None:
         annotations[RESUMED_ANNOTATION] = str(ctx.resumed_from)
     meta = _workload_meta(run, ctx, annotations=annotations)
-    return obj("batch/v1", "Job", meta, spec={**suspend(run), **job})
+    return obj("batch/v1", "Job", meta, spec={**suspend(run, ctx), **job})
 
 
 def build_trainer_jobset(run: GagarRun, ctx: BuildContext) -> Manifest:
@@ -242,7 +253,7 @@ def build_trainer_jobset(run: GagarRun, ctx: BuildContext) -> Manifest:
         ],
     }
     meta = _workload_meta(run, ctx, annotations={TEMPLATE_ANNOTATION: spec_hash(spec)})
-    return obj("jobset.x-k8s.io/v1alpha2", "JobSet", meta, spec={**suspend(run), **spec})
+    return obj("jobset.x-k8s.io/v1alpha2", "JobSet", meta, spec={**suspend(run, ctx), **spec})
 
 
 def build_rdzv_service(run: GagarRun, ctx: BuildContext) -> Manifest:
