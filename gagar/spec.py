@@ -844,8 +844,19 @@ class TrainerSpec(Model):
     exhausting the node's memory."""
     queue_name: str | None = Field(default=None, pattern=DNS_LABEL, max_length=63)
     """Kueue LocalQueue the trainer workload is submitted to (the label
-    ``kueue.x-k8s.io/queue-name`` on its Job or JobSet): Kueue then decides when it starts, and
-    the operator writes the workload's ``suspend`` only while ``spec.suspend`` is true."""
+    ``kueue.x-k8s.io/queue-name`` on its Job or JobSet): Kueue then decides when it starts. With
+    the operator's Kueue integration, Kueue alone writes its ``suspend`` and ``spec.suspend``
+    deactivates its Workload; without it, the operator writes ``suspend`` only while
+    ``spec.suspend`` is true."""
+    active_deadline_seconds: int | None = Field(default=None, ge=1)
+    """Longest one trainer attempt may run (its Job's ``activeDeadlineSeconds``; the clock
+    restarts on resume, as Kubernetes does for a suspended Job): past it the trainer is stopped
+    and the run fails (reason ``DeadlineExceeded``), with no restart. Unset: no limit."""
+    ttl_seconds_after_finished: int | None = Field(default=None, ge=0)
+    """Once the run has ended, its finished trainer Job or JobSet (the pods and their logs with
+    it) is deleted this many seconds later (``ttlSecondsAfterFinished``); the run's status keeps
+    the outcome. Set only after the run ended, so a failed attempt waiting for its restart is
+    never collected. Unset: kept until the run is deleted."""
     use_job_set: bool = False
     """Run as a JobSet (when its CRD is installed) instead of an indexed Job."""
     device: Device = "auto"

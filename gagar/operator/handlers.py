@@ -50,6 +50,7 @@ from gagar.operator.kube import (
     FIELD_MANAGER,
     HANDOFF_MANAGER,
     KUEUE_HANDOFF_MANAGER,
+    TTL_MANAGER,
     Kube,
     KubeError,
 )
@@ -261,6 +262,8 @@ class Reconciler:
             self._apply(run, desired, mem, generation, force, outcome.terminal)
             if queued(run, ctx) and not outcome.terminal:
                 self._kueue_activation(run, mem, raw)
+            if outcome.terminal and run.spec.trainer.ttl_seconds_after_finished is not None:
+                self._expire_trainer(run, observed)
         if mem.apply_error != before:
             observed = self._observe(run, generation, crds, mem)
             final = compute_status(run.spec, observed, outcome.status, self.config.clock())
@@ -423,6 +426,22 @@ class Reconciler:
             return
         held = {**obj, "spec": {**obj["spec"], "suspend": True}}
         self.kube.apply(held, manager=KUEUE_HANDOFF_MANAGER, force=False)
+
+    def _expire_trainer(self, run: GagarRun, observed: Observed) -> None:
+        """A finished run's trainer gets ``ttlSecondsAfterFinished`` only now: on a Job of a
+        running run, the TTL controller could collect a failed attempt before the failure
+        policy restarted it (a restart lost from the count)."""
+        if observed.trainer is None:
+            return
+        kind = observed.trainer.kind
+        api = f"{JOBSET}/v1alpha2" if kind == "JobSet" else "batch/v1"
+        meta = {"name": name(run, "trainer"), "namespace": run.metadata.namespace}
+        current = self.kube.get(api, kind, meta["namespace"], meta["name"])
+        ttl = run.spec.trainer.ttl_seconds_after_finished
+        if current is None or current["spec"].get("ttlSecondsAfterFinished") == ttl:
+            return
+        patch = {"apiVersion": api, "kind": kind, "metadata": meta}
+        self.kube.apply({**patch, "spec": {"ttlSecondsAfterFinished": ttl}}, manager=TTL_MANAGER)
 
     def _kueue_activation(self, run: GagarRun, mem: _RunMemory, raw: dict[str, Any]) -> None:
         """``spec.suspend`` of a queued run goes through Kueue: the trainer's Workload is

@@ -26,6 +26,9 @@ HANDOFF_MANAGER = "gagar-handoff"
 # Owns the ``suspend: true`` a queued trainer is created with, so that the operator's own applies
 # (which never send ``suspend`` for it) leave the field to Kueue.
 KUEUE_HANDOFF_MANAGER = "gagar-kueue-handoff"
+# Sets ``ttlSecondsAfterFinished`` on a finished trainer (a partial apply: the operator's own
+# manager would drop every field it leaves out).
+TTL_MANAGER = "gagar-ttl"
 
 PLURALS = {
     "ConfigMap": "configmaps",

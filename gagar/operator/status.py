@@ -101,6 +101,11 @@ def backoff(spec: GagarRunSpec, in_a_row: int) -> float:
     return min(policy.max_backoff_seconds, policy.backoff_seconds * 2.0 ** min(in_a_row, 32))
 
 
+# Failures no restart can mend: the trainer's own verdict on its configuration (the pod failure
+# policy), and an attempt past trainer.activeDeadlineSeconds.
+PERMANENT = {"PodFailurePolicy": "TrainerFailedPermanently", "DeadlineExceeded": "DeadlineExceeded"}
+
+
 def judge_trainer(
     spec: GagarRunSpec,
     job: TrainerObserved | None,
@@ -140,8 +145,8 @@ def judge_trainer(
     if not job.failed:
         return same("running")
     detail = f"{job.failed_reason}: {job.failed_message}".strip(": ")
-    if job.failed_reason == "PodFailurePolicy":
-        return same("failed", "TrainerFailedPermanently", detail)
+    if job.failed_reason in PERMANENT:
+        return same("failed", PERMANENT[job.failed_reason], detail)
     if job.kind == "Job" and in_a_row < budget:
         wait = backoff(spec, in_a_row)
         left = wait - _seconds_between(job.failed_time, now) if job.failed_time else 0.0

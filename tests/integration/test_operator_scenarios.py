@@ -677,6 +677,39 @@ def test_completion_releases_accelerators(env: Env) -> None:
         assert env.condition(name, "PoolsReady")["reason"] == "Released"
 
 
+def test_a_finished_trainer_gets_its_ttl_and_a_deadline_fails_the_run(env: Env) -> None:
+    """``trainer.ttlSecondsAfterFinished`` reaches the trainer Job only once the run has ended
+    (a failed attempt awaiting its restart is never collected); an attempt past
+    ``activeDeadlineSeconds`` fails the run at once, with no restart."""
+    run = manifest(**{"trainer.ttlSecondsAfterFinished": 600,
+                      "trainer.activeDeadlineSeconds": 7200})  # fmt: skip
+    name, job = run["metadata"]["name"], f"{run['metadata']['name']}-trainer"
+    late = manifest(**{"trainer.activeDeadlineSeconds": 60})
+    with env.operator():
+        env.create(run)
+        env.create(late)
+        created = env.wait(lambda: env.get("batch/v1", "Job", job), what="trainer")
+        assert created["spec"]["activeDeadlineSeconds"] == 7200
+        assert "ttlSecondsAfterFinished" not in created["spec"]
+        env.wait(phase(env, name, "Running"), what="Running")
+        env.end_pod(job, exit_code=0)
+        env.wait(phase(env, name, "Succeeded"), what="Succeeded")
+        env.wait(
+            lambda: env.get("batch/v1", "Job", job)["spec"].get("ttlSecondsAfterFinished") == 600,
+            what="TTL set on the finished trainer",
+        )
+        if env.emulator is None:
+            return  # failing a Job on demand needs the emulator in this process
+        # the Job controller's verdict on an attempt past its deadline
+        other = f"{late['metadata']['name']}-trainer"
+        env.wait(lambda: env.get("batch/v1", "Job", other), what="second trainer")
+        env.emulator.fail_job(other, env.namespace, "DeadlineExceeded")
+        env.wait(phase(env, late["metadata"]["name"], "Failed"), what="Failed")
+        stalled = env.condition(late["metadata"]["name"], "Stalled")
+        assert (stalled["status"], stalled["reason"]) == ("True", "DeadlineExceeded")
+        assert env.status(late["metadata"]["name"]).get("trainerRestarts", 0) == 0
+
+
 def optional_crd(group: str, kind: str, plural: str, version: str = "v1") -> dict[str, Any]:
     """A schemaless CRD standing in for an optional integration's (Prometheus Operator, ...)."""
     schema = {"type": "object", "x-kubernetes-preserve-unknown-fields": True}

@@ -169,6 +169,7 @@ def _job_spec(run: GagarRun, ctx: BuildContext) -> dict[str, Any]:
         "completions": nodes,
         "parallelism": nodes,
         "backoffLimit": 0,
+        **deadline(run),
         "podFailurePolicy": {
             "rules": [
                 {
@@ -183,6 +184,12 @@ def _job_spec(run: GagarRun, ctx: BuildContext) -> dict[str, Any]:
         },
         "template": _trainer_pod(run, ctx),
     }
+
+
+def deadline(run: GagarRun) -> dict[str, Any]:
+    """``activeDeadlineSeconds`` of a trainer attempt's Job, when the spec sets one."""
+    seconds = run.spec.trainer.active_deadline_seconds
+    return {} if seconds is None else {"activeDeadlineSeconds": seconds}
 
 
 def _workload_meta(run: GagarRun, ctx: BuildContext, **extra: Any) -> dict[str, Any]:
@@ -236,7 +243,12 @@ def build_trainer_jobset(run: GagarRun, ctx: BuildContext) -> Manifest:
                     "name": "permanent-configuration-error",
                     "action": "FailJobSet",
                     "onJobFailureReasons": ["PodFailurePolicy"],
-                }
+                },
+                {  # the attempt's time is up (trainer.activeDeadlineSeconds): no restart
+                    "name": "deadline-exceeded",
+                    "action": "FailJobSet",
+                    "onJobFailureReasons": ["DeadlineExceeded"],
+                },
             ],
         },
         "successPolicy": {"operator": "All", "targetReplicatedJobs": [JOBSET_REPLICATED_JOB]},
