@@ -181,8 +181,9 @@ def test_jobset_only_when_asked_and_installed() -> None:
     policy = js["spec"]["failurePolicy"]
     assert policy["maxRestarts"] == 5
     # a permanent exit (podFailurePolicy FailJob on EXIT_PERMANENT) fails the set, no restarts
-    (rule,) = policy["rules"]
-    assert (rule["action"], rule["onJobFailureReasons"]) == ("FailJobSet", ["PodFailurePolicy"])
+    # and so does an attempt past trainer.activeDeadlineSeconds
+    rules = [(r["action"], r["onJobFailureReasons"]) for r in policy["rules"]]
+    assert rules == [("FailJobSet", ["PodFailurePolicy"]), ("FailJobSet", ["DeadlineExceeded"])]
     assert js["spec"]["network"]["subdomain"] == "flash-moe-310b-trainer-rdzv"
     (rj,) = js["spec"]["replicatedJobs"]
     assert rj["template"]["spec"]["completions"] == 32
