@@ -108,6 +108,9 @@ class _RunMemory:
     # operator will not make (the Stalled condition's reason and message)
     apply_error: tuple[int, str, str] | None = None
     dirty: bool = False  # a child changed since the last reconcile started
+    # metadata.generation of each child (kind, name) as the operator's last apply left it: a
+    # watched child seen at a higher generation was changed by someone else (drift)
+    generations: dict[tuple[str, str], int] = field(default_factory=dict)
     timer: threading.Timer | None = None  # a reconcile due when a restart's backoff ends
 
 
@@ -141,7 +144,36 @@ class Reconciler:
         self._phases: dict[tuple[str, str], str] = {}
         self._known: set[tuple[str, str]] = set()  # runs seen by the watch, for the resync
         self._guard = threading.Lock()
+        # The watched children (kind, namespace, name) -> latest body, fed by the watches that
+        # ``register`` sets up (an informer cache): reads of these kinds cost no request.
+        self.cache: dict[tuple[str, str, str], dict[str, Any]] = {}
+        self.cached_kinds: frozenset[str] = frozenset()
         telemetry.watch_queue(metrics, self.queue_depth)
+
+    def seen(self, body: Mapping[str, Any], deleted: bool) -> bool:
+        """Update the cache from a watch event of a child; whether it drifted (changed by
+        another writer since the operator's last apply, or deleted)."""
+        meta = body.get("metadata") or {}
+        key = (body.get("kind", ""), meta.get("namespace", ""), meta.get("name", ""))
+        with self._guard:
+            if deleted:
+                self.cache.pop(key, None)
+            else:
+                self.cache[key] = dict(body)
+        run_name = (meta.get("labels") or {}).get("gagar.dev/run")
+        if deleted or not run_name:
+            return deleted
+        applied = self.memory(key[1], run_name).generations.get((key[0], key[2]))
+        return applied is not None and int(meta.get("generation") or 0) > applied
+
+    def read(
+        self, api_version: str, kind: str, namespace: str, obj_name: str
+    ) -> dict[str, Any] | None:
+        """A child from the watch cache when its kind is watched, else from the API."""
+        if kind in self.cached_kinds:
+            with self._guard:
+                return self.cache.get((kind, namespace, obj_name))
+        return self.kube.get(api_version, kind, namespace, obj_name)
 
     def memory(self, namespace: str, run_name: str) -> _RunMemory:
         with self._guard:
@@ -303,16 +335,16 @@ class Reconciler:
             js = self.kube.get("jobset.x-k8s.io/v1alpha2", "JobSet", ns, name(run, "trainer"))
             trainer = parse_jobset(js, spec.trainer.nodes) if js else None
         if trainer is None:  # also a Job made before the JobSet CRD appeared: it stays a Job
-            job = self.kube.get("batch/v1", "Job", ns, name(run, "trainer"))
+            job = self.read("batch/v1", "Job", ns, name(run, "trainer"))
             trainer = (
                 parse_job(job) if job and not job["metadata"].get("deletionTimestamp") else None
             )
         pools = {}
         for pool in ("rollout", "grader", "sandbox"):
-            dep = self.kube.get("apps/v1", "Deployment", ns, name(run, pool))
+            dep = self.read("apps/v1", "Deployment", ns, name(run, pool))
             if dep is not None:
                 pools[pool] = parse_deployment(dep)
-        progress = self.kube.get("v1", "ConfigMap", ns, name(run, "progress")) or {}
+        progress = self.read("v1", "ConfigMap", ns, name(run, "progress")) or {}
         pods = []
         if not finished and (trainer is None or trainer.ready < spec.trainer.nodes):  # why it waits
             selector = f"gagar.dev/run={run.metadata.name},app.kubernetes.io/component=trainer"
@@ -404,7 +436,10 @@ class Reconciler:
             try:
                 self._hand_over_replicas(obj)
                 self._create_queued_suspended(run, obj)
-                self.kube.apply(obj)
+                live = self.kube.apply(obj)
+                generation = (live or {}).get("metadata", {}).get("generation")
+                if generation is not None:
+                    mem.generations[obj["kind"], obj["metadata"]["name"]] = int(generation)
             except KubeError as err:
                 if err.transient:
                     raise
@@ -584,14 +619,16 @@ class Reconciler:
         self._count_phases()
 
     def resync_loop(self, stop: threading.Event) -> None:
-        """Every ``resync_seconds``, reconcile every known run again (re-applying its objects);
-        an API error is logged and the run tried again next time."""
+        """Every ``resync_seconds``, reconcile every known run again: its status from the watch
+        cache (one read of the run itself), and an apply only when the desired state changed
+        (its hash) — never a timed re-apply. An API error is logged and the run tried again
+        next time."""
         while not stop.wait(self.config.resync_seconds):
             with self._guard:
                 known = sorted(self._known)
             for namespace, run_name in known:
                 try:
-                    self.reconcile_named(namespace, run_name, force_apply=True)
+                    self.reconcile_named(namespace, run_name)
                 except Exception as err:  # the next resync retries; nothing to crash for
                     log.warning("resync of %s/%s failed: %s", namespace, run_name, err)
 
@@ -676,11 +713,14 @@ def register(registry: kopf.OperatorRegistry, reconciler: Reconciler) -> kopf.Op
     def stop_resync(**_: Any) -> None:
         stop.set()
 
+    reconciler.cached_kinds = frozenset(CACHED_KINDS)
+
     def child_changed(body: kopf.Body, type: str | None, **_: Any) -> None:
+        drifted = reconciler.seen(body, deleted=type == "DELETED")
         labels = body.get("metadata", {}).get("labels") or {}
         run_name, namespace = labels.get("gagar.dev/run"), body.get("metadata", {}).get("namespace")
-        if run_name:
-            reconciler.reconcile_named(namespace, run_name, force_apply=type == "DELETED")
+        if run_name:  # a deleted or drifted child is applied again; other changes: status only
+            reconciler.reconcile_named(namespace, run_name, force_apply=drifted)
 
     for group, version, plural, extra in CHILD_WATCHES:
         resource = (group, version, plural) if group else (version, plural)
@@ -695,6 +735,7 @@ CHILD_WATCHES = (
     ("apps", "v1", "deployments", {}),
     ("", "v1", "configmaps", {"app.kubernetes.io/component": "progress"}),
 )
+CACHED_KINDS = ("Job", "Deployment", "ConfigMap")  # what CHILD_WATCHES feed the cache with
 
 
 def _label_selector(labels: Mapping[str, str]) -> str:
