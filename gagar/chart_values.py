@@ -143,6 +143,10 @@ class OperatorValues(Values):
 
     image: Image = Field(default_factory=Image)
     """Operator image."""
+    replicas: int = Field(default=1, ge=1, le=5)
+    """Operator replicas. More than one elect a leader on a Lease in the release namespace
+    (``--leader-election-lease``; only the leader reconciles, another takes over within 15 s
+    of its loss), at the cost of the Lease's renewals (about 50 requests a minute)."""
     log_level: Literal["debug", "info", "warning", "error"] = "info"
     """Log level (passed as ``GAGAR_LOG_LEVEL``)."""
     metrics_port: int = Field(default=9400, ge=1024, le=65535)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 
 from gagar.operator.builders.common import OPTIONAL_CRDS, PLACEHOLDER_UID, Scraper
@@ -74,6 +75,13 @@ def _prometheus_flags(p: argparse.ArgumentParser) -> None:
     )
 
 
+def _lease_seconds(text: str) -> int:
+    seconds = int(text)
+    if seconds < 3:  # kubernetes' leader election needs lease > renew > 1.2 * retry >= 1.2 s
+        raise argparse.ArgumentTypeError(f"at least 3 seconds, got {seconds}")
+    return seconds
+
+
 def _run_selector(text: str) -> str:
     from gagar.operator.handlers import parse_selector
 
@@ -86,7 +94,7 @@ def _run_selector(text: str) -> str:
 
 def _operator(args: argparse.Namespace) -> int:
     from gagar.operator.handlers import OperatorConfig
-    from gagar.operator.main import run_operator
+    from gagar.operator.main import Election, run_operator
 
     return run_operator(
         namespaces=args.namespace or [],
@@ -98,6 +106,13 @@ def _operator(args: argparse.Namespace) -> int:
             run_selector=args.run_selector,
             scraper=scraper(args),
         ),
+        election=Election(
+            args.leader_election_lease,
+            args.leader_election_namespace,
+            args.leader_election_seconds,
+        )
+        if args.leader_election_lease
+        else None,
     )
 
 
@@ -149,6 +164,26 @@ def register(sub: argparse._SubParsersAction) -> None:
         metavar="SELECTOR",
         help="reconcile only the GagarRuns this equality-based label selector selects "
         "(e.g. team=a,!canary; the chart's runSelector), filtered by the API server",
+    )
+    p.add_argument(
+        "--leader-election-lease",
+        default="",
+        metavar="NAME",
+        help="elect a leader through this coordination.k8s.io Lease: only its holder "
+        "reconciles, so several replicas are safe (the chart's operator.replicas)",
+    )
+    p.add_argument(
+        "--leader-election-namespace",
+        default=os.environ.get("POD_NAMESPACE", "default"),
+        metavar="NAMESPACE",
+        help="namespace of that Lease (default: $POD_NAMESPACE, else default)",
+    )
+    p.add_argument(
+        "--leader-election-seconds",
+        type=_lease_seconds,
+        default=15,
+        help="how long a leader that stopped renewing its Lease keeps it (whole seconds, at "
+        "least 3; default 15)",
     )
     p.add_argument("--metrics-port", type=int, default=9400, help="port of the operator's /metrics")
     p.add_argument(

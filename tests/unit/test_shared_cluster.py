@@ -168,3 +168,24 @@ def test_render_and_the_chart_name_the_prometheus() -> None:
     peers = [p for pol in policies for r in pol["spec"]["ingress"] for p in r["from"]]
     assert Scraper("obs", (("app", "prom"),)).peer() in peers
     assert Scraper().peer() not in peers
+
+
+def test_several_operator_replicas_elect_a_leader() -> None:
+    """``operator.replicas`` above 1: the replicas elect a leader on a Lease they may write,
+    in the release namespace only; one replica: no election (no Lease renewals)."""
+    from gagar.cli import build_parser
+
+    objs = helm_template("--set", "operator.replicas=2")
+    (dep,) = by_kind(objs, "Deployment")
+    args = dep["spec"]["template"]["spec"]["containers"][0]["args"]
+    assert dep["spec"]["replicas"] == 2 and dep["spec"]["strategy"]["type"] == "RollingUpdate"
+    parsed = build_parser().parse_args(args)
+    assert parsed.leader_election_lease == "gagar"
+    (role,) = [r for r in by_kind(objs, "Role") if r["metadata"]["name"] == "gagar-leader-election"]
+    assert role["rules"][0]["resources"] == ["leases"]
+    single = helm_template()
+    (one,) = by_kind(single, "Deployment")
+    assert not any(
+        "leader-election" in a for a in one["spec"]["template"]["spec"]["containers"][0]["args"]
+    )
+    assert one["spec"]["strategy"]["type"] == "Recreate"
