@@ -74,6 +74,9 @@ class Integrations(Values):
     """Grant access to KEDA ``scaledobjects`` (pools with ``autoscaling.backend: keda``)."""
     jobset: bool = False
     """Grant access to JobSet ``jobsets`` (trainers with ``useJobSet: true``)."""
+    kueue: bool = False
+    """Grant access to Kueue ``workloads`` (trainers with ``queueName``): Kueue alone then
+    suspends and admits the trainer, and ``spec.suspend`` deactivates its Workload."""
     prometheus_operator: bool = False
     """Grant access to ``servicemonitors``/``podmonitors`` the operator creates per run."""
 
@@ -123,11 +126,27 @@ class AuthSecretValues(Values):
     """Name of the Secret (its key ``token`` holds the token)."""
 
 
+class PrometheusValues(Values):
+    """The Prometheus allowed to scrape runs' pods: their NetworkPolicies admit its pods (these
+    labels, in this namespace) to the metrics ports and vLLM's port, and no other pod."""
+
+    namespace: str = Field(default="monitoring", pattern=r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
+    """Namespace of the Prometheus pods (``--prometheus-namespace``)."""
+    pod_labels: dict[str, str] = Field(
+        default_factory=lambda: {"app.kubernetes.io/name": "prometheus"}, min_length=1
+    )
+    """Labels of the Prometheus pods (``--prometheus-label``)."""
+
+
 class OperatorValues(Values):
     """The operator Deployment."""
 
     image: Image = Field(default_factory=Image)
     """Operator image."""
+    replicas: int = Field(default=1, ge=1, le=5)
+    """Operator replicas. More than one elect a leader on a Lease in the release namespace
+    (``--leader-election-lease``; only the leader reconciles, another takes over within 15 s
+    of its loss), at the cost of the Lease's renewals (about 50 requests a minute)."""
     log_level: Literal["debug", "info", "warning", "error"] = "info"
     """Log level (passed as ``GAGAR_LOG_LEVEL``)."""
     metrics_port: int = Field(default=9400, ge=1024, le=65535)
@@ -175,6 +194,8 @@ class ChartValues(Values):
     """Grafana dashboards."""
     prometheus_rule: PrometheusRuleValues = Field(default_factory=PrometheusRuleValues)
     """PrometheusRule alerts."""
+    prometheus: PrometheusValues = Field(default_factory=PrometheusValues)
+    """The Prometheus that may scrape runs' pods (every other pod is refused)."""
     auth_secret: AuthSecretValues = Field(default_factory=AuthSecretValues)
     """Shared-token Secret for the services of runs (sandbox executors, grader service)."""
 

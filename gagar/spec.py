@@ -681,6 +681,11 @@ class CheckpointSpec(Model):
     """StorageClass of that PVC (ReadWriteMany is needed for multi-node trainers)."""
     existing_claim: Subdomain | None = None
     """Use this existing PVC instead of creating one."""
+    retention: Literal["Retain", "Delete"] = "Retain"
+    """What deleting the run does to the checkpoint PVC the operator created (as a
+    StatefulSet's ``persistentVolumeClaimRetentionPolicy``): ``Retain`` keeps it (it is not
+    owned by the run), so a run re-created with the same name resumes from its checkpoints;
+    ``Delete`` makes the run its owner, and the garbage collector deletes it with the run."""
 
     model_config = ConfigDict(
         json_schema_extra={
@@ -1149,8 +1154,19 @@ class TrainerSpec(Model):
     exhausting the node's memory."""
     queue_name: str | None = Field(default=None, pattern=DNS_LABEL, max_length=63)
     """Kueue LocalQueue the trainer workload is submitted to (the label
-    ``kueue.x-k8s.io/queue-name`` on its Job or JobSet): Kueue then decides when it starts, and
-    the operator writes the workload's ``suspend`` only while ``spec.suspend`` is true."""
+    ``kueue.x-k8s.io/queue-name`` on its Job or JobSet): Kueue then decides when it starts. With
+    the operator's Kueue integration, Kueue alone writes its ``suspend`` and ``spec.suspend``
+    deactivates its Workload; without it, the operator writes ``suspend`` only while
+    ``spec.suspend`` is true."""
+    active_deadline_seconds: int | None = Field(default=None, ge=1)
+    """Longest one trainer attempt may run (its Job's ``activeDeadlineSeconds``; the clock
+    restarts on resume, as Kubernetes does for a suspended Job): past it the trainer is stopped
+    and the run fails (reason ``DeadlineExceeded``), with no restart. Unset: no limit."""
+    ttl_seconds_after_finished: int | None = Field(default=None, ge=0)
+    """Once the run has ended, its finished trainer Job or JobSet (the pods and their logs with
+    it) is deleted this many seconds later (``ttlSecondsAfterFinished``); the run's status keeps
+    the outcome. Set only after the run ended, so a failed attempt waiting for its restart is
+    never collected. Unset: kept until the run is deleted."""
     use_job_set: bool = False
     """Run as a JobSet (when its CRD is installed) instead of an indexed Job."""
     device: Device = "auto"
@@ -1635,8 +1651,9 @@ class GagarRunSpec(Model):
     auth_token_secret: str | None = Field(default=None, pattern=DNS_SUBDOMAIN, max_length=253)
     """Name of a Secret (key ``token``) holding a shared token: mounted read-only in the trainer,
     grader and sandbox pods, where the grader service and the sandbox executors then refuse any
-    call without it (401) and the trainer's and grader's clients send it. Unset: the services rely
-    on the NetworkPolicies alone. The chart can create one (``authSecret.create``)."""
+    call without it (401) and the trainer's and grader's clients send it; the rollout pool's vLLM
+    takes it as its API key (``VLLM_API_KEY``) for its OpenAI API. Unset: the services rely on
+    the NetworkPolicies alone. The chart can create one (``authSecret.create``)."""
     suspend: bool = False
     """Stop trainer pods and scale pools to zero; resuming continues from the last checkpoint."""
 

@@ -156,6 +156,7 @@ class ClusterProvider:
     def services(self, rank: Rank, sandboxes: Any, version: int, closers: Closers) -> Services:
         """The graders (the grader pool's, else in the trainer), then the current policy
         published, the rollout pool waited for, and every replica loaded."""
+        from gagar import auth
         from gagar.driver.setup import build_graders
         from gagar.engine.client import AsyncOpenAIEngine
         from gagar.grader.protocol import HeuristicGrader
@@ -177,7 +178,8 @@ class ClusterProvider:
 
         return Services(
             sandboxes=sandboxes,
-            engine=AsyncOpenAIEngine(cluster.rollout_url),
+            # the run's token: the rollout pool's vLLM runs with it as its API key
+            engine=AsyncOpenAIEngine(cluster.rollout_url, api_key=auth.token()),
             sync=self.sync,
             grader=grader,
             fallback_grader=fallback,

@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 
-from gagar.operator.builders.common import OPTIONAL_CRDS, PLACEHOLDER_UID
+from gagar.operator.builders.common import OPTIONAL_CRDS, PLACEHOLDER_UID, Scraper
 
 
 def _render(args: argparse.Namespace) -> int:
@@ -21,6 +22,7 @@ def _render(args: argparse.Namespace) -> int:
         uid=args.uid,
         crds=frozenset(args.with_crd or ()),
         state="terminal" if args.terminal else "active",
+        scraper=scraper(args),
     )
     sys.stdout.write(to_yaml_stream(build_all(run, ctx)))
     return 0
@@ -41,6 +43,45 @@ def to_yaml_stream(objects: list[dict]) -> str:
     return yaml.dump_all(objects, Dumper=Dumper, sort_keys=False)
 
 
+def _label(text: str) -> tuple[str, str]:
+    key, sep, value = text.partition("=")
+    if not sep or not key:
+        raise argparse.ArgumentTypeError(f"expected KEY=VALUE, got {text!r}")
+    return key, value
+
+
+def scraper(args: argparse.Namespace) -> Scraper:
+    """The Prometheus the flags name (the defaults' when none is named)."""
+    labels = tuple(sorted(args.prometheus_label)) if args.prometheus_label else None
+    default = Scraper()
+    return Scraper(args.prometheus_namespace or default.namespace, labels or default.labels)
+
+
+def _prometheus_flags(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--prometheus-namespace",
+        default="",
+        metavar="NAMESPACE",
+        help="namespace of the Prometheus whose pods may scrape runs' pods (chart value "
+        f"prometheus.namespace; default {Scraper().namespace})",
+    )
+    p.add_argument(
+        "--prometheus-label",
+        action="append",
+        type=_label,
+        metavar="KEY=VALUE",
+        help="a label of those Prometheus pods (repeatable; chart value prometheus.podLabels; "
+        "default app.kubernetes.io/name=prometheus); no other pod may reach a run's ports",
+    )
+
+
+def _lease_seconds(text: str) -> int:
+    seconds = int(text)
+    if seconds < 3:  # kubernetes' leader election needs lease > renew > 1.2 * retry >= 1.2 s
+        raise argparse.ArgumentTypeError(f"at least 3 seconds, got {seconds}")
+    return seconds
+
+
 def _run_selector(text: str) -> str:
     from gagar.operator.handlers import parse_selector
 
@@ -52,15 +93,26 @@ def _run_selector(text: str) -> str:
 
 
 def _operator(args: argparse.Namespace) -> int:
-    from gagar.operator.main import run_operator
+    from gagar.operator.handlers import OperatorConfig
+    from gagar.operator.main import Election, run_operator
 
     return run_operator(
         namespaces=args.namespace or [],
         standalone=args.standalone,
         port=args.metrics_port,
         health_port=args.health_port,
-        integrations=frozenset(args.integration or ()),
-        run_selector=args.run_selector,
+        config=OperatorConfig(
+            integrations=frozenset(args.integration or ()),
+            run_selector=args.run_selector,
+            scraper=scraper(args),
+        ),
+        election=Election(
+            args.leader_election_lease,
+            args.leader_election_namespace,
+            args.leader_election_seconds,
+        )
+        if args.leader_election_lease
+        else None,
     )
 
 
@@ -84,6 +136,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--terminal", action="store_true", help="render the released state of an ended run"
     )
+    _prometheus_flags(p)
     p.set_defaults(func=_render)
 
     p = sub.add_parser("operator", help="run the GagarRun operator (kopf)")
@@ -112,8 +165,29 @@ def register(sub: argparse._SubParsersAction) -> None:
         help="reconcile only the GagarRuns this equality-based label selector selects "
         "(e.g. team=a,!canary; the chart's runSelector), filtered by the API server",
     )
+    p.add_argument(
+        "--leader-election-lease",
+        default="",
+        metavar="NAME",
+        help="elect a leader through this coordination.k8s.io Lease: only its holder "
+        "reconciles, so several replicas are safe (the chart's operator.replicas)",
+    )
+    p.add_argument(
+        "--leader-election-namespace",
+        default=os.environ.get("POD_NAMESPACE", "default"),
+        metavar="NAMESPACE",
+        help="namespace of that Lease (default: $POD_NAMESPACE, else default)",
+    )
+    p.add_argument(
+        "--leader-election-seconds",
+        type=_lease_seconds,
+        default=15,
+        help="how long a leader that stopped renewing its Lease keeps it (whole seconds, at "
+        "least 3; default 15)",
+    )
     p.add_argument("--metrics-port", type=int, default=9400, help="port of the operator's /metrics")
     p.add_argument(
         "--health-port", type=int, default=8080, help="port of kopf's liveness probe (/healthz)"
     )
+    _prometheus_flags(p)
     p.set_defaults(func=_operator)

@@ -40,11 +40,20 @@ from gagar.operator.builders import (
     OPTIONAL_CRDS,
     TEMPLATE_ANNOTATION,
     BuildContext,
+    Scraper,
     build_all,
     name,
+    queued,
     uses_jobset,
 )
-from gagar.operator.kube import FIELD_MANAGER, HANDOFF_MANAGER, Kube, KubeError
+from gagar.operator.kube import (
+    FIELD_MANAGER,
+    HANDOFF_MANAGER,
+    KUEUE_HANDOFF_MANAGER,
+    TTL_MANAGER,
+    Kube,
+    KubeError,
+)
 from gagar.operator.observe import (
     Observed,
     PoolObserved,
@@ -64,6 +73,9 @@ MANAGED = {"app.kubernetes.io/managed-by": "gagar-operator"}
 # Kinds that can stop being wanted while the run exists (PVCs are never pruned: checkpoints).
 OPTIONAL_GROUPS = frozenset(OPTIONAL_CRDS)
 PRUNABLE = tuple(k for k in CHILD_KINDS if k[1] not in ("PersistentVolumeClaim", "ConfigMap"))
+KUEUE_API = "kueue.x-k8s.io/v1beta1"
+JOB_UID_LABEL = "kueue.x-k8s.io/job-uid"  # Kueue's label on a Workload: its job's uid
+KUEUE_RETRY_SECONDS = 2.0  # a suspend waiting for Kueue to make the trainer's Workload
 
 
 def now_rfc3339() -> str:
@@ -85,6 +97,7 @@ class OperatorConfig:
     clock: Callable[[], str] = now_rfc3339
     integrations: frozenset[str] = frozenset()
     run_selector: str = ""  # label selector of the runs this operator owns (--run-selector)
+    scraper: Scraper = field(default_factory=Scraper)  # the Prometheus runs' pods admit
 
 
 @dataclass
@@ -97,6 +110,9 @@ class _RunMemory:
     # operator will not make (the Stalled condition's reason and message)
     apply_error: tuple[int, str, str] | None = None
     dirty: bool = False  # a child changed since the last reconcile started
+    # metadata.generation of each child (kind, name) as the operator's last apply left it: a
+    # watched child seen at a higher generation was changed by someone else (drift)
+    generations: dict[tuple[str, str], int] = field(default_factory=dict)
     timer: threading.Timer | None = None  # a reconcile due when a restart's backoff ends
 
 
@@ -130,7 +146,36 @@ class Reconciler:
         self._phases: dict[tuple[str, str], str] = {}
         self._known: set[tuple[str, str]] = set()  # runs seen by the watch, for the resync
         self._guard = threading.Lock()
+        # The watched children (kind, namespace, name) -> latest body, fed by the watches that
+        # ``register`` sets up (an informer cache): reads of these kinds cost no request.
+        self.cache: dict[tuple[str, str, str], dict[str, Any]] = {}
+        self.cached_kinds: frozenset[str] = frozenset()
         telemetry.watch_queue(metrics, self.queue_depth)
+
+    def seen(self, body: Mapping[str, Any], deleted: bool) -> bool:
+        """Update the cache from a watch event of a child; whether it drifted (changed by
+        another writer since the operator's last apply, or deleted)."""
+        meta = body.get("metadata") or {}
+        key = (body.get("kind", ""), meta.get("namespace", ""), meta.get("name", ""))
+        with self._guard:
+            if deleted:
+                self.cache.pop(key, None)
+            else:
+                self.cache[key] = dict(body)
+        run_name = (meta.get("labels") or {}).get("gagar.dev/run")
+        if deleted or not run_name:
+            return deleted
+        applied = self.memory(key[1], run_name).generations.get((key[0], key[2]))
+        return applied is not None and int(meta.get("generation") or 0) > applied
+
+    def read(
+        self, api_version: str, kind: str, namespace: str, obj_name: str
+    ) -> dict[str, Any] | None:
+        """A child from the watch cache when its kind is watched, else from the API."""
+        if kind in self.cached_kinds:
+            with self._guard:
+                return self.cache.get((kind, namespace, obj_name))
+        return self.kube.get(api_version, kind, namespace, obj_name)
 
     def memory(self, namespace: str, run_name: str) -> _RunMemory:
         with self._guard:
@@ -237,6 +282,7 @@ class Reconciler:
             resumed_from=outcome.status.restart_checkpoint_step,
             state="terminal" if outcome.terminal else "active",
             hold_trainer=observed.sandbox_refused is not None,
+            scraper=self.config.scraper,
         )
         before = mem.apply_error
         desired = build_all(run, ctx)
@@ -249,6 +295,10 @@ class Reconciler:
             # a finished run's objects change only with its spec: the resync does not re-apply
             force = (force_apply and not outcome.terminal) or restarted
             self._apply(run, desired, mem, generation, force, outcome.terminal)
+            if queued(run, ctx) and not outcome.terminal:
+                self._kueue_activation(run, mem, raw, ctx.hold_trainer)
+            if outcome.terminal and run.spec.trainer.ttl_seconds_after_finished is not None:
+                self._expire_trainer(run, observed)
         if mem.apply_error != before:
             observed = self._observe(run, generation, crds, mem)
             final = compute_status(run.spec, observed, outcome.status, self.config.clock())
@@ -288,16 +338,16 @@ class Reconciler:
             js = self.kube.get("jobset.x-k8s.io/v1alpha2", "JobSet", ns, name(run, "trainer"))
             trainer = parse_jobset(js, spec.trainer.nodes) if js else None
         if trainer is None:  # also a Job made before the JobSet CRD appeared: it stays a Job
-            job = self.kube.get("batch/v1", "Job", ns, name(run, "trainer"))
+            job = self.read("batch/v1", "Job", ns, name(run, "trainer"))
             trainer = (
                 parse_job(job) if job and not job["metadata"].get("deletionTimestamp") else None
             )
         pools = {}
         for pool in ("rollout", "grader", "sandbox"):
-            dep = self.kube.get("apps/v1", "Deployment", ns, name(run, pool))
+            dep = self.read("apps/v1", "Deployment", ns, name(run, pool))
             if dep is not None:
                 pools[pool] = parse_deployment(dep)
-        progress = self.kube.get("v1", "ConfigMap", ns, name(run, "progress")) or {}
+        progress = self.read("v1", "ConfigMap", ns, name(run, "progress")) or {}
         pods = []
         if not finished and (trainer is None or trainer.ready < spec.trainer.nodes):  # why it waits
             selector = f"gagar.dev/run={run.metadata.name},app.kubernetes.io/component=trainer"
@@ -398,7 +448,11 @@ class Reconciler:
         for obj in desired:
             try:
                 self._hand_over_replicas(obj)
-                self.kube.apply(obj)
+                self._create_queued_suspended(run, obj)
+                live = self.kube.apply(obj)
+                generation = (live or {}).get("metadata", {}).get("generation")
+                if generation is not None:
+                    mem.generations[obj["kind"], obj["metadata"]["name"]] = int(generation)
             except KubeError as err:
                 if err.transient:
                     raise
@@ -406,6 +460,60 @@ class Reconciler:
         self._prune(run, desired, terminal)
         mem.apply_error = (generation, "ApplyFailed", "; ".join(errors)) if errors else None
         mem.applied = "" if errors else fingerprint
+
+    def _create_queued_suspended(self, run: GagarRun, obj: dict[str, Any]) -> None:
+        """A queued trainer (no ``suspend`` in the operator's manifest: Kueue owns the field) is
+        created suspended, by a manager of its own, so that it never starts before Kueue admits
+        it, webhook or not, and the operator's later applies never remove the field (SSA
+        removes only what the applier owns)."""
+        meta = obj["metadata"]
+        is_trainer = meta["name"] == name(run, "trainer") and obj["kind"] in ("Job", "JobSet")
+        if not is_trainer or not queued(run, BuildContext(crds=self.crds())):
+            return
+        if self.kube.get(obj["apiVersion"], obj["kind"], meta.get("namespace"), meta["name"]):
+            return
+        held = {**obj, "spec": {**obj["spec"], "suspend": True}}
+        self.kube.apply(held, manager=KUEUE_HANDOFF_MANAGER, force=False)
+
+    def _expire_trainer(self, run: GagarRun, observed: Observed) -> None:
+        """A finished run's trainer gets ``ttlSecondsAfterFinished`` only now: on a Job of a
+        running run, the TTL controller could collect a failed attempt before the failure
+        policy restarted it (a restart lost from the count)."""
+        if observed.trainer is None:
+            return
+        kind = observed.trainer.kind
+        api = f"{JOBSET}/v1alpha2" if kind == "JobSet" else "batch/v1"
+        meta = {"name": name(run, "trainer"), "namespace": run.metadata.namespace}
+        current = self.kube.get(api, kind, meta["namespace"], meta["name"])
+        ttl = run.spec.trainer.ttl_seconds_after_finished
+        if current is None or current["spec"].get("ttlSecondsAfterFinished") == ttl:
+            return
+        patch = {"apiVersion": api, "kind": kind, "metadata": meta}
+        self.kube.apply({**patch, "spec": {"ttlSecondsAfterFinished": ttl}}, manager=TTL_MANAGER)
+
+    def _kueue_activation(
+        self, run: GagarRun, mem: _RunMemory, raw: dict[str, Any], hold: bool = False
+    ) -> None:
+        """``spec.suspend`` of a queued run (and ``hold``: its sandbox pods refuse to start, so
+        its trainer must not hold accelerators) goes through Kueue: the trainer's Workload is
+        deactivated (``spec.active: false``; Kueue evicts it, suspends the trainer and releases
+        its quota) and reactivated on resume (Kueue queues it again and unsuspends the trainer
+        when it admits it). Written only when it differs, so nothing loops. A Workload Kueue has
+        not made yet is looked for again shortly."""
+        ns, want = run.metadata.namespace, not (run.spec.suspend or hold)
+        kind = "JobSet" if uses_jobset(run, BuildContext(crds=self.crds())) else "Job"
+        api = f"{JOBSET}/v1alpha2" if kind == "JobSet" else "batch/v1"
+        trainer = self.kube.get(api, kind, ns, name(run, "trainer"))
+        uid = (trainer or {}).get("metadata", {}).get("uid")
+        found = self.kube.list(KUEUE_API, "Workload", ns, f"{JOB_UID_LABEL}={uid}") if uid else []
+        for wl in found:
+            if (wl.get("spec") or {}).get("active", True) != want:
+                body = {"spec": {"active": want}}
+                self.kube.merge_patch(KUEUE_API, "Workload", ns, wl["metadata"]["name"], body)
+                log.info("%s/%s: Workload %s active=%s", ns, run.metadata.name,
+                         wl["metadata"]["name"], want)  # fmt: skip
+        if not found and not want:
+            self._later(mem, raw, KUEUE_RETRY_SECONDS)
 
     def _hand_over_replicas(self, obj: dict[str, Any]) -> None:
         """Before the operator stops writing a Deployment's replicas (its pool became
@@ -527,14 +635,16 @@ class Reconciler:
         self._count_phases()
 
     def resync_loop(self, stop: threading.Event) -> None:
-        """Every ``resync_seconds``, reconcile every known run again (re-applying its objects);
-        an API error is logged and the run tried again next time."""
+        """Every ``resync_seconds``, reconcile every known run again: its status from the watch
+        cache (one read of the run itself), and an apply only when the desired state changed
+        (its hash) — never a timed re-apply. An API error is logged and the run tried again
+        next time."""
         while not stop.wait(self.config.resync_seconds):
             with self._guard:
                 known = sorted(self._known)
             for namespace, run_name in known:
                 try:
-                    self.reconcile_named(namespace, run_name, force_apply=True)
+                    self.reconcile_named(namespace, run_name)
                 except Exception as err:  # the next resync retries; nothing to crash for
                     log.warning("resync of %s/%s failed: %s", namespace, run_name, err)
 
@@ -619,11 +729,14 @@ def register(registry: kopf.OperatorRegistry, reconciler: Reconciler) -> kopf.Op
     def stop_resync(**_: Any) -> None:
         stop.set()
 
+    reconciler.cached_kinds = frozenset(CACHED_KINDS)
+
     def child_changed(body: kopf.Body, type: str | None, **_: Any) -> None:
+        drifted = reconciler.seen(body, deleted=type == "DELETED")
         labels = body.get("metadata", {}).get("labels") or {}
         run_name, namespace = labels.get("gagar.dev/run"), body.get("metadata", {}).get("namespace")
-        if run_name:
-            reconciler.reconcile_named(namespace, run_name, force_apply=type == "DELETED")
+        if run_name:  # a deleted or drifted child is applied again; other changes: status only
+            reconciler.reconcile_named(namespace, run_name, force_apply=drifted)
 
     for group, version, plural, extra in CHILD_WATCHES:
         resource = (group, version, plural) if group else (version, plural)
@@ -638,6 +751,7 @@ CHILD_WATCHES = (
     ("apps", "v1", "deployments", {}),
     ("", "v1", "configmaps", {"app.kubernetes.io/component": "progress"}),
 )
+CACHED_KINDS = ("Job", "Deployment", "ConfigMap")  # what CHILD_WATCHES feed the cache with
 
 
 def _label_selector(labels: Mapping[str, str]) -> str:

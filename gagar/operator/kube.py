@@ -23,6 +23,12 @@ FIELD_MANAGER = "gagar-operator"
 # Takes over fields the operator stops writing but that must keep their value (replicas of a pool
 # switched to an autoscaler), as Kubernetes documents for handing a field over to an HPA.
 HANDOFF_MANAGER = "gagar-handoff"
+# Owns the ``suspend: true`` a queued trainer is created with, so that the operator's own applies
+# (which never send ``suspend`` for it) leave the field to Kueue.
+KUEUE_HANDOFF_MANAGER = "gagar-kueue-handoff"
+# Sets ``ttlSecondsAfterFinished`` on a finished trainer (a partial apply: the operator's own
+# manager would drop every field it leaves out).
+TTL_MANAGER = "gagar-ttl"
 
 PLURALS = {
     "ConfigMap": "configmaps",
@@ -43,6 +49,7 @@ PLURALS = {
     "PodMonitor": "podmonitors",
     "ServiceMonitor": "servicemonitors",
     "Pod": "pods",
+    "Workload": "workloads",
     "Event": "events",
     "Namespace": "namespaces",
     "CustomResourceDefinition": "customresourcedefinitions",

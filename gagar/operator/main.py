@@ -11,6 +11,10 @@ from __future__ import annotations
 
 import logging
 import os
+import socket
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 import kopf
@@ -88,13 +92,45 @@ def build_registry(
     return registry
 
 
+@dataclass(frozen=True)
+class Election:
+    """Leader election on a ``coordination.k8s.io`` Lease: only the replica holding it runs
+    kopf; the others wait, and take over once the holder stops renewing it (``seconds``)."""
+
+    lease: str
+    namespace: str
+    seconds: int = 15  # whole seconds: the Lease stores leaseDurationSeconds
+
+
+def lead(election: Election, work: Callable[[], object]) -> None:
+    """Run ``work`` once this process holds the Lease (kubernetes' own leader election). A
+    leader that cannot renew it ends the process at once (exit 1): it must not go on acting
+    while another replica may already lead; its pod restarts as a follower."""
+    import kubernetes
+    from kubernetes.leaderelection import electionconfig, leaderelection
+    from kubernetes.leaderelection.resourcelock.leaselock import LeaseLock
+
+    kubernetes.client.Configuration.set_default(client_configuration())
+    identity = f"{socket.gethostname()}-{uuid.uuid4().hex[:8]}"
+    lock = LeaseLock(election.lease, election.namespace, identity)
+    # the client library wants lease > renew > 1.2 * retry and retry >= 1 s (seconds >= 3)
+    renew, retry = election.seconds * 2 / 3, max(election.seconds / 6, 1.0)
+
+    def lost() -> None:
+        logging.getLogger("gagar.operator").error("%s lost the lease: exiting", identity)
+        os._exit(1)
+
+    config = electionconfig.Config(lock, election.seconds, renew, retry, work, lost)
+    leaderelection.LeaderElection(config).run()
+
+
 def run_operator(
     namespaces: list[str],
     standalone: bool,
     port: int,
     health_port: int,
-    integrations: frozenset[str] = frozenset(),
-    run_selector: str = "",
+    config: OperatorConfig | None = None,
+    election: Election | None = None,
 ) -> int:
     """Serve /metrics on ``port`` and /healthz on ``health_port``; run kopf until interrupted."""
     level = os.environ.get(env.LOG_LEVEL, "info").upper()
@@ -103,14 +139,21 @@ def run_operator(
     metrics = Metrics(prom, "operator")
     metrics.prime()  # every unlabelled-by-run series (API verbs and outcomes, error reasons) at 0
     start_http_server(port, registry=prom)
-    config = OperatorConfig(integrations=integrations, run_selector=run_selector)
+    config = config or OperatorConfig()
     kube = Kube(api_client(), observe=ApiObserver(metrics))
     registry = build_registry(kube, metrics, config)
-    kopf.run(
-        registry=registry,
-        standalone=standalone,
-        namespaces=namespaces,
-        clusterwide=not namespaces,
-        liveness_endpoint=f"http://0.0.0.0:{health_port}/healthz",
-    )
+
+    def work() -> None:
+        kopf.run(
+            registry=registry,
+            standalone=standalone,
+            namespaces=namespaces,
+            clusterwide=not namespaces,
+            liveness_endpoint=f"http://0.0.0.0:{health_port}/healthz",
+        )
+
+    if election is None:
+        work()
+    else:
+        lead(election, work)
     return 0

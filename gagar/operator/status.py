@@ -101,6 +101,11 @@ def backoff(spec: GagarRunSpec, in_a_row: int) -> float:
     return min(policy.max_backoff_seconds, policy.backoff_seconds * 2.0 ** min(in_a_row, 32))
 
 
+# Failures no restart can mend: the trainer's own verdict on its configuration (the pod failure
+# policy), and an attempt past trainer.activeDeadlineSeconds.
+PERMANENT = {"PodFailurePolicy": "TrainerFailedPermanently", "DeadlineExceeded": "DeadlineExceeded"}
+
+
 def judge_trainer(
     spec: GagarRunSpec,
     job: TrainerObserved | None,
@@ -140,8 +145,8 @@ def judge_trainer(
     if not job.failed:
         return same("running")
     detail = f"{job.failed_reason}: {job.failed_message}".strip(": ")
-    if job.failed_reason == "PodFailurePolicy":
-        return same("failed", "TrainerFailedPermanently", detail)
+    if job.failed_reason in PERMANENT:
+        return same("failed", PERMANENT[job.failed_reason], detail)
     if job.kind == "Job" and in_a_row < budget:
         wait = backoff(spec, in_a_row)
         left = wait - _seconds_between(job.failed_time, now) if job.failed_time else 0.0
@@ -357,7 +362,11 @@ def _phase(f: _Facts, parts: dict[str, Condition]) -> str:
         return "Suspended"
     job = f.obs.trainer
     started = job is not None and (job.active > 0 or job.ready > 0)
-    return "Running" if started or _step(f) > 0 or f.verdict.restarts > 0 else "Pending"
+    # once Running, a run stays Running through restarts, backoffs and pods waiting to be
+    # scheduled again (the conditions say why it is not Ready); only a resume starts at Pending
+    was_running = f.prev.phase == "Running"
+    running = started or was_running or _step(f) > 0 or f.verdict.restarts > 0
+    return "Running" if running else "Pending"
 
 
 def _checkpoint(f: _Facts) -> CheckpointStatus | None:
@@ -381,10 +390,13 @@ def _events(prev: GagarRunStatus, new: GagarRunStatus, verdict: _Trainer) -> lis
     events = []
     if verdict.reason == "TrainerRestarted" and new.trainer_restarts > prev.trainer_restarts:
         events.append(Event("Warning", "TrainerRestarted", verdict.message))
+    failed = _is_true(new, "Failed")
     for kind in ("Ready", "Suspended", "Complete", "Failed", "Stalled"):
         before, after = get_condition(prev, kind), get_condition(new, kind)
         if after is None or (before is not None and before.status == after.status):
             continue
+        if kind == "Stalled" and failed:
+            continue  # the Failed event says it
         if after.status == "True":
             warn = kind in ("Failed", "Stalled")
             events.append(
@@ -443,6 +455,8 @@ def compute_status(
             *_terminal_conditions(f),
         )
     }
+    if parts["Failed"].status == "True":  # kstatus: a failed run will not progress by itself
+        parts["Stalled"] = parts["Failed"].model_copy(update={"type": "Stalled"})
     parts["Ready"] = _ready(f, parts)
     parts["Reconciling"] = _reconciling(f, parts)
     job = obs.trainer

@@ -81,3 +81,59 @@ def test_gagar_operator_process(tmp_path: Path) -> None:
             assert httpx.get(f"http://127.0.0.1:{health}/healthz", timeout=5).status_code == 200
         finally:
             stop(proc)
+
+
+@pytest.mark.skipif(bool(os.environ.get("GAGAR_TEST_KUBECONFIG")), reason="emulator only")
+def test_two_replicas_one_leader_and_a_takeover(tmp_path: Path) -> None:
+    """Two ``gagar operator`` processes elect a leader on a Lease: only the leader reconciles;
+    killed (SIGKILL) right after a run is created, the other takes the Lease over and
+    reconciles that run, with exactly one trainer Job."""
+    with KubeEmulator(deployment_delay=0.05) as kube:
+        kube.create(build_crd())
+        kubeconfig = kube.write_kubeconfig(tmp_path / "kubeconfig")
+        env = {**os.environ, "KUBECONFIG": str(kubeconfig)}
+
+        def start() -> subprocess.Popen[str]:
+            cmd = [sys.executable, "-m", "gagar.cli", "operator", "--namespace", "default",
+                   "--standalone", "--leader-election-lease", "gagar-operator",
+                   "--leader-election-namespace", "default", "--leader-election-seconds", "3",
+                   "--metrics-port", str(free_port()), "--health-port", str(free_port())]  # fmt: skip
+            return subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.DEVNULL,
+                                    stderr=subprocess.DEVNULL, text=True)  # fmt: skip
+
+        def holder() -> str:
+            lease = kube.find("coordination.k8s.io/v1", "Lease", "gagar-operator")
+            return ((lease or {}).get("spec") or {}).get("holderIdentity") or ""
+
+        def phase(name: str) -> str | None:
+            run = kube.get("gagar.dev/v1alpha1", "GagarRun", name)
+            return (run.get("status") or {}).get("phase")
+
+        first = start()
+        second = None
+        try:
+            kube.wait_for(lambda: holder() != "", timeout=60)
+            leader = holder()
+            second = start()
+            one = manifest("local")
+            kube.create(one)
+            kube.wait_for(lambda: phase(one["metadata"]["name"]) == "Running", timeout=60)
+            assert holder() == leader  # the second replica waits
+            two = manifest("local")
+            kube.create(two)
+            first.kill()  # mid-reconcile of the new run, at the latest before its status
+            first.wait(timeout=10)
+            kube.wait_for(lambda: holder() not in ("", leader), timeout=60)
+            name = two["metadata"]["name"]
+            kube.wait_for(lambda: phase(name) == "Running", timeout=60)
+            jobs = [
+                j
+                for j in kube.list("batch/v1", "Job")
+                if j["metadata"]["name"] == f"{name}-trainer"
+            ]
+            assert len(jobs) == 1
+            assert second.poll() is None
+        finally:
+            for proc in (first, second):
+                if proc is not None and proc.poll() is None:
+                    stop(proc)

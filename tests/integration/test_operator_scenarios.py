@@ -60,6 +60,7 @@ CHART_INTEGRATION = {
     "keda.sh": "integrations.keda",
     "jobset.x-k8s.io": "integrations.jobset",
     "monitoring.coreos.com": "integrations.prometheusOperator",
+    "kueue.x-k8s.io": "integrations.kueue",
 }
 
 
@@ -598,7 +599,41 @@ def test_delete_garbage_collects_children(env: Env) -> None:
         env.wait(lambda: samples() == [], what="its series removed")
     env.kube.delete(RUN_API, "GagarRun", env.namespace, name)  # no operator now
     env.wait(lambda: env.run(name) is None, what="run gone")
-    env.wait(lambda: env.children(name) == [], what="children collected")
+    # every child but the checkpoints (retention: Retain, the default)
+    kept = [("PersistentVolumeClaim", f"{name}-checkpoints")]
+    env.wait(lambda: [c[:2] for c in env.children(name)] == kept, what="children collected")
+
+
+def test_checkpoints_outlive_the_run_and_a_new_run_resumes_from_them(env: Env) -> None:
+    """``checkpoint.retention: Retain`` (the default): deleting the run leaves its checkpoint
+    PVC; a run re-created with the same name adopts that very claim and its trainer mounts it
+    (resuming from the newest checkpoint on it). ``Delete``: the PVC goes with the run."""
+    run = manifest()
+    name = run["metadata"]["name"]
+    pvc = ("v1", "PersistentVolumeClaim", f"{name}-checkpoints")
+    job = ("batch/v1", "Job", f"{name}-trainer")
+    with env.operator():
+        env.create(run)
+        first = env.wait(lambda: env.get(*pvc), what="checkpoint PVC")
+        assert not first["metadata"].get("ownerReferences")
+        env.wait(lambda: env.get(*job), what="trainer")
+        env.kube.delete(RUN_API, "GagarRun", env.namespace, name)
+        env.wait(lambda: env.get(*job) is None, what="trainer collected with the run")
+        time.sleep(0.5)  # the collector has had its chance at the PVC too
+        assert env.get(*pvc)["metadata"]["uid"] == first["metadata"]["uid"]
+        env.create(run)  # the same name again
+        second = env.wait(lambda: env.get(*job), what="new trainer")
+        volumes = {v["name"]: v for v in second["spec"]["template"]["spec"]["volumes"]}
+        assert volumes["checkpoints"]["persistentVolumeClaim"]["claimName"] == pvc[2]
+        env.wait(lambda: env.get(*pvc)["metadata"]["labels"]["gagar.dev/run"] == name)
+        assert env.get(*pvc)["metadata"]["uid"] == first["metadata"]["uid"]  # resumed from it
+        # switching to Delete (spec.trainer changes while suspended) makes the run its owner;
+        # deleting the run then deletes it
+        env.patch_spec(name, {"suspend": True})
+        env.patch_spec(name, {"trainer": {"checkpoint": {"retention": "Delete"}}})
+        env.wait(lambda: env.get(*pvc)["metadata"].get("ownerReferences"), what="owned")
+        env.kube.delete(RUN_API, "GagarRun", env.namespace, name)
+        env.wait(lambda: env.get(*pvc) is None, what="checkpoints deleted with the run")
 
 
 def without_cel(node: Any) -> Any:
@@ -641,14 +676,52 @@ def test_api_errors_then_recovery(env: Env) -> None:
     run = manifest()
     name = run["metadata"]["name"]
     applies = emulator.faults.fail_next(2, verb="patch", path="/jobs/")
-    reads = emulator.faults.fail_next(1, verb="get", path="/deployments/")
     status = emulator.faults.fail_next(1, verb="patch", path="/status$")
     with env.operator():
         env.create(run)
-        env.wait(phase(env, name, "Running"), what="Running despite 500s")
-        env.wait(lambda: env.condition(name, "Ready").get("status") == "True", what="Ready")
+        # children are read from the watch cache: the reads left are of the run itself
+        reads = emulator.faults.fail_next(1, verb="get", path=f"/gagarruns/{name}")
+
+        def ready() -> bool:
+            with contextlib.suppress(KubeError):  # the test's own read may take the fault
+                return env.condition(name, "Ready").get("status") == "True"
+            return False
+
+        env.wait(ready, what="Ready despite 500s")
+        assert env.status(name)["phase"] == "Running"
     assert (applies.hits, reads.hits, status.hits) == (2, 1, 1)
     assert len([c for c in env.children(name) if c[0] == "Job"]) == 1
+
+
+def test_steady_state_writes_nothing_and_reads_little_but_drift_is_repaired(env: Env) -> None:
+    """Three Ready runs, several resyncs: no write at all (children are applied when their
+    desired state changes, never on a timer) and one read per run and resync (children come
+    from the watch cache). A child changed by someone else (a Deployment scaled by hand) is
+    applied again at once; one deleted is recreated."""
+    emulator = env.need_emulator()
+    runs = [manifest() for _ in range(3)]
+    names = [r["metadata"]["name"] for r in runs]
+    with env.operator():
+        for run in runs:
+            env.create(run)
+        for name in names:
+            env.wait(lambda n=name: env.condition(n, "Ready").get("status") == "True", what="Ready")
+        time.sleep(1.0)  # the last events of start-up pass
+        before = len(emulator.requests_for())
+        time.sleep(env.resync * 3)
+        window = [r for r in emulator.requests_for()[before:] if r["verb"] != "watch"]
+        assert [r for r in window if r["verb"] not in ("get", "list")] == [], window
+        assert len(window) <= len(names) * 4 + 1, window  # a read per run and resync (+ discovery)
+        rollout = ("apps/v1", "Deployment", f"{names[0]}-rollout")
+        env.kube.merge_patch(*rollout[:2], env.namespace, rollout[2], {"spec": {"replicas": 5}})
+        env.wait(lambda: env.get(*rollout)["spec"]["replicas"] == 2, what="drift repaired")
+        env.kube.delete(
+            "networking.k8s.io/v1", "NetworkPolicy", env.namespace, f"{names[1]}-trainer"
+        )
+        env.kube.delete("apps/v1", "Deployment", env.namespace, f"{names[1]}-grader")
+        env.wait(lambda: env.get("apps/v1", "Deployment", f"{names[1]}-grader"), what="recreated")
+        policy = ("networking.k8s.io/v1", "NetworkPolicy", f"{names[1]}-trainer")
+        env.wait(lambda: env.get(*policy), what="with every other child")
 
 
 def test_parse_run_names_every_bad_field() -> None:
@@ -684,6 +757,39 @@ def test_completion_releases_accelerators(env: Env) -> None:
             )
         assert env.status(name)["completionTime"]
         assert env.condition(name, "PoolsReady")["reason"] == "Released"
+
+
+def test_a_finished_trainer_gets_its_ttl_and_a_deadline_fails_the_run(env: Env) -> None:
+    """``trainer.ttlSecondsAfterFinished`` reaches the trainer Job only once the run has ended
+    (a failed attempt awaiting its restart is never collected); an attempt past
+    ``activeDeadlineSeconds`` fails the run at once, with no restart."""
+    run = manifest(**{"trainer.ttlSecondsAfterFinished": 600,
+                      "trainer.activeDeadlineSeconds": 7200})  # fmt: skip
+    name, job = run["metadata"]["name"], f"{run['metadata']['name']}-trainer"
+    late = manifest(**{"trainer.activeDeadlineSeconds": 60})
+    with env.operator():
+        env.create(run)
+        env.create(late)
+        created = env.wait(lambda: env.get("batch/v1", "Job", job), what="trainer")
+        assert created["spec"]["activeDeadlineSeconds"] == 7200
+        assert "ttlSecondsAfterFinished" not in created["spec"]
+        env.wait(phase(env, name, "Running"), what="Running")
+        env.end_pod(job, exit_code=0)
+        env.wait(phase(env, name, "Succeeded"), what="Succeeded")
+        env.wait(
+            lambda: env.get("batch/v1", "Job", job)["spec"].get("ttlSecondsAfterFinished") == 600,
+            what="TTL set on the finished trainer",
+        )
+        if env.emulator is None:
+            return  # failing a Job on demand needs the emulator in this process
+        # the Job controller's verdict on an attempt past its deadline
+        other = f"{late['metadata']['name']}-trainer"
+        env.wait(lambda: env.get("batch/v1", "Job", other), what="second trainer")
+        env.emulator.fail_job(other, env.namespace, "DeadlineExceeded")
+        env.wait(phase(env, late["metadata"]["name"], "Failed"), what="Failed")
+        stalled = env.condition(late["metadata"]["name"], "Stalled")
+        assert (stalled["status"], stalled["reason"]) == ("True", "DeadlineExceeded")
+        assert env.status(late["metadata"]["name"]).get("trainerRestarts", 0) == 0
 
 
 def optional_crd(group: str, kind: str, plural: str, version: str = "v1") -> dict[str, Any]:
@@ -830,6 +936,81 @@ def test_kueue_owns_suspend_of_a_queued_trainer(env: Env) -> None:
         env.patch_spec(name, {"suspend": True})
         env.wait(phase(env, name, "Suspended"), what="Suspended by spec.suspend")
         assert env.get("batch/v1", "Job", job)["spec"]["suspend"] is True
+
+
+KUEUE_API = "kueue.x-k8s.io/v1beta1"
+
+
+def test_kueue_alone_suspends_a_queued_trainer_and_spec_suspend_goes_through_it(
+    env: Env,
+) -> None:
+    """With the Kueue integration, the test plays Kueue: it admits the queued trainer
+    (unsuspends the Job), preempts it, admits it again, and follows its Workload's
+    ``spec.active``, while the user suspends and resumes the run. The operator never writes the
+    Job's ``suspend`` after creating it held, never undoes Kueue, and writes the Workload
+    exactly once per suspend and once per resume (no loop)."""
+    if not env.simulated:
+        pytest.skip("installs a stand-in Workload CRD and plays Kueue")
+    env.kube.create(optional_crd("kueue.x-k8s.io", "Workload", "workloads", "v1beta1"))
+    run = manifest(**{"trainer.queueName": "team-a"})
+    name, job = run["metadata"]["name"], f"{run['metadata']['name']}-trainer"
+    url = f"/apis/batch/v1/namespaces/{env.namespace}/jobs/{job}"
+    seen: list[bool] = []  # the Job's suspend at every look: Kueue's decisions only
+
+    def kueue_sets(value: bool) -> None:
+        env.kube._call("PATCH", url, body={"spec": {"suspend": value}},
+                       query=[("fieldManager", "kueue")],
+                       content_type="application/merge-patch+json")  # fmt: skip
+
+    def holds(value: bool, seconds: float) -> None:
+        """The Job's suspend stays ``value`` for ``seconds`` (resyncs included)."""
+        deadline = time.monotonic() + seconds
+        while time.monotonic() < deadline:
+            seen.append(env.get("batch/v1", "Job", job)["spec"]["suspend"])
+            assert seen[-1] is value, f"suspend undone: {seen[-5:]}"
+            time.sleep(0.05)
+
+    def active() -> bool | None:
+        return env.get(KUEUE_API, "Workload", f"job-{job}")["spec"].get("active")
+
+    with env.operator(integrations=frozenset({"kueue.x-k8s.io"})):
+        env.create(run)
+        created = env.wait(lambda: env.get("batch/v1", "Job", job), what="trainer Job")
+        assert created["spec"]["suspend"] is True  # held for Kueue, webhook or not
+        workload = {
+            "apiVersion": KUEUE_API, "kind": "Workload",
+            "metadata": {"name": f"job-{job}", "namespace": env.namespace,
+                         "labels": {"kueue.x-k8s.io/job-uid": created["metadata"]["uid"]}},
+            "spec": {"queueName": "team-a"},
+        }  # fmt: skip
+        env.kube.create(workload)
+        holds(True, 0.5)
+        kueue_sets(False)  # admitted
+        holds(False, env.resync * 1.5)
+        kueue_sets(True)  # preempted
+        holds(True, env.resync * 1.5)
+        kueue_sets(False)  # admitted again
+        holds(False, env.resync * 1.5)
+        env.patch_spec(name, {"suspend": True})  # the user: through the Workload
+        env.wait(lambda: active() is False, what="Workload deactivated")
+        holds(False, 0.5)  # the operator left the Job to Kueue...
+        kueue_sets(True)  # ...which evicts the deactivated Workload
+        env.wait(phase(env, name, "Suspended"), what="Suspended")
+        holds(True, env.resync * 1.5)
+        env.patch_spec(name, {"suspend": False})
+        env.wait(lambda: active() is True, what="Workload reactivated")
+        holds(True, env.resync * 1.5)  # queued again: no start without Kueue's admission
+        kueue_sets(False)
+        holds(False, env.resync * 1.5)
+        if env.emulator is not None:
+            patches = env.emulator.requests_for("patch", "/workloads/")
+            assert len(patches) == 2, patches  # one deactivation, one reactivation
+        owners = [
+            f["manager"]
+            for f in env.get("batch/v1", "Job", job)["metadata"]["managedFields"]
+            if "f:suspend" in (f.get("fieldsV1") or {}).get("f:spec", {})
+        ]
+        assert owners == ["kueue"], owners  # fmt: skip
 
 
 def test_trainer_template_changes_wait_for_suspend(env: Env) -> None:

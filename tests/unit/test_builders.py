@@ -15,6 +15,7 @@ import pytest
 from gagar.env import EXIT_PERMANENT
 from gagar.manifest import load_run
 from gagar.operator.builders import BuildContext, build_all
+from gagar.operator.builders.common import Scraper
 from gagar.operator.builders.pools import transport, vllm_command
 from gagar.spec import GagarRun
 
@@ -64,6 +65,9 @@ def test_labels_owner_references_and_unique_names(name: str) -> None:
         assert meta["labels"]["gagar.dev/run"] == run.metadata.name
         assert meta["labels"]["app.kubernetes.io/component"]
         assert meta.get("namespace") == run.metadata.namespace
+        if o["kind"] == "PersistentVolumeClaim":  # checkpoints outlive the run (Retain)
+            assert "ownerReferences" not in meta
+            continue
         (ref,) = meta["ownerReferences"]
         assert ref == {
             "apiVersion": "gagar.dev/v1alpha1",
@@ -177,8 +181,9 @@ def test_jobset_only_when_asked_and_installed() -> None:
     policy = js["spec"]["failurePolicy"]
     assert policy["maxRestarts"] == 5
     # a permanent exit (podFailurePolicy FailJob on EXIT_PERMANENT) fails the set, no restarts
-    (rule,) = policy["rules"]
-    assert (rule["action"], rule["onJobFailureReasons"]) == ("FailJobSet", ["PodFailurePolicy"])
+    # and so does an attempt past trainer.activeDeadlineSeconds
+    rules = [(r["action"], r["onJobFailureReasons"]) for r in policy["rules"]]
+    assert rules == [("FailJobSet", ["PodFailurePolicy"]), ("FailJobSet", ["DeadlineExceeded"])]
     assert js["spec"]["network"]["subdomain"] == "flash-moe-310b-trainer-rdzv"
     (rj,) = js["spec"]["replicatedJobs"]
     assert rj["template"]["spec"]["completions"] == 32
@@ -297,7 +302,7 @@ def test_sandbox_pods_are_hardened() -> None:
     ]
     assert sorted(sources) == ["grader", "trainer"]
     local = {o["metadata"]["name"] for o in by_kind(build_all(example("local")), "NetworkPolicy")}
-    assert local == {"local-rollout", "local-grader"}  # local backend: no sandbox pods
+    assert local == {"local-rollout", "local-grader", "local-trainer"}  # no sandbox pods
 
 
 # Pod Security "baseline" lets a pod add only these capabilities.
@@ -373,6 +378,18 @@ def test_checkpoint_pvc() -> None:
     ] == "ckpts"
 
 
+def test_checkpoint_pvc_outlives_the_run_unless_asked() -> None:
+    """``retention: Retain`` (the default): no owner, so the garbage collector never deletes the
+    checkpoints with the run; ``Delete``: owned by the run, as the run's other children."""
+    ctx = BuildContext(uid=UID)
+    (kept,) = by_kind(build_all(example("single-gpu"), ctx), "PersistentVolumeClaim")
+    assert "ownerReferences" not in kept["metadata"]
+    assert kept["metadata"]["labels"]["gagar.dev/run"] == "qwen3-swe-1node"
+    deleted = example("single-gpu", **{"trainer.checkpoint.retention": "Delete"})
+    (owned,) = by_kind(build_all(deleted, ctx), "PersistentVolumeClaim")
+    assert owned["metadata"]["ownerReferences"][0]["uid"] == UID
+
+
 def test_monitors_follow_crds_and_mode() -> None:
     run = example("single-gpu")
     assert by_kind(build_all(run), "ServiceMonitor") == []
@@ -388,7 +405,9 @@ def test_monitors_follow_crds_and_mode() -> None:
     assert "metrics" in {p["name"] for p in sandbox["spec"]["ports"]}
     policy = by_kind(objs, "NetworkPolicy")
     rules = next(p for p in policy if p["metadata"]["name"].endswith("-sandbox"))["spec"]["ingress"]
-    assert rules[1] == {"ports": [{"protocol": "TCP", "port": 9400}]} and "from" in rules[0]
+    prometheus = Scraper().peer()  # the named Prometheus only, never every pod of the cluster
+    assert rules[1] == {"from": [prometheus], "ports": [{"protocol": "TCP", "port": 9400}]}
+    assert "from" in rules[0]
     off = example("single-gpu", **{"observability.monitors": "disabled"})
     assert by_kind(build_all(off, BuildContext(crds=ALL_CRDS)), "PodMonitor") == []
     on = example("single-gpu", **{"observability.monitors": "enabled"})

@@ -227,6 +227,19 @@ ACTS: dict[str, tuple[str, ...]] = {
     "spec.trainer.checkpoint.volumeSize": (U + "test_builders.py::test_checkpoint_pvc",),
     "spec.trainer.checkpoint.storageClassName": (U + "test_builders.py::test_checkpoint_pvc",),
     "spec.trainer.checkpoint.existingClaim": (U + "test_builders.py::test_checkpoint_pvc",),
+    "spec.trainer.checkpoint.retention": (
+        U + "test_builders.py::test_checkpoint_pvc_outlives_the_run_unless_asked",
+        "tests/integration/test_operator_scenarios.py::"
+        "test_checkpoints_outlive_the_run_and_a_new_run_resumes_from_them",
+    ),
+    "spec.trainer.activeDeadlineSeconds": (
+        "tests/integration/test_operator_scenarios.py::"
+        "test_a_finished_trainer_gets_its_ttl_and_a_deadline_fails_the_run",
+    ),
+    "spec.trainer.ttlSecondsAfterFinished": (
+        "tests/integration/test_operator_scenarios.py::"
+        "test_a_finished_trainer_gets_its_ttl_and_a_deadline_fails_the_run",
+    ),
     "spec.*.podTemplate.*": (
         U + "test_spec_effects.py::test_every_pod_template_field_reaches_the_pods",
         POD,

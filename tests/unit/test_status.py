@@ -496,3 +496,30 @@ def test_a_newer_checkpoint_refills_the_budget() -> None:
     out = compute_status(one, obs(trainer=job, progress=progress), status, T2)
     assert out.terminal and cond(out.status, "Failed") == ("True", "RestartBudgetExhausted")
     assert out.status.trainer_restarts == 4
+
+
+def test_a_failed_run_is_stalled_for_kstatus() -> None:
+    """kstatus reads ``Stalled=False`` as Current: a failed run must say ``Stalled=True`` (with
+    the failure's reason), and post one warning for it, not two."""
+    out = compute_status(
+        spec(**{"trainer.failurePolicy.maxRestarts": 0}), obs(trainer=failed(0)), None, T0
+    )
+    assert out.status.phase == "Failed"
+    assert cond(out.status, "Stalled") == cond(out.status, "Failed") == (
+        "True", "RestartBudgetExhausted")  # fmt: skip
+    assert [e.reason for e in out.events if e.type == "Warning"] == ["RestartBudgetExhausted"]
+    again = compute_status(SPEC, obs(trainer=failed(0)), out.status, T1)  # sticky
+    assert cond(again.status, "Stalled") == ("True", "RestartBudgetExhausted")
+
+
+def test_the_phase_does_not_flap_across_a_backoff() -> None:
+    """Running, then a failure waiting out its backoff, then the next attempt's pods pending:
+    Running throughout (the conditions say why it is not Ready)."""
+    running = compute_status(BACKOFF, obs(trainer=RUNNING), None, T0).status
+    assert running.phase == "Running"
+    job = failed(0, failed_time=T0)
+    early = compute_status(BACKOFF, obs(trainer=job), running, "2026-01-01T00:00:04Z")
+    assert early.retry_after is not None and early.status.phase == "Running"
+    pending = replace(RUNNING, attempt=1, active=0, ready=0)
+    later = compute_status(BACKOFF, obs(trainer=pending), early.status, T1)
+    assert later.status.phase == "Running"

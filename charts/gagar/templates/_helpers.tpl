@@ -101,6 +101,11 @@ ServiceAccounts grant a subset of these (Kubernetes forbids granting what the op
   resources: ["jobsets"]
   verbs: ["get", "list", "watch", "create", "update", "patch", "delete"]
 {{- end }}
+{{- if .Values.integrations.kueue }}
+- apiGroups: ["kueue.x-k8s.io"]
+  resources: ["workloads"]
+  verbs: ["get", "list", "watch", "patch"]
+{{- end }}
 {{- if .Values.integrations.prometheusOperator }}
 - apiGroups: ["monitoring.coreos.com"]
   resources: ["servicemonitors", "podmonitors"]

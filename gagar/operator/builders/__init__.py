@@ -15,6 +15,7 @@ from gagar.operator.builders.common import (
     TEMPLATE_ANNOTATION,
     BuildContext,
     Manifest,
+    Scraper,
     labels,
     name,
 )
@@ -26,7 +27,7 @@ from gagar.operator.builders.config import (
 from gagar.operator.builders.monitoring import build_monitors
 from gagar.operator.builders.pools import build_pools
 from gagar.operator.builders.sandbox import build_sandbox
-from gagar.operator.builders.trainer import build_trainer, uses_jobset
+from gagar.operator.builders.trainer import build_trainer, queued, uses_jobset
 from gagar.spec import GagarRun
 
 # Kinds the operator creates, as (apiVersion, kind): what it watches and prunes by label.
@@ -72,8 +73,10 @@ __all__ = [
     "TEMPLATE_ANNOTATION",
     "BuildContext",
     "Manifest",
+    "Scraper",
     "build_all",
     "labels",
     "name",
+    "queued",
     "uses_jobset",
 ]

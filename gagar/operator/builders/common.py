@@ -22,7 +22,8 @@ State = Literal["active", "terminal"]
 MONITORING = "monitoring.coreos.com"
 KEDA = "keda.sh"
 JOBSET = "jobset.x-k8s.io"
-OPTIONAL_CRDS = (MONITORING, KEDA, JOBSET)
+KUEUE = "kueue.x-k8s.io"
+OPTIONAL_CRDS = (MONITORING, KEDA, JOBSET, KUEUE)
 
 CONFIG_MOUNT = "/etc/gagar/config"
 CHECKPOINT_MOUNT = "/gagar/checkpoints"
@@ -38,6 +39,23 @@ PLACEHOLDER_UID = "00000000-0000-0000-0000-000000000000"
 
 
 @dataclass(frozen=True)
+class Scraper:
+    """The Prometheus allowed to scrape a run's pods (the chart's ``prometheus.namespace`` and
+    ``prometheus.podLabels``, the operator's ``--prometheus-namespace``/``--prometheus-label``):
+    its pods' labels in its namespace, and no other pod of the cluster."""
+
+    namespace: str = "monitoring"
+    labels: tuple[tuple[str, str], ...] = (("app.kubernetes.io/name", "prometheus"),)
+
+    def peer(self) -> dict[str, Any]:
+        """A NetworkPolicy peer selecting exactly these pods."""
+        return {
+            "namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": self.namespace}},
+            "podSelector": {"matchLabels": dict(self.labels)},
+        }
+
+
+@dataclass(frozen=True)
 class BuildContext:
     """Inputs besides the run that decide the manifests (all observed by the handler, passed in).
 
@@ -48,6 +66,7 @@ class BuildContext:
     ``state``: ``terminal`` once the run completed or failed (accelerators released).
     ``hold_trainer``: the sandbox pods cannot isolate commands here, so the trainer is suspended
     (not started, or its pods stopped) instead of holding accelerators for rollouts that fail.
+    ``scraper``: the one Prometheus the NetworkPolicies let scrape the pods' metrics ports.
     """
 
     uid: str = PLACEHOLDER_UID
@@ -57,6 +76,7 @@ class BuildContext:
     resumed_from: int | None = None
     state: State = "active"
     hold_trainer: bool = False  # sandbox pods refuse to start: the trainer waits, suspended
+    scraper: Scraper = field(default_factory=Scraper)
 
 
 def name(run: GagarRun, component: str, suffix: str = "") -> str:
@@ -116,6 +136,18 @@ def resources(req: Any) -> dict[str, Any]:
         out["requests"] = dict(req.requests)
     if req.limits:
         out["limits"] = dict(req.limits)
+    return out
+
+
+def requests_with_defaults(req: Any, defaults: dict[str, str]) -> dict[str, Any]:
+    """``resources(req)`` with a request for every resource of ``defaults`` the spec names
+    neither as a request nor as a limit (a limit alone makes its request, and a default above a
+    limit would make the pod invalid), and the GPU limit repeated as a request: every container
+    states what the scheduler must reserve, so none lands where it is OOM-killed or starved."""
+    out = resources(req)
+    gpus = {k: v for k, v in req.limits.items() if k == "nvidia.com/gpu"}
+    unset = {k: v for k, v in defaults.items() if k not in req.limits}
+    out["requests"] = {**unset, **gpus, **req.requests}
     return out
 
 

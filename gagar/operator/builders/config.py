@@ -71,7 +71,8 @@ def checkpoint_access_mode(run: GagarRun) -> str:
 
 
 def build_checkpoint_pvc(run: GagarRun, ctx: BuildContext) -> list[Manifest]:
-    """The checkpoint PVC, unless checkpoints go to a URI or an existing claim."""
+    """The checkpoint PVC, unless checkpoints go to a URI or an existing claim; owned by the run
+    only under ``checkpoint.retention: Delete``."""
     ckpt = run.spec.trainer.checkpoint
     if checkpoint_claim(run) != name(run, "checkpoints"):
         return []
@@ -82,4 +83,8 @@ def build_checkpoint_pvc(run: GagarRun, ctx: BuildContext) -> list[Manifest]:
     if ckpt.storage_class_name:
         spec["storageClassName"] = ckpt.storage_class_name
     meta = metadata(run, ctx, name(run, "checkpoints"), "checkpoints")
+    if ckpt.retention == "Retain":
+        # not owned: the garbage collector leaves it when the run goes, and a run of the same
+        # name adopts it again (server-side apply of the same name), resuming from it
+        del meta["ownerReferences"]
     return [obj("v1", "PersistentVolumeClaim", meta, spec=spec)]

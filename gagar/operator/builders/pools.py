@@ -34,7 +34,7 @@ from gagar.operator.builders.common import (
     name,
     obj,
     pod_security,
-    resources,
+    requests_with_defaults,
     selector,
     shm_volume,
 )
@@ -197,13 +197,27 @@ def vllm_startup_probe(port: str) -> dict[str, Any]:
     }
 
 
+# Requests of the grader service container (a Python HTTP server driving graders) when the spec
+# names none.
+GRADER_DEFAULT_REQUESTS = {"cpu": "500m", "memory": "1Gi"}
+
+
 def vllm_resources(req: ResourceRequirements) -> dict[str, Any]:
     """The pool's resources, with ``VLLM_DEFAULT_REQUESTS`` for cpu/memory it leaves out and
     the GPU limit repeated as a request (what the scheduler reserves, stated)."""
-    out = resources(req)
-    gpus = {k: v for k, v in req.limits.items() if k == "nvidia.com/gpu"}
-    out["requests"] = {**VLLM_DEFAULT_REQUESTS, **gpus, **req.requests}
-    return out
+    return requests_with_defaults(req, VLLM_DEFAULT_REQUESTS)
+
+
+def api_key_env(run: GagarRun) -> list[dict[str, Any]]:
+    """``VLLM_API_KEY`` (vLLM's ``--api-key``, kept out of the pod's args) from the run's token,
+    ``spec.authTokenSecret``: vLLM then refuses its OpenAI API (``/v1``) without the bearer token
+    the trainer sends. vLLM guards only that prefix: its weight-transfer endpoints stay open to
+    whoever reaches the port, which the NetworkPolicy limits to this run's trainer."""
+    secret = run.spec.auth_token_secret
+    if not secret:
+        return []
+    ref = {"secretKeyRef": {"name": secret, "key": "token"}}
+    return [{"name": "VLLM_API_KEY", "valueFrom": ref}]
 
 
 def _vllm_container(
@@ -215,7 +229,11 @@ def _vllm_container(
         "image": rollout.image,
         "command": vllm_command(model),
         "args": rollout_args(run, model),
-        "env": [*common_env(run, "rollout"), {"name": "VLLM_SERVER_DEV_MODE", "value": "1"}],
+        "env": [
+            *common_env(run, "rollout"),
+            {"name": "VLLM_SERVER_DEV_MODE", "value": "1"},
+            *api_key_env(run),
+        ],
         "ports": [{"name": "http", "containerPort": VLLM_PORT}],
         "startupProbe": vllm_startup_probe("http"),
         "readinessProbe": {"httpGet": {"path": "/health", "port": "http"}, "periodSeconds": 10},
@@ -279,9 +297,11 @@ def _grader_containers(run: GagarRun, mounts: list[dict[str, Any]]) -> list[dict
         "volumeMounts": [*mounts[:1], *auth_volume(run)[1]],
         "securityContext": container_security(),
     }
-    if grader.kind != "agentic":
-        service["resources"] = resources(grader.resources)
+    if grader.kind != "agentic":  # the pool's resources are the service's
+        service["resources"] = requests_with_defaults(grader.resources, GRADER_DEFAULT_REQUESTS)
         return [service]
+    # agentic: the pool's resources are the model server's; the service asks for its own
+    service["resources"] = {"requests": GRADER_DEFAULT_REQUESTS}
     model_path, _, model_mounts = base_model(HUB_MODELS.get(grader.model or "", grader.model))
     server = {
         "name": "model",
@@ -403,18 +423,15 @@ def build_autoscaler(run: GagarRun, ctx: BuildContext, component: str) -> list[M
     return [] if run.spec.suspend else [build_hpa(run, ctx, component, auto)]
 
 
-# Prometheus servers (the Prometheus Operator's pods carry this label) may scrape the pools.
-SCRAPER = {"app.kubernetes.io/name": "prometheus"}
-
-
 def build_pool_network_policy(run: GagarRun, ctx: BuildContext, component: str) -> Manifest:
     """Who may reach a pool. The rollout pool runs vLLM with its weight-transfer API on
     (``VLLM_SERVER_DEV_MODE=1``: whoever reaches it can replace the policy's weights), so only
-    this run's trainer pods reach it (every port: NCCL weight broadcast picks its own), and
-    Prometheus its HTTP port (``/metrics``). The grader pool serves the trainer (HTTP) and its
-    metrics port to Prometheus."""
+    this run's trainer pods reach it (every port: NCCL weight broadcast picks its own), and the
+    one Prometheus the operator names (``ctx.scraper``, never a pod of any namespace) its HTTP
+    port: vLLM serves ``/metrics`` on its API port and nowhere else. The grader pool serves the
+    trainer (HTTP) and its metrics port, a port of its own, to that Prometheus."""
     trainer = {"podSelector": {"matchLabels": selector(run, "trainer")}}
-    scraper = {"namespaceSelector": {}, "podSelector": {"matchLabels": SCRAPER}}
+    scraper = ctx.scraper.peer()
     if component == "rollout":
         ingress = [{"from": [trainer]}, {"from": [scraper], "ports": [{"port": VLLM_PORT}]}]
     else:

@@ -31,13 +31,15 @@ from gagar.operator.builders.common import (
     metrics_port,
     name,
     obj,
-    resources,
+    requests_with_defaults,
     selector,
 )
 from gagar.operator.builders.overlay import pod_template
 from gagar.spec import GagarRun
 
 SANDBOX_PORT = 8090
+# Requests of an executor pod whose spec names none (a test run is a pytest process or two).
+SANDBOX_DEFAULT_REQUESTS = {"cpu": "500m", "memory": "1Gi"}
 SANDBOX_UID = 65534
 # What the executor needs to lease uids: switch to them (setuid/setgid, setpcap for setpriv's
 # bounding-set drop), hand them their workspace (chown), clean up after them (fowner,
@@ -81,7 +83,7 @@ def _container(run: GagarRun) -> dict[str, Any]:
         "ports": [{"name": "executor", "containerPort": SANDBOX_PORT}, metrics_port(run)],
         "readinessProbe": {"tcpSocket": {"port": "executor"}, "periodSeconds": 10},
         "terminationMessagePolicy": "FallbackToLogsOnError",  # the refusal, for the operator
-        "resources": resources(sb.resources),
+        "resources": requests_with_defaults(sb.resources, SANDBOX_DEFAULT_REQUESTS),
         "volumeMounts": [
             cfg_mount,
             {"name": "workspace", "mountPath": WORKSPACE_ROOT},
@@ -154,7 +156,8 @@ def build_sandbox_service(run: GagarRun, ctx: BuildContext) -> Manifest:
 
 def build_sandbox_network_policy(run: GagarRun, ctx: BuildContext) -> Manifest:
     """Deny all egress (no DNS either); ingress to the executor only from this run's trainer and
-    grader pods, and to the metrics port (counters only, no session data) for Prometheus."""
+    grader pods, and to the metrics port (counters only, no session data) only for the
+    Prometheus the operator names (``ctx.scraper``)."""
     peers = [{"podSelector": {"matchLabels": selector(run, c)}} for c in ("trainer", "grader")]
     metrics = {"protocol": "TCP", "port": run.spec.observability.metrics_port}
     spec = {
@@ -162,12 +165,25 @@ def build_sandbox_network_policy(run: GagarRun, ctx: BuildContext) -> Manifest:
         "policyTypes": ["Ingress", "Egress"],
         "ingress": [
             {"from": peers, "ports": [{"protocol": "TCP", "port": SANDBOX_PORT}]},
-            {"ports": [metrics]},
+            {"from": [ctx.scraper.peer()], "ports": [metrics]},
         ],
         "egress": [],
     }
     meta = metadata(run, ctx, name(run, "sandbox"), "sandbox")
     return obj("networking.k8s.io/v1", "NetworkPolicy", meta, spec=spec)
+
+
+def build_sandbox_disruption_budget(run: GagarRun, ctx: BuildContext) -> Manifest:
+    """A drain takes at most a tenth of the pool (rounded up: at least one pod) at a time: every
+    evicted executor ends the sessions it holds, and the trainer's rollouts wait on them. A pod
+    that is not ready may always go, so the budget never blocks a drain for good."""
+    spec = {
+        "maxUnavailable": "10%",
+        "selector": {"matchLabels": selector(run, "sandbox")},
+        "unhealthyPodEvictionPolicy": "AlwaysAllow",
+    }
+    meta = metadata(run, ctx, name(run, "sandbox"), "sandbox")
+    return obj("policy/v1", "PodDisruptionBudget", meta, spec=spec)
 
 
 def build_sandbox(run: GagarRun, ctx: BuildContext) -> list[Manifest]:
@@ -177,4 +193,5 @@ def build_sandbox(run: GagarRun, ctx: BuildContext) -> list[Manifest]:
         build_sandbox_deployment(run, ctx),
         build_sandbox_service(run, ctx),
         build_sandbox_network_policy(run, ctx),
+        build_sandbox_disruption_budget(run, ctx),
     ]

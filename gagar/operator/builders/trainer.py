@@ -32,6 +32,7 @@ from gagar.operator.builders.common import (
     CHECKPOINT_MOUNT,
     IN_A_ROW_ANNOTATION,
     JOBSET,
+    KUEUE,
     RESUMED_ANNOTATION,
     SHM_MOUNT,
     TEMPLATE_ANNOTATION,
@@ -49,7 +50,7 @@ from gagar.operator.builders.common import (
     name,
     obj,
     pod_security,
-    resources,
+    requests_with_defaults,
     selector,
     shm_volume,
     spec_hash,
@@ -60,6 +61,8 @@ from gagar.operator.builders.sandbox import SANDBOX_PORT
 from gagar.spec import GagarRun
 
 RDZV_PORT = 29500
+# Requests of a trainer pod whose spec names none (the driver, its data loader, the tokenizer).
+TRAINER_DEFAULT_REQUESTS = {"cpu": "2", "memory": "8Gi"}
 KUEUE_QUEUE_LABEL = "kueue.x-k8s.io/queue-name"
 JOBSET_REPLICATED_JOB = "node"
 # The trainer's entry point inside its image (torchrun runs it as a module on every rank), and
@@ -143,7 +146,7 @@ def _trainer_pod(run: GagarRun, ctx: BuildContext) -> dict[str, Any]:
         "args": torchrun_args(run, ctx),
         "env": _trainer_env(run),
         "ports": [{"name": "rdzv", "containerPort": RDZV_PORT}, metrics_port(run)],
-        "resources": resources(run.spec.trainer.resources),
+        "resources": requests_with_defaults(run.spec.trainer.resources, TRAINER_DEFAULT_REQUESTS),
         "volumeMounts": mounts,
         "securityContext": container_security(),
     }
@@ -166,6 +169,7 @@ def _job_spec(run: GagarRun, ctx: BuildContext) -> dict[str, Any]:
         "completions": nodes,
         "parallelism": nodes,
         "backoffLimit": 0,
+        **deadline(run),
         "podFailurePolicy": {
             "rules": [
                 {
@@ -182,6 +186,12 @@ def _job_spec(run: GagarRun, ctx: BuildContext) -> dict[str, Any]:
     }
 
 
+def deadline(run: GagarRun) -> dict[str, Any]:
+    """``activeDeadlineSeconds`` of a trainer attempt's Job, when the spec sets one."""
+    seconds = run.spec.trainer.active_deadline_seconds
+    return {} if seconds is None else {"activeDeadlineSeconds": seconds}
+
+
 def _workload_meta(run: GagarRun, ctx: BuildContext, **extra: Any) -> dict[str, Any]:
     """Metadata of the trainer workload, with Kueue's queue label when a queue is named."""
     meta = metadata(run, ctx, name(run, "trainer"), "trainer", **extra)
@@ -190,12 +200,21 @@ def _workload_meta(run: GagarRun, ctx: BuildContext, **extra: Any) -> dict[str, 
     return meta
 
 
+def queued(run: GagarRun, ctx: BuildContext) -> bool:
+    """Whether Kueue owns the trainer's ``suspend``: a queue is named and the operator's Kueue
+    integration is on (and Kueue installed)."""
+    return bool(run.spec.trainer.queue_name) and KUEUE in ctx.crds
+
+
 def suspend(run: GagarRun, ctx: BuildContext) -> dict[str, Any]:
-    """``suspend`` as the operator writes it: true while ``spec.suspend`` or while the sandbox
-    pods refuse to start (``ctx.hold_trainer``), else not at all, so that the field is never
-    taken from another manager (Kueue suspends a queued workload until it is admitted); left
-    unowned, the server defaults it to false."""
-    return {"suspend": True} if run.spec.suspend or ctx.hold_trainer else {}
+    """``suspend`` as the operator writes it. A queued trainer: never (Kueue suspends it until
+    admitted, unsuspends on admission, suspends again on preemption; the operator creates it
+    suspended through a hand-off manager and suspends the run through the Workload's
+    ``spec.active``). Otherwise: true while ``spec.suspend``, else not at all; left unowned,
+    the server defaults it to false."""
+    if queued(run, ctx):
+        return {}
+    return {"suspend": True} if run.spec.suspend else {}
 
 
 def build_trainer_job(run: GagarRun, ctx: BuildContext) -> Manifest:
@@ -224,7 +243,12 @@ def build_trainer_jobset(run: GagarRun, ctx: BuildContext) -> Manifest:
                     "name": "permanent-configuration-error",
                     "action": "FailJobSet",
                     "onJobFailureReasons": ["PodFailurePolicy"],
-                }
+                },
+                {  # the attempt's time is up (trainer.activeDeadlineSeconds): no restart
+                    "name": "deadline-exceeded",
+                    "action": "FailJobSet",
+                    "onJobFailureReasons": ["DeadlineExceeded"],
+                },
             ],
         },
         "successPolicy": {"operator": "All", "targetReplicatedJobs": [JOBSET_REPLICATED_JOB]},
@@ -256,12 +280,29 @@ def build_rdzv_service(run: GagarRun, ctx: BuildContext) -> Manifest:
     return obj("v1", "Service", meta, spec=spec)
 
 
+def build_trainer_network_policy(run: GagarRun, ctx: BuildContext) -> Manifest:
+    """Only the run's own ranks reach a trainer pod (the rendezvous port, and every other port:
+    NCCL and Gloo pick theirs), and the Prometheus the operator names its metrics port. Nothing
+    else calls the trainer: weights go out through the checkpoint volume, and it calls the pools,
+    never the reverse. Egress stays open (model and dataset downloads, trackers)."""
+    trainer = {"podSelector": {"matchLabels": selector(run, "trainer")}}
+    metrics = {"protocol": "TCP", "port": run.spec.observability.metrics_port}
+    spec = {
+        "podSelector": {"matchLabels": selector(run, "trainer")},
+        "policyTypes": ["Ingress"],
+        "ingress": [{"from": [trainer]}, {"from": [ctx.scraper.peer()], "ports": [metrics]}],
+    }
+    meta = metadata(run, ctx, name(run, "trainer"), "trainer")
+    return obj("networking.k8s.io/v1", "NetworkPolicy", meta, spec=spec)
+
+
 def build_trainer(run: GagarRun, ctx: BuildContext) -> list[Manifest]:
     """Trainer objects: JobSet (which makes its own headless Service) or Job + Service; nothing
     for a terminal run (its finished Job stays as the record; deleting it never brings a new one
     that would hold accelerators for rollouts that never come)."""
     if ctx.state == "terminal":
         return []
+    policy = build_trainer_network_policy(run, ctx)
     if uses_jobset(run, ctx):
-        return [build_trainer_jobset(run, ctx)]
-    return [build_rdzv_service(run, ctx), build_trainer_job(run, ctx)]
+        return [policy, build_trainer_jobset(run, ctx)]
+    return [policy, build_rdzv_service(run, ctx), build_trainer_job(run, ctx)]
