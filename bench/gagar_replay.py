@@ -14,7 +14,7 @@ more than GRPO's does, and with what gradient variance? No long run is needed to
    the arm's advantages (``gagar.driver.advantages``: the trainer's own code), and run one
    learner update (a fresh optimizer, one trajectory per micro-batch). Measured per group: the
    change of ``log π(best pass) − log π(worst pass)`` (sums over generated tokens, float32), the
-   gradient variance across the trajectories (``tr Cov``, DESIGN §1.9) raw and scale-free
+   gradient variance across the trajectories (``tr Cov``, docs/design.md §1.9) raw and scale-free
    (divided by ``‖mean gradient‖²``: an arm that rescales advantages scales its raw variance).
 3. Paired tests per arm against ``grpo`` over the groups: exact Wilcoxon signed-rank (and sign
    test) p-values, in ``--json``.

@@ -241,7 +241,7 @@ async def loop_run(
     sandboxes, templating = TimedFactory(factory, clock), TimedFormat(fmt, clock)
     if hasattr(driver_loop, "make_rollouts"):
         rollouts = driver_loop.make_rollouts(run, sandboxes, timed, templating, 0)
-    else:  # the loop before issue 17 (to measure the baseline with this bench)
+    else:  # the loop before the in-flight restructuring (to measure the baseline with this bench)
         limiter = asyncio.Semaphore(concurrency)
         cfg = driver_loop.rollout_config(run)
         rollouts = driver_loop.Rollouts(sandboxes, timed, templating, cfg, limiter)

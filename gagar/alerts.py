@@ -77,7 +77,7 @@ def _pools_not_ready() -> str:
 
 
 def alerts(w: Windows) -> list[Alert]:
-    """The alert catalogue (DESIGN §4): what goes wrong in GAGAR/GRPO runs, per run."""
+    """The alert catalogue (docs/design.md §4): what goes wrong in GAGAR/GRPO runs, per run."""
     mean = _mean_length(w.short)
     variance = metric("gagar_gradient_variance")
     trace, signal = metric("gagar_gradient_noise_trace"), metric("gagar_gradient_signal_sq")

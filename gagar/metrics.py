@@ -1,4 +1,4 @@
-"""The metric catalogue (DESIGN §4): every Prometheus metric gagar exports, declared once.
+"""The metric catalogue (docs/design.md §4): every Prometheus metric gagar exports, declared once.
 
 Naming: prefix ``gagar_``, base units as suffixes (``_seconds``, ``_bytes``, ``_ratio`` for 0–1),
 ``_total`` on counters, no colons; labels only from ``ALLOWED_LABELS`` (no task or trajectory ids:

@@ -395,7 +395,7 @@ class ModelSpec(Model):
 
 # ---------------------------------------------------------------- algorithm
 class QualityFactors(Model):
-    """Quality factor per tier (DESIGN §1.5; defaults are the paper's Flash setting)."""
+    """Quality factor per tier (docs/design.md §1.5; defaults are the paper's Flash setting)."""
 
     t1_first: float = Field(default=1.0, gt=0, le=1)
     """Factor of the first (best) T1 tied group."""
@@ -426,7 +426,7 @@ class QualityFactors(Model):
 
 
 class Redistribution(Model):
-    """Sum-preserving redistribution of the passes' advantages (DESIGN §1.6)."""
+    """Sum-preserving redistribution of the passes' advantages (docs/design.md §1.6)."""
 
     lambda_max: float = Field(default=1.5, ge=1.0)
     """Cap on the rescale factor λ."""
@@ -438,7 +438,7 @@ class Redistribution(Model):
 
 
 class LengthPenalty(Model):
-    """Group-relative length penalty on passes (DESIGN §1.7), applied to rewards before GRPO."""
+    """Group-relative length penalty on passes (docs/design.md §1.7), applied to rewards before GRPO."""
 
     enabled: bool = True
     """Apply the penalty."""
@@ -471,7 +471,7 @@ class LengthPenalty(Model):
 
 
 class SegmentPenalty(Model):
-    """Token-level shaping of redundant actions, tool errors and churn (DESIGN §1.7)."""
+    """Token-level shaping of redundant actions, tool errors and churn (docs/design.md §1.7)."""
 
     enabled: bool = True
     """Apply segment shaping."""
@@ -490,7 +490,7 @@ class SegmentPenalty(Model):
 
 
 class DynamicSampling(Model):
-    """Draw more tasks until enough informative groups are found (DESIGN §1.2)."""
+    """Draw more tasks until enough informative groups are found (docs/design.md §1.2)."""
 
     enabled: bool = True
     """Train only on eligible groups (≥ 2 valid, ≥ 1 pass, ≥ 1 fail)."""
@@ -508,7 +508,7 @@ class KL(Model):
 
 
 class LossSpec(Model):
-    """Policy loss (DESIGN §1.8)."""
+    """Policy loss (docs/design.md §1.8)."""
 
     aggregation: Literal[
         "token-mean", "seq-mean-token-mean", "seq-mean-token-sum-norm", "prompt-mean"
@@ -562,7 +562,7 @@ class Optimizer(Model):
 
 
 class AlgorithmSpec(Model):
-    """GAGAR (or the plain GRPO baseline) and its hyperparameters (DESIGN §1)."""
+    """GAGAR (or the plain GRPO baseline) and its hyperparameters (docs/design.md §1)."""
 
     mode: Literal["gagar", "grpo"] = "gagar"
     """``gagar`` grades eligible groups and redistributes; ``grpo`` is the plain baseline."""

@@ -1,6 +1,6 @@
 """Per-step metrics: one record per step to ``metrics.jsonl`` and Prometheus, and the final report.
 
-The record is a flat dict of the catalogue's trainer metrics (DESIGN §4) for one step; the same
+The record is a flat dict of the catalogue's trainer metrics (docs/design.md §4) for one step; the same
 numbers go to Prometheus (``export``) and, at the end, into ``report.json`` and PNG plots.
 """
 

@@ -1,4 +1,4 @@
-"""Dynamic sampling with bounded refill and asynchronous grading (DESIGN §1.2, §1.4).
+"""Dynamic sampling with bounded refill and asynchronous grading (docs/design.md §1.2, §1.4).
 
 A step needs ``quota`` eligible groups (≥ 2 valid, ≥ 1 pass, ≥ 1 fail, by the raw test outcome).
 Round after round, tasks are drawn for the groups still missing and rolled out concurrently (a

@@ -10,7 +10,7 @@ carrying its reason (submitted, max_turns, max_tokens, context_overflow, engine_
 sandbox_error). Engine, chat format and tools sit behind protocols, each with a deterministic fake
 in the tests.
 
-After the loop, turns are flagged for segment shaping (DESIGN §1.7): ``redundant`` (an identical
+After the loop, turns are flagged for segment shaping (docs/design.md §1.7): ``redundant`` (an identical
 call repeated with no state change in between), ``tool_error`` (unparseable call or a tool that
 rejected its arguments) and ``churn`` (an edit whose result a later edit overwrote or reverted).
 """
@@ -254,7 +254,7 @@ class Agent:
 
 # ----------------------------------------------------------------------------- flags
 def flag_turns(turns: list[Turn]) -> None:
-    """Mark ``redundant``, ``tool_error`` and ``churn`` turns (DESIGN §1.7)."""
+    """Mark ``redundant``, ``tool_error`` and ``churn`` turns (docs/design.md §1.7)."""
     seen: set[str] = set()
     for turn in turns:
         obs = turn.observation

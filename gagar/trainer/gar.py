@@ -1,4 +1,4 @@
-"""GAGAR advantage math (DESIGN §1, steps 1-7): pure, torch-only, vectorized over groups.
+"""GAGAR advantage math (docs/design.md §1, steps 1-7): pure, torch-only, vectorized over groups.
 
 Groups are ``(G, n)`` tensors (G groups of n trajectories) with bool masks; nothing here loops over
 groups in Python. For one group with valid members V, raw passes P₀ = V ∧ passed and confirmed
@@ -18,13 +18,13 @@ hacks H ⊆ P₀, the passes that take part are P = P₀ \\ H, and:
 When λ < λ_max the passes keep their total advantage, failures are untouched before recentring and
 the recentring is a no-op (mean stays 0): credit only moves from worse passes to better ones.
 
-Departures from the paper / DESIGN §1, all deliberate:
+Departures from the paper and docs/design.md §1, all deliberate:
 
-1. Redistribution is also skipped when Σ_P A ≤ 0 (DESIGN names only Σ_P f·A ≤ 0): λ would be ≤ 0
+1. Redistribution is also skipped when Σ_P A ≤ 0 (docs/design.md §1.6 names only Σ_P f·A ≤ 0): λ would be ≤ 0
    and flip the sign of every pass. Counted as ``NONPOSITIVE_MASS``; impossible with 0/1 rewards.
 2. A group with exactly one valid member gets A = 0 (verl returns the raw score for singleton
    groups by using mean 0, std 1). Such groups are ineligible anyway.
-3. Eligibility counts hacks as passes (raw test outcome, DESIGN step 2: the grader only sees
+3. Eligibility counts hacks as passes (raw test outcome, docs/design.md §1.2: the grader only sees
    eligible groups, so hacks are only ever known for eligible groups); P excludes them.
 4. Groups that are not redistributed return A itself (bit-identical plain GRPO), not A − mean(A).
 5. Positions that take no part are ignored even when NaN: rewards of invalid members, factors

@@ -1,4 +1,4 @@
-"""Gradient variance across micro-batches (DESIGN §1.9), from running sums.
+"""Gradient variance across micro-batches (docs/design.md §1.9), from running sums.
 
 With a step's loss written as a sum of micro-batch contributions (global normalization), the
 accumulated gradient after micro-batch ``m`` minus the one before is that micro-batch's contribution

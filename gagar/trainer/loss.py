@@ -1,4 +1,4 @@
-"""Policy loss (DESIGN §1.8): PPO clip with clip-higher and dual-clip, pure and torch-only.
+"""Policy loss (docs/design.md §1.8): PPO clip with clip-higher and dual-clip, pure and torch-only.
 
 Per token t of sequence i, with r = exp(logp − old_logp) and advantage A:
 
@@ -65,7 +65,7 @@ class GlobalCounts:
 
 @dataclass(frozen=True)
 class LossConfig:
-    """Scalars of the policy loss; defaults follow DESIGN §1.8 (KL and truncated IS off)."""
+    """Scalars of the policy loss; defaults follow docs/design.md §1.8 (KL and truncated IS off)."""
 
     eps_low: float = 0.2
     eps_high: float = 0.28

@@ -1,6 +1,6 @@
 """Hostile sessions that aim past the jail: at the host-side code, the kernel and the disk.
 
-Each test is a probe of issue 21, rerun: the host's walks, copies and clean-ups survive any tree
+Each test is an adversarial probe, rerun: the host's walks, copies and clean-ups survive any tree
 the code leaves; refused system calls stay refused; the disk, ``/dev/shm`` and the host's memory
 are bounded; and after the hostile session a fresh one still runs ``echo ok``.
 """

@@ -1,5 +1,5 @@
-"""``gagar sandbox serve`` and ``gagar grader serve`` against hostile or broken clients (issue 21,
-items 6 and 7): the body cap, finite bounds, the session limit, idle expiry, the backlog, slow
+"""``gagar sandbox serve`` and ``gagar grader serve`` against hostile or broken clients: the body
+cap, finite bounds, the session limit, idle expiry, the backlog, slow
 bodies, SIGTERM, loopback defaults and the shared token."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The real loop with mini-batches, a KL reference and LR warm-up (issue 16's done-when check).
+"""The real loop with mini-batches, a KL reference and LR warm-up, end to end.
 
 The smallest configuration that runs the real loop: the cluster trainer's command on two ranks
 (data parallelism 2) against the in-test services of ``test_cluster_trainer`` (bubblewrap

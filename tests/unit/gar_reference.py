@@ -1,4 +1,4 @@
-"""Slow per-group pure-Python reference of the GAGAR math (DESIGN §1), written straight from the
+"""Slow per-group pure-Python reference of the GAGAR math (docs/design.md §1), written straight from the
 formulas, one group at a time, with no torch in the per-group code. Tests compare the vectorized
 ``gagar.trainer.gar`` against it; ``bench/advantages.py`` times it (loaded by path, so both use
 this one copy).

@@ -1,6 +1,6 @@
 """The shared token reaches exactly the services and their caller: ``spec.authTokenSecret`` is
 mounted in the trainer, grader and sandbox pods with ``GAGAR_AUTH_TOKEN_FILE`` pointing at it, and
-the chart can create the Secret (issue 21, item 7)."""
+the chart can create the Secret."""
 
 from __future__ import annotations
 

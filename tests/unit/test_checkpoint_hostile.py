@@ -1,4 +1,4 @@
-"""Checkpoints cannot run code, and a malformed one is skipped for the previous (issue 21, item 8)."""
+"""Checkpoints cannot run code, and a malformed one is skipped for the previous."""
 
 from __future__ import annotations
 

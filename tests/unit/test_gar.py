@@ -1,4 +1,4 @@
-"""Tests of the GAGAR math (gagar/trainer/gar.py) against DESIGN §1: hand-computed vectors,
+"""Tests of the GAGAR math (gagar/trainer/gar.py) against docs/design.md §1: hand-computed vectors,
 property tests of every invariant, a per-group pure-Python reference, and verl/TRL GRPO formulas."""
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
 """Hostile manifests and arguments: refused with one clear line and a non-zero exit, never a
-traceback, never accepted as valid (issue 21, item 10)."""
+traceback, never accepted as valid."""
 
 from __future__ import annotations
 
