@@ -154,6 +154,13 @@ def rl_health() -> Dashboard:
                         description="Trace of the covariance of micro-batch gradients.",
                     ),
                     Panel(
+                        "Gradient variance, scale-free",
+                        [gauge("gagar_gradient_variance_scaled")],
+                        description="tr Cov / ‖ḡ‖²: about M − 1 whatever the algorithm when the "
+                        "micro-batch gradients are nearly orthogonal (kept for comparison with "
+                        "older runs; the noise scale measures).",
+                    ),
+                    Panel(
                         "Gradient noise scale",
                         [
                             gauge("gagar_gradient_noise_scale", "step {{run}}"),
@@ -417,6 +424,12 @@ def sandboxes() -> Dashboard:
                             gauge("gagar_sandbox_sessions_active", "active {{pool}}"),
                             gauge("gagar_sandbox_sessions_max", "capacity {{pool}}"),
                         ],
+                    ),
+                    Panel(
+                        "Isolation mode",
+                        [gauge("gagar_sandbox_isolation", "{{mode}} {{pool}}")],
+                        description="The mode each sandbox server isolates commands with (auto "
+                        "resolved at start): 1 for the mode in use.",
                     ),
                 ],
             ),

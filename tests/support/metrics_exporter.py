@@ -6,9 +6,10 @@ Its series are derived from the catalogue: every metric of every component, with
 ``gagar.metrics.series_labels`` makes from the run's labels, the definition's enums and a few
 values of the free labels (``EXTRA``); every 0.2 s each counter grows, each gauge takes a value and
 each histogram gets observations. On top of that, the signals the alerts watch follow one of two
-regimes read from stdin: ``healthy`` (steps advance, stable lengths and gradient variance, no
-grader fallbacks, pools ready) and ``degraded`` (steps stop, lengths and gradient variance jump,
-most graded groups fall back, pools not ready). It prints its port first.
+regimes read from stdin: ``healthy`` (steps advance, stable lengths, gradient variance and noise
+scale, no grader fallbacks, pools ready) and ``degraded`` (steps stop, lengths and gradient
+variance jump, the gradient signal all but vanishes, most graded groups fall back, pools not
+ready). It prints its port first.
 
     python -m tests.support.metrics_exporter --run demo --namespace gagar-test
 """
@@ -48,6 +49,8 @@ DRIVEN = {
     "gagar_trainer_step",
     "gagar_response_tokens",
     "gagar_gradient_variance",
+    "gagar_gradient_noise_trace",
+    "gagar_gradient_signal_sq",
     "gagar_grader_fallbacks_total",
     "gagar_graded_groups_total",
     "gagar_run_condition",
@@ -99,6 +102,11 @@ def signals(m: Metrics, run: str, namespace: str, r: Regime, rng: random.Random)
         m["gagar_response_tokens"].labels(run=run).observe(length * rng.uniform(0.8, 1.2))
     scale = 1.0 if r.healthy else 20.0
     m["gagar_gradient_variance"].labels(run=run).set(rng.uniform(0.9, 1.1) * scale)
+    # the noise scale's parts: degraded, the noise grows and the signal all but vanishes (the
+    # short window's B is then thousands of times the long window's, where healthy steps remain)
+    m["gagar_gradient_noise_trace"].labels(run=run).set(rng.uniform(0.9, 1.1) * scale)
+    signal_sq = 1.0 if r.healthy else 0.01
+    m["gagar_gradient_signal_sq"].labels(run=run).set(rng.uniform(0.9, 1.1) * signal_sq)
     m["gagar_graded_groups_total"].labels(run=run).inc(4)  # degraded: 3 of 4 fall back
     m["gagar_grader_fallbacks_total"].labels(run=run, reason="timeout").inc(0 if r.healthy else 3)
     ready = "True" if r.healthy else "False"
