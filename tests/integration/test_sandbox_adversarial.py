@@ -281,21 +281,27 @@ def test_open_files_limit(session) -> None:
     assert not r.ok and "Too many open files" in r.stderr
 
 
-def _our_cgroups() -> set[str]:
-    """This process's run groups. The memory controller's, under its own path: the machine may
-    be shared, and other processes' groups (at the pids root too) come and go meanwhile."""
-    own = cgroup._own_path("memory")
-    return {str(p) for p in own.glob("gagar-*") if p.is_dir()} if own else set()
+def _session_cgroups(tag: str) -> set[str]:
+    """The run groups of one session (named ``gagar-<its tag>…``), in every controller: other
+    sessions' groups (this suite's, or another process's on a shared machine, whose groups sit in
+    the same parent) come and go meanwhile."""
+    found = set()
+    for controller in ("memory", "pids", "cpuacct"):
+        own = cgroup._own_path(controller)
+        if own is not None:
+            found |= {str(p) for p in own.glob(f"gagar-{tag}*") if p.is_dir()}
+    return found
 
 
 def test_runs_leave_no_zombies_and_no_cgroups(factory: LocalFactory) -> None:
-    cgroups = _our_cgroups()
     with factory.create(files={}) as s:
         for _ in range(20):
             assert s.exec(["true"]).ok
+        tag = s.cgroup_tag
+        assert tag and "gagar" not in tag  # the prefix names this session's groups only
     runner.reap_orphans()
     assert _zombie_children() == []
-    assert _our_cgroups() <= cgroups
+    assert _session_cgroups(tag) == set()
 
 
 def test_reset_restores_base_and_removes_leftovers(session) -> None:
