@@ -719,7 +719,7 @@ RESERVED_VOLUMES = frozenset({"config", "checkpoints", "dshm", "base-model", "au
 RESERVED_LABEL_PREFIXES = ("app.kubernetes.io/", "gagar.dev/")
 # The operator's own env variables besides GAGAR_*, mount paths and container names (a unit test
 # checks that every pod the builders render stays within these).
-RESERVED_ENV = frozenset({"NODE_RANK", "VLLM_SERVER_DEV_MODE"})
+RESERVED_ENV = frozenset({"NODE_RANK", "VLLM_API_KEY", "VLLM_SERVER_DEV_MODE"})
 RESERVED_MOUNT_PATHS = frozenset(
     {
         "/etc/gagar/config",

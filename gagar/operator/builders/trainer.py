@@ -210,11 +210,13 @@ def suspend(run: GagarRun, ctx: BuildContext) -> dict[str, Any]:
     """``suspend`` as the operator writes it. A queued trainer: never (Kueue suspends it until
     admitted, unsuspends on admission, suspends again on preemption; the operator creates it
     suspended through a hand-off manager and suspends the run through the Workload's
-    ``spec.active``). Otherwise: true while ``spec.suspend``, else not at all; left unowned,
+    ``spec.active``, where a hold for sandboxes that cannot start goes too). Otherwise: true
+    while ``spec.suspend`` or while the sandbox pods refuse to start (``ctx.hold_trainer``: the
+    trainer must not hold accelerators for rollouts that fail), else not at all; left unowned,
     the server defaults it to false."""
     if queued(run, ctx):
         return {}
-    return {"suspend": True} if run.spec.suspend else {}
+    return {"suspend": True} if run.spec.suspend or ctx.hold_trainer else {}
 
 
 def build_trainer_job(run: GagarRun, ctx: BuildContext) -> Manifest:
