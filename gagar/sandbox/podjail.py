@@ -34,7 +34,7 @@ import shutil
 import sys
 import tempfile
 import time
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -70,6 +70,9 @@ if libc.prctl(38, ul(1), ul(0), ul(0), ul(0)) or libc.prctl(22, ul(2), ctypes.by
     os._exit(126)
 os.write(status_fd, b'{"launched": true}\n')
 os.close(status_fd)
+import signal
+for sig in (signal.SIGPIPE, signal.SIGXFSZ):  # Python ignores both; an exec would inherit that
+    signal.signal(sig, signal.SIG_DFL)
 os.execv(sys.argv[3], sys.argv[3:])
 """
 KILL_PASSES = 64  # a fork loop racing the sweep is bounded by RLIMIT_NPROC per pass
@@ -145,9 +148,18 @@ def exec_pod(session: LocalSession, argv: list[str], wall: float) -> ExecResult:
         kill_leftovers(session.uid)  # first: our unreaped zombies would keep the groups busy
         if cg:
             cg.destroy()
-    if outcome.exit_code is not None and outcome.exit_code > 128:  # as the jail reads them:
-        outcome = replace(outcome, exit_code=None, signal=outcome.exit_code - 128)  # a shell's
-    result = classify(outcome, session.limits, stats, jailed=False, disk_full=session._disk_full())
+    # the launcher execs down to the command: the wait status is the command's own, and an exit
+    # status above 128 stays one (a shell's `exit 152`, or its child's kill passed on: the limit
+    # is then named only from what the executor finds, a file at the size limit)
+    ended = outcome.signal is not None or (outcome.exit_code or 0) > 128
+    result = classify(
+        outcome,
+        session.limits,
+        stats,
+        jailed=False,
+        disk_full=session._disk_full(),
+        file_at_limit=ended and session._file_at_limit(),
+    )
     launched = any(r.get(LAUNCHED) for r in outcome.status)
     if not launched and not outcome.timed_out:
         tail = outcome.stderr.decode(errors="replace").strip()[-500:]
