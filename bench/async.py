@@ -86,6 +86,8 @@ def _variant(
     done = max(int(p.name.split("_")[1]) for p in (run_dir / "checkpoints").glob("step_*"))
     if staleness is not None:
         doc["spec"]["rollout"]["maxStaleness"] = staleness
+        if staleness:  # the spec refuses a lag without the truncated importance weight
+            doc["spec"]["algorithm"].setdefault("loss", {})["truncatedIsCap"] = 2.0
     doc["spec"]["trainer"]["checkpoint"]["intervalSteps"] = 2
     manifest = work / f"{name}.yaml"
     manifest.write_text(yaml.safe_dump(doc))

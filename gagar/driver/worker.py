@@ -64,7 +64,7 @@ def layout(run: GagarRun) -> Any:
     from gagar.trainer.model import Parallel
 
     p = run.spec.trainer.parallelism
-    parallel = Parallel(p.tensor, p.expert, p.pipeline)  # the spec keeps expertTensor = tensor
+    parallel = Parallel(p.tensor, p.expert, 1)  # no pipeline parallelism in the spec
     parallel.check(run.spec.trainer.world_size)
     return parallel
 

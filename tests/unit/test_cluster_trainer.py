@@ -119,7 +119,7 @@ def test_every_example_passes_the_trainers_start_up_checks(name: str, tmp_path: 
     resolve(env, loaded)
     parallel = worker.layout(loaded)
     p = run.spec.trainer.parallelism
-    assert (parallel.tp, parallel.ep, parallel.pp) == (p.tensor, p.expert, p.pipeline)
+    assert (parallel.tp, parallel.ep, parallel.pp) == (p.tensor, p.expert, 1)
 
 
 def test_worker_exits_permanently_on_an_invalid_run(tmp_path: Path, caplog, monkeypatch) -> None:

@@ -381,42 +381,46 @@ def _trainer(parallelism: dict[str, Any], processes: int = 2) -> dict[str, Any]:
     return {"trainer": {"nodes": 1, "processesPerNode": processes, "parallelism": parallelism}}
 
 
-# path -> (spec fragment holding a refused value, words of the refusal)
+# path -> (spec fragment holding a refused combination, words of the refusal); the rules behind
+# them are rows of gagar.spec.RULES (tests/unit/test_spec_rules.py checks each row both ways).
 REFUSED: dict[str, tuple[dict[str, Any], str]] = {
-    "spec.trainer.parallelism.pipeline": (
-        _trainer({"pipeline": 2}),
-        "no pipeline-parallel schedule",
-    ),
-    "spec.trainer.parallelism.context": (_trainer({"context": 2}), "does not split sequences"),
-    "spec.trainer.parallelism.expertTensor": (
-        _trainer({"tensor": 1, "expertTensor": 2}),
-        "expertTensor must equal tensor",
-    ),
     "spec.trainer.parallelism.tensor": (
         {"model": {"path": "/m", "numExperts": 8}, **_trainer({"tensor": 2})},
         "MoE layers under tensor parallelism",
-    ),
-    "spec.trainer.checkpoint.uri": (
-        {"trainer": {"checkpoint": {"uri": "s3://bucket/ckpt"}}},
-        "object-store checkpoints are not implemented",
-    ),
-    "spec.rollout.weightSync.transport": (
-        {"rollout": {"replicas": 1, "weightSync": {"transport": "nccl"}}},
-        "safetensors transport only",
     ),
     "spec.model.path": (
         {"model": {"path": "s3://models/x"}},
         "reads the base checkpoint from a file system",
     ),
-    "spec.model.tokenizer": ({"model": {"preset": "tiny", "tokenizer": "/t"}}, "remove tokenizer"),
-    "spec.rollout.weightSync.publishSafetensors": (
-        {"rollout": {"replicas": 1, "weightSync": {"publishSafetensors": False}}},
-        "publishSafetensors cannot be false",
-    ),
     "spec.dataset.sources.path": (
         {"dataset": {"sources": [{"kind": "jsonl", "path": "s3://d/tasks.jsonl"}]}},
         "reads the task file from its file system",
     ),
+    "spec.rollout.maxStaleness": (
+        {"rollout": {"replicas": 1, "maxStaleness": 1}},
+        "set algorithm.loss.truncatedIsCap",
+    ),
+}
+
+# Fields v1alpha1 no longer has because no value of theirs worked (docs/design.md lists them as
+# planned): a manifest that still sets one is refused as an unknown field, by pydantic and by the
+# API server (which would otherwise prune it silently, so the CRD must not declare it).
+PLANNED: dict[str, dict[str, Any]] = {
+    "spec.trainer.parallelism.pipeline": _trainer({"pipeline": 2}),
+    "spec.trainer.parallelism.context": _trainer({"context": 2}),
+    "spec.trainer.parallelism.expertTensor": _trainer({"expertTensor": 1}),
+    "spec.trainer.checkpoint.uri": {"trainer": {"checkpoint": {"uri": "s3://bucket/ckpt"}}},
+    "spec.model.tokenizer": {"model": {"preset": "tiny", "tokenizer": "/t"}},
+    "spec.rollout.weightSync.publishSafetensors": {
+        "rollout": {"replicas": 1, "weightSync": {"publishSafetensors": True}}
+    },
+}
+# (field, value): values of a field that acts for others
+PLANNED_VALUES: dict[tuple[str, str], dict[str, Any]] = {
+    ("spec.rollout.weightSync.transport", t): {
+        "rollout": {"replicas": 1, "weightSync": {"transport": t}}
+    }
+    for t in ("nccl", "nccl_m2n", "ipc")
 }
 
 
@@ -540,3 +544,25 @@ def test_the_refused_manifests_differ_from_an_accepted_one_only_there(kube: Any)
     doc = _document({})
     assert validate_document(doc)[1] == [] and crd_errors(doc, build_crd()) == []
     kube.create({**doc, "metadata": {"name": "accepted", "namespace": "default"}})
+
+
+@pytest.mark.parametrize("key", [*PLANNED, *PLANNED_VALUES], ids=str)
+def test_planned_fields_and_values_are_not_in_v1alpha1(kube: Any, key: Any) -> None:
+    from tests.kube_emulator.errors import ApiError
+
+    if isinstance(key, tuple):
+        (path, value), fragment = key, PLANNED_VALUES[key]
+        assert path in leaf_fields()
+    else:
+        path, value, fragment = key, None, PLANNED[key]
+        assert path not in leaf_fields()
+    doc = _document(fragment)
+    run, problems = validate_document(doc)
+    leaf = path.rsplit(".", 1)[1]
+    assert run is None and any(leaf in str(p) for p in problems), problems
+    with pytest.raises(ApiError) as refused:
+        kube.create(doc)
+    assert leaf in str(refused.value)
+    planned = (ROOT / "docs/design.md").read_text()
+    assert f"`{path.removeprefix('spec.')}`" in planned, f"docs/design.md does not plan {path}"
+    assert value is None or f"`{value}`" in planned, f"docs/design.md does not plan {value}"

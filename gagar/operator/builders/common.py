@@ -214,22 +214,17 @@ def config_volume(run: GagarRun) -> tuple[dict[str, Any], dict[str, Any]]:
     return volume, {"name": "config", "mountPath": CONFIG_MOUNT, "readOnly": True}
 
 
-def checkpoint_claim(run: GagarRun) -> str | None:
-    """The PVC holding checkpoints and published weights, or None when an object store is used."""
+def checkpoint_claim(run: GagarRun) -> str:
+    """The PVC holding checkpoints and published weights."""
     ckpt = run.spec.trainer.checkpoint
-    if ckpt.existing_claim:
-        return ckpt.existing_claim
-    return None if ckpt.uri else name(run, "checkpoints")
+    return ckpt.existing_claim or name(run, "checkpoints")
 
 
 def checkpoint_volume(
     run: GagarRun, read_only: bool
 ) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
-    """(volumes, mounts) of the checkpoint PVC; empty when checkpoints go to an object store."""
-    claim = checkpoint_claim(run)
-    if claim is None:
-        return [], []
-    pvc: dict[str, Any] = {"claimName": claim}
+    """(volumes, mounts) of the checkpoint PVC."""
+    pvc: dict[str, Any] = {"claimName": checkpoint_claim(run)}
     if read_only:
         pvc["readOnly"] = True
     volume = {"name": "checkpoints", "persistentVolumeClaim": pvc}

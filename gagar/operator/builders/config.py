@@ -66,12 +66,12 @@ def build_progress_config_map(run: GagarRun, ctx: BuildContext) -> Manifest:
 def checkpoint_access_mode(run: GagarRun) -> str:
     """ReadWriteMany when several pods on different nodes mount it (multi-node trainer, or rollout
     replicas reading published weights), else ReadWriteOnce."""
-    shared = run.spec.rollout.endpoint is None and run.spec.rollout.weight_sync.publish_safetensors
+    shared = run.spec.rollout.endpoint is None  # its replicas load the published weights
     return "ReadWriteMany" if run.spec.trainer.nodes > 1 or shared else "ReadWriteOnce"
 
 
 def build_checkpoint_pvc(run: GagarRun, ctx: BuildContext) -> list[Manifest]:
-    """The checkpoint PVC, unless checkpoints go to a URI or an existing claim; owned by the run
+    """The checkpoint PVC, unless checkpoints go to an existing claim; owned by the run
     only under ``checkpoint.retention: Delete``."""
     ckpt = run.spec.trainer.checkpoint
     if checkpoint_claim(run) != name(run, "checkpoints"):

@@ -245,8 +245,7 @@ def _vllm_container(
 
 def build_rollout_deployment(run: GagarRun, ctx: BuildContext) -> Manifest:
     model, model_vols, model_mounts = base_model(run.spec.model.path)
-    publish = run.spec.rollout.weight_sync.publish_safetensors
-    ckpt_vols, ckpt_mounts = checkpoint_volume(run, read_only=True) if publish else ([], [])
+    ckpt_vols, ckpt_mounts = checkpoint_volume(run, read_only=True)  # the published weights
     cfg_vol, cfg_mount = config_volume(run)
     shm = shm_volume(run.spec.rollout.shm_size)
     mounts = [cfg_mount, *ckpt_mounts, *model_mounts, SHM_MOUNT]

@@ -114,8 +114,7 @@ def endpoint_env(run: GagarRun) -> dict[str, str]:
     spec = run.spec
     out: dict[str, str] = {env.WEIGHT_TRANSPORT: transport(run)}
     claim = checkpoint_claim(run)
-    if claim is not None:
-        out.update({env.RUN_DIR: CHECKPOINT_MOUNT, env.CHECKPOINT_URI: f"pvc://{claim}"})
+    out.update({env.RUN_DIR: CHECKPOINT_MOUNT, env.CHECKPOINT_URI: f"pvc://{claim}"})
     if spec.rollout.endpoint is None:
         out[env.ROLLOUT_URL] = f"http://{name(run, 'rollout')}:{VLLM_PORT}"
         out[env.ROLLOUT_SERVICE] = name(run, "rollout")
