@@ -83,29 +83,13 @@ def test_round_trip_through_the_wire_form() -> None:
     assert again == run
 
 
-# (mutation, field path the message must name)
+# (mutation, field path the message must name): what the schema refuses (types, bounds, enums,
+# unknown fields, keyed lists), and rules of the table (gagar.spec.RULES) where the path through
+# lists and nested pod templates is the point; each rule row is checked both ways, with its own
+# examples, in tests/unit/test_spec_rules.py.
 INVALID = [
-    (
-        ("spec.trainer", {"nodes": 1, "processesPerNode": 2, "parallelism": {"tensor": 4}}),
-        "spec.trainer.parallelism",
-    ),
-    (
-        ("spec.trainer", {"nodes": 2, "processesPerNode": 2, "parallelism": {"expert": 8}}),
-        "spec.trainer.parallelism",
-    ),
-    (("spec.grader", {"replicas": 1, "autoscaling": {"maxReplicas": 3}}), "spec.grader"),
     (("spec.rollout", {}), "spec.rollout"),
-    (("spec.rollout", {"endpoint": "http://x:8000/v1", "replicas": 2}), "spec.rollout"),
-    (("spec.grader", {"autoscaling": {"minReplicas": 5, "maxReplicas": 3}}), "minReplicas"),
-    (
-        ("spec.grader", {"autoscaling": {"minReplicas": 0, "maxReplicas": 3, "backend": "hpa"}}),
-        "minReplicas",
-    ),
-    (("spec.grader", {"kind": "agentic", "replicas": 1}), "spec.grader.model"),
     (("spec.algorithm", {"groupSize": 1}), "groupSize"),
-    (("spec.model", {"preset": "tiny", "path": "/x"}), "spec.model"),
-    (("spec.model", {"numExperts": 6, "preset": "tiny"}), None),  # paired with expert=4 below
-    (("spec.model", {"path": "/x", "copyCurriculumSteps": 10}), "spec.model"),
     (
         (
             "spec.model",
@@ -121,14 +105,7 @@ INVALID = [
         ("spec.model", {"preset": "tiny", "sftWarmupSteps": 4, "sftExpertStyles": {"clean": -1}}),
         "clean",
     ),
-    (("spec.model", {"preset": "tiny", "sftExpertStyles": {"bloated": 1.0}}), "spec.model"),
     (("spec.dataset", {"sources": [{"kind": "jsonl"}]}), "path"),
-    (("spec.dataset", {"sources": [{"kind": "synthetic", "path": "/x.jsonl"}]}), "path"),
-    (
-        ("spec.algorithm", {"redistribution": {"qualityFactors": {"t2Low": 0.9, "t2High": 0.5}}}),
-        "t2Low",
-    ),
-    (("spec.algorithm", {"lengthPenalty": {"delta": 1.0, "scale": 1.0}}), "scale"),
     (("spec.algorithm", {"redistribution": {"qualityFactors": {"t3": 1.5}}}), "t3"),
     (("metadata.name", "x" * (MAX_NAME_LENGTH + 1)), "metadata.name"),
     (("metadata.name", "Bad_Name"), "metadata.name"),
@@ -144,13 +121,6 @@ INVALID = [
         "volumes",
     ),
     (("spec.trainer", {"podTemplate": {"volumes": [{"name": "data"}]}}), "volumes"),
-    (
-        (
-            "spec.trainer",
-            {"podTemplate": {"volumes": [{"name": "a", "emptyDir": {}, "nfs": {"path": "/"}}]}},
-        ),
-        "volumes",
-    ),
     (
         (
             "spec.trainer",
@@ -192,29 +162,24 @@ INVALID = [
 
 def _mutated(case: tuple[str, Any]) -> dict[str, Any]:
     path, value = case
-    doc = with_spec(path, value)
-    if path == "spec.model" and "numExperts" in value:
-        doc["spec"]["trainer"] = {"nodes": 1, "processesPerNode": 4, "parallelism": {"expert": 4}}
-    return doc
+    return with_spec(path, value)
 
 
 @pytest.mark.parametrize(
     ("case", "field"), INVALID, ids=[c[0][0] + str(i) for i, c in enumerate(INVALID)]
 )
-def test_invalid_specs_name_the_field(case: tuple[str, Any], field: str | None) -> None:
+def test_invalid_specs_name_the_field(case: tuple[str, Any], field: str) -> None:
     doc = _mutated(case)
     run, problems = validate_document(doc)
     assert run is None and problems
     text = "\n".join(map(str, problems))
-    assert field is None or field in text, text
-    if case[0] == "spec.model" and "numExperts" in case[1]:
-        assert "numExperts" in text
+    assert field in text, text
 
 
 @pytest.mark.parametrize(
     ("case", "field"), INVALID, ids=[c[0][0] + str(i) for i, c in enumerate(INVALID)]
 )
-def test_the_crd_rejects_what_pydantic_rejects(case: tuple[str, Any], field: str | None) -> None:
+def test_the_crd_rejects_what_pydantic_rejects(case: tuple[str, Any], field: str) -> None:
     assert crd_errors(_mutated(case), build_crd()), (
         "the CRD (schema + CEL) accepted an invalid GagarRun"
     )
