@@ -1,4 +1,5 @@
-"""The metric catalogue (docs/design.md §4): every Prometheus metric gagar exports, declared once.
+"""The metric catalogue (docs/design.md §4): every Prometheus metric gagar exports, declared once,
+as one row (``MetricDef``, keyword fields only) of the table ``METRICS``.
 
 Naming: prefix ``gagar_``, base units as suffixes (``_seconds``, ``_bytes``, ``_ratio`` for 0–1),
 ``_total`` on counters, no colons; labels only from ``ALLOWED_LABELS`` (no task or trajectory ids:
@@ -106,451 +107,549 @@ DURATION_BUCKETS = (
 )
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class MetricDef:
+    """One row of the catalogue: a metric, the component that exports it, its labels."""
+
     name: str
     kind: Kind
-    doc: str
     component: Component
+    doc: str
     labels: tuple[str, ...] = ("run",)
     buckets: tuple[float, ...] | None = None
     enums: tuple[tuple[str, tuple[str, ...]], ...] = ()
     """Known values of small-enum labels, created at start-up (see ``Metrics.prime``)."""
 
 
-def _defs() -> list[MetricDef]:
-    t, r, g, s, o = "trainer", "rollout", "grader", "sandbox", "operator"
-    h, c, G = "histogram", "counter", "gauge"
-    return [
-        # trainer: progress and time
-        MetricDef("gagar_trainer_step", G, "Training step last completed.", t),
-        MetricDef(
-            "gagar_trainer_step_duration_seconds",
-            h,
-            "Wall time of a training step.",
-            t,
-            buckets=DURATION_BUCKETS,
-        ),
-        MetricDef(
-            "gagar_trainer_stage_duration_seconds",
-            h,
-            "Wall time per stage of a step (rollout, grading_wait, update, sync, checkpoint, other; they add up to the step's duration).",
-            t,
-            ("run", "stage"),
-            DURATION_BUCKETS,
-            enums=(("stage", STAGES),),
-        ),
-        MetricDef(
-            "gagar_policy_version", G, "Policy version last published to the rollout engines.", t
-        ),
-        MetricDef(
-            "gagar_rollout_staleness_versions",
-            G,
-            "Policy versions between the trajectories trained on and the trainer.",
-            t,
-        ),
-        MetricDef(
-            "gagar_tokens_per_second",
-            G,
-            "Throughput of the last step by stage (rollout = generated, training = trained tokens).",
-            t,
-            ("run", "stage"),
-            enums=(("stage", THROUGHPUT_STAGES),),
-        ),
-        MetricDef("gagar_checkpoint_step", G, "Step of the newest complete checkpoint.", t),
-        # trainer: rewards and advantages
-        MetricDef(
-            "gagar_reward_mean", G, "Mean shaped reward over valid trajectories of the step.", t
-        ),
-        MetricDef(
-            "gagar_pass_rate_ratio", G, "Share of valid trajectories whose hidden tests pass.", t
-        ),
-        MetricDef(
-            "gagar_eligible_groups_ratio",
-            G,
-            "Share of sampled groups that were informative (≥1 pass, ≥1 fail, ≥2 valid).",
-            t,
-        ),
-        MetricDef(
-            "gagar_sampling_rounds_total", c, "Generation rounds run by dynamic sampling.", t
-        ),
-        MetricDef(
-            "gagar_quota_shortfall_total",
-            c,
-            "Steps that trained on fewer eligible groups than the quota.",
-            t,
-        ),
-        MetricDef(
-            "gagar_invalid_trajectories_total",
-            c,
-            "Trajectories dropped for infrastructure failures, by reason.",
-            t,
-            ("run", "reason"),
-            enums=(("reason", INVALID_REASONS),),
-        ),
-        MetricDef(
-            "gagar_advantage",
-            h,
-            "Per-trajectory advantage, before and after redistribution.",
-            t,
-            ("run", "stage"),
-            ADVANTAGE_BUCKETS,
-            enums=(("stage", ADV_STAGES),),
-        ),
-        MetricDef(
-            "gagar_advantage_mean",
-            G,
-            "Mean advantage over trained trajectories, before/after redistribution.",
-            t,
-            ("run", "stage"),
-            enums=(("stage", ADV_STAGES),),
-        ),
-        MetricDef(
-            "gagar_advantage_std",
-            G,
-            "Std of advantages over trained trajectories, before/after redistribution.",
-            t,
-            ("run", "stage"),
-            enums=(("stage", ADV_STAGES),),
-        ),
-        MetricDef(
-            "gagar_advantage_abs_max",
-            G,
-            "Largest |advantage|, before/after redistribution.",
-            t,
-            ("run", "stage"),
-            enums=(("stage", ADV_STAGES),),
-        ),
-        MetricDef(
-            "gagar_lambda",
-            h,
-            "Redistribution rescale factor λ per redistributed group.",
-            t,
-            buckets=FACTOR_BUCKETS,
-        ),
-        MetricDef("gagar_lambda_mean", G, "Mean λ over redistributed groups of the step.", t),
-        MetricDef(
-            "gagar_quality_factor",
-            h,
-            "Quality factors assigned to passes.",
-            t,
-            buckets=FACTOR_BUCKETS,
-        ),
-        MetricDef(
-            "gagar_grader_fallbacks_total",
-            c,
-            "Groups whose redistribution was skipped, by reason.",
-            t,
-            ("run", "reason"),
-            enums=(("reason", TRAINER_FALLBACKS),),
-        ),
-        MetricDef(
-            "gagar_graded_groups_total",
-            c,
-            "Groups the trainer had graded (the denominator of the grader fallback rate).",
-            t,
-        ),
-        MetricDef(
-            "gagar_hacks_total", c, "Passes the grader confirmed as hacks (reward zeroed).", t
-        ),
-        MetricDef("gagar_bloated_passes_ratio", G, "Share of passes the grader put below T1.", t),
-        # trainer: optimization
-        MetricDef("gagar_loss", G, "Policy loss of the step.", t),
-        MetricDef("gagar_kl", G, "KL to the reference policy (estimator as configured).", t),
-        MetricDef("gagar_entropy", G, "Mean token entropy of the policy on trained tokens.", t),
-        MetricDef(
-            "gagar_clip_ratio", G, "Share of trained tokens whose ratio was clipped (any clip).", t
-        ),
-        MetricDef(
-            "gagar_clip_low_ratio", G, "Share of trained tokens clipped at 1 − ε_low (A < 0).", t
-        ),
-        MetricDef(
-            "gagar_clip_high_ratio", G, "Share of trained tokens clipped at 1 + ε_high (A > 0).", t
-        ),
-        MetricDef("gagar_clip_dual_ratio", G, "Share of trained tokens bounded by dual-clip.", t),
-        MetricDef(
-            "gagar_importance_ratio_mean",
-            G,
-            "Mean PPO ratio π/π_behaviour over the step's trained tokens.",
-            t,
-        ),
-        MetricDef(
-            "gagar_importance_ratio_max",
-            G,
-            "Largest PPO ratio π/π_behaviour over the step's trained tokens.",
-            t,
-        ),
-        MetricDef(
-            "gagar_learning_rate", G, "Learning rate of the step (after warm-up/schedule).", t
-        ),
-        MetricDef("gagar_grad_norm", G, "Global gradient norm before clipping.", t),
-        MetricDef(
-            "gagar_gradient_variance",
-            G,
-            "Trace of the covariance of micro-batch gradients, Σ‖g_m − ḡ‖²/(M−1).",
-            t,
-        ),
-        MetricDef("gagar_gradient_mean_norm", G, "Norm of the mean micro-batch gradient ‖ḡ‖.", t),
-        MetricDef(
-            "gagar_gradient_variance_scaled",
-            G,
-            "tr Cov / ‖ḡ‖²: about M − 1 for nearly orthogonal micro-batch gradients whatever the "
-            "algorithm (kept for old dashboards; gagar_gradient_noise_scale measures).",
-            t,
-        ),
-        MetricDef(
-            "gagar_gradient_noise_scale",
-            G,
-            "Gradient noise scale B = tr Σ / ‖G‖² in tokens (McCandlish et al. 2018), unbiased "
-            "from micro-batch and full-batch squared norms; absent when ‖G‖² comes out ≤ 0.",
-            t,
-        ),
-        MetricDef(
-            "gagar_gradient_noise_trace",
-            G,
-            "tr Σ per token, the noise scale's numerator (average over steps before dividing).",
-            t,
-        ),
-        MetricDef(
-            "gagar_gradient_signal_sq",
-            G,
-            "Unbiased ‖G‖², the noise scale's denominator (one step's value can be ≤ 0).",
-            t,
-        ),
-        MetricDef("gagar_tokens_trained_total", c, "Policy-generated tokens trained on.", t),
-        # trainer: behaviour
-        MetricDef(
-            "gagar_response_tokens", h, "Generated tokens per trajectory.", t, buckets=TOKEN_BUCKETS
-        ),
-        MetricDef("gagar_turns", h, "Agent turns per trajectory.", t, buckets=TURN_BUCKETS),
-        MetricDef(
-            "gagar_redundant_actions_total",
-            c,
-            "Tool calls flagged redundant, erroneous or churn, by kind.",
-            t,
-            ("run", "kind"),
-            enums=(("kind", FLAG_KINDS),),
-        ),
-        # rollout
-        MetricDef(
-            "gagar_rollout_requests_total",
-            c,
-            "Engine requests by outcome.",
-            r,
-            ("run", "pool", "outcome"),
-            enums=(("outcome", ENGINE_OUTCOMES),),
-        ),
-        MetricDef(
-            "gagar_rollout_request_duration_seconds",
-            h,
-            "Engine request latency.",
-            r,
-            ("run", "pool"),
-            DURATION_BUCKETS,
-        ),
-        MetricDef(
-            "gagar_rollout_trajectories_total",
-            c,
-            "Finished trajectories by exit reason.",
-            r,
-            ("run", "reason"),
-            enums=(("reason", EXIT_REASONS),),
-        ),
-        MetricDef(
-            "gagar_weight_sync_duration_seconds",
-            h,
-            "Time to push a policy version to the engines.",
-            r,
-            ("run", "pool"),
-            DURATION_BUCKETS,
-        ),
-        # grader (the grader service; ``pool`` is the grader pool)
-        MetricDef(
-            "gagar_grader_requests_total",
-            c,
-            "Grading requests by grader and outcome.",
-            g,
-            ("run", "pool", "grader", "outcome"),
-            enums=(("grader", GRADER_KINDS), ("outcome", GRADER_OUTCOMES)),
-        ),
-        MetricDef(
-            "gagar_grader_request_duration_seconds",
-            h,
-            "Grading latency per group.",
-            g,
-            ("run", "pool", "grader"),
-            DURATION_BUCKETS,
-            enums=(("grader", GRADER_KINDS),),
-        ),
-        MetricDef(
-            "gagar_grader_queue_depth",
-            G,
-            "Groups waiting in the grader service queue.",
-            g,
-            ("run", "pool"),
-        ),
-        MetricDef(
-            "gagar_grader_queue_wait_seconds",
-            h,
-            "Time a group waited in the grader service queue.",
-            g,
-            ("run", "pool"),
-            DURATION_BUCKETS,
-        ),
-        MetricDef("gagar_grader_in_flight", G, "Groups being graded now.", g, ("run", "pool")),
-        MetricDef(
-            "gagar_grader_timeouts_total",
-            c,
-            "Groups whose grading passed the deadline.",
-            g,
-            ("run", "pool"),
-        ),
-        MetricDef(
-            "gagar_grader_ranking_fallbacks_total",
-            c,
-            "Rankings the grader service answered as fallbacks, by reason.",
-            g,
-            ("run", "pool", "reason"),
-            enums=(("reason", GRADER_FALLBACK_REASONS),),
-        ),
-        MetricDef(
-            "gagar_grader_tokens_total",
-            c,
-            "Tokens of the grader's model, by kind.",
-            g,
-            ("run", "pool", "kind"),
-            enums=(("kind", TOKEN_KINDS),),
-        ),
-        MetricDef(
-            "gagar_grader_confirmed_hacks_total",
-            c,
-            "Passes the grader service confirmed as hacks.",
-            g,
-            ("run", "pool"),
-        ),
-        # sandbox
-        MetricDef(
-            "gagar_sandbox_executions_total",
-            c,
-            "Sandboxed executions by outcome.",
-            s,
-            ("run", "pool", "outcome"),
-            enums=(("outcome", SANDBOX_OUTCOMES),),
-        ),
-        MetricDef(
-            "gagar_sandbox_execution_duration_seconds",
-            h,
-            "Wall time of sandboxed executions.",
-            s,
-            ("run", "pool"),
-            DURATION_BUCKETS,
-        ),
-        MetricDef(
-            "gagar_sandbox_timeouts_total",
-            c,
-            "Executions killed at the wall-clock limit.",
-            s,
-            ("run", "pool"),
-        ),
-        MetricDef(
-            "gagar_sandbox_oom_kills_total",
-            c,
-            "Executions that hit the memory limit.",
-            s,
-            ("run", "pool"),
-        ),
-        MetricDef(
-            "gagar_sandbox_limit_hits_total",
-            c,
-            "Executions ended by a resource limit, by limit.",
-            s,
-            ("run", "pool", "kind"),
-            enums=(("kind", SANDBOX_LIMITS),),
-        ),
-        MetricDef("gagar_sandbox_sessions_active", G, "Open sandbox sessions.", s, ("run", "pool")),
-        MetricDef(
-            "gagar_sandbox_isolation",
-            G,
-            "1 for the isolation mode the sandbox server runs (auto resolved at start), else 0.",
-            s,
-            ("run", "pool", "mode"),
-            enums=(("mode", SANDBOX_ISOLATIONS),),
-        ),
-        MetricDef(
-            "gagar_sandbox_sessions_max",
-            G,
-            "Sessions a sandbox server accepts (more are refused with 503).",
-            s,
-            ("run", "pool"),
-        ),
-        # operator
-        MetricDef(
-            "gagar_operator_reconciles_total",
-            c,
-            "Reconciliations by result.",
-            o,
-            ("result",),
-            enums=(("result", RECONCILE_RESULTS),),
-        ),
-        MetricDef(
-            "gagar_operator_reconcile_duration_seconds",
-            h,
-            "Reconciliation latency.",
-            o,
-            (),
-            DURATION_BUCKETS,
-        ),
-        MetricDef(
-            "gagar_operator_reconcile_errors_total",
-            c,
-            "Reconciliations that failed, by reason (transient API errors are retried).",
-            o,
-            ("reason",),
-            enums=(("reason", RECONCILE_ERRORS),),
-        ),
-        MetricDef(
-            "gagar_operator_api_requests_total",
-            c,
-            "Kubernetes API requests of the operator, by verb and outcome.",
-            o,
-            ("verb", "outcome"),
-            enums=(("verb", API_VERBS), ("outcome", API_OUTCOMES)),
-        ),
-        MetricDef(
-            "gagar_operator_api_request_duration_seconds",
-            h,
-            "Latency of the operator's Kubernetes API requests.",
-            o,
-            ("verb",),
-            DURATION_BUCKETS,
-            enums=(("verb", API_VERBS),),
-        ),
-        MetricDef(
-            "gagar_operator_queue_depth",
-            G,
-            "Runs with a reconcile in progress or waiting for one (the operator's work queue).",
-            o,
-            (),
-        ),
-        MetricDef(
-            "gagar_operator_runs",
-            G,
-            "GagarRuns by phase.",
-            o,
-            ("phase",),
-            enums=(("phase", PHASES),),
-        ),
-        MetricDef(
-            "gagar_run_condition",
-            G,
-            "1 when the condition has the status, per run.",
-            o,
-            ("run", "namespace", "condition", "status"),
-        ),
-    ]
+METRICS: tuple[MetricDef, ...] = (
+    # trainer: progress and time
+    MetricDef(
+        name="gagar_trainer_step",
+        kind="gauge",
+        component="trainer",
+        doc="Training step last completed.",
+    ),
+    MetricDef(
+        name="gagar_trainer_step_duration_seconds",
+        kind="histogram",
+        component="trainer",
+        buckets=DURATION_BUCKETS,
+        doc="Wall time of a training step.",
+    ),
+    MetricDef(
+        name="gagar_trainer_stage_duration_seconds",
+        kind="histogram",
+        component="trainer",
+        labels=("run", "stage"),
+        buckets=DURATION_BUCKETS,
+        enums=(("stage", STAGES),),
+        doc="Wall time per stage of a step (rollout, grading_wait, update, sync, checkpoint, other; they add up to the step's duration).",
+    ),
+    MetricDef(
+        name="gagar_policy_version",
+        kind="gauge",
+        component="trainer",
+        doc="Policy version last published to the rollout engines.",
+    ),
+    MetricDef(
+        name="gagar_rollout_staleness_versions",
+        kind="gauge",
+        component="trainer",
+        doc="Policy versions between the trajectories trained on and the trainer.",
+    ),
+    MetricDef(
+        name="gagar_tokens_per_second",
+        kind="gauge",
+        component="trainer",
+        labels=("run", "stage"),
+        enums=(("stage", THROUGHPUT_STAGES),),
+        doc="Throughput of the last step by stage (rollout = generated, training = trained tokens).",
+    ),
+    MetricDef(
+        name="gagar_checkpoint_step",
+        kind="gauge",
+        component="trainer",
+        doc="Step of the newest complete checkpoint.",
+    ),
+    # trainer: rewards and advantages
+    MetricDef(
+        name="gagar_reward_mean",
+        kind="gauge",
+        component="trainer",
+        doc="Mean shaped reward over valid trajectories of the step.",
+    ),
+    MetricDef(
+        name="gagar_pass_rate_ratio",
+        kind="gauge",
+        component="trainer",
+        doc="Share of valid trajectories whose hidden tests pass.",
+    ),
+    MetricDef(
+        name="gagar_eligible_groups_ratio",
+        kind="gauge",
+        component="trainer",
+        doc="Share of sampled groups that were informative (≥1 pass, ≥1 fail, ≥2 valid).",
+    ),
+    MetricDef(
+        name="gagar_sampling_rounds_total",
+        kind="counter",
+        component="trainer",
+        doc="Generation rounds run by dynamic sampling.",
+    ),
+    MetricDef(
+        name="gagar_quota_shortfall_total",
+        kind="counter",
+        component="trainer",
+        doc="Steps that trained on fewer eligible groups than the quota.",
+    ),
+    MetricDef(
+        name="gagar_invalid_trajectories_total",
+        kind="counter",
+        component="trainer",
+        labels=("run", "reason"),
+        enums=(("reason", INVALID_REASONS),),
+        doc="Trajectories dropped for infrastructure failures, by reason.",
+    ),
+    MetricDef(
+        name="gagar_advantage",
+        kind="histogram",
+        component="trainer",
+        labels=("run", "stage"),
+        buckets=ADVANTAGE_BUCKETS,
+        enums=(("stage", ADV_STAGES),),
+        doc="Per-trajectory advantage, before and after redistribution.",
+    ),
+    MetricDef(
+        name="gagar_advantage_mean",
+        kind="gauge",
+        component="trainer",
+        labels=("run", "stage"),
+        enums=(("stage", ADV_STAGES),),
+        doc="Mean advantage over trained trajectories, before/after redistribution.",
+    ),
+    MetricDef(
+        name="gagar_advantage_std",
+        kind="gauge",
+        component="trainer",
+        labels=("run", "stage"),
+        enums=(("stage", ADV_STAGES),),
+        doc="Std of advantages over trained trajectories, before/after redistribution.",
+    ),
+    MetricDef(
+        name="gagar_advantage_abs_max",
+        kind="gauge",
+        component="trainer",
+        labels=("run", "stage"),
+        enums=(("stage", ADV_STAGES),),
+        doc="Largest |advantage|, before/after redistribution.",
+    ),
+    MetricDef(
+        name="gagar_lambda",
+        kind="histogram",
+        component="trainer",
+        buckets=FACTOR_BUCKETS,
+        doc="Redistribution rescale factor λ per redistributed group.",
+    ),
+    MetricDef(
+        name="gagar_lambda_mean",
+        kind="gauge",
+        component="trainer",
+        doc="Mean λ over redistributed groups of the step.",
+    ),
+    MetricDef(
+        name="gagar_quality_factor",
+        kind="histogram",
+        component="trainer",
+        buckets=FACTOR_BUCKETS,
+        doc="Quality factors assigned to passes.",
+    ),
+    MetricDef(
+        name="gagar_grader_fallbacks_total",
+        kind="counter",
+        component="trainer",
+        labels=("run", "reason"),
+        enums=(("reason", TRAINER_FALLBACKS),),
+        doc="Groups whose redistribution was skipped, by reason.",
+    ),
+    MetricDef(
+        name="gagar_graded_groups_total",
+        kind="counter",
+        component="trainer",
+        doc="Groups the trainer had graded (the denominator of the grader fallback rate).",
+    ),
+    MetricDef(
+        name="gagar_hacks_total",
+        kind="counter",
+        component="trainer",
+        doc="Passes the grader confirmed as hacks (reward zeroed).",
+    ),
+    MetricDef(
+        name="gagar_bloated_passes_ratio",
+        kind="gauge",
+        component="trainer",
+        doc="Share of passes the grader put below T1.",
+    ),
+    # trainer: optimization
+    MetricDef(name="gagar_loss", kind="gauge", component="trainer", doc="Policy loss of the step."),
+    MetricDef(
+        name="gagar_kl",
+        kind="gauge",
+        component="trainer",
+        doc="KL to the reference policy (estimator as configured).",
+    ),
+    MetricDef(
+        name="gagar_entropy",
+        kind="gauge",
+        component="trainer",
+        doc="Mean token entropy of the policy on trained tokens.",
+    ),
+    MetricDef(
+        name="gagar_clip_ratio",
+        kind="gauge",
+        component="trainer",
+        doc="Share of trained tokens whose ratio was clipped (any clip).",
+    ),
+    MetricDef(
+        name="gagar_clip_low_ratio",
+        kind="gauge",
+        component="trainer",
+        doc="Share of trained tokens clipped at 1 − ε_low (A < 0).",
+    ),
+    MetricDef(
+        name="gagar_clip_high_ratio",
+        kind="gauge",
+        component="trainer",
+        doc="Share of trained tokens clipped at 1 + ε_high (A > 0).",
+    ),
+    MetricDef(
+        name="gagar_clip_dual_ratio",
+        kind="gauge",
+        component="trainer",
+        doc="Share of trained tokens bounded by dual-clip.",
+    ),
+    MetricDef(
+        name="gagar_importance_ratio_mean",
+        kind="gauge",
+        component="trainer",
+        doc="Mean PPO ratio π/π_behaviour over the step's trained tokens.",
+    ),
+    MetricDef(
+        name="gagar_importance_ratio_max",
+        kind="gauge",
+        component="trainer",
+        doc="Largest PPO ratio π/π_behaviour over the step's trained tokens.",
+    ),
+    MetricDef(
+        name="gagar_learning_rate",
+        kind="gauge",
+        component="trainer",
+        doc="Learning rate of the step (after warm-up/schedule).",
+    ),
+    MetricDef(
+        name="gagar_grad_norm",
+        kind="gauge",
+        component="trainer",
+        doc="Global gradient norm before clipping.",
+    ),
+    MetricDef(
+        name="gagar_gradient_variance",
+        kind="gauge",
+        component="trainer",
+        doc="Trace of the covariance of micro-batch gradients, Σ‖g_m − ḡ‖²/(M−1).",
+    ),
+    MetricDef(
+        name="gagar_gradient_mean_norm",
+        kind="gauge",
+        component="trainer",
+        doc="Norm of the mean micro-batch gradient ‖ḡ‖.",
+    ),
+    MetricDef(
+        name="gagar_gradient_variance_scaled",
+        kind="gauge",
+        component="trainer",
+        doc="tr Cov / ‖ḡ‖²: about M − 1 for nearly orthogonal micro-batch gradients whatever the "
+        "algorithm (kept for old dashboards; gagar_gradient_noise_scale measures).",
+    ),
+    MetricDef(
+        name="gagar_gradient_noise_scale",
+        kind="gauge",
+        component="trainer",
+        doc="Gradient noise scale B = tr Σ / ‖G‖² in tokens (McCandlish et al. 2018), unbiased "
+        "from micro-batch and full-batch squared norms; absent when ‖G‖² comes out ≤ 0.",
+    ),
+    MetricDef(
+        name="gagar_gradient_noise_trace",
+        kind="gauge",
+        component="trainer",
+        doc="tr Σ per token, the noise scale's numerator (average over steps before dividing).",
+    ),
+    MetricDef(
+        name="gagar_gradient_signal_sq",
+        kind="gauge",
+        component="trainer",
+        doc="Unbiased ‖G‖², the noise scale's denominator (one step's value can be ≤ 0).",
+    ),
+    MetricDef(
+        name="gagar_tokens_trained_total",
+        kind="counter",
+        component="trainer",
+        doc="Policy-generated tokens trained on.",
+    ),
+    # trainer: behaviour
+    MetricDef(
+        name="gagar_response_tokens",
+        kind="histogram",
+        component="trainer",
+        buckets=TOKEN_BUCKETS,
+        doc="Generated tokens per trajectory.",
+    ),
+    MetricDef(
+        name="gagar_turns",
+        kind="histogram",
+        component="trainer",
+        buckets=TURN_BUCKETS,
+        doc="Agent turns per trajectory.",
+    ),
+    MetricDef(
+        name="gagar_redundant_actions_total",
+        kind="counter",
+        component="trainer",
+        labels=("run", "kind"),
+        enums=(("kind", FLAG_KINDS),),
+        doc="Tool calls flagged redundant, erroneous or churn, by kind.",
+    ),
+    # rollout
+    MetricDef(
+        name="gagar_rollout_requests_total",
+        kind="counter",
+        component="rollout",
+        labels=("run", "pool", "outcome"),
+        enums=(("outcome", ENGINE_OUTCOMES),),
+        doc="Engine requests by outcome.",
+    ),
+    MetricDef(
+        name="gagar_rollout_request_duration_seconds",
+        kind="histogram",
+        component="rollout",
+        labels=("run", "pool"),
+        buckets=DURATION_BUCKETS,
+        doc="Engine request latency.",
+    ),
+    MetricDef(
+        name="gagar_rollout_trajectories_total",
+        kind="counter",
+        component="rollout",
+        labels=("run", "reason"),
+        enums=(("reason", EXIT_REASONS),),
+        doc="Finished trajectories by exit reason.",
+    ),
+    MetricDef(
+        name="gagar_weight_sync_duration_seconds",
+        kind="histogram",
+        component="rollout",
+        labels=("run", "pool"),
+        buckets=DURATION_BUCKETS,
+        doc="Time to push a policy version to the engines.",
+    ),
+    # grader (the grader service; ``pool`` is the grader pool)
+    MetricDef(
+        name="gagar_grader_requests_total",
+        kind="counter",
+        component="grader",
+        labels=("run", "pool", "grader", "outcome"),
+        enums=(("grader", GRADER_KINDS), ("outcome", GRADER_OUTCOMES)),
+        doc="Grading requests by grader and outcome.",
+    ),
+    MetricDef(
+        name="gagar_grader_request_duration_seconds",
+        kind="histogram",
+        component="grader",
+        labels=("run", "pool", "grader"),
+        buckets=DURATION_BUCKETS,
+        enums=(("grader", GRADER_KINDS),),
+        doc="Grading latency per group.",
+    ),
+    MetricDef(
+        name="gagar_grader_queue_depth",
+        kind="gauge",
+        component="grader",
+        labels=("run", "pool"),
+        doc="Groups waiting in the grader service queue.",
+    ),
+    MetricDef(
+        name="gagar_grader_queue_wait_seconds",
+        kind="histogram",
+        component="grader",
+        labels=("run", "pool"),
+        buckets=DURATION_BUCKETS,
+        doc="Time a group waited in the grader service queue.",
+    ),
+    MetricDef(
+        name="gagar_grader_in_flight",
+        kind="gauge",
+        component="grader",
+        labels=("run", "pool"),
+        doc="Groups being graded now.",
+    ),
+    MetricDef(
+        name="gagar_grader_timeouts_total",
+        kind="counter",
+        component="grader",
+        labels=("run", "pool"),
+        doc="Groups whose grading passed the deadline.",
+    ),
+    MetricDef(
+        name="gagar_grader_ranking_fallbacks_total",
+        kind="counter",
+        component="grader",
+        labels=("run", "pool", "reason"),
+        enums=(("reason", GRADER_FALLBACK_REASONS),),
+        doc="Rankings the grader service answered as fallbacks, by reason.",
+    ),
+    MetricDef(
+        name="gagar_grader_tokens_total",
+        kind="counter",
+        component="grader",
+        labels=("run", "pool", "kind"),
+        enums=(("kind", TOKEN_KINDS),),
+        doc="Tokens of the grader's model, by kind.",
+    ),
+    MetricDef(
+        name="gagar_grader_confirmed_hacks_total",
+        kind="counter",
+        component="grader",
+        labels=("run", "pool"),
+        doc="Passes the grader service confirmed as hacks.",
+    ),
+    # sandbox
+    MetricDef(
+        name="gagar_sandbox_executions_total",
+        kind="counter",
+        component="sandbox",
+        labels=("run", "pool", "outcome"),
+        enums=(("outcome", SANDBOX_OUTCOMES),),
+        doc="Sandboxed executions by outcome.",
+    ),
+    MetricDef(
+        name="gagar_sandbox_execution_duration_seconds",
+        kind="histogram",
+        component="sandbox",
+        labels=("run", "pool"),
+        buckets=DURATION_BUCKETS,
+        doc="Wall time of sandboxed executions.",
+    ),
+    MetricDef(
+        name="gagar_sandbox_timeouts_total",
+        kind="counter",
+        component="sandbox",
+        labels=("run", "pool"),
+        doc="Executions killed at the wall-clock limit.",
+    ),
+    MetricDef(
+        name="gagar_sandbox_oom_kills_total",
+        kind="counter",
+        component="sandbox",
+        labels=("run", "pool"),
+        doc="Executions that hit the memory limit.",
+    ),
+    MetricDef(
+        name="gagar_sandbox_limit_hits_total",
+        kind="counter",
+        component="sandbox",
+        labels=("run", "pool", "kind"),
+        enums=(("kind", SANDBOX_LIMITS),),
+        doc="Executions ended by a resource limit, by limit.",
+    ),
+    MetricDef(
+        name="gagar_sandbox_sessions_active",
+        kind="gauge",
+        component="sandbox",
+        labels=("run", "pool"),
+        doc="Open sandbox sessions.",
+    ),
+    MetricDef(
+        name="gagar_sandbox_isolation",
+        kind="gauge",
+        component="sandbox",
+        labels=("run", "pool", "mode"),
+        enums=(("mode", SANDBOX_ISOLATIONS),),
+        doc="1 for the isolation mode the sandbox server runs (auto resolved at start), else 0.",
+    ),
+    MetricDef(
+        name="gagar_sandbox_sessions_max",
+        kind="gauge",
+        component="sandbox",
+        labels=("run", "pool"),
+        doc="Sessions a sandbox server accepts (more are refused with 503).",
+    ),
+    # operator
+    MetricDef(
+        name="gagar_operator_reconciles_total",
+        kind="counter",
+        component="operator",
+        labels=("result",),
+        enums=(("result", RECONCILE_RESULTS),),
+        doc="Reconciliations by result.",
+    ),
+    MetricDef(
+        name="gagar_operator_reconcile_duration_seconds",
+        kind="histogram",
+        component="operator",
+        labels=(),
+        buckets=DURATION_BUCKETS,
+        doc="Reconciliation latency.",
+    ),
+    MetricDef(
+        name="gagar_operator_reconcile_errors_total",
+        kind="counter",
+        component="operator",
+        labels=("reason",),
+        enums=(("reason", RECONCILE_ERRORS),),
+        doc="Reconciliations that failed, by reason (transient API errors are retried).",
+    ),
+    MetricDef(
+        name="gagar_operator_api_requests_total",
+        kind="counter",
+        component="operator",
+        labels=("verb", "outcome"),
+        enums=(("verb", API_VERBS), ("outcome", API_OUTCOMES)),
+        doc="Kubernetes API requests of the operator, by verb and outcome.",
+    ),
+    MetricDef(
+        name="gagar_operator_api_request_duration_seconds",
+        kind="histogram",
+        component="operator",
+        labels=("verb",),
+        buckets=DURATION_BUCKETS,
+        enums=(("verb", API_VERBS),),
+        doc="Latency of the operator's Kubernetes API requests.",
+    ),
+    MetricDef(
+        name="gagar_operator_queue_depth",
+        kind="gauge",
+        component="operator",
+        labels=(),
+        doc="Runs with a reconcile in progress or waiting for one (the operator's work queue).",
+    ),
+    MetricDef(
+        name="gagar_operator_runs",
+        kind="gauge",
+        component="operator",
+        labels=("phase",),
+        enums=(("phase", PHASES),),
+        doc="GagarRuns by phase.",
+    ),
+    MetricDef(
+        name="gagar_run_condition",
+        kind="gauge",
+        component="operator",
+        labels=("run", "namespace", "condition", "status"),
+        doc="1 when the condition has the status, per run.",
+    ),
+)
 
 
-CATALOGUE: dict[str, MetricDef] = {d.name: d for d in _defs()}
+CATALOGUE: dict[str, MetricDef] = {d.name: d for d in METRICS}
 Metric = Counter | Gauge | Histogram
 
 
