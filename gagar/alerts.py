@@ -46,7 +46,7 @@ class Windows:
     """How long a condition must hold before the alert fires (``for``)."""
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class Alert:
     name: str
     signal: str
@@ -93,68 +93,68 @@ def alerts(w: Windows) -> list[Alert]:
     requests = metric("gagar_graded_groups_total")
     return [
         Alert(
-            "GagarLengthExplosion",
-            f"{mean} / quantile_over_time(0.5, {mean}[{w.long}:{w.resolution}])",
-            ">",
-            "2",
-            "warning",
-            "Response length of run {{ $labels.run }} more than doubled",
-            "Mean generated tokens per trajectory over the last "
+            name="GagarLengthExplosion",
+            signal=f"{mean} / quantile_over_time(0.5, {mean}[{w.long}:{w.resolution}])",
+            op=">",
+            threshold="2",
+            severity="warning",
+            summary="Response length of run {{ $labels.run }} more than doubled",
+            description="Mean generated tokens per trajectory over the last "
             f"{w.short} is {{{{ $value | humanize }}}}× its median over {w.long}. Down-weighting "
             "without the λ rescale, or a length penalty that is off, lets lengths blow up.",
         ),
         Alert(
-            "GagarGraderFallbackRate",
-            f"sum by ({BY}) (rate({fallbacks}[{w.short}])) / clamp_min(sum by ({BY}) "
+            name="GagarGraderFallbackRate",
+            signal=f"sum by ({BY}) (rate({fallbacks}[{w.short}])) / clamp_min(sum by ({BY}) "
             f"(rate({requests}[{w.short}])), 1e-9)",
-            ">",
-            "0.2",
-            "warning",
-            "Grader fallbacks on run {{ $labels.run }}",
-            "{{ $value | humanizePercentage }} of graded groups fell back (timeout, error or "
+            op=">",
+            threshold="0.2",
+            severity="warning",
+            summary="Grader fallbacks on run {{ $labels.run }}",
+            description="{{ $value | humanizePercentage }} of graded groups fell back (timeout, error or "
             "malformed ranking): those groups train without redistribution.",
         ),
         Alert(
-            "GagarGradientVarianceSpike",
-            f"max by ({BY}) ({variance}) / clamp_min(max by ({BY}) "
+            name="GagarGradientVarianceSpike",
+            signal=f"max by ({BY}) ({variance}) / clamp_min(max by ({BY}) "
             f"(quantile_over_time(0.5, {variance}[{w.long}])), 1e-12)",
-            ">",
-            "4",
-            "warning",
-            "Gradient variance spike on run {{ $labels.run }}",
-            "Micro-batch gradient variance is {{ $value | humanize }}× its median over "
+            op=">",
+            threshold="4",
+            severity="warning",
+            summary="Gradient variance spike on run {{ $labels.run }}",
+            description="Micro-batch gradient variance is {{ $value | humanize }}× its median over "
             f"{w.long}; training may be about to diverge.",
         ),
         Alert(
-            "GagarGradientSignalLost",
-            f"{noise(w.short)} / clamp_min({noise(w.long)}, 1e-12)",
-            ">",
-            "10",
-            "warning",
-            "Gradient signal lost on run {{ $labels.run }}",
-            "The gradient noise scale (tr Σ and ‖G‖² pooled over "
+            name="GagarGradientSignalLost",
+            signal=f"{noise(w.short)} / clamp_min({noise(w.long)}, 1e-12)",
+            op=">",
+            threshold="10",
+            severity="warning",
+            summary="Gradient signal lost on run {{ $labels.run }}",
+            description="The gradient noise scale (tr Σ and ‖G‖² pooled over "
             f"{w.short}) is {{{{ $value | humanize }}}}× its value pooled over "
             f"{w.long}: the step's batch is far below the noise scale, so updates are mostly "
             "noise (advantages collapsing to zero, or a stuck policy).",
         ),
         Alert(
-            "GagarStalledStep",
-            f"max by ({BY}) (changes({metric('gagar_trainer_step')}[{w.stall}]))",
-            "==",
-            "0",
-            "critical",
-            "Run {{ $labels.run }} made no training step",
-            f"No training step completed in {w.stall} (plus {w.hold} pending): check the "
+            name="GagarStalledStep",
+            signal=f"max by ({BY}) (changes({metric('gagar_trainer_step')}[{w.stall}]))",
+            op="==",
+            threshold="0",
+            severity="critical",
+            summary="Run {{ $labels.run }} made no training step",
+            description=f"No training step completed in {w.stall} (plus {w.hold} pending): check the "
             "trainer pods, the rollout pool and the grader queue.",
         ),
         Alert(
-            "GagarPoolNotReady",
-            _pools_not_ready(),
-            "==",
-            "1",
-            "warning",
-            "Pools of run {{ $labels.run }} are not ready",
-            "The rollout, grader or sandbox pool of the run has fewer ready replicas than "
+            name="GagarPoolNotReady",
+            signal=_pools_not_ready(),
+            op="==",
+            threshold="1",
+            severity="warning",
+            summary="Pools of run {{ $labels.run }} are not ready",
+            description="The rollout, grader or sandbox pool of the run has fewer ready replicas than "
             "it needs; see `kubectl describe gr {{ $labels.run }}`.",
         ),
     ]

@@ -14,6 +14,7 @@ from gagar.grafana import (
     SEL,
     Dashboard,
     Panel,
+    Row,
     by_stage,
     dashboard_json,
     dashboard_text,
@@ -30,45 +31,50 @@ __all__ = ["DASHBOARDS", "dashboard_json", "dashboard_text", "queries"]
 def overview() -> Dashboard:
     cond = f"{metric('gagar_run_condition')}{{{SEL}}} == 1"
     return Dashboard(
-        "gagar-overview",
-        "gagar / Run overview",
-        "Progress and conditions of GagarRuns.",
-        [
-            (
-                "Progress",
-                [
-                    Panel("Training step", [gauge("gagar_trainer_step")]),
-                    Panel("Policy version", [gauge("gagar_policy_version")]),
-                    Panel("Checkpoint step", [gauge("gagar_checkpoint_step")]),
+        uid="gagar-overview",
+        title="gagar / Run overview",
+        description="Progress and conditions of GagarRuns.",
+        rows=[
+            Row(
+                title="Progress",
+                panels=[
+                    Panel(title="Training step", targets=[gauge("gagar_trainer_step")]),
+                    Panel(title="Policy version", targets=[gauge("gagar_policy_version")]),
+                    Panel(title="Checkpoint step", targets=[gauge("gagar_checkpoint_step")]),
                     Panel(
-                        "Rollout staleness",
-                        [gauge("gagar_rollout_staleness_versions")],
+                        title="Rollout staleness",
+                        targets=[gauge("gagar_rollout_staleness_versions")],
                         description="Policy versions between the trajectories trained on and the trainer.",
                     ),
                     Panel(
-                        "Step duration",
-                        [
+                        title="Step duration",
+                        targets=[
                             quantile(0.5, "gagar_trainer_step_duration_seconds"),
                             quantile(0.95, "gagar_trainer_step_duration_seconds"),
                         ],
-                        "s",
+                        unit="s",
                     ),
                     Panel(
-                        "Stage duration p95",
-                        [quantile(0.95, "gagar_trainer_stage_duration_seconds", f"{BY}, stage")],
-                        "s",
+                        title="Stage duration p95",
+                        targets=[
+                            quantile(0.95, "gagar_trainer_stage_duration_seconds", f"{BY}, stage")
+                        ],
+                        unit="s",
                     ),
                 ],
             ),
-            (
-                "Conditions",
-                [
+            Row(
+                title="Conditions",
+                panels=[
                     Panel(
-                        "Conditions (1 = has this status)",
-                        [(cond, "{{run}} {{condition}}={{status}}")],
+                        title="Conditions (1 = has this status)",
+                        targets=[(cond, "{{run}} {{condition}}={{status}}")],
                         kind="table",
                     ),
-                    Panel("Runs by phase", [gauge("gagar_operator_runs", "{{phase}}", "")]),
+                    Panel(
+                        title="Runs by phase",
+                        targets=[gauge("gagar_operator_runs", "{{phase}}", "")],
+                    ),
                 ],
             ),
         ],
@@ -78,91 +84,122 @@ def overview() -> Dashboard:
 def rl_health() -> Dashboard:
     adv = "gagar_advantage"
     return Dashboard(
-        "gagar-rl-health",
-        "gagar / RL health",
-        "Rewards, advantages before and after redistribution, grading, optimization and behaviour.",
-        [
-            (
-                "Rewards",
-                [
-                    Panel("Reward (mean)", [gauge("gagar_reward_mean")]),
-                    Panel("Pass rate", [gauge("gagar_pass_rate_ratio")], "percentunit"),
-                    Panel("Eligible groups", [gauge("gagar_eligible_groups_ratio")], "percentunit"),
+        uid="gagar-rl-health",
+        title="gagar / RL health",
+        description="Rewards, advantages before and after redistribution, grading, optimization and behaviour.",
+        rows=[
+            Row(
+                title="Rewards",
+                panels=[
+                    Panel(title="Reward (mean)", targets=[gauge("gagar_reward_mean")]),
                     Panel(
-                        "Dynamic sampling",
-                        [
+                        title="Pass rate",
+                        targets=[gauge("gagar_pass_rate_ratio")],
+                        unit="percentunit",
+                    ),
+                    Panel(
+                        title="Eligible groups",
+                        targets=[gauge("gagar_eligible_groups_ratio")],
+                        unit="percentunit",
+                    ),
+                    Panel(
+                        title="Dynamic sampling",
+                        targets=[
                             rate("gagar_sampling_rounds_total", legend="rounds {{run}}"),
                             rate("gagar_quota_shortfall_total", legend="shortfall {{run}}"),
                         ],
-                        "ops",
+                        unit="ops",
                     ),
                     Panel(
-                        "Invalid trajectories by reason",
-                        [rate("gagar_invalid_trajectories_total", f"{BY}, reason", "{{reason}}")],
-                        "ops",
-                    ),
-                ],
-            ),
-            (
-                "Advantages",
-                [
-                    Panel("Advantage mean (before/after)", [by_stage("gagar_advantage_mean")]),
-                    Panel("Advantage std (before/after)", [by_stage("gagar_advantage_std")]),
-                    Panel("Advantage |max| (before/after)", [by_stage("gagar_advantage_abs_max")]),
-                    Panel(
-                        "Advantage quantiles (before/after)",
-                        [quantile(0.1, adv, f"{BY}, stage"), quantile(0.9, adv, f"{BY}, stage")],
+                        title="Invalid trajectories by reason",
+                        targets=[
+                            rate("gagar_invalid_trajectories_total", f"{BY}, reason", "{{reason}}")
+                        ],
+                        unit="ops",
                     ),
                 ],
             ),
-            (
-                "Grading and redistribution",
-                [
+            Row(
+                title="Advantages",
+                panels=[
                     Panel(
-                        "λ",
-                        [gauge("gagar_lambda_mean", "mean {{run}}"), quantile(0.9, "gagar_lambda")],
+                        title="Advantage mean (before/after)",
+                        targets=[by_stage("gagar_advantage_mean")],
+                    ),
+                    Panel(
+                        title="Advantage std (before/after)",
+                        targets=[by_stage("gagar_advantage_std")],
+                    ),
+                    Panel(
+                        title="Advantage |max| (before/after)",
+                        targets=[by_stage("gagar_advantage_abs_max")],
+                    ),
+                    Panel(
+                        title="Advantage quantiles (before/after)",
+                        targets=[
+                            quantile(0.1, adv, f"{BY}, stage"),
+                            quantile(0.9, adv, f"{BY}, stage"),
+                        ],
+                    ),
+                ],
+            ),
+            Row(
+                title="Grading and redistribution",
+                panels=[
+                    Panel(
+                        title="λ",
+                        targets=[
+                            gauge("gagar_lambda_mean", "mean {{run}}"),
+                            quantile(0.9, "gagar_lambda"),
+                        ],
                         description="Rescale factor of redistributed groups (capped at λ_max).",
                     ),
                     Panel(
-                        "Quality factors",
-                        [
+                        title="Quality factors",
+                        targets=[
                             quantile(0.1, "gagar_quality_factor"),
                             hist_mean("gagar_quality_factor"),
                         ],
                     ),
                     Panel(
-                        "Grader fallbacks by reason",
-                        [rate("gagar_grader_fallbacks_total", f"{BY}, reason", "{{reason}}")],
-                        "ops",
+                        title="Grader fallbacks by reason",
+                        targets=[
+                            rate("gagar_grader_fallbacks_total", f"{BY}, reason", "{{reason}}")
+                        ],
+                        unit="ops",
                     ),
                     Panel(
-                        "Graded groups",
-                        [rate("gagar_graded_groups_total")],
-                        "ops",
+                        title="Graded groups",
+                        targets=[rate("gagar_graded_groups_total")],
+                        unit="ops",
                         description="Groups the trainer had graded (denominator of the fallback rate).",
                     ),
-                    Panel("Confirmed hacks", [rate("gagar_hacks_total")], "ops"),
-                    Panel("Bloated passes", [gauge("gagar_bloated_passes_ratio")], "percentunit"),
+                    Panel(title="Confirmed hacks", targets=[rate("gagar_hacks_total")], unit="ops"),
+                    Panel(
+                        title="Bloated passes",
+                        targets=[gauge("gagar_bloated_passes_ratio")],
+                        unit="percentunit",
+                    ),
                 ],
             ),
-            (
-                "Optimization",
-                [
+            Row(
+                title="Optimization",
+                panels=[
                     Panel(
-                        "Gradient variance",
-                        [gauge("gagar_gradient_variance")],
+                        title="Gradient variance",
+                        targets=[gauge("gagar_gradient_variance")],
                         description="Trace of the covariance of micro-batch gradients.",
                     ),
                     Panel(
-                        "Gradient variance, scale-free",
-                        [gauge("gagar_gradient_variance_scaled")],
+                        title="Gradient variance, scale-free",
+                        targets=[gauge("gagar_gradient_variance_scaled")],
                         description="tr Cov / ‖ḡ‖²: about M − 1 whatever the algorithm when the "
                         "micro-batch gradients are nearly orthogonal (kept for comparison with "
                         "older runs; the noise scale measures).",
                     ),
                     Panel(
-                        "Gradient noise scale",
-                        [
+                        title="Gradient noise scale",
+                        targets=[
                             gauge("gagar_gradient_noise_scale", "step {{run}}"),
                             (
                                 f"avg_over_time({gauge('gagar_gradient_noise_trace')[0]}[30m]) / "
@@ -175,59 +212,59 @@ def rl_health() -> Dashboard:
                         "count and of the advantages' scale.",
                     ),
                     Panel(
-                        "Gradient norms",
-                        [
+                        title="Gradient norms",
+                        targets=[
                             gauge("gagar_grad_norm", "global {{run}}"),
                             gauge("gagar_gradient_mean_norm", "mean micro-batch {{run}}"),
                         ],
                     ),
-                    Panel("Loss", [gauge("gagar_loss")]),
+                    Panel(title="Loss", targets=[gauge("gagar_loss")]),
                     Panel(
-                        "KL and entropy",
-                        [
+                        title="KL and entropy",
+                        targets=[
                             gauge("gagar_kl", "KL {{run}}"),
                             gauge("gagar_entropy", "entropy {{run}}"),
                         ],
                     ),
                     Panel(
-                        "Clip ratio (any, low, high, dual)",
-                        [
+                        title="Clip ratio (any, low, high, dual)",
+                        targets=[
                             gauge("gagar_clip_ratio", "any {{run}}"),
                             gauge("gagar_clip_low_ratio", "low {{run}}"),
                             gauge("gagar_clip_high_ratio", "high {{run}}"),
                             gauge("gagar_clip_dual_ratio", "dual {{run}}"),
                         ],
-                        "percentunit",
+                        unit="percentunit",
                     ),
                     Panel(
-                        "Importance ratio π/π_behaviour",
-                        [
+                        title="Importance ratio π/π_behaviour",
+                        targets=[
                             gauge("gagar_importance_ratio_mean", "mean {{run}}"),
                             gauge("gagar_importance_ratio_max", "max {{run}}"),
                         ],
                     ),
-                    Panel("Learning rate", [gauge("gagar_learning_rate")]),
+                    Panel(title="Learning rate", targets=[gauge("gagar_learning_rate")]),
                 ],
             ),
-            (
-                "Behaviour",
-                [
+            Row(
+                title="Behaviour",
+                panels=[
                     Panel(
-                        "Response tokens per trajectory",
-                        [
+                        title="Response tokens per trajectory",
+                        targets=[
                             quantile(0.5, "gagar_response_tokens"),
                             quantile(0.9, "gagar_response_tokens"),
                             hist_mean("gagar_response_tokens"),
                         ],
                     ),
                     Panel(
-                        "Turns per trajectory",
-                        [quantile(0.5, "gagar_turns"), quantile(0.9, "gagar_turns")],
+                        title="Turns per trajectory",
+                        targets=[quantile(0.5, "gagar_turns"), quantile(0.9, "gagar_turns")],
                     ),
                     Panel(
-                        "Redundant actions by kind",
-                        [rate("gagar_redundant_actions_total", f"{BY}, kind", "{{kind}}")],
-                        "ops",
+                        title="Redundant actions by kind",
+                        targets=[rate("gagar_redundant_actions_total", f"{BY}, kind", "{{kind}}")],
+                        unit="ops",
                     ),
                 ],
             ),
@@ -237,45 +274,58 @@ def rl_health() -> Dashboard:
 
 def throughput() -> Dashboard:
     return Dashboard(
-        "gagar-throughput",
-        "gagar / Throughput",
-        "Tokens, trajectories, engine requests and weight sync.",
-        [
-            (
-                "Tokens",
-                [
-                    Panel("Tokens per second by stage", [by_stage("gagar_tokens_per_second")]),
-                    Panel("Tokens trained", [rate("gagar_tokens_trained_total")], "ops"),
+        uid="gagar-throughput",
+        title="gagar / Throughput",
+        description="Tokens, trajectories, engine requests and weight sync.",
+        rows=[
+            Row(
+                title="Tokens",
+                panels=[
                     Panel(
-                        "Trajectories by exit reason",
-                        [rate("gagar_rollout_trajectories_total", f"{BY}, reason", "{{reason}}")],
-                        "ops",
+                        title="Tokens per second by stage",
+                        targets=[by_stage("gagar_tokens_per_second")],
+                    ),
+                    Panel(
+                        title="Tokens trained",
+                        targets=[rate("gagar_tokens_trained_total")],
+                        unit="ops",
+                    ),
+                    Panel(
+                        title="Trajectories by exit reason",
+                        targets=[
+                            rate("gagar_rollout_trajectories_total", f"{BY}, reason", "{{reason}}")
+                        ],
+                        unit="ops",
                     ),
                 ],
             ),
-            (
-                "Rollout engines",
-                [
+            Row(
+                title="Rollout engines",
+                panels=[
                     Panel(
-                        "Engine requests by outcome",
-                        [
+                        title="Engine requests by outcome",
+                        targets=[
                             rate(
                                 "gagar_rollout_requests_total",
                                 f"{BY}, pool, outcome",
                                 "{{pool}} {{outcome}}",
                             )
                         ],
-                        "reqps",
+                        unit="reqps",
                     ),
                     Panel(
-                        "Engine request latency",
-                        [quantile(0.95, "gagar_rollout_request_duration_seconds", f"{BY}, pool")],
-                        "s",
+                        title="Engine request latency",
+                        targets=[
+                            quantile(0.95, "gagar_rollout_request_duration_seconds", f"{BY}, pool")
+                        ],
+                        unit="s",
                     ),
                     Panel(
-                        "Weight sync duration",
-                        [quantile(0.95, "gagar_weight_sync_duration_seconds", f"{BY}, pool")],
-                        "s",
+                        title="Weight sync duration",
+                        targets=[
+                            quantile(0.95, "gagar_weight_sync_duration_seconds", f"{BY}, pool")
+                        ],
+                        unit="s",
                     ),
                 ],
             ),
@@ -286,46 +336,48 @@ def throughput() -> Dashboard:
 def pools() -> Dashboard:
     depth = metric("gagar_grader_queue_depth")
     return Dashboard(
-        "gagar-pools",
-        "gagar / Pools",
-        "Pool replicas, queue depth, requests and latency.",
-        [
-            (
-                "Grader pool",
-                [
+        uid="gagar-pools",
+        title="gagar / Pools",
+        description="Pool replicas, queue depth, requests and latency.",
+        rows=[
+            Row(
+                title="Grader pool",
+                panels=[
                     Panel(
-                        "Grader replicas exporting metrics",
-                        [(f"count by ({BY}, pool) ({depth}{{{SEL}}})", "{{pool}}")],
+                        title="Grader replicas exporting metrics",
+                        targets=[(f"count by ({BY}, pool) ({depth}{{{SEL}}})", "{{pool}}")],
                         description="Replicas whose /metrics is scraped (ready replicas).",
                     ),
                     Panel(
-                        "Queue depth",
-                        [(f"sum by ({BY}, pool) ({depth}{{{SEL}}})", "{{pool}}")],
+                        title="Queue depth",
+                        targets=[(f"sum by ({BY}, pool) ({depth}{{{SEL}}})", "{{pool}}")],
                     ),
                     Panel(
-                        "Grading requests by outcome",
-                        [
+                        title="Grading requests by outcome",
+                        targets=[
                             rate(
                                 "gagar_grader_requests_total",
                                 f"{BY}, grader, outcome",
                                 "{{grader}} {{outcome}}",
                             )
                         ],
-                        "reqps",
+                        unit="reqps",
                     ),
                     Panel(
-                        "Grading latency p95",
-                        [quantile(0.95, "gagar_grader_request_duration_seconds", f"{BY}, grader")],
-                        "s",
+                        title="Grading latency p95",
+                        targets=[
+                            quantile(0.95, "gagar_grader_request_duration_seconds", f"{BY}, grader")
+                        ],
+                        unit="s",
                     ),
                     Panel(
-                        "Grading timeouts",
-                        [rate("gagar_grader_timeouts_total", f"{BY}, pool", "{{pool}}")],
-                        "ops",
+                        title="Grading timeouts",
+                        targets=[rate("gagar_grader_timeouts_total", f"{BY}, pool", "{{pool}}")],
+                        unit="ops",
                     ),
                     Panel(
-                        "In flight and queue wait",
-                        [
+                        title="In flight and queue wait",
+                        targets=[
                             (
                                 f"sum by ({BY}, pool) ({metric('gagar_grader_in_flight')}{{{SEL}}})",
                                 "in flight {{pool}}",
@@ -334,37 +386,37 @@ def pools() -> Dashboard:
                         ],
                     ),
                     Panel(
-                        "Ranking fallbacks by reason",
-                        [
+                        title="Ranking fallbacks by reason",
+                        targets=[
                             rate(
                                 "gagar_grader_ranking_fallbacks_total",
                                 f"{BY}, reason",
                                 "{{reason}}",
                             )
                         ],
-                        "ops",
+                        unit="ops",
                     ),
                     Panel(
-                        "Grader model tokens and confirmed hacks",
-                        [
+                        title="Grader model tokens and confirmed hacks",
+                        targets=[
                             rate("gagar_grader_tokens_total", f"{BY}, kind", "{{kind}}"),
                             rate("gagar_grader_confirmed_hacks_total", legend="hacks {{run}}"),
                         ],
-                        "ops",
+                        unit="ops",
                     ),
                 ],
             ),
-            (
-                "Rollout and sandbox pools",
-                [
+            Row(
+                title="Rollout and sandbox pools",
+                panels=[
                     Panel(
-                        "Rollout requests per pool",
-                        [rate("gagar_rollout_requests_total", f"{BY}, pool", "{{pool}}")],
-                        "reqps",
+                        title="Rollout requests per pool",
+                        targets=[rate("gagar_rollout_requests_total", f"{BY}, pool", "{{pool}}")],
+                        unit="reqps",
                     ),
                     Panel(
-                        "Sandbox sessions per pool",
-                        [
+                        title="Sandbox sessions per pool",
+                        targets=[
                             (
                                 f"sum by ({BY}, pool) ({metric('gagar_sandbox_sessions_active')}{{{SEL}}})",
                                 "active {{pool}}",
@@ -383,51 +435,51 @@ def pools() -> Dashboard:
 
 def sandboxes() -> Dashboard:
     return Dashboard(
-        "gagar-sandboxes",
-        "gagar / Sandboxes",
-        "Sandboxed executions, limits hit and warm pools.",
-        [
-            (
-                "Executions",
-                [
+        uid="gagar-sandboxes",
+        title="gagar / Sandboxes",
+        description="Sandboxed executions, limits hit and warm pools.",
+        rows=[
+            Row(
+                title="Executions",
+                panels=[
                     Panel(
-                        "Executions by outcome",
-                        [
+                        title="Executions by outcome",
+                        targets=[
                             rate(
                                 "gagar_sandbox_executions_total",
                                 f"{BY}, outcome",
                                 "{{outcome}}",
                             )
                         ],
-                        "ops",
+                        unit="ops",
                     ),
                     Panel(
-                        "Execution duration",
-                        [
+                        title="Execution duration",
+                        targets=[
                             quantile(0.5, "gagar_sandbox_execution_duration_seconds"),
                             quantile(0.95, "gagar_sandbox_execution_duration_seconds"),
                         ],
-                        "s",
+                        unit="s",
                     ),
                     Panel(
-                        "Limits hit",
-                        [
+                        title="Limits hit",
+                        targets=[
                             rate("gagar_sandbox_timeouts_total", legend="timeouts {{run}}"),
                             rate("gagar_sandbox_oom_kills_total", legend="OOM kills {{run}}"),
                             rate("gagar_sandbox_limit_hits_total", f"{BY}, kind", "{{kind}}"),
                         ],
-                        "ops",
+                        unit="ops",
                     ),
                     Panel(
-                        "Sessions",
-                        [
+                        title="Sessions",
+                        targets=[
                             gauge("gagar_sandbox_sessions_active", "active {{pool}}"),
                             gauge("gagar_sandbox_sessions_max", "capacity {{pool}}"),
                         ],
                     ),
                     Panel(
-                        "Isolation mode",
-                        [gauge("gagar_sandbox_isolation", "{{mode}} {{pool}}")],
+                        title="Isolation mode",
+                        targets=[gauge("gagar_sandbox_isolation", "{{mode}} {{pool}}")],
                         description="The mode each sandbox server isolates commands with (auto "
                         "resolved at start): 1 for the mode in use.",
                     ),
@@ -439,47 +491,58 @@ def sandboxes() -> Dashboard:
 
 def operator() -> Dashboard:
     return Dashboard(
-        "gagar-operator",
-        "gagar / Operator",
-        "Reconciliations of the gagar operator.",
-        [
-            (
-                "Reconciliation",
-                [
+        uid="gagar-operator",
+        title="gagar / Operator",
+        description="Reconciliations of the gagar operator.",
+        rows=[
+            Row(
+                title="Reconciliation",
+                panels=[
                     Panel(
-                        "Reconciles by result",
-                        [rate("gagar_operator_reconciles_total", "result", "{{result}}", "")],
-                        "ops",
+                        title="Reconciles by result",
+                        targets=[
+                            rate("gagar_operator_reconciles_total", "result", "{{result}}", "")
+                        ],
+                        unit="ops",
                     ),
                     Panel(
-                        "Reconcile latency",
-                        [
+                        title="Reconcile latency",
+                        targets=[
                             (
                                 f"histogram_quantile(0.95, sum by (le) (rate({metric('gagar_operator_reconcile_duration_seconds', '_bucket')}[{RATE}])))",
                                 "p95",
                             )
                         ],
-                        "s",
-                    ),
-                    Panel("Runs by phase", [gauge("gagar_operator_runs", "{{phase}}", "")]),
-                    Panel(
-                        "Reconcile errors by reason",
-                        [rate("gagar_operator_reconcile_errors_total", "reason", "{{reason}}", "")],
-                        "ops",
+                        unit="s",
                     ),
                     Panel(
-                        "Work queue depth",
-                        [gauge("gagar_operator_queue_depth", "runs waiting or reconciling", "")],
+                        title="Runs by phase",
+                        targets=[gauge("gagar_operator_runs", "{{phase}}", "")],
+                    ),
+                    Panel(
+                        title="Reconcile errors by reason",
+                        targets=[
+                            rate(
+                                "gagar_operator_reconcile_errors_total", "reason", "{{reason}}", ""
+                            )
+                        ],
+                        unit="ops",
+                    ),
+                    Panel(
+                        title="Work queue depth",
+                        targets=[
+                            gauge("gagar_operator_queue_depth", "runs waiting or reconciling", "")
+                        ],
                         description="Runs with a reconcile in progress or waiting for one.",
                     ),
                 ],
             ),
-            (
-                "Kubernetes API",
-                [
+            Row(
+                title="Kubernetes API",
+                panels=[
                     Panel(
-                        "API requests by outcome",
-                        [
+                        title="API requests by outcome",
+                        targets=[
                             rate(
                                 "gagar_operator_api_requests_total",
                                 "verb, outcome",
@@ -487,11 +550,11 @@ def operator() -> Dashboard:
                                 "",
                             )
                         ],
-                        "reqps",
+                        unit="reqps",
                     ),
                     Panel(
-                        "API errors",
-                        [
+                        title="API errors",
+                        targets=[
                             rate(
                                 "gagar_operator_api_requests_total",
                                 "outcome",
@@ -499,17 +562,17 @@ def operator() -> Dashboard:
                                 'outcome!="ok"',
                             )
                         ],
-                        "reqps",
+                        unit="reqps",
                     ),
                     Panel(
-                        "API latency p95",
-                        [
+                        title="API latency p95",
+                        targets=[
                             (
                                 f"histogram_quantile(0.95, sum by (verb, le) (rate({metric('gagar_operator_api_request_duration_seconds', '_bucket')}[{RATE}])))",
                                 "{{verb}}",
                             )
                         ],
-                        "s",
+                        unit="s",
                     ),
                 ],
             ),

@@ -19,7 +19,7 @@ RATE = "$__rate_interval"
 BY = "namespace, run"
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class Panel:
     title: str
     targets: list[tuple[str, str]]  # (PromQL, legend)
@@ -28,12 +28,20 @@ class Panel:
     kind: str = "timeseries"
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
+class Row:
+    """A titled row of panels, two per line."""
+
+    title: str
+    panels: list[Panel]
+
+
+@dataclass(frozen=True, kw_only=True)
 class Dashboard:
     uid: str
     title: str
     description: str
-    rows: list[tuple[str, list[Panel]]] = field(default_factory=list)
+    rows: list[Row] = field(default_factory=list)
 
 
 # ---------------------------------------------------------------- query helpers
@@ -95,7 +103,8 @@ def _panel_json(p: Panel, pid: int, pos: dict[str, int]) -> dict[str, Any]:
 
 def _layout(d: Dashboard) -> list[dict[str, Any]]:
     panels, pid, y = [], 1, 0
-    for title, row in d.rows:
+    for r in d.rows:
+        title, row = r.title, r.panels
         panels.append(
             {
                 "id": pid,
@@ -170,4 +179,4 @@ def dashboard_text(build: Callable[[], Dashboard]) -> str:
 
 def queries(d: Dashboard) -> list[str]:
     """Every PromQL query of a dashboard (for tests and linting)."""
-    return [expr for _, row in d.rows for p in row for expr, _ in p.targets]
+    return [expr for row in d.rows for p in row.panels for expr, _ in p.targets]
