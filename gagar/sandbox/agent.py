@@ -66,7 +66,7 @@ class AgentSandboxFactory:
     and Ready. ``port``: the executor's port in the claimed pod.
     """
 
-    def __init__(
+    def __init__(  # noqa: PLR0913 - keyword-only knobs beside the pool's name and namespace
         self,
         warmpool: str,
         namespace: str,
@@ -76,13 +76,12 @@ class AgentSandboxFactory:
         limits: Limits | None = None,
         ready_timeout_s: float = 180.0,
         port: int = EXECUTOR_PORT,
-        request_timeout_s: float = 3600.0,
     ) -> None:
         from k8s_agent_sandbox import SandboxClient
 
         self.warmpool, self.namespace, self.run = warmpool, namespace, run
         self.limits, self.port = limits, port
-        self.ready_timeout_s, self.request_timeout_s = ready_timeout_s, request_timeout_s
+        self.ready_timeout_s = ready_timeout_s
         self.client = SandboxClient(api_client=api_client)
         self._lock = threading.Lock()
         self._open: dict[str, AgentSandboxSession] = {}
@@ -95,7 +94,7 @@ class AgentSandboxFactory:
     ) -> AgentSandboxSession:
         claim, ip = self._claim()
         try:
-            http = HttpFactory(self._url(ip), self.request_timeout_s)
+            http = HttpFactory(self._url(ip))
             try:
                 inner = http.create(files=files, tarball=tarball, limits=limits or self.limits)
             except BaseException:
@@ -239,4 +238,4 @@ class AgentSandboxSession:
         self.close()
 
 
-__all__ = ["AgentSandboxFactory", "AgentSandboxSession", "MISSING_CRDS"]
+__all__ = ["MISSING_CRDS", "AgentSandboxFactory", "AgentSandboxSession"]

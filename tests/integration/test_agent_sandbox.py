@@ -2,132 +2,42 @@
 (``tests/kube_emulator/crds/agent-sandbox.yaml``), the test playing agent-sandbox's controller
 as the Kueue tests play Kueue.
 
-The warm pool's Sandboxes are real executors (``gagar sandbox serve``), each on a loopback address
-of its own (127.0.0.N, one port for all: a pod IP and the executor's port); the controller binds a
-claim to a free Sandbox (``status.sandbox`` and the Ready condition, as agent-sandbox's claim
-controller writes them in one update) and deletes the Sandbox when its claim goes.
+The controller (``tests/kube_emulator/agent_sandbox.py``) backs each warm Sandbox with a real
+executor on a loopback address of its own, binds a claim to a free Sandbox and deletes the
+Sandbox when its claim goes.
 """
 
 from __future__ import annotations
 
-import datetime
-import socket
 import threading
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 import pytest
 
-from gagar.sandbox import isolation
 from gagar.sandbox.agent import AgentSandboxFactory
-from gagar.sandbox.server import Server, make_server
 from gagar.sandbox.types import Limits, SandboxInfraError, SandboxUnavailable
 from tests.kube_emulator import KubeEmulator
+from tests.kube_emulator.agent_sandbox import (
+    EXT,
+    NS,
+    POOL,
+    SANDBOX,
+    Controller,
+    free_port,
+    install,
+    ready_condition,
+)
 from tests.kube_emulator.fixtures import kube  # noqa: F401
 
-CRDS = Path(__file__).resolve().parents[1] / "kube_emulator" / "crds" / "agent-sandbox.yaml"
-SANDBOX = "agents.x-k8s.io/v1beta1"
-EXT = "extensions.agents.x-k8s.io/v1beta1"
-NS = "default"
-POOL = "run1-sandbox"
 LIMITS = Limits(wall_time_s=20, cpu_time_s=10, memory_bytes=512 << 20)
-
-
-def _now() -> str:
-    return datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
-
-
-def _ready(status: str = "True", reason: str = "Ready") -> list[dict[str, Any]]:
-    return [
-        {
-            "type": "Ready",
-            "status": status,
-            "reason": reason,
-            "message": "",
-            "lastTransitionTime": _now(),
-        }
-    ]
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-@dataclass
-class Controller:
-    """agent-sandbox's controllers, as far as a claim's life goes: a warm pool of Ready Sandboxes,
-    each a running executor; a claim is bound to a free one; a deleted claim's Sandbox is deleted
-    and its executor stopped. ``bind=False``: claims are never bound (a pool that cannot start)."""
-
-    kube: KubeEmulator
-    port: int
-    bind: bool = True
-    servers: dict[str, Server] = field(default_factory=dict)  # Sandbox name -> its executor
-    bound: dict[str, str] = field(default_factory=dict)  # claim -> Sandbox
-    stop: threading.Event = field(default_factory=threading.Event)
-
-    def warm(self, count: int) -> None:
-        for i in range(count):
-            ip, sandbox = f"127.0.0.{i + 2}", f"{POOL}-{i}"
-            factory, _ = isolation.factory("auto", LIMITS)
-            server = make_server(factory, ip, self.port)
-            threading.Thread(target=server.serve_forever, daemon=True).start()
-            self.servers[sandbox] = server
-            body = {"podTemplate": {"spec": {"containers": [{"name": "executor"}]}}}
-            meta = {"name": sandbox, "namespace": NS}
-            self.kube.create({"apiVersion": SANDBOX, "kind": "Sandbox", "metadata": meta,
-                              "spec": body})  # fmt: skip
-            status = {"podIPs": [ip], "conditions": _ready()}
-            self.kube.patch(SANDBOX, "Sandbox", sandbox, lambda o, s=status: {**o, "status": s},
-                            NS, subresource="status")  # fmt: skip
-
-    def kill(self, sandbox: str) -> None:
-        """The Sandbox's pod dies: its executor stops answering."""
-        server = self.servers.pop(sandbox)
-        server.shutdown()
-        server.registry.close_all()
-        server.server_close()
-
-    def sweep(self) -> None:
-        claims = {c["metadata"]["name"]: c for c in self.kube.list(EXT, "SandboxClaim", NS)}
-        for claim, obj in claims.items():
-            if claim in self.bound or not self.bind:
-                continue
-            taken = set(self.bound.values())
-            free = [s for s in sorted(self.servers) if s not in taken]
-            if not free or obj["spec"]["warmPoolRef"]["name"] != POOL:
-                continue
-            sandbox = free[0]
-            self.bound[claim] = sandbox
-            ip = self.kube.get(SANDBOX, "Sandbox", sandbox, NS)["status"]["podIPs"]
-            status = {"sandbox": {"name": sandbox, "podIPs": ip}, "conditions": _ready()}
-            self.kube.patch(EXT, "SandboxClaim", claim, lambda o, s=status: {**o, "status": s},
-                            NS, subresource="status")  # fmt: skip
-        for claim in [c for c in self.bound if c not in claims]:
-            sandbox = self.bound.pop(claim)
-            self.kube.delete(SANDBOX, "Sandbox", sandbox, NS)
-            if sandbox in self.servers:
-                self.kill(sandbox)
-
-    def loop(self) -> None:
-        while not self.stop.wait(0.02):
-            self.sweep()
-
-    def close(self) -> None:
-        self.stop.set()
-        for sandbox in list(self.servers):
-            self.kill(sandbox)
 
 
 @pytest.fixture
 def controller(kube: KubeEmulator) -> Iterator[Controller]:  # noqa: F811
-    kube.load_yaml(CRDS)
-    ctl = Controller(kube, _free_port())
+    install(kube)
+    ctl = Controller(kube, free_port(), limits=LIMITS)
     thread = threading.Thread(target=ctl.loop, daemon=True)
     thread.start()
     yield ctl
@@ -196,7 +106,7 @@ def test_a_terminal_claim_failure_is_reported_at_once(
 
     def refuse() -> None:
         def reason(o: dict[str, Any]) -> dict[str, Any]:
-            return {**o, "status": {"conditions": _ready("False", "WarmPoolNotFound")}}
+            return {**o, "status": {"conditions": ready_condition("False", "WarmPoolNotFound")}}
 
         claims = kube.wait_for(lambda: kube.list(EXT, "SandboxClaim", NS), timeout=10)
         kube.patch(EXT, "SandboxClaim", claims[0]["metadata"]["name"], reason, NS,
