@@ -153,6 +153,7 @@ class ClusterProvider:
             claims = AgentSandboxFactory(
                 self.cluster.sandbox_warmpool,
                 self.cluster.namespace or "default",
+                api_client=self.api,  # the pod's service account (None: agent-sandbox's loading)
                 run=run.metadata.name,
                 limits=limits,
             )

@@ -78,11 +78,15 @@ class AgentSandboxFactory:
         port: int = EXECUTOR_PORT,
     ) -> None:
         from k8s_agent_sandbox import SandboxClient
+        from kubernetes.config import ConfigException
 
         self.warmpool, self.namespace, self.run = warmpool, namespace, run
         self.limits, self.port = limits, port
         self.ready_timeout_s = ready_timeout_s
-        self.client = SandboxClient(api_client=api_client)
+        try:
+            self.client = SandboxClient(api_client=api_client)
+        except ConfigException as e:  # no service account, no kubeconfig
+            raise SandboxUnavailable(f"no Kubernetes API to claim Sandboxes from: {e}") from None
         self._lock = threading.Lock()
         self._open: dict[str, AgentSandboxSession] = {}
 

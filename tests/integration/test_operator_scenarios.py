@@ -1463,7 +1463,9 @@ def test_agent_sandbox_renders_its_template_and_warm_pool(env: Env) -> None:
         env.kube.merge_patch(AGENT_EXT, "SandboxWarmPool", env.namespace, pool, status,
                              subresource="status")  # fmt: skip
         env.wait(
-            lambda: "sandbox" not in env.condition(name, "PoolsReady").get("message", "x")
-            or env.condition(name, "PoolsReady").get("status") == "True",
+            lambda: (
+                "sandbox" not in env.condition(name, "PoolsReady").get("message", "x")
+                or env.condition(name, "PoolsReady").get("status") == "True"
+            ),
             what="the warm pool counted ready",
         )
