@@ -6,19 +6,31 @@ a test command pays on top of the interpreter), and of creating plus closing a s
 small file (a session start). The modes alternate in rounds within one process, so background
 load on a shared machine affects all of them alike.
 
-    .venv/bin/python bench/isolation.py [--runs N] [--rounds R] [--out bench/results/isolation.json]
+``--remote`` adds two rows: ``executor over HTTP`` (a session on a ``gagar sandbox serve`` in
+``auto``, what the trainer pays per call to a pool pod) and ``agent-sandbox`` (a session on a
+Sandbox claimed from a warm pool through the API emulator, its controller played by
+``tests/kube_emulator/agent_sandbox.py``, each Sandbox an executor in ``auto``). The latter's
+session start is create claim, wait Ready, open the session, close it, delete the claim: the
+emulator's latency, not a cluster's (there the controller's reaction and the API server's, and
+the warm pool's refill, decide it).
+
+    .venv/bin/python bench/isolation.py [--runs N] [--rounds R] [--remote] [--out bench/results/isolation.json]
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import platform
 import statistics
 import sys
+import threading
 import time
 import warnings
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
@@ -36,7 +48,7 @@ def _timed(fn) -> float:
     return time.perf_counter() - start
 
 
-def _round(factory: LocalFactory, runs: int, out: dict[str, list[float]]) -> None:
+def _round(factory: Any, runs: int, out: dict[str, list[float]]) -> None:
     with factory.create(files={"a.py": "X = 1\n"}) as s:
         for name, argv in PROBES.items():
             for _ in range(runs):
@@ -47,16 +59,53 @@ def _round(factory: LocalFactory, runs: int, out: dict[str, list[float]]) -> Non
         )
 
 
-def measure(runs: int, rounds: int) -> dict[str, dict[str, float]]:
+@contextlib.contextmanager
+def remote_factories() -> Iterator[dict[str, Any]]:
+    """An executor server in ``auto``, and agent-sandbox claims through the API emulator."""
+    from gagar.sandbox import isolation
+    from gagar.sandbox.agent import AgentSandboxFactory
+    from gagar.sandbox.client import HttpFactory
+    from gagar.sandbox.server import make_server
+    from tests.kube_emulator import KubeEmulator
+    from tests.kube_emulator.agent_sandbox import NS, POOL, Controller, free_port, install
+
+    local, _ = isolation.factory("auto", Limits())
+    server = make_server(local, "127.0.0.1", 0)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    with KubeEmulator() as kube:
+        install(kube)
+        ctl = Controller(kube, free_port())
+        ctl.warm(4)
+        threading.Thread(target=ctl.loop, daemon=True).start()
+        http = HttpFactory(f"http://127.0.0.1:{server.server_address[1]}")
+        claims = AgentSandboxFactory(POOL, NS, api_client=kube.api_client(), port=ctl.port)
+        try:
+            yield {"executor over HTTP": http, "agent-sandbox": claims}
+        finally:
+            claims.close()
+            http.close()
+            ctl.close()
+            server.shutdown()
+            server.registry.close_all()
+            server.server_close()
+
+
+def measure(runs: int, rounds: int, remote: bool = False) -> dict[str, dict[str, float]]:
     check_isolation()
     check()
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # "isolation is OFF": the floor, on purpose
-        factories = {m: LocalFactory(Limits(), isolation=b) for m, b in MODES.items()}  # type: ignore[arg-type]
-    samples = {m: {k: [] for k in [*PROBES, "session start"]} for m in MODES}
-    for _ in range(rounds):
-        for mode, factory in factories.items():
-            _round(factory, runs, samples[mode])
+        factories: dict[str, Any] = {
+            m: LocalFactory(Limits(), isolation=b)  # type: ignore[arg-type]
+            for m, b in MODES.items()
+        }
+    with contextlib.ExitStack() as stack:
+        if remote:
+            factories.update(stack.enter_context(remote_factories()))
+        samples = {m: {k: [] for k in [*PROBES, "session start"]} for m in factories}
+        for _ in range(rounds):
+            for mode, factory in factories.items():
+                _round(factory, runs, samples[mode])
     return {
         mode: {k: round(statistics.median(v) * 1000, 1) for k, v in by.items()}
         for mode, by in samples.items()
@@ -67,9 +116,10 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--runs", type=int, default=10, help="samples per probe per round")
     ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--remote", action="store_true", help="add executor-over-HTTP, agent-sandbox")
     ap.add_argument("--out", default="bench/results/isolation.json")
     args = ap.parse_args()
-    result = measure(args.runs, args.rounds)
+    result = measure(args.runs, args.rounds, args.remote)
     header = ["mode", *PROBES, "session start"]
     print("| " + " | ".join(header) + " |  (median ms)")
     print("|" + "---|" * len(header))

@@ -79,6 +79,10 @@ class Integrations(Values):
     suspends and admits the trainer, and ``spec.suspend`` deactivates its Workload."""
     prometheus_operator: bool = False
     """Grant access to ``servicemonitors``/``podmonitors`` the operator creates per run."""
+    agent_sandbox: bool = False
+    """Grant access to agent-sandbox's ``sandboxtemplates``/``sandboxwarmpools`` (runs with
+    ``sandbox.isolation: agent-sandbox``), and what their trainers' and graders' Roles grant:
+    ``sandboxclaims`` and reading ``sandboxes``."""
 
 
 class ServiceMonitorValues(Values):

@@ -1118,7 +1118,8 @@ class SandboxLimits(Model):
         }
 
 
-SandboxIsolation = Literal["bubblewrap", "pod", "auto"]
+SandboxIsolation = Literal["bubblewrap", "pod", "agent-sandbox", "auto"]
+AGENT_SANDBOX_NEEDS_PODS = "isolation agent-sandbox claims sandbox pods: it needs backend pods"
 
 
 class SandboxSpec(Model):
@@ -1138,9 +1139,14 @@ class SandboxSpec(Model):
     or Kata ``runtimeClassName``: no namespaces; each session runs as a uid of its own, with
     rlimits, its own workspace and ``/tmp``, no IP sockets, and the seccomp filter) or ``auto``
     (probe at start and take ``bubblewrap`` where it works, else ``pod``; the executor reports
-    which it took). ``pod`` and ``auto`` sandbox pods start their executor as root with only the
-    capabilities that switching uids needs (Pod Security ``baseline``); ``bubblewrap`` ones run as
-    non-root with none."""
+    which it took), or ``agent-sandbox`` (``backend: pods`` only: every session is a pod of its
+    own, a Sandbox claimed from a SandboxWarmPool of kubernetes-sigs/agent-sandbox that the
+    operator renders; the executor in it runs ``auto``; needs agent-sandbox's CRDs and the
+    operator's ``integrations.agentSandbox``, else the run's ``SandboxUnavailable`` condition says
+    so and the trainer is held; ``auto`` never takes it on its own). ``pod``, ``auto`` and
+    ``agent-sandbox`` sandbox pods start their executor as root with only the capabilities that
+    switching uids needs (Pod Security ``baseline``); ``bubblewrap`` ones run as non-root with
+    none."""
     runtime_class_name: Subdomain | None = None
     """RuntimeClass of sandbox pods, e.g. ``gvisor``."""
     pool_size: int = Field(default=4, ge=0)
@@ -1150,6 +1156,25 @@ class SandboxSpec(Model):
     pod_template: PodScheduling = Field(default_factory=PodScheduling)
     """Where sandbox pods run (scheduling only: no env, volumes or identity reach the pods
     that run untrusted code)."""
+
+    model_config = ConfigDict(
+        json_schema_extra={
+            "x-kubernetes-validations": [
+                _cel(
+                    "!has(self.isolation) || self.isolation != 'agent-sandbox'"
+                    " || (has(self.backend) && self.backend == 'pods')",
+                    AGENT_SANDBOX_NEEDS_PODS,
+                    ".isolation",
+                )
+            ]
+        }
+    )
+
+    @model_validator(mode="after")
+    def _agent_sandbox_pods(self) -> SandboxSpec:
+        if self.isolation == "agent-sandbox" and self.backend != "pods":
+            raise ValueError(f"spec.sandbox: {AGENT_SANDBOX_NEEDS_PODS}")
+        return self
 
 
 # ---------------------------------------------------------------- data, observability

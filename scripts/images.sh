@@ -118,6 +118,9 @@ build() {
 
 main() {
   ensure_tools
+  # the host's pinned uv, mounted into every build (bootstrapped here once if `make install` has
+  # not run: on the host, where a proxy's CA is $SSL_CERT_FILE or $PIP_CERT, scripts/uv.sh)
+  (source scripts/uv.sh >/dev/null)
   [ "$BASES" != debian ] || debian_base
   for name in $IMAGES; do build "$name"; done
   echo "images: sizes"

@@ -15,7 +15,13 @@ if [ -n "${GAGAR_UV:-}" ] && [ -x "$GAGAR_UV" ] \
 elif ! [ -x "$UV" ] || [ "$("$UV" --version | cut -d' ' -f2)" != "$UV_VERSION" ]; then
   echo "install: uv $UV_VERSION into .tools/uv"
   python3 -m venv .tools/uv
-  .tools/uv/bin/python -m pip install -q --isolated --disable-pip-version-check "uv==$UV_VERSION"
+  # --isolated ignores pip's environment (PIP_CERT too) and configuration: a proxy's CA bundle
+  # ($PIP_CERT, else $SSL_CERT_FILE, which pip never reads itself) is passed as --cert.
+  pip_cert=()
+  ca=${PIP_CERT:-${SSL_CERT_FILE:-}}
+  [ -z "$ca" ] || [ ! -f "$ca" ] || pip_cert=(--cert "$ca")
+  .tools/uv/bin/python -m pip install -q --isolated --disable-pip-version-check "${pip_cert[@]}" \
+    "uv==$UV_VERSION"
 fi
 find_links=()
 [ -d "${GAGAR_FIND_LINKS:-/opt/wheels}" ] && find_links=(--find-links "${GAGAR_FIND_LINKS:-/opt/wheels}")

@@ -13,6 +13,7 @@ whose ``run.json`` is the whole GagarRun as the operator validated it, and sets 
 ``GAGAR_WEIGHT_TRANSPORT``     the rollout pool's weight-transfer transport
 ``GAGAR_GRADER_URL``           the grader pool's Service; unset grades in the trainer
 ``GAGAR_SANDBOX_URL``          the sandbox pool's headless Service (``sandbox.backend: pods``)
+``GAGAR_SANDBOX_WARMPOOL``     the SandboxWarmPool each session claims from (``agent-sandbox``)
 ``GAGAR_MODEL_DIR``            the base policy's HF folder in the pod (a mounted ``pvc://`` path)
 ``GAGAR_PROGRESS_CONFIGMAP``   ``<run>-progress``, patched with step, versions and checkpoints
 ``GAGAR_NAMESPACE``            the run's namespace
@@ -83,6 +84,7 @@ class Cluster:
     rollout_replicas: tuple[str, ...] = ()
     grader_url: str | None = None
     sandbox_url: str | None = None
+    sandbox_warmpool: str | None = None
     model_dir: Path | None = None
     progress_configmap: str | None = None
     namespace: str | None = None
@@ -104,7 +106,13 @@ def resolve(env: Mapping[str, str], run: GagarRun) -> Cluster:
     if not rollout:
         raise ConfigError(f"{names.ROLLOUT_URL} is not set and spec.rollout.endpoint is empty")
     sandbox = env.get(names.SANDBOX_URL) or None
-    if run.spec.sandbox.backend == "pods" and sandbox is None:
+    warmpool = env.get(names.SANDBOX_WARMPOOL) or None
+    if run.spec.sandbox.isolation == "agent-sandbox":
+        if warmpool is None:
+            raise ConfigError(
+                f"spec.sandbox.isolation is 'agent-sandbox' but {names.SANDBOX_WARMPOOL} is not set"
+            )
+    elif run.spec.sandbox.backend == "pods" and sandbox is None:
         raise ConfigError(f"spec.sandbox.backend is 'pods' but {names.SANDBOX_URL} is not set")
     if names.RUN_DIR not in env:
         raise ConfigError(f"{names.RUN_DIR} is not set: where is the checkpoint volume mounted?")
@@ -124,6 +132,7 @@ def resolve(env: Mapping[str, str], run: GagarRun) -> Cluster:
         rollout_replicas=replicas,
         grader_url=env.get(names.GRADER_URL) or None,
         sandbox_url=sandbox,
+        sandbox_warmpool=warmpool,
         model_dir=Path(model_dir) if model_dir else None,
         progress_configmap=env.get(names.PROGRESS_CONFIGMAP) or None,
         namespace=env.get(names.NAMESPACE) or run.metadata.namespace,

@@ -146,9 +146,21 @@ class ClusterProvider:
         from gagar.sandbox.client import HttpPoolFactory
         from gagar.sandbox.types import Limits
 
+        limits = Limits(**run.spec.sandbox.limits.executor_limits())
+        if self.cluster.sandbox_warmpool is not None:  # isolation agent-sandbox
+            from gagar.sandbox.agent import AgentSandboxFactory
+
+            claims = AgentSandboxFactory(
+                self.cluster.sandbox_warmpool,
+                self.cluster.namespace or "default",
+                api_client=self.api,  # the pod's service account (None: agent-sandbox's loading)
+                run=run.metadata.name,
+                limits=limits,
+            )
+            closers.append(claims.close)
+            return claims
         if self.cluster.sandbox_url is None:
             return comp.sandbox_factory(run.spec.sandbox)
-        limits = Limits(**run.spec.sandbox.limits.executor_limits())
         factory = HttpPoolFactory(self.cluster.sandbox_url, limits=limits)
         closers.append(factory.close)
         return factory

@@ -3,7 +3,8 @@
 Which grader runs is chosen here (``--grader heuristic|agentic``). The agentic grader's tools
 run in a sandbox session: ``bwrap`` (a ``gagar.sandbox`` local session, through
 ``sandbox_adapter``; needs the sandbox package), ``pool`` (the run's sandbox pods behind
-``--sandbox-url``) or ``unsafe-local`` (NOT isolated, development only).
+``--sandbox-url``), ``agent-sandbox`` (a Sandbox claimed per session from
+``--sandbox-warmpool`` in ``$GAGAR_NAMESPACE``) or ``unsafe-local`` (NOT isolated, development only).
 
 In a grader pod, ``gagar grader serve --config-dir=DIR`` takes its settings from the run's
 ``spec.grader`` in ``DIR/run.json`` (the operator's ConfigMap): kind, deadline, fallback, turns,
@@ -27,7 +28,7 @@ from gagar.spec import GRADER_SERVED_NAME, GraderSpec
 if TYPE_CHECKING:
     from gagar.spec import GagarRun
 
-SANDBOXES = ("bwrap", "pool", "unsafe-local")
+SANDBOXES = ("bwrap", "pool", "agent-sandbox", "unsafe-local")
 _SPEC = (
     GraderSpec.model_construct()
 )  # spec.grader's defaults (unvalidated: no pool size) are the service's
@@ -72,6 +73,22 @@ def _pool_factory(url: str | None, limits: dict[str, Any] | None = None) -> Sand
     return adapt_factory(HttpPoolFactory(url, limits=_executor_limits(limits)))
 
 
+def _claim_factory(warmpool: str | None, limits: dict[str, Any] | None = None) -> SandboxFactory:
+    from gagar.grader.sandbox_adapter import adapt_factory
+
+    if not warmpool:
+        raise SystemExit("--sandbox agent-sandbox needs --sandbox-warmpool (the run's warm pool)")
+    from gagar import env
+    from gagar.sandbox.agent import AgentSandboxFactory
+
+    namespace = os.environ.get(env.NAMESPACE) or "default"
+    return adapt_factory(
+        AgentSandboxFactory(
+            warmpool, namespace, limits=_executor_limits(limits), run=os.environ.get(env.RUN)
+        )
+    )
+
+
 def _sandbox_factory(args: argparse.Namespace) -> SandboxFactory:
     name = args.sandbox
     if name is None:
@@ -84,6 +101,8 @@ def _sandbox_factory(args: argparse.Namespace) -> SandboxFactory:
         return _bwrap_factory(limits)
     if name == "pool":
         return _pool_factory(args.sandbox_url, limits)
+    if name == "agent-sandbox":
+        return _claim_factory(args.sandbox_warmpool, limits)
     from gagar.grader.local_sandbox import unsafe_local_factory
 
     print("WARNING: --sandbox unsafe-local runs candidate code WITHOUT isolation", file=sys.stderr)
@@ -182,6 +201,10 @@ def _grader_options(p: argparse.ArgumentParser) -> None:
         "--sandbox", choices=sorted(SANDBOXES), help="where the agentic grader's tools run"
     )
     p.add_argument("--sandbox-url", help="the sandbox pool's Service URL (--sandbox pool)")
+    p.add_argument(
+        "--sandbox-warmpool",
+        help="the SandboxWarmPool sessions claim from (--sandbox agent-sandbox)",
+    )
 
 
 def _serve(args: argparse.Namespace) -> int:

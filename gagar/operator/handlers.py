@@ -35,6 +35,7 @@ from gagar.manifest import validate_document
 from gagar.metrics import Metrics
 from gagar.operator import telemetry
 from gagar.operator.builders import (
+    AGENT_SANDBOX,
     CHILD_KINDS,
     JOBSET,
     OPTIONAL_CRDS,
@@ -68,6 +69,7 @@ from gagar.operator.status import TERMINAL, Event, Outcome, compute_status
 from gagar.spec import CONDITION_TYPES, PHASES, GagarRun, GagarRunStatus, rfc3339
 
 log = logging.getLogger("gagar.operator")
+AGENT_SANDBOX_API = f"{AGENT_SANDBOX}/v1beta1"
 PLURAL = "gagarruns"
 MANAGED = {"app.kubernetes.io/managed-by": "gagar-operator"}
 # Kinds that can stop being wanted while the run exists (PVCs are never pruned: checkpoints).
@@ -286,7 +288,9 @@ class Reconciler:
         )
         before = mem.apply_error
         desired = build_all(run, ctx)
-        blocked = self._jobset_unavailable(run, crds, observed)
+        blocked = self._jobset_unavailable(run, crds, observed) or self._agent_sandbox_unavailable(
+            run, crds
+        )
         if blocked is None and not restarted:
             blocked = self._trainer_template(run, desired, observed, crds)
         if blocked is not None:
@@ -345,6 +349,10 @@ class Reconciler:
         pools = {}
         for pool in ("rollout", "grader", "sandbox"):
             dep = self.read("apps/v1", "Deployment", ns, name(run, pool))
+            if pool == "sandbox" and spec.sandbox.isolation == "agent-sandbox":
+                dep = None  # its pool is the SandboxWarmPool (same replica fields)
+                if AGENT_SANDBOX in crds:
+                    dep = self.read(AGENT_SANDBOX_API, "SandboxWarmPool", ns, name(run, pool))
             if dep is not None:
                 pools[pool] = parse_deployment(dep)
         progress = self.read("v1", "ConfigMap", ns, name(run, "progress")) or {}
@@ -430,6 +438,28 @@ class Reconciler:
             "JobSetUnavailable",
             f"JobSetUnavailable: spec.trainer.useJobSet is true but {why}; install and enable "
             "JobSet, or set useJobSet: false to run the trainer as an indexed Job",
+        )
+
+    def _agent_sandbox_unavailable(
+        self, run: GagarRun, crds: frozenset[str]
+    ) -> tuple[str, str] | None:
+        """``isolation: agent-sandbox`` without agent-sandbox's API: nothing is applied (no
+        trainer holds accelerators for sessions that cannot start) until it is installed and
+        enabled; the condition says which is missing and what to change."""
+        if run.spec.sandbox.isolation != "agent-sandbox" or AGENT_SANDBOX in crds:
+            return None
+        if AGENT_SANDBOX in self.config.integrations:
+            why = f"agent-sandbox's CRDs ({AGENT_SANDBOX}/v1beta1) are not installed in the cluster"
+        else:
+            why = (
+                "the operator's agent-sandbox integration is off (chart value "
+                f"integrations.agentSandbox, operator flag --integration {AGENT_SANDBOX})"
+            )
+        return (
+            "SandboxUnavailable",
+            f"SandboxUnavailable: spec.sandbox.isolation is agent-sandbox but {why}; install "
+            "agent-sandbox with its extensions (kubernetes-sigs/agent-sandbox) and enable the "
+            "integration, or set spec.sandbox.isolation to auto (a pool of executor pods)",
         )
 
     def _apply(

@@ -48,6 +48,8 @@ PLURALS = {
     "PodDisruptionBudget": "poddisruptionbudgets",
     "PodMonitor": "podmonitors",
     "ServiceMonitor": "servicemonitors",
+    "SandboxTemplate": "sandboxtemplates",
+    "SandboxWarmPool": "sandboxwarmpools",
     "Pod": "pods",
     "Workload": "workloads",
     "Event": "events",

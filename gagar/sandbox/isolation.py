@@ -11,6 +11,10 @@ line, and never fails where ``pod`` works. Only when neither works does it refus
 (``SandboxUnavailable`` with both reasons), so an executor never runs code without a boundary it
 can name. ``Choice.mode`` is what the executor reports (log line, ``/healthz``, the
 ``gagar_sandbox_isolation`` metric).
+
+``agent-sandbox`` is not an executor's mode but the cluster's (``agent.py``): every session is a
+Sandbox pod of its own, claimed from a warm pool, whose executor runs ``auto``; ``choose`` refuses
+it with that explanation.
 """
 
 from __future__ import annotations
@@ -23,6 +27,7 @@ from gagar.spec import SandboxIsolation
 
 Mode = Literal["bubblewrap", "pod"]  # what an executor runs as once ``auto`` is resolved
 MODES: tuple[str, ...] = get_args(SandboxIsolation)
+EXECUTOR_MODES = tuple(m for m in MODES if m != "agent-sandbox")  # what ``choose`` resolves
 BACKEND: dict[str, Isolation] = {"bubblewrap": "bwrap", "pod": "pod"}
 REPORTED: dict[Isolation, str] = {"bwrap": "bubblewrap", "pod": "pod", "none": "none"}
 
@@ -51,6 +56,11 @@ def _probe(mode: Mode) -> str | None:
 
 def choose(asked: SandboxIsolation) -> Choice:
     """Resolve ``asked`` on this machine; raise ``SandboxUnavailable`` when it cannot run."""
+    if asked == "agent-sandbox":
+        raise SandboxUnavailable(
+            "isolation agent-sandbox claims a Sandbox pod per session (sandbox.backend pods, "
+            "gagar.sandbox.agent); an executor itself runs bubblewrap, pod or auto"
+        )
     if asked != "auto":
         reason = _probe(asked)
         if reason is not None:
@@ -73,4 +83,4 @@ def factory(asked: SandboxIsolation, limits: Limits | None = None, root: str | N
     return LocalFactory(limits=limits, isolation=choice.backend, root=root), choice
 
 
-__all__ = ["BACKEND", "MODES", "REPORTED", "Choice", "Mode", "choose", "factory"]
+__all__ = ["BACKEND", "EXECUTOR_MODES", "MODES", "REPORTED", "Choice", "Mode", "choose", "factory"]

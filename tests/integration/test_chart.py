@@ -367,11 +367,21 @@ def test_operator_holds_every_permission_it_grants_and_every_kind_it_creates() -
     have = granted(
         rules_of(
             helm_template(
-                *[f"--set=integrations.{k}=true" for k in ("keda", "jobset", "prometheusOperator")]
+                *[
+                    f"--set=integrations.{k}=true"
+                    for k in ("keda", "jobset", "prometheusOperator", "agentSandbox")
+                ]
             )
         )
     )
-    for _, _, run_ in load_files([str(p) for p in sorted((ROOT / "examples").glob("*.yaml"))]).runs:
+    runs = [
+        r
+        for _, _, r in load_files([str(p) for p in sorted((ROOT / "examples").glob("*.yaml"))]).runs
+    ]
+    pods = next(r for r in runs if r.spec.sandbox.backend == "pods")
+    sandbox = pods.spec.sandbox.model_copy(update={"isolation": "agent-sandbox"})
+    runs.append(pods.model_copy(update={"spec": pods.spec.model_copy(update={"sandbox": sandbox})}))
+    for run_ in runs:  # and a run claiming agent-sandbox Sandboxes (trainer and grader Roles)
         for child in builders.build_all(run_):
             for rule in child.get("rules", []) if child["kind"] == "Role" else []:
                 for g in rule["apiGroups"]:

@@ -30,6 +30,7 @@ from unittest.mock import ANY
 
 import kopf
 import pytest
+import yaml
 from prometheus_client import CollectorRegistry
 
 from gagar.crd import build_crd
@@ -61,6 +62,7 @@ CHART_INTEGRATION = {
     "jobset.x-k8s.io": "integrations.jobset",
     "monitoring.coreos.com": "integrations.prometheusOperator",
     "kueue.x-k8s.io": "integrations.kueue",
+    "extensions.agents.x-k8s.io": "integrations.agentSandbox",
 }
 
 
@@ -1401,3 +1403,69 @@ def _crash_looping_sandbox_pod(env: Env, run_name: str, log: str) -> str:
     }  # fmt: skip
     env.kube.merge_patch("v1", "Pod", env.namespace, meta["name"], {"status": status}, "status")
     return meta["name"]
+
+
+AGENT_SANDBOX_CRDS = ROOT / "tests" / "kube_emulator" / "crds" / "agent-sandbox.yaml"
+AGENT_EXT = "extensions.agents.x-k8s.io/v1beta1"
+
+
+def test_agent_sandbox_without_its_api_is_refused_with_what_to_change(env: Env) -> None:
+    """isolation agent-sandbox, integration off (chart default): Stalled, reason
+    SandboxUnavailable naming the chart value and the way out, and nothing created (no trainer
+    holds accelerators for sessions that cannot start)."""
+    run = manifest(**{"sandbox.isolation": "agent-sandbox"})
+    name = run["metadata"]["name"]
+    with env.operator():
+        env.create(run)
+        stalled = env.reason(name, "Stalled", "SandboxUnavailable", what="refused")
+        assert "integrations.agentSandbox" in stalled["message"], stalled
+        assert "isolation to auto" in stalled["message"], stalled
+        time.sleep(env.resync * 1.2)
+        assert env.children(name) == []
+
+
+def test_agent_sandbox_renders_its_template_and_warm_pool(env: Env) -> None:
+    """With agent-sandbox's CRDs and the integration: a SandboxTemplate of the hardened executor
+    pod and a SandboxWarmPool of poolSize instead of the executor Deployment; the trainer gets the
+    pool's name and a Role to claim from it; the run waits for the pool (the test plays
+    agent-sandbox: it reports the pool's Sandboxes ready)."""
+    if not env.simulated:
+        pytest.skip("installs agent-sandbox's CRDs and plays its controller")
+    for doc in yaml.safe_load_all(AGENT_SANDBOX_CRDS.read_text()):
+        env.kube.apply(doc)
+    run = manifest(**{"sandbox.isolation": "agent-sandbox"})
+    name = run["metadata"]["name"]
+    pool = f"{name}-sandbox"
+    with env.operator(integrations=frozenset({"extensions.agents.x-k8s.io"})):
+        env.create(run)
+        tmpl = env.wait(lambda: env.get(AGENT_EXT, "SandboxTemplate", pool), what="template")
+        warm = env.wait(lambda: env.get(AGENT_EXT, "SandboxWarmPool", pool), what="warm pool")
+        assert warm["spec"] == {"replicas": run["spec"]["sandbox"]["poolSize"],
+                                "sandboxTemplateRef": {"name": pool}}  # fmt: skip
+        assert tmpl["spec"]["networkPolicyManagement"] == "Unmanaged"
+        executor = tmpl["spec"]["podTemplate"]["spec"]["containers"][0]
+        assert "--isolation=auto" in executor["args"]
+        assert executor["securityContext"]["allowPrivilegeEscalation"] is False
+        job = env.wait(lambda: env.get("batch/v1", "Job", f"{name}-trainer"), what="trainer")
+        container = job["spec"]["template"]["spec"]["containers"][0]
+        assert {"name": "GAGAR_SANDBOX_WARMPOOL", "value": pool} in container["env"]
+        role = env.get("rbac.authorization.k8s.io/v1", "Role", f"{name}-trainer")
+        assert {"apiGroups": ["extensions.agents.x-k8s.io"], "resources": ["sandboxclaims"],
+                "verbs": ["create", "get", "list", "watch", "delete"]} in role["rules"]  # fmt: skip
+        assert env.get("apps/v1", "Deployment", pool) is None
+        waiting = env.wait(
+            lambda: "sandbox 0/" in env.condition(name, "PoolsReady").get("message", ""),
+            what="PoolsReady waits for the warm pool",
+        )
+        assert waiting
+        replicas = warm["spec"]["replicas"]
+        status = {"status": {"replicas": replicas, "readyReplicas": replicas}}
+        env.kube.merge_patch(AGENT_EXT, "SandboxWarmPool", env.namespace, pool, status,
+                             subresource="status")  # fmt: skip
+        env.wait(
+            lambda: (
+                "sandbox" not in env.condition(name, "PoolsReady").get("message", "x")
+                or env.condition(name, "PoolsReady").get("status") == "True"
+            ),
+            what="the warm pool counted ready",
+        )

