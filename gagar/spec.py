@@ -1157,25 +1157,6 @@ class SandboxSpec(Model):
     """Where sandbox pods run (scheduling only: no env, volumes or identity reach the pods
     that run untrusted code)."""
 
-    model_config = ConfigDict(
-        json_schema_extra={
-            "x-kubernetes-validations": [
-                _cel(
-                    "!has(self.isolation) || self.isolation != 'agent-sandbox'"
-                    " || (has(self.backend) && self.backend == 'pods')",
-                    AGENT_SANDBOX_NEEDS_PODS,
-                    ".isolation",
-                )
-            ]
-        }
-    )
-
-    @model_validator(mode="after")
-    def _agent_sandbox_pods(self) -> SandboxSpec:
-        if self.isolation == "agent-sandbox" and self.backend != "pods":
-            raise ValueError(f"spec.sandbox: {AGENT_SANDBOX_NEEDS_PODS}")
-        return self
-
 
 # ---------------------------------------------------------------- data, observability
 class DatasetSource(Model):
@@ -1299,6 +1280,16 @@ def _run(**fields: Any) -> dict[str, Any]:
 # (in table order) and the pydantic check of that model (``Model._table_rules``) both come from
 # it. What the schema says on its own (types, bounds, enums, keyed lists) is not here.
 RULES: tuple[Rule, ...] = (
+    Rule(
+        (SandboxSpec,),
+        "!has(self.isolation) || self.isolation != 'agent-sandbox'"
+        " || (has(self.backend) && self.backend == 'pods')",
+        AGENT_SANDBOX_NEEDS_PODS,
+        lambda m: m.isolation != "agent-sandbox" or m.backend == "pods",
+        valid={"isolation": "agent-sandbox", "backend": "pods"},
+        invalid={"isolation": "agent-sandbox", "backend": "local"},
+        field=".isolation",
+    ),
     Rule(
         (ExpertStyles,),
         " + ".join(
