@@ -105,11 +105,12 @@ def measure(point: str, q: float, bonus: float, batches: int, seed: int = 0) -> 
     r = len(data["grpo"])
 
     def log_ratio(x: Any, y: Any, axis: int = -1) -> Any:
-        with np.errstate(invalid="ignore"):
-            value = np.log(both[y, 0].mean(axis) / both[y, 1].mean(axis)) - np.log(
-                both[x, 0].mean(axis) / both[x, 1].mean(axis)
-            )
-        return np.where(np.isnan(value), np.inf, value)  # B undefined: counted as extreme
+        tx, sx = both[x, 0].mean(axis), both[x, 1].mean(axis)
+        ty, sy = both[y, 0].mean(axis), both[y, 1].mean(axis)
+        ok = (tx > 0) & (sx > 0) & (ty > 0) & (sy > 0)
+        with np.errstate(invalid="ignore", divide="ignore"):
+            value = np.log(np.where(ok, (ty / sy) / (tx / sx), 1.0))
+        return np.where(ok, value, np.inf)  # B undefined: counted as extreme
 
     perm = st.permutation_test(
         (np.arange(r), np.arange(r, 2 * r)), log_ratio, permutation_type="samples",
@@ -127,7 +128,10 @@ def measure(point: str, q: float, bonus: float, batches: int, seed: int = 0) -> 
         "point": point, "q": q, "bonus": bonus, "batches": batches, "arms": arms,
         "ratio_gagar_over_grpo": float(ratio(*cols)),
         "ratio_ci95": [float(boot.confidence_interval.low), float(boot.confidence_interval.high)],
-        "p_value": float(perm.pvalue),
+        # an undefined B (pooled ‖G‖² ≤ 0) in either arm: no test (not a p of 0)
+        "p_value": float(perm.pvalue)
+        if np.isfinite(log_ratio(np.arange(r), np.arange(r, 2 * r)))
+        else None,
     }  # fmt: skip
 
 
@@ -144,7 +148,8 @@ def main(argv: list[str] | None = None) -> int:
         for point in POINTS
         for q, b in ((1.0, 0.0), (0.6, 0.1))
     ]  # fmt: skip
-    for r, p in zip(rows, stats.holm([r["p_value"] for r in rows]), strict=True):
+    family = [r for r in rows if r["p_value"] is not None]
+    for r, p in zip(family, stats.holm([r["p_value"] for r in family]), strict=True):
         r["p_holm"] = p
     print("point          q    b    B grpo   B gagar  gagar/grpo [95 % CI]  p  p_holm")
     for r in rows:
@@ -153,7 +158,11 @@ def main(argv: list[str] | None = None) -> int:
         print(
             f"{r['point']:<14} {r['q']:<4} {r['bonus']:<4} {g['noise_scale_tokens']:8.1f} "
             f"{a['noise_scale_tokens']:8.1f}  {r['ratio_gagar_over_grpo']:.3f} [{lo:.3f}, {hi:.3f}]  "
-            f"{r['p_value']:.2g}  {r['p_holm']:.2g}"
+            + (
+                f"{r['p_value']:.2g}  {r['p_holm']:.2g}"
+                if r["p_value"] is not None
+                else "undefined"
+            )
         )
     result = {
         "bench": "mechanism_noise",

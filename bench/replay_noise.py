@@ -278,8 +278,10 @@ def log_ratio(
     """log B(y) − log B(x) on the batches ``pos`` (positions) of the gradient rows ``x``, ``y``."""
     pos = distinct(gram, x, pos)
     a, b = noise_parts(gram, tokens, x[pos], agg), noise_parts(gram, tokens, y[pos], agg)
-    ba, bb = a[:, 0].sum() / a[:, 1].sum(), b[:, 0].sum() / b[:, 1].sum()
-    return math.log(bb / ba) if ba > 0 and bb > 0 else math.nan  # B undefined
+    (ta, sa), (tb, sb) = a.sum(axis=0), b.sum(axis=0)
+    if min(ta, sa, tb, sb) <= 0:  # a pooled tr Σ or ‖G‖² ≤ 0: B undefined
+        return math.nan
+    return math.log((tb / sb) / (ta / sa))
 
 
 # ------------------------------------------------------------------ main
@@ -441,7 +443,8 @@ def measure(args: argparse.Namespace, base: dict[str, Any], replay_path: Path) -
     def log_trace(x: np.ndarray, y: np.ndarray) -> float:
         kept = distinct(gram, x, pos)
         a, b = noise_parts(gram, tok, x[kept], agg), noise_parts(gram, tok, y[kept], agg)
-        return math.log(b[:, 0].mean() / a[:, 0].mean())
+        ta, tb = a[:, 0].mean(), b[:, 0].mean()
+        return math.log(tb / ta) if ta > 0 and tb > 0 else math.nan
 
     def log_group_signal(x: np.ndarray, y: np.ndarray) -> float:
         sx, sy = group_signal(gram, x)[0], group_signal(gram, y)[0]
