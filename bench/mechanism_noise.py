@@ -7,7 +7,8 @@ Each batch's gradient is accumulated over 4 micro-batches through the trainer's 
 ``GradVarianceTracker`` (``gagar/trainer/gradvar.py``), which gives unbiased tr Σ and ‖G‖² per
 batch; B = mean tr Σ / mean ‖G‖² over the batches (McCandlish's advice: average numerator and
 denominator before dividing). The batch is the independent unit here; the 95 % interval of
-B(gagar) / B(grpo) is a paired bootstrap over batches (``scipy.stats.bootstrap``).
+B(gagar) / B(grpo) is a paired bootstrap over batches (``scipy.stats.bootstrap``), the p-value
+a paired permutation test over batches (each batch's arms swapped or not), Holm over the rows.
 
     .venv/bin/python bench/mechanism_noise.py [--batches 300] [--out docs/results/mechanism_noise-<date>.json]
 """
@@ -31,6 +32,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from bench import mechanism as m  # noqa: E402
+from bench import stats  # noqa: E402
 from gagar.trainer.gradvar import GradVarianceTracker  # noqa: E402
 from gagar.trainer.loss import LossConfig, PolicyBatch, policy_loss  # noqa: E402
 
@@ -98,6 +100,22 @@ def measure(point: str, q: float, bonus: float, batches: int, seed: int = 0) -> 
 
     cols = (data["grpo"][:, 0], data["grpo"][:, 1], data["gagar"][:, 0], data["gagar"][:, 1])
     boot = st.bootstrap(cols, ratio, paired=True, vectorized=True, n_resamples=2000, rng=seed)
+    # paired permutation over batches: each batch's two arms swapped or not (H0: exchangeable)
+    both = np.concatenate([data["grpo"], data["gagar"]])
+    r = len(data["grpo"])
+
+    def log_ratio(x: Any, y: Any, axis: int = -1) -> Any:
+        tx, sx = both[x, 0].mean(axis), both[x, 1].mean(axis)
+        ty, sy = both[y, 0].mean(axis), both[y, 1].mean(axis)
+        ok = (tx > 0) & (sx > 0) & (ty > 0) & (sy > 0)
+        with np.errstate(invalid="ignore", divide="ignore"):
+            value = np.log(np.where(ok, (ty / sy) / (tx / sx), 1.0))
+        return np.where(ok, value, np.inf)  # B undefined: counted as extreme
+
+    perm = st.permutation_test(
+        (np.arange(r), np.arange(r, 2 * r)), log_ratio, permutation_type="samples",
+        vectorized=True, n_resamples=4999, rng=seed,
+    )  # fmt: skip
     arms = {
         a: {
             "trace_sigma": float(d[:, 0].mean()),
@@ -110,6 +128,10 @@ def measure(point: str, q: float, bonus: float, batches: int, seed: int = 0) -> 
         "point": point, "q": q, "bonus": bonus, "batches": batches, "arms": arms,
         "ratio_gagar_over_grpo": float(ratio(*cols)),
         "ratio_ci95": [float(boot.confidence_interval.low), float(boot.confidence_interval.high)],
+        # an undefined B (pooled ‖G‖² ≤ 0) in either arm: no test (not a p of 0)
+        "p_value": float(perm.pvalue)
+        if np.isfinite(log_ratio(np.arange(r), np.arange(r, 2 * r)))
+        else None,
     }  # fmt: skip
 
 
@@ -126,13 +148,21 @@ def main(argv: list[str] | None = None) -> int:
         for point in POINTS
         for q, b in ((1.0, 0.0), (0.6, 0.1))
     ]  # fmt: skip
-    print("point          q    b    B grpo   B gagar  gagar/grpo [95 % CI]")
+    family = [r for r in rows if r["p_value"] is not None]
+    for r, p in zip(family, stats.holm([r["p_value"] for r in family]), strict=True):
+        r["p_holm"] = p
+    print("point          q    b    B grpo   B gagar  gagar/grpo [95 % CI]  p  p_holm")
     for r in rows:
         g, a = r["arms"]["grpo"], r["arms"]["gagar"]
         lo, hi = r["ratio_ci95"]
         print(
             f"{r['point']:<14} {r['q']:<4} {r['bonus']:<4} {g['noise_scale_tokens']:8.1f} "
-            f"{a['noise_scale_tokens']:8.1f}  {r['ratio_gagar_over_grpo']:.3f} [{lo:.3f}, {hi:.3f}]"
+            f"{a['noise_scale_tokens']:8.1f}  {r['ratio_gagar_over_grpo']:.3f} [{lo:.3f}, {hi:.3f}]  "
+            + (
+                f"{r['p_value']:.2g}  {r['p_holm']:.2g}"
+                if r["p_value"] is not None
+                else "undefined"
+            )
         )
     result = {
         "bench": "mechanism_noise",
@@ -143,6 +173,8 @@ def main(argv: list[str] | None = None) -> int:
             "unit": "batch (independent draws at fixed weights; both arms on the same rollouts)",
             "estimator": "B = mean tr Σ / mean ‖G‖² from GradVarianceTracker.noise per batch",
             "interval": "paired bootstrap over batches (scipy.stats.bootstrap, BCa, 2000)",
+            "p_value": "paired permutation over batches (arms swapped per batch; "
+            "scipy.stats.permutation_test, 4999), two-sided; Holm over the rows (p_holm)",
         },
         "rows": rows,
         "elapsed_seconds": round(time.monotonic() - start, 1),

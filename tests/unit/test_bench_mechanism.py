@@ -127,3 +127,6 @@ def test_noise_scale_bench_measures_both_arms_on_the_same_batches(tmp_path: Path
         assert arm["noise_scale_tokens"] == arm["trace_sigma"] / arm["grad_sq_norm"]
     low, high = row["ratio_ci95"]
     assert low <= row["ratio_gagar_over_grpo"] <= high or math.isnan(low)
+    # the paired permutation test over batches; none when B is undefined (a pooled ‖G‖² ≤ 0)
+    defined = all(a["grad_sq_norm"] > 0 for a in row["arms"].values())
+    assert (0 < row["p_value"] <= 1) if defined else row["p_value"] is None

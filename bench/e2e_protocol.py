@@ -1,0 +1,486 @@
+"""GAGAR vs GRPO end to end on a pretrained policy: the protocol, fixed before any run, and its runner.
+
+    .venv/bin/python bench/e2e_protocol.py --dry-run                      # the protocol and the runs
+    .venv/bin/python bench/e2e_protocol.py --policy /models/Qwen2.5-0.5B-Instruct   # on a GPU machine
+    .venv/bin/python bench/e2e_protocol.py --smoke --device cpu           # the pipeline, tiny policy
+
+The protocol (``protocol()``; ``--dry-run`` prints it with every run and checks the split):
+
+- Policy: Qwen2.5-0.5B-Instruct (``--policy``: its Hugging Face folder on disk, 494 M parameters,
+  the "0.5B" class; any HF folder the trainer converts works, ``--min-params`` guards the size).
+- Warm starts (the unit of analysis): ``WARM_STARTS`` = 5 SFT warm starts from the pretrained
+  weights on scripted experts (``spec.model.sftExpertStyles`` of ``examples/gagar-vs-grpo.yaml``:
+  bloated passes common), each with its own seed (expert styles, fresh tasks, batch order). Each
+  is scored on the held-out set at its start.
+- Per warm start: 2 RL seeds × 2 arms (``grpo``, ``gagar``), the same tasks in the same order in
+  both arms (dynamic sampling off), ``STEPS`` steps of 8 tasks × groups of 8.
+- Held-out set: ≥ 256 samples: 264 tasks of the synthetic family split off before training
+  (``heldOutFraction`` 0.25 of 1,056), one sample each with a fixed seed, scored by the task's
+  **hidden tests** (the verifier, not the training grader). The split is disjoint by id; by
+  content it is not quite (the generator repeats a task now and then: 2 of 264 here), so every
+  held-out task whose files and tests equal a training or expert task's is left out of the score
+  (``check_split``), and the protocol refuses to run with fewer than 256 left.
+- Primary outcome: the held-out resolution rate at the end, GAGAR − GRPO, averaged over the two
+  seeds of each warm start, paired t-test over the 5 warm starts (two-sided, α = 0.05) with its
+  95 % interval. Secondary: the held-out change from the warm start, response tokens per held-out
+  sample, the bloated share of held-out passes (scored by the heuristic grader, the same family as
+  the training grader: read with care), the training pass rate's area. Holm over every test.
+  With 5 units a Wilcoxon test cannot go below p = 0.0625, hence the t-test.
+- Time (``estimate()``): written down with how it is estimated; ``--smoke`` on a GPU measures the
+  step time that replaces the estimate's assumed one.
+
+Runs are ``gagar train`` processes (``bench.gagar_vs_grpo.gagar_train``); the result is
+``docs/results/e2e-<date>.json`` (``protocol``, ``runs``, ``per_warm_start``, ``tests``).
+``--smoke`` is the pipeline at the smallest budget (1 warm start × 1 seed × 2 arms, ``--steps``
+steps, a 4-task held-out set): its numbers answer nothing.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import hashlib
+import json
+import math
+import os
+import shutil
+import statistics
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from bench import stats  # noqa: E402
+
+RESULTS = ROOT / "docs" / "results"
+BASE_MANIFEST = ROOT / "examples" / "gagar-vs-grpo.yaml"
+MODEL = "Qwen/Qwen2.5-0.5B-Instruct"
+MODEL_PARAMS = 494_032_768  # Qwen2.5-0.5B(-Instruct), tied embeddings counted once
+ARMS = ("grpo", "gagar")
+WARM_STARTS = 5
+WARM_SEED_BASE = 1000  # warm start k: SFT seed 1000 + k; RL seeds are small: never equal
+SEEDS = (0, 1)
+HELD_OUT = (
+    256  # scored samples at least: held-out tasks whose content a training task shares are not
+)
+EVAL_TASKS = 264  # evaluated: a margin for them (the synthetic family repeats a task now and then)
+DATASET_SIZE = 1056  # × 0.25 = 264 held out
+HELD_OUT_FRACTION = 0.25
+STEPS = 50
+SFT_STEPS = 100
+TASKS_PER_STEP, GROUP_SIZE = 8, 8
+LR = 1e-6
+PRIMARY = "held_out_resolution_end"
+OUTCOMES = {  # key: description (the primary first)
+    PRIMARY: "held-out resolution rate at the end (hidden tests), one sample per task",
+    "held_out_gain": "held-out resolution, end − the warm start's",
+    "held_out_tokens": "response tokens per held-out sample (end)",
+    "held_out_bloated_share": "bloated share of held-out passes (heuristic grader)",
+    "train_pass_rate_area": "training pass rate, mean over steps",
+}
+SMOKE = {
+    "warm_starts": 1,
+    "seeds": [0],
+    "held_out": 2,
+    "eval_tasks": 4,
+    "dataset_size": 16,
+    "sft_steps": 2,
+}
+
+
+# ------------------------------------------------------------------ the protocol
+def settings(args: argparse.Namespace) -> dict[str, Any]:
+    """The counts this invocation runs (the protocol's, or the smoke's)."""
+    if args.smoke:
+        return {**SMOKE, "steps": args.steps or 2, "arms": list(ARMS)}
+    return {
+        "warm_starts": WARM_STARTS,
+        "seeds": list(SEEDS),
+        "held_out": HELD_OUT,
+        "eval_tasks": EVAL_TASKS,
+        "dataset_size": DATASET_SIZE,
+        "sft_steps": SFT_STEPS,
+        "steps": args.steps or STEPS,
+        "arms": list(ARMS),
+    }
+
+
+def base_doc(args: argparse.Namespace, s: dict[str, Any]) -> dict[str, Any]:
+    """The manifest every run derives from: ``examples/gagar-vs-grpo.yaml`` at the protocol's size."""
+    doc = yaml.safe_load(BASE_MANIFEST.read_text())
+    spec = doc["spec"]
+    styles = spec["model"]["sftExpertStyles"]
+    if args.smoke and args.policy is None:  # the tiny policy from scratch: the CPU pipeline
+        spec["model"] = {
+            "preset": "tiny",
+            "dtype": "bfloat16",
+            "copyCurriculumSteps": 2,
+            "sftWarmupSteps": s["sft_steps"],
+            "sftExpertTasks": 16,
+            "sftExpertStyles": styles,
+        }
+        spec["algorithm"].update(groupSize=4, tasksPerStep=2, microBatchSize=4)
+    else:
+        spec["model"] = {
+            "path": str(args.policy or f"<{MODEL}>"),
+            "dtype": "bfloat16",
+            "sftWarmupSteps": s["sft_steps"],
+            "sftExpertTasks": 64,
+            "sftExpertStyles": styles,
+        }
+        spec["algorithm"].update(
+            groupSize=GROUP_SIZE, tasksPerStep=TASKS_PER_STEP, microBatchSize=GROUP_SIZE
+        )
+        spec["algorithm"]["optimizer"] = {**spec["algorithm"].get("optimizer", {}), "lr": LR}
+        spec["rollout"]["agent"]["concurrency"] = TASKS_PER_STEP * GROUP_SIZE
+        spec["sandbox"]["poolSize"] = 16
+    spec["algorithm"]["totalSteps"] = s["steps"]
+    spec["algorithm"]["dynamicSampling"] = {"enabled": False}  # same tasks, same order, every arm
+    spec["trainer"]["device"] = spec["rollout"]["device"] = args.device
+    spec["trainer"]["checkpoint"] = {"intervalSteps": 10, "keep": 1}
+    spec["dataset"] = {
+        "sources": [{"kind": "synthetic", "size": s["dataset_size"], "seed": 0}],
+        "heldOutFraction": HELD_OUT_FRACTION,
+    }
+    return doc
+
+
+def named(doc: dict[str, Any], name: str, **algorithm: Any) -> dict[str, Any]:
+    out = json.loads(json.dumps(doc))
+    out["metadata"]["name"] = name
+    out["spec"]["algorithm"].update(algorithm)
+    return out
+
+
+def plan(args: argparse.Namespace) -> dict[str, Any]:
+    """The protocol and every run, in order: each warm start, then its seeds × arms."""
+    s = settings(args)
+    base = base_doc(args, s)
+    work = Path(args.work)
+    runs: list[dict[str, Any]] = []
+    for k in range(s["warm_starts"]):
+        warm_seed = WARM_SEED_BASE + k
+        warm = named(base, f"warm{k}", seed=warm_seed)
+        runs.append(
+            {
+                "kind": "warm_start",
+                "warm_start": k,
+                "warm_seed": warm_seed,
+                "out": str(work / f"warm{k}"),
+                "manifest": warm,
+                "args": ["--eval-only", "--eval-tasks", str(s["eval_tasks"])],
+            }
+        )
+        model = {
+            "path": str(work / f"warm{k}-policy"),
+            "dtype": base["spec"]["model"]["dtype"],
+            "sftWarmupSteps": 0,
+        }
+        for seed in s["seeds"]:
+            for arm in s["arms"]:
+                doc = named(base, f"{arm}-w{k}-s{seed}", seed=seed, mode=arm)
+                doc["spec"]["model"] = model
+                runs.append(
+                    {
+                        "kind": "rl",
+                        "warm_start": k,
+                        "warm_seed": warm_seed,
+                        "seed": seed,
+                        "arm": arm,
+                        "out": str(work / f"{arm}-w{k}-s{seed}"),
+                        "manifest": doc,
+                        "args": ["--eval-tasks", str(s["eval_tasks"])],
+                    }
+                )
+    protocol = {
+        "question": "does GAGAR raise held-out resolution over GRPO on a pretrained policy?",
+        "policy": {
+            "model": MODEL if not (args.smoke and args.policy is None) else "tiny preset",
+            "path": base["spec"]["model"].get("path"),
+            "parameters": MODEL_PARAMS,
+        },
+        "unit": "warm start (seeds averaged within it); never steps, samples or seeds",
+        "warm_starts": s["warm_starts"],
+        "warm_seeds": [WARM_SEED_BASE + k for k in range(s["warm_starts"])],
+        "seeds": s["seeds"],
+        "arms": s["arms"],
+        "steps": s["steps"],
+        "sft_steps": s["sft_steps"],
+        "trajectories_per_step": base["spec"]["algorithm"]["tasksPerStep"]
+        * base["spec"]["algorithm"]["groupSize"],
+        "held_out": {
+            "samples": s["held_out"],
+            "evaluated": s["eval_tasks"],
+            "per_task": 1,
+            "scored_by": "hidden tests (verifier)",
+            "excluded": "held-out tasks whose content equals a training or expert task's",
+            "dataset_size": s["dataset_size"],
+            "held_out_fraction": HELD_OUT_FRACTION,
+        },
+        "primary": {
+            "outcome": PRIMARY,
+            "contrast": "gagar − grpo",
+            "test": "paired t over warm starts (bench/stats.paired_t), two-sided, α 0.05",
+        },
+        "outcomes": OUTCOMES,
+        "multiplicity": "Holm over every test of the result file",
+        "smoke": bool(args.smoke),
+        "device": args.device,
+        "estimate": estimate(s, base),
+    }
+    return {"protocol": protocol, "runs": runs}
+
+
+def estimate(s: dict[str, Any], base: dict[str, Any]) -> dict[str, Any]:
+    """Expected GPU time, and how it is estimated (no GPU measured it yet: replace
+    ``assumed_step_seconds`` by a ``--smoke`` run's measured ``step_seconds``).
+
+    Per RL step (64 trajectories, ≤ 6 turns of ≤ 128 tokens, contexts ≤ 3,072 tokens):
+    generation ≤ 49,152 tokens at an assumed 5,000 tokens/s for a 0.5B model in vLLM on one H100
+    with 64 concurrent agent loops (far below its batched peak: turns wait on sandboxes) ≈ 10 s;
+    sandboxes and verification ≈ 12 s (measured here: ``make run``'s rollout stage, 11.6 s per
+    step of 8 trajectories on 2 CPU cores, taken as a CPU cost of 2.9 core-s per trajectory, on
+    the GPU machine's 16 cores); the update 6 × 0.494e9 × 128k tokens ≈ 3.8e14 FLOP at 25 % of
+    the H100's 989 TFLOP/s bf16 ≈ 1.5 s, with the weight sync and checkpoints ≈ 3 s: ≈ 25 s.
+    The held-out evaluation of 256 samples ≈ 4 steps' rollouts; a process start (vLLM load,
+    CUDA graphs) ≈ 90 s; a warm start ≈ 100 SFT steps × 1 s + 64 expert tasks + the start
+    evaluation ≈ 5 min. Uncertain by 2× either way."""
+    step = 25.0
+    traj = base["spec"]["algorithm"]["tasksPerStep"] * base["spec"]["algorithm"]["groupSize"]
+    eval_s = step * s["eval_tasks"] / max(1, traj)
+    rl = 90 + s["steps"] * step + eval_s
+    warm = 90 + s["sft_steps"] * 1.0 + 60 + eval_s
+    runs_rl = s["warm_starts"] * len(s["seeds"]) * len(s["arms"])
+    total = s["warm_starts"] * warm + runs_rl * rl
+    return {
+        "assumed_step_seconds": step,
+        "rl_run_minutes": round(rl / 60, 1),
+        "warm_start_minutes": round(warm / 60, 1),
+        "gpu_hours_one_h100": round(total / 3600, 2),
+        "how": "a stage model (docstring of bench/e2e_protocol.estimate), not a measurement: "
+        "no GPU has run it; ±2×",
+    }
+
+
+# ------------------------------------------------------------------ the split
+def _content(task: Any) -> str:
+    files = json.dumps([task.files, task.test_files], sort_keys=True, default=str)
+    return hashlib.sha256(files.encode()).hexdigest()
+
+
+def check_split(doc: dict[str, Any], evaluated: int, needed: int) -> dict[str, Any]:
+    """The held-out tasks the runs evaluate (the first ``evaluated`` of the split) against the
+    training tasks and the warm start's expert tasks, by id and by content: ``excluded`` lists those
+    that share a training or expert task's content (left out of every score); ``scored`` must
+    reach ``needed``."""
+    from gagar.driver import components as comp
+    from gagar.driver.setup import sft_tasks
+    from gagar.spec import GagarRun
+
+    run = GagarRun.model_validate(doc)
+    train, held = comp.load_datasets(run.spec.dataset)
+    if len(held) < evaluated:
+        raise SystemExit(
+            f"the split holds {len(held)} held-out tasks, the protocol evaluates {evaluated}"
+        )
+    tasks = held[:evaluated]
+    flat = list(train)
+    experts = sft_tasks(run, flat)
+    ids = {t.instance_id for t in tasks}
+    seen = {_content(t) for t in flat} | {_content(t) for t in experts}
+    excluded = sorted(t.instance_id for t in tasks if _content(t) in seen)
+    split = {
+        "evaluated": len(tasks),
+        "distinct": len(ids),
+        "train": len(flat),
+        "experts": len(experts),
+        "excluded": excluded,
+        "scored": len(tasks) - len(excluded),
+        "id_overlap": len(ids & ({t.instance_id for t in flat} | {t.instance_id for t in experts})),
+    }
+    if split["id_overlap"] or split["scored"] < needed:
+        raise SystemExit(f"the held-out split does not serve the protocol: {split}")
+    return split
+
+
+# ------------------------------------------------------------------ outcomes and analysis
+def read_outcomes(out: Path, excluded: set[str]) -> dict[str, Any]:
+    """The numbers one run contributes (the only place that reads a run's files): the held-out
+    samples' hidden-test outcomes without the ``excluded`` tasks, the training pass rates."""
+    report = json.loads((out / "report.json").read_text())
+    samples = [
+        x
+        for x in (report.get("held_out") or {}).get("samples", [])
+        if x["valid"] and x["task"] not in excluded
+    ]
+    passes_ = [x for x in samples if x["passed"]]
+    log = out / "metrics.jsonl"
+    records = [json.loads(x) for x in log.read_text().splitlines() if x] if log.exists() else []
+    passes = [r["pass_rate"] for r in records if r.get("pass_rate") is not None]
+    return {
+        "resolution": len(passes_) / len(samples) if samples else math.nan,
+        "scored": len(samples),
+        "tokens": statistics.fmean(x["tokens"] for x in samples) if samples else math.nan,
+        "bloated_share": sum(x["bloated"] for x in passes_) / len(passes_) if passes_ else math.nan,
+        "train_pass_rate_area": statistics.fmean(passes) if passes else math.nan,
+        "step_seconds": statistics.fmean(r["step_seconds"] for r in records)
+        if records
+        else math.nan,
+    }
+
+
+def per_warm_start(runs: list[dict[str, Any]]) -> dict[int, dict[str, dict[str, float]]]:
+    """Warm start → arm → outcome, each the mean over that warm start's seeds (the unit)."""
+    start = {
+        r["warm_start"]: r["outcomes"]["resolution"] for r in runs if r["kind"] == "warm_start"
+    }
+    out: dict[int, dict[str, dict[str, float]]] = {}
+    for r in runs:
+        if r["kind"] != "rl" or "outcomes" not in r:
+            continue
+        o = r["outcomes"]
+        row = {
+            PRIMARY: o["resolution"],
+            "held_out_gain": o["resolution"] - start.get(r["warm_start"], math.nan),
+            "held_out_tokens": o["tokens"],
+            "held_out_bloated_share": o["bloated_share"],
+            "train_pass_rate_area": o["train_pass_rate_area"],
+        }
+        out.setdefault(r["warm_start"], {}).setdefault(r["arm"], {}).setdefault("_rows", []).append(
+            row
+        )  # type: ignore[arg-type]
+    for arms in out.values():
+        for arm, d in arms.items():
+            rows = d.pop("_rows")  # type: ignore[arg-type]
+            arms[arm] = {k: stats.run_mean([row[k] for row in rows]) for k in OUTCOMES}  # type: ignore[index]
+    return out
+
+
+def analyse(runs: list[dict[str, Any]]) -> dict[str, Any]:
+    """Paired t-test of gagar − grpo over warm starts for every outcome; Holm over all of them."""
+    table = per_warm_start(runs)
+    both = sorted(w for w, arms in table.items() if {"gagar", "grpo"} <= arms.keys())
+    tests = {
+        k: {
+            **stats.paired_t(
+                [table[w]["gagar"][k] for w in both], [table[w]["grpo"][k] for w in both]
+            ),
+            "primary": k == PRIMARY,
+        }
+        for k in OUTCOMES
+    }
+    for t, p in zip(
+        tests.values(), stats.holm([t["p_value"] for t in tests.values()]), strict=True
+    ):
+        t["p_holm"] = p
+    return {"per_warm_start": {str(w): table[w] for w in sorted(table)}, "tests": tests}
+
+
+# ------------------------------------------------------------------ running
+def execute(args: argparse.Namespace, the_plan: dict[str, Any]) -> int:
+    from bench.gagar_vs_grpo import RunFailed, gagar_train
+
+    out_json = Path(args.json)
+    runs = the_plan["runs"]
+    failed = 0
+    for r in runs:
+        out = Path(r["out"])
+        name = r["manifest"]["metadata"]["name"]
+        if r["kind"] == "rl" and not Path(r["manifest"]["spec"]["model"]["path"]).exists():
+            print(f"{name}: skipped, its warm start failed", flush=True)
+            failed += 1
+            continue
+        print(f"{name} → {out}", flush=True)
+        try:
+            r["seconds"] = gagar_train(r["manifest"], out, *r["args"])
+        except RunFailed as err:
+            print(f"  failed: {err}", flush=True)
+            r["error"] = str(err)
+            failed += 1
+            continue
+        r["outcomes"] = read_outcomes(out, set(the_plan["protocol"]["split"]["excluded"]))
+        if r["kind"] == "warm_start":
+            policy = out.parent / f"{out.name}-policy"
+            if policy.exists():
+                shutil.rmtree(policy)
+            shutil.copytree(out / "policy" / "serving", policy)
+        print(f"  {r['outcomes']} · {r['seconds']:.0f} s", flush=True)
+        result = {
+            **the_plan,
+            "runs": [{k: v for k, v in x.items() if k != "manifest"} for x in runs],
+            **analyse(runs),
+            "machine": {"cpus": os.cpu_count(), "loadavg": os.getloadavg()},
+        }
+        out_json.parent.mkdir(parents=True, exist_ok=True)
+        out_json.write_text(json.dumps(result, indent=1, default=str) + "\n")
+    print(f"-> {out_json}")
+    return 1 if failed else 0
+
+
+def parse(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    p.add_argument("--policy", type=Path, help=f"HF folder of the pretrained policy ({MODEL})")
+    p.add_argument(
+        "--dry-run", action="store_true", help="print the protocol and the runs; run nothing"
+    )
+    p.add_argument(
+        "--smoke", action="store_true", help="1 warm start × 1 seed × 2 arms: answers nothing"
+    )
+    p.add_argument("--steps", type=int, help=f"RL steps per run (default {STEPS}; smoke 2)")
+    p.add_argument("--device", choices=("cuda", "cpu"), default="cuda")
+    p.add_argument("--min-params", type=float, default=4.9e8, help="refuse a smaller policy")
+    p.add_argument("--work", default=str(ROOT / "runs" / "e2e"))
+    p.add_argument("--json", default=str(RESULTS / f"e2e-{dt.date.today().isoformat()}.json"))
+    return p.parse_args(argv)
+
+
+def policy_params(folder: Path) -> int:
+    """Parameters of an HF folder, from its safetensors headers (no weights read)."""
+    from safetensors import safe_open
+
+    total = 0
+    for f in sorted(folder.glob("*.safetensors")):
+        with safe_open(str(f), framework="pt") as fh:
+            for key in fh.keys():
+                total += math.prod(fh.get_slice(key).get_shape())
+    return total
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse(argv)
+    the_plan = plan(args)
+    proto = the_plan["protocol"]
+    held = proto["held_out"]
+    proto["split"] = check_split(
+        the_plan["runs"][0]["manifest"], held["evaluated"], held["samples"]
+    )
+    if args.dry_run:
+        print(yaml.safe_dump(proto, sort_keys=False, allow_unicode=True))
+        for r in the_plan["runs"]:
+            print(
+                f"{r['kind']:<10} warm {r['warm_start']} (seed {r['warm_seed']})  "
+                f"{r.get('arm', ''):<5} seed {r.get('seed', '-')}  → {r['out']}"
+            )
+        return 0
+    if args.policy is not None:
+        n = policy_params(args.policy)
+        if n < args.min_params:
+            raise SystemExit(
+                f"{args.policy}: {n:,} parameters, below --min-params {args.min_params:,.0f}"
+            )
+        proto["policy"]["parameters"] = n
+    elif not args.smoke:
+        raise SystemExit(f"--policy is required (an HF folder of {MODEL}), or --smoke or --dry-run")
+    t0 = time.perf_counter()
+    rc = execute(args, the_plan)
+    print(f"{time.perf_counter() - t0:.0f} s")
+    return rc
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
