@@ -21,6 +21,8 @@ from gagar.sandbox import Limits, isolation
 from gagar.sandbox.local import LocalFactory
 from gagar.spec import DatasetSpec, GagarRunSpec, ModelSpec, SandboxSpec
 
+log = logging.getLogger(__name__)
+
 
 class SetupError(ValueError):
     """The run cannot start here; the message names the spec field."""
@@ -178,7 +180,15 @@ def load_sources(dataset: DatasetSpec) -> tuple[list[list[Task]], list[Task]]:
         train.append(tasks[cut:])
     if not any(train):
         raise SetupError("spec.dataset: no training tasks left after the held-out split")
-    return train, held
+    seen = {t.content_key() for tasks in train for t in tasks}
+    kept = [t for t in held if t.content_key() not in seen]
+    if len(kept) < len(held):  # a held-out copy of a training task would score memorisation
+        log.info(
+            "held-out split: %d of %d tasks left out, each a copy of a training task",
+            len(held) - len(kept),
+            len(held),
+        )
+    return train, kept
 
 
 def sandbox_factory(sandbox: SandboxSpec) -> LocalFactory:

@@ -15,6 +15,7 @@ unknown key is an error, so a misspelt field never silently disappears.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import tarfile
 from pathlib import Path
@@ -87,6 +88,13 @@ class Task(BaseModel):
         description="SWE-bench's test diff, applied to the snapshot into test_files on load.",
     )
     metadata: dict[str, Any] = Field(default_factory=dict)
+
+    def content_key(self) -> str:
+        """A digest of what an agent sees and is scored on (repository, tests, the tests that
+        must pass), not of the id: two tasks with the same key are the same task, whatever their
+        names (the synthetic generator draws from a finite space and repeats one now and then)."""
+        body = [self.files, self.snapshot, self.test_files, self.fail_to_pass, self.pass_to_pass]
+        return hashlib.sha256(json.dumps(body, sort_keys=True).encode()).hexdigest()
 
     @field_validator("fail_to_pass", "pass_to_pass", mode="before")
     @classmethod
