@@ -24,7 +24,7 @@ import json
 import logging
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -70,6 +70,8 @@ from gagar.spec import CONDITION_TYPES, PHASES, GagarRun, GagarRunStatus, rfc333
 log = logging.getLogger("gagar.operator")
 PLURAL = "gagarruns"
 MANAGED = {"app.kubernetes.io/managed-by": "gagar-operator"}
+RUN_LABEL = "gagar.dev/run"  # on every child: the run it belongs to
+CHILD_INDEX = "gagar_children"  # kopf's index of the watched children by run (its kwarg name)
 # Kinds that can stop being wanted while the run exists (PVCs are never pruned: checkpoints).
 OPTIONAL_GROUPS = frozenset(OPTIONAL_CRDS)
 PRUNABLE = tuple(k for k in CHILD_KINDS if k[1] not in ("PersistentVolumeClaim", "ConfigMap"))
@@ -146,36 +148,37 @@ class Reconciler:
         self._phases: dict[tuple[str, str], str] = {}
         self._known: set[tuple[str, str]] = set()  # runs seen by the watch, for the resync
         self._guard = threading.Lock()
-        # The watched children (kind, namespace, name) -> latest body, fed by the watches that
-        # ``register`` sets up (an informer cache): reads of these kinds cost no request.
-        self.cache: dict[tuple[str, str, str], dict[str, Any]] = {}
-        self.cached_kinds: frozenset[str] = frozenset()
+        # kopf's index of the watched children (``CHILD_INDEX``): (namespace, run) -> their
+        # latest bodies, kept by the watches that ``register`` sets up, so that reads of these
+        # kinds cost no request. None until kopf hands it over at start-up (or never, for a
+        # Reconciler used without kopf): every child is then read from the API.
+        self.children: Mapping[tuple[str, str], Collection[dict[str, Any]]] | None = None
         telemetry.watch_queue(metrics, self.queue_depth)
 
-    def seen(self, body: Mapping[str, Any], deleted: bool) -> bool:
-        """Update the cache from a watch event of a child; whether it drifted (changed by
-        another writer since the operator's last apply, or deleted)."""
+    def drifted(self, body: Mapping[str, Any], deleted: bool) -> bool:
+        """Whether a watched child's event shows drift: deleted, or changed by another writer
+        since the operator's last apply (its generation passed the one that apply left)."""
         meta = body.get("metadata") or {}
-        key = (body.get("kind", ""), meta.get("namespace", ""), meta.get("name", ""))
-        with self._guard:
-            if deleted:
-                self.cache.pop(key, None)
-            else:
-                self.cache[key] = dict(body)
-        run_name = (meta.get("labels") or {}).get("gagar.dev/run")
+        run_name = (meta.get("labels") or {}).get(RUN_LABEL)
         if deleted or not run_name:
             return deleted
-        applied = self.memory(key[1], run_name).generations.get((key[0], key[2]))
+        mem = self.memory(meta.get("namespace", ""), run_name)
+        applied = mem.generations.get((body.get("kind", ""), meta.get("name", "")))
         return applied is not None and int(meta.get("generation") or 0) > applied
 
     def read(
-        self, api_version: str, kind: str, namespace: str, obj_name: str
+        self, api_version: str, kind: str, namespace: str, obj_name: str, run_name: str
     ) -> dict[str, Any] | None:
-        """A child from the watch cache when its kind is watched, else from the API."""
-        if kind in self.cached_kinds:
-            with self._guard:
-                return self.cache.get((kind, namespace, obj_name))
-        return self.kube.get(api_version, kind, namespace, obj_name)
+        """A child of ``run_name`` from kopf's index when its kind is watched, else from the
+        API."""
+        if self.children is None or kind not in CACHED_KINDS:
+            return self.kube.get(api_version, kind, namespace, obj_name)
+        store = self.children.get((namespace, run_name), ())
+        # list(): one C-level copy, safe while kopf's event loop updates the index
+        for body in list(store):
+            if body.get("kind") == kind and body["metadata"].get("name") == obj_name:
+                return body
+        return None
 
     def memory(self, namespace: str, run_name: str) -> _RunMemory:
         with self._guard:
@@ -338,16 +341,17 @@ class Reconciler:
             js = self.kube.get("jobset.x-k8s.io/v1alpha2", "JobSet", ns, name(run, "trainer"))
             trainer = parse_jobset(js, spec.trainer.nodes) if js else None
         if trainer is None:  # also a Job made before the JobSet CRD appeared: it stays a Job
-            job = self.read("batch/v1", "Job", ns, name(run, "trainer"))
+            job = self.read("batch/v1", "Job", ns, name(run, "trainer"), run.metadata.name)
             trainer = (
                 parse_job(job) if job and not job["metadata"].get("deletionTimestamp") else None
             )
         pools = {}
         for pool in ("rollout", "grader", "sandbox"):
-            dep = self.read("apps/v1", "Deployment", ns, name(run, pool))
+            dep = self.read("apps/v1", "Deployment", ns, name(run, pool), run.metadata.name)
             if dep is not None:
                 pools[pool] = parse_deployment(dep)
-        progress = self.read("v1", "ConfigMap", ns, name(run, "progress")) or {}
+        progress = self.read("v1", "ConfigMap", ns, name(run, "progress"), run.metadata.name)
+        progress = progress or {}
         pods = []
         if not finished and (trainer is None or trainer.ready < spec.trainer.nodes):  # why it waits
             selector = f"gagar.dev/run={run.metadata.name},app.kubernetes.io/component=trainer"
@@ -721,7 +725,8 @@ def register(registry: kopf.OperatorRegistry, reconciler: Reconciler) -> kopf.Op
     stop = threading.Event()
 
     @kopf.on.startup(**on_run)
-    def start_resync(**_: Any) -> None:
+    def start_resync(**kwargs: Any) -> None:
+        reconciler.children = kwargs[CHILD_INDEX]  # kopf's indexes reach start-up handlers too
         stop.clear()
         threading.Thread(target=reconciler.resync_loop, args=(stop,), daemon=True).start()
 
@@ -729,20 +734,28 @@ def register(registry: kopf.OperatorRegistry, reconciler: Reconciler) -> kopf.Op
     def stop_resync(**_: Any) -> None:
         stop.set()
 
-    reconciler.cached_kinds = frozenset(CACHED_KINDS)
+    async def child_indexed(body: kopf.Body, **_: Any) -> dict[tuple[str, str], dict[str, Any]]:
+        """The children cache is kopf's: it indexes each watched child under its run (kopf
+        drops a deleted one) before any handler sees the event, and starts no run's handler
+        before the first listing of every child kind is indexed."""
+        meta = body.get("metadata") or {}
+        run_name = (meta.get("labels") or {}).get(RUN_LABEL)
+        return {(meta.get("namespace", ""), run_name): dict(body)} if run_name else {}
 
+    # Hand-written coalescing (``reconcile_named``): kopf serialises the handlers of one object,
+    # but a child's event is another object's, and kopf cannot trigger the run's handler from it.
     def child_changed(body: kopf.Body, type: str | None, **_: Any) -> None:
-        drifted = reconciler.seen(body, deleted=type == "DELETED")
+        drifted = reconciler.drifted(body, deleted=type == "DELETED")
         labels = body.get("metadata", {}).get("labels") or {}
-        run_name, namespace = labels.get("gagar.dev/run"), body.get("metadata", {}).get("namespace")
+        run_name, namespace = labels.get(RUN_LABEL), body.get("metadata", {}).get("namespace")
         if run_name:  # a deleted or drifted child is applied again; other changes: status only
             reconciler.reconcile_named(namespace, run_name, force_apply=drifted)
 
     for group, version, plural, extra in CHILD_WATCHES:
         resource = (group, version, plural) if group else (version, plural)
-        kopf.on.event(*resource, labels={**MANAGED, **extra}, id=f"child-{plural}", **on_run)(
-            child_changed
-        )
+        labels = {**MANAGED, **extra}
+        kopf.index(*resource, labels=labels, id=CHILD_INDEX, **on_run)(child_indexed)
+        kopf.on.event(*resource, labels=labels, id=f"child-{plural}", **on_run)(child_changed)
     return registry
 
 
@@ -751,7 +764,7 @@ CHILD_WATCHES = (
     ("apps", "v1", "deployments", {}),
     ("", "v1", "configmaps", {"app.kubernetes.io/component": "progress"}),
 )
-CACHED_KINDS = ("Job", "Deployment", "ConfigMap")  # what CHILD_WATCHES feed the cache with
+CACHED_KINDS = ("Job", "Deployment", "ConfigMap")  # what CHILD_WATCHES feed CHILD_INDEX with
 
 
 def _label_selector(labels: Mapping[str, str]) -> str:
