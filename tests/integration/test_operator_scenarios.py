@@ -693,6 +693,25 @@ def test_api_errors_then_recovery(env: Env) -> None:
     assert len([c for c in env.children(name) if c[0] == "Job"]) == 1
 
 
+def test_a_child_event_s_api_error_is_retried_before_the_resync(env: Env) -> None:
+    """kopf retries a run's own handlers after a transient API error, never an event handler of
+    a child: a deleted Deployment whose reconcile meets a 500 is recreated at the error's delay
+    (the operator's requeue), not at the next resync, which is two minutes away here."""
+    emulator = env.need_emulator()
+    run = manifest()
+    name = run["metadata"]["name"]
+    with env.operator() as reconciler:
+        reconciler.config.resync_seconds = 120.0
+        env.create(run)
+        env.wait(lambda: env.condition(name, "Ready").get("status") == "True", what="Ready")
+        time.sleep(1.0)  # the last events of start-up pass
+        read = emulator.faults.fail_next(1, verb="get", path=f"/gagarruns/{name}$")
+        grader = ("apps/v1", "Deployment", f"{name}-grader")
+        env.kube.delete(*grader[:2], env.namespace, grader[2])
+        env.wait(lambda: read.hits == 1, what="the reconcile's read of the run failed")
+        env.wait(lambda: env.get(*grader), timeout=10.0, what="recreated after the error")
+
+
 def test_steady_state_writes_nothing_and_reads_little_but_drift_is_repaired(env: Env) -> None:
     """Three Ready runs, several resyncs: no write at all (children are applied when their
     desired state changes, never on a timer) and one read per run and resync (children come
