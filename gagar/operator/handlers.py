@@ -812,8 +812,10 @@ def register(registry: kopf.OperatorRegistry, reconciler: Reconciler) -> kopf.Op
     for group, version, plural, extra in CHILD_WATCHES:
         resource = (group, version, plural) if group else (version, plural)
         labels = {**MANAGED, **extra}
-        kopf.index(*resource, labels=labels, id=CHILD_INDEX, **on_run)(child_indexed)
-        kopf.on.event(*resource, labels=labels, id=f"child-{plural}", **on_run)(child_changed)
+        kopf.index(*resource, labels=labels, id=CHILD_INDEX, registry=registry)(child_indexed)
+        kopf.on.event(*resource, labels=labels, id=f"child-{plural}", registry=registry)(
+            child_changed
+        )
     return registry
 
 
