@@ -576,6 +576,32 @@ def test_operator_restart_mid_reconcile(env: Env) -> None:
             )  # unchanged conditions keep their time
 
 
+def test_a_restarted_operator_sees_the_children_before_it_reconciles(env: Env) -> None:
+    """kopf starts no run's handler before its index holds the first listing of every watched
+    child kind: a new operator's first reconcile of a Ready run finds its trainer and pools, so
+    the run's status is not rewritten (no flap to not-ready and back), even when the listing of
+    Jobs comes late."""
+    emulator = env.need_emulator()
+    run = manifest()
+    name = run["metadata"]["name"]
+    with env.operator():
+        env.create(run)
+        env.wait(lambda: env.condition(name, "Ready").get("status") == "True", what="Ready")
+    seen = len(emulator.requests_for())
+    emulator.faults.add_latency(2.0, verb="list", path="/jobs$", times=1)
+    with env.operator() as reconciler:
+        ok = reconciler.metrics["gagar_operator_reconciles_total"].labels(result="ok")
+        env.wait(lambda: ok._value.get() >= 1, what="the new operator's first reconcile")
+        time.sleep(env.resync * 1.5)  # and a resync
+    writes = [
+        r["path"]
+        for r in emulator.requests_for()[seen:]
+        if r["verb"] == "patch" and r["path"].endswith(f"/gagarruns/{name}/status")
+    ]
+    assert writes == [], writes
+    assert env.condition(name, "Ready").get("status") == "True"
+
+
 def test_delete_garbage_collects_children(env: Env) -> None:
     """No finalizer at all (the resync is no kopf timer): a run deleted while no operator runs,
     as after `helm uninstall`, goes at once, and its children with it."""
