@@ -6,8 +6,21 @@ status (pure), write it when it changed, apply the failure policy (a failed trai
 current attempt is deleted and recreated as the next attempt, from the last checkpoint), apply
 every child with server-side apply under the ``gagar-operator`` field manager (``force``), prune
 children the spec no longer wants (an HPA while suspended, a pool switched to an endpoint), and post
-events. Triggers: create/update/resume of a GagarRun, the resync thread, and watch events of
-owned Jobs, Deployments and the trainer's progress ConfigMap.
+events. The reconcile is level-triggered: whatever triggered it, it reads the run and its children
+afresh and converges them, so a trigger lost or doubled costs nothing.
+
+Triggers and runtime, kopf's own wherever it fits; what is hand-written says why:
+
+- create/update/resume of a GagarRun: kopf's change handlers, serialised per run by kopf and
+  retried by kopf after ``kopf.TemporaryError(delay=)`` (a transient API error).
+- the watched children (trainer Jobs, pool Deployments, the trainer's progress ConfigMap): kopf's
+  index (``CHILD_INDEX``) is the cache the reconcile reads them from, and their watch events
+  reconcile their run through ``Reconciler.child_changed`` (hand-written coalescing: kopf cannot
+  trigger one object's handler from another object's event).
+- delayed re-checks (a restart's backoff, a Workload Kueue has yet to make, a transient error of
+  a child's reconcile) and the periodic resync: ``Reconciler.requeue`` and one thread,
+  ``resync_loop`` (hand-written: kopf's timers and daemons put a finalizer on every run).
+- the installed optional API groups: ``Reconciler.crds``, cached (kopf's discovery is internal).
 
 Crash safety: names are deterministic and SSA is idempotent, so a restarted operator converges
 without duplicates; the status (restart count included) is written *before* the trainer Job is
@@ -24,7 +37,7 @@ import json
 import logging
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -72,6 +85,8 @@ log = logging.getLogger("gagar.operator")
 AGENT_SANDBOX_API = f"{AGENT_SANDBOX}/v1beta1"
 PLURAL = "gagarruns"
 MANAGED = {"app.kubernetes.io/managed-by": "gagar-operator"}
+RUN_LABEL = "gagar.dev/run"  # on every child: the run it belongs to
+CHILD_INDEX = "gagar_children"  # kopf's index of the watched children by run (its kwarg name)
 # Kinds that can stop being wanted while the run exists (PVCs are never pruned: checkpoints).
 OPTIONAL_GROUPS = frozenset(OPTIONAL_CRDS)
 PRUNABLE = tuple(k for k in CHILD_KINDS if k[1] not in ("PersistentVolumeClaim", "ConfigMap"))
@@ -115,7 +130,10 @@ class _RunMemory:
     # metadata.generation of each child (kind, name) as the operator's last apply left it: a
     # watched child seen at a higher generation was changed by someone else (drift)
     generations: dict[tuple[str, str], int] = field(default_factory=dict)
-    timer: threading.Timer | None = None  # a reconcile due when a restart's backoff ends
+    # drifted children seen (a count) and how many of them an apply has answered: a drift is
+    # state, not a trigger's argument, so a reconcile that fails or is coalesced keeps it
+    drifts: int = 0
+    drifts_applied: int = 0
 
 
 def parse_run(body: dict[str, Any]) -> tuple[GagarRun | None, str | None]:
@@ -148,36 +166,61 @@ class Reconciler:
         self._phases: dict[tuple[str, str], str] = {}
         self._known: set[tuple[str, str]] = set()  # runs seen by the watch, for the resync
         self._guard = threading.Lock()
-        # The watched children (kind, namespace, name) -> latest body, fed by the watches that
-        # ``register`` sets up (an informer cache): reads of these kinds cost no request.
-        self.cache: dict[tuple[str, str, str], dict[str, Any]] = {}
-        self.cached_kinds: frozenset[str] = frozenset()
+        # when each run is due for its next reconcile (time.monotonic()): the resync, a
+        # restart's backoff, a Workload Kueue has yet to make, a transient API error
+        self._due: dict[tuple[str, str], float] = {}
+        self._wake = threading.Condition(self._guard)
+        # kopf's index of the watched children (``CHILD_INDEX``): (namespace, run) -> their
+        # latest bodies, kept by the watches that ``register`` sets up, so that reads of these
+        # kinds cost no request. None until kopf hands it over at start-up (or never, for a
+        # Reconciler used without kopf): every child is then read from the API.
+        self.children: Mapping[tuple[str, str], Collection[dict[str, Any]]] | None = None
         telemetry.watch_queue(metrics, self.queue_depth)
 
-    def seen(self, body: Mapping[str, Any], deleted: bool) -> bool:
-        """Update the cache from a watch event of a child; whether it drifted (changed by
-        another writer since the operator's last apply, or deleted)."""
+    def drifted(self, body: Mapping[str, Any], deleted: bool) -> bool:
+        """Whether a watched child's event shows drift: deleted, or changed by another writer
+        since the operator's last apply (its generation passed the one that apply left)."""
         meta = body.get("metadata") or {}
-        key = (body.get("kind", ""), meta.get("namespace", ""), meta.get("name", ""))
-        with self._guard:
-            if deleted:
-                self.cache.pop(key, None)
-            else:
-                self.cache[key] = dict(body)
-        run_name = (meta.get("labels") or {}).get("gagar.dev/run")
+        run_name = (meta.get("labels") or {}).get(RUN_LABEL)
         if deleted or not run_name:
             return deleted
-        applied = self.memory(key[1], run_name).generations.get((key[0], key[2]))
+        mem = self.memory(meta.get("namespace", ""), run_name)
+        applied = mem.generations.get((body.get("kind", ""), meta.get("name", "")))
         return applied is not None and int(meta.get("generation") or 0) > applied
 
-    def read(
-        self, api_version: str, kind: str, namespace: str, obj_name: str
-    ) -> dict[str, Any] | None:
-        """A child from the watch cache when its kind is watched, else from the API."""
-        if kind in self.cached_kinds:
+    def child_changed(self, body: Mapping[str, Any], deleted: bool) -> None:
+        """A watched child's event: its run is reconciled (coalesced, ``reconcile_named``); a
+        deleted or drifted child is applied again, any other change recomputes the status.
+        Hand-written: kopf serialises the handlers of one object, but a child's event is another
+        object's, and kopf cannot trigger the run's handler from it (nor retries an event
+        handler: a transient API error requeues the run instead)."""
+        meta = body.get("metadata") or {}
+        run_name, namespace = (meta.get("labels") or {}).get(RUN_LABEL), meta.get("namespace", "")
+        if not run_name:
+            return
+        if self.drifted(body, deleted):
+            mem = self.memory(namespace, run_name)
             with self._guard:
-                return self.cache.get((kind, namespace, obj_name))
-        return self.kube.get(api_version, kind, namespace, obj_name)
+                mem.drifts += 1
+        try:
+            self.reconcile_named(namespace, run_name)
+        except kopf.TemporaryError as err:
+            log.warning("reconcile of %s/%s failed: %s", namespace, run_name, err)
+            self.requeue(namespace, run_name, err.delay or 1.0)
+
+    def read(
+        self, api_version: str, kind: str, namespace: str, obj_name: str, run_name: str
+    ) -> dict[str, Any] | None:
+        """A child of ``run_name`` from kopf's index when its kind is watched, else from the
+        API."""
+        if self.children is None or kind not in CACHED_KINDS:
+            return self.kube.get(api_version, kind, namespace, obj_name)
+        store = self.children.get((namespace, run_name), ())
+        # list(): one C-level copy, safe while kopf's event loop updates the index
+        for body in list(store):
+            if body.get("kind") == kind and body["metadata"].get("name") == obj_name:
+                return body
+        return None
 
     def memory(self, namespace: str, run_name: str) -> _RunMemory:
         with self._guard:
@@ -197,9 +240,9 @@ class Reconciler:
         return groups
 
     def reconcile_named(self, namespace: str, run_name: str, force_apply: bool = False) -> None:
-        """Reconcile after a child changed. Coalesced: bursts of child events (a Deployment
-        rolling, the trainer reporting) cost one reconcile at a time, and none is lost: whoever
-        holds the run's lock goes again while the ``dirty`` flag is set."""
+        """Reconcile a run by name (a child's event, the requeue). Coalesced: bursts of child
+        events (a Deployment rolling, the trainer reporting) cost one reconcile at a time, and
+        none is lost: whoever holds the run's lock goes again while the ``dirty`` flag is set."""
         mem = self.memory(namespace, run_name)
         mem.dirty = True
         while mem.dirty:
@@ -257,6 +300,7 @@ class Reconciler:
             self.metrics["gagar_operator_reconcile_duration_seconds"].observe(elapsed)
 
     def _reconcile(self, raw: dict[str, Any], mem: _RunMemory, force_apply: bool) -> Outcome:
+        """The level-triggered reconcile: observe -> status -> desired -> apply -> status."""
         generation = int(raw["metadata"].get("generation", 1))
         prev = previous_status(raw)
         run, error = parse_run(raw)
@@ -266,6 +310,8 @@ class Reconciler:
             )
             self._write_status(raw, prev, outcome)
             return outcome
+        # observe (children from kopf's index) and write the status before acting
+        drifts = mem.drifts  # what it observes includes these
         crds = self.crds()
         finished = prev is not None and prev.phase in TERMINAL
         observed = self._observe(run, generation, crds, mem, finished)
@@ -275,7 +321,9 @@ class Reconciler:
         self._write_status(raw, prev, outcome)  # before acting: a restart is counted exactly once
         restarted = self._restart_trainer(run, crds, observed, outcome.attempt)
         if outcome.retry_after is not None:  # a restart waits for its backoff: look again then
-            self._later(mem, raw, outcome.retry_after)
+            self.requeue(raw["metadata"].get("namespace", ""), run.metadata.name,
+                         outcome.retry_after + 0.05)  # fmt: skip
+        # the desired state (pure) and its apply
         ctx = BuildContext(
             uid=raw["metadata"]["uid"],
             crds=crds,
@@ -297,35 +345,70 @@ class Reconciler:
             mem.apply_error, mem.applied = (generation, *blocked), ""  # nothing half-applied
         else:
             # a finished run's objects change only with its spec: the resync does not re-apply
-            force = (force_apply and not outcome.terminal) or restarted
+            drifted = drifts > mem.drifts_applied
+            force = ((force_apply or drifted) and not outcome.terminal) or restarted
             self._apply(run, desired, mem, generation, force, outcome.terminal)
             if queued(run, ctx) and not outcome.terminal:
-                self._kueue_activation(run, mem, raw, ctx.hold_trainer)
+                self._kueue_activation(run, ctx.hold_trainer)
             if outcome.terminal and run.spec.trainer.ttl_seconds_after_finished is not None:
                 self._expire_trainer(run, observed)
-        if mem.apply_error != before:
+        mem.drifts_applied = drifts
+        if mem.apply_error != before:  # the apply's outcome changes the status
             observed = self._observe(run, generation, crds, mem)
             final = compute_status(run.spec, observed, outcome.status, self.config.clock())
             self._write_status(raw, outcome.status, final)
             outcome = final
         return outcome
 
-    def _later(self, mem: _RunMemory, raw: dict[str, Any], seconds: float) -> None:
-        """Reconcile the run again in ``seconds`` (one pending timer per run; a newer one wins)."""
-        meta = raw["metadata"]
-        if mem.timer is not None:
-            mem.timer.cancel()
-        mem.timer = threading.Timer(
-            seconds + 0.05, self._timed, args=(meta.get("namespace", ""), meta["name"])
-        )
-        mem.timer.daemon = True
-        mem.timer.start()
+    # ------------------------------------------------------------------ requeue
+    def requeue(self, namespace: str, run_name: str, seconds: float) -> None:
+        """Reconcile the run again in ``seconds`` at the latest (the earliest due time of a run
+        wins: a level-triggered reconcile that comes early just finds nothing to do)."""
+        due, key = time.monotonic() + seconds, (namespace, run_name)
+        with self._wake:
+            if due < self._due.get(key, float("inf")):
+                self._due[key] = due
+                self._wake.notify()
 
-    def _timed(self, namespace: str, run_name: str) -> None:
-        try:
-            self.reconcile_named(namespace, run_name)
-        except Exception as err:  # the resync retries
-            log.warning("timed reconcile of %s/%s failed: %s", namespace, run_name, err)
+    def resync_loop(self, stop: threading.Event) -> None:
+        """The operator's one timer: every ``resync_seconds`` it reconciles every known run
+        (its status from kopf's index and one read of the run itself; an apply only when the
+        desired state changed — its hash — never a timed re-apply), and in between each run
+        that ``requeue`` made due. An error is logged and the run tried again later: after the
+        error's delay when it is transient, else at the next resync.
+
+        Hand-written, not ``@kopf.timer``/``@kopf.daemon``: kopf puts a finalizer on every
+        object with a timer or daemon, and a run deleted while no operator runs (after
+        ``helm uninstall``) would then hang in deletion."""
+        resync_at = time.monotonic() + self.config.resync_seconds
+        while not stop.is_set():
+            with self._wake:
+                now = time.monotonic()
+                resync = now >= resync_at
+                due = set(self._known) if resync else set()
+                due |= {k for k, t in self._due.items() if t <= now}
+                if not due and not resync:
+                    self._wake.wait(timeout=min([resync_at, *self._due.values()]) - now)
+                    continue
+                for key in due:
+                    self._due.pop(key, None)
+            for namespace, run_name in sorted(due):
+                if stop.is_set():
+                    return
+                try:
+                    self.reconcile_named(namespace, run_name)
+                except kopf.TemporaryError as err:  # an API error: look again shortly
+                    log.warning("reconcile of %s/%s failed: %s", namespace, run_name, err)
+                    self.requeue(namespace, run_name, err.delay or 1.0)
+                except Exception as err:  # the next resync retries; nothing to crash for
+                    log.warning("reconcile of %s/%s failed: %s", namespace, run_name, err)
+            if resync:
+                resync_at = time.monotonic() + self.config.resync_seconds
+
+    def wake(self) -> None:
+        """Make ``resync_loop`` look at its stop flag and due times now."""
+        with self._wake:
+            self._wake.notify()
 
     # ------------------------------------------------------------------ observe
     def _observe(
@@ -342,20 +425,23 @@ class Reconciler:
             js = self.kube.get("jobset.x-k8s.io/v1alpha2", "JobSet", ns, name(run, "trainer"))
             trainer = parse_jobset(js, spec.trainer.nodes) if js else None
         if trainer is None:  # also a Job made before the JobSet CRD appeared: it stays a Job
-            job = self.read("batch/v1", "Job", ns, name(run, "trainer"))
+            job = self.read("batch/v1", "Job", ns, name(run, "trainer"), run.metadata.name)
             trainer = (
                 parse_job(job) if job and not job["metadata"].get("deletionTimestamp") else None
             )
         pools = {}
         for pool in ("rollout", "grader", "sandbox"):
-            dep = self.read("apps/v1", "Deployment", ns, name(run, pool))
+            dep = self.read("apps/v1", "Deployment", ns, name(run, pool), run.metadata.name)
             if pool == "sandbox" and spec.sandbox.isolation == "agent-sandbox":
                 dep = None  # its pool is the SandboxWarmPool (same replica fields)
                 if AGENT_SANDBOX in crds:
-                    dep = self.read(AGENT_SANDBOX_API, "SandboxWarmPool", ns, name(run, pool))
+                    dep = self.read(
+                        AGENT_SANDBOX_API, "SandboxWarmPool", ns, name(run, pool), run.metadata.name
+                    )
             if dep is not None:
                 pools[pool] = parse_deployment(dep)
-        progress = self.read("v1", "ConfigMap", ns, name(run, "progress")) or {}
+        progress = self.read("v1", "ConfigMap", ns, name(run, "progress"), run.metadata.name)
+        progress = progress or {}
         pods = []
         if not finished and (trainer is None or trainer.ready < spec.trainer.nodes):  # why it waits
             selector = f"gagar.dev/run={run.metadata.name},app.kubernetes.io/component=trainer"
@@ -521,9 +607,7 @@ class Reconciler:
         patch = {"apiVersion": api, "kind": kind, "metadata": meta}
         self.kube.apply({**patch, "spec": {"ttlSecondsAfterFinished": ttl}}, manager=TTL_MANAGER)
 
-    def _kueue_activation(
-        self, run: GagarRun, mem: _RunMemory, raw: dict[str, Any], hold: bool = False
-    ) -> None:
+    def _kueue_activation(self, run: GagarRun, hold: bool = False) -> None:
         """``spec.suspend`` of a queued run (and ``hold``: its sandbox pods refuse to start, so
         its trainer must not hold accelerators) goes through Kueue: the trainer's Workload is
         deactivated (``spec.active: false``; Kueue evicts it, suspends the trainer and releases
@@ -543,7 +627,7 @@ class Reconciler:
                 log.info("%s/%s: Workload %s active=%s", ns, run.metadata.name,
                          wl["metadata"]["name"], want)  # fmt: skip
         if not found and not want:
-            self._later(mem, raw, KUEUE_RETRY_SECONDS)
+            self.requeue(ns, run.metadata.name, KUEUE_RETRY_SECONDS)
 
     def _hand_over_replicas(self, obj: dict[str, Any]) -> None:
         """Before the operator stops writing a Deployment's replicas (its pool became
@@ -646,6 +730,7 @@ class Reconciler:
             gauge.labels(phase=phase).set(sum(p == phase for p in self._phases.values()))
 
     def remember(self, namespace: str, run_name: str) -> None:
+        """A run the watch saw: resynced from now on."""
         with self._guard:
             self._known.add((namespace, run_name))
 
@@ -653,9 +738,8 @@ class Reconciler:
         """Drop a deleted run: its memory, its phase and its condition series."""
         with self._guard:
             self._known.discard((namespace, run_name))
-            mem = self._memory.pop((namespace, run_name), None)
-            if mem is not None and mem.timer is not None:
-                mem.timer.cancel()
+            self._memory.pop((namespace, run_name), None)
+            self._due.pop((namespace, run_name), None)
             self._phases.pop((namespace, run_name), None)
         cond = self.metrics["gagar_run_condition"]
         for kind in CONDITION_TYPES:
@@ -663,20 +747,6 @@ class Reconciler:
                 with contextlib.suppress(KeyError):  # a series never exported
                     cond.remove(run_name, namespace, kind, value)
         self._count_phases()
-
-    def resync_loop(self, stop: threading.Event) -> None:
-        """Every ``resync_seconds``, reconcile every known run again: its status from the watch
-        cache (one read of the run itself), and an apply only when the desired state changed
-        (its hash) — never a timed re-apply. An API error is logged and the run tried again
-        next time."""
-        while not stop.wait(self.config.resync_seconds):
-            with self._guard:
-                known = sorted(self._known)
-            for namespace, run_name in known:
-                try:
-                    self.reconcile_named(namespace, run_name)
-                except Exception as err:  # the next resync retries; nothing to crash for
-                    log.warning("resync of %s/%s failed: %s", namespace, run_name, err)
 
 
 def parse_selector(selector: str) -> list[tuple[str, str, str]]:
@@ -738,9 +808,8 @@ def register(registry: kopf.OperatorRegistry, reconciler: Reconciler) -> kopf.Op
             if stalled.reason == "InvalidSpec":  # retrying cannot help; the next edit will
                 raise kopf.PermanentError(stalled.message)
 
-    # The resync is the operator's own thread over the runs it has seen, not a kopf timer: a
-    # timer makes kopf put a finalizer on every run, and a run deleted while no operator runs
-    # (after `helm uninstall`) would then hang in deletion.
+    # The resync and delayed re-checks are the operator's own thread over the runs it has seen
+    # (``resync_loop`` says why no kopf timer).
     @kopf.on.event(API_GROUP, API_VERSION, PLURAL, **on_run)
     def run_seen(name: str, namespace: str, type: str | None, **_: Any) -> None:
         if type == "DELETED":
@@ -751,26 +820,32 @@ def register(registry: kopf.OperatorRegistry, reconciler: Reconciler) -> kopf.Op
     stop = threading.Event()
 
     @kopf.on.startup(**on_run)
-    def start_resync(**_: Any) -> None:
+    def start_resync(**kwargs: Any) -> None:
+        reconciler.children = kwargs[CHILD_INDEX]  # kopf's indexes reach start-up handlers too
         stop.clear()
         threading.Thread(target=reconciler.resync_loop, args=(stop,), daemon=True).start()
 
     @kopf.on.cleanup(**on_run)
     def stop_resync(**_: Any) -> None:
         stop.set()
+        reconciler.wake()
 
-    reconciler.cached_kinds = frozenset(CACHED_KINDS)
+    async def child_indexed(body: kopf.Body, **_: Any) -> dict[tuple[str, str], dict[str, Any]]:
+        """The children cache is kopf's: it indexes each watched child under its run (kopf
+        drops a deleted one) before any handler sees the event, and starts no run's handler
+        before the first listing of every child kind is indexed."""
+        meta = body.get("metadata") or {}
+        run_name = (meta.get("labels") or {}).get(RUN_LABEL)
+        return {(meta.get("namespace", ""), run_name): dict(body)} if run_name else {}
 
     def child_changed(body: kopf.Body, type: str | None, **_: Any) -> None:
-        drifted = reconciler.seen(body, deleted=type == "DELETED")
-        labels = body.get("metadata", {}).get("labels") or {}
-        run_name, namespace = labels.get("gagar.dev/run"), body.get("metadata", {}).get("namespace")
-        if run_name:  # a deleted or drifted child is applied again; other changes: status only
-            reconciler.reconcile_named(namespace, run_name, force_apply=drifted)
+        reconciler.child_changed(body, deleted=type == "DELETED")
 
     for group, version, plural, extra in CHILD_WATCHES:
         resource = (group, version, plural) if group else (version, plural)
-        kopf.on.event(*resource, labels={**MANAGED, **extra}, id=f"child-{plural}", **on_run)(
+        labels = {**MANAGED, **extra}
+        kopf.index(*resource, labels=labels, id=CHILD_INDEX, registry=registry)(child_indexed)
+        kopf.on.event(*resource, labels=labels, id=f"child-{plural}", registry=registry)(
             child_changed
         )
     return registry
@@ -781,7 +856,7 @@ CHILD_WATCHES = (
     ("apps", "v1", "deployments", {}),
     ("", "v1", "configmaps", {"app.kubernetes.io/component": "progress"}),
 )
-CACHED_KINDS = ("Job", "Deployment", "ConfigMap")  # what CHILD_WATCHES feed the cache with
+CACHED_KINDS = ("Job", "Deployment", "ConfigMap")  # what CHILD_WATCHES feed CHILD_INDEX with
 
 
 def _label_selector(labels: Mapping[str, str]) -> str:

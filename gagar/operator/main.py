@@ -95,7 +95,11 @@ def build_registry(
 @dataclass(frozen=True)
 class Election:
     """Leader election on a ``coordination.k8s.io`` Lease: only the replica holding it runs
-    kopf; the others wait, and take over once the holder stops renewing it (``seconds``)."""
+    kopf; the others wait, and take over once the holder stops renewing it (``seconds``).
+
+    Not kopf's peering: it needs kopf's own peering CRDs (and their RBAC) in the cluster, and it
+    elects no leader: replicas of equal priority all pause, a lower priority pauses for a higher.
+    """
 
     lease: str
     namespace: str

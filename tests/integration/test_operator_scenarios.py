@@ -578,6 +578,32 @@ def test_operator_restart_mid_reconcile(env: Env) -> None:
             )  # unchanged conditions keep their time
 
 
+def test_a_restarted_operator_sees_the_children_before_it_reconciles(env: Env) -> None:
+    """kopf starts no run's handler before its index holds the first listing of every watched
+    child kind: a new operator's first reconcile of a Ready run finds its trainer and pools, so
+    the run's status is not rewritten (no flap to not-ready and back), even when the listing of
+    Jobs comes late."""
+    emulator = env.need_emulator()
+    run = manifest()
+    name = run["metadata"]["name"]
+    with env.operator():
+        env.create(run)
+        env.wait(lambda: env.condition(name, "Ready").get("status") == "True", what="Ready")
+    seen = len(emulator.requests_for())
+    emulator.faults.add_latency(2.0, verb="list", path="/jobs$", times=1)
+    with env.operator() as reconciler:
+        ok = reconciler.metrics["gagar_operator_reconciles_total"].labels(result="ok")
+        env.wait(lambda: ok._value.get() >= 1, what="the new operator's first reconcile")
+        time.sleep(env.resync * 1.5)  # and a resync
+    writes = [
+        r["path"]
+        for r in emulator.requests_for()[seen:]
+        if r["verb"] == "patch" and r["path"].endswith(f"/gagarruns/{name}/status")
+    ]
+    assert writes == [], writes
+    assert env.condition(name, "Ready").get("status") == "True"
+
+
 def test_delete_garbage_collects_children(env: Env) -> None:
     """No finalizer at all (the resync is no kopf timer): a run deleted while no operator runs,
     as after `helm uninstall`, goes at once, and its children with it."""
@@ -693,6 +719,25 @@ def test_api_errors_then_recovery(env: Env) -> None:
         assert env.status(name)["phase"] == "Running"
     assert (applies.hits, reads.hits, status.hits) == (2, 1, 1)
     assert len([c for c in env.children(name) if c[0] == "Job"]) == 1
+
+
+def test_a_child_event_s_api_error_is_retried_before_the_resync(env: Env) -> None:
+    """kopf retries a run's own handlers after a transient API error, never an event handler of
+    a child: a deleted Deployment whose reconcile meets a 500 is recreated at the error's delay
+    (the operator's requeue), not at the next resync, which is two minutes away here."""
+    emulator = env.need_emulator()
+    run = manifest()
+    name = run["metadata"]["name"]
+    with env.operator() as reconciler:
+        reconciler.config.resync_seconds = 120.0
+        env.create(run)
+        env.wait(lambda: env.condition(name, "Ready").get("status") == "True", what="Ready")
+        time.sleep(1.0)  # the last events of start-up pass
+        read = emulator.faults.fail_next(1, verb="get", path=f"/gagarruns/{name}$")
+        grader = ("apps/v1", "Deployment", f"{name}-grader")
+        env.kube.delete(*grader[:2], env.namespace, grader[2])
+        env.wait(lambda: read.hits == 1, what="the reconcile's read of the run failed")
+        env.wait(lambda: env.get(*grader), timeout=10.0, what="recreated after the error")
 
 
 def test_steady_state_writes_nothing_and_reads_little_but_drift_is_repaired(env: Env) -> None:
