@@ -14,6 +14,7 @@ shape). ``isolation="none"`` exists for development only and says so loudly.
 from __future__ import annotations
 
 import fcntl
+import logging
 import math
 import os
 import random
@@ -43,6 +44,7 @@ from gagar.sandbox.types import (
     SandboxUnavailable,
 )
 
+log = logging.getLogger(__name__)
 UID_BASE, UID_SLOTS = 1_500_000, 4096
 # Uids are host-wide, so their locks are too: not under $TMPDIR, which differs between processes
 # (only a root executor leases uids, and root can always write /tmp).
@@ -234,7 +236,7 @@ class LocalFactory:
     Raises ``SandboxUnavailable`` when ``isolation="bwrap"`` and bubblewrap cannot run here.
     """
 
-    def __init__(
+    def __init__(  # noqa: PLR0913 - each a switch of the executor, all with defaults
         self,
         limits: Limits | None = None,
         isolation: Isolation = "bwrap",
@@ -242,8 +244,7 @@ class LocalFactory:
         ro_paths: tuple[str, ...] = (),
         use_cgroup: bool = True,
         check: bool = True,
-        warm: bool = True,
-        warm_preload: tuple[str, ...] = (),
+        warm: bool | tuple[str, ...] = True,
     ) -> None:
         if isolation == "bwrap" and check:
             check_isolation()  # refuse here, once, rather than fail every command later
@@ -253,9 +254,10 @@ class LocalFactory:
                 podjail.check()
         self.limits, self.isolation, self.root = limits or Limits(), isolation, root
         self.ro_paths, self.use_cgroup = python_paths() + ro_paths, use_cgroup
-        # A warm test runner per session (``warm.py``): bubblewrap only; ``warm_preload`` names
-        # modules (outside the workspace) the fork server imports besides pytest.
-        self.warm, self.warm_preload = warm and isolation == "bwrap", warm_preload
+        # A warm test runner per session (``warm.py``), bubblewrap only; a tuple names modules
+        # (outside the workspace) its fork server imports besides pytest.
+        self.warm = bool(warm) and isolation == "bwrap"
+        self.warm_preload = warm if isinstance(warm, tuple) else ()
         if use_cgroup and isolation != "none" and os.geteuid() == 0:
             sweep_stale()
         sweep_stale_sessions(root)
@@ -362,6 +364,7 @@ class LocalSession:
         done = self._warm.run(request, wall)
         if isinstance(done, ExecResult):
             return done
+        log.info("session %s: a Python command runs cold: %s", self.dir.name, done)
         return self._exec_jailed(argv, wall).model_copy(update={"warm_fallback": done})
 
     def jail_limits(self, cgroup: bool) -> Limits:

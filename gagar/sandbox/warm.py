@@ -62,7 +62,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from gagar.sandbox import bwrap, runner
-from gagar.sandbox.cgroup import Cgroup
+from gagar.sandbox.cgroup import Cgroup, Stats
 from gagar.sandbox.classify import classify
 from gagar.sandbox.seccomp import filter_bpf
 from gagar.sandbox.types import ExecResult, SandboxError
@@ -103,7 +103,7 @@ def _words(cmd: str | Sequence[str]) -> list[str] | None:
         if quote == "'":
             quote = "" if ch == "'" else quote
         elif quote == '"':
-            if ch in '$`\\':
+            if ch in "$`\\":
                 return None
             quote = "" if ch == '"' else quote
         elif ch in "'\"":
@@ -155,7 +155,9 @@ def _children(pid: int) -> list[int]:
     try:
         for tid in os.listdir(f"/proc/{pid}/task"):
             with contextlib.suppress(OSError):
-                out += [int(p) for p in Path(f"/proc/{pid}/task/{tid}/children").read_text().split()]
+                out += [
+                    int(p) for p in Path(f"/proc/{pid}/task/{tid}/children").read_text().split()
+                ]
     except OSError:
         pass
     return out
@@ -187,6 +189,7 @@ class WarmRunner:
         self._errlog: Any = None
         self._modules: frozenset[str] = frozenset()
         self._restarts = 0
+        self.start_cpu_s: float | None = None
         self.off: str | None = None  # why this session runs cold for good
         if session.uid is None or not session._factory.use_cgroup:
             self.off = "the warm runner needs a root executor with cgroups (a leased uid)"
@@ -202,7 +205,8 @@ class WarmRunner:
         """The fork server's jail: the processes that outlive a command of the session."""
         if self._proc is None:
             return set()
-        out, todo = set(), [self._proc.pid]
+        out: set[int] = set()
+        todo = [self._proc.pid]
         while todo and len(out) < 64:
             pid = todo.pop()
             out.add(pid)
@@ -235,6 +239,18 @@ class WarmRunner:
             return f"{req.python} is not the fork server's interpreter"
         if (self._s.dir / "tmp" / ".local").exists():
             return "a user site under /tmp (the server does not read one)"
+        dirs = self._path_dirs(req)
+        if isinstance(dirs, str):
+            return dirs
+        for d in dirs:
+            with contextlib.suppress(OSError):
+                for name in os.listdir(d):
+                    if name.partition(".")[0] in self._modules:
+                        return f"{name} in the workspace shadows a module the server imported"
+        return None
+
+    def _path_dirs(self, req: Request) -> list[Path] | str:
+        """The session directories the run's ``sys.path`` starts with, or why it runs cold."""
         dirs = [self._s.workspace]
         if req.kind == "script":  # its directory comes first on sys.path
             where = os.path.dirname(req.target.removeprefix(bwrap.WORKDIR).lstrip("/")) or "."
@@ -252,12 +268,7 @@ class WarmRunner:
                 dirs.append(resolve_inside(self._s.workspace, inside) if inside != "." else dirs[0])
             except SandboxError as e:
                 return f"PYTHONPATH: {e}"
-        for d in dirs:
-            with contextlib.suppress(OSError):
-                for name in os.listdir(d):
-                    if name.partition(".")[0] in self._modules:
-                        return f"{name} in the workspace shadows a module the server imported"
-        return None
+        return dirs
 
     def _start(self) -> str | None:
         s = self._s
@@ -302,6 +313,7 @@ class WarmRunner:
             why = reply.get("error") or self._errlog.read()[-300:].decode(errors="replace")
             return self._discard(f"the fork server did not start: {why or 'no reply'}")
         self._server, self._modules = server, frozenset(reply.get("modules", ()))
+        self.start_cpu_s = cg.stats().cpu_time_s  # the server's start, once per server
         log.info("warm runner of %s: fork server %d ready", s.dir.name, server)
         return None
 
@@ -360,7 +372,17 @@ class WarmRunner:
         runner._drain(cap, time.monotonic() + STATUS_GRACE_S)
         stats = rcg.stats()
         rcg.destroy()
-        records = runner._parse_status(bytes(cap.data[st_r]))
+        outcome.stdout, outcome.stderr = bytes(cap.data[out_r]), bytes(cap.data[err_r])
+        outcome.truncated, outcome.duration_s = cap.truncated, time.monotonic() - start
+        status = runner._parse_status(bytes(cap.data[st_r]))
+        return self._result(outcome, status, stats, server_cpu)
+
+    def _result(
+        self, outcome: runner.Outcome, records: list[dict], stats: Stats, server_cpu: float
+    ) -> ExecResult | str:
+        """The run's ``ExecResult`` from the server's report, or why it must run cold."""
+        s = self._s
+        assert self._cg is not None
         record = records[0] if len(records) == 1 else {}
         if "exit" not in record and "signal" not in record:
             reason = self._discard("the fork server did not report how the run ended")
@@ -373,8 +395,6 @@ class WarmRunner:
             spent = (self._cg.stats().cpu_time_s or 0.0) - server_cpu
             stats = dataclasses.replace(stats, cpu_time_s=(stats.cpu_time_s or 0.0) + spent)
         outcome.exit_code, outcome.signal = record.get("exit"), record.get("signal")
-        outcome.stdout, outcome.stderr = bytes(cap.data[out_r]), bytes(cap.data[err_r])
-        outcome.truncated, outcome.duration_s = cap.truncated, time.monotonic() - start
         ended = outcome.signal is not None or (outcome.exit_code or 0) > 128
         # The server's ``waitpid`` is the run's real status: no bubblewrap in between to read.
         result = classify(

@@ -111,7 +111,7 @@ def _start():
     ctl = socket.socket(fileno=int(sys.argv[1]))
     try:
         modules = _preload(sys.argv[2:])
-    except BaseException as e:  # noqa: BLE001 - reported to the host, which runs cold
+    except BaseException as e:  # reported to the host, which runs cold
         ctl.send(json.dumps({"error": f"{type(e).__name__}: {e}"}).encode())
         os._exit(1)
     pristine = {

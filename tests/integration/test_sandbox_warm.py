@@ -129,7 +129,9 @@ def test_files_in_tmp_are_the_sessions_in_both_modes(factory: LocalFactory) -> N
     with factory.create(files={}) as s:
         r = s.exec(["python3", "-c", "open('/tmp/kept', 'w').write('1'); open('/dev/shm/x', 'w')"])
         assert r.ok and r.warm
-        r = s.exec(["python3", "-c", "import os; print(os.listdir('/tmp'), os.listdir('/dev/shm'))"])
+        r = s.exec(
+            ["python3", "-c", "import os; print(os.listdir('/tmp'), os.listdir('/dev/shm'))"]
+        )
         assert r.ok and r.warm and r.stdout == "['kept'] []\n", r.stdout
 
 
@@ -185,7 +187,7 @@ def test_a_broken_server_means_a_cold_rerun_then_a_fresh_server(session, how: st
 
 
 def test_a_server_that_cannot_start_falls_back_cold() -> None:
-    broken = LocalFactory(limits=LIMITS, warm_preload=("gagar_no_such_module",))
+    broken = LocalFactory(limits=LIMITS, warm=("gagar_no_such_module",))
     with broken.create(files={"test_a.py": "def test_a():\n    pass\n"}) as s:
         r = s.exec(PYTEST)
         assert r.ok and not r.warm and "1 passed" in r.stdout
@@ -202,7 +204,9 @@ def test_shadowing_a_preloaded_module_or_other_forms_run_cold(session) -> None:
     assert not session.exec("PYTHONHASHSEED=1 " + PYTEST.split(" ", 1)[1]).warm
     session.write_file("pytest.py", "print('a shadow'); raise SystemExit(0)\n")
     r = session.exec(PYTEST)
-    assert not r.warm and "shadows" in r.warm_fallback and "a shadow" in r.stdout  # as cold: its own
+    assert (
+        not r.warm and "shadows" in r.warm_fallback and "a shadow" in r.stdout
+    )  # as cold: its own
 
 
 @pytest.mark.parametrize(
