@@ -202,15 +202,18 @@ class WarmRunner:
             self.off = "no python on the jail's PATH"
 
     def pids(self) -> set[int]:
-        """The fork server's jail: the processes that outlive a command of the session."""
-        if self._proc is None:
+        """The fork server and the jail around it (bubblewrap's two processes): the only
+        processes of the session that outlive a command."""
+        if self._proc is None or not self._server:
             return set()
-        out: set[int] = set()
-        todo = [self._proc.pid]
-        while todo and len(out) < 64:
-            pid = todo.pop()
+        out, pid = {self._server}, self._server
+        while pid != self._proc.pid and len(out) < 8:
+            try:
+                stat = Path(f"/proc/{pid}/stat").read_text()
+            except OSError:
+                break
+            pid = int(stat[stat.rfind(")") + 2 :].split()[1])
             out.add(pid)
-            todo += _children(pid)
         return out
 
     def run(self, req: Request, wall: float) -> ExecResult | str:

@@ -252,7 +252,13 @@ def test_background_processes_do_not_survive(session) -> None:
             except (FileNotFoundError, ProcessLookupError):
                 continue
             assert marker.encode() not in cmd, f"background process {pid} survived"
-    assert _procs_of(session.uid) == []
+    warm = session._warm.pids() if session._warm is not None else set()
+    assert set(_procs_of(session.uid)) <= warm  # the fork server alone outlives a command
+    if session._factory.warm:  # a warm run's children: born in the server's jail
+        code = "import os, time\nif os.fork() == 0:\n    os.setsid()\n    time.sleep(300)"
+        r = session.exec(["python3", "-c", code])
+        assert r.ok and r.warm
+        assert set(_procs_of(session.uid)) <= session._warm.pids() != set()
 
 
 def test_symlink_escapes_are_refused_on_the_host(session, tmp_path: Path) -> None:
