@@ -222,8 +222,8 @@ class WarmRunner:
             return "the warm runner is busy with another command of this session"
         try:
             reason = self._why_cold(req)
-            if reason is None and self._proc is None:
-                reason = self._start()
+            if reason is None and self._proc is None:  # then the shadows of what it imported
+                reason = self._start() or self._why_cold(req)
             if reason is not None:
                 return reason
             return self._run(req, wall)
@@ -264,9 +264,10 @@ class WarmRunner:
             except SandboxError as e:
                 return f"the script: {e}"
         for entry in filter(None, req.env.get("PYTHONPATH", "").split(":")):
-            inside = entry.removeprefix(bwrap.WORKDIR).lstrip("/") or "."
-            if entry.startswith("/") and not entry.startswith(bwrap.WORKDIR):
+            under = entry == bwrap.WORKDIR or entry.startswith(bwrap.WORKDIR + "/")
+            if entry.startswith("/") and not under:
                 return f"PYTHONPATH entry {entry} outside the workspace"
+            inside = entry.removeprefix(bwrap.WORKDIR).lstrip("/") or "."
             try:
                 dirs.append(resolve_inside(self._s.workspace, inside) if inside != "." else dirs[0])
             except SandboxError as e:

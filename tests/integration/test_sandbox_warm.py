@@ -197,6 +197,12 @@ def test_a_server_that_cannot_start_falls_back_cold() -> None:
         assert r.ok and not r.warm and "discarded" in r.warm_fallback  # cold for good now
 
 
+def test_a_shadow_in_place_before_the_first_run_keeps_it_cold(factory: LocalFactory) -> None:
+    with factory.create(files={"pytest.py": "print('a shadow')\n"}) as s:
+        r = s.exec(PYTEST)
+        assert not r.warm and "shadows" in r.warm_fallback and "a shadow" in r.stdout
+
+
 def test_shadowing_a_preloaded_module_or_other_forms_run_cold(session) -> None:
     session.write_file("test_a.py", "def test_a():\n    pass\n")
     assert session.exec(PYTEST).warm
