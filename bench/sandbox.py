@@ -18,6 +18,14 @@ done here only (by patching the executor's modules), never offered by the execut
     .venv/bin/python bench/sandbox.py --fixed-cost [--runs N] [--out bench/results/sandbox-fixed-cost.json]
     .venv/bin/python bench/sandbox.py --verify [--runs N] [--baseline OLD/verify.py]
     .venv/bin/python bench/sandbox.py --waiter [--runs N] [--rounds R]
+    .venv/bin/python bench/sandbox.py --warm [--runs N] [--rounds R] [--out bench/results/sandbox-warm.json]
+
+``--warm`` measures the CPU seconds of one pytest run (a synthetic task's visible tests) cold (a
+fresh interpreter per run) and warm (forked from the session's fork server, ``warm.py``): the
+user+system CPU of the run's process tree from its cgroups (for a warm run, plus the server's own
+CPU during the run: the fork and the wait), the executor's own CPU per run (``RUSAGE_SELF``), and
+the wall time, cold and warm alternating in rounds in one process; the server's start is reported
+apart (once per session).
 """
 
 from __future__ import annotations
@@ -34,6 +42,7 @@ import tempfile
 import threading
 import time
 from pathlib import Path
+from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
@@ -245,6 +254,79 @@ def verify_cost(runs: int, baseline: str | None, out: str) -> int:
     return 0
 
 
+WARM_COMMANDS = {
+    "pytest": COMMANDS["pytest"],
+    "pytest-autoload": "python -m pytest -q -p no:cacheprovider",  # entry-point plugins scanned
+}
+
+
+def warm_cost(runs: int, rounds: int, out: str) -> int:
+    """CPU seconds per pytest run, cold against warm, alternating in rounds (see the docstring)."""
+    import resource
+
+    files = synthetic.generate(3).repo_files()
+    limits = Limits(wall_time_s=120, cpu_time_s=60)
+    modes = {"cold": LocalFactory(limits=limits, warm=False), "warm": LocalFactory(limits=limits)}
+    load_start = os.getloadavg()
+    rows: list[dict[str, Any]] = []
+    print(f"{'command':<17}{'mode':<6}{'cpu s/run':>11}{'executor s/run':>16}{'wall s/run':>12}")
+    for name, cmd in WARM_COMMANDS.items():
+        sessions = {m: f.create(files=files) for m, f in modes.items()}
+        cpu: dict[str, list[float]] = {m: [] for m in modes}
+        own: dict[str, list[float]] = {m: [] for m in modes}
+        wall: dict[str, list[float]] = {m: [] for m in modes}
+        try:
+            for _ in range(rounds):
+                for mode, session in sessions.items():
+                    for _ in range(runs):
+                        before = resource.getrusage(resource.RUSAGE_SELF)
+                        r = session.exec(cmd)
+                        after = resource.getrusage(resource.RUSAGE_SELF)
+                        if not r.ok or r.warm != (mode == "warm"):
+                            raise RuntimeError(f"{mode} {name}: {r.describe()} {r.warm_fallback}")
+                        cpu[mode].append(r.cpu_time_s)
+                        own[mode].append(
+                            after.ru_utime + after.ru_stime - before.ru_utime - before.ru_stime
+                        )
+                        wall[mode].append(r.duration_s)
+            start_cpu = sessions["warm"]._warm.start_cpu_s  # type: ignore[union-attr]
+        finally:
+            for session in sessions.values():
+                session.close()
+        for mode in modes:
+            row = {
+                "command": name,
+                "mode": mode,
+                "cpu_s_per_run": round(statistics.median(cpu[mode]), 4),
+                "executor_cpu_s_per_run": round(statistics.median(own[mode]), 4),
+                "wall_s_per_run": round(statistics.median(wall[mode]), 4),
+                "n": len(cpu[mode]),
+            }
+            if mode == "warm":
+                row["server_start_cpu_s"] = round(start_cpu or 0.0, 4)
+            rows.append(row)
+            print(
+                f"{name:<17}{mode:<6}{row['cpu_s_per_run']:>11.4f}"
+                f"{row['executor_cpu_s_per_run']:>16.4f}{row['wall_s_per_run']:>12.4f}"
+            )
+        ratio = rows[-2]["cpu_s_per_run"] / max(rows[-1]["cpu_s_per_run"], 1e-9)
+        print(f"{name:<17}cold/warm CPU per run: {ratio:.2f}x; server start {start_cpu:.3f} CPU s")
+    result = {
+        "benchmark": "sandbox-warm-runner",
+        "what": "median CPU seconds (user+sys of the run's process tree) per pytest run",
+        "runs_per_round": runs,
+        "rounds": rounds,
+        "load_avg_start": load_start,
+        "load_avg_end": os.getloadavg(),
+        "cpus": os.cpu_count(),
+        "rows": rows,
+    }
+    Path(out).parent.mkdir(parents=True, exist_ok=True)
+    Path(out).write_text(json.dumps(result, indent=2) + "\n")
+    print(f"wrote {out}")
+    return 0
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--runs", type=int, default=2, help="runs per worker (session) per round")
@@ -253,9 +335,12 @@ def main() -> int:
     ap.add_argument("--fixed-cost", action="store_true", help="fixed cost per command instead")
     ap.add_argument("--verify", action="store_true", help="cost per verification instead")
     ap.add_argument("--waiter", action="store_true", help="fixed cost of the jail's waiter")
+    ap.add_argument("--warm", action="store_true", help="CPU per pytest run, cold vs warm")
     ap.add_argument("--baseline", default=None, help="with --verify: an older verify.py")
     args = ap.parse_args()
     check_isolation()
+    if args.warm:
+        return warm_cost(args.runs, args.rounds, args.out or "bench/results/sandbox-warm.json")
     if args.waiter:
         return waiter_cost(args.runs, args.rounds, args.out or "bench/results/waiter-cost.json")
     if args.verify:

@@ -38,6 +38,12 @@ signal N" (bubblewrap's convention), and a command's own output is never used to
 happened to it. Python ignores SIGXFSZ, so a Python program over the file-size limit sees
 ``EFBIG`` and is reported as an ordinary failure.
 
+A local bubblewrap session of a root executor runs its Python commands (``python -m pytest ...``)
+warm: forked from a fork server it starts in its own jail with pytest imported (``warm.py``),
+each run with its own cgroups, clock, capture and limits and nothing of the previous run; where
+the server cannot start or the code broke it, the command runs cold and the result says why
+(``ExecResult.warm_fallback``). Verification never runs warm.
+
 Where the container runtime forbids namespaces (a stock runc node's seccomp profile), bubblewrap
 cannot run: the ``pod`` isolation mode (``podjail.py``) then runs each command without namespaces,
 as a leased uid with no capabilities under the same filter (plus no IP sockets), rlimits and

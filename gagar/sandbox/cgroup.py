@@ -69,6 +69,23 @@ class Cgroup:
         procs = " ".join(str(d / "cgroup.procs") for d in dirs)
         return ["/bin/sh", "-c", script, procs, *argv]
 
+    def add(self, pid: int) -> None:
+        """Move ``pid`` into every group (a warm run, held by its fork server until then)."""
+        for d in (self.memory, self.pids, self.cpuacct):
+            if d is not None:
+                (d / "cgroup.procs").write_text(str(pid))
+
+    def kill(self) -> None:
+        """SIGKILL whatever is inside until nothing is; the groups stay (for ``stats``)."""
+        for _ in range(50):
+            pids = _procs(self.pids)
+            if not pids:
+                return
+            for pid in pids:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGKILL)
+            time.sleep(0.01)
+
     def stats(self) -> Stats:
         oom = _field(self.memory / "memory.oom_control", "oom_kill")
         pids_max = _field(self.pids / "pids.events", "max")

@@ -14,6 +14,7 @@ shape). ``isolation="none"`` exists for development only and says so loudly.
 from __future__ import annotations
 
 import fcntl
+import logging
 import math
 import os
 import random
@@ -28,7 +29,7 @@ from collections.abc import Mapping
 from functools import cache
 from pathlib import Path
 
-from gagar.sandbox import bwrap, podjail, quota, runner, workspace
+from gagar.sandbox import bwrap, podjail, quota, runner, warm, workspace
 from gagar.sandbox.cgroup import Cgroup, destroy_tagged, sweep_stale
 from gagar.sandbox.classify import classify
 from gagar.sandbox.seccomp import filter_bpf
@@ -43,6 +44,7 @@ from gagar.sandbox.types import (
     SandboxUnavailable,
 )
 
+log = logging.getLogger(__name__)
 UID_BASE, UID_SLOTS = 1_500_000, 4096
 # Uids are host-wide, so their locks are too: not under $TMPDIR, which differs between processes
 # (only a root executor leases uids, and root can always write /tmp).
@@ -234,7 +236,7 @@ class LocalFactory:
     Raises ``SandboxUnavailable`` when ``isolation="bwrap"`` and bubblewrap cannot run here.
     """
 
-    def __init__(
+    def __init__(  # noqa: PLR0913 - each a switch of the executor, all with defaults
         self,
         limits: Limits | None = None,
         isolation: Isolation = "bwrap",
@@ -242,6 +244,7 @@ class LocalFactory:
         ro_paths: tuple[str, ...] = (),
         use_cgroup: bool = True,
         check: bool = True,
+        warm: bool | tuple[str, ...] = True,
     ) -> None:
         if isolation == "bwrap" and check:
             check_isolation()  # refuse here, once, rather than fail every command later
@@ -251,6 +254,10 @@ class LocalFactory:
                 podjail.check()
         self.limits, self.isolation, self.root = limits or Limits(), isolation, root
         self.ro_paths, self.use_cgroup = python_paths() + ro_paths, use_cgroup
+        # A warm test runner per session (``warm.py``), bubblewrap only; a tuple names modules
+        # (outside the workspace) its fork server imports besides pytest.
+        self.warm = bool(warm) and isolation == "bwrap"
+        self.warm_preload = warm if isinstance(warm, tuple) else ()
         if use_cgroup and isolation != "none" and os.geteuid() == 0:
             sweep_stale()
         sweep_stale_sessions(root)
@@ -286,6 +293,7 @@ class LocalSession:
         self.quota = jailed and quota.try_mount(self.dir, limits.disk_bytes, limits.inodes)
         self._owner = _take_ownership(self.dir, self.uid)
         self.workspace = self.dir / "workspace"
+        self._warm = warm.WarmRunner(self, factory.warm_preload) if factory.warm else None
         try:
             self._layout(files, tarball)
         except BaseException:
@@ -319,9 +327,13 @@ class LocalSession:
         if self._factory.isolation == "pod":
             podjail.seal(self)
 
+    def python_bins(self) -> list[str]:
+        """The ``bin`` directories of the Python installations, first on the jail's PATH."""
+        return [os.path.join(p, "bin") for p in self._factory.ro_paths]
+
     def _jail(self) -> bwrap.Jail:
         links, etc = host_layout()
-        python_bins = [os.path.join(p, "bin") for p in self._factory.ro_paths]
+        python_bins = self.python_bins()
         return bwrap.Jail(
             workspace=str(self.workspace),
             tmp=str(self.dir / "tmp"),
@@ -346,16 +358,21 @@ class LocalSession:
             return self._exec_unsafe(argv, wall)
         if self._factory.isolation == "pod":
             return podjail.exec_pod(self, argv, wall)
-        return self._exec_jailed(argv, wall)
+        request = warm.parse(cmd) if self._warm is not None else None
+        if request is None or self._warm is None:
+            return self._exec_jailed(argv, wall)
+        done = self._warm.run(request, wall)
+        if isinstance(done, ExecResult):
+            return done
+        log.info("session %s: a Python command runs cold: %s", self.dir.name, done)
+        return self._exec_jailed(argv, wall).model_copy(update={"warm_fallback": done})
 
-    def _exec_jailed(self, argv: list[str], wall: float) -> ExecResult:
-        cg = None
-        if self._factory.use_cgroup and self.uid is not None:
-            cg = Cgroup.create(self.limits.memory_bytes, self.limits.processes, self.cgroup_tag)
-        # With the cgroups as the exact bounds, the rlimits are backstops: the address-space one
-        # only stops absurd reservations, and RLIMIT_NPROC (which counts every process of the
-        # uid, a dying one of the last command too) must not fire before ``pids.max`` does, or a
-        # fork bomb ends with EAGAIN that no counter of the executor's own saw.
+    def jail_limits(self, cgroup: bool) -> Limits:
+        """The rlimits of a jailed process. With the cgroups as the exact bounds, the rlimits are
+        backstops: the address-space one only stops absurd reservations, and RLIMIT_NPROC (which
+        counts every process of the uid, a dying one of the last command too) must not fire
+        before ``pids.max`` does, or a fork bomb ends with EAGAIN that no counter of the
+        executor's own saw."""
         limits = (
             self.limits.model_copy(
                 update={
@@ -363,10 +380,16 @@ class LocalSession:
                     "processes": self.limits.processes * 2,
                 }
             )
-            if cg
+            if cgroup
             else self.limits
         )
-        full = bwrap.bwrap_argv(self._jail(), within_inherited(limits), argv)
+        return within_inherited(limits)
+
+    def _exec_jailed(self, argv: list[str], wall: float) -> ExecResult:
+        cg = None
+        if self._factory.use_cgroup and self.uid is not None:
+            cg = Cgroup.create(self.limits.memory_bytes, self.limits.processes, self.cgroup_tag)
+        full = bwrap.bwrap_argv(self._jail(), self.jail_limits(cg is not None), argv)
         launch = runner.Launch(
             argv=cg.wrap(full) if cg else full,
             wall_time_s=wall,
@@ -456,6 +479,8 @@ class LocalSession:
     def reset(self) -> None:
         """Back to the base snapshot (files the code created are gone, edits undone)."""
         self._check_open()
+        if self._warm is not None:
+            self._warm.stop()  # its jail holds the directories removed here
         workspace.remove_tree(self.workspace)
         workspace.remove_tree(self.dir / "tmp")
         self.workspace.mkdir()
@@ -467,6 +492,8 @@ class LocalSession:
         if self._closed:
             return
         self._closed = True
+        if self._warm is not None:
+            self._warm.stop()
         if self._lease is not None:
             self._lease.release()
         os.close(self._owner)  # the tmpfs holds the lock file: close before unmounting

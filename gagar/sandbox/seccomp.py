@@ -75,10 +75,13 @@ REFUSED = (
 
 
 @cache
-def filter_bpf(ip_sockets: bool = True) -> bytes:
+def filter_bpf(ip_sockets: bool = True, mqueue: bool = True) -> bytes:
     """The compiled filter (classic BPF, as ``bwrap --seccomp`` reads it). ``ip_sockets=False``
     also refuses every socket but ``AF_UNIX`` (the ``pod`` mode, which has no network namespace
-    of its own: the code must not reach the executor's port or the pod's network)."""
+    of its own: the code must not reach the executor's port or the pod's network).
+    ``mqueue=False`` also refuses ``mq_open`` (the warm runner's jail, ``warm.py``: its IPC
+    namespace outlives a run, and POSIX queues, unlike System V objects, cannot be listed from
+    inside to tell that a run left one)."""
     import pyseccomp as sc
 
     f = sc.SyscallFilter(sc.ALLOW)
@@ -87,6 +90,8 @@ def filter_bpf(ip_sockets: bool = True) -> bytes:
         f.add_rule(refuse, name)
     if not ip_sockets:
         f.add_rule(refuse, "socket", sc.Arg(0, sc.NE, socket.AF_UNIX))
+    if not mqueue:
+        f.add_rule(refuse, "mq_open")
     for flag in CLONE_NEW.values():
         f.add_rule(refuse, "clone", sc.Arg(0, sc.MASKED_EQ, flag, flag))
     f.add_rule(sc.ERRNO(errno.ENOSYS), "clone3")

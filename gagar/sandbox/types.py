@@ -88,6 +88,10 @@ class ExecResult(BaseModel):
     duration_s: float = 0.0
     cpu_time_s: float = Field(default=0.0, description="User + system CPU of the whole tree.")
     infra_error: str | None = None
+    warm: bool = Field(default=False, description="Ran in the session's warm test runner.")
+    warm_fallback: str | None = Field(
+        default=None, description="Why a pytest command the warm runner takes ran cold."
+    )
 
     @property
     def ok(self) -> bool:
@@ -117,7 +121,8 @@ class Session(Protocol):
 
     Paths are relative to the workspace root (``/workspace`` inside the sandbox). A ``str`` command
     runs through ``/bin/sh -c``; a sequence runs as an argv. No process of the session survives a
-    call to ``exec``.
+    call to ``exec`` (but a local session's warm runner, a fork server none of them can steer:
+    ``warm.py``).
     """
 
     def exec(self, cmd: Command, timeout: float | None = None) -> ExecResult: ...

@@ -44,14 +44,16 @@ def _no_deep_leftovers(tmp_path: Path):
         workspace.remove_tree(child)
 
 
-@pytest.fixture(scope="module", params=["bwrap", "pod"])  # every promise in both modes
+@pytest.fixture(scope="module", params=["bwrap", "warm", "pod"])  # every promise in each mode
 def factory(tmp_path_factory, request: pytest.FixtureRequest):
-    check_isolation() if request.param == "bwrap" else podjail.check()
+    """``warm``: bubblewrap, with Python commands forked from the session's fork server."""
+    check_isolation() if request.param != "pod" else podjail.check()
+    mode = "pod" if request.param == "pod" else "bwrap"
     root = tmp_path_factory.mktemp("sessions")
     if request.param == "pod":  # the sessions' uids pass through it (pytest's tmp dirs are 0700)
         root = Path(tempfile.mkdtemp(prefix="gagar-test-sessions-"))
         root.chmod(0o711)
-    yield LocalFactory(limits=LIMITS, root=str(root), isolation=request.param)
+    yield LocalFactory(limits=LIMITS, root=str(root), isolation=mode, warm=request.param == "warm")
     for child in root.iterdir():
         workspace.remove_tree(child)
     if request.param == "pod":
@@ -61,6 +63,7 @@ def factory(tmp_path_factory, request: pytest.FixtureRequest):
 @pytest.fixture
 def session(factory: LocalFactory):
     s = factory.create(files={"pkg/mod.py": "X = 1\n"})
+    assert s.exec(["python3", "-c", "pass"]).warm is factory.warm  # the mode is the one asked
     yield s
     s.close()
     assert not s.dir.exists(), "the session directory leaked"

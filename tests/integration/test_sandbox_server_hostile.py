@@ -260,12 +260,17 @@ def _leftovers(session_dir: Path) -> dict[str, object]:
     }
 
 
-def test_a_restart_after_kill_9_reclaims_everything_at_once(tmp_path: Path) -> None:
+# cold: a command's own jail; warm: the session's fork server's jail and a run forked from it
+SLEEPS = ["sleep 60", "python3 -c 'import time; time.sleep(60)'"]
+
+
+@pytest.mark.parametrize("sleep", SLEEPS, ids=["cold", "warm"])
+def test_a_restart_after_kill_9_reclaims_everything_at_once(tmp_path: Path, sleep: str) -> None:
     check_isolation()
     proc, url = _serve(tmp_path)
     try:
         session = HttpFactory(url).create(files={"a": "1"})
-        running = threading.Thread(target=lambda: _swallow(session.exec, "sleep 60"), daemon=True)
+        running = threading.Thread(target=lambda: _swallow(session.exec, sleep), daemon=True)
         running.start()
         time.sleep(2)  # the command runs: its cgroups exist
         (session_dir,) = tmp_path.glob(f"{SESSION_PREFIX}*")
@@ -296,7 +301,8 @@ def _swallow(fn, *args) -> None:
         pass  # the server it ran on was killed
 
 
-def test_a_running_server_reclaims_what_a_killed_executor_left(tmp_path: Path) -> None:
+@pytest.mark.parametrize("sleep", SLEEPS, ids=["cold", "warm"])
+def test_a_running_server_reclaims_what_a_killed_executor_left(tmp_path: Path, sleep: str) -> None:
     check_isolation()
     proc, _ = _serve(tmp_path, "--idle-timeout", "2")  # sweeps every 0.5 s
     killed = subprocess.Popen(
@@ -305,7 +311,7 @@ def test_a_running_server_reclaims_what_a_killed_executor_left(tmp_path: Path) -
             "-c",
             "import sys, time; from gagar.sandbox.local import LocalFactory;"
             f"s = LocalFactory(root={str(tmp_path)!r}).create(files={{'a': '1'}});"
-            "print(s.dir, flush=True); s.exec('sleep 60')",
+            f"print(s.dir, flush=True); s.exec({sleep!r})",
         ],
         stdout=subprocess.PIPE,
         text=True,

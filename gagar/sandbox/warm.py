@@ -1,0 +1,459 @@
+"""The warm test runner of a session: pytest runs forked from a fork server in the session's jail.
+
+A cold ``python -m pytest`` costs about 0.2 CPU s before the first test, most of it starting the
+interpreter and importing pytest. A ``LocalSession`` (``isolation="bwrap"``, a root executor with
+cgroups) starts, at its first pytest command, a fork server (``warm_server.py``) in a jail built
+as a command's (same mounts, uid, rlimits and seccomp filter, plus ``mq_open`` refused): pytest,
+its default plugins and the factory's ``warm_preload`` modules imported once, with nothing of the
+workspace, ``/tmp`` or the environment read. Each pytest command is then one ``fork`` of that
+pristine server, so nothing of one run (modules imported or changed, builtins patched, threads,
+signal handlers, cwd, environment, umask, descriptors) reaches the next by construction. Per run:
+
+- fresh cgroups (memory, pids, cpuacct), the run moved into them by the executor before the
+  server lets it go; the session's rlimits (inherited: the CPU clock of a forked process starts
+  at zero); the wall clock, output capture and the kill of the whole tree by the executor, as for
+  a cold command; its exit status from the server's ``waitpid`` (``{"exit"}``/``{"signal"}``);
+- ``python -m pytest ARGS`` as the interpreter would set it up: ``sys.path[0]`` the working
+  directory, then ``PYTHONPATH``; the command's ``VAR=value`` assignments in the environment.
+
+Only commands of the form ``[VAR=value ...] python[3] -m pytest ARGS`` without shell syntax (a
+string) or as an argv run warm; an assignment to another ``PYTHON*`` or ``LD_*`` variable, a
+workspace (or ``PYTHONPATH`` entry) that would shadow a module the server imported, or a user
+site under ``/tmp`` keeps the command cold, as everything else. The policy runs inside the
+server's jail and will try to steer it; each attempt ends in a cold run or a discarded server:
+
+- it cannot reach the server's control socket (only the executor holds the other end; the run's
+  copies are closed before its code runs, and the server is not dumpable, so neither ``ptrace``
+  nor ``/proc/PID/fd`` or ``mem`` of it works for the same uid); cold commands live in jails of
+  their own (PID, network and IPC namespaces) and share only ``/workspace`` and ``/tmp``, from
+  which the server imports nothing;
+- signals the server may ignore, it ignores; ``SIGKILL`` ends the server and its PID namespace,
+  ``SIGSTOP`` its replies: without the server's report of how a run ended, the run is rerun cold
+  and the server discarded; one that does not answer a request in time is discarded the same way;
+- a run that leaves System V IPC objects or files in the jail's ``/dev/shm`` (which, unlike a
+  cold command's, outlive it) has its result kept and the server discarded;
+- after ``MAX_RESTARTS`` discards the session stays cold for good: a policy that keeps breaking
+  the server pays a cold run each time, never gets a result the server made up.
+
+Every fallback says why: ``ExecResult.warm_fallback`` and a log line. Verification never uses
+this runner: it runs ``python -I -B -c BOOT`` (not a ``python -m pytest`` command) in a fresh
+session (``docs/security.md``).
+"""
+
+from __future__ import annotations
+
+import array
+import contextlib
+import dataclasses
+import json
+import logging
+import os
+import re
+import shlex
+import shutil
+import signal
+import socket
+import subprocess
+import tempfile
+import threading
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from gagar.sandbox import bwrap, runner
+from gagar.sandbox.cgroup import Cgroup, Stats
+from gagar.sandbox.classify import classify
+from gagar.sandbox.seccomp import filter_bpf
+from gagar.sandbox.types import ExecResult, SandboxError
+from gagar.sandbox.workspace import resolve_inside
+
+if TYPE_CHECKING:
+    from gagar.sandbox.local import LocalSession
+
+log = logging.getLogger(__name__)
+SOURCE = (Path(__file__).parent / "warm_server.py").read_text()
+START_TIMEOUT_S = 60.0  # importing pytest on a loaded machine
+REPLY_TIMEOUT_S = 10.0  # the server's answer to a request: a fork
+STATUS_GRACE_S = 2.0  # the server's report after the run's end
+MAX_RESTARTS = 3  # discarded servers before the session stays cold
+MAX_REQUEST = 60_000  # bytes of one request (the server reads at most 64 KiB)
+PYTHONS = ("python", "python3")
+_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*=")
+_SHELL_SPECIAL = frozenset("$`;&|<>()*?[]{}~#!\\\n\r")
+
+
+@dataclasses.dataclass(frozen=True)
+class Request:
+    """A Python command the warm runner can run: ``python -m MODULE``/``-c CODE``/``SCRIPT``."""
+
+    kind: str  # "module", "code" or "script"
+    target: str  # the module's name, the code, the script's path
+    args: list[str]
+    env: dict[str, str]  # the command's ``VAR=value`` assignments
+    python: str  # the interpreter's name as the command gives it
+
+
+def _words(cmd: str | Sequence[str]) -> list[str] | None:
+    """The words of a string command, or None where the shell would do more than split it."""
+    if not isinstance(cmd, str):
+        return list(cmd)
+    quote = ""
+    for ch in cmd:
+        if quote == "'":
+            quote = "" if ch == "'" else quote
+        elif quote == '"':
+            if ch in "$`\\":
+                return None
+            quote = "" if ch == '"' else quote
+        elif ch in "'\"":
+            quote = ch
+        elif ch in _SHELL_SPECIAL:
+            return None
+    try:
+        return shlex.split(cmd)
+    except ValueError:
+        return None
+
+
+def parse(cmd: str | Sequence[str]) -> Request | None:
+    """The ``Request`` for ``[env] [VAR=value ...] python[3] (-m MODULE | -c CODE | SCRIPT)
+    [ARGS]`` (no interpreter options), else None: the command runs cold."""
+    words = _words(cmd)
+    if words and words[0] == "env":
+        words.pop(0)
+    if not words:
+        return None
+    env: dict[str, str] = {}
+    while words and _NAME.match(words[0]):
+        name, _, value = words.pop(0).partition("=")
+        if (name.startswith("PYTHON") and name != "PYTHONPATH") or name.startswith("LD_"):
+            return None  # read by the interpreter or the loader at start: only cold honours it
+        env[name] = value
+    if len(words) < 2 or words[0] not in PYTHONS:
+        return None
+    if words[1] in ("-m", "-c") and len(words) > 2 and words[2]:
+        kind = "module" if words[1] == "-m" else "code"
+        return Request(kind, words[2], words[3:], env, words[0])
+    if words[1].startswith("-") or words[1] == "":
+        return None
+    return Request("script", words[1], words[2:], env, words[0])
+
+
+def _nspid(pid: int) -> int | None:
+    try:
+        status = Path(f"/proc/{pid}/status").read_text()
+    except OSError:
+        return None
+    line = next((x for x in status.splitlines() if x.startswith("NSpid:")), "")
+    fields = line.split()
+    return int(fields[-1]) if len(fields) > 2 else None
+
+
+def _children(pid: int) -> list[int]:
+    out: list[int] = []
+    try:
+        for tid in os.listdir(f"/proc/{pid}/task"):
+            with contextlib.suppress(OSError):
+                out += [
+                    int(p) for p in Path(f"/proc/{pid}/task/{tid}/children").read_text().split()
+                ]
+    except OSError:
+        pass
+    return out
+
+
+def _descendant(root: int, nspid: int) -> int | None:
+    """The descendant of ``root`` that is ``nspid`` in its own PID namespace (the server)."""
+    todo, seen = [root], 0
+    while todo and seen < 64:
+        pid = todo.pop()
+        seen += 1
+        if pid != root and _nspid(pid) == nspid:
+            return pid
+        todo += _children(pid)
+    return None
+
+
+class WarmRunner:
+    """A session's fork server, started at its first pytest command; see the module docstring."""
+
+    def __init__(self, session: LocalSession, preload: tuple[str, ...] = ()) -> None:
+        self._s, self._preload = session, preload
+        self._lock = threading.Lock()
+        self._proc: subprocess.Popen | None = None
+        self._ctl: socket.socket | None = None
+        self._cg: Cgroup | None = None
+        self._server = 0  # the server's pid here
+        self._fds: list[int] = []  # bubblewrap's status pipe (read end), kept open
+        self._errlog: Any = None
+        self._modules: frozenset[str] = frozenset()
+        self._restarts = 0
+        self.start_cpu_s: float | None = None
+        self.off: str | None = None  # why this session runs cold for good
+        if session.uid is None or not session._factory.use_cgroup:
+            self.off = "the warm runner needs a root executor with cgroups (a leased uid)"
+        self._python = {
+            name: found
+            for name in PYTHONS
+            if (found := shutil.which(name, path=":".join(session.python_bins()))) is not None
+        }
+        if "python" not in self._python:
+            self.off = "no python on the jail's PATH"
+
+    def pids(self) -> set[int]:
+        """The fork server and the jail around it (bubblewrap's two processes): the only
+        processes of the session that outlive a command."""
+        if self._proc is None or not self._server:
+            return set()
+        out, pid = {self._server}, self._server
+        while pid != self._proc.pid and len(out) < 8:
+            try:
+                stat = Path(f"/proc/{pid}/stat").read_text()
+            except OSError:
+                break
+            pid = int(stat[stat.rfind(")") + 2 :].split()[1])
+            out.add(pid)
+        return out
+
+    def run(self, req: Request, wall: float) -> ExecResult | str:
+        """The run's result, or why it must run cold (the server may be gone after)."""
+        if not self._lock.acquire(blocking=False):
+            return "the warm runner is busy with another command of this session"
+        try:
+            reason = self._why_cold(req)
+            if reason is None and self._proc is None:  # then the shadows of what it imported
+                reason = self._start() or self._why_cold(req)
+            if reason is not None:
+                return reason
+            return self._run(req, wall)
+        finally:
+            self._lock.release()
+
+    def _why_cold(self, req: Request) -> str | None:
+        if self.off is not None:
+            return self.off
+        if self._proc is not None and self._proc.poll() is not None:
+            self._discard("the fork server died")
+            if self.off is not None:
+                return self.off
+        python = self._python.get(req.python)
+        if python is None or os.path.realpath(python) != os.path.realpath(self._python["python"]):
+            return f"{req.python} is not the fork server's interpreter"
+        if (self._s.dir / "tmp" / ".local").exists():
+            return "a user site under /tmp (the server does not read one)"
+        dirs = self._path_dirs(req)
+        if isinstance(dirs, str):
+            return dirs
+        for d in dirs:
+            with contextlib.suppress(OSError):
+                for name in os.listdir(d):
+                    if name.partition(".")[0] in self._modules:
+                        return f"{name} in the workspace shadows a module the server imported"
+        return None
+
+    def _path_dirs(self, req: Request) -> list[Path] | str:
+        """The session directories the run's ``sys.path`` starts with, or why it runs cold."""
+        dirs = [self._s.workspace]
+        if req.kind == "script":  # its directory comes first on sys.path
+            where = os.path.dirname(req.target.removeprefix(bwrap.WORKDIR).lstrip("/")) or "."
+            if req.target.startswith("/") and not req.target.startswith(bwrap.WORKDIR + "/"):
+                return f"a script outside the workspace: {req.target}"
+            try:
+                dirs.append(resolve_inside(self._s.workspace, where) if where != "." else dirs[0])
+            except SandboxError as e:
+                return f"the script: {e}"
+        for entry in filter(None, req.env.get("PYTHONPATH", "").split(":")):
+            under = entry == bwrap.WORKDIR or entry.startswith(bwrap.WORKDIR + "/")
+            if entry.startswith("/") and not under:
+                return f"PYTHONPATH entry {entry} outside the workspace"
+            inside = entry.removeprefix(bwrap.WORKDIR).lstrip("/") or "."
+            try:
+                dirs.append(resolve_inside(self._s.workspace, inside) if inside != "." else dirs[0])
+            except SandboxError as e:
+                return f"PYTHONPATH: {e}"
+        return dirs
+
+    def _start(self) -> str | None:
+        s = self._s
+        cg = Cgroup.create(s.limits.memory_bytes, s.limits.processes, s.cgroup_tag)
+        if cg is None:
+            return "cannot create the fork server's cgroups"
+        ctl, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        status_r, status_w = os.pipe()
+        seccomp = runner._memfd(filter_bpf(mqueue=False))
+        jail = dataclasses.replace(s._jail(), waiter=None)
+        cmd = [self._python["python"], "-I", "-B", "-u", "-c", SOURCE, str(theirs.fileno())]
+        subst = {runner.STATUS_FD: str(status_w), runner.SECCOMP_FD: str(seccomp)}
+        argv = bwrap.bwrap_argv(jail, s.jail_limits(True), [*cmd, *self._preload])
+        argv = [subst.get(a, a) for a in argv]
+        self._errlog = tempfile.TemporaryFile()
+        try:
+            with runner._lock:
+                self._proc = subprocess.Popen(
+                    cg.wrap(argv),
+                    stdin=subprocess.DEVNULL,
+                    stdout=subprocess.DEVNULL,
+                    stderr=self._errlog,
+                    env={"PATH": "/usr/sbin:/usr/bin:/sbin:/bin", "LANG": "C.UTF-8"},
+                    process_group=0,
+                    pass_fds=(theirs.fileno(), status_w, seccomp),
+                )
+                runner._active.add(self._proc.pid)
+        except OSError as e:
+            cg.destroy()
+            ctl.close()
+            os.close(status_r)
+            return f"cannot start the fork server: {e}"
+        finally:
+            theirs.close()
+            os.close(status_w)
+            os.close(seccomp)
+        self._ctl, self._cg, self._fds = ctl, cg, [status_r]
+        reply = self._recv(START_TIMEOUT_S)
+        server = _descendant(self._proc.pid, reply["ready"]) if "ready" in reply else None
+        if server is None:
+            self._errlog.seek(0)
+            why = reply.get("error") or self._errlog.read()[-300:].decode(errors="replace")
+            return self._discard(f"the fork server did not start: {why or 'no reply'}")
+        self._server, self._modules = server, frozenset(reply.get("modules", ()))
+        self.start_cpu_s = cg.stats().cpu_time_s  # the server's start, once per server
+        log.info("warm runner of %s: fork server %d ready", s.dir.name, server)
+        return None
+
+    def _recv(self, timeout: float) -> dict[str, Any]:
+        assert self._ctl is not None
+        self._ctl.settimeout(timeout)
+        try:
+            reply = json.loads(self._ctl.recv(1 << 20))
+        except (OSError, ValueError):
+            return {}
+        return reply if isinstance(reply, dict) else {}
+
+    def _run(self, req: Request, wall: float) -> ExecResult | str:
+        s, start = self._s, time.monotonic()
+        payload = json.dumps(
+            {**dataclasses.asdict(req), "cwd": bwrap.WORKDIR}, separators=(",", ":")
+        ).encode()
+        if len(payload) > MAX_REQUEST:
+            return "the command is too long for the fork server"
+        rcg = Cgroup.create(s.limits.memory_bytes, s.limits.processes, s.cgroup_tag)
+        if rcg is None:
+            return "cannot create the run's cgroups"
+        assert self._ctl is not None and self._cg is not None
+        server_cpu = self._cg.stats().cpu_time_s or 0.0
+        (out_r, out_w), (err_r, err_w), (st_r, st_w), (go_r, go_w) = (os.pipe() for _ in range(4))
+        mine = [out_r, err_r, st_r, go_w]
+        try:
+            fds = array.array("i", [out_w, err_w, st_w, go_r])
+            self._ctl.sendmsg([payload], [(socket.SOL_SOCKET, socket.SCM_RIGHTS, fds)])
+            reply = self._recv(REPLY_TIMEOUT_S)
+            child = self._forked(reply.get("forked"))
+            if child is None:
+                raise OSError("the fork server did not fork the run")
+            rcg.add(child)
+            cap = runner._Capture(s.limits.output_bytes, child)
+        except OSError as e:
+            for fd in mine:
+                os.close(fd)
+            rcg.destroy()
+            return self._discard(str(e) or type(e).__name__)
+        finally:
+            for fd in (out_w, err_w, st_w, go_r):
+                os.close(fd)
+        for fd in (out_r, err_r, st_r):
+            cap.add(fd)
+        os.write(go_w, b"g")
+        os.close(go_w)
+        outcome = runner.Outcome()
+        while not cap.exited:
+            remaining = start + wall - time.monotonic()
+            if remaining <= 0:
+                outcome.timed_out = True
+                break
+            cap.pump(remaining)
+        rcg.kill()  # whatever the run left, or the whole run at the wall clock
+        runner._drain(cap, time.monotonic() + STATUS_GRACE_S)
+        stats = rcg.stats()
+        rcg.destroy()
+        outcome.stdout, outcome.stderr = bytes(cap.data[out_r]), bytes(cap.data[err_r])
+        outcome.truncated, outcome.duration_s = cap.truncated, time.monotonic() - start
+        status = runner._parse_status(bytes(cap.data[st_r]))
+        return self._result(outcome, status, stats, server_cpu)
+
+    def _result(
+        self, outcome: runner.Outcome, records: list[dict], stats: Stats, server_cpu: float
+    ) -> ExecResult | str:
+        """The run's ``ExecResult`` from the server's report, or why it must run cold."""
+        s = self._s
+        assert self._cg is not None
+        record = records[0] if len(records) == 1 else {}
+        if "exit" not in record and "signal" not in record:
+            reason = self._discard("the fork server did not report how the run ended")
+            if not outcome.timed_out:
+                return reason
+            record = {"signal": signal.SIGKILL}  # ours, at the wall clock
+        elif record.get("ipc") or self._shm_used():
+            self._discard("the run left System V IPC objects or files in /dev/shm")
+        else:
+            spent = (self._cg.stats().cpu_time_s or 0.0) - server_cpu
+            stats = dataclasses.replace(stats, cpu_time_s=(stats.cpu_time_s or 0.0) + spent)
+        outcome.exit_code, outcome.signal = record.get("exit"), record.get("signal")
+        ended = outcome.signal is not None or (outcome.exit_code or 0) > 128
+        # The server's ``waitpid`` is the run's real status: no bubblewrap in between to read.
+        result = classify(
+            outcome,
+            s.limits,
+            stats,
+            jailed=False,
+            disk_full=s._disk_full(),
+            file_at_limit=ended and s._file_at_limit(),
+        )
+        return result.model_copy(update={"warm": True})
+
+    def _forked(self, nspid: object) -> int | None:
+        """The run's pid here: the server's only child, ``nspid`` inside."""
+        if not isinstance(nspid, int):
+            return None
+        kids = _children(self._server)
+        return kids[0] if len(kids) == 1 and _nspid(kids[0]) == nspid else None
+
+    def _shm_used(self) -> bool:
+        try:
+            return bool(os.listdir(f"/proc/{self._server}/root/dev/shm"))
+        except OSError:
+            return True
+
+    def _discard(self, why: str) -> str:
+        """Stop the server (a later run starts a fresh one), count it; returns ``why``."""
+        self.stop()
+        self._restarts += 1
+        log.warning("warm runner of %s: %s; the server is discarded", self._s.dir.name, why)
+        if self._restarts >= MAX_RESTARTS:
+            self.off = f"the fork server was discarded {self._restarts} times (last: {why})"
+        return why
+
+    def stop(self) -> None:
+        """End the server and everything in its jail."""
+        if self._ctl is not None:
+            self._ctl.close()
+            self._ctl = None
+        if self._cg is not None:
+            self._cg.destroy()
+            self._cg = None
+        if self._proc is not None:
+            self._proc.kill()
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                self._proc.wait(5)
+            with runner._lock:
+                runner._active.discard(self._proc.pid)
+            self._proc = None
+        for fd in self._fds:
+            os.close(fd)
+        self._fds, self._server, self._modules = [], 0, frozenset()
+        if self._errlog is not None:
+            self._errlog.close()
+            self._errlog = None
+
+
+__all__ = ["MAX_RESTARTS", "Request", "WarmRunner", "parse"]
