@@ -85,7 +85,6 @@ def rl_health() -> Dashboard:
             (
                 "Rewards",
                 [
-                    Panel("Reward (mean)", [gauge("gagar_reward_mean")]),
                     Panel("Pass rate", [gauge("gagar_pass_rate_ratio")], "percentunit"),
                     Panel("Eligible groups", [gauge("gagar_eligible_groups_ratio")], "percentunit"),
                     Panel(

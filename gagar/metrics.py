@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass
-from typing import Literal
+from typing import Literal, TypeVar
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
@@ -119,8 +119,14 @@ class MetricDef:
 
 
 def _defs() -> list[MetricDef]:
-    t, r, g, s, o = "trainer", "rollout", "grader", "sandbox", "operator"
-    h, c, G = "histogram", "counter", "gauge"
+    t: Component = "trainer"
+    r: Component = "rollout"
+    g: Component = "grader"
+    s: Component = "sandbox"
+    o: Component = "operator"
+    h: Kind = "histogram"
+    c: Kind = "counter"
+    G: Kind = "gauge"
     return [
         # trainer: progress and time
         MetricDef("gagar_trainer_step", G, "Training step last completed.", t),
@@ -159,9 +165,6 @@ def _defs() -> list[MetricDef]:
         ),
         MetricDef("gagar_checkpoint_step", G, "Step of the newest complete checkpoint.", t),
         # trainer: rewards and advantages
-        MetricDef(
-            "gagar_reward_mean", G, "Mean shaped reward over valid trajectories of the step.", t
-        ),
         MetricDef(
             "gagar_pass_rate_ratio", G, "Share of valid trajectories whose hidden tests pass.", t
         ),
@@ -552,6 +555,7 @@ def _defs() -> list[MetricDef]:
 
 CATALOGUE: dict[str, MetricDef] = {d.name: d for d in _defs()}
 Metric = Counter | Gauge | Histogram
+_M = TypeVar("_M", Counter, Gauge, Histogram)
 
 
 class Metrics:
@@ -571,6 +575,21 @@ class Metrics:
         if name not in self._metrics:
             raise KeyError(f"{name} is not in the catalogue of these components")
         return self._metrics[name]
+
+    def counter(self, name: str) -> Counter:
+        return self._typed(name, Counter)
+
+    def gauge(self, name: str) -> Gauge:
+        return self._typed(name, Gauge)
+
+    def histogram(self, name: str) -> Histogram:
+        return self._typed(name, Histogram)
+
+    def _typed(self, name: str, kind: type[_M]) -> _M:
+        metric = self[name]
+        if not isinstance(metric, kind):
+            raise TypeError(f"{name} is a {CATALOGUE[name].kind}, not a {kind.__name__.lower()}")
+        return metric
 
     def __contains__(self, name: str) -> bool:
         return name in self._metrics
