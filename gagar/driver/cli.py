@@ -156,12 +156,13 @@ def _print_summary(console: Console, report: dict, out: Path) -> None:
     """One short table of what the run did, then where its files are."""
     from rich.table import Table
 
-    from gagar.driver.report import read_jsonl, summary_rows
+    from gagar.driver.record import read_records
+    from gagar.driver.report import summary_rows
 
     table = Table(title=f"gagar train: {report['run']}", title_justify="left", show_header=False)
     table.add_column(style="bold")
     table.add_column()
-    for name, value in summary_rows(report, read_jsonl(out / "metrics.jsonl")):
+    for name, value in summary_rows(report, read_records(out / "metrics.jsonl")):
         table.add_row(name, value)
     console.print(table)
     console.print(f"report  [bold]{out / 'report.json'}[/] and plots {out}/*.png", soft_wrap=True)
