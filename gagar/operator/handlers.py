@@ -251,8 +251,8 @@ class Reconciler:
         finally:
             elapsed = time.monotonic() - started
             log.debug("reconcile %s/%s: %s in %.3f s", namespace, run_name, result, elapsed)
-            self.metrics["gagar_operator_reconciles_total"].labels(result=result).inc()
-            self.metrics["gagar_operator_reconcile_duration_seconds"].observe(elapsed)
+            self.metrics.counter("gagar_operator_reconciles_total").labels(result=result).inc()
+            self.metrics.histogram("gagar_operator_reconcile_duration_seconds").observe(elapsed)
 
     def _reconcile(self, raw: dict[str, Any], mem: _RunMemory, force_apply: bool) -> Outcome:
         generation = int(raw["metadata"].get("generation", 1))
@@ -332,7 +332,7 @@ class Reconciler:
         mem: _RunMemory,
         finished: bool = False,
     ) -> Observed:
-        ns, spec = run.metadata.namespace, run.spec
+        ns, spec = _namespace(run), run.spec
         trainer = None
         if uses_jobset(run, BuildContext(crds=crds)):
             js = self.kube.get("jobset.x-k8s.io/v1alpha2", "JobSet", ns, name(run, "trainer"))
@@ -483,7 +483,7 @@ class Reconciler:
             return
         kind = observed.trainer.kind
         api = f"{JOBSET}/v1alpha2" if kind == "JobSet" else "batch/v1"
-        meta = {"name": name(run, "trainer"), "namespace": run.metadata.namespace}
+        meta = {"name": name(run, "trainer"), "namespace": _namespace(run)}
         current = self.kube.get(api, kind, meta["namespace"], meta["name"])
         ttl = run.spec.trainer.ttl_seconds_after_finished
         if current is None or current["spec"].get("ttlSecondsAfterFinished") == ttl:
@@ -603,7 +603,7 @@ class Reconciler:
         key = (meta.get("namespace", ""), meta["name"])
         self._phases[key] = status.phase
         self._count_phases()
-        cond = self.metrics["gagar_run_condition"]
+        cond = self.metrics.gauge("gagar_run_condition")
         for c in status.conditions:
             for value in ("True", "False", "Unknown"):
                 cond.labels(run=key[1], namespace=key[0], condition=c.type, status=value).set(
@@ -611,7 +611,7 @@ class Reconciler:
                 )
 
     def _count_phases(self) -> None:
-        gauge = self.metrics["gagar_operator_runs"]
+        gauge = self.metrics.gauge("gagar_operator_runs")
         for phase in PHASES:
             gauge.labels(phase=phase).set(sum(p == phase for p in self._phases.values()))
 
@@ -627,7 +627,7 @@ class Reconciler:
             if mem is not None and mem.timer is not None:
                 mem.timer.cancel()
             self._phases.pop((namespace, run_name), None)
-        cond = self.metrics["gagar_run_condition"]
+        cond = self.metrics.gauge("gagar_run_condition")
         for kind in CONDITION_TYPES:
             for value in ("True", "False", "Unknown"):
                 with contextlib.suppress(KeyError):  # a series never exported
@@ -696,11 +696,10 @@ def _owned_by(obj: dict[str, Any], run: GagarRun) -> bool:
 
 def register(registry: kopf.OperatorRegistry, reconciler: Reconciler) -> kopf.OperatorRegistry:
     """Attach the handlers to ``registry`` (a fresh one per operator: tests run several)."""
-    on_run = dict(registry=registry)
 
-    @kopf.on.resume(API_GROUP, API_VERSION, PLURAL, **on_run)
-    @kopf.on.create(API_GROUP, API_VERSION, PLURAL, **on_run)
-    @kopf.on.update(API_GROUP, API_VERSION, PLURAL, field="spec", **on_run)
+    @kopf.on.resume(API_GROUP, API_VERSION, PLURAL, registry=registry)
+    @kopf.on.create(API_GROUP, API_VERSION, PLURAL, registry=registry)
+    @kopf.on.update(API_GROUP, API_VERSION, PLURAL, field="spec", registry=registry)
     def run_changed(body: kopf.Body, **_: Any) -> None:
         outcome = reconciler.reconcile(body, force_apply=True)
         if outcome is not None and outcome.status.phase == "Stalled":
@@ -711,8 +710,10 @@ def register(registry: kopf.OperatorRegistry, reconciler: Reconciler) -> kopf.Op
     # The resync is the operator's own thread over the runs it has seen, not a kopf timer: a
     # timer makes kopf put a finalizer on every run, and a run deleted while no operator runs
     # (after `helm uninstall`) would then hang in deletion.
-    @kopf.on.event(API_GROUP, API_VERSION, PLURAL, **on_run)
-    def run_seen(name: str, namespace: str, type: str | None, **_: Any) -> None:
+    @kopf.on.event(API_GROUP, API_VERSION, PLURAL, registry=registry)
+    def run_seen(name: str, namespace: str | None, type: str | None, **_: Any) -> None:
+        if namespace is None:  # GagarRun is namespaced: the API never sends one without
+            return
         if type == "DELETED":
             reconciler.forget(namespace, name)  # children go by owner-reference GC
         else:
@@ -720,12 +721,12 @@ def register(registry: kopf.OperatorRegistry, reconciler: Reconciler) -> kopf.Op
 
     stop = threading.Event()
 
-    @kopf.on.startup(**on_run)
+    @kopf.on.startup(registry=registry)
     def start_resync(**_: Any) -> None:
         stop.clear()
         threading.Thread(target=reconciler.resync_loop, args=(stop,), daemon=True).start()
 
-    @kopf.on.cleanup(**on_run)
+    @kopf.on.cleanup(registry=registry)
     def stop_resync(**_: Any) -> None:
         stop.set()
 
@@ -735,23 +736,31 @@ def register(registry: kopf.OperatorRegistry, reconciler: Reconciler) -> kopf.Op
         drifted = reconciler.seen(body, deleted=type == "DELETED")
         labels = body.get("metadata", {}).get("labels") or {}
         run_name, namespace = labels.get("gagar.dev/run"), body.get("metadata", {}).get("namespace")
-        if run_name:  # a deleted or drifted child is applied again; other changes: status only
+        if run_name and namespace:  # a deleted or drifted child is applied again; other
+            # changes: status only
             reconciler.reconcile_named(namespace, run_name, force_apply=drifted)
 
     for group, version, plural, extra in CHILD_WATCHES:
         resource = (group, version, plural) if group else (version, plural)
-        kopf.on.event(*resource, labels={**MANAGED, **extra}, id=f"child-{plural}", **on_run)(
-            child_changed
-        )
+        kopf.on.event(
+            *resource, labels={**MANAGED, **extra}, id=f"child-{plural}", registry=registry
+        )(child_changed)
     return registry
 
 
-CHILD_WATCHES = (
+CHILD_WATCHES: tuple[tuple[str, str, str, dict[str, str]], ...] = (
     ("batch", "v1", "jobs", {}),
     ("apps", "v1", "deployments", {}),
     ("", "v1", "configmaps", {"app.kubernetes.io/component": "progress"}),
 )
 CACHED_KINDS = ("Job", "Deployment", "ConfigMap")  # what CHILD_WATCHES feed the cache with
+
+
+def _namespace(run: GagarRun) -> str:
+    """A GagarRun's namespace (the CRD is namespaced: one read from the API always has one)."""
+    if run.metadata.namespace is None:
+        raise ValueError(f"GagarRun {run.metadata.name} has no namespace")
+    return run.metadata.namespace
 
 
 def _label_selector(labels: Mapping[str, str]) -> str:
