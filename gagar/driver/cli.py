@@ -8,6 +8,7 @@ import contextlib
 import logging
 import os
 from collections.abc import Callable
+from io import TextIOWrapper
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -15,13 +16,14 @@ from rich.console import Console
 
 if TYPE_CHECKING:
     from gagar.driver.loop import Context
+    from gagar.spec import GagarRun
 
 
 class _LogFile(logging.FileHandler):
     """A log file made (with its folder) at the first record, so that a run that cannot start
     leaves nothing behind unless something was logged."""
 
-    def _open(self):
+    def _open(self) -> TextIOWrapper:
         Path(self.baseFilename).parent.mkdir(parents=True, exist_ok=True)
         return super()._open()
 
@@ -99,7 +101,7 @@ def _train(args: argparse.Namespace) -> int:
     return asyncio.run(_main(ctx, out, console, args))
 
 
-def _override(run, args: argparse.Namespace):
+def _override(run: GagarRun, args: argparse.Namespace) -> GagarRun:
     """Apply --steps/--sft-steps/--sft-experts/--copy-steps by re-validating the manifest, so
     overrides obey the same rules."""
     from gagar.spec import GagarRun
