@@ -31,7 +31,7 @@ test: install ## Install, then run the default test suite (CPU, no cluster)
 test-slow: install ## Run the slow tests as well
 	$(PYTHON) -m pytest -m "not gpu" $(PYTEST_ARGS)
 
-lint: install ## ruff, mypy on the pure modules, import-linter contracts, deptry
+lint: install ## ruff, mypy over gagar/ (pyproject [tool.mypy]), import-linter, deptry
 	ruff check gagar tests bench
 	ruff format --check gagar tests bench
 	mypy

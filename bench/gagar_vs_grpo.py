@@ -53,6 +53,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from bench import stats  # noqa: E402
+from gagar.driver.record import StepRecord, field_value, read_records  # noqa: E402
 
 RESULTS = ROOT / "docs" / "results"
 QUALITY_ONE = {k: 1.0 for k in ("t1First", "t1Other", "t2High", "t2Low", "t3")}
@@ -155,24 +156,25 @@ def _mean(values: list[float]) -> float:
     return statistics.fmean(finite) if finite else math.nan
 
 
-def step_series(records: list[dict[str, Any]]) -> dict[str, list[float | None]]:
+def step_series(records: list[StepRecord]) -> dict[str, list[float | None]]:
     """Per-step series of one run. A step without a gradient has no variance (None), and the
     bloated share exists only where the step's groups were graded (``graded_by``): GRPO's groups
     are graded for measurement once the trainer grades them; before that it is None, not 0."""
     out: dict[str, list[float | None]] = {k: [] for k in STEP_KEYS}
     out["scale_free_variance"] = []
     for r in records:
-        trained = r.get("trained_groups", 0) > 0
+        trained = r.grading.trained_groups > 0
         for key in STEP_KEYS:
-            value = r.get(key)
+            value = field_value(r, key)
             if key in ("gradient_variance", "gradient_mean_norm") and not trained:
                 value = None
-            if key == "bloated_passes_ratio" and not r.get("graded_by"):
+            if key == "bloated_passes_ratio" and not r.grading.graded_by:
                 value = None
             out[key].append(value)
-        norm, var = r.get("gradient_mean_norm") or 0.0, r.get("gradient_variance")
+        norm, var = r.learner.gradient_mean_norm or 0.0, r.learner.gradient_variance
         scaled = var / norm**2 if trained and var is not None and norm > 0 else None
-        out["scale_free_variance"].append(r.get("gradient_variance_scaled", scaled))
+        given = r.learner.gradient_variance_scaled
+        out["scale_free_variance"].append(given if given is not None else scaled)
     return out
 
 
@@ -229,8 +231,7 @@ TESTED = [k for k in METRICS if k not in ("probe_start", "step_seconds")]
 
 
 def read_run(out: Path) -> dict[str, Any]:
-    log = out / "metrics.jsonl"
-    records = [json.loads(x) for x in log.read_text().splitlines() if x] if log.exists() else []
+    records = read_records(out / "metrics.jsonl")
     report = json.loads((out / "report.json").read_text())
     return {"records": records, "report": report}
 

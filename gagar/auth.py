@@ -16,6 +16,7 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 
 from aiohttp import web
+from aiohttp.typedefs import Middleware
 
 from gagar.env import AUTH_TOKEN_FILE as TOKEN_FILE_ENV
 
@@ -46,9 +47,7 @@ def headers(value: str | None = None) -> dict[str, str]:
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 
-def middleware(
-    expected: str | None,
-) -> Callable[[web.Request, Handler], Awaitable[web.StreamResponse]]:
+def middleware(expected: str | None) -> Middleware:
     """aiohttp middleware: 401 unless the request carries ``expected`` (pass-through if None)."""
     want = f"Bearer {expected}".encode() if expected else None
 

@@ -91,7 +91,6 @@ def rl_health() -> Dashboard:
             Row(
                 title="Rewards",
                 panels=[
-                    Panel(title="Reward (mean)", targets=[gauge("gagar_reward_mean")]),
                     Panel(
                         title="Pass rate",
                         targets=[gauge("gagar_pass_rate_ratio")],

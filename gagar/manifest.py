@@ -87,7 +87,11 @@ def _check_expansion(root: yaml.Node) -> None:
             stack.extend((k, False) for k in _children(node) if id(k) not in size)
 
 
-_OPEN = (yaml.FlowMappingStartToken, yaml.FlowSequenceStartToken, yaml.BlockMappingStartToken)
+_OPEN: tuple[type[yaml.Token], ...] = (
+    yaml.FlowMappingStartToken,
+    yaml.FlowSequenceStartToken,
+    yaml.BlockMappingStartToken,
+)
 _OPEN += (yaml.BlockSequenceStartToken,)
 _CLOSE = (yaml.FlowMappingEndToken, yaml.FlowSequenceEndToken, yaml.BlockEndToken)
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass
-from typing import Literal
+from typing import Literal, TypeVar
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
@@ -172,12 +172,6 @@ METRICS: tuple[MetricDef, ...] = (
         doc="Step of the newest complete checkpoint.",
     ),
     # trainer: rewards and advantages
-    MetricDef(
-        name="gagar_reward_mean",
-        kind="gauge",
-        component="trainer",
-        doc="Mean shaped reward over valid trajectories of the step.",
-    ),
     MetricDef(
         name="gagar_pass_rate_ratio",
         kind="gauge",
@@ -651,6 +645,7 @@ METRICS: tuple[MetricDef, ...] = (
 
 CATALOGUE: dict[str, MetricDef] = {d.name: d for d in METRICS}
 Metric = Counter | Gauge | Histogram
+_M = TypeVar("_M", Counter, Gauge, Histogram)
 
 
 class Metrics:
@@ -670,6 +665,21 @@ class Metrics:
         if name not in self._metrics:
             raise KeyError(f"{name} is not in the catalogue of these components")
         return self._metrics[name]
+
+    def counter(self, name: str) -> Counter:
+        return self._typed(name, Counter)
+
+    def gauge(self, name: str) -> Gauge:
+        return self._typed(name, Gauge)
+
+    def histogram(self, name: str) -> Histogram:
+        return self._typed(name, Histogram)
+
+    def _typed(self, name: str, kind: type[_M]) -> _M:
+        metric = self[name]
+        if not isinstance(metric, kind):
+            raise TypeError(f"{name} is a {CATALOGUE[name].kind}, not a {kind.__name__.lower()}")
+        return metric
 
     def __contains__(self, name: str) -> bool:
         return name in self._metrics

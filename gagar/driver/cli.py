@@ -8,6 +8,7 @@ import contextlib
 import logging
 import os
 from collections.abc import Callable
+from io import TextIOWrapper
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -15,13 +16,14 @@ from rich.console import Console
 
 if TYPE_CHECKING:
     from gagar.driver.loop import Context
+    from gagar.spec import GagarRun
 
 
 class _LogFile(logging.FileHandler):
     """A log file made (with its folder) at the first record, so that a run that cannot start
     leaves nothing behind unless something was logged."""
 
-    def _open(self):
+    def _open(self) -> TextIOWrapper:
         Path(self.baseFilename).parent.mkdir(parents=True, exist_ok=True)
         return super()._open()
 
@@ -99,7 +101,7 @@ def _train(args: argparse.Namespace) -> int:
     return asyncio.run(_main(ctx, out, console, args))
 
 
-def _override(run, args: argparse.Namespace):
+def _override(run: GagarRun, args: argparse.Namespace) -> GagarRun:
     """Apply --steps/--sft-steps/--sft-experts/--copy-steps by re-validating the manifest, so
     overrides obey the same rules."""
     from gagar.spec import GagarRun
@@ -156,12 +158,13 @@ def _print_summary(console: Console, report: dict, out: Path) -> None:
     """One short table of what the run did, then where its files are."""
     from rich.table import Table
 
-    from gagar.driver.report import read_jsonl, summary_rows
+    from gagar.driver.record import read_records
+    from gagar.driver.report import summary_rows
 
     table = Table(title=f"gagar train: {report['run']}", title_justify="left", show_header=False)
     table.add_column(style="bold")
     table.add_column()
-    for name, value in summary_rows(report, read_jsonl(out / "metrics.jsonl")):
+    for name, value in summary_rows(report, read_records(out / "metrics.jsonl")):
         table.add_row(name, value)
     console.print(table)
     console.print(f"report  [bold]{out / 'report.json'}[/] and plots {out}/*.png", soft_wrap=True)

@@ -123,7 +123,10 @@ def _tokenizer_corpus() -> list[str]:
         texts += [t for t in (task.files or {}).values()]
         system, user = (m["content"] for m in task_messages(task))
         turns = [turn for style in STYLES for turn in expert_turns(task, style)]
-        _, source = next(iter(sorted((task.reference_files or task.files).items())))
+        files = task.reference_files or task.files
+        if not files:
+            raise ValueError(f"{task.instance_id}: a synthetic task without files")
+        _, source = next(iter(sorted(files.items())))
         numbered = "\n".join(f"{i:>5}  {line}" for i, line in enumerate(source.splitlines(), 1))
         texts.append(
             chatml("system", system)

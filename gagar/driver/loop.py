@@ -28,8 +28,25 @@ from gagar.driver import advantages as adv_mod
 from gagar.driver import probe as probe_mod
 from gagar.driver import report as rep
 from gagar.driver import telemetry, trackers
+from gagar.driver.record import (
+    AdvantageStats,
+    FlaggedTurns,
+    GradingStats,
+    LearnerStats,
+    RolloutStats,
+    StageSeconds,
+    StepRecord,
+    StepSamples,
+    read_records,
+)
 from gagar.driver.rollouts import GroupResult, RolloutConfig, Rollouts, grading_group
-from gagar.driver.sampling import SamplingPlan, TaskSampler, collect, grade_with_deadline
+from gagar.driver.sampling import (
+    Collected,
+    SamplingPlan,
+    TaskSampler,
+    collect,
+    grade_with_deadline,
+)
 from gagar.grader.protocol import Grader
 from gagar.metrics import Metrics
 from gagar.rollout.agent import AgentLimits, ChatFormat, Engine
@@ -94,7 +111,7 @@ class Context:
     closers: Closers = field(default_factory=list)
     # rollout.maxStaleness 1: the next step's collection, started before this step's update, and
     # the sampler's position before it drew (what a checkpoint of this step records).
-    ahead: asyncio.Future[Any] | None = None
+    ahead: asyncio.Future[Collected] | None = None
     sampler_state: dict[str, int] | None = None
     collecting: bool = False  # a collection is in flight: weight sync must wait
 
@@ -156,7 +173,7 @@ def sampling_plan(alg: AlgorithmSpec) -> SamplingPlan:
     )
 
 
-async def _collect(ctx: Context) -> Any:
+async def _collect(ctx: Context) -> Collected:
     """One step's groups, all sampled by the policy version the engine serves now (``_sync``
     refuses to run while a collection is in flight)."""
     alg = ctx.alg
@@ -190,9 +207,19 @@ def _samples(groups: list[GroupResult], per_token: list[list[float]]) -> list[Sa
     ]
 
 
+@dataclass
+class _GroupFacts:
+    grading: GradingStats  # less the advantages' summaries and trained_groups
+    lambdas: list[float]  # λ of the redistributed groups
+    factors: list[float]  # quality factors of the graded passes
+
+
 def _group_facts(
-    groups: list[GroupResult], rankings: list[Ranking | None], batch: Any, alg: AlgorithmSpec
-) -> dict[str, Any]:
+    groups: list[GroupResult],
+    rankings: list[Ranking | None],
+    batch: adv_mod.GroupBatch,
+    alg: AlgorithmSpec,
+) -> _GroupFacts:
     """Per-step facts about grading: fallbacks, hacks, λ, factors, bloat.
 
     A fallback is a group GAGAR meant to redistribute and did not; plain GRPO never means to, so
@@ -234,22 +261,23 @@ def _group_facts(
         for gi, j in passes
         if (rk := rankings[gi]) is not None and (b := rk.below_t1(j)) is not None
     ]
-    return {
-        "fallbacks": fallbacks,
-        "graded_by": graded_by,
-        "grader_skipped": skipped,
-        "hacks": int(batch.hacks.sum()),
-        "lambdas": redistributed,
-        "factors": [float(factors[gi, j]) for gi, j in passes],
-        "bloated_passes_ratio": sum(below_t1) / len(below_t1) if below_t1 else 0.0,
+    grading = GradingStats(
+        fallbacks=fallbacks,
+        graded_by=graded_by,
+        grader_skipped=skipped,
+        hacks=int(batch.hacks.sum()),
+        lambda_mean=sum(redistributed) / len(redistributed) if redistributed else 0.0,
+        bloated_passes_ratio=sum(below_t1) / len(below_t1) if below_t1 else 0.0,
         # the counts behind the ratio: the summary pools them over steps (x of n), never
         # averages per-step ratios of 3 or 4 passes
-        "bloated_passes": sum(below_t1),
-        "graded_passes": len(below_t1),
-    }
+        bloated_passes=sum(below_t1),
+        graded_passes=len(below_t1),
+    )
+    return _GroupFacts(grading, redistributed, [float(factors[gi, j]) for gi, j in passes])
 
 
-def _rollout_facts(all_groups: list[GroupResult]) -> dict[str, Any]:
+def _rollout_facts(all_groups: list[GroupResult]) -> tuple[RolloutStats, list[int], list[int]]:
+    """The step's rollout stats, and each valid trajectory's response tokens and turns."""
     rollouts = [r for g in all_groups for r in g.rollouts]
     valid = [r for r in rollouts if r.valid]
     invalid: dict[str, int] = {}
@@ -262,24 +290,22 @@ def _rollout_facts(all_groups: list[GroupResult]) -> dict[str, Any]:
             flagged[kind] += count
     tokens = [r.trajectory.response_tokens for r in valid]
     turns = [r.trajectory.num_turns for r in valid]
-    return {
-        "pass_rate": sum(r.passed for r in valid) / len(valid) if valid else 0.0,
-        "passes": sum(r.passed for r in valid),
-        "valid_trajectories": len(valid),
-        "reward_mean": sum(r.passed for r in valid) / len(valid) if valid else 0.0,
-        "invalid": invalid,
-        "flagged_turns": flagged,
-        "tampered": sum(r.tampered for r in valid),
-        "response_tokens": tokens,
-        "turns": turns,
-        "response_tokens_mean": sum(tokens) / len(tokens) if tokens else 0.0,
-        "turns_mean": sum(turns) / len(turns) if turns else 0.0,
-        "generated_tokens": sum(r.trajectory.response_tokens for r in rollouts),
-    }
+    stats = RolloutStats(
+        pass_rate=sum(r.passed for r in valid) / len(valid) if valid else 0.0,
+        passes=sum(r.passed for r in valid),
+        valid_trajectories=len(valid),
+        invalid=invalid,
+        flagged_turns=FlaggedTurns(**flagged),
+        tampered=sum(r.tampered for r in valid),
+        response_tokens_mean=sum(tokens) / len(tokens) if tokens else 0.0,
+        turns_mean=sum(turns) / len(turns) if turns else 0.0,
+        generated_tokens=sum(r.trajectory.response_tokens for r in rollouts),
+    )
+    return stats, tokens, turns
 
 
-# Learner metric → record field. Fields of a step that trained nothing are absent (no update, no
-# learning rate used, no gradient), never 0; the report's plots and Prometheus skip them.
+# Record field (``LearnerStats``) → the learner's metric. Fields of a step that trained nothing are
+# None (no update, no learning rate used, no gradient), never 0; plots and Prometheus skip them.
 LEARNER_FIELDS = {
     "loss": "loss", "kl": "kl", "entropy": "entropy", "lr": "lr",
     "rollout_logp_abs_diff": "rollout_logp_abs_diff", "clip_ratio": "pg_clipfrac",
@@ -292,37 +318,24 @@ LEARNER_FIELDS = {
 }  # fmt: skip
 
 
-def _learner_record(metrics: dict[str, float]) -> dict[str, Any]:
-    record: dict[str, Any] = {k: metrics[m] for k, m in LEARNER_FIELDS.items() if m in metrics}
+def _learner_stats(metrics: dict[str, float]) -> LearnerStats:
+    values: dict[str, float] = {k: metrics[m] for k, m in LEARNER_FIELDS.items() if m in metrics}
     if metrics:  # trained: no KL term (kl.coef 0) reads 0, as does entropy where not computed
-        record = {"kl": 0.0, "entropy": 0.0, **record}
-    record.update(
+        values = {"kl": 0.0, "entropy": 0.0, **values}
+    return LearnerStats(
+        **values,
         tokens_trained=int(metrics.get("tokens_trained", 0)),
         micro_batches=int(metrics.get("micro_batches", 0)),
         optimizer_steps=int(metrics.get("optimizer_steps", 0)),
     )
-    return record
 
 
-def _train(ctx: Context, collected: Any) -> tuple[dict[str, Any], dict[str, Any]]:
-    """Advantages and the update; returns (record fields, extras for Prometheus)."""
+def _train(ctx: Context, collected: Collected) -> tuple[LearnerStats, GradingStats, StepSamples]:
+    """Advantages and the update: the learner's and the grading's part of the record, and the
+    per-trajectory values for Prometheus."""
     groups, rankings = collected.groups, collected.rankings
     if not groups:
-        zero = {
-            f"adv_{s}_{k}": 0.0 for s in ("before", "after") for k in ("mean", "std", "abs_max")
-        }
-        return {
-            **_learner_record({}),
-            **zero,
-            "lambda_mean": 0.0,
-            "fallbacks": {},
-            "graded_by": {},
-            "hacks": 0,
-            "bloated_passes_ratio": 0.0,
-            "bloated_passes": 0,
-            "graded_passes": 0,
-            "trained_groups": 0,
-        }, {}
+        return _learner_stats({}), GradingStats(), StepSamples()
     rollouts = [g.rollouts for g in groups]
     batch = adv_mod.group_advantages(rollouts, rankings, ctx.alg)
     per_token = adv_mod.token_advantages(rollouts, batch.adv, ctx.alg)
@@ -332,21 +345,17 @@ def _train(ctx: Context, collected: Any) -> tuple[dict[str, Any], dict[str, Any]
     samples = _samples(groups, per_token)
     # ctx.step completed steps: this is step index ctx.step, which sets the learning rate.
     metrics = ctx.call("update", samples, ctx.step) if samples else {}
-    record = {
-        **_learner_record(metrics),
-        "trained_groups": len(groups),
-        "lambda_mean": sum(facts["lambdas"]) / len(facts["lambdas"]) if facts["lambdas"] else 0.0,
-        **{f"adv_before_{k}": v for k, v in rep.summarize(before).items()},
-        **{f"adv_after_{k}": v for k, v in rep.summarize(after).items()},
-        **{k: facts[k] for k in ("fallbacks", "graded_by", "hacks", "bloated_passes_ratio")},
-        **{k: facts[k] for k in ("bloated_passes", "graded_passes")},
-    }
-    return record, {
-        "adv_before": before,
-        "adv_after": after,
-        "lambdas": facts["lambdas"],
-        "factors": facts["factors"],
-    }
+    grading = facts.grading.model_copy(
+        update={
+            "trained_groups": len(groups),
+            "adv_before": AdvantageStats(**rep.summarize(before)),
+            "adv_after": AdvantageStats(**rep.summarize(after)),
+        }
+    )
+    extras = StepSamples(
+        adv_before=before, adv_after=after, lambdas=facts.lambdas, factors=facts.factors
+    )
+    return _learner_stats(metrics), grading, extras
 
 
 def _sync(ctx: Context) -> float:
@@ -387,10 +396,7 @@ def check_engine(ctx: Context, groups: list[GroupResult], *, strict: bool) -> No
         )
 
 
-STAGES = ("rollout", "grading_wait", "update", "sync", "checkpoint", "other")
-
-
-async def _step_rollouts(ctx: Context) -> tuple[Any, float, float]:
+async def _step_rollouts(ctx: Context) -> tuple[Collected, float, float]:
     """This step's collection (started by the previous step when ``maxStaleness`` is 1), and how
     long the step waited for its rollouts and for their grading."""
     start = time.perf_counter()
@@ -411,8 +417,8 @@ def _collect_ahead(ctx: Context) -> float:
     return sync_seconds
 
 
-async def rl_step(ctx: Context) -> dict[str, Any]:
-    """One training step; returns its metrics record (also written and exported).
+async def rl_step(ctx: Context) -> StepRecord:
+    """One training step; returns its record (also written and exported).
 
     ``rollout.maxStaleness`` 0: collect on the last update's weights, update, sync. 1: the
     collection of this step was started by the previous one (on the weights before its update);
@@ -426,23 +432,26 @@ async def rl_step(ctx: Context) -> dict[str, Any]:
     sync_seconds = _collect_ahead(ctx) if overlap else 0.0
     t1 = time.perf_counter()
     if overlap:  # off the event loop: the next step's rollouts proceed meanwhile
-        record, extras = await asyncio.to_thread(_train, ctx, collected)
+        learner, grading, extras = await asyncio.to_thread(_train, ctx, collected)
     else:
-        record, extras = _train(ctx, collected)
+        learner, grading, extras = _train(ctx, collected)
     t2 = time.perf_counter()
     dump_rollouts(ctx.out / "rollouts" / f"step_{ctx.step + 1:06d}.jsonl", collected.all_groups)
+    if collected.version is None:
+        raise RuntimeError("a collection finished without the policy version that sampled it")
     staleness = ctx.step - collected.version  # updates between the sampling and this one
     if not overlap:
         sync_seconds = _sync(ctx)
-    facts = _rollout_facts(collected.all_groups)
-    extras.update(response_tokens=facts.pop("response_tokens"), turns=facts.pop("turns"))
+    rollouts, extras.response_tokens, extras.turns = _rollout_facts(collected.all_groups)
     ctx.step += 1
-    record.update(facts)
-    record.update(
+    record = StepRecord(
         step=ctx.step,
         policy_version=ctx.version,
         rollout_policy_version=collected.version,
         staleness_versions=staleness,
+        learner=learner,
+        rollouts=rollouts,
+        grading=grading,
         sampled_groups=collected.sampled,
         sampling_rounds=collected.rounds,
         shortfall=collected.shortfall,
@@ -453,25 +462,25 @@ async def rl_step(ctx: Context) -> dict[str, Any]:
         training_seconds=t2 - t1,
         sync_seconds=sync_seconds,
         step_seconds=time.perf_counter() - t0,
-        stage_seconds={"rollout": rollout_wait, "grading_wait": grading_wait, "update": t2 - t1},
-        rollout_tokens_per_second=facts["generated_tokens"] / max(1e-9, collected.rollout_seconds),
-        training_tokens_per_second=record["tokens_trained"] / max(1e-9, t2 - t1),
+        stage_seconds=StageSeconds(rollout=rollout_wait, grading_wait=grading_wait, update=t2 - t1),
+        rollout_tokens_per_second=rollouts.generated_tokens / max(1e-9, collected.rollout_seconds),
+        training_tokens_per_second=learner.tokens_trained / max(1e-9, t2 - t1),
     )
     telemetry.record_step(ctx.metrics, ctx.run.metadata.name, collected.all_groups, record)
     return _finish_step(ctx, record, extras)
 
 
-def stage_times(record: dict[str, Any]) -> dict[str, float]:
-    """The step's time by stage (``STAGES``), adding up to ``step_seconds``: ``other`` is what
-    the named stages leave (advantages, the rollout dump, metrics)."""
-    named = {
-        **{k: 0.0 for k in STAGES},
-        **record.get("stage_seconds", {}),
-        "sync": record.get("sync_seconds", 0.0),
-        "checkpoint": record.get("checkpoint_seconds", 0.0),
-    }
-    named["other"] = 0.0
-    named["other"] = max(0.0, record["step_seconds"] - sum(named.values()))
+def stage_times(record: StepRecord) -> StageSeconds:
+    """The step's time by stage, adding up to ``step_seconds``: ``other`` is what the named
+    stages leave (advantages, the rollout dump, metrics)."""
+    named = record.stage_seconds.model_copy(
+        update={
+            "sync": record.sync_seconds,
+            "checkpoint": record.checkpoint_seconds or 0.0,
+            "other": 0.0,
+        }
+    )
+    named.other = max(0.0, record.step_seconds - sum(named.model_dump().values()))
     return named
 
 
@@ -502,7 +511,7 @@ def dump_rollouts(path: Path, groups: list[GroupResult]) -> None:
                 fh.write(json.dumps(line) + "\n")
 
 
-def _finish_step(ctx: Context, record: dict[str, Any], extras: dict[str, Any]) -> dict[str, Any]:
+def _finish_step(ctx: Context, record: StepRecord, extras: StepSamples) -> StepRecord:
     """Append the step's record, then checkpoint (a resume truncates the log to its checkpoint,
     so a kill in between repeats nothing). A checkpoint's duration is known only after it, so a
     checkpoint step's record is appended without ``checkpoint_seconds`` and, once the save is
@@ -510,23 +519,29 @@ def _finish_step(ctx: Context, record: dict[str, Any], extras: dict[str, Any]) -
     time; a kill between the two leaves it absent (unknown), never a made-up 0."""
     spec = ctx.run.spec.trainer.checkpoint
     log = ctx.out / "metrics.jsonl"
+    record.checkpoint_step = _checkpoint_step(ctx)
     if ctx.step % spec.interval_steps == 0 or ctx.step == ctx.alg.total_steps:
-        record["stage_seconds"] = stage_times(record)
+        record.stage_seconds = stage_times(record)
         rep.append_jsonl(log, record)
         t = time.perf_counter()
         save_checkpoint(ctx)
-        record["checkpoint_seconds"] = time.perf_counter() - t
-        record["step_seconds"] += record["checkpoint_seconds"]  # the checkpoint is part of the step
-        record["stage_seconds"] = stage_times(record)
+        record.checkpoint_seconds = time.perf_counter() - t
+        record.step_seconds += record.checkpoint_seconds  # the checkpoint is part of the step
+        record.stage_seconds = stage_times(record)
+        record.checkpoint_step = _checkpoint_step(ctx)
         rep.rewrite_last_jsonl(log, record)
     else:
-        record["checkpoint_seconds"] = 0.0  # no checkpoint this step
-        record["stage_seconds"] = stage_times(record)
+        record.checkpoint_seconds = 0.0  # no checkpoint this step
+        record.stage_seconds = stage_times(record)
         rep.append_jsonl(log, record)
-    record["checkpoint_step"] = ctx.ckpt.complete()[-1].step if ctx.ckpt.complete() else 0
     rep.export(ctx.metrics, ctx.run.metadata.name, record, extras)
     ctx.trackers.log_step(record)
     return record
+
+
+def _checkpoint_step(ctx: Context) -> int:
+    complete = ctx.ckpt.complete()
+    return complete[-1].step if complete else 0
 
 
 def save_checkpoint(ctx: Context) -> None:
@@ -540,10 +555,11 @@ def save_checkpoint(ctx: Context) -> None:
     ctx.call("save", ctx.step, state)  # every rank writes its model/optimizer/RNG parts
 
 
-def summary_line(record: dict[str, Any]) -> str:
+def summary_line(record: StepRecord) -> str:
+    r, g = record.rollouts, record.grading
     return (
-        f"pass {record['pass_rate']:.2f} · adv± {record['adv_after_abs_max']:.2f} · λ {record['lambda_mean']:.2f} · "
-        f"len {record['response_tokens_mean']:.0f} · {record['step_seconds']:.1f}s"
+        f"pass {r.pass_rate:.2f} · adv± {g.adv_after.abs_max:.2f} · λ {g.lambda_mean:.2f} · "
+        f"len {r.response_tokens_mean:.0f} · {record.step_seconds:.1f}s"
     )
 
 
@@ -559,7 +575,7 @@ def close(ctx: Context) -> None:
 
 
 def write_final_report(ctx: Context, extra: dict[str, Any]) -> dict[str, Any]:
-    records = rep.read_jsonl(ctx.out / "metrics.jsonl")
+    records = read_records(ctx.out / "metrics.jsonl")
     summary = {
         "run": ctx.run.metadata.name,
         "mode": ctx.alg.mode,
@@ -575,7 +591,7 @@ def write_final_report(ctx: Context, extra: dict[str, Any]) -> dict[str, Any]:
 
 async def train(
     ctx: Context,
-    on_step: Callable[[dict[str, Any]], None] = lambda record: None,
+    on_step: Callable[[StepRecord], None] = lambda record: None,
     *,
     eval_tasks: int = 0,
     eval_only: bool = False,
@@ -647,10 +663,13 @@ async def evaluate(
     rollouts = [g.rollouts[0] for g in groups]
     valid = [r for r in rollouts if r.valid]
     passes = [(g, r) for g, r in zip(groups, rollouts, strict=True) if r.valid and r.passed]
-    bloated: dict[str, bool] = {}
-    for g, _ in passes:
-        ranking = await ctx.services.fallback_grader.grade(grading_group(g))
-        bloated[id(g)] = ranking.below_t1(0) is True  # a probe "group" has one member
+    # by task index: a group's id() would do while the groups live, but typed it says what it
+    # keys, and two tasks can never share a slot
+    bloated: dict[int, bool] = {}
+    for i, (g, r) in enumerate(zip(groups, rollouts, strict=True)):
+        if r.valid and r.passed:
+            ranking = await ctx.services.fallback_grader.grade(grading_group(g))
+            bloated[i] = ranking.below_t1(0) is True  # a probe "group" has one member
     samples = [
         {
             "task": g.task.instance_id,
@@ -658,9 +677,9 @@ async def evaluate(
             "passed": r.valid and r.passed,
             "tokens": r.trajectory.response_tokens,
             "turns": r.trajectory.num_turns,
-            "bloated": bloated.get(id(g), False),
+            "bloated": bloated.get(i, False),
         }
-        for g, r in zip(groups, rollouts, strict=True)
+        for i, (g, r) in enumerate(zip(groups, rollouts, strict=True))
     ]
     return {
         "samples": samples,

@@ -1,6 +1,7 @@
-"""Per-step metrics: one record per step to ``metrics.jsonl`` and Prometheus, and the final report.
+"""Per-step metrics: one ``StepRecord`` per step to ``metrics.jsonl`` and Prometheus, and the
+final report.
 
-The record is a flat dict of the catalogue's trainer metrics (docs/design.md §4) for one step; the same
+The record holds the catalogue's trainer metrics (docs/design.md §4) for one step; the same
 numbers go to Prometheus (``export``) and, at the end, into ``report.json`` and PNG plots.
 """
 
@@ -9,41 +10,42 @@ from __future__ import annotations
 import json
 import os
 import statistics
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
 from scipy.stats import binomtest, fisher_exact
 
-from gagar.metrics import Metrics
+from gagar.driver.record import StepRecord, StepSamples, field_value
+from gagar.metrics import ADV_STAGES, STAGES, THROUGHPUT_STAGES, Metrics
 
-GAUGES = {
-    "step": "gagar_trainer_step",
-    "policy_version": "gagar_policy_version",
-    "staleness_versions": "gagar_rollout_staleness_versions",
-    "reward_mean": "gagar_reward_mean",
-    "pass_rate": "gagar_pass_rate_ratio",
-    "eligible_groups_ratio": "gagar_eligible_groups_ratio",
-    "lambda_mean": "gagar_lambda_mean",
-    "bloated_passes_ratio": "gagar_bloated_passes_ratio",
-    "loss": "gagar_loss",
-    "kl": "gagar_kl",
-    "entropy": "gagar_entropy",
-    "clip_ratio": "gagar_clip_ratio",
-    "grad_norm": "gagar_grad_norm",
-    "gradient_variance": "gagar_gradient_variance",
-    "gradient_variance_scaled": "gagar_gradient_variance_scaled",
-    "lr": "gagar_learning_rate",
-    "clip_low_ratio": "gagar_clip_low_ratio",
-    "clip_high_ratio": "gagar_clip_high_ratio",
-    "clip_dual_ratio": "gagar_clip_dual_ratio",
-    "ratio_mean": "gagar_importance_ratio_mean",
-    "ratio_max": "gagar_importance_ratio_max",
-    "gradient_mean_norm": "gagar_gradient_mean_norm",
-    "gradient_noise_scale": "gagar_gradient_noise_scale",
-    "gradient_noise_trace": "gagar_gradient_noise_trace",
-    "gradient_signal_sq": "gagar_gradient_signal_sq",
-    "checkpoint_step": "gagar_checkpoint_step",
+# Prometheus gauge → the record's value (None: the step has none, the gauge keeps its last value)
+GAUGES: dict[str, Callable[[StepRecord], float | None]] = {
+    "gagar_trainer_step": lambda r: r.step,
+    "gagar_policy_version": lambda r: r.policy_version,
+    "gagar_rollout_staleness_versions": lambda r: r.staleness_versions,
+    "gagar_pass_rate_ratio": lambda r: r.rollouts.pass_rate,
+    "gagar_eligible_groups_ratio": lambda r: r.eligible_groups_ratio,
+    "gagar_lambda_mean": lambda r: r.grading.lambda_mean,
+    "gagar_bloated_passes_ratio": lambda r: r.grading.bloated_passes_ratio,
+    "gagar_loss": lambda r: r.learner.loss,
+    "gagar_kl": lambda r: r.learner.kl,
+    "gagar_entropy": lambda r: r.learner.entropy,
+    "gagar_clip_ratio": lambda r: r.learner.clip_ratio,
+    "gagar_grad_norm": lambda r: r.learner.grad_norm,
+    "gagar_gradient_variance": lambda r: r.learner.gradient_variance,
+    "gagar_gradient_variance_scaled": lambda r: r.learner.gradient_variance_scaled,
+    "gagar_learning_rate": lambda r: r.learner.lr,
+    "gagar_clip_low_ratio": lambda r: r.learner.clip_low_ratio,
+    "gagar_clip_high_ratio": lambda r: r.learner.clip_high_ratio,
+    "gagar_clip_dual_ratio": lambda r: r.learner.clip_dual_ratio,
+    "gagar_importance_ratio_mean": lambda r: r.learner.ratio_mean,
+    "gagar_importance_ratio_max": lambda r: r.learner.ratio_max,
+    "gagar_gradient_mean_norm": lambda r: r.learner.gradient_mean_norm,
+    "gagar_gradient_noise_scale": lambda r: r.learner.gradient_noise_scale,
+    "gagar_gradient_noise_trace": lambda r: r.learner.gradient_noise_trace,
+    "gagar_gradient_signal_sq": lambda r: r.learner.gradient_signal_sq,
+    "gagar_checkpoint_step": lambda r: r.checkpoint_step,
 }
 
 
@@ -58,76 +60,79 @@ def summarize(values: Iterable[float]) -> dict[str, float]:
     }
 
 
-def append_jsonl(path: Path, record: dict[str, Any]) -> None:
+def append_jsonl(path: Path, record: StepRecord) -> None:
     with open(path, "a") as fh:
-        fh.write(json.dumps(record) + "\n")
+        fh.write(record.to_json() + "\n")
         fh.flush()
         os.fsync(fh.fileno())
 
 
-def rewrite_last_jsonl(path: Path, record: dict[str, Any]) -> None:
+def rewrite_last_jsonl(path: Path, record: StepRecord) -> None:
     """Replace the last record (that of the same step) by ``record``: a new file, fsync'ed, then
     renamed over the old one, so a kill leaves the old record or the new one."""
     lines = path.read_text().splitlines()
-    if not lines or json.loads(lines[-1]).get("step") != record.get("step"):
-        raise ValueError(f"{path}: the last record is not that of step {record.get('step')}")
+    if not lines or json.loads(lines[-1]).get("step") != record.step:
+        raise ValueError(f"{path}: the last record is not that of step {record.step}")
     tmp = path.with_suffix(path.suffix + ".tmp")
     with open(tmp, "w") as fh:
-        fh.write("\n".join([*lines[:-1], json.dumps(record)]) + "\n")
+        fh.write("\n".join([*lines[:-1], record.to_json()]) + "\n")
         fh.flush()
         os.fsync(fh.fileno())
     os.replace(tmp, path)
 
 
-def read_jsonl(path: Path) -> list[dict[str, Any]]:
-    if not path.exists():
-        return []
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+def export(metrics: Metrics, run: str, record: StepRecord, samples: StepSamples) -> None:
+    """Push one step's record (and its per-trajectory values) to Prometheus."""
+    for name, value_of in GAUGES.items():
+        value = value_of(record)
+        if value is not None:
+            metrics.gauge(name).labels(run=run).set(float(value))
+    metrics.histogram("gagar_trainer_step_duration_seconds").labels(run=run).observe(
+        record.step_seconds
+    )
+    stages = record.stage_seconds.model_dump()
+    for stage in STAGES:  # they add up to step_seconds
+        metrics.histogram("gagar_trainer_stage_duration_seconds").labels(
+            run=run, stage=stage
+        ).observe(stages[stage])
+    advantages = {"before": record.grading.adv_before, "after": record.grading.adv_after}
+    per_trajectory = {"before": samples.adv_before, "after": samples.adv_after}
+    for stage in ADV_STAGES:
+        for stat, value in advantages[stage].model_dump().items():
+            metrics.gauge(f"gagar_advantage_{stat}").labels(run=run, stage=stage).set(value)
+        for value in per_trajectory[stage]:
+            metrics.histogram("gagar_advantage").labels(run=run, stage=stage).observe(value)
+    throughput = {
+        "rollout": record.rollout_tokens_per_second,
+        "training": record.training_tokens_per_second,
+    }
+    for stage in THROUGHPUT_STAGES:
+        metrics.gauge("gagar_tokens_per_second").labels(run=run, stage=stage).set(throughput[stage])
+    _counters(metrics, run, record, samples)
 
 
-def export(metrics: Metrics, run: str, record: dict[str, Any], extras: dict[str, Any]) -> None:
-    """Push one step's record (and its per-trajectory values in ``extras``) to Prometheus."""
-    for key, name in GAUGES.items():
-        if key in record and record[key] is not None:
-            metrics[name].labels(run=run).set(float(record[key]))
-    metrics["gagar_trainer_step_duration_seconds"].labels(run=run).observe(record["step_seconds"])
-    for stage, seconds in record["stage_seconds"].items():  # they add up to step_seconds
-        metrics["gagar_trainer_stage_duration_seconds"].labels(run=run, stage=stage).observe(
-            seconds
+def _counters(metrics: Metrics, run: str, record: StepRecord, samples: StepSamples) -> None:
+    metrics.counter("gagar_sampling_rounds_total").labels(run=run).inc(record.sampling_rounds)
+    metrics.counter("gagar_quota_shortfall_total").labels(run=run).inc(1 if record.shortfall else 0)
+    metrics.counter("gagar_hacks_total").labels(run=run).inc(record.grading.hacks)
+    metrics.counter("gagar_tokens_trained_total").labels(run=run).inc(record.learner.tokens_trained)
+    for reason, count in record.grading.fallbacks.items():
+        metrics.counter("gagar_grader_fallbacks_total").labels(run=run, reason=reason).inc(count)
+    for reason, count in record.rollouts.invalid.items():
+        metrics.counter("gagar_invalid_trajectories_total").labels(run=run, reason=reason).inc(
+            count
         )
-    for stage in ("before", "after"):
-        for stat in ("mean", "std", "abs_max"):
-            metrics[f"gagar_advantage_{stat}"].labels(run=run, stage=stage).set(
-                record[f"adv_{stage}_{stat}"]
-            )
-        for value in extras.get(f"adv_{stage}", []):
-            metrics["gagar_advantage"].labels(run=run, stage=stage).observe(value)
-    for stage in ("rollout", "training"):
-        metrics["gagar_tokens_per_second"].labels(run=run, stage=stage).set(
-            record.get(f"{stage}_tokens_per_second", 0.0)
-        )
-    _counters(metrics, run, record, extras)
-
-
-def _counters(metrics: Metrics, run: str, record: dict[str, Any], extras: dict[str, Any]) -> None:
-    metrics["gagar_sampling_rounds_total"].labels(run=run).inc(record["sampling_rounds"])
-    metrics["gagar_quota_shortfall_total"].labels(run=run).inc(1 if record["shortfall"] else 0)
-    metrics["gagar_hacks_total"].labels(run=run).inc(record["hacks"])
-    metrics["gagar_tokens_trained_total"].labels(run=run).inc(record["tokens_trained"])
-    for reason, count in record["fallbacks"].items():
-        metrics["gagar_grader_fallbacks_total"].labels(run=run, reason=reason).inc(count)
-    for reason, count in record["invalid"].items():
-        metrics["gagar_invalid_trajectories_total"].labels(run=run, reason=reason).inc(count)
-    for kind, count in record["flagged_turns"].items():
-        metrics["gagar_redundant_actions_total"].labels(run=run, kind=kind).inc(count)
-    for value in extras.get("lambdas", []):
-        metrics["gagar_lambda"].labels(run=run).observe(value)
-    for value in extras.get("factors", []):
-        metrics["gagar_quality_factor"].labels(run=run).observe(value)
-    for value in extras.get("response_tokens", []):
-        metrics["gagar_response_tokens"].labels(run=run).observe(value)
-    for value in extras.get("turns", []):
-        metrics["gagar_turns"].labels(run=run).observe(value)
+    for kind, count in record.rollouts.flagged_turns.model_dump().items():
+        metrics.counter("gagar_redundant_actions_total").labels(run=run, kind=kind).inc(count)
+    histograms: dict[str, list[float] | list[int]] = {
+        "gagar_lambda": samples.lambdas,
+        "gagar_quality_factor": samples.factors,
+        "gagar_response_tokens": samples.response_tokens,
+        "gagar_turns": samples.turns,
+    }
+    for name, values in histograms.items():
+        for value in values:
+            metrics.histogram(name).labels(run=run).observe(value)
 
 
 PLOTS = {
@@ -154,25 +159,25 @@ PLOTS = {
 }
 
 
-def series(records: list[dict[str, Any]], key: str) -> tuple[list[int], list[float]]:
-    """(steps, values) of ``key``; a step without it (e.g. no gradient variance: it trained
-    nothing, or on one micro-batch) is left out, not drawn as 0."""
-    have = [r for r in records if r.get(key) is not None]
-    return [r["step"] for r in have], [float(r[key]) for r in have]
+def series(records: list[StepRecord], key: str) -> tuple[list[int], list[float]]:
+    """(steps, values) of the record's field ``key`` (a flat name: ``pass_rate``,
+    ``adv_after_std``); a step without it (e.g. no gradient variance: it trained nothing, or on
+    one micro-batch) is left out, not drawn as 0. A key the record does not have: ``KeyError``."""
+    values = [(r.step, field_value(r, key)) for r in records]
+    have = [(step, v) for step, v in values if v is not None]
+    return [step for step, _ in have], [v for _, v in have]
 
 
 STAGES_PLOT = "stages.png"
 
 
-def _stage_bars(plt: Any, path: Path, records: list[dict[str, Any]]) -> None:
+def _stage_bars(plt: Any, path: Path, records: list[StepRecord]) -> None:
     """Where each step's time went: one stacked bar per step, a segment per stage."""
-    from gagar.metrics import STAGES
-
     fig, ax = plt.subplots(figsize=(6, 3.5))
-    steps = [r["step"] for r in records]
+    steps = [r.step for r in records]
     bottom = [0.0] * len(records)
     for stage in STAGES:
-        height = [float((r.get("stage_seconds") or {}).get(stage, 0.0)) for r in records]
+        height = [float(r.stage_seconds.model_dump()[stage]) for r in records]
         ax.bar(steps, height, bottom=bottom, label=stage)
         bottom = [b + h for b, h in zip(bottom, height, strict=True)]
     ax.set_title("step time by stage, s")
@@ -183,9 +188,7 @@ def _stage_bars(plt: Any, path: Path, records: list[dict[str, Any]]) -> None:
     plt.close(fig)
 
 
-def write_report(
-    out: Path, records: list[dict[str, Any]], summary: dict[str, Any]
-) -> dict[str, Any]:
+def write_report(out: Path, records: list[StepRecord], summary: dict[str, Any]) -> dict[str, Any]:
     """``report.json`` (summary + first/last records) and one PNG per plot in ``PLOTS``."""
     import matplotlib
 
@@ -206,8 +209,8 @@ def write_report(
     report = {
         **summary,
         "steps": len(records),
-        "first": records[0] if records else None,
-        "last": records[-1] if records else None,
+        "first": records[0].flat() if records else None,
+        "last": records[-1].flat() if records else None,
         "plots": sorted([*PLOTS, STAGES_PLOT]),
         "gradient_noise_scale_pooled": pooled_noise_scale(records),
     }
@@ -215,9 +218,9 @@ def write_report(
     return report
 
 
-def _trend(records: list[dict[str, Any]], key: str, k: int = 5, fmt: str = ".2f") -> str:
+def _trend(records: list[StepRecord], key: str, k: int = 5, fmt: str = ".2f") -> str:
     """``first k → last k`` means of a per-step value (steps that lack it are skipped)."""
-    vals = [float(r[key]) for r in records if r.get(key) is not None]
+    vals = series(records, key)[1]
     if not vals:
         return "–"
     head, tail = vals[:k], vals[-k:]
@@ -226,18 +229,23 @@ def _trend(records: list[dict[str, Any]], key: str, k: int = 5, fmt: str = ".2f"
     return f"{statistics.fmean(head):{fmt}} → {statistics.fmean(tail):{fmt}}"
 
 
-def pooled_noise_scale(records: list[dict[str, Any]]) -> float | None:
+def pooled_noise_scale(records: list[StepRecord]) -> float | None:
     """B over the run: mean tr Σ / mean ‖G‖² over the steps that have both (McCandlish's advice:
     one step's ‖G‖² estimate is noisy and can be ≤ 0); None when the pooled ‖G‖² is ≤ 0 too."""
-    have = [r for r in records if r.get("gradient_noise_trace") is not None]
-    signal = sum(float(r["gradient_signal_sq"]) for r in have)
-    if not have or signal <= 0:
+    pairs = [
+        (trace, signal)
+        for r in records
+        if (trace := r.learner.gradient_noise_trace) is not None
+        and (signal := r.learner.gradient_signal_sq) is not None
+    ]
+    pooled_signal = sum(signal for _, signal in pairs)
+    if not pairs or pooled_signal <= 0:
         return None
-    return sum(float(r["gradient_noise_trace"]) for r in have) / signal
+    return sum(trace for trace, _ in pairs) / pooled_signal
 
 
-def _noise_row(records: list[dict[str, Any]]) -> str:
-    steps = sum(r.get("gradient_noise_trace") is not None for r in records)
+def _noise_row(records: list[StepRecord]) -> str:
+    steps = sum(r.learner.gradient_noise_trace is not None for r in records)
     if not steps:
         return "–"
     b = pooled_noise_scale(records)
@@ -246,11 +254,13 @@ def _noise_row(records: list[dict[str, Any]]) -> str:
     return f"{b:.3g} (tr Σ and ‖G‖² pooled over {steps} steps)"
 
 
-def _pooled(records: list[dict[str, Any]], x: str, n: str) -> tuple[int, int] | None:
-    """Counts pooled over steps (Σx of Σn); None when a record lacks them (an older run)."""
-    if not records or any(r.get(x) is None or r.get(n) is None for r in records):
-        return None
-    return sum(int(r[x]) for r in records), sum(int(r[n]) for r in records)
+Counts = Callable[[StepRecord], tuple[int, int]]
+
+
+def _pooled(records: list[StepRecord], counts: Counts) -> tuple[int, int]:
+    """Counts pooled over steps (Σx of Σn)."""
+    pairs = [counts(r) for r in records]
+    return sum(x for x, _ in pairs), sum(n for _, n in pairs)
 
 
 def _rate(x: int, n: int) -> str:
@@ -265,12 +275,12 @@ def _verdict(p: float) -> str:
     return f"within noise, p = {p:.2g}" if p >= 0.05 else f"p = {p:.2g}"
 
 
-def _pooled_trend(records: list[dict[str, Any]], x: str, n: str, k: int) -> str | None:
+def _pooled_trend(records: list[StepRecord], counts: Counts, k: int) -> str:
     """First k steps' pooled share → last k steps', each with its interval, and Fisher's exact
     test of the two (trajectories of a group share a task, so read p as optimistic)."""
-    head, tail = _pooled(records[:k], x, n), _pooled(records[-k:], x, n)
-    if head is None or tail is None:
-        return None
+    head, tail = _pooled(records[:k], counts), _pooled(records[-k:], counts)
+    if not _pooled(records, counts)[1]:
+        return "–"  # nothing to count (no pass was graded)
     if len(records) <= k:
         return _rate(*head)
     (x1, n1), (x2, n2) = head, tail
@@ -297,7 +307,7 @@ def _probe_change(start: dict[str, Any], end: dict[str, Any]) -> str:
     return f"{_rate(x1, n)} → {_rate(x2, n)}; {gained} gained, {lost} lost ({_verdict(float(p))})"
 
 
-def summary_rows(report: dict[str, Any], records: list[dict[str, Any]]) -> list[tuple[str, str]]:
+def summary_rows(report: dict[str, Any], records: list[StepRecord]) -> list[tuple[str, str]]:
     """The final summary a person reads: (what, value) rows, numbers formatted, no raw dicts."""
     rows = [("run", f"{report['run']} ({report['mode']}), policy v{report['policy_version']}")]
     warm = report.get("warm_start") or {}
@@ -315,17 +325,21 @@ def summary_rows(report: dict[str, Any], records: list[dict[str, Any]]) -> list[
     rows.append(("RL steps", str(report["steps"])))
     if records:
         k = min(5, max(1, len(records) // 2))
-        pass_rate = _pooled_trend(records, "passes", "valid_trajectories", k)
-        bloated = _pooled_trend(records, "bloated_passes", "graded_passes", k)
         rows += [
             (
                 f"training pass rate (first {k} → last {k} steps)",
-                pass_rate or _trend(records, "pass_rate", k),
+                _pooled_trend(
+                    records, lambda r: (r.rollouts.passes, r.rollouts.valid_trajectories), k
+                ),
             ),
-            # an older run without counts: the mean of per-step ratios, as it was
-            ("bloated share of passes", bloated or _trend(records, "bloated_passes_ratio", k)),
+            (
+                "bloated share of passes",
+                _pooled_trend(
+                    records, lambda r: (r.grading.bloated_passes, r.grading.graded_passes), k
+                ),
+            ),
             ("response tokens per trajectory", _trend(records, "response_tokens_mean", k, ".0f")),
-            ("step time, s", f"{statistics.fmean(r['step_seconds'] for r in records):.1f} mean"),
+            ("step time, s", f"{statistics.fmean(r.step_seconds for r in records):.1f} mean"),
             ("gradient noise scale, tokens", _noise_row(records)),
         ]
     probe = report.get("probe") or {}

@@ -171,7 +171,8 @@ async def collect(
                 if need > 0 and depth < max_depth:
                     launch(need, depth + 1)
     except BaseException:
-        for fut in [*running, *pending]:
+        futures: list[asyncio.Future[Any]] = [*running, *pending]
+        for fut in futures:
             fut.cancel()
         raise
     out.rollout_seconds = time.perf_counter() - start

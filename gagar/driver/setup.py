@@ -230,7 +230,10 @@ def chat_format(policy_dir: Path) -> tuple[HFChatFormat, int]:
     tokenizer = AutoTokenizer.from_pretrained(policy_dir)
     # The tools are described compactly in the system prompt (rollouts.SYSTEM_PROMPT) rather than
     # as JSON schemas: a small policy's context is precious, and every turn re-reads it.
-    return HFChatFormat(tokenizer), int(tokenizer.convert_tokens_to_ids(tokenizer.eos_token))
+    eos = tokenizer.convert_tokens_to_ids(tokenizer.eos_token)
+    if not isinstance(eos, int):
+        raise ValueError(f"{policy_dir}: the tokenizer's EOS token is not one token: {eos}")
+    return HFChatFormat(tokenizer), eos
 
 
 # One scripted expert per task (a few seconds of sandbox time apiece), each seen about twice over

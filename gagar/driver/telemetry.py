@@ -9,9 +9,13 @@ every trainer series. Kept apart from the loop so that the loop only calls ``met
 from __future__ import annotations
 
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from gagar.metrics import Metrics
+
+if TYPE_CHECKING:
+    from gagar.driver.record import StepRecord
+    from gagar.driver.rollouts import GroupResult
 
 POOL = "rollout"
 
@@ -31,24 +35,26 @@ class MeteredEngine:
             return out
         finally:
             labels = {"run": self.run, "pool": POOL}
-            self.metrics["gagar_rollout_requests_total"].labels(**labels, outcome=outcome).inc()
-            self.metrics["gagar_rollout_request_duration_seconds"].labels(**labels).observe(
-                time.perf_counter() - start
-            )
+            self.metrics.counter("gagar_rollout_requests_total").labels(
+                **labels, outcome=outcome
+            ).inc()
+            self.metrics.histogram("gagar_rollout_request_duration_seconds").labels(
+                **labels
+            ).observe(time.perf_counter() - start)
 
 
 def metered(engine: Any, metrics: Metrics, run: str) -> Any:
     return engine if isinstance(engine, MeteredEngine) else MeteredEngine(engine, metrics, run)
 
 
-def record_step(metrics: Metrics, run: str, groups: list[Any], record: dict[str, Any]) -> None:
+def record_step(metrics: Metrics, run: str, groups: list[GroupResult], record: StepRecord) -> None:
     """A step's finished trajectories by exit reason, its weight sync and its graded groups."""
     for g in groups:
         for r in g.rollouts:
             reason = r.trajectory.exit_reason or "submitted"
-            metrics["gagar_rollout_trajectories_total"].labels(run=run, reason=reason).inc()
-    metrics["gagar_weight_sync_duration_seconds"].labels(run=run, pool=POOL).observe(
-        record["sync_seconds"]
+            metrics.counter("gagar_rollout_trajectories_total").labels(run=run, reason=reason).inc()
+    metrics.histogram("gagar_weight_sync_duration_seconds").labels(run=run, pool=POOL).observe(
+        record.sync_seconds
     )
-    graded = sum((record.get("graded_by") or {}).values())
-    metrics["gagar_graded_groups_total"].labels(run=run).inc(graded)
+    graded = sum(record.grading.graded_by.values())
+    metrics.counter("gagar_graded_groups_total").labels(run=run).inc(graded)

@@ -11,7 +11,8 @@
 - ``wandb``: a W&B run under ``<run dir>/wandb``, offline unless ``WANDB_API_KEY`` is set:
   the spec as its config, metrics per step, the plots as images.
 
-A record's nested counts (``fallbacks``, ``invalid``...) become ``name/key`` scalars; strings are
+A record's fields are logged under their names in ``metrics.jsonl`` (``StepRecord.flat``); its nested
+counts (``fallbacks``, ``invalid``...) become ``name/key`` scalars, and fields a step lacks (None) are
 left out. Each library is imported only when the run names its tracker.
 """
 
@@ -23,6 +24,7 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any, Protocol
 
+from gagar.driver.record import StepRecord
 from gagar.spec import GagarRun
 
 
@@ -146,9 +148,9 @@ class Trackers:
         ]
         self.step = 0
 
-    def log_step(self, record: dict[str, Any]) -> None:
-        self.step = int(record["step"])
-        values = scalars(record)
+    def log_step(self, record: StepRecord) -> None:
+        self.step = record.step
+        values = scalars(record.flat())
         for tracker in self.trackers:
             tracker.log_step(self.step, values)
 

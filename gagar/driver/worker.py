@@ -232,6 +232,7 @@ def _progress(ctx: Context, provider: ClusterProvider, start_time: str) -> dict[
 def lead(rank: Rank, provider: ClusterProvider) -> int:
     """Rank 0: build the run, train to ``totalSteps``, write the report, release the others."""
     from gagar.driver.loop import close, summary_line, train
+    from gagar.driver.record import StepRecord
     from gagar.driver.setup import build
 
     start_time = rfc3339(time.time())
@@ -243,7 +244,7 @@ def lead(rank: Rank, provider: ClusterProvider) -> int:
         else (lambda: None)
     )
 
-    def on_step(record: dict[str, Any]) -> None:
+    def on_step(record: StepRecord) -> None:
         log.info("step %d/%d · %s", ctx.step, ctx.alg.total_steps, summary_line(record))
         report()
 

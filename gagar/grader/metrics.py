@@ -25,7 +25,7 @@ class GraderMetrics:
     ) -> None:
         self.labels = component_labels("grader", run, pool)
         self.metrics = Metrics(registry, "grader")
-        self.metrics.prime(**self.labels)
+        self.metrics.prime(run=self.labels["run"], pool=self.labels["pool"])
 
     def _m(self, name: str, **extra: str):
         return self.metrics[name].labels(**self.labels, **extra)

@@ -29,7 +29,7 @@ from typing import Any
 from gagar.grader.bounds import Bounds, Oversize, marker
 from gagar.grader.protocol import ExecOutcome, SandboxFactory
 from gagar.grader.workspace import read_bytes, walk
-from gagar.wire import Skipped
+from gagar.wire import Skipped, SkipReason
 
 WORKSPACE_BOUNDS = Bounds(files=100_000, file_bytes=8 << 20, total_bytes=1 << 30)
 
@@ -56,7 +56,9 @@ def _workspace_bytes(
             continue
         size = data.size if isinstance(data, Oversize) else len(data)
         if isinstance(data, Oversize) or total + size > bounds.total_bytes:
-            reason = "file_too_large" if isinstance(data, Oversize) else "total_too_large"
+            reason: SkipReason = (
+                "file_too_large" if isinstance(data, Oversize) else "total_too_large"
+            )
             skipped.append(Skipped(path=rel, reason=reason, detail=f"{size} bytes"))
             data = marker(data, size, reason.replace("_", " ")).encode()
         files[rel] = data

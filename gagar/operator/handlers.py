@@ -296,8 +296,8 @@ class Reconciler:
         finally:
             elapsed = time.monotonic() - started
             log.debug("reconcile %s/%s: %s in %.3f s", namespace, run_name, result, elapsed)
-            self.metrics["gagar_operator_reconciles_total"].labels(result=result).inc()
-            self.metrics["gagar_operator_reconcile_duration_seconds"].observe(elapsed)
+            self.metrics.counter("gagar_operator_reconciles_total").labels(result=result).inc()
+            self.metrics.histogram("gagar_operator_reconcile_duration_seconds").observe(elapsed)
 
     def _reconcile(self, raw: dict[str, Any], mem: _RunMemory, force_apply: bool) -> Outcome:
         """The level-triggered reconcile: observe -> status -> desired -> apply -> status."""
@@ -419,7 +419,7 @@ class Reconciler:
         mem: _RunMemory,
         finished: bool = False,
     ) -> Observed:
-        ns, spec = run.metadata.namespace, run.spec
+        ns, spec = _namespace(run), run.spec
         trainer = None
         if uses_jobset(run, BuildContext(crds=crds)):
             js = self.kube.get("jobset.x-k8s.io/v1alpha2", "JobSet", ns, name(run, "trainer"))
@@ -599,7 +599,7 @@ class Reconciler:
             return
         kind = observed.trainer.kind
         api = f"{JOBSET}/v1alpha2" if kind == "JobSet" else "batch/v1"
-        meta = {"name": name(run, "trainer"), "namespace": run.metadata.namespace}
+        meta = {"name": name(run, "trainer"), "namespace": _namespace(run)}
         current = self.kube.get(api, kind, meta["namespace"], meta["name"])
         ttl = run.spec.trainer.ttl_seconds_after_finished
         if current is None or current["spec"].get("ttlSecondsAfterFinished") == ttl:
@@ -627,7 +627,7 @@ class Reconciler:
                 log.info("%s/%s: Workload %s active=%s", ns, run.metadata.name,
                          wl["metadata"]["name"], want)  # fmt: skip
         if not found and not want:
-            self.requeue(ns, run.metadata.name, KUEUE_RETRY_SECONDS)
+            self.requeue(_namespace(run), run.metadata.name, KUEUE_RETRY_SECONDS)
 
     def _hand_over_replicas(self, obj: dict[str, Any]) -> None:
         """Before the operator stops writing a Deployment's replicas (its pool became
@@ -717,7 +717,7 @@ class Reconciler:
         key = (meta.get("namespace", ""), meta["name"])
         self._phases[key] = status.phase
         self._count_phases()
-        cond = self.metrics["gagar_run_condition"]
+        cond = self.metrics.gauge("gagar_run_condition")
         for c in status.conditions:
             for value in ("True", "False", "Unknown"):
                 cond.labels(run=key[1], namespace=key[0], condition=c.type, status=value).set(
@@ -725,7 +725,7 @@ class Reconciler:
                 )
 
     def _count_phases(self) -> None:
-        gauge = self.metrics["gagar_operator_runs"]
+        gauge = self.metrics.gauge("gagar_operator_runs")
         for phase in PHASES:
             gauge.labels(phase=phase).set(sum(p == phase for p in self._phases.values()))
 
@@ -741,7 +741,7 @@ class Reconciler:
             self._memory.pop((namespace, run_name), None)
             self._due.pop((namespace, run_name), None)
             self._phases.pop((namespace, run_name), None)
-        cond = self.metrics["gagar_run_condition"]
+        cond = self.metrics.gauge("gagar_run_condition")
         for kind in CONDITION_TYPES:
             for value in ("True", "False", "Unknown"):
                 with contextlib.suppress(KeyError):  # a series never exported
@@ -796,11 +796,10 @@ def _owned_by(obj: dict[str, Any], run: GagarRun) -> bool:
 
 def register(registry: kopf.OperatorRegistry, reconciler: Reconciler) -> kopf.OperatorRegistry:
     """Attach the handlers to ``registry`` (a fresh one per operator: tests run several)."""
-    on_run = dict(registry=registry)
 
-    @kopf.on.resume(API_GROUP, API_VERSION, PLURAL, **on_run)
-    @kopf.on.create(API_GROUP, API_VERSION, PLURAL, **on_run)
-    @kopf.on.update(API_GROUP, API_VERSION, PLURAL, field="spec", **on_run)
+    @kopf.on.resume(API_GROUP, API_VERSION, PLURAL, registry=registry)
+    @kopf.on.create(API_GROUP, API_VERSION, PLURAL, registry=registry)
+    @kopf.on.update(API_GROUP, API_VERSION, PLURAL, field="spec", registry=registry)
     def run_changed(body: kopf.Body, **_: Any) -> None:
         outcome = reconciler.reconcile(body, force_apply=True)
         if outcome is not None and outcome.status.phase == "Stalled":
@@ -810,8 +809,10 @@ def register(registry: kopf.OperatorRegistry, reconciler: Reconciler) -> kopf.Op
 
     # The resync and delayed re-checks are the operator's own thread over the runs it has seen
     # (``resync_loop`` says why no kopf timer).
-    @kopf.on.event(API_GROUP, API_VERSION, PLURAL, **on_run)
-    def run_seen(name: str, namespace: str, type: str | None, **_: Any) -> None:
+    @kopf.on.event(API_GROUP, API_VERSION, PLURAL, registry=registry)
+    def run_seen(name: str, namespace: str | None, type: str | None, **_: Any) -> None:
+        if namespace is None:  # GagarRun is namespaced: the API never sends one without
+            return
         if type == "DELETED":
             reconciler.forget(namespace, name)  # children go by owner-reference GC
         else:
@@ -819,13 +820,13 @@ def register(registry: kopf.OperatorRegistry, reconciler: Reconciler) -> kopf.Op
 
     stop = threading.Event()
 
-    @kopf.on.startup(**on_run)
+    @kopf.on.startup(registry=registry)
     def start_resync(**kwargs: Any) -> None:
         reconciler.children = kwargs[CHILD_INDEX]  # kopf's indexes reach start-up handlers too
         stop.clear()
         threading.Thread(target=reconciler.resync_loop, args=(stop,), daemon=True).start()
 
-    @kopf.on.cleanup(**on_run)
+    @kopf.on.cleanup(registry=registry)
     def stop_resync(**_: Any) -> None:
         stop.set()
         reconciler.wake()
@@ -851,12 +852,19 @@ def register(registry: kopf.OperatorRegistry, reconciler: Reconciler) -> kopf.Op
     return registry
 
 
-CHILD_WATCHES = (
+CHILD_WATCHES: tuple[tuple[str, str, str, dict[str, str]], ...] = (
     ("batch", "v1", "jobs", {}),
     ("apps", "v1", "deployments", {}),
     ("", "v1", "configmaps", {"app.kubernetes.io/component": "progress"}),
 )
 CACHED_KINDS = ("Job", "Deployment", "ConfigMap")  # what CHILD_WATCHES feed CHILD_INDEX with
+
+
+def _namespace(run: GagarRun) -> str:
+    """A GagarRun's namespace (the CRD is namespaced: one read from the API always has one)."""
+    if run.metadata.namespace is None:
+        raise ValueError(f"GagarRun {run.metadata.name} has no namespace")
+    return run.metadata.namespace
 
 
 def _label_selector(labels: Mapping[str, str]) -> str:

@@ -36,15 +36,17 @@ class ApiObserver:
 
     def __call__(self, verb: str, status: int, seconds: float) -> None:
         outcome = api_outcome(status)
-        self.metrics["gagar_operator_api_requests_total"].labels(verb=verb, outcome=outcome).inc()
-        self.metrics["gagar_operator_api_request_duration_seconds"].labels(verb=verb).observe(
-            seconds
-        )
+        self.metrics.counter("gagar_operator_api_requests_total").labels(
+            verb=verb, outcome=outcome
+        ).inc()
+        self.metrics.histogram("gagar_operator_api_request_duration_seconds").labels(
+            verb=verb
+        ).observe(seconds)
 
 
 def reconcile_error(metrics: Metrics, reason: str) -> None:
-    metrics["gagar_operator_reconcile_errors_total"].labels(reason=reason).inc()
+    metrics.counter("gagar_operator_reconcile_errors_total").labels(reason=reason).inc()
 
 
 def watch_queue(metrics: Metrics, depth: Callable[[], int]) -> None:
-    metrics["gagar_operator_queue_depth"].set_function(depth)
+    metrics.gauge("gagar_operator_queue_depth").set_function(depth)

@@ -289,7 +289,7 @@ def _flag_churn(turns: list[Turn]) -> None:
         for _j, (later_path, later_old, _later_new) in edits[pos + 1 :]:
             overwritten = bool(new.strip()) and new.strip() in later_old
             recreated = (
-                turns[i].call is not None and turns[i].call.name == "create" and later_old == ""
+                (call := turns[i].call) is not None and call.name == "create" and later_old == ""
             )
             if later_path == path and (overwritten or recreated):
                 turns[i].flags.add("churn")

@@ -84,7 +84,7 @@ class AgentSandboxFactory:
         self.limits, self.port = limits, port
         self.ready_timeout_s = ready_timeout_s
         try:
-            self.client = SandboxClient(api_client=api_client)
+            self.client: Any = SandboxClient(api_client=api_client)
         except ConfigException as e:  # no service account, no kubeconfig
             raise SandboxUnavailable(f"no Kubernetes API to claim Sandboxes from: {e}") from None
         self._lock = threading.Lock()
@@ -203,7 +203,7 @@ class AgentSandboxSession:
             raise SandboxInfraError(f"sandbox of claim {self.claim}: {what}: {e}") from None
 
     def read_file(self, path: str) -> bytes:
-        return self._call("read", self._inner.read_file, path)  # type: ignore[no-any-return]
+        return self._call("read", self._inner.read_file, path)
 
     def write_file(self, path: str, data: FileData) -> None:
         self._call("write", self._inner.write_file, path, data)
@@ -212,13 +212,13 @@ class AgentSandboxSession:
         self._call("delete", self._inner.delete_file, path)
 
     def list_files(self) -> list[str]:
-        return self._call("list", self._inner.list_files)  # type: ignore[no-any-return]
+        return self._call("list", self._inner.list_files)
 
     def diff(self) -> str:
-        return self._call("diff", self._inner.diff)  # type: ignore[no-any-return]
+        return self._call("diff", self._inner.diff)
 
     def archive(self) -> bytes:
-        return self._call("archive", self._inner.archive)  # type: ignore[no-any-return]
+        return self._call("archive", self._inner.archive)
 
     def reset(self) -> None:
         self._call("reset", self._inner.reset)

@@ -8,7 +8,10 @@ import math
 import os
 import sys
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from gagar.sandbox.local import LocalFactory
 
 NO_UID_WARNING = (
     "WARNING: the executor is not root, so pod-mode sessions share its uid: run one session "
@@ -16,7 +19,9 @@ NO_UID_WARNING = (
 )
 
 
-def _factory(args: argparse.Namespace, root: str | None = None, **limit_overrides: object):
+def _factory(
+    args: argparse.Namespace, root: str | None = None, **limit_overrides: object
+) -> LocalFactory:
     from gagar.sandbox import isolation
     from gagar.sandbox.local import LocalFactory
     from gagar.sandbox.types import Limits

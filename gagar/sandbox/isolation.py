@@ -20,10 +20,13 @@ it with that explanation.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Literal, get_args
+from typing import TYPE_CHECKING, Literal, get_args
 
 from gagar.sandbox.types import Isolation, Limits, SandboxUnavailable
 from gagar.spec import SandboxIsolation
+
+if TYPE_CHECKING:
+    from gagar.sandbox.local import LocalFactory
 
 Mode = Literal["bubblewrap", "pod"]  # what an executor runs as once ``auto`` is resolved
 MODES: tuple[str, ...] = get_args(SandboxIsolation)
@@ -75,7 +78,9 @@ def choose(asked: SandboxIsolation) -> Choice:
     raise SandboxUnavailable(f"no isolation works here: bubblewrap: {refused}; pod: {pod}")
 
 
-def factory(asked: SandboxIsolation, limits: Limits | None = None, root: str | None = None):
+def factory(
+    asked: SandboxIsolation, limits: Limits | None = None, root: str | None = None
+) -> tuple[LocalFactory, Choice]:
     """A ``LocalFactory`` in the mode ``asked`` resolves to here, and the ``Choice``."""
     from gagar.sandbox.local import LocalFactory
 

@@ -15,6 +15,7 @@ every series exists from start-up, at zero. What counts as what:
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Any
 
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
@@ -48,11 +49,11 @@ class SandboxMetrics:
         self.registry = CollectorRegistry()
         self.labels = component_labels("sandbox", run, pool)
         self.metrics = Metrics(self.registry, "sandbox")
-        self.metrics.prime(**self.labels)
+        self.metrics.prime(run=self.labels["run"], pool=self.labels["pool"])
         self._m("gagar_sandbox_sessions_active").set_function(sessions)
         self._m("gagar_sandbox_sessions_max").set(max_sessions)
 
-    def _m(self, name: str, **extra: str):
+    def _m(self, name: str, **extra: str) -> Any:  # a Counter, Gauge or Histogram child
         return self.metrics[name].labels(**self.labels, **extra)
 
     def observe(self, result: ExecResult) -> None:

@@ -33,17 +33,18 @@ import os
 import signal
 import socket
 import sys
+from typing import Any
 
 _PR_SET_DUMPABLE = 4
 _WRITABLE = ("/workspace", "/tmp", "/dev/shm")  # never imported from by the server
 _MAX_REQUEST = 1 << 16
 
 
-def _prctl_dumpable(value):
+def _prctl_dumpable(value: int) -> None:
     ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_DUMPABLE, value, 0, 0, 0)
 
 
-def _preload(names):
+def _preload(names: list[str]) -> list[str]:
     import pytest  # noqa: F401
     from _pytest.config import default_plugins
 
@@ -61,7 +62,7 @@ def _preload(names):
     return sorted({n.partition(".")[0] for n in sys.modules})
 
 
-def _ipc_objects():
+def _ipc_objects() -> int:
     count = 0
     for kind in ("shm", "sem", "msg"):
         try:
@@ -72,7 +73,9 @@ def _ipc_objects():
     return count
 
 
-def _serve(ctl, pristine):
+def _serve(
+    ctl: socket.socket, pristine: dict[str, Any]
+) -> tuple[dict[str, Any], tuple[int, int, int], dict[str, Any]]:
     """The server's loop; returns in a forked child only, with its request."""
     while True:
         try:
@@ -107,18 +110,19 @@ def _serve(ctl, pristine):
         os.close(status)
 
 
-def _start():
+def _start() -> tuple[dict[str, Any], tuple[int, int, int], dict[str, Any]]:
     ctl = socket.socket(fileno=int(sys.argv[1]))
     try:
         modules = _preload(sys.argv[2:])
     except BaseException as e:  # reported to the host, which runs cold
         ctl.send(json.dumps({"error": f"{type(e).__name__}: {e}"}).encode())
         os._exit(1)
+    umask = os.umask(0o022)
+    os.umask(umask)
     pristine = {
         "signals": {s: signal.getsignal(s) for s in signal.valid_signals()},
-        "umask": os.umask(0o022),
+        "umask": umask,
     }
-    os.umask(pristine["umask"])
     _prctl_dumpable(0)
     for s in signal.valid_signals():
         if s not in (signal.SIGKILL, signal.SIGSTOP, signal.SIGCHLD, signal.SIGCONT):
@@ -131,7 +135,9 @@ def _start():
     return _serve(ctl, pristine)
 
 
-def _become_run(request, fds, pristine):
+def _become_run(
+    request: dict[str, Any], fds: tuple[int, int, int], pristine: dict[str, Any]
+) -> tuple[str, str]:
     """In the forked child: wait for the host's go, then look like ``python ARGS`` would."""
     out, err, go = fds
     os.dup2(out, 1)
@@ -160,7 +166,7 @@ def _become_run(request, fds, pristine):
     return kind, target
 
 
-def _run_main(kind, target):
+def _run_main(kind: str, target: str) -> None:
     """Run ``target`` as the interpreter's ``-m``, ``-c`` or script would, in a fresh ``__main__``."""
     import runpy
     import types
@@ -171,7 +177,7 @@ def _run_main(kind, target):
         runpy.run_path(target, run_name="__main__")
     else:
         main = types.ModuleType("__main__")
-        main.__builtins__ = __builtins__
+        main.__dict__["__builtins__"] = __builtins__
         sys.modules["__main__"] = main
         exec(compile(target, "<string>", "exec"), main.__dict__)
 

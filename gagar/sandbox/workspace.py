@@ -115,11 +115,12 @@ def walk(root: Path, ignored: frozenset[str] = IGNORED_DIRS) -> Iterator[tuple[s
         try:
             with os.scandir(root / rel_dir if rel_dir else root) as it:
                 entries = sorted(it, key=lambda e: e.name, reverse=True)
-        except OSError as e:  # unreadable, or a path too long for the host to name
+        except OSError as err:  # unreadable, or a path too long for the host to name
             if rel_dir:
-                yield rel_dir, f"\x00<directory not walked: {e.strerror}>".encode()
+                yield rel_dir, f"\x00<directory not walked: {err.strerror}>".encode()
             continue
-        subdirs, others = [], []
+        subdirs: list[tuple[str, int]] = []
+        others: list[tuple[str, Entry]] = []
         for e in entries:
             seen += 1
             if seen > MAX_ENTRIES:

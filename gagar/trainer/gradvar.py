@@ -99,7 +99,7 @@ class GradVarianceTracker:
         # small ops per parameter: this runs after every micro-batch.
         diffs = torch._foreach_sub([grads[i] for i in counted], [self._prev[i] for i in counted])
         norms = torch._foreach_norm(diffs) if diffs else []
-        sq = float(torch.stack(norms).double().pow(2).sum()) if norms else 0.0
+        sq = float(torch.stack(list(norms)).double().pow(2).sum()) if norms else 0.0
         self.sum_sq += sq
         if tokens:
             self.sum_sq_per_token += sq / tokens**2

@@ -34,7 +34,7 @@ from __future__ import annotations
 import contextlib
 import itertools
 import math
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
 
@@ -131,7 +131,7 @@ class LearnerConfig:
             raise ValueError("micro_batch_size, mini_batches and epochs must be >= 1")
 
 
-def _pad(rows: list[list[float]] | list[list[int]], width: int, dtype: torch.dtype) -> Tensor:
+def _pad(rows: Sequence[Sequence[float]], width: int, dtype: torch.dtype) -> Tensor:
     out = torch.zeros(len(rows), width, dtype=dtype)
     for i, row in enumerate(rows):
         out[i, : len(row)] = torch.tensor(row, dtype=dtype)
@@ -152,9 +152,10 @@ class _MicroBatch:
 
     def to(self, device: torch.device) -> _MicroBatch:
         tensors = {f: getattr(self, f) for f in self.__dataclass_fields__}
-        return replace(
-            self, **{f: x.to(device) for f, x in tensors.items() if isinstance(x, Tensor)}
-        )
+        moved: dict[str, Any] = {
+            f: x.to(device) for f, x in tensors.items() if isinstance(x, Tensor)
+        }
+        return replace(self, **moved)
 
 
 @dataclass
@@ -211,7 +212,12 @@ def _check(samples: list[Sample]) -> None:
 
 # Token means over the optimizer steps (weighted by each step's tokens); the rest as named.
 _MAXIMA = ("ratio_max",)
-_STEP_MEANS = ("grad_norm", "gradient_variance", "gradient_mean_norm", "gradient_variance_scaled")
+_STEP_MEANS: tuple[str, ...] = (
+    "grad_norm",
+    "gradient_variance",
+    "gradient_mean_norm",
+    "gradient_variance_scaled",
+)
 _STEP_MEANS += ("gradient_noise_scale", "gradient_noise_trace", "gradient_signal_sq")
 
 
@@ -356,8 +362,8 @@ class Learner:
                 tracker.after_micro_batch(float(batch.mask.sum()))
                 for key, value in {"loss": loss.detach(), **metrics}.items():
                     totals[key] = totals.get(key, 0.0) + float(value)
-                for key, value in peaks.items():
-                    maxima[key] = max(maxima.get(key, -math.inf), value)
+                for key, peak in peaks.items():
+                    maxima[key] = max(maxima.get(key, -math.inf), peak)
         return self._step(params, tracker, totals, maxima, mini.counts)
 
     def _step(

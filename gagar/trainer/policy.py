@@ -8,6 +8,7 @@ metric is available too.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from typing import Any
 
 import torch
@@ -23,7 +24,7 @@ class MegatronPolicy:
         self.model = model
         self.tensor_parallel = tensor_parallel
 
-    def parameters(self):
+    def parameters(self) -> Iterator[torch.nn.Parameter]:
         return self.model.parameters()
 
     def train(self) -> None:

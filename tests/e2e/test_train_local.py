@@ -22,6 +22,7 @@ import yaml
 
 from gagar.alerts import Windows, alerts
 from gagar.dashboards import DASHBOARDS, queries
+from gagar.driver.record import StepRecord, read_records
 from gagar.driver.report import GAUGES
 from gagar.metrics import CATALOGUE
 from tests.integration.test_prometheus import free_port
@@ -33,7 +34,7 @@ EXAMPLE = ROOT / "examples" / "local.yaml"
 pytestmark = pytest.mark.e2e
 
 RECORD_KEYS = {
-    "step", "policy_version", "pass_rate", "reward_mean", "eligible_groups_ratio", "adv_before_mean", "adv_after_abs_max",
+    "schema_version", "step", "policy_version", "pass_rate", "eligible_groups_ratio", "adv_before_mean", "adv_after_abs_max",
     "lambda_mean", "fallbacks", "hacks", "response_tokens_mean", "turns_mean",
     "tokens_trained", "rollout_seconds", "training_seconds", "sync_seconds", "step_seconds", "invalid", "flagged_turns",
     "stage_seconds", "staleness_versions", "rollout_policy_version",
@@ -94,14 +95,14 @@ TRAINER = ("trainer", "rollout")  # the components a `gagar train` process expor
 
 
 def _dashboards_against(
-    url: str, at: float, records: list[dict]
+    url: str, at: float, records: list[StepRecord]
 ) -> tuple[set[str], list[str], dict[str, list[str]]]:
     """Metric names Prometheus scraped from the run; the dashboard queries over the trainer's
     components that returned nothing, though the run had a value for each of their metrics (a
     step's gauge is exported when its record has the field: no gradient variance below two
     micro-batches, no loss or learning rate from a step that trained nothing); and the selectors
     of dashboards and alerts over them that match none of its series (labels that would not join)."""
-    never = {name for key, name in GAUGES.items() if all(r.get(key) is None for r in records)}
+    never = {name for name, value_of in GAUGES.items() if all(value_of(r) is None for r in records)}
     scraped = _query(url, '{__name__=~"gagar_.*", run="local"}', at)
     series = by_metric(r["metric"] for r in scraped)
     empty, bad = [], {}
@@ -132,10 +133,7 @@ def test_local_example_trains_and_reports(tmp_path: Path) -> None:
         )
         output, _ = proc.communicate(timeout=1500)
         assert proc.returncode == 0, output[-4000:]
-        records = [
-            json.loads(line)
-            for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()
-        ]
+        records = read_records(tmp_path / "run" / "metrics.jsonl")
         # a real Prometheus scraped the real run: the dashboards' queries over what it exported work
         at = (tmp_path / "run" / "metrics.jsonl").stat().st_mtime + 3
         scraped, empty, bad = _dashboards_against(url, at, records)
@@ -143,13 +141,15 @@ def test_local_example_trains_and_reports(tmp_path: Path) -> None:
         prom.terminate()
         prom.wait(30)
     # tr Cov needs two micro-batches in a step: present exactly then, and exported then
-    assert all(("gradient_variance" in r) == (r["micro_batches"] >= 2) for r in records)
+    assert all(
+        (r.learner.gradient_variance is not None) == (r.learner.micro_batches >= 2) for r in records
+    )
     assert {
         "gagar_trainer_step",
         "gagar_pass_rate_ratio",
         "gagar_advantage_abs_max",
         "gagar_tokens_per_second",
-        *(["gagar_gradient_variance"] if any("gradient_variance" in r for r in records) else []),
+        *(["gagar_gradient_variance"] if any(r.learner.gradient_variance for r in records) else []),
     } <= scraped
     assert empty == [] and bad == {}
     assert {"gagar_rollout_requests_total", "gagar_weight_sync_duration_seconds_count"} <= scraped
@@ -157,8 +157,9 @@ def test_local_example_trains_and_reports(tmp_path: Path) -> None:
     assert _steps(tmp_path) == [1, 2]
     records = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
     assert RECORD_KEYS <= set(records[-1]), RECORD_KEYS - set(records[-1])
-    for r in records:  # the optimization fields exactly when the step trained (absent, not 0)
-        assert TRAINED_KEYS & set(r) == (TRAINED_KEYS if r["tokens_trained"] > 0 else set()), r
+    for r in records:  # the optimization fields exactly when the step trained (null, not 0)
+        have = {k for k in TRAINED_KEYS if r[k] is not None}
+        assert have == (TRAINED_KEYS if r["tokens_trained"] > 0 else set()), r
     assert records[-1]["policy_version"] == 2
     report = json.loads((tmp_path / "report.json").read_text())
     assert report["steps"] == 2 and report["held_out"]["tasks"] == 2

@@ -60,7 +60,7 @@ async def _step_then_grade(ctx: Any) -> tuple[dict, Any, Any]:
     from gagar.driver.loop import rl_step
     from gagar.grader.sample import sample_group
 
-    record = await rl_step(ctx)
+    record = (await rl_step(ctx)).flat()  # the names on disk
     # The served policy after the sync, on the trainer's updated weights.
     after = await ctx.services.engine.generate(
         ctx.fmt.initial_ids([{"role": "user", "content": "Fix the bug in calc.py."}]),

@@ -15,18 +15,14 @@ from gagar.crd import build_crd
 from gagar.driver.trackers import Trackers, scalars
 from gagar.spec import GagarRun
 from tests.support.crd_check import crd_errors
+from tests.support.records import step_record
 from tests.support.tools import ROOT
 
 matplotlib.use("Agg")
-RECORD = {
-    "step": 1,
-    "pass_rate": 0.5,
-    "loss": -0.25,
-    "shortfall": False,
-    "fallbacks": {"timeout": 2},
-    "graded_by": {"heuristic": 3},
-    "note": "strings are left out",
-}
+RECORD = step_record(
+    1, pass_rate=0.5, loss=-0.25, fallbacks={"timeout": 2}, graded_by={"heuristic": 3}
+)
+STEP_2 = step_record(2, pass_rate=0.75, loss=-0.25, fallbacks={"timeout": 2})
 
 
 def run_with(trackers: list[str], **observability: str) -> GagarRun:
@@ -48,20 +44,22 @@ def plot(out: Path) -> Path:
 def log_two_steps(run: GagarRun, out: Path) -> None:
     trackers = Trackers(run, out)
     trackers.log_step(RECORD)
-    trackers.log_step({**RECORD, "step": 2, "pass_rate": 0.75})
+    trackers.log_step(STEP_2)
     trackers.log_plots([plot(out), out / "missing.png"])
     trackers.close()
 
 
 def test_scalars_flatten_a_record() -> None:
-    assert scalars(RECORD) == {
+    assert scalars({"step": 1, "loss": -0.25, "shortfall": False, "note": "left out"}) == {
         "step": 1.0,
-        "pass_rate": 0.5,
         "loss": -0.25,
         "shortfall": 0.0,
-        "fallbacks/timeout": 2.0,
-        "graded_by/heuristic": 3.0,
     }
+    values = scalars(RECORD.flat())
+    assert values["pass_rate"] == 0.5 and values["loss"] == -0.25
+    assert values["fallbacks/timeout"] == 2.0 and values["graded_by/heuristic"] == 3.0
+    assert values["stage_seconds/rollout"] == 0.0 and values["flagged_turns/churn"] == 0.0
+    assert "kl" not in values  # the step has none (None), not a 0
 
 
 def test_none_by_default_and_each_at_most_once(tmp_path: Path) -> None:
@@ -122,7 +120,7 @@ def test_wandb_offline(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     run = run_with(["wandb"], wandbProject="gagar-test")
     trackers = Trackers(run, tmp_path)
     trackers.log_step(RECORD)
-    trackers.log_step({**RECORD, "step": 2, "pass_rate": 0.75})
+    trackers.log_step(STEP_2)
     trackers.log_plots([plot(tmp_path)])
     (wb,) = trackers.trackers
     assert wb.run.offline and wb.run.project == "gagar-test" and wb.run.name == run.metadata.name

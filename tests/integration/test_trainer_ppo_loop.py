@@ -59,12 +59,14 @@ def test_mini_batches_kl_and_warmup_train_and_resume(services, tmp_path) -> None
     assert all(r["optimizer_steps"] == 2 and r["trained_groups"] == 2 for r in records)
     assert all(r["kl"] > 0 for r in records)  # the second mini-batch already moved off the start
     assert all(r["ratio_max"] != 1.0 and r["ratio_mean"] != 1.0 for r in records)
-    assert {"clip_low_ratio", "clip_high_ratio", "clip_dual_ratio", "clip_ratio"} <= set(records[0])
+    clips = ("clip_low_ratio", "clip_high_ratio", "clip_dual_ratio", "clip_ratio")
+    assert all(records[0][k] is not None for k in clips)
     assert records[0]["checkpoint_seconds"] == 0.0  # no checkpoint at step 1
     assert records[1]["checkpoint_seconds"] > 0 and records[2]["checkpoint_seconds"] > 0
-    assert all("gradient_variance_scaled" in r for r in records)
+    assert all(r["gradient_variance_scaled"] is not None for r in records)
     # the noise scale's parts are in every record (B itself only where ‖G‖² came out > 0)
-    assert all({"gradient_noise_trace", "gradient_signal_sq"} <= set(r) for r in records)
+    parts = ("gradient_noise_trace", "gradient_signal_sq")
+    assert all(r[k] is not None for k in parts for r in records)
 
     from gagar.trainer.sharded import read_tensors
 

@@ -12,9 +12,11 @@ import torch
 import yaml
 
 from gagar.driver import advantages as adv_mod
+from gagar.driver.record import StepRecord
 from gagar.rollout.agent import Trajectory
 from gagar.spec import GagarRun
 from gagar.wire import Ranking, TiedGroup
+from tests.support.records import step_record
 
 ROOT = Path(__file__).resolve().parents[2]
 spec = importlib.util.spec_from_file_location("gagar_vs_grpo", ROOT / "bench" / "gagar_vs_grpo.py")
@@ -23,21 +25,23 @@ spec.loader.exec_module(bench)
 BASE = yaml.safe_load((ROOT / "examples" / "gagar-vs-grpo.yaml").read_text())
 
 
-def _record(step: int, pass_rate: float = 0.5, **extra) -> dict:
-    return {
-        "step": step,
-        "pass_rate": pass_rate,
-        "bloated_passes_ratio": 0.25,
-        "graded_by": {"heuristic": 1},
-        "response_tokens_mean": 100.0,
-        "turns_mean": 4.0,
-        "eligible_groups_ratio": 0.5,
-        "trained_groups": 1,
-        "gradient_variance": 2.0,
-        "gradient_mean_norm": 0.5,
-        "step_seconds": 10.0,
-        **extra,
-    }
+def _record(step: int, pass_rate: float = 0.5, **extra) -> StepRecord:
+    return step_record(
+        step,
+        **{
+            "pass_rate": pass_rate,
+            "bloated_passes_ratio": 0.25,
+            "graded_by": {"heuristic": 1},
+            "response_tokens_mean": 100.0,
+            "turns_mean": 4.0,
+            "eligible_groups_ratio": 0.5,
+            "trained_groups": 1,
+            "gradient_variance": 2.0,
+            "gradient_mean_norm": 0.5,
+            "step_seconds": 10.0,
+            **extra,
+        },
+    )
 
 
 def _probe(rate: float, tokens: int, n: int = 8, passed: list[bool] | None = None) -> dict:
@@ -156,7 +160,7 @@ def _fake_train(tmp_results: dict):
             report["probe"] = {"start": _probe(0.25, 100), "end": _probe(0, 110, passed=end)}
             rate = 0.2 + 0.1 * (arm == "gagar") + 0.01 * int(seed)
             records = [_record(i, pass_rate=rate) for i in (1, 2)]
-            (out / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+            (out / "metrics.jsonl").write_text("".join(r.to_json() + "\n" for r in records))
             tmp_results.setdefault("args", []).append(args)
         (out / "report.json").write_text(json.dumps(report))
         return 1.0

@@ -133,7 +133,7 @@ def test_fallbacks_are_counted_only_where_gagar_meant_to_redistribute(mode, expe
     alg = AlgorithmSpec(mode=mode)
     batch = group_advantages([group()], [None], alg)
     facts = _group_facts([GroupResult(generate(0), group(), [])], [None], batch, alg)
-    assert facts["fallbacks"] == expected
+    assert facts.grading.fallbacks == expected
 
 
 @pytest.mark.parametrize("mode", ["gagar", "grpo"])
@@ -147,7 +147,7 @@ def test_both_modes_measure_the_bloated_share_from_the_ranking(mode) -> None:
     alg = AlgorithmSpec.model_validate({"mode": mode, "lengthPenalty": {"enabled": False}})
     batch = group_advantages([group()], [RANKING], alg)
     facts = _group_facts([GroupResult(generate(0), group(), [])], [RANKING], batch, alg)
-    assert facts["bloated_passes_ratio"] == 0.5 and facts["factors"] == pytest.approx([1, 0.85])
+    assert facts.grading.bloated_passes_ratio == 0.5 and facts.factors == pytest.approx([1, 0.85])
     same = bool(torch.isclose(batch.adv[0, 0], batch.adv[0, 1]))
     assert same == (mode == "grpo")
 
@@ -163,16 +163,16 @@ def test_the_bloated_share_reads_the_tiers_not_the_factors() -> None:
     alg = AlgorithmSpec.model_validate({"redistribution": {"qualityFactors": ones}})
     batch = group_advantages([group()], [RANKING], alg)
     facts = _group_facts([GroupResult(generate(0), group(), [])], [RANKING], batch, alg)
-    assert facts["factors"] == pytest.approx([1, 1]) and facts["bloated_passes_ratio"] == 0.5
+    assert facts.factors == pytest.approx([1, 1]) and facts.grading.bloated_passes_ratio == 0.5
     two_t1 = Ranking(
         tied_groups=[TiedGroup(tier="T1", members=[0]), TiedGroup(tier="T1", members=[1])],
         grader="heuristic",
     )
     facts = _group_facts([GroupResult(generate(0), group(), [])], [two_t1], batch, NO_LP)
-    assert facts["bloated_passes_ratio"] == 0.0
+    assert facts.grading.bloated_passes_ratio == 0.0
     only_one = Ranking(tied_groups=[TiedGroup(tier="T2", members=[1])], grader="heuristic")
     facts = _group_facts([GroupResult(generate(0), group(), [])], [only_one], batch, NO_LP)
-    assert facts["bloated_passes_ratio"] == 1.0
+    assert facts.grading.bloated_passes_ratio == 1.0
 
 
 def test_what_the_graders_left_out_reaches_the_step_record() -> None:
@@ -189,4 +189,4 @@ def test_what_the_graders_left_out_reaches_the_step_record() -> None:
     ranking = RANKING.model_copy(update={"skipped": skipped})
     batch = group_advantages([group()], [ranking], NO_LP)
     facts = _group_facts([GroupResult(generate(0), group(), [])], [ranking], batch, NO_LP)
-    assert facts["grader_skipped"] == {"unsafe_path": 2, "file_too_large": 1}
+    assert facts.grading.grader_skipped == {"unsafe_path": 2, "file_too_large": 1}

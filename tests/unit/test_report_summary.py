@@ -2,15 +2,25 @@
 
 from __future__ import annotations
 
+from gagar.driver.record import StepRecord
 from gagar.driver.report import summary_rows
+from tests.support.records import step_record
 
 
-def _record(step: int, pass_rate: float, bloated: float | None = None) -> dict:
-    rec = {"step": step, "pass_rate": pass_rate, "response_tokens_mean": 100.0 + step}
-    rec["step_seconds"] = 10.0
-    if bloated is not None:
-        rec["bloated_passes_ratio"] = bloated
-    return rec
+def _record(step: int, pass_rate: float, bloated: float | None = None, **flat) -> StepRecord:
+    """16 trajectories; ``bloated``: the share of 2 graded passes (None: none graded)."""
+    graded = 0 if bloated is None else 2
+    return step_record(
+        step,
+        pass_rate=pass_rate,
+        passes=round(pass_rate * 16),
+        valid_trajectories=16,
+        response_tokens_mean=100.0 + step,
+        bloated_passes_ratio=bloated or 0.0,
+        bloated_passes=round((bloated or 0.0) * graded),
+        graded_passes=graded,
+        **flat,
+    )
 
 
 REPORT = {
@@ -33,19 +43,20 @@ def test_rows_show_the_trend_the_warm_start_and_the_held_out_score() -> None:
         _record(i, 0.1 if i <= 5 else 0.5, bloated=0.5 if i % 2 else None) for i in range(1, 21)
     ]
     rows = dict(summary_rows(REPORT, records))
-    assert rows["training pass rate (first 5 → last 5 steps)"] == "0.10 → 0.50"
+    rate = rows["training pass rate (first 5 → last 5 steps)"]
+    assert rate.startswith("10/80 = 0.12 [0.06, 0.22] → 40/80 = 0.50 [0.39, 0.61]"), rate
     assert rows["copy curriculum"] == "400 steps, NLL/token 8.37 → 5.31"
     assert rows["SFT warm start"] == "400 steps, NLL/token 6.99 → 0.04"
     assert rows["held-out resolved"] == "2/16 = 0.12 [0.02, 0.38]"
-    # steps without a bloat measurement are skipped, not counted as 0
-    assert rows["bloated share of passes"] == "0.50 → 0.50"
+    # steps without a bloat measurement add no graded pass, not a 0
+    assert rows["bloated share of passes"].startswith("3/6 = 0.50 [0.12, 0.88] → 2/4 = 0.50")
     assert not any("{" in v for v in rows.values())
 
 
 def test_a_short_run_and_a_run_without_evaluation() -> None:
     report = {**REPORT, "warm_start": {}, "held_out": {}, "steps": 1}
     rows = dict(summary_rows(report, [_record(1, 0.25)]))
-    assert rows["training pass rate (first 1 → last 1 steps)"] == "0.25"
+    assert rows["training pass rate (first 1 → last 1 steps)"] == "4/16 = 0.25 [0.07, 0.52]"
     assert rows["bloated share of passes"] == "–"
     assert "held-out resolved" not in rows and "SFT warm start" not in rows
 
@@ -67,10 +78,16 @@ def test_a_cached_warm_start_says_so() -> None:
     assert rows["SFT warm start (cached on this machine)"] == "400 steps, NLL/token 6.99 → 0.04"
 
 
-def _counted(step: int, passes: int, bloated: int, graded: int) -> dict:
-    rec = _record(step, passes / 16, bloated / graded if graded else 0.0)
-    counts = {"passes": passes, "valid_trajectories": 16}
-    return rec | counts | {"bloated_passes": bloated, "graded_passes": graded}
+def _counted(step: int, passes: int, bloated: int, graded: int) -> StepRecord:
+    return step_record(
+        step,
+        pass_rate=passes / 16,
+        passes=passes,
+        valid_trajectories=16,
+        bloated_passes_ratio=bloated / graded if graded else 0.0,
+        bloated_passes=bloated,
+        graded_passes=graded,
+    )
 
 
 def test_small_numbers_are_pooled_counts_with_intervals_and_a_verdict() -> None:
@@ -105,12 +122,14 @@ def test_the_probe_change_counts_the_samples_that_moved() -> None:
 def test_the_noise_scale_is_pooled_over_steps_before_dividing() -> None:
     from gagar.driver.report import pooled_noise_scale
 
-    records = [_record(1, 0.2), _record(2, 0.3), _record(3, 0.3)]
-    records[0] |= {"gradient_noise_trace": 10.0, "gradient_signal_sq": -0.5}  # one noisy step
-    records[1] |= {"gradient_noise_trace": 30.0, "gradient_signal_sq": 1.5}
+    records = [
+        _record(1, 0.2, gradient_noise_trace=10.0, gradient_signal_sq=-0.5),  # one noisy step
+        _record(2, 0.3, gradient_noise_trace=30.0, gradient_signal_sq=1.5),
+        _record(3, 0.3),
+    ]
     assert pooled_noise_scale(records) == 40.0 / 1.0  # not the mean of per-step ratios
     rows = dict(summary_rows(REPORT, records))
     assert rows["gradient noise scale, tokens"] == "40 (tr Σ and ‖G‖² pooled over 2 steps)"
-    records[1]["gradient_signal_sq"] = 0.25
+    records[1].learner.gradient_signal_sq = 0.25
     assert pooled_noise_scale(records) is None
     assert "undefined" in dict(summary_rows(REPORT, records))["gradient noise scale, tokens"]

@@ -25,6 +25,7 @@ import time
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import httpx
 
@@ -56,7 +57,7 @@ def _save_safetensors(weights: Iterable[tuple[str, object]], file: Path) -> tupl
     and the plugin's backend rebuilds the tied output layer's kernels after the update."""
     from safetensors.torch import save_file
 
-    tensors: dict[str, object] = {}
+    tensors: dict[str, Any] = {}  # torch.Tensor (torch is imported by the caller)
     seen: set[tuple[int, tuple[int, ...], tuple[int, ...]]] = set()
     storages: set[int] = set()
     for name, tensor in weights:
@@ -74,7 +75,7 @@ def _save_safetensors(weights: Iterable[tuple[str, object]], file: Path) -> tupl
     if not tensors:
         raise ValueError("the trainer yielded no weights")
     save_file(tensors, str(file), metadata={"format": "pt"})
-    size = sum(t.numel() * t.element_size() for t in tensors.values())  # type: ignore[attr-defined]
+    size = sum(t.numel() * t.element_size() for t in tensors.values())
     return list(tensors), size
 
 

@@ -114,11 +114,11 @@ def _restore(session: Session, task: Task, base: dict[str, bytes]) -> list[str]:
     Whatever stands in the way (a link, a FIFO or a directory at a test path, a file where a
     directory of tests should be) is removed first. Returns what could not be restored, with why:
     never raises for what the candidate left."""
-    listed = session.list_files()
+    before = session.list_files()
     pristine = {p: d for p, d in base.items() if is_guarded_path(p, task)}
     pristine.update({p: t.encode() for p, t in task.test_files.items()})
     problems = []
-    for path in listed:
+    for path in before:
         if is_guarded_path(path, task) and path not in pristine:
             problems += _try(session.delete_file, path)
     listed = set(session.list_files())

@@ -34,7 +34,7 @@ class SdpaAttention(DotProductAttention):
             and (c.attention_dropout == 0.0 or not self.training)
         )
 
-    def forward(  # type: ignore[override]  # noqa: PLR0913 (Megatron's signature)
+    def forward(  # noqa: PLR0913 (Megatron's signature)
         self,
         query: Tensor,  # [sq, b, np, hn]
         key: Tensor,  # [sk, b, ng, hn]

@@ -35,6 +35,7 @@ import inspect
 import os
 import warnings
 from collections.abc import Iterator
+from typing import Any
 
 import torch
 
@@ -82,7 +83,7 @@ def source_fingerprint(target: str) -> str:
     """sha256 prefix of the source of ``module:Qual.name`` (what a patch depends on)."""
     module_name, qualname = target.split(":")
     head, _, rest = qualname.partition(".")
-    obj = _originals.get(f"{module_name}:{head}") or getattr(
+    obj: Any = _originals.get(f"{module_name}:{head}") or getattr(
         importlib.import_module(module_name), head
     )
     for part in rest.split(".") if rest else []:
@@ -159,8 +160,8 @@ def apply(force: bool = False) -> bool:
         mrandom.CudaRNGStatesTracker
     )
     torch.cuda.current_device = _cpu_current_device  # type: ignore[assignment]
-    torch.cuda.manual_seed = lambda seed: None  # type: ignore[assignment]
-    torch.cuda.synchronize = lambda device=None: None  # type: ignore[assignment]
+    torch.cuda.manual_seed = lambda seed: None
+    torch.cuda.synchronize = lambda device=None: None
     tutils.get_default_causal_mask = _cpu_causal_mask
     fused_softmax.get_default_causal_mask = _cpu_causal_mask
     if not hasattr(moe_utils, "te_general_gemm"):

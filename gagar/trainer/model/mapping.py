@@ -147,7 +147,8 @@ def unfuse_qkv(qkv: torch.Tensor, arch: Arch) -> list[torch.Tensor]:
 def hf_to_full(rule: Rule, tensors: list[torch.Tensor], arch: Arch) -> torch.Tensor:
     """HF tensors of one rule -> the unsharded Megatron tensor."""
     if rule.kind == "qkv":
-        return fuse_qkv(*tensors, arch)
+        q, k, v = tensors
+        return fuse_qkv(q, k, v, arch)
     if rule.kind == "gate_up":
         return torch.cat(tensors, dim=0)
     return tensors[0]

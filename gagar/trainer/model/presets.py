@@ -131,7 +131,7 @@ def llama_config(preset: Preset, tokenizer: Any) -> Any:
         bos_token_id=tokenizer.convert_tokens_to_ids(BOS),
         eos_token_id=tokenizer.convert_tokens_to_ids(EOS),
         pad_token_id=tokenizer.convert_tokens_to_ids(PAD),
-        torch_dtype="float32",
+        dtype="float32",  # transformers 5's name (torch_dtype is deprecated)
     )
 
 
