@@ -24,7 +24,7 @@ from gagar.alerts import Windows, alerts
 from gagar.dashboards import DASHBOARDS, queries
 from gagar.driver.report import GAUGES
 from gagar.metrics import CATALOGUE
-from tests.integration.test_prometheus import free_port
+from tests.e2e.test_prometheus import free_port
 from tests.support.promql import by_metric, rendered, selectors, unmatched
 from tests.support.tools import system_tool
 
