@@ -5,10 +5,11 @@ VENV := .venv
 PYTHON := $(VENV)/bin/python
 export PATH := $(CURDIR)/$(VENV)/bin:$(PATH)
 PYTEST_ARGS ?=
-# Test workers (pytest-xdist) for the default suite: one per CPU; a test file stays on one worker,
-# so its module-scoped servers start once (JOBS=0: no workers, everything in one process). The e2e
+# Test workers (pytest-xdist) for the default suite: one per CPU this process may use, at most 4
+# (each worker holds its own torch, servers and spawned ranks); a test file stays on one worker, so
+# its module-scoped servers start once (JOBS=0: no workers, everything in one process). The e2e
 # tests run one at a time (E2E_JOBS): each already keeps every core busy (vLLM, torchrun ranks).
-JOBS ?= auto
+JOBS ?= $(shell n=$$(nproc); echo $$(( n < 4 ? n : 4 )))
 E2E_JOBS ?= 0
 RUN ?= examples/local.yaml
 OUT ?= runs/local
