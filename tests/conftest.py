@@ -22,6 +22,13 @@ TESTS = Path(__file__).resolve().parent
 # marker -> the directory that holds exactly the tests that carry it
 MARKER_DIRS = {"e2e": TESTS / "e2e", "gpu": TESTS / "gpu"}
 
+# pytest-xdist workers share the CPUs: each worker's torch (and whatever it spawns without its own
+# setting) gets its share of threads, not all of them, or the workers' OpenMP pools oversubscribe
+# the cores and spin against each other
+_WORKERS = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+if _WORKERS > 1:
+    os.environ.setdefault("OMP_NUM_THREADS", str(max(1, len(os.sched_getaffinity(0)) // _WORKERS)))
+
 # `gagar train` keeps warm-started policies per machine (gagar.driver.sft): tests keep theirs in a
 # fresh folder of their own, so a test never starts from a policy another session left behind
 os.environ.setdefault("GAGAR_CACHE_DIR", tempfile.mkdtemp(prefix="gagar-test-cache-"))
