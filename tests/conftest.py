@@ -1,13 +1,33 @@
-"""Shared pytest configuration: GPU tests skip cleanly without CUDA; the header says how much
-disk and memory the run starts with (a CI machine short of either fails in many places at once)."""
+"""Shared pytest configuration.
+
+Markers follow directories: every test under ``tests/e2e`` is ``e2e`` and every test under
+``tests/gpu`` is ``gpu`` whether its file says so or not, and a test that carries either marker
+anywhere else is a collection error (move the file instead), so ``-m "not e2e"`` is exactly "not
+under tests/e2e". GPU tests skip cleanly without CUDA. The header says how much disk and memory the
+run starts with (a CI machine short of either fails in many places at once).
+"""
 
 from __future__ import annotations
 
 import os
 import shutil
 import tempfile
+from pathlib import Path
 
 import pytest
+
+pytest_plugins = ("pytester",)  # tests/unit/test_suite_layout.py runs pytest on scratch trees
+
+TESTS = Path(__file__).resolve().parent
+# marker -> the directory that holds exactly the tests that carry it
+MARKER_DIRS = {"e2e": TESTS / "e2e", "gpu": TESTS / "gpu"}
+
+# pytest-xdist workers share the CPUs: each worker's torch (and whatever it spawns without its own
+# setting) gets its share of threads, not all of them, or the workers' OpenMP pools oversubscribe
+# the cores and spin against each other
+_WORKERS = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+if _WORKERS > 1:
+    os.environ.setdefault("OMP_NUM_THREADS", str(max(1, len(os.sched_getaffinity(0)) // _WORKERS)))
 
 # `gagar train` keeps warm-started policies per machine (gagar.driver.sft): tests keep theirs in a
 # fresh folder of their own, so a test never starts from a policy another session left behind
@@ -22,7 +42,29 @@ def pytest_report_header(config: pytest.Config) -> str:
     return f"resources: {free:.1f} GiB free in {tmp}, {mem:.1f} GiB memory available, {os.cpu_count()} CPUs"
 
 
+def _under(path: Path, folder: Path) -> bool:
+    return path == folder or folder in path.parents
+
+
+def pytest_itemcollected(item: pytest.Item) -> None:
+    for marker, folder in MARKER_DIRS.items():
+        if _under(item.path, folder):
+            item.add_marker(marker)
+
+
+@pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    misplaced = [
+        f"{item.nodeid} is marked {marker} outside {folder.relative_to(TESTS.parent)}/"
+        for item in items
+        for marker, folder in MARKER_DIRS.items()
+        if item.get_closest_marker(marker) is not None and not _under(item.path, folder)
+    ]
+    if misplaced:
+        raise pytest.UsageError("markers follow directories:\n  " + "\n  ".join(misplaced))
+    on_gpu = [item for item in items if item.get_closest_marker("gpu") is not None]
+    if not on_gpu:
+        return  # torch is imported only when a GPU test is selected
     try:
         import torch
 
@@ -32,6 +74,5 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     if has_gpu:
         return
     skip = pytest.mark.skip(reason="needs a CUDA GPU")
-    for item in items:
-        if "gpu" in item.keywords:
-            item.add_marker(skip)
+    for item in on_gpu:
+        item.add_marker(skip)

@@ -1,6 +1,6 @@
 """`bench/gagar_vs_grpo.py --quick` end to end: one warm start, the four arms, one seed, the probe.
 
-Slow (five `gagar train` processes, each with its own vLLM server): `make test-slow`.
+Slow (five `gagar train` processes, each with its own vLLM server): `make test-all`.
 """
 
 from __future__ import annotations

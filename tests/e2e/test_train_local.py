@@ -25,7 +25,7 @@ from gagar.dashboards import DASHBOARDS, queries
 from gagar.driver.record import StepRecord, read_records
 from gagar.driver.report import GAUGES
 from gagar.metrics import CATALOGUE
-from tests.integration.test_prometheus import free_port
+from tests.e2e.test_prometheus import free_port
 from tests.support.promql import by_metric, rendered, selectors, unmatched
 from tests.support.tools import system_tool
 

@@ -17,9 +17,9 @@ README = (ROOT / "README.md").read_text()
 
 def _commands(prefix: str) -> set[str]:
     """Commands in code spans (`gagar x ...`) and at the start of lines in fenced blocks."""
-    spans = re.findall(rf"`{prefix} ([a-z][a-z-]*)", README)
+    spans = re.findall(rf"`{prefix} ([a-z][a-z0-9-]*)", README)
     blocks = "\n".join(re.findall(r"```\n(.*?)```", README, re.DOTALL))
-    return set(spans) | set(re.findall(rf"^{prefix} ([a-z][a-z-]*)", blocks, re.MULTILINE))
+    return set(spans) | set(re.findall(rf"^{prefix} ([a-z][a-z0-9-]*)", blocks, re.MULTILINE))
 
 
 def test_make_targets_exist() -> None:

@@ -128,11 +128,11 @@ ACTS: dict[str, tuple[str, ...]] = {
     ),
     "spec.algorithm.loss.kl.coef": (
         U + "test_learner_ppo.py::test_kl_to_the_frozen_reference",
-        INT + "test_trainer_ppo_loop.py::test_mini_batches_kl_and_warmup_train_and_resume",
+        E + "test_trainer_ppo_loop.py::test_mini_batches_kl_and_warmup_train_and_resume",
     ),
     "spec.algorithm.optimizer.warmupSteps": (
         U + "test_learner_ppo.py::test_schedule_warms_up_then_holds_or_decays",
-        INT + "test_trainer_ppo_loop.py::test_mini_batches_kl_and_warmup_train_and_resume",
+        E + "test_trainer_ppo_loop.py::test_mini_batches_kl_and_warmup_train_and_resume",
     ),
     "spec.algorithm.loss.kl.estimator": (
         INT
@@ -141,7 +141,7 @@ ACTS: dict[str, tuple[str, ...]] = {
     ),
     "spec.algorithm.miniBatches": (
         "tests/unit/test_learner_ppo.py::test_second_mini_batch_sees_the_moved_policy",
-        "tests/integration/test_trainer_ppo_loop.py::test_mini_batches_kl_and_warmup_train_and_resume",
+        "tests/e2e/test_trainer_ppo_loop.py::test_mini_batches_kl_and_warmup_train_and_resume",
     ),
     "spec.algorithm.ppoEpochs": (
         "tests/unit/test_learner_ppo.py::test_epochs_with_a_large_step_make_the_clips_act",

@@ -18,7 +18,7 @@ import pytest
 import torch
 
 from gagar.spec import GagarRun
-from tests.integration.test_cluster_trainer import launch, services, spec
+from tests.e2e.test_cluster_trainer import launch, services, spec
 
 pytestmark = pytest.mark.e2e
 __all__ = ["services"]  # the module-scoped fixture, shared

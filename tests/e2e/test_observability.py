@@ -38,8 +38,8 @@ from gagar.operator.builders.common import BuildContext
 from gagar.operator.builders.pools import build_hpa, build_scaled_object
 from gagar.sandbox.client import HttpFactory
 from gagar.spec import Autoscaling, GagarRun
+from tests.e2e.test_prometheus import free_port, wait_for
 from tests.integration.test_operator_scenarios import manifest
-from tests.integration.test_prometheus import free_port, wait_for
 from tests.kube_emulator import KubeEmulator
 from tests.support.exposition import missing
 from tests.support.promql import by_metric, rendered, selectors, unmatched

@@ -5,7 +5,7 @@ tmp storage, scraping ``tests/support/metrics_exporter.py`` every second and loa
 files: the shipped one (production windows: must load and evaluate healthily) and the same rules
 built with windows in seconds (must stay silent while the exporter is healthy and all fire once
 it degrades). The dashboards are checked against the real components instead:
-``tests/integration/test_observability.py`` (sandbox, grader, operator) and
+``tests/e2e/test_observability.py`` (sandbox, grader, operator) and
 ``tests/e2e/test_train_local.py`` (trainer, rollout).
 """
 
