@@ -37,6 +37,9 @@ test: install ## Install, then run the default suite: tests/unit and tests/integ
 test-e2e: install ## Run the end-to-end tests (tests/e2e: whole training runs, real servers), not slow
 	$(PYTHON) -m pytest -n $(E2E_JOBS) --dist loadfile tests/e2e -m "not slow and not gpu" $(PYTEST_ARGS)
 
+test-images: install ## Build the operator, sandbox and grader images with buildah and smoke-run each (needs root; about 3-10 min)
+	$(PYTHON) -m pytest tests/integration/test_images_build.py $(PYTEST_ARGS)
+
 test-all: install ## Run every test but the GPU ones: the default suite, the e2e tests and the slow ones
 	$(PYTHON) -m pytest -n $(JOBS) --dist loadfile -m "not e2e and not gpu" $(PYTEST_ARGS)
 	$(PYTHON) -m pytest -n $(E2E_JOBS) --dist loadfile tests/e2e -m "not gpu" $(PYTEST_ARGS)
@@ -79,4 +82,4 @@ bench: install ## Run the benchmarks (print tables, write JSON under bench/resul
 	$(PYTHON) bench/checkpoint.py
 	$(PYTHON) bench/train_step.py
 
-.PHONY: help install lock run test test-e2e test-all lint format crd check-generated helm-lint images bench
+.PHONY: help install lock run test test-images test-e2e test-all lint format crd check-generated helm-lint images bench

@@ -1,7 +1,7 @@
 """``bench/e2e_protocol.py --smoke --device cpu``: the GPU protocol's pipeline end to end on the
 tiny policy (1 warm start × 1 seed × 2 arms × 1 step, a 4-task held-out set): three `gagar train`
 processes, each with its own vLLM server: 2,016 s on the loaded 2-core machine (load 20-90),
-hence slow (`make test-slow`). Its numbers answer nothing."""
+hence slow (`make test-all`). Its numbers answer nothing."""
 
 from __future__ import annotations
 

@@ -87,7 +87,7 @@ def test_make_targets_select_the_default_suite_the_e2e_tests_and_everything_but_
 def test_ci_runs_the_default_suite_and_the_e2e_tests() -> None:
     ci = (ROOT / ".ci" / "run").read_text()
     commands = re.findall(r"^make ([a-z0-9-]+)", ci, re.MULTILINE)
-    assert {"test", "test-e2e", "lint"} <= set(commands), commands
+    assert {"test", "test-e2e", "test-images", "lint"} <= set(commands), commands
 
 
 # `make test` keeps one test on each real component, not only fakes of them
