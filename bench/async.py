@@ -12,6 +12,7 @@ step, and writes ``bench/results/async.json``.
 
     .venv/bin/python bench/async.py [--run runs/local] [--steps 4]
         [--baseline CHECKOUT]  # e.g. a `git worktree` of main: today's loop, same run
+        [--variants synchronous max_staleness_1]  # which of this checkout's to run (both)
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ import yaml
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "bench" / "results"
+VARIANTS = {"synchronous": 0, "max_staleness_1": 1}  # name: rollout.maxStaleness
 STAGES = ("rollout", "grading_wait", "update", "sync", "checkpoint", "other")
 
 
@@ -147,6 +149,13 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--run", default=str(ROOT / "runs" / "local"), help="a finished local run")
     p.add_argument("--steps", type=int, default=4)
     p.add_argument("--baseline", help="another checkout whose loop to time too (today's)")
+    p.add_argument(
+        "--variants",
+        nargs="+",
+        choices=list(VARIANTS),
+        default=list(VARIANTS),
+        help="this checkout's variants to run (the embedded default is synchronous)",
+    )
     p.add_argument("--out", default=str(RESULTS / "async.json"))
     args = p.parse_args(argv)
     run_dir = Path(args.run)
@@ -157,7 +166,8 @@ def main(argv: list[str] | None = None) -> None:
         if args.baseline:
             base = Path(args.baseline).resolve()
             variants.append(_variant("baseline", base, run_dir, Path(tmp), None, args.steps))
-        for name, staleness in (("synchronous", 0), ("max_staleness_1", 1)):
+        for name in args.variants:
+            staleness = VARIANTS[name]
             variants.append(_variant(name, ROOT, run_dir, Path(tmp), staleness, args.steps))
     res = {"variants": variants, "run": str(run_dir), "load_average": os.getloadavg()}
     ref = variants[0]["step_seconds_mean"]

@@ -18,13 +18,18 @@ slot: summed over trajectories, divided by C), plus the event loop's blocked tim
 lag) and vLLM's prefix-cache hit rate from its own ``/metrics``, and the CPU seconds each side
 spent in the vLLM server's processes, the sandboxes' jails and this process (``cpu_s``; with
 ``cores_busy``, their sum over the wall time: on a machine with few cores the loop's ratio is
-bounded by the CPU its sandboxes take from the engine). Writes
-``bench/results/rollout.json``:
+bounded by the CPU its sandboxes take from the engine). A second table shows, per side, the
+engine's CPU milliseconds per generated token (and the loop's over the replay's) and the batches
+it ran, from the engine's own per-step lines (``gagar_step_stats``): steps, steps per generated
+token, running requests and scheduled tokens per step (mean/p50/p90), prefill and decode tokens.
+``--vllm-busy-loop 0`` serves without vLLM's IPC spin (``gagar_idle_wait``; default: vLLM's).
+Writes ``bench/results/rollout.json``:
 ``{"results": [{"concurrency": C, "loop_tokens_per_second": x, "raw_tokens_per_second": y,
 "ratio": x / y, ...}, ...], ...}``.
 
     .venv/bin/python bench/rollout.py [--model DIR] [--concurrency 8 32] [--rounds 2]
         [--manifest examples/local.yaml] [--out bench/results/rollout.json] [--gpu]
+        [--vllm-busy-loop SECONDS]
 
 On a lent accelerator, ``tests/gpu/test_rollout_bench_gpu.py`` runs it on SmolLM2-135M.
 
@@ -69,6 +74,7 @@ from gagar.engine.base import SamplingParams  # noqa: E402
 from gagar.engine.client import AsyncOpenAIEngine  # noqa: E402
 from gagar.grader.protocol import HeuristicGrader  # noqa: E402
 from gagar.manifest import load_run  # noqa: E402
+from gagar.rollout.engines import vllm_idle_wait, vllm_step_stats  # noqa: E402
 from gagar.rollout.engines.server import ServerConfig, VllmServer  # noqa: E402
 
 RESULTS = ROOT / "bench" / "results"
@@ -309,6 +315,53 @@ async def raw_run(
     return {"wall_s": wall, "generated_tokens": sum(done), "tokens_per_second": sum(done) / wall}
 
 
+def quantiles(xs: list[float]) -> dict[str, float]:
+    """Mean, median and 90th percentile (nearest rank) of ``xs``; NaN when empty."""
+    if not xs:
+        return {"mean": float("nan"), "p50": float("nan"), "p90": float("nan")}
+    s = sorted(xs)
+    rank = lambda q: s[min(len(s) - 1, max(0, math.ceil(q * len(s)) - 1))]  # noqa: E731
+    return {"mean": sum(s) / len(s), "p50": rank(0.5), "p90": rank(0.9)}
+
+
+def step_stats(steps: list[vllm_step_stats.Step], generated: int) -> dict[str, Any]:
+    """What the engine's scheduler did for one side: its steps, the batch each ran (running
+    requests, scheduled tokens), prefill and decode tokens, and steps per generated token."""
+    return {
+        "steps": len(steps),
+        "running": quantiles([s.running for s in steps]),
+        "scheduled_tokens": quantiles([s.tokens for s in steps]),
+        "prefill_tokens": sum(s.prefill_tokens for s in steps),
+        "decode_tokens": sum(s.decode_tokens for s in steps),
+        "prefill_steps": sum(1 for s in steps if s.prefill_tokens),
+        "steps_per_generated_token": len(steps) / generated if generated else float("nan"),
+    }
+
+
+class StepLog:
+    """The engine's per-step lines (``vllm_step_stats``) that each side added."""
+
+    def __init__(self, path: Path | None) -> None:
+        self.path, self.offset = path, 0
+
+    def mark(self) -> None:
+        if self.path is not None:
+            _, self.offset = vllm_step_stats.read_steps(self.path, self.offset)
+
+    def since_mark(self) -> list[vllm_step_stats.Step]:
+        if self.path is None:
+            return []
+        time.sleep(0.2)  # the engine core's last lines of the side
+        steps, self.offset = vllm_step_stats.read_steps(self.path, self.offset)
+        return steps
+
+
+def per_token(cpu: dict[str, float], generated: int) -> dict[str, float]:
+    """CPU milliseconds per generated token, per process kind."""
+    keys = ("engine", "loop_process", "sandboxes")
+    return {k: 1000 * cpu[k] / generated if generated else float("nan") for k in keys if k in cpu}
+
+
 def reset_cache(base_url: str) -> None:
     """Empty vLLM's prefix cache (a dev-mode route), so each side starts cold."""
     httpx.post(f"{base_url}/reset_prefix_cache", timeout=60).raise_for_status()
@@ -348,6 +401,11 @@ async def measure(args: argparse.Namespace, work: Path) -> dict[str, Any]:
             executor_backend="uni",
         )
     results = []
+    steplog = StepLog(None if args.url else work / "steps.log")
+    if steplog.path is not None:  # read by the server's engine core (vllm_step_stats)
+        os.environ[vllm_step_stats.ENV] = str(steplog.path)
+    if args.vllm_busy_loop is not None:
+        os.environ[vllm_idle_wait.ENV] = str(args.vllm_busy_loop)
     with contextlib.ExitStack() as stack:
         if args.url:  # a server already running (several bench runs, one start)
             server: Any = argparse.Namespace(base_url=args.url.rstrip("/"), startup_seconds=0.0)
@@ -364,8 +422,11 @@ async def measure(args: argparse.Namespace, work: Path) -> dict[str, Any]:
             if profile is not None:  # the event loop's thread only: what blocks it
                 profile.enable()
             cpu = cpu_now(pgid)
+            steplog.mark()
             loop = await loop_run(run, train, engine, fmt, factory, c, args.rounds)
             loop["cpu_s"] = cpu_used(cpu, loop["wall_s"], pgid)
+            loop["engine_steps"] = step_stats(steplog.since_mark(), loop["generated_tokens"])
+            loop["cpu_ms_per_token"] = per_token(loop["cpu_s"], loop["generated_tokens"])
             if profile is not None:
                 profile.disable()
                 pstats.Stats(profile).sort_stats("tottime").print_stats(25)
@@ -373,8 +434,11 @@ async def measure(args: argparse.Namespace, work: Path) -> dict[str, Any]:
             requests = loop.pop("requests")
             reset_cache(server.base_url)
             cpu = cpu_now(pgid)
+            steplog.mark()
             raw = await raw_run(engine, requests, c)
             raw["cpu_s"] = cpu_used(cpu, raw["wall_s"], pgid)
+            raw["engine_steps"] = step_stats(steplog.since_mark(), raw["generated_tokens"])
+            raw["cpu_ms_per_token"] = per_token(raw["cpu_s"], raw["generated_tokens"])
             raw["prefix_cache_hit_rate"] = hit_rate(after, prefix_cache(server.base_url))
             results.append(
                 {
@@ -382,6 +446,9 @@ async def measure(args: argparse.Namespace, work: Path) -> dict[str, Any]:
                     "loop_tokens_per_second": loop["tokens_per_second"],
                     "raw_tokens_per_second": raw["tokens_per_second"],
                     "ratio": loop["tokens_per_second"] / raw["tokens_per_second"],
+                    # the engine's CPU per generated token, loop over replay (issue: <= 1.15)
+                    "engine_cpu_per_token_ratio": loop["cpu_ms_per_token"]["engine"]
+                    / raw["cpu_ms_per_token"]["engine"],
                     "loop": loop,
                     "raw": raw,
                     "engine_requests": len(requests),
@@ -400,7 +467,12 @@ async def measure(args: argparse.Namespace, work: Path) -> dict[str, Any]:
         "machine": platform.platform(),
         "cpus": os.cpu_count(),
         "vllm_threads": args.threads,
+        "vllm_busy_loop_s": args.vllm_busy_loop,
     }
+
+
+def _spread(steps: dict[str, Any], key: str) -> str:
+    return "{mean:.1f}/{p50:.0f}/{p90:.0f}".format(**steps[key]) if steps else "-"
 
 
 def show(res: dict[str, Any]) -> None:
@@ -425,6 +497,28 @@ def show(res: dict[str, Any]) -> None:
             "{engine:.0f}/{loop_process:.0f}".format(**r["raw"]["cpu_s"]),
         )
     console.print(table)
+    engine = Table(title="the engine per side: CPU per generated token and the batches it ran")
+    for col in ("C", "side", "tokens", "CPU ms/tok engine", "loop/raw", "own ms/tok", "steps"):
+        engine.add_column(col, justify="right")
+    for col in ("steps/tok", "running mean/p50/p90", "sched tok mean/p50/p90", "prefill/decode"):
+        engine.add_column(col, justify="right")
+    for r in res["results"]:
+        for side in ("loop", "raw"):
+            d, st = r[side], r[side].get("engine_steps") or {}
+            engine.add_row(
+                str(r["concurrency"]),
+                side,
+                str(d["generated_tokens"]),
+                f"{d['cpu_ms_per_token']['engine']:.2f}",
+                f"{r['engine_cpu_per_token_ratio']:.2f}x" if side == "loop" else "",
+                f"{d['cpu_ms_per_token']['loop_process']:.2f}",
+                str(st.get("steps", "-")),
+                f"{st['steps_per_generated_token']:.3f}" if st else "-",
+                _spread(st, "running"),
+                _spread(st, "scheduled_tokens"),
+                f"{st['prefill_tokens']}/{st['decode_tokens']}" if st else "-",
+            )
+    console.print(engine)
     console.print(
         "breakdown columns: seconds of the loop's wall time per concurrency slot (summed over "
         "trajectories / C); CPU s: CPU seconds of the vLLM server's processes, the sandboxes' "
@@ -449,6 +543,11 @@ def main(argv: list[str] | None = None) -> None:
         "--threads", type=int, default=1, help="vLLM-CPU's OpenMP threads (gagar train: 1)"
     )
     p.add_argument("--gpu", action="store_true", help="serve on the GPU (vLLM's CUDA build)")
+    p.add_argument(
+        "--vllm-busy-loop",
+        type=float,
+        help="seconds vLLM's IPC readers spin before sleeping (vllm_idle_wait; default: vLLM's, 1)",
+    )
     args = p.parse_args(argv)
     if args.switch_interval:
         sys.setswitchinterval(args.switch_interval)

@@ -3,7 +3,11 @@ plain PyTorch loop (transformers' LlamaForCausalLM, the same weights, batch and 
 same process. Rows: the learner as it runs (core attention through SDPA); the same with
 Megatron's own unfused attention (the path before); with the KL term on (a frozen reference's
 forward pass per micro-batch); with two mini-batches (the behaviour log-probs' extra no-grad
-forward on the second); and the plain loop. Prints a table and writes
+forward on the second); and the plain loop. The row whose learner is configured as the embedded
+default configures it (``examples/local.yaml``: its KL coefficient and mini-batches, SDPA
+attention) is marked ``default`` in the table and in the JSON (``default_row``, and
+``"default": true`` on the row); every learner row here uses token-mean aggregation in float32,
+whatever the manifest's aggregation and autocast. Prints a table and writes
 bench/results/train_step.json.
 
     .venv/bin/python bench/train_step.py [--batch 8] [--seq 512] [--micro 4] [--repeats 3]
@@ -30,6 +34,17 @@ from gagar.trainer.model.presets import create_preset
 from gagar.trainer.policy import MegatronPolicy
 
 RESULTS = Path(__file__).resolve().parent / "results"
+MANIFEST = Path(__file__).resolve().parents[1] / "examples" / "local.yaml"
+
+
+def default_learner() -> dict[str, Any]:
+    """How ``gagar train`` configures the learner for the embedded default, in the terms the
+    rows differ by (``gagar.driver.setup.build_learner``; the model is built with SDPA
+    attention)."""
+    from gagar.manifest import load_run
+
+    alg = load_run(MANIFEST).spec.algorithm
+    return {"fused": True, "kl": alg.loss.kl.coef, "mini_batches": alg.mini_batches}
 
 
 def _batch(vocab: int, batch: int, seq: int) -> list[Sample]:
@@ -120,16 +135,20 @@ def main() -> None:
     samples = _batch(4096, args.batch, args.seq)
     plain = LlamaForCausalLM.from_pretrained(folder, torch_dtype=torch.float32)
     plain_opt = torch.optim.AdamW(plain.parameters(), lr=1e-5)
-    rows = {
-        "gagar learner (Megatron-Core, SDPA attention)": _learner(folder, args.micro),
-        "gagar learner, Megatron's unfused attention (before)": _learner(
-            folder, args.micro, fused=False
-        ),
-        "gagar learner, KL on (reference forward)": _learner(folder, args.micro, kl=0.05),
-        "gagar learner, 2 mini-batches (behaviour forward)": _learner(
-            folder, args.micro, mini_batches=2
-        ),
+    configs: dict[str, dict[str, Any]] = {
+        "gagar learner (Megatron-Core, SDPA attention)": {},
+        "gagar learner, Megatron's unfused attention (before)": {"fused": False},
+        "gagar learner, KL on (reference forward)": {"kl": 0.05},
+        "gagar learner, 2 mini-batches (behaviour forward)": {"mini_batches": 2},
     }
+    default = default_learner()
+    plain_cfg = {"fused": True, "kl": 0.0, "mini_batches": 1}
+    default_row = next(
+        (name for name, c in configs.items() if {**plain_cfg, **c} == default),
+        "gagar learner as the embedded default configures it",
+    )
+    configs.setdefault(default_row, default)  # a default none of the rows has gets its own
+    rows = {name: _learner(folder, args.micro, **c) for name, c in configs.items()}
     calls: dict[str, Any] = {name: (lambda u=update: u(samples)) for name, update in rows.items()}
     calls["plain PyTorch (transformers)"] = lambda: _plain_step(
         plain, plain_opt, samples, args.micro
@@ -148,12 +167,14 @@ def main() -> None:
         "seq": args.seq,
         "micro": args.micro,
         "threads": torch.get_num_threads(),
+        "default_row": default_row,
+        "default_config": default,
         "rows": {},
     }
     for name, row in times.items():
         med, cpu = statistics.median(row["wall"]), statistics.median(row["cpu"])
         table.add_row(
-            name,
+            f"{name} (default)" if name == default_row else name,
             f"{med:.3f}",
             f"{tokens / med:.0f}",
             f"{med / base:.2f}×",
@@ -168,6 +189,7 @@ def main() -> None:
             "median_cpu_seconds": cpu,
             "all_cpu_seconds": row["cpu"],
             "cpu_ratio_vs_plain": cpu / base_cpu,
+            "default": name == default_row,
         }
     Console().print(table)
     RESULTS.mkdir(exist_ok=True)

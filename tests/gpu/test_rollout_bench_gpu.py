@@ -37,3 +37,7 @@ def test_rollout_bench_on_smollm2() -> None:
         assert r["raw"]["generated_tokens"] == r["loop"]["generated_tokens"]
         assert r["ratio"] == pytest.approx(r["loop_tokens_per_second"] / r["raw_tokens_per_second"])
         assert r["prefix_cache_hit_rate"] > 0  # multi-turn prompts reuse their prefixes
+        for side in ("loop", "raw"):  # the engine's own steps (vllm_step_stats) and CPU per token
+            steps = r[side]["engine_steps"]
+            assert steps["steps"] > 0 and 1 <= steps["running"]["mean"] <= r["concurrency"]
+            assert steps["decode_tokens"] > 0 and r[side]["cpu_ms_per_token"]["engine"] > 0
