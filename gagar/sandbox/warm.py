@@ -45,6 +45,7 @@ from __future__ import annotations
 import array
 import contextlib
 import dataclasses
+import inspect
 import json
 import logging
 import os
@@ -61,7 +62,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from gagar.sandbox import bwrap, runner
+from gagar.sandbox import bwrap, runner, warm_server
 from gagar.sandbox.cgroup import Cgroup, Stats
 from gagar.sandbox.classify import classify
 from gagar.sandbox.seccomp import filter_bpf
@@ -72,7 +73,7 @@ if TYPE_CHECKING:
     from gagar.sandbox.local import LocalSession
 
 log = logging.getLogger(__name__)
-SOURCE = (Path(__file__).parent / "warm_server.py").read_text()
+SOURCE = inspect.getsource(warm_server)  # what the jail runs: imported here only for its text
 START_TIMEOUT_S = 60.0  # importing pytest on a loaded machine
 REPLY_TIMEOUT_S = 10.0  # the server's answer to a request: a fork
 STATUS_GRACE_S = 2.0  # the server's report after the run's end

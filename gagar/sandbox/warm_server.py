@@ -1,4 +1,5 @@
-"""The warm test runner's fork server: runs inside a session's jail, never imported by gagar.
+"""The warm test runner's fork server: runs inside a session's jail; gagar imports it only to
+read its source.
 
 ``warm.py`` runs this file's source as ``python -I -B -u -c SOURCE CTL_FD [MODULE ...]`` in a jail
 built exactly as a command's (same mounts, uid, rlimits, seccomp filter): isolated, so nothing of

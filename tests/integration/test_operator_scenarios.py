@@ -1514,3 +1514,29 @@ def test_agent_sandbox_renders_its_template_and_warm_pool(env: Env) -> None:
             ),
             what="the warm pool counted ready",
         )
+
+
+def test_agent_sandbox_pods_that_cannot_isolate_hold_the_trainer(env: Env) -> None:
+    """A warm pool's Sandbox pods that exit at start (their executor finds no isolation that
+    works on the node) hold the run as the executor Deployment's do: PoolsReady says
+    SandboxUnavailable with the executor's own words, and the trainer is suspended."""
+    if not env.simulated:
+        pytest.skip("installs agent-sandbox's CRDs and plays its controller and the kubelet")
+    for doc in yaml.safe_load_all(AGENT_SANDBOX_CRDS.read_text()):
+        env.kube.apply(doc)
+    run = manifest(**{"sandbox.isolation": "agent-sandbox"})
+    name = run["metadata"]["name"]
+    job = f"{name}-trainer"
+    refusal = (
+        "gagar sandbox: no isolation works here: refusing to run untrusted code: bubblewrap "
+        "cannot create its namespaces here and the pod mode cannot switch uids"
+    )
+    with env.operator(integrations=frozenset({"extensions.agents.x-k8s.io"})):
+        env.create(run)
+        env.wait(lambda: env.get(AGENT_EXT, "SandboxWarmPool", f"{name}-sandbox"), what="pool")
+        env.wait(lambda: env.get("batch/v1", "Job", job), what="trainer Job")
+        _crash_looping_sandbox_pod(env, name, refusal)
+        pools = env.reason(name, "PoolsReady", "SandboxUnavailable", what="the refusal")
+        assert refusal in pools["message"]
+        env.reason(name, "TrainerReady", "WaitingForSandbox", what="the trainer held")
+        env.wait(lambda: env.get("batch/v1", "Job", job)["spec"].get("suspend"), what="suspend")
