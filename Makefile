@@ -7,8 +7,9 @@ export PATH := $(CURDIR)/$(VENV)/bin:$(PATH)
 PYTEST_ARGS ?=
 # Test workers (pytest-xdist) for the default suite: one per CPU this process may use, at most 4
 # (each worker holds its own torch, servers and spawned ranks); a test file stays on one worker, so
-# its module-scoped servers start once (JOBS=0: no workers, everything in one process). The e2e
-# tests run one at a time (E2E_JOBS): each already keeps every core busy (vLLM, torchrun ranks).
+# its module-scoped servers start once, except tests/conftest.py's SPREAD_FILES (JOBS=0: no
+# workers, everything in one process). The e2e tests run one at a time (E2E_JOBS): each already
+# keeps every core busy (vLLM, torchrun ranks).
 JOBS ?= $(shell n=$$(nproc); echo $$(( n < 4 ? n : 4 )))
 E2E_JOBS ?= 0
 RUN ?= examples/local.yaml
@@ -32,17 +33,17 @@ run: install ## Install, then run the embedded default (examples/local.yaml) on 
 	gagar train $(RUN) --out $(OUT) --probe $(PROBE)
 
 test: install ## Install, then run the default suite: tests/unit and tests/integration, not slow (CPU, no cluster)
-	$(PYTHON) -m pytest -n $(JOBS) --dist loadfile -m "not e2e and not slow and not gpu" $(PYTEST_ARGS)
+	$(PYTHON) -m pytest -n $(JOBS) --dist loadgroup -m "not e2e and not slow and not gpu" $(PYTEST_ARGS)
 
 test-e2e: install ## Run the end-to-end tests (tests/e2e: whole training runs, real servers), not slow
-	$(PYTHON) -m pytest -n $(E2E_JOBS) --dist loadfile tests/e2e -m "not slow and not gpu" $(PYTEST_ARGS)
+	$(PYTHON) -m pytest -n $(E2E_JOBS) --dist loadgroup tests/e2e -m "not slow and not gpu" $(PYTEST_ARGS)
 
 test-images: install ## Build the operator, sandbox and grader images with buildah and smoke-run each (needs root; about 3-10 min)
 	$(PYTHON) -m pytest tests/integration/test_images_build.py $(PYTEST_ARGS)
 
 test-all: install ## Run every test but the GPU ones: the default suite, the e2e tests and the slow ones
-	$(PYTHON) -m pytest -n $(JOBS) --dist loadfile -m "not e2e and not gpu" $(PYTEST_ARGS)
-	$(PYTHON) -m pytest -n $(E2E_JOBS) --dist loadfile tests/e2e -m "not gpu" $(PYTEST_ARGS)
+	$(PYTHON) -m pytest -n $(JOBS) --dist loadgroup -m "not e2e and not gpu" $(PYTEST_ARGS)
+	$(PYTHON) -m pytest -n $(E2E_JOBS) --dist loadgroup tests/e2e -m "not gpu" $(PYTEST_ARGS)
 
 lint: install ## ruff, mypy over gagar/ (pyproject [tool.mypy]), import-linter, deptry
 	ruff check gagar tests bench

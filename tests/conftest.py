@@ -21,6 +21,11 @@ pytest_plugins = ("pytester",)  # tests/unit/test_suite_layout.py runs pytest on
 TESTS = Path(__file__).resolve().parent
 # marker -> the directory that holds exactly the tests that carry it
 MARKER_DIRS = {"e2e": TESTS / "e2e", "gpu": TESTS / "gpu"}
+# Under xdist (`--dist loadgroup`) a file's tests stay on one worker, so its module-scoped servers
+# start once; these files' fixtures are all per test, so their tests spread over the workers
+# (the operator scenarios, each with its own API emulator, were a third of the default suite's
+# wall time on one worker).
+SPREAD_FILES = frozenset({TESTS / "integration" / "test_operator_scenarios.py"})
 
 # pytest-xdist workers share the CPUs: each worker's torch (and whatever it spawns without its own
 # setting) gets its share of threads, not all of them, or the workers' OpenMP pools oversubscribe
@@ -62,6 +67,9 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     ]
     if misplaced:
         raise pytest.UsageError("markers follow directories:\n  " + "\n  ".join(misplaced))
+    for item in items:
+        if item.path not in SPREAD_FILES:
+            item.add_marker(pytest.mark.xdist_group(str(item.path)))
     on_gpu = [item for item in items if item.get_closest_marker("gpu") is not None]
     if not on_gpu:
         return  # torch is imported only when a GPU test is selected
