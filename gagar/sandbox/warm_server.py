@@ -56,9 +56,15 @@ def _preload(names: list[str]) -> list[str]:
             continue
     for name in names:
         importlib.import_module(name)
+    # The interpreter's installation is bound read-only into the jail (after /tmp: a clone's
+    # environment may live under /tmp); anything else under a writable folder is the policy's.
+    installed = tuple(
+        os.path.join(os.path.realpath(p), "")
+        for p in {sys.prefix, sys.base_prefix, sys.exec_prefix, sys.base_exec_prefix}
+    )
     for mod in list(sys.modules.values()):
         where = getattr(mod, "__file__", None) or ""
-        if where.startswith(_WRITABLE):
+        if where.startswith(_WRITABLE) and not os.path.realpath(where).startswith(installed):
             raise ImportError(f"{mod.__name__} was imported from {where}")
     return sorted({n.partition(".")[0] for n in sys.modules})
 
