@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import datetime
 import json
 import os
@@ -58,8 +59,10 @@ def best_and_worst(ranking: Any) -> tuple[int, int] | None:
     return tied[0].members[0], tied[-1].members[-1]
 
 
-async def record_groups(run: GagarRun, policy_dir: Path, n_groups: int, size: int, seed: int):
-    """``n_groups`` eligible, ranked groups of scripted experts (see the module doc)."""
+async def scripted_groups(run: GagarRun, policy_dir: Path, size: int, seed: int):
+    """One group of ``size`` scripted experts per training task with a reference fix, in order:
+    ``(task, styles, group, ranking)``, ``ranking`` None for a group the grader does not see
+    (not eligible). Shared by this bench and ``replay_noise.py``."""
     from gagar.driver import components as comp
     from gagar.driver.loop import rollout_config
     from gagar.driver.rollouts import GroupResult, Rollouts, grading_group
@@ -74,13 +77,8 @@ async def record_groups(run: GagarRun, policy_dir: Path, n_groups: int, size: in
     train, _ = comp.load_datasets(run.spec.dataset)
     grader = HeuristicGrader()
     limiter = asyncio.Semaphore(4)
-    kept: list[tuple[Any, Any, list[str]]] = []
-    tried = 0
-    for task in (t for t in train if t.reference_files):
-        if len(kept) >= n_groups:
-            break
-        styles = draw_styles(size, seed * 1_000_003 + tried, weights)
-        tried += 1
+    for tried, task in enumerate(t for t in train if t.reference_files):
+        styles = list(draw_styles(size, seed * 1_000_003 + tried, weights))
 
         async def one(style: str, task: Any = task) -> Any:
             async with limiter:
@@ -89,13 +87,23 @@ async def record_groups(run: GagarRun, policy_dir: Path, n_groups: int, size: in
 
         results = await asyncio.gather(*(one(s) for s in styles))
         group = GroupResult(task, [r for r, _ in results], [f for _, f in results])
-        if not group.eligible:
-            continue
-        ranking = await grader.grade(grading_group(group))
-        if best_and_worst(ranking) is None:
-            continue
-        kept.append((group, ranking, list(styles)))
-        print(f"  group {len(kept)}/{n_groups}: {task.instance_id} {styles}", flush=True)
+        ranking = await grader.grade(grading_group(group)) if group.eligible else None
+        yield task, styles, group, ranking
+
+
+async def record_groups(run: GagarRun, policy_dir: Path, n_groups: int, size: int, seed: int):
+    """``n_groups`` eligible, ranked groups of scripted experts (see the module doc)."""
+    kept: list[tuple[Any, Any, list[str]]] = []
+    tried = 0
+    async with contextlib.aclosing(scripted_groups(run, policy_dir, size, seed)) as groups:
+        async for task, styles, group, ranking in groups:
+            tried += 1
+            if ranking is None or best_and_worst(ranking) is None:
+                continue
+            kept.append((group, ranking, styles))
+            print(f"  group {len(kept)}/{n_groups}: {task.instance_id} {styles}", flush=True)
+            if len(kept) >= n_groups:
+                break
     if len(kept) < n_groups:
         raise SystemExit(f"only {len(kept)} usable groups in {tried} training tasks")
     return kept

@@ -53,6 +53,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import dataclasses
 import datetime as dt
 import gzip
@@ -83,41 +84,20 @@ ARMS = {"grpo": {"mode": "grpo"}, "gagar": {"mode": "gagar"}}
 # ------------------------------------------------------------------ recording
 async def record_groups(run: GagarRun, policy_dir: Path, n_groups: int, seed: int) -> list[dict]:
     """``n_groups`` eligible groups of scripted experts (module doc, 1), as replay-file rows."""
-    from gagar.driver import components as comp
-    from gagar.driver.loop import rollout_config
-    from gagar.driver.rollouts import GroupResult, Rollouts, grading_group
-    from gagar.driver.setup import chat_format
-    from gagar.driver.sft import ScriptedExpert, draw_styles, expert_turns, style_weights
-    from gagar.grader.protocol import HeuristicGrader
+    from bench.gagar_replay import scripted_groups
 
-    fmt, eos = chat_format(policy_dir)
-    factory = comp.sandbox_factory(run.spec.sandbox)
-    cfg = rollout_config(run)
-    weights = style_weights(run.spec.model.sft_expert_styles)
-    size = run.spec.algorithm.group_size
-    train, _ = comp.load_datasets(run.spec.dataset)
-    grader = HeuristicGrader()
-    limiter = asyncio.Semaphore(4)
     kept: list[dict] = []
     tried = 0
-    for task in (t for t in train if t.reference_files):
-        if len(kept) >= n_groups:
-            break
-        styles = draw_styles(size, seed * 1_000_003 + tried, weights)
-        tried += 1
-
-        async def one(style: str, task: Any = task) -> Any:
-            async with limiter:
-                engine = ScriptedExpert(expert_turns(task, style), fmt.encode, eos)  # type: ignore[arg-type]
-                return await Rollouts(factory, engine, fmt, cfg).one(task, None)
-
-        results = await asyncio.gather(*(one(s) for s in styles))
-        group = GroupResult(task, [r for r, _ in results], [f for _, f in results])
-        if not group.eligible:
-            continue
-        ranking = await grader.grade(grading_group(group))
-        kept.append(to_row(task.instance_id, list(styles), group.rollouts, ranking))
-        print(f"  group {len(kept)}/{n_groups}: {task.instance_id} {styles}", flush=True)
+    size = run.spec.algorithm.group_size
+    async with contextlib.aclosing(scripted_groups(run, policy_dir, size, seed)) as groups:
+        async for task, styles, group, ranking in groups:
+            tried += 1
+            if ranking is None:
+                continue
+            kept.append(to_row(task.instance_id, styles, group.rollouts, ranking))
+            print(f"  group {len(kept)}/{n_groups}: {task.instance_id} {styles}", flush=True)
+            if len(kept) >= n_groups:
+                break
     if len(kept) < n_groups:  # kept, not lost: the training set has no more
         print(f"  {len(kept)} eligible groups in all {tried} training tasks (asked {n_groups})")
     if len(kept) < 2:
