@@ -217,10 +217,16 @@ class Reconciler:
             return self.kube.get(api_version, kind, namespace, obj_name)
         store = self.children.get((namespace, run_name), ())
         # list(): one C-level copy, safe while kopf's event loop updates the index
-        for body in list(store):
-            if body.get("kind") == kind and body["metadata"].get("name") == obj_name:
-                return body
-        return None
+        found = [
+            body
+            for body in list(store)
+            if body.get("kind") == kind and body["metadata"].get("name") == obj_name
+        ]
+        if len(found) > 1:
+            # kopf indexes by uid: a replaced object (a restart's Job) stays beside its successor
+            # until kopf handles its deletion event, which waits behind that object's handler
+            return self.kube.get(api_version, kind, namespace, obj_name)
+        return found[0] if found else None
 
     def memory(self, namespace: str, run_name: str) -> _RunMemory:
         with self._guard:
@@ -475,8 +481,10 @@ class Reconciler:
         job = observed.trainer
         if job is None or job.kind != "Job" or job.attempt >= attempt:
             return False
-        self.kube.delete("batch/v1", "Job", run.metadata.namespace, name(run, "trainer"))
-        log.info("deleted trainer Job of attempt %d; creating attempt %d", job.attempt, attempt)
+        # by uid: a stale view of the old attempt must never delete the new attempt's Job (the
+        # name may already be the new one's); either way the apply below makes the new attempt
+        if self.kube.delete("batch/v1", "Job", _namespace(run), name(run, "trainer"), uid=job.uid):
+            log.info("deleted trainer Job of attempt %d; creating attempt %d", job.attempt, attempt)
         return True
 
     def _trainer_template(
@@ -493,7 +501,7 @@ class Reconciler:
             return None
         if run.spec.suspend:
             api = "batch/v1" if trainer.kind == "Job" else f"{JOBSET}/v1alpha2"
-            self.kube.delete(api, trainer.kind, run.metadata.namespace, name(run, "trainer"))
+            self.kube.delete(api, trainer.kind, _namespace(run), name(run, "trainer"), trainer.uid)
             log.info("trainer template changed while suspended: recreating the %s", trainer.kind)
             return None
         return (

@@ -175,13 +175,23 @@ class Kube:
             "PATCH", url, body=obj, query=query, content_type="application/apply-patch+yaml"
         )
 
-    def delete(self, api_version: str, kind: str, namespace: str | None, name: str) -> bool:
-        """Delete with background propagation; False when it was already gone."""
-        body = {"kind": "DeleteOptions", "apiVersion": "v1", "propagationPolicy": "Background"}
+    def delete(
+        self, api_version: str, kind: str, namespace: str | None, name: str, uid: str = ""
+    ) -> bool:
+        """Delete with background propagation; False when it was already gone. With ``uid``
+        only that object goes (a precondition the API server checks): when the name now belongs
+        to a newer object, that one stays and the answer is False too."""
+        body: dict[str, Any] = {
+            "kind": "DeleteOptions",
+            "apiVersion": "v1",
+            "propagationPolicy": "Background",
+        }
+        if uid:
+            body["preconditions"] = {"uid": uid}
         try:
             self._call("DELETE", path(api_version, kind, namespace, name), body=body)
         except KubeError as err:
-            if err.status == 404:
+            if err.status == 404 or (uid and err.status == 409):
                 return False
             raise
         return True

@@ -21,6 +21,7 @@ class TrainerObserved:
     """The trainer Job or JobSet, as far as status is concerned."""
 
     kind: str = "Job"
+    uid: str = ""  # of the Job: a restart deletes exactly the object it observed
     attempt: int = 0
     active: int = 0
     ready: int = 0
@@ -93,6 +94,7 @@ def parse_job(job: dict[str, Any]) -> TrainerObserved:
     annotations = job.get("metadata", {}).get("annotations") or {}
     return TrainerObserved(
         kind="Job",
+        uid=job.get("metadata", {}).get("uid", ""),
         attempt=int(annotations.get(ATTEMPT_ANNOTATION, "0")),
         active=int(status.get("active", 0)),
         ready=int(status.get("ready", 0)),
@@ -116,6 +118,7 @@ def parse_jobset(jobset: dict[str, Any], nodes: int) -> TrainerObserved:
     failed = _condition(jobset, "Failed") or {}
     return TrainerObserved(
         kind="JobSet",
+        uid=jobset.get("metadata", {}).get("uid", ""),
         active=int(jobs[0].get("active", 0)) * nodes,
         ready=int(jobs[0].get("ready", 0)) * nodes,
         suspended=bool(jobset.get("spec", {}).get("suspend")),

@@ -20,6 +20,7 @@ import json
 import os
 import subprocess
 import sys
+import threading
 import time
 import uuid
 from collections.abc import Callable, Iterator
@@ -543,6 +544,59 @@ def test_trainer_failure_and_restart_budget(env: Env) -> None:
             )
         reasons = [e["reason"] for e in env.events(name)]
         assert "TrainerRestarted" in reasons and "RestartBudgetExhausted" in reasons
+
+
+class _StaleChildren:
+    """kopf's children index as it stands while a replaced object's deletion event is still
+    queued behind that object's handler: the old trainer Job (kopf indexes by uid) beside the
+    live children, or alone when the successor's own event has not been indexed either."""
+
+    def __init__(self, index: Any, stale: dict[str, Any], alone: bool) -> None:
+        self.index, self.stale, self.alone = index, stale, alone
+
+    def get(self, key: tuple[str, str], default: Any = ()) -> list[dict[str, Any]]:
+        live = list(self.index.get(key, default))
+        if self.alone:
+            live = [b for b in live if b.get("kind") != "Job"]
+        return [self.stale, *live]
+
+
+@pytest.mark.parametrize("alone", [False, True], ids=["beside-its-successor", "alone"])
+def test_a_stale_view_of_the_failed_attempt_never_deletes_the_new_one(env: Env, alone: bool) -> None:
+    """The Job of attempt 0 failed and attempt 1 runs; the operator still sees attempt 0's Job
+    (kopf has not handled its deletion yet). Reading that, the operator once deleted the live Job
+    by name again and again (each time "creating attempt 1"), and the run never counted its
+    second failure (seen in `make test`: test_trainer_failure_and_restart_budget timed out)."""
+    run = manifest(**{"trainer.failurePolicy.maxRestarts": 2, **FAST_RESTARTS})
+    name, job = run["metadata"]["name"], f"{run['metadata']['name']}-trainer"
+    with env.operator() as reconciler:
+        env.create(run)
+        first = env.wait(lambda: env.get("batch/v1", "Job", job))
+        env.end_pod(job)
+        env.wait(lambda: env.status(name).get("trainerRestarts") == 1, what="restart counted")
+        live = env.wait(
+            lambda: (j := env.get("batch/v1", "Job", job))
+            and j["metadata"]["annotations"]["gagar.dev/attempt"] == "1"
+            and j,
+            what="attempt 1",
+        )
+        then = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(time.time() - 60))  # backoff over
+        failed = {"type": "Failed", "status": "True", "reason": "BackoffLimitExceeded",
+                  "message": "Job has reached the specified backoff limit",
+                  "lastTransitionTime": then}  # fmt: skip
+        stale = {**first, "status": {"failed": 1, "conditions": [failed]}}  # as kopf indexed it
+        reconciler.children = _StaleChildren(reconciler.children, stale, alone)
+        finished = threading.Event()
+
+        def three_reconciles() -> None:  # whole ones: each waits for one in progress
+            for _ in range(3):
+                reconciler.reconcile({"metadata": {"namespace": env.namespace, "name": name}})
+            finished.set()
+
+        threading.Thread(target=three_reconciles, daemon=True).start()
+        assert finished.wait(TIMEOUT), "the reconciles never ended (a Job deleted and recreated?)"
+        assert env.get("batch/v1", "Job", job)["metadata"]["uid"] == live["metadata"]["uid"]
+        assert env.status(name)["trainerRestarts"] == 1
 
 
 def test_operator_restart_mid_reconcile(env: Env) -> None:
