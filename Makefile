@@ -33,17 +33,17 @@ run: install ## Install, then run the embedded default (examples/local.yaml) on 
 	gagar train $(RUN) --out $(OUT) --probe $(PROBE)
 
 test: install ## Install, then run the default suite: tests/unit and tests/integration, not slow (CPU, no cluster)
-	$(PYTHON) -m pytest -n $(JOBS) --dist loadgroup -m "not e2e and not slow and not gpu" $(PYTEST_ARGS)
+	$(PYTHON) -m pytest -n $(JOBS) --dist loadfile -m "not e2e and not slow and not gpu" $(PYTEST_ARGS)
 
 test-e2e: install ## Run the end-to-end tests (tests/e2e: whole training runs, real servers), not slow
-	$(PYTHON) -m pytest -n $(E2E_JOBS) --dist loadgroup tests/e2e -m "not slow and not gpu" $(PYTEST_ARGS)
+	$(PYTHON) -m pytest -n $(E2E_JOBS) --dist loadfile tests/e2e -m "not slow and not gpu" $(PYTEST_ARGS)
 
 test-images: install ## Build the operator, sandbox and grader images with buildah and smoke-run each (needs root; about 3-10 min)
 	$(PYTHON) -m pytest tests/integration/test_images_build.py $(PYTEST_ARGS)
 
 test-all: install ## Run every test but the GPU ones: the default suite, the e2e tests and the slow ones
-	$(PYTHON) -m pytest -n $(JOBS) --dist loadgroup -m "not e2e and not gpu" $(PYTEST_ARGS)
-	$(PYTHON) -m pytest -n $(E2E_JOBS) --dist loadgroup tests/e2e -m "not gpu" $(PYTEST_ARGS)
+	$(PYTHON) -m pytest -n $(JOBS) --dist loadfile -m "not e2e and not gpu" $(PYTEST_ARGS)
+	$(PYTHON) -m pytest -n $(E2E_JOBS) --dist loadfile tests/e2e -m "not gpu" $(PYTEST_ARGS)
 
 lint: install ## ruff, mypy over gagar/ (pyproject [tool.mypy]), import-linter, deptry
 	ruff check gagar tests bench

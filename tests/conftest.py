@@ -13,6 +13,7 @@ import os
 import shutil
 import tempfile
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -21,11 +22,22 @@ pytest_plugins = ("pytester",)  # tests/unit/test_suite_layout.py runs pytest on
 TESTS = Path(__file__).resolve().parent
 # marker -> the directory that holds exactly the tests that carry it
 MARKER_DIRS = {"e2e": TESTS / "e2e", "gpu": TESTS / "gpu"}
-# Under xdist (`--dist loadgroup`) a file's tests stay on one worker, so its module-scoped servers
-# start once; these files' fixtures are all per test, so their tests spread over the workers
+# Under xdist (`-n N --dist loadfile`) a file's tests stay on one worker, so its module-scoped
+# servers start once; these files' fixtures are all per test, so their tests spread over the workers
 # (the operator scenarios, each with its own API emulator, were a third of the default suite's
 # wall time on one worker).
 SPREAD_FILES = frozenset({TESTS / "integration" / "test_operator_scenarios.py"})
+# The files that take a worker longest (servers, torchrun ranks, Megatron): handed out first, so
+# the run does not end with one worker alone on one of them while the other idles.
+FIRST_FILES = tuple(
+    TESTS / name
+    for name in (
+        "integration/test_vllm_engine.py",
+        "integration/test_checkpoint_reshard.py",
+        "integration/test_model_parallel.py",
+        "integration/test_learner_data_parallel.py",
+    )
+)
 
 # pytest-xdist workers share the CPUs: each worker's torch (and whatever it spawns without its own
 # setting) gets its share of threads, not all of them, or the workers' OpenMP pools oversubscribe
@@ -67,9 +79,6 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     ]
     if misplaced:
         raise pytest.UsageError("markers follow directories:\n  " + "\n  ".join(misplaced))
-    for item in items:
-        if item.path not in SPREAD_FILES:
-            item.add_marker(pytest.mark.xdist_group(str(item.path)))
     on_gpu = [item for item in items if item.get_closest_marker("gpu") is not None]
     if not on_gpu:
         return  # torch is imported only when a GPU test is selected
@@ -84,3 +93,40 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     skip = pytest.mark.skip(reason="needs a CUDA GPU")
     for item in on_gpu:
         item.add_marker(skip)
+
+
+def pytest_xdist_make_scheduler(config: pytest.Config, log: object) -> object | None:
+    """``--dist loadfile`` as this suite needs it (see SPREAD_FILES and FIRST_FILES).
+
+    Not ``xdist_group`` marks with ``--dist loadgroup``: pytest-xdist 3.8 groups them by appending
+    the group to the test's node id, which pytest 9.2 no longer lets a plugin change
+    (pytest-dev/pytest-xdist#1386), so the marks were silently ignored and a file's module-scoped
+    vLLM servers started on both workers at once.
+    """
+    if config.getvalue("dist") != "loadfile":
+        return None
+    from xdist.scheduler import LoadScopeScheduling
+
+    root = config.rootpath
+    spread = {str(path.relative_to(root)) for path in SPREAD_FILES}
+    first = [str(path.relative_to(root)) for path in FIRST_FILES]
+
+    class FileScheduling(LoadScopeScheduling):
+        """One work unit per file (per test in SPREAD_FILES), FIRST_FILES at the queue's head."""
+
+        ordered = False
+
+        def _split_scope(self, nodeid: str) -> str:
+            file = nodeid.split("::", 1)[0]
+            return nodeid if file in spread else file
+
+        def _assign_work_unit(self, node: Any) -> None:
+            if not self.ordered:  # the queue is complete before the first unit is handed out
+                self.ordered = True
+                for file in reversed(first):
+                    if file in self.workqueue:
+                        self.workqueue.move_to_end(file, last=False)
+            super()._assign_work_unit(node)
+
+    return FileScheduling(config, log)
+

@@ -128,3 +128,66 @@ def test_the_default_suite_runs_each_real_component() -> None:
         assert any(line.startswith(node) for line in selected), (
             f"make test runs no {component} test {node}"
         )
+
+
+_RECORDING_TEST = """
+import os
+
+import pytest
+
+LOG = os.environ["GAGAR_LAYOUT_LOG"]
+
+
+def note(what):
+    with open(LOG, "a") as out:
+        out.write(f"{os.environ['PYTEST_XDIST_WORKER']} {__name__} {what}\\n")
+
+
+@pytest.fixture(scope="module")
+def server():
+    note("server")  # a module-scoped server: started once per worker that runs this file
+
+
+@pytest.mark.parametrize("i", range(COUNT))
+def test_case(server, i):
+    note(f"test{i}")
+"""
+
+
+def test_workers_take_whole_files_but_spread_the_scenarios_and_start_heavy_files_first(
+    pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``make test``'s ``-n N --dist loadfile`` as tests/conftest.py schedules it: a file's tests
+    stay on one worker (its module fixture starts once), the operator scenarios spread over the
+    workers, and the vLLM file is handed out first although collection puts it last.
+
+    pytest-xdist's own ``--dist loadgroup`` failed the first clause on pytest 9.2 (the module's
+    vLLM servers started on both workers at once)."""
+    files = {
+        "integration/test_operator_scenarios.py": 8,
+        "integration/test_vllm_engine.py": 6,
+        "unit/test_alpha.py": 6,
+        "unit/test_beta.py": 6,
+    }
+    _tree(
+        pytester,
+        {name: _RECORDING_TEST.replace("COUNT", str(n)) for name, n in files.items()},
+    )
+    log = pytester.path / "layout.log"
+    monkeypatch.setenv("GAGAR_LAYOUT_LOG", str(log))
+    result = pytester.runpytest_subprocess(
+        "-n", "2", "--dist", "loadfile", "-p", "no:cacheprovider", "tests/unit", "tests/integration"
+    )
+    assert result.ret == 0, result.stdout.str() + result.stderr.str()
+    lines = [line.split() for line in log.read_text().splitlines()]
+    workers = {
+        module: {worker for worker, name, _ in lines if name == module}
+        for module in ("test_vllm_engine", "test_alpha", "test_beta", "test_operator_scenarios")
+    }
+    for module in ("test_vllm_engine", "test_alpha", "test_beta"):
+        assert len(workers[module]) == 1, f"{module} ran on {workers[module]}"
+        starts = [line for line in lines if line[1:] == [module, "server"]]
+        assert len(starts) == 1, f"{module}'s module fixture started {len(starts)} times"
+    assert workers["test_operator_scenarios"] == {"gw0", "gw1"}
+    first = {worker: next(name for w, name, _ in lines if w == worker) for worker in ("gw0", "gw1")}
+    assert "test_vllm_engine" in first.values(), first
