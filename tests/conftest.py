@@ -33,7 +33,6 @@ FIRST_FILES = tuple(
     TESTS / name
     for name in (
         "integration/test_vllm_engine.py",
-        "integration/test_checkpoint_reshard.py",
         "integration/test_model_parallel.py",
         "integration/test_learner_data_parallel.py",
     )
@@ -129,4 +128,3 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log: object) -> object | 
             super()._assign_work_unit(node)
 
     return FileScheduling(config, log)
-

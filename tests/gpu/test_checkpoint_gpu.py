@@ -3,7 +3,7 @@ policy restores the same weights and AdamW moments onto the GPU.
 
 Not run where there is no GPU (the conftest skips ``gpu`` tests); run on a lent accelerator with
 ``python -m pytest tests/gpu/test_checkpoint_gpu.py -m gpu``. The resharding itself (TP=2 / EP=2
-to TP=1 DP=2 and back) is checked on the CPU in ``tests/integration/test_checkpoint_reshard.py``.
+to TP=1 DP=2 and back) is checked on the CPU in ``tests/e2e/test_checkpoint_reshard.py``.
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ def test_sharded_checkpoint_round_trip_on_cuda(tmp_path: Path) -> None:
     from gagar.trainer.learner import Learner, LearnerConfig
     from gagar.trainer.model import Parallel, cpu_compat, init_distributed
     from gagar.trainer.policy import MegatronPolicy
-    from tests.integration.test_checkpoint_reshard import _batch
+    from tests.e2e.test_checkpoint_reshard import _batch
     from tests.support.random_models import save_random_hf_model
 
     save_random_hf_model("qwen2", tmp_path / "hf")

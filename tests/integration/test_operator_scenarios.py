@@ -85,7 +85,7 @@ class Env:
     emulator: KubeEmulator | None
     operator_kubeconfig: str
     simulated: bool = True
-    resync: float = 3.0
+    resync: float = 1.0  # the emulators: short, the waits below are multiples of it
     created: list[str] = field(default_factory=list)
 
     def need_emulator(self) -> KubeEmulator:
@@ -562,7 +562,9 @@ class _StaleChildren:
 
 
 @pytest.mark.parametrize("alone", [False, True], ids=["beside-its-successor", "alone"])
-def test_a_stale_view_of_the_failed_attempt_never_deletes_the_new_one(env: Env, alone: bool) -> None:
+def test_a_stale_view_of_the_failed_attempt_never_deletes_the_new_one(
+    env: Env, alone: bool
+) -> None:
     """The Job of attempt 0 failed and attempt 1 runs; the operator still sees attempt 0's Job
     (kopf has not handled its deletion yet). Reading that, the operator once deleted the live Job
     by name again and again (each time "creating attempt 1"), and the run never counted its
@@ -575,9 +577,11 @@ def test_a_stale_view_of_the_failed_attempt_never_deletes_the_new_one(env: Env, 
         env.end_pod(job)
         env.wait(lambda: env.status(name).get("trainerRestarts") == 1, what="restart counted")
         live = env.wait(
-            lambda: (j := env.get("batch/v1", "Job", job))
-            and j["metadata"]["annotations"]["gagar.dev/attempt"] == "1"
-            and j,
+            lambda: (
+                (j := env.get("batch/v1", "Job", job))
+                and j["metadata"]["annotations"]["gagar.dev/attempt"] == "1"
+                and j
+            ),
             what="attempt 1",
         )
         then = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(time.time() - 60))  # backoff over

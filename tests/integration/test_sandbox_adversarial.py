@@ -14,7 +14,6 @@ import io
 import os
 import socket
 import tarfile
-import threading
 from pathlib import Path
 
 import pytest
@@ -158,27 +157,18 @@ def test_no_network_to_host_loopback(session) -> None:
     server = socket.socket()
     server.bind(("127.0.0.1", 0))
     server.listen()
-    server.settimeout(3)
     port = server.getsockname()[1]
-    accepted: list[object] = []
-
-    def accept() -> None:
-        try:
-            accepted.append(server.accept())
-        except OSError:
-            pass
-
-    t = threading.Thread(target=accept)
-    t.start()
     code = (
         "import socket\n"
         f"try:\n s=socket.socket();s.settimeout(2);s.connect(('127.0.0.1',{port}));print('CONNECTED')\n"
         "except OSError as e:\n print('BLOCKED', e.errno)\n"
     )
     r = session.exec(["python3", "-c", code])
-    t.join()
+    server.setblocking(False)  # a connection that got through waits in the backlog
+    with pytest.raises(BlockingIOError):
+        server.accept()
     server.close()
-    assert "BLOCKED" in r.stdout and accepted == []
+    assert "BLOCKED" in r.stdout
 
 
 def test_no_network_to_outside_address(session) -> None:
@@ -233,9 +223,9 @@ def test_killing_the_parent_fails(session) -> None:
 
 
 def test_stdout_flood_is_capped(session) -> None:
-    r = session.exec("yes flood", timeout=3)
+    r = session.exec("yes flood", timeout=1)  # fills the cap long before its timeout
     assert r.truncated and len(r.stdout) == LIMITS.output_bytes
-    assert r.duration_s < 5
+    assert r.duration_s < 3
 
 
 def test_background_processes_do_not_survive(session) -> None:
