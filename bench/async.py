@@ -62,8 +62,8 @@ json.dump({"doc": doc, "dropped": dropped}, sys.stdout)
 
 
 def fit_to_checkout(doc: dict[str, Any], checkout: Path) -> tuple[dict[str, Any], list[Any]]:
-    """``doc`` as an older checkout's spec accepts it: the fields added since are dropped (the
-    older loop behaves as it did without them) and returned, to be reported."""
+    """``doc`` as ``checkout``'s spec accepts it: fields it does not know (added since, or
+    removed since the run was made) are dropped and returned, to be reported."""
     proc = subprocess.run(
         [sys.executable, "-c", f"import sys; sys.path.insert(0, {str(checkout)!r})\n{FIT}"],
         input=json.dumps(doc),
@@ -82,9 +82,8 @@ def _variant(
     out = work / name
     shutil.copytree(run_dir, out, symlinks=True)
     doc = json.loads((run_dir / "run.json").read_text())
-    dropped: list[Any] = []
-    if checkout != ROOT:
-        doc, dropped = fit_to_checkout(doc, checkout)
+    # every checkout, this one too: a run made before a field left the spec carries it
+    doc, dropped = fit_to_checkout(doc, checkout)
     done = max(int(p.name.split("_")[1]) for p in (run_dir / "checkpoints").glob("step_*"))
     if staleness is not None:
         doc["spec"]["rollout"]["maxStaleness"] = staleness
@@ -140,7 +139,7 @@ def _variant(
         "staleness_versions": [r["staleness_versions"] for r in records],
         "generated_tokens": [r["generated_tokens"] for r in records],
         "process_wall_s": wall,
-        "dropped_fields": dropped,  # fields of today's run.json the checkout does not know
+        "dropped_fields": dropped,  # fields of the run's run.json the checkout does not know
     }
 
 

@@ -22,7 +22,8 @@ bounded by the CPU its sandboxes take from the engine). A second table shows, pe
 engine's CPU milliseconds per generated token (and the loop's over the replay's) and the batches
 it ran, from the engine's own per-step lines (``gagar_step_stats``): steps, steps per generated
 token, running requests and scheduled tokens per step (mean/p50/p90), prefill and decode tokens.
-``--vllm-busy-loop 0`` serves without vLLM's IPC spin (``gagar_idle_wait``; default: vLLM's).
+``--vllm-busy-loop 1`` serves with vLLM's IPC spin (default: ``gagar_idle_wait``'s on the CPU, no spin and
+a 5 ms re-check).
 Writes ``bench/results/rollout.json``:
 ``{"results": [{"concurrency": C, "loop_tokens_per_second": x, "raw_tokens_per_second": y,
 "ratio": x / y, ...}, ...], ...}``.
@@ -546,7 +547,7 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument(
         "--vllm-busy-loop",
         type=float,
-        help="seconds vLLM's IPC readers spin before sleeping (vllm_idle_wait; default: vLLM's, 1)",
+        help="seconds vLLM's IPC readers spin before sleeping (vllm_idle_wait; default: gagar's on the CPU, 0 with a 5 ms re-check; 1: vLLM's)",
     )
     args = p.parse_args(argv)
     if args.switch_interval:

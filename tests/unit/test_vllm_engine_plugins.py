@@ -5,11 +5,17 @@ from __future__ import annotations
 
 import pytest
 
-from gagar.rollout.engines.vllm_idle_wait import ENV, busy_loop_seconds
+from gagar.rollout.engines.vllm_idle_wait import (
+    ENV,
+    RECHECK_ENV,
+    busy_loop_seconds,
+    recheck_ms,
+    settings,
+)
 from gagar.rollout.engines.vllm_step_stats import Step, read_steps, step_of
 
 
-def test_the_spin_is_vllms_own_unless_set():
+def test_the_spin_is_read_from_its_variable():
     assert busy_loop_seconds({}) is None
     assert busy_loop_seconds({ENV: "0"}) == 0.0
     assert busy_loop_seconds({ENV: " 0.25 "}) == 0.25
@@ -19,6 +25,20 @@ def test_the_spin_is_vllms_own_unless_set():
 def test_a_bad_spin_is_refused_naming_the_variable(bad):
     with pytest.raises(ValueError, match=ENV):
         busy_loop_seconds({ENV: bad})
+
+
+@pytest.mark.parametrize("bad", ["0", "-5", "2.5", "soon"])
+def test_a_bad_recheck_is_refused_naming_the_variable(bad):
+    with pytest.raises(ValueError, match=RECHECK_ENV):
+        recheck_ms({RECHECK_ENV: bad})
+
+
+def test_on_the_cpu_no_spin_and_a_5_ms_recheck_unless_set_elsewhere_vllms_own():
+    assert settings({}, cpu=True) == (0.0, 5)
+    assert settings({}, cpu=False) == (None, None)  # a GPU host keeps vLLM's spin and re-check
+    assert settings({ENV: "1"}, cpu=True) == (1.0, 5)  # vLLM's spin back, on the CPU
+    assert settings({RECHECK_ENV: "50"}, cpu=True) == (0.0, 50)
+    assert settings({ENV: "0", RECHECK_ENV: "5"}, cpu=False) == (0.0, 5)
 
 
 def test_a_step_counts_prefill_tokens_apart_from_decodes():
