@@ -5,9 +5,10 @@ Each scenario starts ``gagar``'s handlers (``register`` on a fresh kopf registry
 a real one does (``gagar.operator.main``: the kubernetes client's kubeconfig loader) and acts as
 its ServiceAccount with exactly the RBAC the chart renders (default values, plus the integrations
 a scenario turns on), so a missing rule fails here as it would in a cluster. Every scenario runs
-twice: against an emulator in this process (``emulator``; the scenarios that need its controls,
-failing a Job on demand or injected API faults, only here) and against an emulator served by a
-separate process and reached only through kubeconfigs (``kubeconfig``). With
+against an emulator in this process (``emulator``; the scenarios that need its controls, failing
+a Job on demand or injected API faults, only there) and, in ``make test-e2e``, against an emulator
+served by a separate process and reached only through kubeconfigs (``kubeconfig``,
+tests/e2e/test_operator_scenarios_kubeconfig.py). With
 ``GAGAR_TEST_KUBECONFIG`` set, they run against that cluster instead (namespace
 ``GAGAR_TEST_NAMESPACE``, default ``default``; the GagarRun CRD is applied first; the operator
 acts as that kubeconfig's user); see docs/operations.md.
@@ -264,12 +265,13 @@ def _real_env() -> Iterator[Env]:
             kube.delete(RUN_API, "GagarRun", real.namespace, name)
 
 
-@pytest.fixture(params=["real"] if REAL else ["emulator", "kubeconfig"])
-def env(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Env]:
-    if request.param == "real":
+def make_env(kind: str, tmp_path: Path) -> Iterator[Env]:
+    """The cluster a scenario drives: ``real`` (GAGAR_TEST_KUBECONFIG), ``emulator`` (in this
+    process) or ``kubeconfig`` (an emulator in a process of its own)."""
+    if kind == "real":
         yield from _real_env()
         return
-    if request.param == "kubeconfig":
+    if kind == "kubeconfig":
         with contextlib.contextmanager(_emulator_process)(tmp_path) as folder:
             client = api_client(str(folder / "admin.kubeconfig"))
             kube = Kube(client)
@@ -290,6 +292,13 @@ def env(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Env]:
             yield Env(Kube(client), "default", emulator, sa)
         finally:
             client.close()
+
+
+# The emulator in another process, reached only through kubeconfigs: the same scenarios in
+# tests/e2e/test_operator_scenarios_kubeconfig.py (`make test-e2e`)
+@pytest.fixture(params=["real"] if REAL else ["emulator"])
+def env(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Env]:
+    yield from make_env(request.param, tmp_path)
 
 
 def manifest(base: str = "single-gpu", **changes: Any) -> dict[str, Any]:
