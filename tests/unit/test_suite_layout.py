@@ -132,6 +132,7 @@ def test_the_default_suite_runs_each_real_component() -> None:
 
 _RECORDING_TEST = """
 import os
+import time
 
 import pytest
 
@@ -151,6 +152,7 @@ def server():
 @pytest.mark.parametrize("i", range(COUNT))
 def test_case(server, i):
     note(f"test{i}")
+    time.sleep(SECONDS)  # a scenario takes a while: the idle worker takes the next one
 """
 
 
@@ -171,7 +173,12 @@ def test_workers_take_whole_files_but_spread_the_scenarios_and_start_heavy_files
     }
     _tree(
         pytester,
-        {name: _RECORDING_TEST.replace("COUNT", str(n)) for name, n in files.items()},
+        {
+            name: _RECORDING_TEST.replace("COUNT", str(n)).replace(
+                "SECONDS", "0.5" if "scenarios" in name else "0"
+            )
+            for name, n in files.items()
+        },
     )
     log = pytester.path / "layout.log"
     monkeypatch.setenv("GAGAR_LAYOUT_LOG", str(log))
