@@ -1,5 +1,5 @@
 """gagar's vLLM plugins for waiting without spinning and per-step statistics, without vLLM
-(the real engine: tests/integration/test_vllm_idle_wait.py)."""
+(the real engine: tests/e2e/test_vllm_idle_wait.py)."""
 
 from __future__ import annotations
 
