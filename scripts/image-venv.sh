@@ -14,6 +14,10 @@ venv=$1 mode=$2 lock=$3
 shift 3
 source scripts/uv.sh
 export UV_LINK_MODE=copy  # the uv cache may be a mounted folder on another filesystem
+# Bytecode compiled now: at run time the image is read-only to the sandbox's jails (and to a
+# non-root container), so without it every process compiles all it imports, every time
+# (scripts/uv.sh says what that cost).
+export UV_COMPILE_BYTECODE=1
 if [ "${GAGAR_TORCH:-cpu}" = cuda ]; then
   # A requirement starts at column 0; its hash lines are indented: drop torch's block.
   awk '/^[^ #]/ {skip = ($0 ~ /^torch==/)} !skip' "$lock" >/tmp/constraints.txt
