@@ -11,7 +11,8 @@ loop records them: rollout, grading wait, update, sync, checkpoint, other) and p
 step, and writes ``bench/results/async.json``.
 
     .venv/bin/python bench/async.py [--run runs/local] [--steps 4]
-        [--baseline CHECKOUT]  # e.g. a `git worktree` of main: today's loop, same run
+        [--baseline CHECKOUT]  # e.g. a `git worktree` of main: today's loop, same run; with
+                               # its own environments where its `make install` made them
         [--variants synchronous max_staleness_1]  # which of this checkout's to run (both)
 """
 
@@ -76,6 +77,16 @@ def fit_to_checkout(doc: dict[str, Any], checkout: Path) -> tuple[dict[str, Any]
     return fitted["doc"], fitted["dropped"]
 
 
+def environments(checkout: Path) -> tuple[str, str]:
+    """The Pythons of ``checkout``'s own environments (``.venv``, ``.venv-vllm``) where its
+    ``make install`` made them, so a baseline runs as it was installed (how environments are
+    made changes too: bytecode compiled or not), else this checkout's."""
+    own = [checkout / ".venv" / "bin" / "python", checkout / ".venv-vllm" / "bin" / "python"]
+    if all(p.exists() for p in own):
+        return str(own[0]), str(own[1])
+    return sys.executable, str(ROOT / ".venv-vllm" / "bin" / "python")
+
+
 def _variant(
     name: str, checkout: Path, run_dir: Path, work: Path, staleness: int | None, steps: int
 ) -> dict[str, Any]:
@@ -92,13 +103,10 @@ def _variant(
     doc["spec"]["trainer"]["checkpoint"]["intervalSteps"] = 2
     manifest = work / f"{name}.yaml"
     manifest.write_text(yaml.safe_dump(doc))
-    env = {
-        **os.environ,
-        "GAGAR_VLLM_PYTHON": str(ROOT / ".venv-vllm" / "bin" / "python"),
-        "PYTHONPATH": str(checkout),
-    }
+    python, vllm_python = environments(checkout)
+    env = {**os.environ, "GAGAR_VLLM_PYTHON": vllm_python, "PYTHONPATH": str(checkout)}
     cmd = [
-        sys.executable,
+        python,
         "-c",
         f"import sys; sys.path.insert(0, {str(checkout)!r}); from gagar.cli import main; "
         "sys.exit(main())",
@@ -139,6 +147,7 @@ def _variant(
         "staleness_versions": [r["staleness_versions"] for r in records],
         "generated_tokens": [r["generated_tokens"] for r in records],
         "process_wall_s": wall,
+        "python": python,
         "dropped_fields": dropped,  # fields of the run's run.json the checkout does not know
     }
 

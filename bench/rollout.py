@@ -77,6 +77,8 @@ from gagar.grader.protocol import HeuristicGrader  # noqa: E402
 from gagar.manifest import load_run  # noqa: E402
 from gagar.rollout.engines import vllm_idle_wait, vllm_step_stats  # noqa: E402
 from gagar.rollout.engines.server import ServerConfig, VllmServer  # noqa: E402
+from gagar.sandbox import warm  # noqa: E402
+from gagar.sandbox.cgroup import Cgroup  # noqa: E402
 
 RESULTS = ROOT / "bench" / "results"
 CATEGORIES = ("engine", "sandbox", "templating", "grading")
@@ -88,11 +90,35 @@ class Clock:
 
     def __init__(self) -> None:
         self.total: dict[str, float] = defaultdict(float)
+        self.execs: dict[str, list[float]] = defaultdict(list)  # kind -> each run's CPU s
+        self.sessions = 0
         self.lock = threading.Lock()
 
     def add(self, kind: str, seconds: float) -> None:
         with self.lock:
             self.total[kind] += seconds
+
+    def executed(self, cmd: Any, result: Any, verifying: bool) -> None:
+        """One sandbox command: verification's test run (a fresh session, always cold), or an
+        agent's, warm (forked from its session's fork server) or cold and then Python (a fresh
+        interpreter) or not; its run's CPU seconds as the executor measured."""
+        kind = (
+            "verification"
+            if verifying
+            else "warm"
+            if result.warm
+            else "cold python"
+            if warm.parse(cmd)
+            else "cold other"
+        )
+        with self.lock:
+            self.execs[kind].append(result.cpu_time_s)
+
+    def exec_stats(self) -> dict[str, dict[str, float]]:
+        return {
+            k: {"runs": len(v), "cpu_s": sum(v), "cpu_s_per_run": sum(v) / len(v)}
+            for k, v in sorted(self.execs.items())
+        }
 
 
 class TimedEngine:
@@ -148,8 +174,8 @@ class TimedFormat:
 
 
 class TimedSession:
-    def __init__(self, session: Any, clock: Clock) -> None:
-        self.session, self.clock = session, clock
+    def __init__(self, session: Any, clock: Clock, verifying: bool) -> None:
+        self.session, self.clock, self.verifying = session, clock, verifying
 
     def __getattr__(self, name: str) -> Any:
         attr = getattr(self.session, name)
@@ -159,9 +185,12 @@ class TimedSession:
         def timed(*a: Any, **kw: Any) -> Any:
             t = time.perf_counter()
             try:
-                return attr(*a, **kw)
+                result = attr(*a, **kw)
             finally:
                 self.clock.add("sandbox", time.perf_counter() - t)
+            if name == "exec":
+                self.clock.executed(a[0] if a else kw["cmd"], result, self.verifying)
+            return result
 
         return timed
 
@@ -173,9 +202,13 @@ class TimedFactory:
     def create(self, *a: Any, **kw: Any) -> TimedSession:
         t = time.perf_counter()
         try:
-            return TimedSession(self.factory.create(*a, **kw), self.clock)
+            # verification makes its fresh session from the candidate's archive, agents from files
+            verifying = kw.get("tarball") is not None
+            return TimedSession(self.factory.create(*a, **kw), self.clock, verifying)
         finally:
             self.clock.add("sandbox", time.perf_counter() - t)
+            with self.clock.lock:
+                self.clock.sessions += 1
 
 
 async def _lag_probe(stop: asyncio.Event, out: list[float], period: float = 0.01) -> None:
@@ -204,21 +237,48 @@ def group_cpu(pgid: int | None) -> float:
     return total
 
 
+class SandboxCpu:
+    """CPU seconds of the sandboxes' cgroups: every jailed command, fork server and warm run has
+    its own (``gagar.sandbox.cgroup``), read just before it is removed. The reaped children's
+    rusage is not enough: a fork server's jail is torn down with its PID namespace, whose
+    processes the kernel reaps inside it, so their CPU never reaches this process's children
+    counts (a session's server start, ~0.3 CPU s, showed as 0.004)."""
+
+    def __init__(self) -> None:
+        self.seconds, self._lock = 0.0, threading.Lock()
+        destroy = Cgroup.destroy
+
+        def counted(cg: Cgroup) -> None:
+            with contextlib.suppress(OSError):
+                used = cg.stats().cpu_time_s or 0.0
+                with self._lock:
+                    self.seconds += used
+            destroy(cg)
+
+        Cgroup.destroy = counted  # type: ignore[method-assign]
+
+
+SANDBOX_CPU = SandboxCpu()
+
+
 def cpu_now(pgid: int | None) -> dict[str, float]:
     """CPU seconds so far of the engine (the vLLM server's processes), this process (the agent
-    loop, its threads, the HTTP client) and its reaped children (the sandboxes' jails)."""
+    loop, its threads, the HTTP client), the sandboxes' cgroups and, as a cross-check, this
+    process's reaped children (the cold commands' jails; less than ``sandboxes``)."""
     t = os.times()
     return {
         "engine": group_cpu(pgid),
         "loop_process": t.user + t.system,
-        "sandboxes": t.children_user + t.children_system,
+        "sandboxes": SANDBOX_CPU.seconds,
+        "sandboxes_reaped": t.children_user + t.children_system,
     }
 
 
 def cpu_used(before: dict[str, float], wall: float, pgid: int | None) -> dict[str, float]:
     after = cpu_now(pgid)
     used = {k: after[k] - before[k] for k in before}
-    known = [v for v in used.values() if not math.isnan(v)]  # no engine CPU with --url
+    counted = {k: v for k, v in used.items() if k != "sandboxes_reaped"}
+    known = [v for v in counted.values() if not math.isnan(v)]  # no engine CPU with --url
     return {**used, "cores_busy": sum(known) / wall}
 
 
@@ -291,6 +351,8 @@ async def loop_run(
         "summed_s": dict(clock.total),
         "event_loop_blocked_s": sum(lags),
         "valid": sum(r.valid for g in got.all_groups for r in g.rollouts),
+        "sessions": clock.sessions,  # the agents' and the verifications'
+        "sandbox_commands": clock.exec_stats(),
     }
 
 
@@ -520,6 +582,33 @@ def show(res: dict[str, Any]) -> None:
                 f"{st['prefill_tokens']}/{st['decode_tokens']}" if st else "-",
             )
     console.print(engine)
+    sbx = Table(title="the loop's sandbox commands: runs and the CPU the executor measured per run")
+    for col in (
+        "C",
+        "trajectories",
+        "sessions",
+        "kind",
+        "runs",
+        "CPU s/run",
+        "CPU s",
+        "all sbx CPU s/traj",
+    ):
+        sbx.add_column(col, justify="right")
+    for r in res["results"]:
+        d = r["loop"]
+        per_traj = d["cpu_s"]["sandboxes"] / max(1, d["trajectories"])
+        for kind, k in d.get("sandbox_commands", {}).items():
+            sbx.add_row(
+                str(r["concurrency"]),
+                str(d["trajectories"]),
+                str(d.get("sessions", "-")),
+                kind,
+                str(k["runs"]),
+                f"{k['cpu_s_per_run']:.3f}",
+                f"{k['cpu_s']:.1f}",
+                f"{per_traj:.3f}",
+            )
+    console.print(sbx)
     console.print(
         "breakdown columns: seconds of the loop's wall time per concurrency slot (summed over "
         "trajectories / C); CPU s: CPU seconds of the vLLM server's processes, the sandboxes' "
