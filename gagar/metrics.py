@@ -50,6 +50,8 @@ GRADER_KINDS = ("heuristic", "agentic", "none")
 GRADER_FALLBACK_REASONS = ("unusable_ranking", "timeout", "grader_error", "nonpositive_mass")
 TOKEN_KINDS = ("prompt", "completion")
 ENGINE_OUTCOMES = ("ok", "error")
+# A trajectory's verdict: from a verification run of its own, or shared by an identical twin's.
+VERIFICATION_OUTCOMES = ("run", "shared")
 STAGES = ("rollout", "grading_wait", "update", "sync", "checkpoint", "other")
 ADV_STAGES = ("before", "after")
 THROUGHPUT_STAGES = ("rollout", "training")
@@ -203,6 +205,15 @@ METRICS: tuple[MetricDef, ...] = (
         labels=("run", "reason"),
         enums=(("reason", INVALID_REASONS),),
         doc="Trajectories dropped for infrastructure failures, by reason.",
+    ),
+    MetricDef(
+        name="gagar_verifications_total",
+        kind="counter",
+        component="trainer",
+        labels=("run", "outcome"),
+        enums=(("outcome", VERIFICATION_OUTCOMES),),
+        doc="Trajectories' verdicts: verification runs, and verdicts shared by an identical "
+        "final repository of the same group.",
     ),
     MetricDef(
         name="gagar_advantage",

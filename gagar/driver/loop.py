@@ -300,6 +300,8 @@ def _rollout_facts(all_groups: list[GroupResult]) -> tuple[RolloutStats, list[in
         response_tokens_mean=sum(tokens) / len(tokens) if tokens else 0.0,
         turns_mean=sum(turns) / len(turns) if turns else 0.0,
         generated_tokens=sum(r.trajectory.response_tokens for r in rollouts),
+        verifications=sum(g.verifications for g in all_groups),
+        verdicts_shared=sum(g.verdicts_shared for g in all_groups),
     )
     return stats, tokens, turns
 

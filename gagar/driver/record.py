@@ -9,7 +9,8 @@ learner field of a step that trained nothing is None (no update, no learning rat
 gradient), never 0: plots and Prometheus skip it.
 
 Schema versions: 1 (no ``schema_version`` key) carried ``reward_mean``, a copy of ``pass_rate``
-(the reward is pass/fail); ``read_records`` reads it by dropping that copy. 2: this model.
+(the reward is pass/fail); ``read_records`` reads it by dropping that copy. 2 lacked the
+verification counts (``verifications``, ``verdicts_shared``: read as 0). 3: this model.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, ValidationError
 
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
 # keys of an older schema that carried no information of their own, dropped when read
 _DROPPED_V1 = ("reward_mean",)
 
@@ -96,6 +97,8 @@ class RolloutStats(_Strict):
     response_tokens_mean: float = 0.0
     turns_mean: float = 0.0
     generated_tokens: int = 0
+    verifications: int = 0  # verification runs (identical final repositories of a group: one)
+    verdicts_shared: int = 0  # trajectories given an identical twin's verdict instead of a run
 
 
 class GradingStats(_Strict):
@@ -179,13 +182,13 @@ class StepRecord(_Strict):
         if version == 1:
             for key in _DROPPED_V1:
                 data.pop(key, None)
-        elif version != SCHEMA_VERSION:
+        elif version not in (2, SCHEMA_VERSION):
             raise ValueError(
                 f"step record schema {version}: this gagar reads 1 to {SCHEMA_VERSION}"
             )
-        # every field is on disk (a value the step lacks is null); schema 1 left those out, and
-        # did not write checkpoint_step
-        optional = _OPTIONAL_V1 if version == 1 else frozenset()
+        # every field is on disk (a value the step lacks is null); older schemas lack the fields
+        # added since (``_NEW_IN``), which then take their defaults
+        optional = frozenset().union(*(_NEW_IN[v] for v in _NEW_IN if v > version))
         missing = sorted(_flat_keys() - optional - set(data) - {"schema_version"})
         if missing:
             raise ValueError(f"step record of schema {version} lacks {', '.join(missing)}")
@@ -220,10 +223,14 @@ def _flat_keys() -> frozenset[str]:
     return frozenset(keys)
 
 
-_OPTIONAL_V1 = frozenset(
-    {"checkpoint_step", "grader_skipped"}  # new in schema 2
-    | {name for name, info in LearnerStats.model_fields.items() if info.default is None}
-)
+# The fields each schema added (schema 1 also left out every learner field a step lacked).
+_NEW_IN: dict[int, frozenset[str]] = {
+    2: frozenset(
+        {"checkpoint_step", "grader_skipped"}
+        | {name for name, info in LearnerStats.model_fields.items() if info.default is None}
+    ),
+    3: frozenset({"verifications", "verdicts_shared"}),
+}
 
 
 def read_records(path: Path) -> list[StepRecord]:

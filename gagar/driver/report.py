@@ -122,6 +122,9 @@ def _counters(metrics: Metrics, run: str, record: StepRecord, samples: StepSampl
         metrics.counter("gagar_invalid_trajectories_total").labels(run=run, reason=reason).inc(
             count
         )
+    verdicts = {"run": record.rollouts.verifications, "shared": record.rollouts.verdicts_shared}
+    for outcome, count in verdicts.items():
+        metrics.counter("gagar_verifications_total").labels(run=run, outcome=outcome).inc(count)
     for kind, count in record.rollouts.flagged_turns.model_dump().items():
         metrics.counter("gagar_redundant_actions_total").labels(run=run, kind=kind).inc(count)
     histograms: dict[str, list[float] | list[int]] = {

@@ -26,7 +26,7 @@ from gagar.grader.bounds import admit, admit_read
 from gagar.rollout import agent
 from gagar.rollout.envs import tools as envtools
 from gagar.rollout.envs.task import Task
-from gagar.rollout.envs.verify import verify
+from gagar.rollout.envs.verify import SharedVerdicts, verify
 from gagar.sandbox import SandboxInfraError, SessionFactory
 from gagar.trainer import gar
 from gagar.wire import Action, Candidate, GradingGroup, Skipped, ToolStats
@@ -79,6 +79,8 @@ class GroupResult:
     task: Task
     rollouts: list[Rollout]
     final_files: list[dict[str, str]]
+    verifications: int = 0  # verification runs for this group
+    verdicts_shared: int = 0  # candidates given an identical twin's verdict instead of a run
 
     @property
     def eligible(self) -> bool:
@@ -106,12 +108,21 @@ def _text_files(session: Any, base: Collection[str]) -> tuple[dict[str, str], li
 
 
 def _finish(
-    task: Task, session: Any, factory: SessionFactory, traj: agent.Trajectory, timeout: float
+    task: Task,
+    session: Any,
+    factory: SessionFactory,
+    traj: agent.Trajectory,
+    timeout: float,
+    verdicts: SharedVerdicts | None = None,
 ) -> tuple[Rollout, dict[str, str]]:
-    """Verify the final repository (blocking) and collect what the grader needs."""
+    """Verify the final repository (blocking; through ``verdicts``, the group's, where given)
+    and collect what the grader needs."""
     if not traj.valid:
         return Rollout(traj, passed=False, valid=False), {}
-    verdict = verify(task, session, factory, timeout)
+    if verdicts is not None:
+        verdict = verdicts.verify(task, session, factory, timeout)
+    else:
+        verdict = verify(task, session, factory, timeout)
     files, skipped = _text_files(session, task.repo_files()) if verdict.valid else ({}, [])
     patch = session.diff() if verdict.valid else ""
     rollout = Rollout(
@@ -173,10 +184,15 @@ class Rollouts:
         return await offload(self.pool, self.factory.create, task.repo_files())
 
     async def one(
-        self, task: Task, seed: int | None, session: Any = None
+        self,
+        task: Task,
+        seed: int | None,
+        session: Any = None,
+        verdicts: SharedVerdicts | None = None,
     ) -> tuple[Rollout, dict[str, str]]:
-        """One trajectory in a fresh sandbox (``session``, or one made now), verified;
-        infrastructure failures make it invalid. The caller closes a session it passed."""
+        """One trajectory in a fresh sandbox (``session``, or one made now), verified (through
+        ``verdicts``, its group's, where given); infrastructure failures make it invalid. The
+        caller closes a session it passed."""
         own = session is None  # ``_member`` passes None when making one ahead failed
         try:
             if own:
@@ -187,7 +203,14 @@ class Rollouts:
             ).run(task_messages(task))
             traj.policy_version = self.version
             return await offload(
-                self.pool, _finish, task, session, self.factory, traj, self.cfg.verify_timeout
+                self.pool,
+                _finish,
+                task,
+                session,
+                self.factory,
+                traj,
+                self.cfg.verify_timeout,
+                verdicts,
             )
         except Exception as err:  # a sandbox that cannot be created or verified: infrastructure
             traj = agent.Trajectory(
@@ -199,9 +222,11 @@ class Rollouts:
             if own and session is not None:
                 await offload(self.pool, session.close)
 
-    async def _member(self, task: Task, seed: int) -> tuple[Rollout, dict[str, str]]:
+    async def _member(
+        self, task: Task, seed: int, verdicts: SharedVerdicts
+    ) -> tuple[Rollout, dict[str, str]]:
         if self.limiter is None:
-            return await self.one(task, seed)
+            return await self.one(task, seed, None, verdicts)
         session: Any = None
         try:
             async with self._ahead or contextlib.nullcontext():
@@ -209,7 +234,7 @@ class Rollouts:
                     session = await self._create(task)
                 await self.limiter.acquire()  # the session waits for the slot, made
             try:
-                return await self.one(task, seed, session)
+                return await self.one(task, seed, session, verdicts)
             finally:
                 self.limiter.release()
         finally:
@@ -217,9 +242,15 @@ class Rollouts:
                 await offload(self.pool, session.close)  # after the slot is given back
 
     async def group(self, task: Task, n: int, seed: int) -> GroupResult:
-        """``n`` trajectories on one task, concurrently (bounded by ``limiter``)."""
-        results = await asyncio.gather(*(self._member(task, seed * 1000 + i) for i in range(n)))
-        return GroupResult(task, [r for r, _ in results], [f for _, f in results])
+        """``n`` trajectories on one task, concurrently (bounded by ``limiter``); identical final
+        repositories are verified once (``SharedVerdicts``)."""
+        verdicts = SharedVerdicts()
+        results = await asyncio.gather(
+            *(self._member(task, seed * 1000 + i, verdicts) for i in range(n))
+        )
+        return GroupResult(
+            task, [r for r, _ in results], [f for _, f in results], verdicts.runs, verdicts.shared
+        )
 
 
 def grading_group(group: GroupResult) -> GradingGroup:

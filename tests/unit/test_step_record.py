@@ -82,10 +82,22 @@ def test_a_schema_1_record_is_read_without_its_copy_of_pass_rate(tmp_path: Path)
     assert {k for k in V1 if k != "reward_mean"} <= set(record.flat())
 
 
+def test_a_schema_2_record_reads_the_verification_counts_as_zero(tmp_path: Path) -> None:
+    flat = _full().flat()
+    v2 = {k: v for k, v in flat.items() if k not in ("verifications", "verdicts_shared")}
+    log = tmp_path / "metrics.jsonl"
+    log.write_text(json.dumps({**v2, "schema_version": 2}) + "\n")
+    (record,) = read_records(log)
+    assert record.rollouts.verifications == 0 and record.rollouts.verdicts_shared == 0
+    assert record.flat() | {"verifications": 0, "verdicts_shared": 0} == record.flat()
+    with pytest.raises(ValueError, match="lacks verdicts_shared, verifications"):
+        StepRecord.from_flat({**v2, "schema_version": SCHEMA_VERSION})
+
+
 @pytest.mark.parametrize(
     ("line", "error"),
     [
-        # schema 2 has no reward_mean, and writes every field (null where the step has none)
+        # schema 3 has no reward_mean, and writes every field (null where the step has none)
         ({**_full().flat(), "reward_mean": 0.5}, "reward_mean"),
         ({k: v for k, v in _full().flat().items() if k != "tis_weight"}, "lacks tis_weight"),
         ({**V1, "surprise": 1}, "surprise"),

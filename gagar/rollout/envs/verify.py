@@ -22,10 +22,15 @@ reward hacks this is tested against, and what remains.
 
 from __future__ import annotations
 
+import hashlib
+import io
 import json
 import re
 import secrets
 import shlex
+import tarfile
+import threading
+from concurrent.futures import Future
 from pathlib import Path, PurePosixPath
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -256,9 +261,14 @@ def _record_findings(rec: dict, task: Task) -> list[str]:
 
 
 def verify(
-    task: Task, candidate: Session, factory: SessionFactory, timeout: float | None = None
+    task: Task,
+    candidate: Session,
+    factory: SessionFactory,
+    timeout: float | None = None,
+    archive: bytes | None = None,
 ) -> Verdict:
-    """Verify the candidate's current workspace (left untouched) against the task's tests.
+    """Verify the candidate's current workspace (left untouched) against the task's tests;
+    ``archive``: its ``archive()``, where the caller has it already.
 
     A failure of the sandbox machinery anywhere on the way gives an invalid verdict
     (``valid=False``), never a failed one. What the candidate left (links, FIFOs, odd names, huge
@@ -268,7 +278,7 @@ def verify(
     try:
         patch = candidate.diff()
         before = set(candidate.list_files())
-        fresh = factory.create(tarball=candidate.archive())
+        fresh = factory.create(tarball=candidate.archive() if archive is None else archive)
     except SandboxInfraError as e:
         return Verdict(instance_id=task.instance_id, passed=False, valid=False, infra_error=str(e))
     except SandboxError as e:  # what the candidate left cannot be copied at all: its failure
@@ -315,6 +325,97 @@ def verify(
         log=log,
         duration_s=result.duration_s,
     )
+
+
+def repository_digest(archive: bytes, listed: list[str]) -> str:
+    """What verification is given of a candidate, as a sha256: every entry of its ``archive()``
+    (path, kind, permission bits, link target, bytes; not times, owners or the entries' order)
+    and the paths its workspace lists (``refused`` names those the archive left out)."""
+    h = hashlib.sha256()
+    with tarfile.open(fileobj=io.BytesIO(archive), mode="r:gz") as tar:
+        members = sorted(tar.getmembers(), key=lambda m: m.name)
+        for m in members:
+            head = [m.name, m.type.decode(errors="replace"), oct(m.mode & 0o7777), m.linkname]
+            h.update(json.dumps(head).encode() + b"\n")
+            data = tar.extractfile(m) if m.isreg() else None
+            if data is not None:
+                h.update(hashlib.sha256(data.read()).digest())
+    h.update(json.dumps(sorted(listed)).encode())
+    return h.hexdigest()
+
+
+class SharedVerdicts:
+    """One verification per distinct repository among the candidates of one group.
+
+    A group's trajectories often end on the same repository (the same one-line fix, or no edit at
+    all): verification is deterministic in what it is given (``repository_digest``: the archive
+    the fresh session is made from and the workspace's listing), so identical candidates get the
+    verdict of one run instead of a run each; a candidate whose identical twin is still being
+    verified waits for that verdict. Only valid verdicts are shared: after an infrastructure
+    failure every candidate runs its own. Tests that are themselves random then give identical
+    candidates one draw between them, not one each; the expected reward is the same. Thread-safe
+    (verification runs in the rollouts' worker threads). ``runs`` and ``shared`` count.
+    """
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._verdicts: dict[str, Future[Verdict]] = {}
+        self.runs = 0
+        self.shared = 0
+
+    def verify(
+        self,
+        task: Task,
+        candidate: Session,
+        factory: SessionFactory,
+        timeout: float | None = None,
+    ) -> Verdict:
+        try:
+            archive = candidate.archive()
+            key = repository_digest(archive, candidate.list_files())
+        except (SandboxError, tarfile.TarError, OSError):  # ``verify`` says what went wrong
+            return self._run(task, candidate, factory, timeout, None)
+        with self._lock:
+            pending = self._verdicts.get(key)
+            if pending is None:
+                mine: Future[Verdict] = Future()
+                self._verdicts[key] = mine
+        if pending is not None:
+            try:
+                verdict = pending.result()
+            except Exception:  # the twin's verification raised: run this one's own
+                verdict = None
+            if verdict is not None and verdict.valid:
+                with self._lock:
+                    self.shared += 1
+                return verdict
+            return self._run(task, candidate, factory, timeout, archive)
+        try:
+            verdict = self._run(task, candidate, factory, timeout, archive)
+        except BaseException as e:
+            self._forget(key)
+            mine.set_exception(e)
+            raise
+        if not verdict.valid:
+            self._forget(key)  # later twins run their own
+        mine.set_result(verdict)
+        return verdict
+
+    def _run(
+        self,
+        task: Task,
+        candidate: Session,
+        factory: SessionFactory,
+        timeout: float | None,
+        archive: bytes | None,
+    ) -> Verdict:
+        with self._lock:
+            self.runs += 1
+        return verify(task, candidate, factory, timeout, archive)
+
+    def _forget(self, key: str) -> None:
+        with self._lock:
+            self._verdicts.pop(key, None)
 
 
 def open_session(task: Task, factory: SessionFactory) -> Session:
