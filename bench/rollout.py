@@ -92,6 +92,7 @@ class Clock:
         self.total: dict[str, float] = defaultdict(float)
         self.execs: dict[str, list[float]] = defaultdict(list)  # kind -> each run's CPU s
         self.sessions = 0
+        self.python_runs: dict[int, int] = defaultdict(int)  # agent sessions by Python commands
         self.lock = threading.Lock()
 
     def add(self, kind: str, seconds: float) -> None:
@@ -176,6 +177,7 @@ class TimedFormat:
 class TimedSession:
     def __init__(self, session: Any, clock: Clock, verifying: bool) -> None:
         self.session, self.clock, self.verifying = session, clock, verifying
+        self.python_runs = 0  # the agent's Python commands (those a warm runner may take)
 
     def __getattr__(self, name: str) -> Any:
         attr = getattr(self.session, name)
@@ -189,7 +191,12 @@ class TimedSession:
             finally:
                 self.clock.add("sandbox", time.perf_counter() - t)
             if name == "exec":
-                self.clock.executed(a[0] if a else kw["cmd"], result, self.verifying)
+                cmd = a[0] if a else kw["cmd"]
+                self.clock.executed(cmd, result, self.verifying)
+                self.python_runs += bool(warm.parse(cmd)) and not self.verifying
+            elif name == "close" and not self.verifying:
+                with self.clock.lock:
+                    self.clock.python_runs[self.python_runs] += 1
             return result
 
         return timed
@@ -256,6 +263,17 @@ class SandboxCpu:
             destroy(cg)
 
         Cgroup.destroy = counted  # type: ignore[method-assign]
+        self.servers: list[float] = []  # each fork server's start, CPU s (``WarmRunner``)
+        start = warm.WarmRunner._start
+
+        def started(runner: warm.WarmRunner) -> str | None:
+            why = start(runner)
+            if why is None:
+                with self._lock:
+                    self.servers.append(runner.start_cpu_s or 0.0)
+            return why
+
+        warm.WarmRunner._start = started  # type: ignore[method-assign]
 
 
 SANDBOX_CPU = SandboxCpu()
@@ -299,7 +317,7 @@ def prefix_cache(base_url: str) -> dict[str, float]:
 async def loop_run(
     run: Any, tasks: list[Any], engine: Any, fmt: Any, factory: Any, concurrency: int, rounds: int
 ) -> dict[str, Any]:
-    clock = Clock()
+    clock, servers_before = Clock(), len(SANDBOX_CPU.servers)
     timed = TimedEngine(engine, clock)
     alg = run.spec.algorithm
     agent = run.spec.rollout.agent.model_copy(update={"concurrency": concurrency})
@@ -352,7 +370,10 @@ async def loop_run(
         "event_loop_blocked_s": sum(lags),
         "valid": sum(r.valid for g in got.all_groups for r in g.rollouts),
         "sessions": clock.sessions,  # the agents' and the verifications'
+        "agent_sessions_by_python_runs": dict(sorted(clock.python_runs.items())),
         "sandbox_commands": clock.exec_stats(),
+        # fork servers started during this side (the sessions' warm runners), CPU s each
+        "fork_servers": list(SANDBOX_CPU.servers[servers_before:]),
     }
 
 
@@ -609,6 +630,13 @@ def show(res: dict[str, Any]) -> None:
                 f"{per_traj:.3f}",
             )
     console.print(sbx)
+    for r in res["results"]:
+        servers = r["loop"].get("fork_servers", [])
+        console.print(
+            f"C = {r['concurrency']}: {len(servers)} fork servers started, "
+            f"{sum(servers):.1f} CPU s ({sum(servers) / max(1, len(servers)):.3f} each); agent "
+            f"sessions by Python commands run: {r['loop'].get('agent_sessions_by_python_runs')}"
+        )
     console.print(
         "breakdown columns: seconds of the loop's wall time per concurrency slot (summed over "
         "trajectories / C); CPU s: CPU seconds of the vLLM server's processes, the sandboxes' "
