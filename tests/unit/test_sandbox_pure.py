@@ -58,7 +58,9 @@ def test_classify() -> None:
     r = classify.classify(ahead, limits, Stats(False, False, 1.57), jailed=False)
     assert r.limit_hit == "cpu_time" and r.cpu_time_s == 2.01
     under = _outcome(exit_code=128 + signal.SIGXCPU, cpu_time_s=0.2)
-    assert classify.classify(under, limits, Stats(False, False, 0.3), jailed=False).limit_hit is None
+    assert (
+        classify.classify(under, limits, Stats(False, False, 0.3), jailed=False).limit_hit is None
+    )
     r = classify.classify(_outcome(signal=9, timed_out=True, status=[]), limits, None, jailed=True)
     assert r.timed_out and r.limit_hit == "wall_time" and r.infra_error is None
     r = classify.classify(
