@@ -116,6 +116,13 @@ def rl_health() -> Dashboard:
                         ],
                         unit="ops",
                     ),
+                    Panel(
+                        title="Verdicts: verification runs and shared by identical repositories",
+                        targets=[
+                            rate("gagar_verifications_total", f"{BY}, outcome", "{{outcome}}")
+                        ],
+                        unit="ops",
+                    ),
                 ],
             ),
             Row(
