@@ -99,21 +99,11 @@ class Clock:
         with self.lock:
             self.total[kind] += seconds
 
-    def executed(self, cmd: Any, result: Any, verifying: bool) -> None:
-        """One sandbox command: verification's test run (a fresh session, always cold), or an
-        agent's, warm (forked from its session's fork server) or cold and then Python (a fresh
-        interpreter) or not; its run's CPU seconds as the executor measured."""
-        kind = (
-            "verification"
-            if verifying
-            else "warm"
-            if result.warm
-            else "cold python"
-            if warm.parse(cmd)
-            else "cold other"
-        )
+    def executed(self, kind: str, cpu_s: float) -> None:
+        """One sandbox command of ``kind`` (``TimedSession``) and its CPU seconds as the
+        executor measured them."""
         with self.lock:
-            self.execs[kind].append(result.cpu_time_s)
+            self.execs[kind].append(cpu_s)
 
     def exec_stats(self) -> dict[str, dict[str, float]]:
         return {
@@ -191,15 +181,24 @@ class TimedSession:
             finally:
                 self.clock.add("sandbox", time.perf_counter() - t)
             if name == "exec":
-                cmd = a[0] if a else kw["cmd"]
-                self.clock.executed(cmd, result, self.verifying)
-                self.python_runs += bool(warm.parse(cmd)) and not self.verifying
+                self.clock.executed(self._kind(a[0] if a else kw["cmd"], result), result.cpu_time_s)
             elif name == "close" and not self.verifying:
                 with self.clock.lock:
                     self.clock.python_runs[self.python_runs] += 1
             return result
 
         return timed
+
+    def _kind(self, cmd: Any, result: Any) -> str:
+        """Verification's test run (a fresh session, always cold), or an agent's: warm (forked
+        from its session's fork server), cold Python (a fresh interpreter) or anything else."""
+        if self.verifying:
+            return "verification"
+        python = warm.parse(cmd) is not None
+        self.python_runs += python
+        if result.warm:
+            return "warm"
+        return "cold python" if python else "cold other"
 
 
 class TimedFactory:
@@ -253,6 +252,11 @@ class SandboxCpu:
 
     def __init__(self) -> None:
         self.seconds, self._lock = 0.0, threading.Lock()
+        self.servers: list[float] = []  # each fork server's start, CPU s (``WarmRunner``)
+
+    def install(self) -> None:
+        """Wrap the executor's ``Cgroup.destroy`` and ``WarmRunner._start`` to count (once per
+        process: ``measure`` calls it)."""
         destroy = Cgroup.destroy
 
         def counted(cg: Cgroup) -> None:
@@ -263,7 +267,6 @@ class SandboxCpu:
             destroy(cg)
 
         Cgroup.destroy = counted  # type: ignore[method-assign]
-        self.servers: list[float] = []  # each fork server's start, CPU s (``WarmRunner``)
         start = warm.WarmRunner._start
 
         def started(runner: warm.WarmRunner) -> str | None:
@@ -469,6 +472,7 @@ def policy_dir(arg: str | None) -> Path:
 
 
 async def measure(args: argparse.Namespace, work: Path) -> dict[str, Any]:
+    SANDBOX_CPU.install()
     run = load_run(args.manifest)
     model = policy_dir(args.model)
     train, _ = comp.load_datasets(run.spec.dataset)
@@ -604,38 +608,27 @@ def show(res: dict[str, Any]) -> None:
             )
     console.print(engine)
     sbx = Table(title="the loop's sandbox commands: runs and the CPU the executor measured per run")
-    for col in (
-        "C",
-        "trajectories",
-        "sessions",
-        "kind",
-        "runs",
-        "CPU s/run",
-        "CPU s",
-        "all sbx CPU s/traj",
-    ):
+    for col in ("C", "kind", "runs", "CPU s/run", "CPU s"):
         sbx.add_column(col, justify="right")
     for r in res["results"]:
-        d = r["loop"]
-        per_traj = d["cpu_s"]["sandboxes"] / max(1, d["trajectories"])
-        for kind, k in d.get("sandbox_commands", {}).items():
+        for kind, k in r["loop"].get("sandbox_commands", {}).items():
             sbx.add_row(
                 str(r["concurrency"]),
-                str(d["trajectories"]),
-                str(d.get("sessions", "-")),
                 kind,
                 str(k["runs"]),
                 f"{k['cpu_s_per_run']:.3f}",
                 f"{k['cpu_s']:.1f}",
-                f"{per_traj:.3f}",
             )
     console.print(sbx)
     for r in res["results"]:
-        servers = r["loop"].get("fork_servers", [])
+        d = r["loop"]
+        servers = d.get("fork_servers", [])
         console.print(
-            f"C = {r['concurrency']}: {len(servers)} fork servers started, "
-            f"{sum(servers):.1f} CPU s ({sum(servers) / max(1, len(servers)):.3f} each); agent "
-            f"sessions by Python commands run: {r['loop'].get('agent_sessions_by_python_runs')}"
+            f"C = {r['concurrency']}: {d['trajectories']} trajectories, {d.get('sessions')} "
+            f"sessions, all sandboxes {d['cpu_s']['sandboxes'] / max(1, d['trajectories']):.3f} "
+            f"CPU s per trajectory; {len(servers)} fork servers started, {sum(servers):.1f} CPU s "
+            f"({sum(servers) / max(1, len(servers)):.3f} each); agent sessions by Python "
+            f"commands run: {d.get('agent_sessions_by_python_runs')}"
         )
     console.print(
         "breakdown columns: seconds of the loop's wall time per concurrency slot (summed over "
