@@ -32,7 +32,7 @@ find_links=()
 # Compiled because nothing else can write the bytecode: the sandbox's jails see the environment
 # read-only, and a host may set PYTHONDONTWRITEBYTECODE (this one does). Without it every process
 # compiles all it imports, every time: a jailed pytest run took 0.54 CPU s instead of 0.27, and
-# importing vLLM's server 20 CPU s instead of 9 (docs/vllm-cpu.md).
+# importing vLLM's server 20 CPU s instead of 9 (docs/driver.md, tests/unit/test_install.py).
 uv_sync_venv() {
   local venv=$1 lock=$2 stamp
   stamp="$STAMP_DIR/$(basename "$venv")-$(cat "$lock" pyproject.toml scripts/uv.sh | sha256sum | cut -c1-16)"

@@ -210,9 +210,8 @@ def _fixed(task, factory, reverse: bool = False):
 def test_the_digest_is_what_verification_is_given(task, factory) -> None:
     one, two = _fixed(task, factory), _fixed(task, factory, reverse=True)
     try:
-        time.sleep(1.1)  # other times on every file of the second
         path = next(iter(task.reference_files))
-        two.write_file(path, task.reference_files[path])
+        assert two.exec("find . -exec touch -h -d 2001-01-01 {} +").ok  # other times on all
         digest = repository_digest(one.archive(), one.list_files())
         assert digest == repository_digest(two.archive(), two.list_files())
         two.exec(f"chmod +x {path}")  # a permission bit is content
@@ -259,12 +258,14 @@ class _FailingOnce:
 
     def __init__(self, factory: LocalFactory) -> None:
         self.factory, self.failed, self.lock = factory, False, threading.Lock()
+        self.entered = threading.Event()  # the first verification holds its key by then
 
     def create(self, *a, **kw):
         if kw.get("tarball") is not None:
             with self.lock:
                 first, self.failed = not self.failed, True
             if first:
+                self.entered.set()
                 time.sleep(0.5)
                 raise SandboxInfraError("the executor went away")
         return self.factory.create(*a, **kw)
@@ -276,7 +277,9 @@ def test_an_infrastructure_failure_is_not_shared(task, factory) -> None:
     try:
         with ThreadPoolExecutor(2) as pool:
             first = pool.submit(shared.verify, task, sessions[0], flaky)
-            time.sleep(0.1)  # the second finds the first's run in flight
+            # the first holds its key now: the second finds its run in flight (or, on a slow
+            # machine, already forgotten after the failure, and runs its own the same)
+            assert flaky.entered.wait(30)
             second = pool.submit(shared.verify, task, sessions[1], flaky)
             verdicts = [first.result(), second.result()]
     finally:
