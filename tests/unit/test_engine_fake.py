@@ -204,3 +204,101 @@ def test_chat_failures_are_engine_errors(turn: Turn, match: str):
 def test_chat_on_a_closed_port_is_an_engine_error():
     with pytest.raises(EngineError, match="chat/completions"):
         _chat("http://127.0.0.1:9")
+
+
+class DroppingServer:
+    """Raw HTTP/1.1 on loopback that answers the first request of each connection with a
+    completion (keep-alive) and closes the connection, unanswered, on its second: the server's
+    idle close crossing the client's reuse. ``drop_all`` closes every connection unanswered."""
+
+    BODY = json.dumps(
+        {
+            "choices": [
+                {
+                    "index": 0,
+                    "text": "ok",
+                    "token_ids": [7],
+                    "logprobs": {"token_logprobs": [-0.5]},
+                    "finish_reason": "stop",
+                }
+            ]
+        }
+    ).encode()
+
+    def __init__(self, drop_all: bool = False) -> None:
+        self.drop_all, self.connections, self.answered = drop_all, 0, 0
+
+    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        self.connections += 1
+        served = 0
+        try:
+            while True:
+                head = await reader.readuntil(b"\r\n\r\n")
+                length = next(
+                    int(line.split(b":")[1])
+                    for line in head.split(b"\r\n")
+                    if line.lower().startswith(b"content-length")
+                )
+                await reader.readexactly(length)
+                if self.drop_all or served:
+                    return
+                served += 1
+                self.answered += 1
+                writer.write(
+                    b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\n"
+                    + f"Content-Length: {len(self.BODY)}\r\n\r\n".encode()
+                    + self.BODY
+                )
+                await writer.drain()
+        except (asyncio.IncompleteReadError, ConnectionError):
+            pass
+        finally:
+            writer.close()
+
+    async def start(self) -> str:
+        self.server = await asyncio.start_server(self._serve, "127.0.0.1", 0)
+        return f"http://127.0.0.1:{self.server.sockets[0].getsockname()[1]}"
+
+
+def test_a_connection_closed_under_a_reuse_is_retried_once():
+    """The second request reuses the first's connection, which the server closes unanswered: it
+    is sent again on a new connection and succeeds (once, not more)."""
+
+    async def run() -> tuple[list[list[int]], int, int]:
+        server = DroppingServer()
+        engine = AsyncOpenAIEngine(await server.start())
+        try:
+            got = [
+                (await engine.generate([1, 2], SamplingParams(max_tokens=1))).token_ids
+                for _ in range(3)
+            ]
+        finally:
+            await engine.aclose()
+            server.server.close()
+        return got, server.connections, server.answered
+
+    got, connections, answered = asyncio.run(run())
+    assert got == [[7], [7], [7]] and answered == 3 and connections == 3
+
+
+def test_a_server_that_drops_every_request_is_an_engine_error_after_two_tries():
+    async def run() -> int:
+        server = DroppingServer(drop_all=True)
+        engine = AsyncOpenAIEngine(await server.start())
+        try:
+            with pytest.raises(EngineError, match="/v1/completions: ServerDisconnected"):
+                await engine.generate([1], SamplingParams(max_tokens=1))
+        finally:
+            await engine.aclose()
+            server.server.close()
+        return server.connections
+
+    assert asyncio.run(run()) == 2
+
+
+def test_an_engine_serves_the_event_loop_it_was_first_used_in(fake):
+    """aiohttp's connections belong to one loop: a second loop gets a clear error, not a hang."""
+    engine = AsyncOpenAIEngine(fake.base_url)
+    asyncio.run(engine.generate([1, 2, 3], SamplingParams(max_tokens=2)))
+    with pytest.raises(RuntimeError, match="event loop it was first used in"):
+        asyncio.run(engine.generate([1, 2, 3], SamplingParams(max_tokens=2)))
