@@ -1012,7 +1012,7 @@ class AgentSpec(Model):
     top_p: float = Field(default=1.0, gt=0, le=1)
     """Nucleus sampling."""
     concurrency: int = Field(default=32, ge=1)
-    """Trajectories in flight at once."""
+    """Trajectories conversing with the engine at once; as many may be being verified besides."""
 
 
 class RolloutSpec(_Pool):

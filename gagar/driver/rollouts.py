@@ -1,12 +1,14 @@
 """Roll out a group: n agent trajectories on one task, each in its own sandbox, then verified.
 
-Sandbox calls are blocking (subprocesses), so they run in worker threads (a pool as large as
-the concurrency: asyncio's default pool has cpu + 4 threads, which would queue sandbox calls of
-32 trajectories behind each other); the engine calls are async HTTP. Concurrency is bounded by one
-semaphore (``AgentSpec.concurrency``). A trajectory's sandbox session is made ahead, while it
-waits for a slot (at most ``concurrency`` sessions ahead), and closed after it gives the slot
-back, so neither is on the critical path. A sandbox or engine failure makes that trajectory
-*invalid* (dropped from statistics and loss, counted), never a failed test.
+Sandbox calls are blocking (subprocesses), so they run in worker threads (a pool sized to the
+concurrency: asyncio's default pool has cpu + 4 threads, which would queue sandbox calls of
+32 trajectories behind each other); the engine calls are async HTTP. Conversations are bounded by
+one semaphore (``AgentSpec.concurrency``): a trajectory holds its slot from its first turn to its
+last and gives it back before its verification, which needs no engine (verifications in flight
+are bounded by a semaphore of the same size). A trajectory's sandbox session is made ahead, while
+it waits for a slot (at most ``concurrency`` sessions ahead), and closed after it is verified, so
+neither is on the critical path. A sandbox or engine failure makes that trajectory *invalid*
+(dropped from statistics and loss, counted), never a failed test.
 """
 
 from __future__ import annotations
@@ -137,6 +139,23 @@ def _finish(
     return rollout, files
 
 
+class Slot:
+    """A concurrency slot, given back once however many times ``release`` is called (by ``one``
+    when the conversation ends, by ``_member`` whatever happened)."""
+
+    def __init__(self, limiter: asyncio.Semaphore) -> None:
+        self.limiter, self.held = limiter, False
+
+    async def acquire(self) -> None:
+        await self.limiter.acquire()
+        self.held = True
+
+    def release(self) -> None:
+        if self.held:
+            self.held = False
+            self.limiter.release()
+
+
 @dataclass(frozen=True)
 class Rollouts:
     """Where trajectories run: sandbox sessions, the engine, the chat format, limits, concurrency,
@@ -151,6 +170,7 @@ class Rollouts:
     version: int | None = None
     pool: ThreadPoolExecutor | None = None  # sandbox calls' threads (None: asyncio's default)
     _ahead: asyncio.Semaphore | None = field(default=None, repr=False)
+    _verifying: asyncio.Semaphore | None = field(default=None, repr=False)
 
     @classmethod
     def bounded(
@@ -162,9 +182,9 @@ class Rollouts:
         concurrency: int,
         version: int | None = None,
     ) -> Rollouts:
-        """At most ``concurrency`` trajectories in flight (and as many sessions made ahead), with
-        a thread for each sandbox call they can make at once."""
-        pool = ThreadPoolExecutor(2 * concurrency + 2, thread_name_prefix="gagar-sandbox")
+        """At most ``concurrency`` trajectories conversing (and as many sessions made ahead, and
+        as many being verified), with a thread for each sandbox call they can make at once."""
+        pool = ThreadPoolExecutor(3 * concurrency + 2, thread_name_prefix="gagar-sandbox")
         return cls(
             factory,
             engine,
@@ -173,6 +193,7 @@ class Rollouts:
             asyncio.Semaphore(concurrency),
             version,
             pool,
+            asyncio.Semaphore(concurrency),
             asyncio.Semaphore(concurrency),
         )
 
@@ -189,10 +210,12 @@ class Rollouts:
         seed: int | None,
         session: Any = None,
         verdicts: SharedVerdicts | None = None,
+        slot: Slot | None = None,
     ) -> tuple[Rollout, dict[str, str]]:
         """One trajectory in a fresh sandbox (``session``, or one made now), verified (through
         ``verdicts``, its group's, where given); infrastructure failures make it invalid. The
-        caller closes a session it passed."""
+        caller closes a session it passed. ``slot``, the concurrency slot the caller acquired,
+        is given back when the conversation ends, before the verification."""
         own = session is None  # ``_member`` passes None when making one ahead failed
         try:
             if own:
@@ -202,16 +225,19 @@ class Rollouts:
                 self.engine, self.fmt, SandboxTools(env, self.pool), self.cfg.limits, seed
             ).run(task_messages(task))
             traj.policy_version = self.version
-            return await offload(
-                self.pool,
-                _finish,
-                task,
-                session,
-                self.factory,
-                traj,
-                self.cfg.verify_timeout,
-                verdicts,
-            )
+            if slot is not None:
+                slot.release()  # the engine's batch can take the next trajectory now
+            async with self._verifying or contextlib.nullcontext():
+                return await offload(
+                    self.pool,
+                    _finish,
+                    task,
+                    session,
+                    self.factory,
+                    traj,
+                    self.cfg.verify_timeout,
+                    verdicts,
+                )
         except Exception as err:  # a sandbox that cannot be created or verified: infrastructure
             traj = agent.Trajectory(
                 [0], [0.0], [0], 1, [], exit_reason="sandbox_error", exit_detail=str(err)
@@ -228,15 +254,16 @@ class Rollouts:
         if self.limiter is None:
             return await self.one(task, seed, None, verdicts)
         session: Any = None
+        slot = Slot(self.limiter)
         try:
             async with self._ahead or contextlib.nullcontext():
                 with contextlib.suppress(Exception):  # not made ahead: ``one`` tries again
                     session = await self._create(task)
-                await self.limiter.acquire()  # the session waits for the slot, made
+                await slot.acquire()  # the session waits for the slot, made
             try:
-                return await self.one(task, seed, session, verdicts)
+                return await self.one(task, seed, session, verdicts, slot)
             finally:
-                self.limiter.release()
+                slot.release()
         finally:
             if session is not None:
                 await offload(self.pool, session.close)  # after the slot is given back

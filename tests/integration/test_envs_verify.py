@@ -310,3 +310,45 @@ def test_a_group_of_rollouts_shares_verdicts(task, factory) -> None:
     assert [r.valid for r in group.rollouts] == [True] * 4
     assert not any(r.passed for r in group.rollouts)
     assert (group.verifications, group.verdicts_shared) == (1, 3)
+
+
+def test_a_trajectory_gives_its_slot_back_before_its_verification(task, factory, monkeypatch):
+    """At concurrency 1 a group's second trajectory converses while the first is verified:
+    verification needs no engine, so it holds no slot (verifications are bounded apart)."""
+    from gagar.driver import rollouts as rollouts_mod
+
+    second_turn = threading.Event()
+
+    class Counting(_Submits):
+        requests = 0
+
+        async def generate(self, prompt_ids: list[int], params: SamplingParams) -> Generation:
+            self.requests += 1
+            if self.requests == 2:
+                second_turn.set()
+            return await super().generate(prompt_ids, params)
+
+    real, overlapped, lock, active, most = rollouts_mod._finish, [], threading.Lock(), [0], [0]
+
+    def finish(*args):  # the first verification waits (in its thread) for the second's turn
+        with lock:
+            active[0] += 1
+            most[0] = max(most[0], active[0])
+        try:
+            if not overlapped:
+                overlapped.append(second_turn.wait(10))
+            return real(*args)
+        finally:
+            with lock:
+                active[0] -= 1
+
+    monkeypatch.setattr(rollouts_mod, "_finish", finish)
+    cfg = RolloutConfig(AgentLimits(4, 64, 4096), 20.0, 60.0)
+    rollouts = Rollouts.bounded(factory, Counting(), Fmt(), cfg, concurrency=1)
+    try:
+        group = asyncio.run(rollouts.group(task, 2, 0))
+    finally:
+        rollouts.close()
+    assert overlapped == [True]
+    assert most == [1]  # the second verification waited for the first: one at a time
+    assert [r.valid for r in group.rollouts] == [True, True]

@@ -148,7 +148,7 @@ def test_group_size_and_concurrency_shape_a_group() -> None:
     in_flight, most, seeds = 0, 0, []
 
     class Counted(Rollouts):
-        async def one(self, task, seed, session=None, verdicts=None):  # type: ignore[no-untyped-def]
+        async def one(self, task, seed, session=None, verdicts=None, slot=None):  # type: ignore[no-untyped-def]
             nonlocal in_flight, most
             in_flight += 1
             most = max(most, in_flight)
