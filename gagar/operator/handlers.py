@@ -84,6 +84,7 @@ from gagar.spec import CONDITION_TYPES, PHASES, GagarRun, GagarRunStatus, rfc333
 log = logging.getLogger("gagar.operator")
 AGENT_SANDBOX_API = f"{AGENT_SANDBOX}/v1beta1"
 PLURAL = "gagarruns"
+STOP_RESYNC_S = 35.0  # the resync's reconcile in flight: one API request's timeout (30 s) and more
 MANAGED = {"app.kubernetes.io/managed-by": "gagar-operator"}
 RUN_LABEL = "gagar.dev/run"  # on every child: the run it belongs to
 CHILD_INDEX = "gagar_children"  # kopf's index of the watched children by run (its kwarg name)
@@ -175,6 +176,8 @@ class Reconciler:
         # kinds cost no request. None until kopf hands it over at start-up (or never, for a
         # Reconciler used without kopf): every child is then read from the API.
         self.children: Mapping[tuple[str, str], Collection[dict[str, Any]]] | None = None
+        self._resync: threading.Thread | None = None
+        self._stop_resync = threading.Event()
         telemetry.watch_queue(metrics, self.queue_depth)
 
     def drifted(self, body: Mapping[str, Any], deleted: bool) -> bool:
@@ -410,6 +413,26 @@ class Reconciler:
                     log.warning("reconcile of %s/%s failed: %s", namespace, run_name, err)
             if resync:
                 resync_at = time.monotonic() + self.config.resync_seconds
+
+    def start_resync(self) -> None:
+        """Run ``resync_loop`` in a thread of its own (at the operator's start-up)."""
+        self._stop_resync = threading.Event()
+        self._resync = threading.Thread(
+            target=self.resync_loop, args=(self._stop_resync,), name="gagar-resync", daemon=True
+        )
+        self._resync.start()
+
+    def stop_resync(self, timeout: float = STOP_RESYNC_S) -> None:
+        """Stop the resync thread and wait for a reconcile it has in flight (at the operator's
+        clean-up): an operator that returned leaves nothing writing to the API or its log."""
+        thread, self._resync = self._resync, None
+        if thread is None:
+            return
+        self._stop_resync.set()
+        self.wake()
+        thread.join(timeout)
+        if thread.is_alive():
+            log.warning("the resync's reconcile in flight did not end within %.0f s", timeout)
 
     def wake(self) -> None:
         """Make ``resync_loop`` look at its stop flag and due times now."""
@@ -826,18 +849,14 @@ def register(registry: kopf.OperatorRegistry, reconciler: Reconciler) -> kopf.Op
         else:
             reconciler.remember(namespace, name)
 
-    stop = threading.Event()
-
     @kopf.on.startup(registry=registry)
     def start_resync(**kwargs: Any) -> None:
         reconciler.children = kwargs[CHILD_INDEX]  # kopf's indexes reach start-up handlers too
-        stop.clear()
-        threading.Thread(target=reconciler.resync_loop, args=(stop,), daemon=True).start()
+        reconciler.start_resync()
 
     @kopf.on.cleanup(registry=registry)
     def stop_resync(**_: Any) -> None:
-        stop.set()
-        reconciler.wake()
+        reconciler.stop_resync()
 
     async def child_indexed(body: kopf.Body, **_: Any) -> dict[tuple[str, str], dict[str, Any]]:
         """The children cache is kopf's: it indexes each watched child under its run (kopf

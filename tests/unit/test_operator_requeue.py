@@ -87,3 +87,47 @@ def test_another_error_waits_for_the_next_resync(loop: Any) -> None:
     time.sleep(0.95)
     first, second = rec.times("a")  # the loop survived it
     assert 0.35 < second - first < 0.6
+
+
+def test_stopping_waits_for_the_reconcile_in_flight() -> None:
+    """The operator's clean-up (``stop_resync``) returns only once the resync's reconcile in
+    flight has ended: nothing of a stopped operator writes to the API or its log afterwards."""
+    entered, release, finished = threading.Event(), threading.Event(), threading.Event()
+
+    class Slow(Recorder):
+        def reconcile_named(self, namespace: str, run_name: str, force_apply: bool = False) -> None:
+            entered.set()
+            release.wait(10)
+            finished.set()
+
+    rec = Slow(resync=0.05)
+    rec.remember("ns", "a")
+    rec.start_resync()
+    assert entered.wait(5)
+    stopper = threading.Thread(target=rec.stop_resync)
+    stopper.start()
+    time.sleep(0.3)
+    assert stopper.is_alive() and not finished.is_set()  # waiting for the reconcile
+    release.set()
+    stopper.join(5)
+    assert not stopper.is_alive() and finished.is_set()
+    assert rec._resync is None
+    rec.stop_resync()  # a second clean-up is harmless
+
+
+def test_a_reconcile_that_outlives_the_stop_timeout_is_logged(caplog: Any) -> None:
+    entered, release = threading.Event(), threading.Event()
+
+    class Stuck(Recorder):
+        def reconcile_named(self, namespace: str, run_name: str, force_apply: bool = False) -> None:
+            entered.set()
+            release.wait(10)
+
+    rec = Stuck(resync=0.05)
+    rec.remember("ns", "a")
+    rec.start_resync()
+    assert entered.wait(5)
+    with caplog.at_level("WARNING", logger="gagar.operator"):
+        rec.stop_resync(timeout=0.2)
+    release.set()
+    assert "did not end within" in caplog.text
