@@ -298,15 +298,20 @@ class _Submits:
         return Generation([5, 6], [-0.1, -0.2], SUBMIT, "stop", list(prompt_ids))
 
 
+def _group_of(task, factory, engine, size: int, concurrency: int):
+    """One group of ``size`` through ``Rollouts.group``, as the loop runs it."""
+    cfg = RolloutConfig(AgentLimits(4, 64, 4096), 20.0, 60.0)
+    rollouts = Rollouts.bounded(factory, engine, Fmt(), cfg, concurrency=concurrency)
+    try:
+        return asyncio.run(rollouts.group(task, size, 0))
+    finally:
+        rollouts.close()
+
+
 def test_a_group_of_rollouts_shares_verdicts(task, factory) -> None:
     """Through the rollouts' path (``Rollouts.group``, as the loop runs it): every member of a
     group of four submits the untouched repository: one verification, shared three times."""
-    cfg = RolloutConfig(AgentLimits(4, 64, 4096), 20.0, 60.0)
-    rollouts = Rollouts.bounded(factory, _Submits(), Fmt(), cfg, concurrency=4)
-    try:
-        group = asyncio.run(rollouts.group(task, 4, 0))
-    finally:
-        rollouts.close()
+    group = _group_of(task, factory, _Submits(), size=4, concurrency=4)
     assert [r.valid for r in group.rollouts] == [True] * 4
     assert not any(r.passed for r in group.rollouts)
     assert (group.verifications, group.verdicts_shared) == (1, 3)
@@ -343,12 +348,7 @@ def test_a_trajectory_gives_its_slot_back_before_its_verification(task, factory,
                 active[0] -= 1
 
     monkeypatch.setattr(rollouts_mod, "_finish", finish)
-    cfg = RolloutConfig(AgentLimits(4, 64, 4096), 20.0, 60.0)
-    rollouts = Rollouts.bounded(factory, Counting(), Fmt(), cfg, concurrency=1)
-    try:
-        group = asyncio.run(rollouts.group(task, 2, 0))
-    finally:
-        rollouts.close()
+    group = _group_of(task, factory, Counting(), size=2, concurrency=1)
     assert overlapped == [True]
     assert most == [1]  # the second verification waited for the first: one at a time
     assert [r.valid for r in group.rollouts] == [True, True]
