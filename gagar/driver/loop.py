@@ -601,7 +601,24 @@ async def train(
 ) -> dict[str, Any]:
     """The run: the probe set's start score (``probe_samples`` > 0), steps up to ``totalSteps``
     (``on_step`` sees each record), the probe set's end score, then the held-out evaluation of
-    ``eval_tasks`` tasks, then the report (returned, and written to ``report.json``)."""
+    ``eval_tasks`` tasks, then the report (returned, and written to ``report.json``). The
+    engine client's connections are closed at the end, in the event loop they belong to."""
+    try:
+        return await _run(ctx, on_step, eval_tasks, eval_only, probe_samples)
+    finally:
+        aclose = getattr(ctx.services.engine, "aclose", None)
+        if aclose is not None:
+            with contextlib.suppress(Exception):  # closing never hides the run's own error
+                await aclose()
+
+
+async def _run(
+    ctx: Context,
+    on_step: Callable[[StepRecord], None],
+    eval_tasks: int,
+    eval_only: bool,
+    probe_samples: int,
+) -> dict[str, Any]:
     probes = probe_mod.probe_tasks(ctx.train_tasks, probe_samples)
     start = probe_mod.load_start(ctx.out) if probes else None
     if probes and start is None:

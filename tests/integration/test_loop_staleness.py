@@ -39,6 +39,10 @@ class Engine:
     version: int = 0
     in_flight: int = 0
     log: list[tuple[float, float, int, int]] = field(default_factory=list)
+    closed: int = 0
+
+    async def aclose(self) -> None:
+        self.closed += 1
 
     async def generate(self, prompt_ids: list[int], params: SamplingParams) -> Generation:
         start, version = time.perf_counter(), self.version
@@ -138,6 +142,7 @@ def _context(tmp_path: Path, staleness: int) -> tuple[loop.Context, Engine, Sync
 def _train(tmp_path: Path, staleness: int) -> tuple[list[dict[str, Any]], Engine, Sync, Team, Any]:
     ctx, engine, sync, team, registry = _context(tmp_path, staleness)
     report = asyncio.run(loop.train(ctx))
+    assert engine.closed == 1  # in the event loop its connections belong to
     assert (tmp_path / "stages.png").stat().st_size > 0 and "stages.png" in report["plots"]
     records = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
     return records, engine, sync, team, registry
@@ -232,3 +237,15 @@ def test_spec_bounds_max_staleness() -> None:
         _run(2)
     with pytest.raises(ValidationError, match=r"rollout\.maxStaleness"):
         _run(-1)
+
+
+def test_a_failed_run_closes_the_engine_too(tmp_path: Path, monkeypatch: Any) -> None:
+    ctx, engine, *_ = _context(tmp_path, 0)
+
+    async def broken(ctx: Any) -> Any:
+        raise RuntimeError("the step failed")
+
+    monkeypatch.setattr(loop, "rl_step", broken)
+    with pytest.raises(RuntimeError, match="the step failed"):
+        asyncio.run(loop.train(ctx))
+    assert engine.closed == 1
