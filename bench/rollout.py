@@ -24,11 +24,15 @@ it ran, from the engine's own per-step lines (``gagar_step_stats``): steps, step
 token, running requests and scheduled tokens per step (mean/p50/p90), prefill and decode tokens.
 ``--vllm-busy-loop 1`` serves with vLLM's IPC spin (default: ``gagar_idle_wait``'s on the CPU, no spin and
 a 5 ms re-check).
+``--repeats N`` measures N loop/replay pairs per concurrency on the one server and summarizes
+each concurrency's ratios (median, range) and engine CPU per token: on a small machine the
+replay's own speed varies by a quarter from pair to pair, so one pair is one draw.
 Writes ``bench/results/rollout.json``:
-``{"results": [{"concurrency": C, "loop_tokens_per_second": x, "raw_tokens_per_second": y,
-"ratio": x / y, ...}, ...], ...}``.
+``{"results": [{"concurrency": C, "repeat": k, "loop_tokens_per_second": x,
+"raw_tokens_per_second": y, "ratio": x / y, ...}, ...], "summary": {"C": {"ratio_median": ...,
+"ratio_min": ..., "ratio_max": ..., ...}}, ...}``.
 
-    .venv/bin/python bench/rollout.py [--model DIR] [--concurrency 8 32] [--rounds 2]
+    .venv/bin/python bench/rollout.py [--model DIR] [--concurrency 8 32] [--repeats 1] [--rounds 2]
         [--manifest examples/local.yaml] [--out bench/results/rollout.json] [--gpu]
         [--vllm-busy-loop SECONDS]
 
@@ -51,6 +55,7 @@ import math
 import os
 import platform
 import pstats
+import statistics
 import sys
 import tempfile
 import threading
@@ -411,6 +416,27 @@ def quantiles(xs: list[float]) -> dict[str, float]:
     return {"mean": sum(s) / len(s), "p50": rank(0.5), "p90": rank(0.9)}
 
 
+def summarize(results: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    """Per concurrency, over its repeats (pairs of a loop side and its replay, one server): the
+    ratios' median and range, and the engine's CPU per token, loop over replay, likewise. The
+    unit is the pair: the replay's own speed varies from pair to pair on a small machine."""
+    out: dict[str, dict[str, Any]] = {}
+    for c in sorted({r["concurrency"] for r in results}):
+        mine = [r for r in results if r["concurrency"] == c]
+        ratios = sorted(r["ratio"] for r in mine)
+        engine = sorted(r["engine_cpu_per_token_ratio"] for r in mine)
+        out[str(c)] = {
+            "repeats": len(mine),
+            "ratio_median": statistics.median(ratios),
+            "ratio_min": ratios[0],
+            "ratio_max": ratios[-1],
+            "ratios": [r["ratio"] for r in mine],
+            "engine_cpu_per_token_ratio_median": statistics.median(engine),
+            "engine_cpu_per_token_ratio_max": engine[-1],
+        }
+    return out
+
+
 def step_stats(steps: list[vllm_step_stats.Step], generated: int) -> dict[str, Any]:
     """What the engine's scheduler did for one side: its steps, the batch each ran (running
     requests, scheduled tokens), prefill and decode tokens, and steps per generated token."""
@@ -503,7 +529,7 @@ async def measure(args: argparse.Namespace, work: Path) -> dict[str, Any]:
         pgid = proc.pid if proc is not None else None  # the server leads its process group
         engine = AsyncOpenAIEngine(server.base_url)
         await engine.generate([1, 2, 3], SamplingParams(max_tokens=4))  # warm-up
-        for c in args.concurrency:
+        for c, repeat in [(c, k) for c in args.concurrency for k in range(args.repeats)]:
             reset_cache(server.base_url)
             before = prefix_cache(server.base_url)
             profile = cProfile.Profile() if args.profile else None
@@ -531,6 +557,7 @@ async def measure(args: argparse.Namespace, work: Path) -> dict[str, Any]:
             results.append(
                 {
                     "concurrency": c,
+                    "repeat": repeat,
                     "loop_tokens_per_second": loop["tokens_per_second"],
                     "raw_tokens_per_second": raw["tokens_per_second"],
                     "ratio": loop["tokens_per_second"] / raw["tokens_per_second"],
@@ -548,6 +575,7 @@ async def measure(args: argparse.Namespace, work: Path) -> dict[str, Any]:
         await engine.aclose()
     return {
         "results": results,
+        "summary": summarize(results),
         "model": str(model),
         "manifest": str(args.manifest),
         "vllm_startup_s": startup,
@@ -557,6 +585,12 @@ async def measure(args: argparse.Namespace, work: Path) -> dict[str, Any]:
         "vllm_threads": args.threads,
         "vllm_busy_loop_s": args.vllm_busy_loop,
     }
+
+
+def _c(r: dict[str, Any]) -> str:
+    """A row's concurrency, and its pair's number after the first (``--repeats``)."""
+    k = r.get("repeat", 0)
+    return f"{r['concurrency']} #{k + 1}" if k else str(r["concurrency"])
 
 
 def _spread(steps: dict[str, Any], key: str) -> str:
@@ -573,7 +607,7 @@ def show(res: dict[str, Any]) -> None:
     for r in res["results"]:
         b = r["loop"]["breakdown_s"]
         table.add_row(
-            str(r["concurrency"]),
+            _c(r),
             f"{r['loop_tokens_per_second']:.0f}",
             f"{r['raw_tokens_per_second']:.0f}",
             f"{r['ratio']:.2f}x",
@@ -594,7 +628,7 @@ def show(res: dict[str, Any]) -> None:
         for side in ("loop", "raw"):
             d, st = r[side], r[side].get("engine_steps") or {}
             engine.add_row(
-                str(r["concurrency"]),
+                _c(r),
                 side,
                 str(d["generated_tokens"]),
                 f"{d['cpu_ms_per_token']['engine']:.2f}",
@@ -613,23 +647,36 @@ def show(res: dict[str, Any]) -> None:
     for r in res["results"]:
         for kind, k in r["loop"].get("sandbox_commands", {}).items():
             sbx.add_row(
-                str(r["concurrency"]),
+                _c(r),
                 kind,
                 str(k["runs"]),
                 f"{k['cpu_s_per_run']:.3f}",
                 f"{k['cpu_s']:.1f}",
             )
     console.print(sbx)
+    _notes(console, res)
+
+
+def _notes(console: Console, res: dict[str, Any]) -> None:
+    """What the tables leave out: sessions and fork servers, the repeats' summary, the units."""
     for r in res["results"]:
         d = r["loop"]
         servers = d.get("fork_servers", [])
         console.print(
-            f"C = {r['concurrency']}: {d['trajectories']} trajectories, {d.get('sessions')} "
+            f"C = {_c(r)}: {d['trajectories']} trajectories, {d.get('sessions')} "
             f"sessions, all sandboxes {d['cpu_s']['sandboxes'] / max(1, d['trajectories']):.3f} "
             f"CPU s per trajectory; {len(servers)} fork servers started, {sum(servers):.1f} CPU s "
             f"({sum(servers) / max(1, len(servers)):.3f} each); agent sessions by Python "
             f"commands run: {d.get('agent_sessions_by_python_runs')}"
         )
+    for c, sm in res.get("summary", {}).items():
+        if sm["repeats"] > 1:
+            console.print(
+                f"C = {c}, {sm['repeats']} pairs: loop/raw median {sm['ratio_median']:.2f}x "
+                f"(range {sm['ratio_min']:.2f}-{sm['ratio_max']:.2f}x); engine CPU per token "
+                f"loop/raw median {sm['engine_cpu_per_token_ratio_median']:.2f}x "
+                f"(max {sm['engine_cpu_per_token_ratio_max']:.2f}x)"
+            )
     console.print(
         "breakdown columns: seconds of the loop's wall time per concurrency slot (summed over "
         "trajectories / C); CPU s: CPU seconds of the vLLM server's processes, the sandboxes' "
@@ -643,6 +690,12 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--model", help="policy folder (HF format); default: see the docstring")
     p.add_argument("--manifest", default=str(ROOT / "examples/local.yaml"))
     p.add_argument("--concurrency", type=int, nargs="+", default=[8, 32])
+    p.add_argument(
+        "--repeats",
+        type=int,
+        default=1,
+        help="loop/replay pairs per concurrency on one server (the summary: median and range)",
+    )
     p.add_argument(
         "--rounds", type=int, default=2, help="groups per slot set (more: longer, steadier)"
     )
