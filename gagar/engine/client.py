@@ -84,10 +84,11 @@ class AsyncOpenAIEngine:
         self._headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
         self._timeout = aiohttp.ClientTimeout(total=timeout)
         self._session: aiohttp.ClientSession | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None  # the session's
 
     def _client(self) -> aiohttp.ClientSession:
         loop = asyncio.get_running_loop()
-        if self._session is not None and self._session.loop is not loop:
+        if self._session is not None and self._loop is not loop:
             raise RuntimeError("an AsyncOpenAIEngine serves the event loop it was first used in")
         if self._session is None or self._session.closed:
             self._session = aiohttp.ClientSession(
@@ -96,20 +97,24 @@ class AsyncOpenAIEngine:
                 timeout=self._timeout,
                 headers=self._headers,
             )
+            self._loop = loop
         return self._session
+
+    async def _send(self, url: str, body: dict[str, Any]) -> tuple[int, bytes]:
+        async with self._client().post(url, json=body) as r:
+            return r.status, await r.read()
 
     async def _post(self, route: str, body: dict[str, Any]) -> dict[str, Any]:
         url = f"{self.base_url}{route}"
-        for attempt in (1, 2):
+        try:
             try:
-                async with self._client().post(url, json=body) as r:
-                    status, raw = r.status, await r.read()
-                break
+                status, raw = await self._send(url, body)
             except aiohttp.ClientConnectionError as e:
-                if attempt == 2 or isinstance(e, aiohttp.ClientConnectorError | TimeoutError):
-                    raise EngineError(f"{url}: {e!r}") from e  # a second drop, no server, slow
-            except (aiohttp.ClientError, TimeoutError) as e:
-                raise EngineError(f"{url}: {e!r}") from e
+                if isinstance(e, aiohttp.ClientConnectorError | TimeoutError):
+                    raise  # no server there, or a slow one: not a dropped connection
+                status, raw = await self._send(url, body)  # once more, on another connection
+        except (aiohttp.ClientError, TimeoutError) as e:
+            raise EngineError(f"{url}: {e!r}") from e
         if status >= 400:
             raise EngineError(f"{url} -> {status}: {raw[:500].decode(errors='replace')}")
         try:
@@ -167,4 +172,4 @@ class AsyncOpenAIEngine:
     async def aclose(self) -> None:
         if self._session is not None:
             await self._session.close()
-            self._session = None
+            self._session, self._loop = None, None
