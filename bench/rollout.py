@@ -71,6 +71,7 @@ import httpx  # noqa: E402
 from rich.console import Console  # noqa: E402
 from rich.table import Table  # noqa: E402
 
+from bench import stats  # noqa: E402
 from gagar.driver import components as comp  # noqa: E402
 from gagar.driver import loop as driver_loop  # noqa: E402
 from gagar.driver.rollouts import grading_group  # noqa: E402
@@ -186,7 +187,9 @@ class TimedSession:
             finally:
                 self.clock.add("sandbox", time.perf_counter() - t)
             if name == "exec":
-                self.clock.executed(self._kind(a[0] if a else kw["cmd"], result), result.cpu_time_s)
+                kind = self._kind(a[0] if a else kw["cmd"], result)
+                self.python_runs += kind in ("warm", "cold python")
+                self.clock.executed(kind, result.cpu_time_s)
             elif name == "close" and not self.verifying:
                 with self.clock.lock:
                     self.clock.python_runs[self.python_runs] += 1
@@ -199,11 +202,9 @@ class TimedSession:
         from its session's fork server), cold Python (a fresh interpreter) or anything else."""
         if self.verifying:
             return "verification"
-        python = warm.parse(cmd) is not None
-        self.python_runs += python
         if result.warm:
             return "warm"
-        return "cold python" if python else "cold other"
+        return "cold python" if warm.parse(cmd) is not None else "cold other"
 
 
 class TimedFactory:
@@ -422,17 +423,17 @@ def summarize(results: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
     unit is the pair: the replay's own speed varies from pair to pair on a small machine."""
     out: dict[str, dict[str, Any]] = {}
     for c in sorted({r["concurrency"] for r in results}):
-        mine = [r for r in results if r["concurrency"] == c]
-        ratios = sorted(r["ratio"] for r in mine)
-        engine = sorted(r["engine_cpu_per_token_ratio"] for r in mine)
+        ratios = [r["ratio"] for r in results if r["concurrency"] == c]
+        engine = [r["engine_cpu_per_token_ratio"] for r in results if r["concurrency"] == c]
         out[str(c)] = {
-            "repeats": len(mine),
+            "repeats": len(ratios),
             "ratio_median": statistics.median(ratios),
-            "ratio_min": ratios[0],
-            "ratio_max": ratios[-1],
-            "ratios": [r["ratio"] for r in mine],
+            "ratio_min": min(ratios),
+            "ratio_max": max(ratios),
+            "ratio_mean_ci95": stats.mean_ci95(ratios),
+            "ratios": ratios,
             "engine_cpu_per_token_ratio_median": statistics.median(engine),
-            "engine_cpu_per_token_ratio_max": engine[-1],
+            "engine_cpu_per_token_ratio_max": max(engine),
         }
     return out
 
@@ -670,10 +671,12 @@ def _notes(console: Console, res: dict[str, Any]) -> None:
             f"commands run: {d.get('agent_sessions_by_python_runs')}"
         )
     for c, sm in res.get("summary", {}).items():
+        ci = sm["ratio_mean_ci95"]
         if sm["repeats"] > 1:
             console.print(
                 f"C = {c}, {sm['repeats']} pairs: loop/raw median {sm['ratio_median']:.2f}x "
-                f"(range {sm['ratio_min']:.2f}-{sm['ratio_max']:.2f}x); engine CPU per token "
+                f"(range {sm['ratio_min']:.2f}-{sm['ratio_max']:.2f}x), mean {ci['mean']:.2f}x "
+                f"(95 % interval {ci['low']:.2f}-{ci['high']:.2f}x); engine CPU per token "
                 f"loop/raw median {sm['engine_cpu_per_token_ratio_median']:.2f}x "
                 f"(max {sm['engine_cpu_per_token_ratio_max']:.2f}x)"
             )

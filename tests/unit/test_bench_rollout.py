@@ -6,6 +6,7 @@ import importlib.util
 import io
 from pathlib import Path
 
+import pytest
 from rich.console import Console
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -37,10 +38,14 @@ def test_the_summary_is_per_concurrency_over_its_pairs() -> None:
         "ratio_median": 0.72,
         "ratio_min": 0.63,
         "ratio_max": 0.75,
+        "ratio_mean_ci95": summary["32"]["ratio_mean_ci95"],
         "ratios": [0.72, 0.63, 0.75],  # in the order measured
         "engine_cpu_per_token_ratio_median": 1.10,
         "engine_cpu_per_token_ratio_max": 1.22,
     }
+    ci = summary["32"]["ratio_mean_ci95"]  # bench/stats.py's Student-t interval over the pairs
+    assert ci["n"] == 3 and ci["mean"] == pytest.approx(0.70)
+    assert ci["low"] < 0.63 < 0.75 < ci["high"]
     assert summary["8"]["repeats"] == 1 and summary["8"]["ratio_median"] == 0.90
 
 
