@@ -22,7 +22,7 @@ from gagar.rollout.envs.verify import SharedVerdicts, repository_digest, verify
 from gagar.sandbox import SandboxInfraError
 from gagar.sandbox.local import LocalFactory, check_isolation
 from gagar.sandbox.types import Limits
-from tests.integration.test_loop_staleness import SUBMIT, Fmt
+from tests.support.submitting import Fmt, Submits
 
 
 @pytest.fixture(scope="module")
@@ -290,14 +290,6 @@ def test_an_infrastructure_failure_is_not_shared(task, factory) -> None:
     assert (shared.runs, shared.shared) == (2, 0)
 
 
-class _Submits:
-    """An engine whose every answer is ``submit``: each member ends on the untouched repository."""
-
-    async def generate(self, prompt_ids: list[int], params: SamplingParams) -> Generation:
-        await asyncio.sleep(0.01)
-        return Generation([5, 6], [-0.1, -0.2], SUBMIT, "stop", list(prompt_ids))
-
-
 def _group_of(task, factory, engine, size: int, concurrency: int):
     """One group of ``size`` through ``Rollouts.group``, as the loop runs it."""
     cfg = RolloutConfig(AgentLimits(4, 64, 4096), 20.0, 60.0)
@@ -311,7 +303,7 @@ def _group_of(task, factory, engine, size: int, concurrency: int):
 def test_a_group_of_rollouts_shares_verdicts(task, factory) -> None:
     """Through the rollouts' path (``Rollouts.group``, as the loop runs it): every member of a
     group of four submits the untouched repository: one verification, shared three times."""
-    group = _group_of(task, factory, _Submits(), size=4, concurrency=4)
+    group = _group_of(task, factory, Submits(), size=4, concurrency=4)
     assert [r.valid for r in group.rollouts] == [True] * 4
     assert not any(r.passed for r in group.rollouts)
     assert (group.verifications, group.verdicts_shared) == (1, 3)
@@ -324,7 +316,7 @@ def test_a_trajectory_gives_its_slot_back_before_its_verification(task, factory,
 
     second_turn = threading.Event()
 
-    class Counting(_Submits):
+    class Counting(Submits):
         requests = 0
 
         async def generate(self, prompt_ids: list[int], params: SamplingParams) -> Generation:

@@ -24,11 +24,10 @@ from gagar.driver.trackers import Trackers
 from gagar.engine.base import Generation, SamplingParams
 from gagar.grader.protocol import HeuristicGrader
 from gagar.metrics import STAGES, Metrics
-from gagar.rollout.chat import parse_tool_call
 from gagar.spec import GagarRun
+from tests.support.submitting import SUBMIT, Fmt
 
 ROOT = Path(__file__).resolve().parents[2]
-SUBMIT = '<tool_call>{"name": "submit", "arguments": {}}</tool_call>'
 UPDATE_S = 0.6
 
 
@@ -53,17 +52,6 @@ class Engine:
             self.in_flight -= 1
         self.log.append((start, time.perf_counter(), version, self.version))
         return Generation([5, 6, 7], [-0.1, -0.2, -0.3], SUBMIT, "stop", list(prompt_ids))
-
-
-class Fmt:
-    def initial_ids(self, messages: list[dict[str, Any]]) -> list[int]:
-        return [1, 2, 3]
-
-    def observation_ids(self, message: dict[str, Any]) -> list[int]:
-        return [4]
-
-    def parse_tool_call(self, text: str) -> Any:
-        return parse_tool_call(text)
 
 
 @dataclass
