@@ -6,8 +6,9 @@ the task, and every test or harness file the candidate changed, is put back as t
 task's pytest invocation runs the ``FAIL_TO_PASS`` and ``PASS_TO_PASS`` ids through a bootstrap
 (``verify_boot.py``, ``python -I -B -c``): the interpreter, the standard library, pytest and its
 plugins come from the executor's environment, never from the workspace, and the bootstrap writes
-a record of the outcomes and of where everything was loaded from, carrying a nonce, at an
-unguessable path. ``judge`` decides from that record; a record without the nonce, or one showing
+a record of the outcomes and of where everything was loaded from, carrying a nonce (the record's
+and the nonce file's names are in the test process's argv, so each has a random token of its own,
+never the nonce). ``judge`` decides from that record; a record without the nonce, or one showing
 the runner or a test loaded from the workspace or pytest's machinery replaced, is ``tampering``
 and never passes. Editing tests therefore never earns reward. Separately, a patch that touches
 tests, the test runner's configuration or the harness is recorded as *suspected tampering* for
@@ -172,8 +173,9 @@ def _boot_command(task: Task, record: str, nonce: str) -> str | None:
 
 def run_tests(session: Session, task: Task, timeout: float | None) -> TestRun:
     """Run the task's test ids in ``session`` through the bootstrap and judge its record."""
-    token = secrets.token_hex(16)
-    record, nonce_file, nonce = f".gagar-verify-{token}.json", f".gagar-nonce-{token}", token
+    # The names are in the test process's argv (``/proc/self/cmdline``): never the nonce.
+    record = f".gagar-verify-{secrets.token_hex(16)}.json"
+    nonce_file, nonce = f".gagar-nonce-{secrets.token_hex(16)}", secrets.token_hex(16)
     cmd = _boot_command(task, record, nonce_file)
     if cmd is None:
         raise TestCommandError(
