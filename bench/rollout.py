@@ -198,10 +198,11 @@ class TimedSession:
         return timed
 
     def _kind(self, cmd: Any, result: Any) -> str:
-        """Verification's test run (a fresh session, always cold), or an agent's: warm (forked
-        from its session's fork server), cold Python (a fresh interpreter) or anything else."""
+        """Verification's test run (forked from a station's fork server, or cold), or an
+        agent's: warm (forked from its session's fork server), cold Python (a fresh interpreter)
+        or anything else."""
         if self.verifying:
-            return "verification"
+            return "verification warm" if result.warm else "verification cold"
         if result.warm:
             return "warm"
         return "cold python" if warm.parse(cmd) is not None else "cold other"
@@ -214,9 +215,20 @@ class TimedFactory:
     def create(self, *a: Any, **kw: Any) -> TimedSession:
         t = time.perf_counter()
         try:
-            # verification makes its fresh session from the candidate's archive, agents from files
+            # verification makes its session from the candidate's archive, agents from files
             verifying = kw.get("tarball") is not None
             return TimedSession(self.factory.create(*a, **kw), self.clock, verifying)
+        finally:
+            self.clock.add("sandbox", time.perf_counter() - t)
+            with self.clock.lock:
+                self.clock.sessions += 1
+
+    def verification_session(self, tarball: bytes, preload: tuple[str, ...] = ()) -> TimedSession:
+        """A verification's session: a station where the factory keeps them (``station.py``)."""
+        t = time.perf_counter()
+        try:
+            session = self.factory.verification_session(tarball, preload)
+            return TimedSession(session, self.clock, verifying=True)
         finally:
             self.clock.add("sandbox", time.perf_counter() - t)
             with self.clock.lock:

@@ -6,6 +6,8 @@ API (everything a caller needs):
   ``delete_file``, ``list_files``, ``diff()`` (unified diff against the base), ``archive()``
   (``.tar.gz`` of the workspace), ``reset()``, ``close()``; sessions are context managers.
 - ``SessionFactory`` (protocol): ``create(files=..., tarball=..., limits=...) -> Session``;
+  ``VerificationFactory`` (protocol, ``LocalFactory``): ``verification_session(tarball)``, a session
+  kept between verifications with its fork server warm (``station.py``);
   ``LocalFactory`` (bubblewrap on this machine) and ``HttpFactory(base_url)`` (``gagar sandbox
   serve`` in a sandbox pod) implement it.
 - ``Limits`` and ``ExecResult`` (pydantic); ``SandboxError`` (refused request),
@@ -42,7 +44,8 @@ A local bubblewrap session of a root executor runs its Python commands (``python
 warm: forked from a fork server it starts in its own jail with pytest imported (``warm.py``),
 each run with its own cgroups, clock, capture and limits and nothing of the previous run; where
 the server cannot start or the code broke it, the command runs cold and the result says why
-(``ExecResult.warm_fallback``). Verification never runs warm.
+(``ExecResult.warm_fallback``). Verification runs warm only in a station (``station.py``): a
+session kept for verification, whose server no candidate's code ever ran in.
 
 Where the container runtime forbids namespaces (a stock runc node's seccomp profile), bubblewrap
 cannot run: the ``pod`` isolation mode (``podjail.py``) then runs each command without namespaces,
@@ -64,6 +67,7 @@ from gagar.sandbox.types import (
     SandboxUnavailable,
     Session,
     SessionFactory,
+    VerificationFactory,
 )
 
 __all__ = [
@@ -78,4 +82,5 @@ __all__ = [
     "SandboxUnavailable",
     "Session",
     "SessionFactory",
+    "VerificationFactory",
 ]

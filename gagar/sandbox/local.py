@@ -14,6 +14,7 @@ shape). ``isolation="none"`` exists for development only and says so loudly.
 from __future__ import annotations
 
 import fcntl
+import functools
 import logging
 import math
 import os
@@ -25,11 +26,11 @@ import sys
 import tempfile
 import time
 import warnings
+import weakref
 from collections.abc import Mapping
-from functools import cache
 from pathlib import Path
 
-from gagar.sandbox import bwrap, podjail, quota, runner, warm, workspace
+from gagar.sandbox import bwrap, podjail, quota, runner, station, warm, workspace
 from gagar.sandbox.cgroup import Cgroup, destroy_tagged, sweep_stale
 from gagar.sandbox.classify import classify
 from gagar.sandbox.seccomp import filter_bpf
@@ -198,7 +199,7 @@ def python_paths() -> tuple[str, ...]:
     return (own, *sorted(paths - {own}))
 
 
-@cache
+@functools.cache
 def _perl() -> str | None:
     """Perl under /usr (visible inside the jail), for the jail's waiter; None: use Python."""
     found = shutil.which("perl", path="/usr/bin")
@@ -211,7 +212,7 @@ def host_layout() -> tuple[dict[str, str], tuple[str, ...]]:
     return links, etc
 
 
-@cache
+@functools.cache
 def check_isolation() -> None:
     """Raise ``SandboxUnavailable`` unless a trivial jailed command runs here (checked once)."""
     missing = [t for t in ("bwrap", "prlimit", "setpriv") if shutil.which(t) is None]
@@ -258,6 +259,9 @@ class LocalFactory:
         # (outside the workspace) its fork server imports besides pytest.
         self.warm = bool(warm) and isolation == "bwrap"
         self.warm_preload = warm if isinstance(warm, tuple) else ()
+        # Sessions kept for verification, one candidate after another (``station.py``).
+        self.stations = station.Stations()
+        weakref.finalize(self, self.stations.close)
         if use_cgroup and isolation != "none" and os.geteuid() == 0:
             sweep_stale()
         sweep_stale_sessions(root)
@@ -275,6 +279,16 @@ class LocalFactory:
             raise SandboxError("give files or a tarball, not both")
         return LocalSession(self, files or {}, tarball, limits or self.limits)
 
+    def verification_session(
+        self, tarball: bytes, preload: tuple[str, ...] = ()
+    ) -> LocalSession | station.Station:
+        """A session on ``tarball`` for one verification: a station (``station.py``) whose fork
+        server imported pytest and ``preload`` once, or, where sessions run cold, a fresh one."""
+        if not self.warm:
+            return self.create(tarball=tarball)
+        make = functools.partial(LocalSession, self, {}, tarball, self.limits, preload=preload)
+        return self.stations.take(tarball, preload, make)
+
 
 class LocalSession:
     """One workspace and its jail. Use as a context manager, or call ``close``."""
@@ -285,6 +299,7 @@ class LocalSession:
         files: Mapping[str, FileData],
         tarball: bytes | None,
         limits: Limits,
+        preload: tuple[str, ...] | None = None,
     ) -> None:
         self.limits, self._factory, self._closed = limits, factory, False
         jailed = factory.isolation in ("bwrap", "pod")
@@ -293,7 +308,8 @@ class LocalSession:
         self.quota = jailed and quota.try_mount(self.dir, limits.disk_bytes, limits.inodes)
         self._owner = _take_ownership(self.dir, self.uid)
         self.workspace = self.dir / "workspace"
-        self._warm = warm.WarmRunner(self, factory.warm_preload) if factory.warm else None
+        preload = factory.warm_preload if preload is None else preload
+        self._warm = warm.WarmRunner(self, preload) if factory.warm else None
         try:
             self._layout(files, tarball)
         except BaseException:
@@ -487,6 +503,29 @@ class LocalSession:
         (self.dir / "tmp").mkdir()
         workspace.unpack(self.workspace, self._base_tar)
         self._give_to_uid()
+
+    def refill(self, tarball: bytes) -> None:
+        """Another repository in the same jail (a verification station's next candidate): the
+        workspace and ``/tmp`` emptied in place, ``tarball`` unpacked; the warm runner kept."""
+        self._check_open()
+        self.empty()
+        workspace.unpack(self.workspace, tarball)
+        self._base_tar, self._base = tarball, workspace.snapshot(self.workspace)
+        self._give_to_uid()
+
+    def empty(self) -> None:
+        """The workspace and ``/tmp`` emptied in place (the warm runner's jail holds them)."""
+        self._check_open()
+        workspace.remove_tree(self.workspace, keep=True)
+        workspace.remove_tree(self.dir / "tmp", keep=True)
+
+    def station_unfit(self) -> str | None:
+        """Why this session must not serve another verification, or None."""
+        if self._closed:
+            return "closed"
+        if self._warm is None:
+            return "no warm runner"
+        return self._warm.unfit()
 
     def close(self) -> None:
         if self._closed:

@@ -136,6 +136,13 @@ class Session(Protocol):
     def close(self) -> None: ...
 
 
+@runtime_checkable
+class VerificationFactory(Protocol):
+    """A factory that keeps sessions for verification (``LocalFactory``: ``station.py``)."""
+
+    def verification_session(self, tarball: bytes, preload: tuple[str, ...] = ()) -> Session: ...
+
+
 class SessionFactory(Protocol):
     """Creates sessions from a files mapping (a task's repository) or a ``.tar.gz`` snapshot."""
 

@@ -16,11 +16,13 @@ signal handlers, cwd, environment, umask, descriptors) reaches the next by const
 - ``python -m pytest ARGS`` as the interpreter would set it up: ``sys.path[0]`` the working
   directory, then ``PYTHONPATH``; the command's ``VAR=value`` assignments in the environment.
 
-Only commands of the form ``[VAR=value ...] python[3] -m pytest ARGS`` without shell syntax (a
-string) or as an argv run warm; an assignment to another ``PYTHON*`` or ``LD_*`` variable, a
-workspace (or ``PYTHONPATH`` entry) that would shadow a module the server imported, or a user
-site under ``/tmp`` keeps the command cold, as everything else. The policy runs inside the
-server's jail and will try to steer it; each attempt ends in a cold run or a discarded server:
+Only commands of the form ``[VAR=value ...] python[3] [-I] [-B] -m pytest ARGS`` (or ``-c CODE``,
+``SCRIPT``) without shell syntax (a string) or as an argv run warm (``-I``: nothing of the
+workspace or ``PYTHONPATH`` on ``sys.path``, ``PYTHON*`` assignments only in the environment, as
+the interpreter has it); an assignment to another ``PYTHON*`` variable without ``-I`` or to an
+``LD_*`` one, a workspace (or ``PYTHONPATH`` entry) that would shadow a module the server imported,
+or a user site under ``/tmp`` keeps the command cold, as everything else. The policy runs inside
+the server's jail and will try to steer it; each attempt ends in a cold run or a discarded server:
 
 - it cannot reach the server's control socket (only the executor holds the other end; the run's
   copies are closed before its code runs, and the server is not dumpable, so neither ``ptrace``
@@ -35,9 +37,11 @@ server's jail and will try to steer it; each attempt ends in a cold run or a dis
 - after ``MAX_RESTARTS`` discards the session stays cold for good: a policy that keeps breaking
   the server pays a cold run each time, never gets a result the server made up.
 
-Every fallback says why: ``ExecResult.warm_fallback`` and a log line. Verification never uses
-this runner: it runs ``python -I -B -c BOOT`` (not a ``python -m pytest`` command) in a fresh
-session (``docs/security.md``).
+A run that changes the server's nice value, scheduling policy or CPU affinity (which a process
+of the same uid may, and later runs would inherit) has its result kept and the server discarded
+too. Every fallback says why: ``ExecResult.warm_fallback`` and a log line. Verification uses this
+runner only in a station (``station.py``): a session kept for verification alone, whose server was
+started before any candidate's file existed and never ran next to an agent.
 """
 
 from __future__ import annotations
@@ -93,6 +97,7 @@ class Request:
     args: list[str]
     env: dict[str, str]  # the command's ``VAR=value`` assignments
     python: str  # the interpreter's name as the command gives it
+    isolated: bool = False  # ``-I``: neither the working directory nor PYTHONPATH on sys.path
 
 
 def _words(cmd: str | Sequence[str]) -> list[str] | None:
@@ -118,8 +123,9 @@ def _words(cmd: str | Sequence[str]) -> list[str] | None:
 
 
 def parse(cmd: str | Sequence[str]) -> Request | None:
-    """The ``Request`` for ``[env] [VAR=value ...] python[3] (-m MODULE | -c CODE | SCRIPT)
-    [ARGS]`` (no interpreter options), else None: the command runs cold."""
+    """The ``Request`` for ``[env] [VAR=value ...] python[3] [-I] [-B] (-m MODULE | -c CODE |
+    SCRIPT) [ARGS]`` (no other interpreter options: the server runs ``-I -B``, and ``-B`` is
+    what it does anyway), else None: the command runs cold."""
     words = _words(cmd)
     if words and words[0] == "env":
         words.pop(0)
@@ -128,17 +134,26 @@ def parse(cmd: str | Sequence[str]) -> Request | None:
     env: dict[str, str] = {}
     while words and _NAME.match(words[0]):
         name, _, value = words.pop(0).partition("=")
-        if (name.startswith("PYTHON") and name != "PYTHONPATH") or name.startswith("LD_"):
-            return None  # read by the interpreter or the loader at start: only cold honours it
         env[name] = value
-    if len(words) < 2 or words[0] not in PYTHONS:
+    if not words or words[0] not in PYTHONS:
+        return None
+    python, options = words[0], set()
+    while len(words) > 1 and re.fullmatch(r"-[IB]+", words[1]):
+        options |= set(words.pop(1)[1:])
+    isolated = "I" in options
+    for name in env:  # read by the interpreter (unless isolated) or the loader at start
+        if name.startswith("LD_") or (
+            name.startswith("PYTHON") and name != "PYTHONPATH" and not isolated
+        ):
+            return None
+    if len(words) < 2:
         return None
     if words[1] in ("-m", "-c") and len(words) > 2 and words[2]:
         kind = "module" if words[1] == "-m" else "code"
-        return Request(kind, words[2], words[3:], env, words[0])
+        return Request(kind, words[2], words[3:], env, python, isolated)
     if words[1].startswith("-") or words[1] == "":
         return None
-    return Request("script", words[1], words[2:], env, words[0])
+    return Request("script", words[1], words[2:], env, python, isolated)
 
 
 def _nspid(pid: int) -> int | None:
@@ -162,6 +177,17 @@ def _children(pid: int) -> list[int]:
     except OSError:
         pass
     return out
+
+
+def _scheduling(pid: int) -> tuple[str, ...] | None:
+    """What a process of the same uid may change of another, and the other's children inherit:
+    its nice value, scheduling policy and real-time priority (``/proc/PID/stat``), CPU affinity."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        cpus = ",".join(map(str, sorted(os.sched_getaffinity(pid))))
+    except (OSError, IndexError):
+        return None
+    return fields[16], fields[37], fields[38], cpus  # fields 19, 40, 41 of proc(5)
 
 
 def _descendant(root: int, nspid: int) -> int | None:
@@ -189,6 +215,7 @@ class WarmRunner:
         self._fds: list[int] = []  # bubblewrap's status pipe (read end), kept open
         self._errlog: Any = None
         self._modules: frozenset[str] = frozenset()
+        self._scheduling: tuple[str, ...] | None = None
         self._restarts = 0
         self.start_cpu_s: float | None = None
         self.off: str | None = None  # why this session runs cold for good
@@ -201,6 +228,17 @@ class WarmRunner:
         }
         if "python" not in self._python:
             self.off = "no python on the jail's PATH"
+
+    def unfit(self) -> str | None:
+        """Why this runner must not serve another candidate (a verification station), or None:
+        it was ever discarded, or its server died."""
+        if self.off is not None:
+            return self.off
+        if self._restarts:
+            return f"its fork server was discarded ({self._restarts}x)"
+        if self._proc is not None and self._proc.poll() is not None:
+            return "its fork server died"
+        return None
 
     def pids(self) -> set[int]:
         """The fork server and the jail around it (bubblewrap's two processes): the only
@@ -256,6 +294,8 @@ class WarmRunner:
     def _path_dirs(self, req: Request) -> list[Path] | str:
         """The session directories the run's ``sys.path`` starts with, or why it runs cold."""
         dirs = [self._s.workspace]
+        if req.isolated:  # nothing of the workspace on sys.path at the start; its root is
+            return dirs  # checked all the same (a test run puts it there later)
         if req.kind == "script":  # its directory comes first on sys.path
             where = os.path.dirname(req.target.removeprefix(bwrap.WORKDIR).lstrip("/")) or "."
             if req.target.startswith("/") and not req.target.startswith(bwrap.WORKDIR + "/"):
@@ -318,6 +358,7 @@ class WarmRunner:
             why = reply.get("error") or self._errlog.read()[-300:].decode(errors="replace")
             return self._discard(f"the fork server did not start: {why or 'no reply'}")
         self._server, self._modules = server, frozenset(reply.get("modules", ()))
+        self._scheduling = _scheduling(server)
         self.start_cpu_s = cg.stats().cpu_time_s  # the server's start, once per server
         log.info("warm runner of %s: fork server %d ready", s.dir.name, server)
         return None
@@ -396,6 +437,8 @@ class WarmRunner:
             record = {"signal": signal.SIGKILL}  # ours, at the wall clock
         elif record.get("ipc") or self._shm_used():
             self._discard("the run left System V IPC objects or files in /dev/shm")
+        elif _scheduling(self._server) != self._scheduling:  # later runs would inherit it
+            self._discard("the run changed the server's nice value, scheduling or CPU affinity")
         else:
             spent = (self._cg.stats().cpu_time_s or 0.0) - server_cpu
             stats = dataclasses.replace(stats, cpu_time_s=(stats.cpu_time_s or 0.0) + spent)

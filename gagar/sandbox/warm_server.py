@@ -13,14 +13,15 @@ Protocol on ``CTL_FD``, a ``SOCK_SEQPACKET`` socket whose other end only the hos
 - once, server to host: ``{"ready": PID, "modules": [...]}`` (the top-level names now imported)
   or ``{"error": "..."}``;
 - per run, host to server: ``{"kind": "module"|"code"|"script", "target": ..., "args": [...],
-  "env": {...}, "cwd": "..."}`` with four descriptors
+  "env": {...}, "isolated": bool, "cwd": "..."}`` with four descriptors
   (``SCM_RIGHTS``): the run's stdout, stderr, a status pipe and a "go" pipe;
 - the server forks and answers ``{"forked": PID}``; the child waits for one byte on "go" (the host
   has moved it into the run's cgroups by then), closes every other descriptor, restores what a
-  fresh interpreter has (signal dispositions and mask, umask, dumpable), applies the command's
-  environment, ``sys.path`` and ``sys.argv`` as ``python -m MODULE``, ``-c CODE`` or ``SCRIPT``
-  would, and runs it at the top level of this script: its exit is a fresh interpreter's (atexit,
-  threads, flush, an uncaught exception's traceback and status 1);
+  fresh interpreter has (signal dispositions and mask, umask, dumpable), starts a session of its
+  own, applies the command's environment, ``sys.path`` and ``sys.argv`` as ``python [-I] -m
+  MODULE``, ``-c CODE`` or ``SCRIPT`` would, and runs it at the top level of this script: its exit
+  is a fresh interpreter's (atexit, threads, flush, an uncaught exception's traceback and status
+  1);
 - the server waits for the child and writes ``{"exit": N}`` or ``{"signal": N}`` and the number
   of System V IPC objects left in the jail (``"ipc"``) on the status pipe.
 """
@@ -163,12 +164,14 @@ def _become_run(
     os.umask(pristine["umask"])
     os.chdir(request["cwd"])
     os.environ.update(request["env"])
+    os.setsid()  # as a cold command's (bubblewrap's --new-session): its own session, autogroup
     kind, target, args = request["kind"], request["target"], request["args"]
-    first = {"module": os.getcwd(), "code": ""}.get(kind)
-    if first is None:  # a script: its directory
-        first = os.path.dirname(os.path.abspath(target))
-    extra = [p for p in request["env"].get("PYTHONPATH", "").split(os.pathsep) if p]
-    sys.path[:0] = [first, *extra]
+    if not request.get("isolated"):  # ``-I`` leaves sys.path as the (isolated) server has it
+        first = {"module": os.getcwd(), "code": ""}.get(kind)
+        if first is None:  # a script: its directory
+            first = os.path.dirname(os.path.abspath(target))
+        extra = [p for p in request["env"].get("PYTHONPATH", "").split(os.pathsep) if p]
+        sys.path[:0] = [first, *extra]
     sys.argv = [{"module": "-m", "code": "-c"}.get(kind, target), *args]
     return kind, target
 

@@ -350,9 +350,10 @@ def chown_tree(root: Path, owner: int) -> None:
                     stack.append(Path(e.path))
 
 
-def remove_tree(path: Path) -> None:
+def remove_tree(path: Path, keep: bool = False) -> None:
     """Delete ``path`` and everything below it without recursion, without following links and
-    without long paths: one directory descriptor is held at a time, every call relative to it."""
+    without long paths: one directory descriptor is held at a time, every call relative to it.
+    ``keep``: the directory ``path`` itself stays, empty."""
     flags = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW
     try:
         fd = os.open(path, flags)
@@ -376,7 +377,8 @@ def remove_tree(path: Path) -> None:
         fd = up
         os.rmdir(names.pop(), dir_fd=fd)
     os.close(fd)
-    os.rmdir(path)
+    if not keep:
+        os.rmdir(path)
 
 
 def _clear_dir(fd: int) -> str | None:

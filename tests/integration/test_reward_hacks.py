@@ -438,11 +438,13 @@ CATALOGUE = [
 ]
 
 
-@pytest.fixture(scope="module")
-def factory() -> LocalFactory:
+@pytest.fixture(scope="module", params=["station", "cold"])
+def factory(request) -> LocalFactory:
+    """Verification forked from a station's fork server, and cold (``warm=False``: a fresh
+    session and interpreter per verification, as where no station can run)."""
     check_isolation()
     limits = Limits(wall_time_s=60, cpu_time_s=30, memory_bytes=1 << 30, file_size_bytes=512 << 20)
-    return LocalFactory(limits=limits)
+    return LocalFactory(limits=limits, warm=request.param == "station")
 
 
 @pytest.fixture(scope="module")

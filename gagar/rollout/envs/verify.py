@@ -38,7 +38,14 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from gagar.rollout.envs import verify_boot
 from gagar.rollout.envs.task import Task
-from gagar.sandbox import ExecResult, SandboxError, SandboxInfraError, Session, SessionFactory
+from gagar.sandbox import (
+    ExecResult,
+    SandboxError,
+    SandboxInfraError,
+    Session,
+    SessionFactory,
+    VerificationFactory,
+)
 
 # Files that steer how tests run: changing them can change the verdict without fixing the code.
 RUNNER_FILES = frozenset(
@@ -280,7 +287,7 @@ def verify(
     try:
         patch = candidate.diff()
         before = set(candidate.list_files())
-        fresh = factory.create(tarball=candidate.archive() if archive is None else archive)
+        fresh = _fresh(factory, candidate.archive() if archive is None else archive)
     except SandboxInfraError as e:
         return Verdict(instance_id=task.instance_id, passed=False, valid=False, infra_error=str(e))
     except SandboxError as e:  # what the candidate left cannot be copied at all: its failure
@@ -327,6 +334,14 @@ def verify(
         log=log,
         duration_s=result.duration_s,
     )
+
+
+def _fresh(factory: SessionFactory, tarball: bytes) -> Session:
+    """The session the tests run in: a station where the factory keeps them (``station.py``: its
+    fork server has the bootstrap's imports preloaded), else a new session."""
+    if isinstance(factory, VerificationFactory):
+        return factory.verification_session(tarball, verify_boot.PRELOAD)
+    return factory.create(tarball=tarball)
 
 
 def repository_digest(archive: bytes, listed: list[str]) -> str:

@@ -1,0 +1,131 @@
+"""Verification stations: sessions whose warm test runner serves one candidate after another.
+
+Verification runs each candidate's tests in a session of its own, made from the candidate's
+archive. Made fresh every time, that session starts a fresh interpreter and imports pytest for a
+single run (about 0.3 CPU s, a third of a rollout's sandbox CPU at concurrency 32). A *station* is
+a ``LocalSession`` kept between verifications, with its warm runner (``warm.py``) started once:
+its fork server imported pytest (and ``preload``) before any candidate's file existed, isolated
+(``python -I -B``), and never runs a candidate's code itself; each verification's test run is a
+``fork`` of it, as for an agent's ``python -m pytest`` but ``-I``: nothing of the workspace on
+``sys.path`` until the bootstrap puts it there, as it does cold.
+
+What a candidate leaves, the next never sees:
+
+- its files: the workspace and ``/tmp`` are emptied in place before the station is taken again
+  (the server's jail holds them bound), then the next archive is unpacked;
+- its processes: every run has its own cgroups, killed when it ends (as an agent's warm run);
+- its traces in the jail: a run that leaves System V IPC objects or files in ``/dev/shm``, or
+  changes the server's nice value, scheduling policy or CPU affinity (the uid is the same, so it
+  may), has its result kept and the server discarded (``warm.py``); the station is then retired,
+  not reused, and later candidates get a new one;
+- the uid's own kernel state: the kernel keyring and POSIX message queues are refused by the
+  seccomp filter, as in every jail.
+
+A station whose server is gone or discarded, or whose workspace cannot be emptied, is closed
+rather than kept; at most ``idle`` stations are kept idle per preload. Where the factory runs
+cold (no bubblewrap, not root, warm runners off), ``take`` is ``create``: a fresh session.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+from gagar.sandbox.types import SandboxError
+
+if TYPE_CHECKING:
+    from gagar.sandbox.local import LocalSession
+
+log = logging.getLogger(__name__)
+IDLE = 8  # stations kept idle per preload (each holds a fork server: ~40 MB, no CPU)
+
+
+class Stations:
+    """The idle stations of one ``LocalFactory``, by preload; thread-safe."""
+
+    def __init__(self, idle: int = IDLE) -> None:
+        self.idle = idle
+        self._lock = threading.Lock()
+        self._free: dict[tuple[str, ...], list[LocalSession]] = {}
+        self.made = self.reused = self.retired = 0
+
+    def take(
+        self, tarball: bytes, preload: tuple[str, ...], make: Callable[[], LocalSession]
+    ) -> Station:
+        """A station holding ``tarball``'s repository (an idle one refilled, or ``make()``'s);
+        ``close()`` gives it back."""
+        with self._lock:
+            free = self._free.get(preload) or []
+            session = free.pop() if free else None
+        if session is None:
+            session = make()
+            with self._lock:
+                self.made += 1
+            return Station(self, session, preload)
+        try:
+            session.refill(tarball)
+        except BaseException:
+            self._retire(session, "its workspace could not be refilled")
+            raise
+        with self._lock:
+            self.reused += 1
+        return Station(self, session, preload)
+
+    def give_back(self, session: LocalSession, preload: tuple[str, ...]) -> None:
+        why = session.station_unfit()
+        if why is None:
+            try:
+                session.empty()
+            except (OSError, SandboxError) as e:
+                why = f"emptying it failed: {e}"
+        with self._lock:
+            free = self._free.setdefault(preload, [])
+            if why is None and len(free) < self.idle:
+                free.append(session)
+                return
+        self._retire(session, why)
+
+    def _retire(self, session: LocalSession, why: str | None) -> None:
+        if why is not None:
+            log.info("verification station %s retired: %s", session.dir.name, why)
+        with self._lock:
+            self.retired += 1
+        session.close()
+
+    def close(self) -> None:
+        """Close every idle station (those taken are closed when given back)."""
+        with self._lock:
+            idle = [s for free in self._free.values() for s in free]
+            self._free.clear()
+        for session in idle:
+            session.close()
+
+
+class Station:
+    """One verification's use of a station: a ``Session`` until ``close()`` gives it back."""
+
+    def __init__(self, pool: Stations, session: LocalSession, preload: tuple[str, ...]) -> None:
+        self._pool, self._preload = pool, preload
+        self._session: LocalSession | None = session
+
+    def __getattr__(self, name: str) -> Any:  # the Session methods, while taken
+        session = self.__dict__.get("_session")
+        if session is None:
+            raise SandboxError("session is closed")
+        return getattr(session, name)
+
+    def close(self) -> None:
+        session, self._session = self._session, None
+        if session is not None:
+            self._pool.give_back(session, self._preload)
+
+    def __enter__(self) -> Station:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+__all__ = ["IDLE", "Station", "Stations"]

@@ -1,0 +1,196 @@
+"""Verification stations (``gagar/sandbox/station.py``): one station serves candidate after
+candidate, and nothing one candidate's run leaves (files, processes, the server's scheduling,
+``/dev/shm``) reaches the next; a station whose server a run changed is retired, not reused. The
+reward-hack catalogue (``test_reward_hacks.py``) runs with stations and cold."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import pytest
+
+from gagar.rollout.envs import synthetic
+from gagar.rollout.envs.verify import verify
+from gagar.sandbox import SandboxError, warm
+from gagar.sandbox.local import LocalFactory, check_isolation
+from gagar.sandbox.station import Stations
+from gagar.sandbox.types import Limits
+from gagar.sandbox.workspace import files_tarball
+
+LIMITS = Limits(wall_time_s=30, cpu_time_s=20, memory_bytes=1 << 30, processes=32)
+
+# What a test run sees of the jail, as verification starts it (``python -I -B -c``).
+PROBE = r"""
+import json, os, sys
+procs = sorted(open(f"/proc/{p}/cmdline", "rb").read().split(b"\0")[0].decode()
+               for p in os.listdir("/proc") if p.isdigit() and p != str(os.getpid()))
+print(json.dumps({
+    "workspace": sorted(os.listdir("/workspace")),
+    "tmp": sorted(os.listdir("/tmp")),
+    "shm": sorted(os.listdir("/dev/shm")),
+    "leftover": [p for p in procs if "leftover" in p],
+    "nice": os.getpriority(os.PRIO_PROCESS, 0),
+    "policy": os.sched_getscheduler(0),
+    "cpus": len(os.sched_getaffinity(0)),
+    "path": [p for p in sys.path if not p.startswith(sys.base_prefix) and not p.startswith(sys.prefix)],
+    "isolated": sys.flags.isolated,
+}, sort_keys=True))
+"""
+
+POLLUTERS = {
+    "files_and_processes": (
+        "import os\n"
+        "open('/workspace/left', 'w').write('x'); open('/tmp/left', 'w').write('x')\n"
+        "if os.fork() == 0:\n"
+        "    os.setsid(); os.execvp('sleep', ['leftover', '60'])\n"
+    ),
+    "nice": "import os; os.setpriority(os.PRIO_PROCESS, os.getppid(), 10)",
+    "sched_idle": "import os; os.sched_setscheduler(os.getppid(), os.SCHED_IDLE, os.sched_param(0))",
+    "affinity": "import os; os.sched_setaffinity(os.getppid(), {min(os.sched_getaffinity(0))})",
+    "shm": "open('/dev/shm/left', 'w').write('x')",
+}
+
+
+def _isolated(code: str) -> list[str]:
+    return ["python", "-I", "-B", "-c", code]
+
+
+@pytest.fixture(scope="module")
+def factory() -> LocalFactory:
+    check_isolation()
+    return LocalFactory(limits=LIMITS)
+
+
+def _probe(session) -> dict:
+    r = session.exec(_isolated(PROBE))
+    assert r.ok, (r.describe(), r.stderr)
+    return {**json.loads(r.stdout), "warm": r.warm}
+
+
+def test_isolated_commands_are_warm_requests() -> None:
+    for cmd, kind in [
+        ("python -I -B -c x", "code"),
+        ("PYTHONHASHSEED=0 python -I -m pytest", "module"),
+        ("python -IB t.py", "script"),
+        ("python -B -m pytest", "module"),
+    ]:
+        req = warm.parse(cmd)
+        assert req is not None and req.kind == kind, cmd
+    assert warm.parse("python -I -c x").isolated and not warm.parse("python -B -c x").isolated
+    for cmd in (
+        "LD_PRELOAD=x python -I -m pytest",
+        "python -I -X dev -m pytest",
+        "python -Iu -c x",
+    ):
+        assert warm.parse(cmd) is None, cmd
+
+
+@pytest.mark.parametrize("how", sorted(POLLUTERS))
+def test_nothing_of_one_candidate_reaches_the_next(how: str) -> None:
+    if how == "affinity" and len(os.sched_getaffinity(0)) < 2:
+        pytest.skip("one CPU: an affinity cannot be narrowed")
+    factory = LocalFactory(limits=LIMITS)
+    factory.stations = Stations(idle=1)
+    with LocalFactory(limits=LIMITS, warm=False).create(files={"b.py": "B"}) as cold:
+        expected = _probe(cold)
+    assert expected.pop("warm") is False and expected["isolated"] == 1
+    with factory.verification_session(files_tarball({"a.py": "A"})) as first:
+        assert _probe(first)["warm"]
+        r = first.exec(_isolated(POLLUTERS[how]))
+        assert r.ok and r.warm, (r.describe(), r.stderr)
+        server = first._warm._server
+    with factory.verification_session(files_tarball({"b.py": "B"})) as second:
+        seen = _probe(second)
+        assert seen.pop("warm") is True
+        assert seen == expected, seen  # what a fresh session's cold run sees
+        changed_the_server = how in ("nice", "sched_idle", "affinity", "shm")
+        assert (second._warm._server != server) == changed_the_server
+    stations = factory.stations
+    assert (stations.made, stations.reused) == ((2, 0) if changed_the_server else (1, 1))
+    stations.close()
+
+
+def test_a_leftover_process_cannot_fix_the_next_candidate(factory: LocalFactory) -> None:
+    """The first candidate leaves a process that keeps writing the correct fix over the module
+    under test; with the second candidate (the unfixed code) in the same station, it would pass if
+    that process lived on. It does not: each run's cgroups are killed when it ends."""
+    task = synthetic.generate(5)
+    module = next(iter(task.reference_files))
+    fix = json.dumps(task.reference_files[module])
+    daemon = (
+        "import os, time\n"
+        "if os.fork() == 0:\n"
+        "    os.setsid()\n"
+        "    end = time.time() + 30\n"
+        "    while time.time() < end:\n"
+        "        try:\n"
+        f"            open('/workspace/{module}', 'w').write({fix})\n"
+        "        except OSError:\n"
+        "            pass\n"
+        "        time.sleep(0.005)\n"
+    )
+    verdicts = []
+    stations = factory.stations
+    made = stations.made
+    for code in (daemon + task.files[module], task.files[module]):
+        with factory.create(files=task.files) as s:
+            s.write_file(module, code)
+            verdicts.append(verify(task, s, factory))
+    assert all(v.valid for v in verdicts), verdicts
+    assert not verdicts[0].passed and not verdicts[1].passed, verdicts[1].log
+    assert stations.made - made <= 1 and stations.reused >= 1  # the same station served both
+
+
+def test_a_station_after_close_refuses_and_a_bad_archive_retires_it() -> None:
+    factory = LocalFactory(limits=LIMITS)
+    station = factory.verification_session(files_tarball({"a.py": "A"}))
+    station.exec(_isolated("pass"))
+    station.close()
+    with pytest.raises(SandboxError, match="closed"):
+        station.read_file("a.py")
+    with pytest.raises(SandboxError, match="bad tarball"):
+        factory.verification_session(b"not a tarball")
+    assert factory.stations.retired == 1 and factory.stations.reused == 0
+    fresh = factory.verification_session(files_tarball({"c.py": "C"}))
+    assert fresh.list_files() == ["c.py"]
+    fresh.close()
+    factory.stations.close()
+
+
+def test_at_most_idle_stations_are_kept() -> None:
+    factory = LocalFactory(limits=LIMITS)
+    factory.stations = Stations(idle=2)
+    taken = [factory.verification_session(files_tarball({f"{i}.py": ""})) for i in range(3)]
+    for s in taken:
+        s.close()
+    assert (factory.stations.made, factory.stations.retired) == (3, 1)
+    factory.stations.close()
+
+
+def test_cold_factories_verify_in_fresh_sessions() -> None:
+    factory = LocalFactory(limits=LIMITS, warm=False)
+    with factory.verification_session(files_tarball({"a.py": "A"})) as s:
+        r = s.exec(_isolated("print(1)"))
+        assert r.ok and not r.warm
+    assert factory.stations.made == 0
+
+
+@pytest.mark.parametrize("how", ["SIGKILL", "SIGSTOP"])
+def test_a_candidate_that_breaks_the_server_fails_and_retires_the_station(how: str) -> None:
+    """The correct fix beside code that kills or stops the station's server on import: the run
+    has no status from the server, so it reruns cold, where the nonce file is spent: no pass.
+    The station is retired, and the next candidate (the correct fix alone) passes in a new one."""
+    factory = LocalFactory(limits=LIMITS)
+    task = synthetic.generate(5)
+    module = next(iter(task.reference_files))
+    breaker = f"import os, signal\nos.kill(os.getppid(), signal.{how})\n"
+    verdicts = []
+    for prefix in (breaker, ""):
+        with factory.create(files=task.files) as s:
+            s.write_file(module, prefix + task.reference_files[module])
+            verdicts.append(verify(task, s, factory))
+    assert verdicts[0].valid and not verdicts[0].passed, verdicts[0].log
+    assert verdicts[1].valid and verdicts[1].passed, verdicts[1].log
+    assert (factory.stations.made, factory.stations.retired) == (2, 1)
+    factory.stations.close()
