@@ -56,9 +56,14 @@ class Stations:
     ) -> Station:
         """A station holding ``tarball``'s repository (an idle one refilled, or ``make()``'s);
         ``close()`` gives it back."""
-        with self._lock:
-            free = self._free.get(preload) or []
-            session = free.pop() if free else None
+        while True:
+            with self._lock:
+                free = self._free.get(preload) or []
+                session = free.pop() if free else None
+            why = session.station_unfit() if session is not None else None
+            if session is None or why is None:
+                break
+            self._retire(session, why)  # its server died while it was idle
         if session is None:
             session = make()
             with self._lock:

@@ -63,6 +63,7 @@ import tempfile
 import threading
 import time
 from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -84,6 +85,10 @@ STATUS_GRACE_S = 2.0  # the server's report after the run's end
 MAX_RESTARTS = 3  # discarded servers before the session stays cold
 MAX_REQUEST = 60_000  # bytes of one request (the server reads at most 64 KiB)
 PYTHONS = ("python", "python3")
+# bubblewrap's --die-with-parent is PR_SET_PDEATHSIG, which fires when the *thread* that started it
+# ends. A server outlives the command that started it (and a station's, many rollout steps, each
+# with a thread pool of its own), so every server is started from this one long-lived thread.
+_SPAWNER = ThreadPoolExecutor(1, thread_name_prefix="gagar-warm-start")
 _NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*=")
 _SHELL_SPECIAL = frozenset("$`;&|<>()*?[]{}~#!\\\n\r")
 
@@ -329,18 +334,24 @@ class WarmRunner:
         argv = bwrap.bwrap_argv(jail, s.jail_limits(True), [*cmd, *self._preload])
         argv = [subst.get(a, a) for a in argv]
         self._errlog = tempfile.TemporaryFile()
-        try:
+        errlog = self._errlog
+
+        def popen() -> subprocess.Popen:
             with runner._lock:
-                self._proc = subprocess.Popen(
+                proc = subprocess.Popen(
                     cg.wrap(argv),
                     stdin=subprocess.DEVNULL,
                     stdout=subprocess.DEVNULL,
-                    stderr=self._errlog,
+                    stderr=errlog,
                     env={"PATH": "/usr/sbin:/usr/bin:/sbin:/bin", "LANG": "C.UTF-8"},
                     process_group=0,
                     pass_fds=(theirs.fileno(), status_w, seccomp),
                 )
-                runner._active.add(self._proc.pid)
+                runner._active.add(proc.pid)
+            return proc
+
+        try:
+            self._proc = _SPAWNER.submit(popen).result()
         except OSError as e:
             cg.destroy()
             ctl.close()

@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import json
 import os
+import threading
+import time
 
 import pytest
 
@@ -193,4 +195,22 @@ def test_a_candidate_that_breaks_the_server_fails_and_retires_the_station(how: s
     assert verdicts[0].valid and not verdicts[0].passed, verdicts[0].log
     assert verdicts[1].valid and verdicts[1].passed, verdicts[1].log
     assert (factory.stations.made, factory.stations.retired) == (2, 1)
+    factory.stations.close()
+
+
+def test_a_station_outlives_the_thread_that_started_its_server() -> None:
+    """bubblewrap's --die-with-parent fires when the thread that started it ends, and the
+    rollouts' thread pool ends with each step: the station's server must live on."""
+    factory = LocalFactory(limits=LIMITS)
+
+    def verify_once() -> None:
+        with factory.verification_session(files_tarball({"a.py": "A"})) as s:
+            assert s.exec(_isolated("pass")).warm
+
+    worker = threading.Thread(target=verify_once)
+    worker.start()
+    worker.join()
+    time.sleep(0.5)
+    verify_once()
+    assert (factory.stations.made, factory.stations.reused, factory.stations.retired) == (1, 1, 0)
     factory.stations.close()
