@@ -223,11 +223,13 @@ class TimedFactory:
             with self.clock.lock:
                 self.clock.sessions += 1
 
-    def verification_session(self, tarball: bytes, preload: tuple[str, ...] = ()) -> TimedSession:
+    def verification_session(
+        self, tarball: bytes, preload: tuple[str, ...] = (), limits: Any = None
+    ) -> TimedSession:
         """A verification's session: a station where the factory keeps them (``station.py``)."""
         t = time.perf_counter()
         try:
-            session = self.factory.verification_session(tarball, preload)
+            session = self.factory.verification_session(tarball, preload, limits)
             return TimedSession(session, self.clock, verifying=True)
         finally:
             self.clock.add("sandbox", time.perf_counter() - t)

@@ -77,6 +77,19 @@ class HttpFactory:
         sid = _call(self.client, "POST", "/v1/sessions", body)["id"]
         return HttpSession(self.client, sid)
 
+    def verification_session(
+        self, tarball: bytes, preload: tuple[str, ...] = (), limits: Limits | None = None
+    ) -> HttpSession:
+        """A session for one verification: one of the server's stations (``station.py``)."""
+        body: dict[str, Any] = {
+            "tarball_b64": base64.b64encode(tarball).decode(),
+            "verification": True,
+            "preload": list(preload),
+        }
+        if limits is not None:
+            body["limits"] = limits.model_dump()
+        return HttpSession(self.client, _call(self.client, "POST", "/v1/sessions", body)["id"])
+
     def healthy(self) -> bool:
         try:
             return bool(_call(self.client, "GET", "/healthz").get("ok"))
@@ -142,6 +155,11 @@ class HttpPoolFactory:
         limits: Limits | None = None,
     ) -> HttpSession:
         return self._pick().create(files=files, tarball=tarball, limits=limits or self.limits)
+
+    def verification_session(
+        self, tarball: bytes, preload: tuple[str, ...] = (), limits: Limits | None = None
+    ) -> HttpSession:
+        return self._pick().verification_session(tarball, preload, limits or self.limits)
 
     def close(self) -> None:
         with self._lock:

@@ -280,14 +280,15 @@ class LocalFactory:
         return LocalSession(self, files or {}, tarball, limits or self.limits)
 
     def verification_session(
-        self, tarball: bytes, preload: tuple[str, ...] = ()
+        self, tarball: bytes, preload: tuple[str, ...] = (), limits: Limits | None = None
     ) -> LocalSession | station.Station:
         """A session on ``tarball`` for one verification: a station (``station.py``) whose fork
         server imported pytest and ``preload`` once, or, where sessions run cold, a fresh one."""
+        limits = limits or self.limits
         if not self.warm:
-            return self.create(tarball=tarball)
-        make = functools.partial(LocalSession, self, {}, tarball, self.limits, preload=preload)
-        return self.stations.take(tarball, preload, make)
+            return self.create(tarball=tarball, limits=limits)
+        make = functools.partial(LocalSession, self, {}, tarball, limits, preload=preload)
+        return self.stations.take(tarball, (preload, limits.model_dump_json()), make)
 
 
 class LocalSession:

@@ -4,7 +4,9 @@ JSON over HTTP on aiohttp (as the grader service); the blocking session calls ru
 pool sized for the session limit, one call at a time per session:
 
 =======  ==============================  ==============================================
-POST     /v1/sessions                    ``{files?, tarball_b64?, limits?}`` → ``{id}``
+POST     /v1/sessions                    ``{files?, tarball_b64?, limits?}`` → ``{id}``;
+                                         ``{tarball_b64, limits?, verification: true,
+                                         preload?}``: a verification station (``station.py``)
 POST     /v1/sessions/{id}/exec          ``{cmd, timeout?}`` → ``ExecResult``
 POST     /v1/sessions/{id}/read          ``{path}`` → ``{content_b64}``
 POST     /v1/sessions/{id}/write         ``{path, content_b64}``
@@ -49,18 +51,20 @@ import uuid
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from http import HTTPStatus
-from typing import Any
+from typing import Annotated, Any
 
 from aiohttp import web
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, StringConstraints, ValidationError
 
 from gagar import auth, serving
 from gagar.sandbox.isolation import REPORTED
 from gagar.sandbox.local import LocalFactory, LocalSession, sweep_stale_sessions
 from gagar.sandbox.metrics import CONTENT_TYPE_LATEST, SandboxMetrics
+from gagar.sandbox.station import Station
 from gagar.sandbox.types import MAX_WALL_S, Limits, SandboxError
 
 MAX_BODY = 256 << 20
+MODULE = r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*$"  # a module's dotted name
 
 
 @dataclass(frozen=True)
@@ -89,6 +93,12 @@ class CreateBody(_Body):
     files: dict[str, str] | None = None
     tarball_b64: str | None = None
     limits: Limits | None = None
+    # A session for one verification: a station of the server's (``station.py``), whose fork
+    # server imports these modules (of the executor's environment) besides pytest.
+    verification: bool = False
+    preload: list[Annotated[str, StringConstraints(pattern=MODULE, max_length=100)]] = Field(
+        default_factory=list, max_length=64
+    )
 
 
 class ExecBody(_Body):
@@ -113,7 +123,7 @@ class HttpError(Exception):
 
 @dataclass
 class _Entry:
-    session: LocalSession
+    session: LocalSession | Station
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)
     last_used: float = field(default_factory=time.monotonic)
 
@@ -148,9 +158,19 @@ class Registry:
         self.reserved += 1
         try:
             tar = base64.b64decode(body.tarball_b64) if body.tarball_b64 else None
-            session = await self._blocking(
-                lambda: self.factory.create(files=body.files, tarball=tar, limits=body.limits)
-            )
+            if body.verification:
+                if body.files is not None or tar is None:
+                    raise HttpError(
+                        HTTPStatus.BAD_REQUEST, "a verification session needs a tarball"
+                    )
+                preload = tuple(body.preload)
+                session = await self._blocking(
+                    self.factory.verification_session, tar, preload, body.limits
+                )
+            else:
+                session = await self._blocking(
+                    lambda: self.factory.create(files=body.files, tarball=tar, limits=body.limits)
+                )
         finally:
             self.reserved -= 1
         sid = uuid.uuid4().hex
@@ -195,6 +215,7 @@ class Registry:
         while self.sessions:
             _, entry = self.sessions.popitem()
             entry.session.close()
+        self.factory.stations.close()
 
 
 def _b64(data: bytes) -> str:

@@ -22,7 +22,7 @@ What a candidate leaves, the next never sees:
   seccomp filter, as in every jail.
 
 A station whose server is gone or discarded, or whose workspace cannot be emptied, is closed
-rather than kept; at most ``idle`` stations are kept idle per preload. Where the factory runs
+rather than kept; at most ``idle`` stations are kept idle per preload and limits. Where the factory runs
 cold (no bubblewrap, not root, warm runners off), ``take`` is ``create``: a fresh session.
 """
 
@@ -39,26 +39,25 @@ if TYPE_CHECKING:
     from gagar.sandbox.local import LocalSession
 
 log = logging.getLogger(__name__)
-IDLE = 8  # stations kept idle per preload (each holds a fork server: ~40 MB, no CPU)
+IDLE = 8  # stations kept idle per key (each holds a fork server: ~40 MB, no CPU)
+Key = tuple[tuple[str, ...], str]  # what the server preloads, the session's limits (as JSON)
 
 
 class Stations:
-    """The idle stations of one ``LocalFactory``, by preload; thread-safe."""
+    """The idle stations of one ``LocalFactory``, by preload and limits; thread-safe."""
 
     def __init__(self, idle: int = IDLE) -> None:
         self.idle = idle
         self._lock = threading.Lock()
-        self._free: dict[tuple[str, ...], list[LocalSession]] = {}
+        self._free: dict[Key, list[LocalSession]] = {}
         self.made = self.reused = self.retired = 0
 
-    def take(
-        self, tarball: bytes, preload: tuple[str, ...], make: Callable[[], LocalSession]
-    ) -> Station:
+    def take(self, tarball: bytes, key: Key, make: Callable[[], LocalSession]) -> Station:
         """A station holding ``tarball``'s repository (an idle one refilled, or ``make()``'s);
         ``close()`` gives it back."""
         while True:
             with self._lock:
-                free = self._free.get(preload) or []
+                free = self._free.get(key) or []
                 session = free.pop() if free else None
             why = session.station_unfit() if session is not None else None
             if session is None or why is None:
@@ -68,7 +67,7 @@ class Stations:
             session = make()
             with self._lock:
                 self.made += 1
-            return Station(self, session, preload)
+            return Station(self, session, key)
         try:
             session.refill(tarball)
         except BaseException:
@@ -76,9 +75,9 @@ class Stations:
             raise
         with self._lock:
             self.reused += 1
-        return Station(self, session, preload)
+        return Station(self, session, key)
 
-    def give_back(self, session: LocalSession, preload: tuple[str, ...]) -> None:
+    def give_back(self, session: LocalSession, key: Key) -> None:
         why = session.station_unfit()
         if why is None:
             try:
@@ -86,7 +85,7 @@ class Stations:
             except (OSError, SandboxError) as e:
                 why = f"emptying it failed: {e}"
         with self._lock:
-            free = self._free.setdefault(preload, [])
+            free = self._free.setdefault(key, [])
             if why is None and len(free) < self.idle:
                 free.append(session)
                 return
@@ -111,8 +110,8 @@ class Stations:
 class Station:
     """One verification's use of a station: a ``Session`` until ``close()`` gives it back."""
 
-    def __init__(self, pool: Stations, session: LocalSession, preload: tuple[str, ...]) -> None:
-        self._pool, self._preload = pool, preload
+    def __init__(self, pool: Stations, session: LocalSession, key: Key) -> None:
+        self._pool, self._key = pool, key
         self._session: LocalSession | None = session
 
     def __getattr__(self, name: str) -> Any:  # the Session methods, while taken
@@ -124,7 +123,7 @@ class Station:
     def close(self) -> None:
         session, self._session = self._session, None
         if session is not None:
-            self._pool.give_back(session, self._preload)
+            self._pool.give_back(session, self._key)
 
     def __enter__(self) -> Station:
         return self

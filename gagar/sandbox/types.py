@@ -138,9 +138,12 @@ class Session(Protocol):
 
 @runtime_checkable
 class VerificationFactory(Protocol):
-    """A factory that keeps sessions for verification (``LocalFactory``: ``station.py``)."""
+    """A factory that keeps sessions for verification (``LocalFactory``: ``station.py``; the
+    executor servers' clients)."""
 
-    def verification_session(self, tarball: bytes, preload: tuple[str, ...] = ()) -> Session: ...
+    def verification_session(
+        self, tarball: bytes, preload: tuple[str, ...] = (), limits: Limits | None = None
+    ) -> Session: ...
 
 
 class SessionFactory(Protocol):

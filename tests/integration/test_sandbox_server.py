@@ -218,3 +218,37 @@ def test_serve_keeps_sessions_under_the_workspace_root(tmp_path) -> None:
         assert s.dir.parent == root
     missing = ["sandbox", "serve", f"--workspace-root={tmp_path / 'none'}"]
     assert args.func(build_parser().parse_args(missing)) == 2
+
+
+def test_verification_sessions_are_the_servers_stations() -> None:
+    """The cluster's verification (``HttpPoolFactory.verification_session``) runs in the
+    executor's stations: the second candidate's test run is forked from the first's server."""
+    from gagar.sandbox.client import HttpPoolFactory, _call
+    from gagar.sandbox.workspace import files_tarball
+
+    check_isolation()
+    local = LocalFactory(limits=LIMITS)
+    server = make_server(local, "127.0.0.1", 0)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    url = f"http://127.0.0.1:{server.server_address[1]}"
+    pool = HttpPoolFactory(url, limits=LIMITS, resolve=lambda host, port: ["127.0.0.1"])
+    try:
+        for name in ("a", "b"):
+            with pool.verification_session(files_tarball({f"{name}.py": ""}), ("unittest",)) as s:
+                assert s.list_files() == [f"{name}.py"]
+                r = s.exec(["python", "-I", "-B", "-c", "import sys; print(sys.flags.isolated)"])
+                assert r.ok and r.warm and r.stdout == "1\n", (r.describe(), r.stderr)
+        assert (local.stations.made, local.stations.reused) == (1, 1)
+        with pytest.raises(SandboxError, match="preload"):
+            pool.verification_session(files_tarball({}), ("os; import x",))
+        with pytest.raises(SandboxError, match="needs a tarball"):
+            _call(HttpFactory(url).client, "POST", "/v1/sessions", {"verification": True})
+    finally:
+        pool.close()
+        server.shutdown()
+        server.registry.close_all()  # the idle station too
+        server.server_close()
+    with local.verification_session(files_tarball({})):
+        pass
+    assert local.stations.made == 2  # the server's stop closed the idle one
+    local.stations.close()
