@@ -22,13 +22,14 @@ import random
 import resource
 import shutil
 import signal
+import stat
 import sys
 import tempfile
 import time
 import warnings
 import weakref
 from collections.abc import Mapping
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 
 from gagar.sandbox import bwrap, podjail, quota, runner, station, warm, workspace
 from gagar.sandbox.cgroup import Cgroup, destroy_tagged, sweep_stale
@@ -512,13 +513,35 @@ class LocalSession:
         self.empty()
         workspace.unpack(self.workspace, tarball)
         self._base_tar, self._base = tarball, workspace.snapshot(self.workspace)
-        self._give_to_uid()
+        if self.uid is not None:  # not /tmp: what is left there is bubblewrap's, root's
+            workspace.chown_tree(self.workspace, self.uid)
 
     def empty(self) -> None:
-        """The workspace and ``/tmp`` emptied in place (the warm runner's jail holds them)."""
+        """The workspace and ``/tmp`` emptied in place (the warm runner's jail holds them), but
+        for the mount points bubblewrap made in ``/tmp`` for a Python installation under it (a
+        clone's environment): removing one here would unmount it in the server's jail. Those are
+        root's directories, which the code cannot write, rename or remove; what the code made
+        inside one is removed all the same."""
         self._check_open()
         workspace.remove_tree(self.workspace, keep=True)
-        workspace.remove_tree(self.dir / "tmp", keep=True)
+        chain = {
+            str(d.relative_to("/tmp"))
+            for p in self._factory.ro_paths
+            if p.startswith("/tmp/")
+            for d in (PurePosixPath(p), *PurePosixPath(p).parents)
+            if str(d).startswith("/tmp/")
+        }
+        todo = [(self.dir / "tmp", "")]
+        while todo:
+            where, rel = todo.pop()
+            with os.scandir(where) as it:
+                entries = [(e.name, e.stat(follow_symlinks=False)) for e in it]
+            for name, st in entries:
+                sub = f"{rel}/{name}" if rel else name
+                if sub in chain and stat.S_ISDIR(st.st_mode) and st.st_uid == 0:
+                    todo.append((where / name, sub))  # a mount point's way: kept, emptied
+                else:
+                    workspace.remove_tree(where / name)
 
     def station_unfit(self) -> str | None:
         """Why this session must not serve another verification, or None."""

@@ -214,3 +214,25 @@ def test_a_station_outlives_the_thread_that_started_its_server() -> None:
     verify_once()
     assert (factory.stations.made, factory.stations.reused, factory.stations.retired) == (1, 1, 0)
     factory.stations.close()
+
+
+def test_a_python_installation_under_tmp_stays_mounted_in_the_station(tmp_path) -> None:
+    """A clone's environment under /tmp is bound at a mount point bubblewrap makes in the
+    session's /tmp: emptying /tmp between candidates must keep that way, or the server's jail
+    loses the installation (later imports fail) while its runs still look warm."""
+    lib = tmp_path / "lib"
+    lib.mkdir()
+    (lib / "gagar_station_probe.py").write_text("VALUE = 7\n")
+    factory = LocalFactory(limits=LIMITS, ro_paths=(str(lib),))
+    code = f"import sys; sys.path.append({str(lib)!r}); import gagar_station_probe as p; print(p.VALUE)"
+    for name in ("a", "b", "c"):
+        with factory.verification_session(files_tarball({f"{name}.py": ""})) as s:
+            s.exec(_isolated("open('/tmp/left', 'w')"))
+            r = s.exec(_isolated(code))
+            assert r.ok and r.warm and r.stdout == "7\n", (name, r.describe(), r.stderr)
+            assert (
+                s.exec(_isolated("import os; print(os.path.exists('/tmp/left'))")).stdout
+                == "True\n"
+            )
+    assert (factory.stations.made, factory.stations.reused) == (1, 2)
+    factory.stations.close()
