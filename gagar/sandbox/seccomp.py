@@ -74,14 +74,28 @@ REFUSED = (
 )
 
 
+# Calls that change another process's scheduling or limits (for its children too), given the same
+# uid: refused where a process this uid must not steer shares the jail (``others=False``).
+OTHERS = {
+    "sched_setaffinity": 0,
+    "sched_setscheduler": 0,
+    "sched_setparam": 0,
+    "sched_setattr": 0,
+}
+PRIO_PROCESS, IOPRIO_WHO_PROCESS = 0, 1
+
+
 @cache
-def filter_bpf(ip_sockets: bool = True, mqueue: bool = True) -> bytes:
+def filter_bpf(ip_sockets: bool = True, mqueue: bool = True, others: bool = True) -> bytes:
     """The compiled filter (classic BPF, as ``bwrap --seccomp`` reads it). ``ip_sockets=False``
     also refuses every socket but ``AF_UNIX`` (the ``pod`` mode, which has no network namespace
     of its own: the code must not reach the executor's port or the pod's network).
     ``mqueue=False`` also refuses ``mq_open`` (the warm runner's jail, ``warm.py``: its IPC
     namespace outlives a run, and POSIX queues, unlike System V objects, cannot be listed from
-    inside to tell that a run left one)."""
+    inside to tell that a run left one). ``others=False`` also refuses to change the scheduling
+    (nice, policy, affinity, I/O priority) or the resource limits of any process but the caller
+    (a pid other than 0, a process group, a user): the warm runner's jail, whose fork server
+    shares the run's uid and hands what it has to every later run."""
     import pyseccomp as sc
 
     f = sc.SyscallFilter(sc.ALLOW)
@@ -92,6 +106,14 @@ def filter_bpf(ip_sockets: bool = True, mqueue: bool = True) -> bytes:
         f.add_rule(refuse, "socket", sc.Arg(0, sc.NE, socket.AF_UNIX))
     if not mqueue:
         f.add_rule(refuse, "mq_open")
+    if not others:
+        for name, arg in OTHERS.items():
+            f.add_rule(refuse, name, sc.Arg(arg, sc.NE, 0))
+        f.add_rule(refuse, "setpriority", sc.Arg(0, sc.NE, PRIO_PROCESS))
+        f.add_rule(refuse, "setpriority", sc.Arg(1, sc.NE, 0))
+        f.add_rule(refuse, "ioprio_set", sc.Arg(0, sc.NE, IOPRIO_WHO_PROCESS))
+        f.add_rule(refuse, "ioprio_set", sc.Arg(1, sc.NE, 0))
+        f.add_rule(refuse, "prlimit64", sc.Arg(0, sc.NE, 0), sc.Arg(2, sc.NE, 0))
     for flag in CLONE_NEW.values():
         f.add_rule(refuse, "clone", sc.Arg(0, sc.MASKED_EQ, flag, flag))
     f.add_rule(sc.ERRNO(errno.ENOSYS), "clone3")

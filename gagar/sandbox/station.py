@@ -4,8 +4,8 @@ Verification runs each candidate's tests in a session of its own, made from the 
 archive. Made fresh every time, that session starts a fresh interpreter and imports pytest for a
 single run (about 0.3 CPU s, a third of a rollout's sandbox CPU at concurrency 32). A *station* is
 a ``LocalSession`` kept between verifications, with its warm runner (``warm.py``) started once:
-its fork server imported pytest (and ``preload``) before any candidate's file existed, isolated
-(``python -I -B``), and never runs a candidate's code itself; each verification's test run is a
+its fork server imported pytest (and ``preload``) isolated (``python -I -B``: nothing of the
+workspace or ``/tmp`` read, checked after its imports), and never runs a candidate's code itself; each verification's test run is a
 ``fork`` of it, as for an agent's ``python -m pytest`` but ``-I``: nothing of the workspace on
 ``sys.path`` until the bootstrap puts it there, as it does cold.
 
@@ -14,10 +14,11 @@ What a candidate leaves, the next never sees:
 - its files: the workspace and ``/tmp`` are emptied in place before the station is taken again
   (the server's jail holds them bound), then the next archive is unpacked;
 - its processes: every run has its own cgroups, killed when it ends (as an agent's warm run);
-- its traces in the jail: a run that leaves System V IPC objects or files in ``/dev/shm``, or
-  changes the server's nice value, scheduling policy or CPU affinity (the uid is the same, so it
-  may), has its result kept and the server discarded (``warm.py``); the station is then retired,
-  not reused, and later candidates get a new one;
+- its traces in the jail: changing the server's scheduling or resource limits (the uid is the
+  same, so it may; forks inherit them) is refused by the jail's filter; a run that leaves System
+  V IPC objects or files in ``/dev/shm``, or changes the server anyway, has its result kept and
+  the server discarded (``warm.py``); the station is then retired, and later candidates get a
+  new one;
 - the uid's own kernel state: the kernel keyring and POSIX message queues are refused by the
   seccomp filter, as in every jail.
 

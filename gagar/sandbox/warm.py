@@ -37,11 +37,11 @@ the server's jail and will try to steer it; each attempt ends in a cold run or a
 - after ``MAX_RESTARTS`` discards the session stays cold for good: a policy that keeps breaking
   the server pays a cold run each time, never gets a result the server made up.
 
-A run that changes the server's nice value, scheduling policy or CPU affinity (which a process
-of the same uid may, and later runs would inherit) has its result kept and the server discarded
-too. Every fallback says why: ``ExecResult.warm_fallback`` and a log line. Verification uses this
-runner only in a station (``station.py``): a session kept for verification alone, whose server was
-started before any candidate's file existed and never ran next to an agent.
+Changing the server's scheduling or resource limits (which a process of the same uid may, and later
+runs would inherit) is refused by the jail's filter (``others=False``); a run that did so anyway
+has its result kept and the server discarded too. Every fallback says why:
+``ExecResult.warm_fallback`` and a log line. Verification uses this runner only in a station
+(``station.py``): a session kept for verification alone, whose server never ran next to an agent.
 """
 
 from __future__ import annotations
@@ -184,15 +184,18 @@ def _children(pid: int) -> list[int]:
     return out
 
 
-def _scheduling(pid: int) -> tuple[str, ...] | None:
+def _inheritable(pid: int) -> tuple[str, ...] | None:
     """What a process of the same uid may change of another, and the other's children inherit:
-    its nice value, scheduling policy and real-time priority (``/proc/PID/stat``), CPU affinity."""
+    its nice value, scheduling policy and real-time priority (``/proc/PID/stat``), CPU affinity
+    and resource limits. The jail's filter refuses those calls (``others=False``); this is the
+    check behind it."""
     try:
         fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
         cpus = ",".join(map(str, sorted(os.sched_getaffinity(pid))))
+        limits = Path(f"/proc/{pid}/limits").read_text()
     except (OSError, IndexError):
         return None
-    return fields[16], fields[37], fields[38], cpus  # fields 19, 40, 41 of proc(5)
+    return fields[16], fields[37], fields[38], cpus, limits  # fields 19, 40, 41 of proc(5)
 
 
 def _descendant(root: int, nspid: int) -> int | None:
@@ -220,7 +223,7 @@ class WarmRunner:
         self._fds: list[int] = []  # bubblewrap's status pipe (read end), kept open
         self._errlog: Any = None
         self._modules: frozenset[str] = frozenset()
-        self._scheduling: tuple[str, ...] | None = None
+        self._server_state: tuple[str, ...] | None = None
         self._restarts = 0
         self.start_cpu_s: float | None = None
         self.off: str | None = None  # why this session runs cold for good
@@ -327,7 +330,7 @@ class WarmRunner:
             return "cannot create the fork server's cgroups"
         ctl, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         status_r, status_w = os.pipe()
-        seccomp = runner._memfd(filter_bpf(mqueue=False))
+        seccomp = runner._memfd(filter_bpf(mqueue=False, others=False))
         jail = dataclasses.replace(s._jail(), waiter=None)
         cmd = [self._python["python"], "-I", "-B", "-u", "-c", SOURCE, str(theirs.fileno())]
         subst = {runner.STATUS_FD: str(status_w), runner.SECCOMP_FD: str(seccomp)}
@@ -369,7 +372,7 @@ class WarmRunner:
             why = reply.get("error") or self._errlog.read()[-300:].decode(errors="replace")
             return self._discard(f"the fork server did not start: {why or 'no reply'}")
         self._server, self._modules = server, frozenset(reply.get("modules", ()))
-        self._scheduling = _scheduling(server)
+        self._server_state = _inheritable(server)
         self.start_cpu_s = cg.stats().cpu_time_s  # the server's start, once per server
         log.info("warm runner of %s: fork server %d ready", s.dir.name, server)
         return None
@@ -448,8 +451,8 @@ class WarmRunner:
             record = {"signal": signal.SIGKILL}  # ours, at the wall clock
         elif record.get("ipc") or self._shm_used():
             self._discard("the run left System V IPC objects or files in /dev/shm")
-        elif _scheduling(self._server) != self._scheduling:  # later runs would inherit it
-            self._discard("the run changed the server's nice value, scheduling or CPU affinity")
+        elif _inheritable(self._server) != self._server_state:  # later runs would inherit it
+            self._discard("the run changed the server's scheduling or resource limits")
         else:
             spent = (self._cg.stats().cpu_time_s or 0.0) - server_cpu
             stats = dataclasses.replace(stats, cpu_time_s=(stats.cpu_time_s or 0.0) + spent)

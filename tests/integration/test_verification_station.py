@@ -1,12 +1,14 @@
 """Verification stations (``gagar/sandbox/station.py``): one station serves candidate after
-candidate, and nothing one candidate's run leaves (files, processes, the server's scheduling,
-``/dev/shm``) reaches the next; a station whose server a run changed is retired, not reused. The
+candidate, and nothing one candidate's run leaves (files, processes, ``/dev/shm``, the server's
+scheduling or limits) reaches the next; a station whose server a run changed is retired. The
 reward-hack catalogue (``test_reward_hacks.py``) runs with stations and cold."""
 
 from __future__ import annotations
 
 import json
 import os
+import subprocess
+import sys
 import threading
 import time
 
@@ -40,6 +42,9 @@ print(json.dumps({
 }, sort_keys=True))
 """
 
+# What a candidate's run may try to leave for the next: files and processes (removed, killed),
+# /dev/shm (the server discarded), and changes to the server that its later forks would inherit
+# (the same uid may make them; the jail's filter refuses them).
 POLLUTERS = {
     "files_and_processes": (
         "import os\n"
@@ -47,10 +52,15 @@ POLLUTERS = {
         "if os.fork() == 0:\n"
         "    os.setsid(); os.execvp('sleep', ['leftover', '60'])\n"
     ),
+    "shm": "open('/dev/shm/left', 'w').write('x')",
+}
+REFUSED = {
     "nice": "import os; os.setpriority(os.PRIO_PROCESS, os.getppid(), 10)",
+    "nice_of_the_uid": "import os; os.setpriority(os.PRIO_USER, 0, 10)",
     "sched_idle": "import os; os.sched_setscheduler(os.getppid(), os.SCHED_IDLE, os.sched_param(0))",
     "affinity": "import os; os.sched_setaffinity(os.getppid(), {min(os.sched_getaffinity(0))})",
-    "shm": "open('/dev/shm/left', 'w').write('x')",
+    "rlimit_cpu": "import os, resource; resource.prlimit(os.getppid(), resource.RLIMIT_CPU, (1, 1))",
+    "rlimit_files": "import os, resource; resource.prlimit(os.getppid(), resource.RLIMIT_NOFILE, (8, 8))",
 }
 
 
@@ -88,10 +98,8 @@ def test_isolated_commands_are_warm_requests() -> None:
         assert warm.parse(cmd) is None, cmd
 
 
-@pytest.mark.parametrize("how", sorted(POLLUTERS))
+@pytest.mark.parametrize("how", sorted(POLLUTERS) + sorted(REFUSED))
 def test_nothing_of_one_candidate_reaches_the_next(how: str) -> None:
-    if how == "affinity" and len(os.sched_getaffinity(0)) < 2:
-        pytest.skip("one CPU: an affinity cannot be narrowed")
     factory = LocalFactory(limits=LIMITS)
     factory.stations = Stations(idle=1)
     with LocalFactory(limits=LIMITS, warm=False).create(files={"b.py": "B"}) as cold:
@@ -99,18 +107,51 @@ def test_nothing_of_one_candidate_reaches_the_next(how: str) -> None:
     assert expected.pop("warm") is False and expected["isolated"] == 1
     with factory.verification_session(files_tarball({"a.py": "A"})) as first:
         assert _probe(first)["warm"]
-        r = first.exec(_isolated(POLLUTERS[how]))
-        assert r.ok and r.warm, (r.describe(), r.stderr)
+        r = first.exec(_isolated(POLLUTERS.get(how) or REFUSED[how]))
+        assert r.warm, (r.describe(), r.stderr)
+        if how in REFUSED:  # by the jail's filter: the server stays as it was
+            assert not r.ok and "PermissionError" in r.stderr, (r.describe(), r.stderr)
+        else:
+            assert r.ok, (r.describe(), r.stderr)
         server = first._warm._server
     with factory.verification_session(files_tarball({"b.py": "B"})) as second:
         seen = _probe(second)
         assert seen.pop("warm") is True
         assert seen == expected, seen  # what a fresh session's cold run sees
-        changed_the_server = how in ("nice", "sched_idle", "affinity", "shm")
-        assert (second._warm._server != server) == changed_the_server
+        assert (second._warm._server != server) == (how == "shm")  # that one is discarded
     stations = factory.stations
-    assert (stations.made, stations.reused) == ((2, 0) if changed_the_server else (1, 1))
+    assert (stations.made, stations.reused) == ((2, 0) if how == "shm" else (1, 1))
     stations.close()
+
+
+@pytest.mark.parametrize("change", ["nice", "affinity", "rlimit"])
+def test_a_server_changed_behind_the_filter_is_discarded(change: str) -> None:
+    """Were the filter to let a run change the server (a call it does not know), the check after
+    every run sees it: the run's result is kept, the server discarded and the station retired."""
+    if change == "affinity" and len(os.sched_getaffinity(0)) < 2:
+        pytest.skip("one CPU: an affinity cannot be narrowed")
+    factory = LocalFactory(limits=LIMITS)
+    with factory.verification_session(files_tarball({"a.py": "A"})) as first:
+        assert first.exec(_isolated("pass")).warm
+        server = first._warm._server
+        code = {  # run outside the jail as the station's uid: what a run could do unfiltered
+            "nice": f"os.setpriority(os.PRIO_PROCESS, {server}, 5)",
+            "affinity": f"os.sched_setaffinity({server}, {{min(os.sched_getaffinity({server}))}})",
+            "rlimit": f"resource.prlimit({server}, resource.RLIMIT_NOFILE, (64, 64))",
+        }[change]
+        uid = str(first.uid)
+        subprocess.run(
+            ["setpriv", f"--reuid={uid}", f"--regid={uid}", "--clear-groups", sys.executable]
+            + ["-c", f"import os, resource; {code}"],
+            check=True,
+        )
+        r = first.exec(_isolated("print('kept')"))
+        assert r.ok and r.warm and r.stdout == "kept\n"
+        assert first.station_unfit() is not None
+    with factory.verification_session(files_tarball({"b.py": "B"})) as second:
+        assert _probe(second)["nice"] == 0 and second._warm._server != server
+    assert (factory.stations.made, factory.stations.retired) == (2, 1)
+    factory.stations.close()
 
 
 def test_a_leftover_process_cannot_fix_the_next_candidate(factory: LocalFactory) -> None:
