@@ -3,11 +3,11 @@
 Verification runs each candidate's tests in a session of its own, made from the candidate's
 archive. Made fresh every time, that session starts a fresh interpreter and imports pytest for a
 single run (about 0.3 CPU s, a third of a rollout's sandbox CPU at concurrency 32). A *station* is
-a ``LocalSession`` kept between verifications, with its warm runner (``warm.py``) started once:
-its fork server imported pytest (and ``preload``) isolated (``python -I -B``: nothing of the
-workspace or ``/tmp`` read, checked after its imports), and never runs a candidate's code itself; each verification's test run is a
-``fork`` of it, as for an agent's ``python -m pytest`` but ``-I``: nothing of the workspace on
-``sys.path`` until the bootstrap puts it there, as it does cold.
+a ``LocalSession`` kept between verifications, with its warm runner (``warm.py``) started once: its
+fork server imported pytest (and ``preload``) isolated (``python -I -B``: nothing of the workspace
+or ``/tmp`` read, checked after its imports), and never runs a candidate's code itself; each
+verification's test run is a ``fork`` of it, as for an agent's ``python -m pytest`` but ``-I``:
+nothing of the workspace on ``sys.path`` until the bootstrap puts it there, as it does cold.
 
 What a candidate leaves, the next never sees:
 
@@ -22,9 +22,10 @@ What a candidate leaves, the next never sees:
 - the uid's own kernel state: the kernel keyring and POSIX message queues are refused by the
   seccomp filter, as in every jail.
 
-A station whose server is gone or discarded, or whose workspace cannot be emptied, is closed
-rather than kept; at most ``idle`` stations are kept idle per preload and limits. Where the factory runs
-cold (no bubblewrap, not root, warm runners off), ``take`` is ``create``: a fresh session.
+A station whose server is gone or discarded, or whose workspace cannot be emptied, is closed rather
+than kept; at most ``idle`` stations are kept idle per preload and limits. Where the factory runs
+cold (no bubblewrap, not root, warm runners off), ``LocalFactory.verification_session`` makes a
+fresh session instead.
 """
 
 from __future__ import annotations
