@@ -524,13 +524,7 @@ class LocalSession:
         inside one is removed all the same."""
         self._check_open()
         workspace.remove_tree(self.workspace, keep=True)
-        chain = {
-            str(d.relative_to("/tmp"))
-            for p in self._factory.ro_paths
-            if p.startswith("/tmp/")
-            for d in (PurePosixPath(p), *PurePosixPath(p).parents)
-            if str(d).startswith("/tmp/")
-        }
+        chain = self._tmp_mount_points()
         todo = [(self.dir / "tmp", "")]
         while todo:
             where, rel = todo.pop()
@@ -543,12 +537,32 @@ class LocalSession:
                 else:
                     workspace.remove_tree(where / name)
 
+    def _tmp_mount_points(self) -> set[str]:
+        """The directories (relative to ``/tmp``) on the way to where bubblewrap binds a Python
+        installation under ``/tmp`` (a clone's environment), the mount points included."""
+        return {
+            str(d.relative_to("/tmp"))
+            for p in self._factory.ro_paths
+            if p.startswith("/tmp/")
+            for d in (PurePosixPath(p), *PurePosixPath(p).parents)
+            if str(d).startswith("/tmp/")
+        }
+
     def station_unfit(self) -> str | None:
-        """Why this session must not serve another verification, or None."""
+        """Why this session must not serve another verification, or None. Besides its warm
+        runner's state: the code owns ``/tmp`` and may rename a directory on the way to a mount
+        point there, which moves the mount in the server's jail (its later imports would fail)."""
         if self._closed:
             return "closed"
         if self._warm is None:
             return "no warm runner"
+        for rel in self._tmp_mount_points():
+            try:
+                st = os.lstat(self.dir / "tmp" / rel)
+            except OSError:
+                return f"/tmp/{rel}, a mount point's way, is gone"
+            if not stat.S_ISDIR(st.st_mode) or st.st_uid != 0:
+                return f"/tmp/{rel}, a mount point's way, was replaced"
         return self._warm.unfit()
 
     def close(self) -> None:

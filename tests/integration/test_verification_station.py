@@ -277,3 +277,23 @@ def test_a_python_installation_under_tmp_stays_mounted_in_the_station(tmp_path) 
             )
     assert (factory.stations.made, factory.stations.reused) == (1, 2)
     factory.stations.close()
+
+
+def test_a_run_that_moves_the_mount_points_way_retires_the_station(tmp_path) -> None:
+    """The code owns /tmp, so it may rename a (root's) directory on the way to a mount point
+    there, which moves the mount in the server's jail too: the station must not serve again."""
+    lib = tmp_path / "lib"
+    lib.mkdir()
+    (lib / "gagar_station_probe.py").write_text("VALUE = 7\n")
+    factory = LocalFactory(limits=LIMITS, ro_paths=(str(lib),))
+    head = str(lib).removeprefix("/tmp/").split("/")[0]
+    code = f"import sys; sys.path.append({str(lib)!r}); import gagar_station_probe as p; print(p.VALUE)"
+    with factory.verification_session(files_tarball({"a.py": ""})) as s:
+        r = s.exec(_isolated(f"import os; os.rename('/tmp/{head}', '/tmp/moved')"))
+        assert r.ok and r.warm, (r.describe(), r.stderr)
+        assert "moved" in s.exec(_isolated("import os; print(os.listdir('/tmp'))")).stdout
+    with factory.verification_session(files_tarball({"b.py": ""})) as s:
+        r = s.exec(_isolated(code))
+        assert r.ok and r.warm and r.stdout == "7\n", (r.describe(), r.stderr)
+    assert (factory.stations.made, factory.stations.retired) == (2, 1)
+    factory.stations.close()
