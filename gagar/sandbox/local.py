@@ -200,6 +200,14 @@ def python_paths() -> tuple[str, ...]:
     return (own, *sorted(paths - {own}))
 
 
+def _dir_state(d: Path) -> tuple[int, list[str]] | None:
+    """A directory's permission bits and extended attributes (ACLs among them), or None."""
+    try:
+        return stat.S_IMODE(os.lstat(d).st_mode), sorted(os.listxattr(d, follow_symlinks=False))
+    except OSError:
+        return None
+
+
 @functools.cache
 def _perl() -> str | None:
     """Perl under /usr (visible inside the jail), for the jail's waiter; None: use Python."""
@@ -329,6 +337,7 @@ class LocalSession:
     def _layout(self, files: Mapping[str, FileData], tarball: bytes | None) -> None:
         for name in ("workspace", "tmp", "etc"):
             (self.dir / name).mkdir()
+        self._roots = {d: _dir_state(d) for d in (self.workspace, self.dir / "tmp")}
         for name, text in bwrap.etc_files(self.uid or os.getuid()).items():
             (self.dir / "etc" / name).write_text(text)
         if tarball is not None:
@@ -550,12 +559,17 @@ class LocalSession:
 
     def station_unfit(self) -> str | None:
         """Why this session must not serve another verification, or None. Besides its warm
-        runner's state: the code owns ``/tmp`` and may rename a directory on the way to a mount
-        point there, which moves the mount in the server's jail (its later imports would fail)."""
+        runner's state: the code owns ``/workspace`` and ``/tmp`` themselves, which stay while
+        their contents are emptied: it may change their modes or ACLs (``chmod 000`` would fail
+        the next candidate's tests), or rename a directory in ``/tmp`` on the way to a mount
+        point, which moves the mount in the server's jail (its later imports would fail)."""
         if self._closed:
             return "closed"
         if self._warm is None:
             return "no warm runner"
+        for d, state in self._roots.items():  # the code owns them: modes, ACLs it may change
+            if _dir_state(d) != state:
+                return f"/{d.name} had its mode or extended attributes changed"
         for rel in self._tmp_mount_points():
             try:
                 st = os.lstat(self.dir / "tmp" / rel)

@@ -297,3 +297,18 @@ def test_a_run_that_moves_the_mount_points_way_retires_the_station(tmp_path) -> 
         assert r.ok and r.warm and r.stdout == "7\n", (r.describe(), r.stderr)
     assert (factory.stations.made, factory.stations.retired) == (2, 1)
     factory.stations.close()
+
+
+@pytest.mark.parametrize("root", ["/workspace", "/tmp"])
+def test_a_run_that_changes_the_roots_mode_retires_the_station(root: str) -> None:
+    """/workspace and /tmp stay between candidates (their contents go), and the code owns them:
+    one left unreadable would fail the next candidate's tests, so the station is retired."""
+    factory = LocalFactory(limits=LIMITS)
+    with factory.verification_session(files_tarball({"a.py": ""})) as s:
+        assert s.exec(_isolated(f"import os; os.chmod({root!r}, 0)")).warm
+    with factory.verification_session(files_tarball({"b.py": "print('b')"})) as s:
+        r = s.exec(_isolated("import os; print(sorted(os.listdir('/workspace')))"))
+        assert r.ok and r.stdout == "['b.py']\n", (r.describe(), r.stderr)
+        assert s.exec(_isolated("open('/tmp/x', 'w').write('x')")).ok
+    assert (factory.stations.made, factory.stations.retired) == (2, 1)
+    factory.stations.close()
