@@ -562,7 +562,8 @@ class LocalSession:
         runner's state: the code owns ``/workspace`` and ``/tmp`` themselves, which stay while
         their contents are emptied: it may change their modes or ACLs (``chmod 000`` would fail
         the next candidate's tests), or rename a directory in ``/tmp`` on the way to a mount
-        point, which moves the mount in the server's jail (its later imports would fail)."""
+        point, which moves the mount in the server's jail (its later imports would fail; without
+        a server, the next jail makes the way again)."""
         if self._closed:
             return "closed"
         if self._warm is None:
@@ -570,7 +571,7 @@ class LocalSession:
         for d, state in self._roots.items():  # the code owns them: modes, ACLs it may change
             if _dir_state(d) != state:
                 return f"/{d.name} had its mode or extended attributes changed"
-        for rel in self._tmp_mount_points():
+        for rel in self._tmp_mount_points() if self._warm.serving else ():
             try:
                 st = os.lstat(self.dir / "tmp" / rel)
             except OSError:

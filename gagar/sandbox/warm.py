@@ -237,6 +237,11 @@ class WarmRunner:
         if "python" not in self._python:
             self.off = "no python on the jail's PATH"
 
+    @property
+    def serving(self) -> bool:
+        """A fork server was started and not stopped (its jail holds the session's mounts)."""
+        return self._proc is not None
+
     def unfit(self) -> str | None:
         """Why this runner must not serve another candidate (a verification station), or None:
         it was ever discarded, or its server died."""
