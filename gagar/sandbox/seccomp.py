@@ -74,14 +74,10 @@ REFUSED = (
 )
 
 
-# Calls that change another process's scheduling or limits (for its children too), given the same
-# uid: refused where a process this uid must not steer shares the jail (``others=False``).
-OTHERS = {
-    "sched_setaffinity": 0,
-    "sched_setscheduler": 0,
-    "sched_setparam": 0,
-    "sched_setattr": 0,
-}
+# Calls that change a process's scheduling (for its children too), the process their first
+# argument (0: the caller): refused for others where a process of the same uid that must not be
+# steered shares the jail (``others=False``); setpriority, ioprio_set and prlimit64 below.
+SCHED_OF_A_PID = ("sched_setaffinity", "sched_setscheduler", "sched_setparam", "sched_setattr")
 PRIO_PROCESS, IOPRIO_WHO_PROCESS = 0, 1
 
 
@@ -107,8 +103,8 @@ def filter_bpf(ip_sockets: bool = True, mqueue: bool = True, others: bool = True
     if not mqueue:
         f.add_rule(refuse, "mq_open")
     if not others:
-        for name, arg in OTHERS.items():
-            f.add_rule(refuse, name, sc.Arg(arg, sc.NE, 0))
+        for name in SCHED_OF_A_PID:
+            f.add_rule(refuse, name, sc.Arg(0, sc.NE, 0))
         f.add_rule(refuse, "setpriority", sc.Arg(0, sc.NE, PRIO_PROCESS))
         f.add_rule(refuse, "setpriority", sc.Arg(1, sc.NE, 0))
         f.add_rule(refuse, "ioprio_set", sc.Arg(0, sc.NE, IOPRIO_WHO_PROCESS))
