@@ -57,14 +57,7 @@ class Stations:
     def take(self, tarball: bytes, key: Key, make: Callable[[], LocalSession]) -> Station:
         """A station holding ``tarball``'s repository (an idle one refilled, or ``make()``'s);
         ``close()`` gives it back."""
-        while True:
-            with self._lock:
-                free = self._free.get(key) or []
-                session = free.pop() if free else None
-            why = session.station_unfit() if session is not None else None
-            if session is None or why is None:
-                break
-            self._retire(session, why)  # its server died while it was idle
+        session = self._pop_fit(key)
         if session is None:
             session = make()
             with self._lock:
@@ -78,6 +71,19 @@ class Stations:
         with self._lock:
             self.reused += 1
         return Station(self, session, key)
+
+    def _pop_fit(self, key: Key) -> LocalSession | None:
+        """An idle station fit to serve; those that are not (a server died idle) are retired."""
+        while True:
+            with self._lock:
+                free = self._free.get(key)
+                session = free.pop() if free else None
+            if session is None:
+                return None
+            why = session.station_unfit()
+            if why is None:
+                return session
+            self._retire(session, why)
 
     def give_back(self, session: LocalSession, key: Key) -> None:
         why = session.station_unfit()
