@@ -212,29 +212,26 @@ class TimedFactory:
     def __init__(self, factory: Any, clock: Clock) -> None:
         self.factory, self.clock = factory, clock
 
-    def create(self, *a: Any, **kw: Any) -> TimedSession:
+    def _timed(self, make: Any, verifying: bool) -> TimedSession:
         t = time.perf_counter()
         try:
-            # verification makes its session from the candidate's archive, agents from files
-            verifying = kw.get("tarball") is not None
-            return TimedSession(self.factory.create(*a, **kw), self.clock, verifying)
+            return TimedSession(make(), self.clock, verifying)
         finally:
             self.clock.add("sandbox", time.perf_counter() - t)
             with self.clock.lock:
                 self.clock.sessions += 1
 
+    def create(self, *a: Any, **kw: Any) -> TimedSession:
+        # verification makes its session from the candidate's archive, agents from files
+        return self._timed(lambda: self.factory.create(*a, **kw), kw.get("tarball") is not None)
+
     def verification_session(
         self, tarball: bytes, preload: tuple[str, ...] = (), limits: Any = None
     ) -> TimedSession:
         """A verification's session: a station where the factory keeps them (``station.py``)."""
-        t = time.perf_counter()
-        try:
-            session = self.factory.verification_session(tarball, preload, limits)
-            return TimedSession(session, self.clock, verifying=True)
-        finally:
-            self.clock.add("sandbox", time.perf_counter() - t)
-            with self.clock.lock:
-                self.clock.sessions += 1
+        return self._timed(
+            lambda: self.factory.verification_session(tarball, preload, limits), verifying=True
+        )
 
 
 async def _lag_probe(stop: asyncio.Event, out: list[float], period: float = 0.01) -> None:
