@@ -233,11 +233,23 @@ def test_shadowing_a_preloaded_module_or_other_forms_run_cold(session) -> None:
         ("cd sub && python -m pytest", None),
         ("python -m pytest t.py::test[1]", None),
         ("pytest -q", None),
+        # -I and -B (what the server runs with): verification's `python -I -B -c BOOT`
+        ("python -I -B -c x", "code"),
+        ("PYTHONHASHSEED=0 python -I -m pytest", "module"),
+        ("python -IB t.py", "script"),
+        ("python -B -m pytest", "module"),
+        ("LD_PRELOAD=x python -I -m pytest", None),
+        ("python -I -X dev -m pytest", None),
+        ("python -Iu -c x", None),
     ],
 )
 def test_which_commands_run_warm(cmd, kind) -> None:
     req = warm.parse(cmd)
     assert (req.kind if req else None) == kind
+
+
+def test_only_dash_i_makes_an_isolated_request() -> None:
+    assert warm.parse("python -I -c x").isolated and not warm.parse("python -B -c x").isolated
 
 
 def test_a_tampered_server_cannot_make_verification_pass(factory: LocalFactory) -> None:

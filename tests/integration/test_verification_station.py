@@ -16,7 +16,7 @@ import pytest
 
 from gagar.rollout.envs import synthetic
 from gagar.rollout.envs.verify import verify
-from gagar.sandbox import SandboxError, warm
+from gagar.sandbox import SandboxError
 from gagar.sandbox.local import LocalFactory, check_isolation
 from gagar.sandbox.station import Stations
 from gagar.sandbox.types import Limits
@@ -78,24 +78,6 @@ def _probe(session) -> dict:
     r = session.exec(_isolated(PROBE))
     assert r.ok, (r.describe(), r.stderr)
     return {**json.loads(r.stdout), "warm": r.warm}
-
-
-def test_isolated_commands_are_warm_requests() -> None:
-    for cmd, kind in [
-        ("python -I -B -c x", "code"),
-        ("PYTHONHASHSEED=0 python -I -m pytest", "module"),
-        ("python -IB t.py", "script"),
-        ("python -B -m pytest", "module"),
-    ]:
-        req = warm.parse(cmd)
-        assert req is not None and req.kind == kind, cmd
-    assert warm.parse("python -I -c x").isolated and not warm.parse("python -B -c x").isolated
-    for cmd in (
-        "LD_PRELOAD=x python -I -m pytest",
-        "python -I -X dev -m pytest",
-        "python -Iu -c x",
-    ):
-        assert warm.parse(cmd) is None, cmd
 
 
 @pytest.mark.parametrize("how", sorted(POLLUTERS) + sorted(REFUSED))
