@@ -22,14 +22,13 @@ import random
 import resource
 import shutil
 import signal
-import stat
 import sys
 import tempfile
 import time
 import warnings
 import weakref
 from collections.abc import Mapping
-from pathlib import Path, PurePosixPath
+from pathlib import Path
 
 from gagar.sandbox import bwrap, podjail, quota, runner, station, warm, workspace
 from gagar.sandbox.cgroup import Cgroup, destroy_tagged, sweep_stale
@@ -200,14 +199,6 @@ def python_paths() -> tuple[str, ...]:
     return (own, *sorted(paths - {own}))
 
 
-def _dir_state(d: Path) -> tuple[int, list[str]] | None:
-    """A directory's permission bits and extended attributes (ACLs among them), or None."""
-    try:
-        return stat.S_IMODE(os.lstat(d).st_mode), sorted(os.listxattr(d, follow_symlinks=False))
-    except OSError:
-        return None
-
-
 @functools.cache
 def _perl() -> str | None:
     """Perl under /usr (visible inside the jail), for the jail's waiter; None: use Python."""
@@ -337,7 +328,7 @@ class LocalSession:
     def _layout(self, files: Mapping[str, FileData], tarball: bytes | None) -> None:
         for name in ("workspace", "tmp", "etc"):
             (self.dir / name).mkdir()
-        self._roots = {d: _dir_state(d) for d in (self.workspace, self.dir / "tmp")}
+        self.roots = {d: station.dir_state(d) for d in (self.workspace, self.dir / "tmp")}
         for name, text in bwrap.etc_files(self.uid or os.getuid()).items():
             (self.dir / "etc" / name).write_text(text)
         if tarball is not None:
@@ -519,66 +510,11 @@ class LocalSession:
         """Another repository in the same jail (a verification station's next candidate): the
         workspace and ``/tmp`` emptied in place, ``tarball`` unpacked; the warm runner kept."""
         self._check_open()
-        self.empty()
+        station.empty(self)
         workspace.unpack(self.workspace, tarball)
         self._base_tar, self._base = tarball, workspace.snapshot(self.workspace)
         if self.uid is not None:  # not /tmp: what is left there is bubblewrap's, root's
             workspace.chown_tree(self.workspace, self.uid)
-
-    def empty(self) -> None:
-        """The workspace and ``/tmp`` emptied in place (the warm runner's jail holds them), but
-        for the mount points bubblewrap made in ``/tmp`` for a Python installation under it (a
-        clone's environment): removing one here would unmount it in the server's jail. Those are
-        root's directories, which the code cannot write, rename or remove; what the code made
-        inside one is removed all the same."""
-        self._check_open()
-        workspace.remove_tree(self.workspace, keep=True)
-        chain = self._tmp_mount_points()
-        todo = [(self.dir / "tmp", "")]
-        while todo:
-            where, rel = todo.pop()
-            with os.scandir(where) as it:
-                entries = [(e.name, e.stat(follow_symlinks=False)) for e in it]
-            for name, st in entries:
-                sub = f"{rel}/{name}" if rel else name
-                if sub in chain and stat.S_ISDIR(st.st_mode) and st.st_uid == 0:
-                    todo.append((where / name, sub))  # a mount point's way: kept, emptied
-                else:
-                    workspace.remove_tree(where / name)
-
-    def _tmp_mount_points(self) -> set[str]:
-        """The directories (relative to ``/tmp``) on the way to where bubblewrap binds a Python
-        installation under ``/tmp`` (a clone's environment), the mount points included."""
-        return {
-            str(d.relative_to("/tmp"))
-            for p in self._factory.ro_paths
-            if p.startswith("/tmp/")
-            for d in (PurePosixPath(p), *PurePosixPath(p).parents)
-            if str(d).startswith("/tmp/")
-        }
-
-    def station_unfit(self) -> str | None:
-        """Why this session must not serve another verification, or None. Besides its warm
-        runner's state: the code owns ``/workspace`` and ``/tmp`` themselves, which stay while
-        their contents are emptied: it may change their modes or ACLs (``chmod 000`` would fail
-        the next candidate's tests), or rename a directory in ``/tmp`` on the way to a mount
-        point, which moves the mount in the server's jail (its later imports would fail; without
-        a server, the next jail makes the way again)."""
-        if self._closed:
-            return "closed"
-        if self._warm is None:
-            return "no warm runner"
-        for d, state in self._roots.items():  # the code owns them: modes, ACLs it may change
-            if _dir_state(d) != state:
-                return f"/{d.name} had its mode or extended attributes changed"
-        for rel in self._tmp_mount_points() if self._warm.serving else ():
-            try:
-                st = os.lstat(self.dir / "tmp" / rel)
-            except OSError:
-                return f"/tmp/{rel}, a mount point's way, is gone"
-            if not stat.S_ISDIR(st.st_mode) or st.st_uid != 0:
-                return f"/tmp/{rel}, a mount point's way, was replaced"
-        return self._warm.unfit()
 
     def close(self) -> None:
         if self._closed:

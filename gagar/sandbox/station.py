@@ -31,10 +31,14 @@ fresh session instead.
 from __future__ import annotations
 
 import logging
+import os
+import stat
 import threading
 from collections.abc import Callable
+from pathlib import Path, PurePosixPath
 from typing import TYPE_CHECKING, Any
 
+from gagar.sandbox import workspace
 from gagar.sandbox.types import SandboxError
 
 if TYPE_CHECKING:
@@ -80,16 +84,16 @@ class Stations:
                 session = free.pop() if free else None
             if session is None:
                 return None
-            why = session.station_unfit()
+            why = unfit(session)
             if why is None:
                 return session
             self._retire(session, why)
 
     def give_back(self, session: LocalSession, key: Key) -> None:
-        why = session.station_unfit()
+        why = unfit(session)
         if why is None:
             try:
-                session.empty()
+                empty(session)
             except (OSError, SandboxError) as e:
                 why = f"emptying it failed: {e}"
         with self._lock:
@@ -115,6 +119,73 @@ class Stations:
             session.close()
 
 
+def dir_state(d: Path) -> tuple[int, list[str]] | None:
+    """A directory's permission bits and extended attributes (ACLs among them), or None."""
+    try:
+        return stat.S_IMODE(os.lstat(d).st_mode), sorted(os.listxattr(d, follow_symlinks=False))
+    except OSError:
+        return None
+
+
+def _tmp_mount_points(session: LocalSession) -> set[str]:
+    """The directories (relative to ``/tmp``) on the way to where bubblewrap binds a Python
+    installation under ``/tmp`` (a clone's environment), the mount points included."""
+    return {
+        str(d.relative_to("/tmp"))
+        for p in session._factory.ro_paths
+        if p.startswith("/tmp/")
+        for d in (PurePosixPath(p), *PurePosixPath(p).parents)
+        if str(d).startswith("/tmp/")
+    }
+
+
+def empty(session: LocalSession) -> None:
+    """The session's workspace and ``/tmp`` emptied in place (the warm runner's jail holds them),
+    but for the mount points bubblewrap made in ``/tmp`` for a Python installation under it (a
+    clone's environment): removing one here would unmount it in the server's jail. Those are
+    root's directories, which the code cannot write into; what it made inside one is removed all
+    the same."""
+    session._check_open()
+    workspace.remove_tree(session.workspace, keep=True)
+    chain = _tmp_mount_points(session)
+    todo = [(session.dir / "tmp", "")]
+    while todo:
+        where, rel = todo.pop()
+        with os.scandir(where) as it:
+            entries = [(e.name, e.stat(follow_symlinks=False)) for e in it]
+        for name, st in entries:
+            sub = f"{rel}/{name}" if rel else name
+            if sub in chain and stat.S_ISDIR(st.st_mode) and st.st_uid == 0:
+                todo.append((where / name, sub))  # a mount point's way: kept, emptied
+            else:
+                workspace.remove_tree(where / name)
+
+
+def unfit(session: LocalSession) -> str | None:
+    """Why ``session`` must not serve another verification, or None. Besides its warm runner's
+    state: the code owns ``/workspace`` and ``/tmp`` themselves, which stay while their contents
+    are emptied: it may change their modes or ACLs (``chmod 000`` would fail the next candidate's
+    tests), or rename a directory in ``/tmp`` on the way to a mount point, which moves the mount
+    in the server's jail (its later imports would fail; without a server, the next jail makes the
+    way again)."""
+    if session._closed:
+        return "closed"
+    runner = session._warm
+    if runner is None:
+        return "no warm runner"
+    for d, state in session.roots.items():
+        if dir_state(d) != state:
+            return f"/{d.name} had its mode or extended attributes changed"
+    for rel in _tmp_mount_points(session) if runner.serving else ():
+        try:
+            st = os.lstat(session.dir / "tmp" / rel)
+        except OSError:
+            return f"/tmp/{rel}, a mount point's way, is gone"
+        if not stat.S_ISDIR(st.st_mode) or st.st_uid != 0:
+            return f"/tmp/{rel}, a mount point's way, was replaced"
+    return runner.unfit()
+
+
 class Station:
     """One verification's use of a station: a ``Session`` until ``close()`` gives it back."""
 
@@ -128,6 +199,10 @@ class Station:
             raise SandboxError("session is closed")
         return getattr(session, name)
 
+    def unfit(self) -> str | None:
+        """Why this station could not serve the next candidate as it stands (``unfit``)."""
+        return unfit(self._session) if self._session is not None else "given back"
+
     def close(self) -> None:
         session, self._session = self._session, None
         if session is not None:
@@ -140,4 +215,4 @@ class Station:
         self.close()
 
 
-__all__ = ["IDLE", "Station", "Stations"]
+__all__ = ["IDLE", "Station", "Stations", "dir_state", "empty", "unfit"]

@@ -129,7 +129,7 @@ def test_a_server_changed_behind_the_filter_is_discarded(change: str) -> None:
         )
         r = first.exec(_isolated("print('kept')"))
         assert r.ok and r.warm and r.stdout == "kept\n"
-        assert first.station_unfit() is not None
+        assert first.unfit() is not None
     with factory.verification_session(files_tarball({"b.py": "B"})) as second:
         assert _probe(second)["nice"] == 0 and second._warm._server != server
     assert (factory.stations.made, factory.stations.retired) == (2, 1)
