@@ -133,11 +133,12 @@ def build_crd() -> dict[str, Any]:
         "properties": {
             "apiVersion": {"type": "string"},
             "kind": {"type": "string"},
-            # kube-apiserver lets a CRD bound these two only; bounded, the CEL rules below on the
-            # name cost 140 instead of 2.2 million (an unbounded name counts as 3 MiB).
+            # kube-apiserver lets a CRD bound these two only, and say nothing else of metadata (not
+            # even a description: "must not specify anything other than name and generateName");
+            # bounded, the CEL rules below on the name cost 140 instead of 2.2 million (an
+            # unbounded name counts as 3 MiB).
             "metadata": {
                 "type": "object",
-                "description": "Standard object metadata; the name also names the run's children.",
                 "properties": {
                     "name": {"type": "string", "maxLength": MAX_NAME_LENGTH},
                     "generateName": {"type": "string", "maxLength": MAX_NAME_LENGTH},

@@ -1,8 +1,9 @@
 """Admission (pure): what the server checks and sets on every write before storing an object.
 
 Custom objects get their CRD schema's defaults, pruning and validation; CustomResourceDefinitions
-are checked and get their status (names accepted, established) and cleanup finalizer; namespaces
-get their ``Active`` phase and ``kubernetes`` finalizer. Built-in kinds get the part of the
+are checked (their schemas as the server checks them, :mod:`.crd_schema`) and get their status
+(names accepted, established) and cleanup finalizer; namespaces get their ``Active`` phase and
+``kubernetes`` finalizer. Built-in kinds get the part of the
 server's own validation the operator depends on (:mod:`.builtin`), not a schema check.
 CEL rules run (see :mod:`.cel` for the subset) only when the OpenAPI validation passed.
 """
@@ -12,7 +13,7 @@ from __future__ import annotations
 import datetime as dt
 import re
 
-from . import builtin, cel
+from . import builtin, cel, crd_schema
 from . import schema as oas
 from .errors import invalid
 from .resources import CRDError, ResourceType, types_from_crd
@@ -90,6 +91,9 @@ def admit(
             served = types_from_crd(obj)
         except CRDError as e:
             raise invalid(rt.kind, obj["metadata"]["name"], [str(e)], rt.group) from e
+        errors = crd_schema.crd_errors(obj)
+        if errors:
+            raise invalid(rt.kind, obj["metadata"]["name"], errors, rt.group)
         obj["status"] = crd_status(obj, old)
         if old is None:
             obj["metadata"].setdefault("finalizers", []).append(CRD_FINALIZER)
