@@ -1,6 +1,7 @@
 """Generate the GagarRun CustomResourceDefinition from the pydantic models in ``gagar.spec``.
 
-Kubernetes wants a *structural* OpenAPI v3 schema: no ``$ref``, a ``type`` on every node, no
+Kubernetes wants a *structural* OpenAPI v3 schema: no ``$ref``, a ``type`` on every node (but
+``x-kubernetes-int-or-string`` ones, the quantities, whose ``anyOf`` is kept), no
 ``additionalProperties`` beside ``properties``, OpenAPI 3.0 forms (boolean ``exclusiveMinimum``),
 no ``const``/``prefixItems``/``null`` types. ``structural`` rewrites pydantic's JSON Schema into
 that form; optional fields are simply not required (the API server prunes explicit nulls before
@@ -35,7 +36,7 @@ def _resolve(node: dict[str, Any], defs: dict[str, Any]) -> dict[str, Any]:
 def _strip_null(node: dict[str, Any], defs: dict[str, Any]) -> dict[str, Any]:
     """``anyOf: [X, {type: null}]`` → ``X`` (optional fields are expressed by not being required)."""
     options = node.get("anyOf")
-    if not options:
+    if not options or node.get("x-kubernetes-int-or-string"):  # its anyOf is [integer, string]
         return node
     rest = [o for o in options if o.get("type") != "null"]
     if len(rest) != 1:
@@ -75,13 +76,15 @@ def structural(node: dict[str, Any], defs: dict[str, Any]) -> dict[str, Any]:
         out["additionalProperties"] = structural(out["additionalProperties"], defs)
     if isinstance(out.get("items"), dict):
         out["items"] = structural(out["items"], defs)
+    if "anyOf" in out:  # an int-or-string's [integer, string]: a copy per field, no YAML anchors
+        out["anyOf"] = [dict(option) for option in out["anyOf"]]
     if isinstance(out.get("default"), (dict, list)):
         del out["default"]  # object defaults would be applied before nested ones; keep scalars only
     if "type" not in out and "enum" in out:
         out["type"] = "string"
-    if "type" not in out:
+    if "type" not in out and not out.get("x-kubernetes-int-or-string"):
         raise ValueError(f"schema node without a type: {node}")
-    if out["type"] in ("integer", "number"):  # finite, as pydantic's ``Model._bounded``
+    if out.get("type") in ("integer", "number"):  # finite, as pydantic's ``Model._bounded``
         out.setdefault("maximum", MAX_NUMBER)
         out.setdefault("minimum", -MAX_NUMBER)
     return out

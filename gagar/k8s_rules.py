@@ -22,7 +22,7 @@ import re
 from typing import Annotated, Any
 
 from annotated_types import MaxLen
-from pydantic import AfterValidator, WithJsonSchema
+from pydantic import AfterValidator, BeforeValidator, WithJsonSchema
 
 # "[.]" rather than "\.": the same text reads alike in Python, in Go (RE2) and in JSON
 _LABEL = r"[a-z0-9]([-a-z0-9]*[a-z0-9])?"
@@ -38,6 +38,8 @@ ENV_VAR_NAME = r"^[-._a-zA-Z][-._a-zA-Z0-9]*$"
 _ELEMENT = r"([.]|[.][.][^/]+|[.][^./][^/]*|[^./][^/]*)"
 SUB_PATH = rf"^({_ELEMENT}(/{_ELEMENT}?)*)?$"
 MAX_ANNOTATIONS_BYTES = 256 * 1024
+# an unquoted quantity's bound (spec.MAX_NUMBER: the CRD gives every number finite bounds)
+MAX_QUANTITY_INTEGER = 10**15
 # A quantity as the API server parses it (a decimal exponent must fit an int32: three digits
 # here), a subset of its grammar: no sign, a digit first.
 QUANTITY = r"^[0-9]{1,20}([.][0-9]{1,20})?([eE][0-9]{1,3}|[KMGTPE]i?|[munk])?$"
@@ -74,7 +76,42 @@ LabelValue = Annotated[
 ]
 EnvVarName = Annotated[str, *_rule(ENV_VAR_NAME, "an environment variable name")]
 SubPath = Annotated[str, *_rule(SUB_PATH, "a relative path without '..' elements")]
-Quantity = Annotated[str, *_rule(QUANTITY, "a Kubernetes quantity (e.g. 500m, 16Gi, 1e3)")]
+
+
+def _quantity_text(value: Any) -> Any:
+    """An unquoted ``cpu: 32`` or ``nvidia.com/gpu: 1`` is a YAML integer, which Kubernetes takes
+    (a quantity is int-or-string), so it becomes ``"32"``. A YAML float (``cpu: 0.5``) the CRD's
+    int-or-string schema refuses, so it is refused here too, with what to write instead."""
+    if isinstance(value, int) and not isinstance(value, bool):
+        if value > MAX_QUANTITY_INTEGER:
+            raise ValueError(f"{value} is over {MAX_QUANTITY_INTEGER:.0e}: use a suffix (Ti, P)")
+        return str(value)
+    if isinstance(value, float):
+        milli = f"{round(value * 1000)}m"
+        raise ValueError(
+            f"{value!r} is a number: write a quantity as a string ('{value}', '{milli}')"
+        )
+    return value
+
+
+# The JSON schema (hence the CRD's) is the one Kubernetes gives a resource.Quantity:
+# int-or-string, the pattern and a length for strings, no negative integers (the pattern has no
+# sign). The API server applies each keyword to the values it fits (a pattern to strings only).
+Quantity = Annotated[
+    str,
+    BeforeValidator(_quantity_text),
+    _rule(QUANTITY, "a Kubernetes quantity (e.g. 500m, 16Gi, 1e3)", 64)[0],
+    WithJsonSchema(
+        {
+            "x-kubernetes-int-or-string": True,
+            "anyOf": [{"type": "integer"}, {"type": "string"}],
+            "pattern": QUANTITY,
+            "maxLength": 64,
+            "minimum": 0,
+            "maximum": MAX_QUANTITY_INTEGER,
+        }
+    ),
+]
 
 
 def bad_key(key: str) -> bool:

@@ -79,10 +79,13 @@ def test_crd_bounds_every_number() -> None:
 
     def visit(node, path: str) -> None:
         if isinstance(node, dict):
-            if node.get("type") in ("integer", "number"):
+            # an int-or-string (a quantity) bounds its integers beside its anyOf
+            if node.get("type") in ("integer", "number") or node.get("x-kubernetes-int-or-string"):
                 if not (abs(node.get("maximum", 1e300)) <= MAX_NUMBER and "minimum" in node):
                     unbounded.append(path)
             for k, v in node.items():
+                if k == "anyOf" and node.get("x-kubernetes-int-or-string"):
+                    continue
                 visit(v, f"{path}.{k}")
         elif isinstance(node, list):
             for i, v in enumerate(node):
