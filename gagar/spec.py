@@ -810,6 +810,20 @@ class Container(Model):
         _check_mounts(self.volume_mounts, "volumeMounts")
         return self
 
+    @model_validator(mode="after")
+    def _sidecar_only(self) -> Container:
+        """Probes and lifecycle hooks the API server takes on a sidecar only: a plain init
+        container runs to completion before anything could probe it (422 otherwise)."""
+        given = [k for k in SIDECAR_ONLY if k in (self.model_extra or {})]
+        if self.restart_policy is None and given:
+            raise ValueError(f"{given[0]}: {SIDECAR_ONLY_MESSAGE}")
+        return self
+
+
+# what kube-apiserver refuses on an init container that is not a sidecar, in its words
+SIDECAR_ONLY = ("lifecycle", "livenessProbe", "readinessProbe", "startupProbe")
+SIDECAR_ONLY_MESSAGE = "may not be set for init containers without restartPolicy=Always"
+
 
 def _check_env(env: list[EnvVar], path: str) -> None:
     for i in _duplicates([v.name for v in env]):

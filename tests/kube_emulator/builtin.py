@@ -4,12 +4,14 @@ the operator's objects depend on.
 Checked: label keys (qualified names, prefix at most 253) and values (at most 63, alphanumeric
 ends); pod templates of Pods, Deployments, StatefulSets, ReplicaSets, DaemonSets, Jobs and
 JobSets: unique container names (containers and initContainers together), ``restartPolicy`` of
-an init container ``Always`` only, unique volume names, mounts that name a volume, unique mount
-paths per container, unique ports, resource quantities (``cpu: banana`` is refused, as are
-limits below requests); a workload's ``selector`` must match its template's labels. Messages
-have the server's ``field: reason`` shape.
+an init container ``Always`` only, probes and lifecycle hooks on sidecars only (not on an init
+container without ``restartPolicy: Always``), unique volume names, mounts (of containers and
+init containers) that name a volume, unique mount paths per container, unique ports, resource
+quantities (``cpu: banana`` is refused, as are limits below requests); a workload's ``selector``
+must match its template's labels; a Service's name a DNS-1035 label (``1bad`` is refused).
+Messages have the server's ``field: reason`` shape.
 
-Not checked: the rest of Go validation (probes, security contexts, volume sources, node
+Not checked: the rest of Go validation (probes' contents, security contexts, volume sources, node
 affinity, ...); the OpenAPI shape is what ``kubernetes-validate`` checks in the tests.
 """
 
@@ -22,6 +24,7 @@ _LABEL_VALUE = re.compile(r"^(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?$")
 _LABEL_NAME = re.compile(r"^([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9]$")
 _DNS_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
 _DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
+_DNS_1035 = re.compile(r"[a-z]([-a-z0-9]*[a-z0-9])?")
 _QUANTITY = re.compile(
     r"^[+-]?([0-9]+(\.[0-9]*)?|\.[0-9]+)([eE][+-]?[0-9]+|[KMGTPE]i|[numkMGTPE])?$"
 )
@@ -97,6 +100,9 @@ def _container_errors(c: dict[str, Any], path: str, volumes: set[str], init: boo
         errors.append(f"{path}.restartPolicy: Unsupported value: {c['restartPolicy']!r}")
     if not init and "restartPolicy" in c:
         errors.append(f"{path}.restartPolicy: Forbidden: may not be set for non-init containers")
+    if init and c.get("restartPolicy") != "Always":  # a plain init container runs to completion
+        errors += [f"{path}.{k}: Forbidden: may not be set for init containers without restartPolicy=Always"
+                   for k in ("lifecycle", "livenessProbe", "readinessProbe", "startupProbe") if k in c]  # fmt: skip
     mounts = c.get("volumeMounts") or []
     for i, m in enumerate(mounts):
         if m.get("name") not in volumes:
@@ -107,6 +113,18 @@ def _container_errors(c: dict[str, Any], path: str, volumes: set[str], init: boo
     for i in _duplicates([(p.get("containerPort"), p.get("protocol", "TCP")) for p in ports]):
         errors.append(f"{path}.ports[{i}]: Duplicate value: {ports[i]!r}")
     return errors + _resources(c.get("resources") or {}, f"{path}.resources")
+
+
+def service_name_errors(name: str) -> list[str]:
+    """A Service is named by a DNS-1035 label (it becomes a DNS name: a letter first)."""
+    if _DNS_1035.fullmatch(name) and len(name) <= 63:
+        return []
+    return [
+        f'metadata.name: Invalid value: "{name}": a DNS-1035 label must consist of lower case '
+        "alphanumeric characters or '-', start with an alphabetic character, and end with an "
+        "alphanumeric character (e.g. 'my-name',  or 'abc-123', regex used for validation is "
+        "'[a-z]([-a-z0-9]*[a-z0-9])?')"
+    ]
 
 
 def pod_spec_errors(spec: dict[str, Any], path: str) -> list[str]:
@@ -170,6 +188,8 @@ def object_errors(storage_key: tuple[str, str], obj: dict[str, Any]) -> list[str
     """Built-in validation of ``obj`` (a built-in kind), as far as modelled."""
     meta = obj.get("metadata") or {}
     errors = label_errors(meta.get("labels") or {}, "metadata.labels")
+    if storage_key == ("", "services"):
+        errors += service_name_errors(meta.get("name", ""))
     if storage_key == ("", "pods"):
         return errors + pod_spec_errors(obj.get("spec") or {}, "spec")
     where = WORKLOADS.get(storage_key)
