@@ -12,7 +12,9 @@ heuristic grader itself passes it through ``admit``, which keeps at most
   that it changed (a test file grown past the limit is still an edited test file), and two equal
   files still compare equal,
 
-and drops names ``check_relative_path`` refuses and files that are not UTF-8 text. ``ast`` parses
+and drops names ``check_relative_path`` refuses. A file that is not UTF-8 text is kept as a marker too,
+naming what its bytes are where they would import (``sniff``: bytecode, a native object, a zip
+archive): a grader must see that a candidate added a binary, never lose it. ``ast`` parses
 at most ``parse_file_bytes`` of one file, ``base_parse_bytes`` of the base and ``parse_bytes`` of
 what each candidate changed or added (``ParseBudget``; files equal to the base's are analysed once,
 on the base's budget): a parse tree costs up to ~500 bytes of memory and ~20 µs of analysis per
@@ -26,6 +28,7 @@ Pure: no I/O, no clock.
 from __future__ import annotations
 
 import hashlib
+import importlib.util
 from collections.abc import Callable, Collection, Iterable, Mapping
 from dataclasses import dataclass, field
 
@@ -96,6 +99,22 @@ def _size(data: str | bytes | Oversize) -> int:
     return len(data) if isinstance(data, bytes) else text_bytes(data)
 
 
+PYC_MAGIC = importlib.util.MAGIC_NUMBER
+NATIVE = (b"\x7fELF", b"MZ", b"\xcf\xfa\xed\xfe", b"\xce\xfa\xed\xfe", b"\xca\xfe\xba\xbe")
+
+
+def sniff(data: bytes) -> str:
+    """What binary ``data`` is, where the import system could load it (``gagar.grader.screen``
+    reads these words off the marker), else ``"binary"``."""
+    if data[:2] == PYC_MAGIC[:2] and data[2:4] == b"\r\n":
+        return "compiled Python bytecode"
+    if data.startswith(NATIVE):
+        return "a native object"
+    if data.startswith(b"PK\x03\x04") or b"PK\x05\x06" in data[-(1 << 16) - 22 :]:
+        return "a zip archive"
+    return "binary"
+
+
 def _text(data: str | bytes) -> str | None:
     if isinstance(data, str):
         return data
@@ -140,7 +159,9 @@ class _Admission:
             return self.skip(path, "total_too_large", f"{size} bytes, {why}")
         text = _text(data) if not isinstance(data, Oversize) else None
         if text is None:
-            return self.skip(path, "not_text", f"{size} bytes, not UTF-8 text")
+            why = f"not UTF-8 text: {sniff(data) if isinstance(data, bytes) else 'binary'}"
+            self.files[path] = marker(data, size, why)
+            return self.skip(path, "not_text", f"{size} bytes, {why}")
         self.files[path] = text
         self.total += size
         return None

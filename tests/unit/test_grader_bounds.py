@@ -60,7 +60,9 @@ def test_admit_bounds_bytes_files_and_total_and_keeps_changes_visible():
 
 def test_admit_reports_binary_and_caps_its_report():
     kept, skipped = admit({"bin.dat": b"\xff\xfe", "ok.txt": b"hi"}, 1)
-    assert kept == {"ok.txt": "hi"} and [s.reason for s in skipped] == ["not_text"]
+    assert kept["ok.txt"] == "hi" and [s.reason for s in skipped] == ["not_text"]
+    # kept as a marker, never dropped: a grader sees that the candidate added a binary
+    assert kept["bin.dat"].startswith(MARKER_PREFIX) and "not UTF-8 text: binary" in kept["bin.dat"]
     _, many = admit({f"../{i}": "" for i in range(80)}, 1, bounds=Bounds(reported=10))
     assert len(many) == 10 and "70 more" in many[-1].detail
 
@@ -85,11 +87,13 @@ def test_deeply_nested_source_is_reported_not_fatal(source):
 
 
 def test_a_file_too_large_to_analyse_ranks_last_never_better():
+    """Too large for the tamper screen too: a forgery must not hide in size, so the pass is
+    zeroed as a hack (before the screen it was ranked T3)."""
     padded = CLEAN + "\n" + "\n".join(f"# pad {i}" for i in range(40_000)) + "\n"
     group = _group(_clean_with(1, {"calc/ops.py": padded}))
     ranking = rank(group)
-    assert [g.members for g in ranking.tied_groups] == [[0], [1]]
-    assert ranking.tied_groups[1].tier == "T3"
+    assert [g.members for g in ranking.tied_groups] == [[0]]
+    assert [(h.member, h.evidence[0].kind) for h in ranking.hacks] == [(1, "unscreened")]
     assert {"unanalysed"} <= {f.kind for f in ranking.findings if f.member == 1}
     assert ("calc/ops.py", "not_parsed") in {(s.path, s.reason) for s in ranking.skipped}
 
@@ -138,7 +142,8 @@ MEMORY_PROBE = textwrap.dedent(
     peak = tracemalloc.get_traced_memory()[1]
     reasons = sorted({s.reason for s in ranking.skipped})
     tiers = [(g.tier, g.members) for g in ranking.tied_groups]
-    print(json.dumps({"peak": peak, "seconds": time.perf_counter() - start, "reasons": reasons, "tiers": tiers}))
+    hacks = [h.member for h in ranking.hacks]
+    print(json.dumps({"peak": peak, "seconds": time.perf_counter() - start, "reasons": reasons, "tiers": tiers, "hacks": hacks}))
     """
 )
 
@@ -155,7 +160,7 @@ def test_a_multi_megabyte_module_is_graded_in_bounded_memory():
     out = json.loads(proc.stdout.splitlines()[-1])
     assert out["peak"] < 256 << 20, out
     assert {"file_too_large", "not_parsed"} <= set(out["reasons"])
-    assert out["tiers"] == [["T1", [0]], ["T3", [1]]]
+    assert out["tiers"] == [["T1", [0]]] and out["hacks"] == [1]  # too large to screen: zeroed
 
 
 def _hostile_dir(root: Path) -> Path:
