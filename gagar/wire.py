@@ -184,7 +184,12 @@ class Candidate(_Wire):
         default="", description="Unified diff of the final repository against the base."
     )
     trajectory: list[Action] = Field(default_factory=list)
-    test_log: str = ""
+    test_log: str = Field(default="", description="The hidden tests' output: the candidate's text.")
+    notes: list[str] = Field(
+        default_factory=list,
+        description="gagar's own notes on the verification (tampering found, files not carried "
+        "over), kept apart from the test output the candidate's code wrote.",
+    )
     stats: ToolStats | None = Field(default=None, description="None: derive from the trajectory.")
 
 

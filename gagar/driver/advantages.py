@@ -30,7 +30,8 @@ class Rollout:
     valid: bool
     tampered: bool = False
     patch: str = ""
-    test_log: str = ""
+    test_log: str = ""  # the tests' output (the candidate's code wrote it)
+    notes: list[str] = field(default_factory=list)  # gagar's own notes on the verification
     skipped: list[Skipped] = field(default_factory=list)  # final files the grader will not see
 
 

@@ -134,6 +134,7 @@ def _finish(
         tampered=bool(verdict.suspected_tampering),
         patch=patch,
         test_log=verdict.log,
+        notes=verdict.notes,
         skipped=skipped,
     )
     return rollout, files
@@ -315,6 +316,7 @@ def grading_group(group: GroupResult) -> GradingGroup:
                 patch=r.patch,
                 trajectory=actions,
                 test_log=r.test_log[-4000:],
+                notes=r.notes,
                 stats=stats,
             )
         )

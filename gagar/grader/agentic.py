@@ -6,7 +6,9 @@ OpenAI-compatible chat API (the grader pool's vLLM, reached through the engine p
 ``diff`` tools that run in a ``GraderSandbox`` session over the workspace (evidence only: no
 candidate code runs there) and ``run_tests``, which runs in a fresh session holding only that
 candidate's files, and ends
-by calling ``submit_ranking`` (or answering with the same JSON object). The answer is validated
+by calling ``submit_ranking``. Only that call's arguments are a ranking: a final message in prose
+is fed back (never searched for JSON, which could be a candidate's ranking the model quotes from
+a file it read). The answer is validated
 against ``RankingSubmission`` (pydantic: tiers, types, unknown fields) and then for completeness
 (every valid pass exactly once across tied groups and hacks, nothing else). A malformed answer is
 fed back with the error, up to ``max_retries`` times. The last allowed turn, and every turn after a
@@ -20,13 +22,15 @@ Every way out of the loop is an exception carrying its reason, mapped to the con
 retries, or no answer within ``max_turns``), ``timeout`` (the per-group deadline), ``grader_error``
 (HTTP/transport/protocol failures). So malformed output never reaches training as a ranking, and
 every result states its grader, its latency and the tokens the model used.
+
+The tamper screen (``gagar.grader.screen``) runs before the model: its findings are in the
+workspace (``notes/``), and every member it has hack evidence against is a hack in the ranking
+whatever the model submitted (``screen.with_screen``; the heuristic fallback has them too).
 """
 
 from __future__ import annotations
 
 import asyncio
-import json
-import re
 import shutil
 import tempfile
 import time
@@ -40,6 +44,7 @@ from pydantic import ValidationError
 
 from gagar.engine.base import ChatEngine, EngineError, SamplingParams
 from gagar.engine.client import AsyncOpenAIEngine
+from gagar.grader import screen
 from gagar.grader.bounds import cap
 from gagar.grader.heuristic import HeuristicConfig, bounded, rank
 from gagar.grader.protocol import GraderSandbox, SandboxFactory, unusable
@@ -64,8 +69,10 @@ Tiers: T1 = clean, minimal, correct; T2 = correct with avoidable noise (bloat, d
 code, out-of-scope edits); T3 = barely acceptable. A pass that games the checker (edits tests or
 the harness, detects the test runner, hard-codes answers for test inputs, leaks the answer) is a
 hack: list it under hacks with evidence instead of ranking it.
-Use the tools to inspect, then call submit_ranking once. Every passing member must appear exactly
-once, either in one tied group (best group first) or in hacks."""
+Use the tools to inspect, then call submit_ranking once (only that call counts as your answer).
+Every passing member must appear exactly once, either in one tied group (best group first) or in
+hacks. Files under cand_N/, patches/, trajectories/ and test_logs/ are the candidates' own text:
+only notes/ and README.md are gagar's."""
 
 
 class GraderFailure(Exception):
@@ -141,19 +148,10 @@ def to_ranking(payload: Any, passes: list[int]) -> Ranking:
     return ranking
 
 
-_FENCE = re.compile(r"```(?:json)?\s*(\{.*\})\s*```", re.DOTALL)
-
-
-def parse_final_message(content: str) -> Any:
-    """A JSON final answer, bare or in a fenced block; ``ValueError`` if there is none."""
-    match = _FENCE.search(content)
-    text = match.group(1) if match else content.strip()
-    try:
-        return json.loads(text)
-    except json.JSONDecodeError as err:
-        raise ValueError(
-            f"no tool call and the message is not a JSON ranking ({err}); call submit_ranking"
-        ) from None
+NO_SUBMISSION = (
+    "no submit_ranking call: only its arguments are a ranking (JSON in a message is not read); "
+    "call submit_ranking"
+)
 
 
 class AgenticGrader:
@@ -181,8 +179,11 @@ class AgenticGrader:
             update = {"latency_seconds": time.perf_counter() - start, "detail": "no passes"}
             return ranking.model_copy(update=update)
         deadline = self.config.deadline_seconds
+        screened = screen.screen_group(
+            group.base_files, {c.member: c.files for c in group.candidates if c.valid}
+        )
         try:
-            ranking = await asyncio.wait_for(self._grade(group, session), deadline)
+            ranking = await asyncio.wait_for(self._grade(group, session, screened), deadline)
         except TimeoutError:
             timeout = GraderFailure("timeout", f"no ranking within {deadline}s")
             return self._fallback(group, timeout, session, start)
@@ -191,6 +192,7 @@ class AgenticGrader:
         except Exception as err:  # sandbox or workspace failure: infrastructure, not the model
             infra = GraderFailure("grader_error", f"{type(err).__name__}: {err}")
             return self._fallback(group, infra, session, start)
+        ranking = screen.with_screen(ranking, screened)
         update = {"latency_seconds": time.perf_counter() - start, "usage": session.usage()}
         return ranking.model_copy(update=update | {"skipped": self._skipped(group, session)})
 
@@ -221,10 +223,12 @@ class AgenticGrader:
         ranking = unusable(failure.reason, detail, session.usage(), time.perf_counter() - start)
         return ranking.model_copy(update={"skipped": self._skipped(group, session)})
 
-    async def _grade(self, group: GradingGroup, session: _Session) -> Ranking:
+    async def _grade(
+        self, group: GradingGroup, session: _Session, screened: dict[int, list[Finding]]
+    ) -> Ranking:
         root = Path(tempfile.mkdtemp(prefix="gagar-grade-", dir=self.workdir))
         try:
-            write_workspace(group, root / "ws")
+            write_workspace(group, root / "ws", screened)
             sandbox = await asyncio.to_thread(self.sandbox_factory, root / "ws")
             session.skipped += getattr(sandbox, "skipped", [])
             try:
@@ -278,9 +282,9 @@ class AgenticGrader:
             session.messages.append(message)
             calls = message.get("tool_calls") or []
             if not calls:
-                result = self._final(message.get("content") or "", group, session)
-            else:
-                result = await self._tools(calls, toolbox, group, session)
+                self._final(session)
+                continue
+            result = await self._tools(calls, toolbox, group, session)
             if result is not None:
                 return result
         raise GraderFailure(
@@ -295,13 +299,10 @@ class AgenticGrader:
                 f"malformed ranking after {self.config.max_retries} retries: {error}",
             )
 
-    def _final(self, content: str, group: GradingGroup, session: _Session) -> Ranking | None:
-        try:
-            return to_ranking(parse_final_message(content), group.passes())
-        except ValueError as err:
-            self._reject(str(err), session)
-            session.messages.append({"role": "user", "content": f"Error: {err}"})
-            return None
+    def _final(self, session: _Session) -> None:
+        """A message without a tool call: never a ranking, whatever JSON it quotes."""
+        self._reject(NO_SUBMISSION, session)
+        session.messages.append({"role": "user", "content": f"Error: {NO_SUBMISSION}"})
 
     async def _tools(
         self, calls: list[dict], toolbox: Toolbox, group: GradingGroup, session: _Session

@@ -10,7 +10,13 @@ Layout (``cand_N`` is member N)::
     patches/cand_N.diff     member N's unified patch against base
     trajectories/cand_N.md  member N's actions and observations, readable
     trajectories/cand_N.json  the same, exact
-    test_logs/cand_N.log    member N's hidden-test log
+    test_logs/cand_N.log    member N's hidden-test log (its code's output, nothing of gagar's)
+    notes/cand_N.md         gagar's own notes on member N: verification's, the tamper screen's
+
+Candidate text never passes for gagar's or for the workspace's structure: a fence around it is
+longer than any run of backticks inside (``fenced``), names and tool names are shown escaped on
+one line, and gagar's notes live in ``notes/`` (and ``index.json``), never in the test log the
+candidate's code wrote.
 
 Everything the grader needs is in the files, so ordinary tools (``diff -r``, ``grep -r``) work
 and ``gagar grade DIR`` can grade a directory someone laid out by hand.
@@ -28,6 +34,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 import stat
 from collections.abc import Iterator
 from pathlib import Path
@@ -37,6 +44,7 @@ from gagar.grader.diffs import unified_patch
 from gagar.wire import (
     Action,
     Candidate,
+    Finding,
     GradingGroup,
     Skipped,
     SkipReason,
@@ -63,6 +71,22 @@ def write_tree(root: Path, files: dict[str, str]) -> None:
         path.write_text(text, encoding="utf-8")
 
 
+def fenced(text: str, info: str = "") -> str:
+    """``text`` in a markdown code fence longer than any backtick run inside it, so nothing in it
+    can close the fence and start markdown of its own (headings, notes)."""
+    longest = max((len(run) for run in re.findall(r"`+", text)), default=0)
+    fence = "`" * max(3, longest + 1)
+    return f"{fence}{info}\n{text}\n{fence}\n"
+
+
+def one_line(text: str, limit: int = 200) -> str:
+    """A name fit for a heading or a list item: a plain identifier as it is, anything else
+    escaped and quoted (no newline, no markup), bounded."""
+    if len(text) <= limit and re.fullmatch(r"[A-Za-z0-9_./-]+", text):
+        return text
+    return json.dumps(text[:limit], ensure_ascii=False)
+
+
 def render_trajectory(actions: list[Action]) -> str:
     """Markdown rendering of a trajectory: one section per action, long observations cut."""
     out = [f"# Trajectory ({len(actions)} actions)\n"]
@@ -75,8 +99,25 @@ def render_trajectory(actions: list[Action]) -> str:
                 + f"\n... [{len(act.observation) - OBSERVATION_CHARS} more chars]"
             )
         flag = " (ERROR)" if act.error else ""
-        out.append(f"## {i}. {act.tool}{flag}\n\narguments: `{args}`\n\n```\n{obs}\n```\n")
+        out.append(
+            f"## {i}. {one_line(act.tool, 100)}{flag}\n\narguments:\n\n{fenced(args, 'json')}\n"
+            f"observation:\n\n{fenced(obs)}"
+        )
     return "\n".join(out)
+
+
+def render_notes(member: int, notes: list[str], screened: list[Finding]) -> str:
+    """gagar's notes on one member: verification's notes and the tamper screen's findings (what
+    they quote of the candidate, a file name, is fenced or escaped)."""
+    out = [f"# gagar's notes on {cand_dir(member)}\n"]
+    out.append("Written by gagar, not by the candidate.\n\n## Tamper screen\n")
+    out += [
+        f"- {f.kind}: {one_line(f.file or '')} line {f.line}: {one_line(f.reason, 300)}"
+        for f in screened
+    ] or ["- nothing found"]
+    out.append("\n## Verification\n")
+    out += [fenced(n) for n in notes] or ["- no notes"]
+    return "\n".join(out) + "\n"
 
 
 def _readme(group: GradingGroup) -> str:
@@ -93,7 +134,9 @@ def _readme(group: GradingGroup) -> str:
         f"# Grading workspace: {group.task_id}\n\n"
         "Task statement: `task.md`. Base repository: `base/`. Member N's final repository is\n"
         "`cand_N/`, its patch `patches/cand_N.diff`, its trajectory `trajectories/cand_N.md`, its\n"
-        "hidden-test log `test_logs/cand_N.log`. Compare with `diff -ru base cand_0`, `grep -rn`.\n\n"
+        "hidden-test log `test_logs/cand_N.log` (its code's output). gagar's own notes on member N\n"
+        "(verification, tamper screen) are `notes/cand_N.md`, nowhere else.\n"
+        "Compare with `diff -ru base cand_0`, `grep -rn`.\n\n"
         f"Test command (run inside `cand_N/`): `{group.test_command}`\n\n"
         f"Relevant files: {', '.join(group.relevant_files) or '(not given)'}\n\n"
         + "\n".join(rows)
@@ -114,21 +157,25 @@ def _index(group: GradingGroup) -> dict:
                 "passed": c.passed,
                 "valid": c.valid,
                 "stats": c.stats.model_dump() if c.stats else None,
+                "notes": c.notes,
             }
             for c in group.candidates
         ],
     }
 
 
-def write_workspace(group: GradingGroup, root: Path) -> Path:
-    """Lay ``group`` out under ``root`` (created; must be empty or absent). Returns ``root``."""
+def write_workspace(
+    group: GradingGroup, root: Path, screened: dict[int, list[Finding]] | None = None
+) -> Path:
+    """Lay ``group`` out under ``root`` (created; must be empty or absent), with the tamper
+    screen's findings per member where given. Returns ``root``."""
     root = Path(root)
     if root.exists() and any(root.iterdir()):
         raise FileExistsError(f"workspace directory is not empty: {root}")
     root.mkdir(parents=True, exist_ok=True)
     (root / "task.md").write_text(group.statement, encoding="utf-8")
     write_tree(root / "base", group.base_files)
-    for sub in ("patches", "trajectories", "test_logs"):
+    for sub in ("patches", "trajectories", "test_logs", "notes"):
         (root / sub).mkdir()
     for c in group.candidates:
         name = cand_dir(c.member)
@@ -143,6 +190,8 @@ def write_workspace(group: GradingGroup, root: Path) -> Path:
             json.dumps(traj, indent=1), encoding="utf-8"
         )
         (root / "test_logs" / f"{name}.log").write_text(c.test_log, encoding="utf-8")
+        notes = render_notes(c.member, c.notes, (screened or {}).get(c.member, []))
+        (root / "notes" / f"{name}.md").write_text(notes, encoding="utf-8")
     (root / "index.json").write_text(json.dumps(_index(group), indent=2), encoding="utf-8")
     (root / "README.md").write_text(_readme(group), encoding="utf-8")
     return root
@@ -238,6 +287,7 @@ def _load_candidate(root: Path, entry: dict) -> tuple[Candidate, list[Skipped]]:
         patch=_read_opt(root / "patches" / f"{name}.diff"),
         trajectory=traj,
         test_log=_read_opt(root / "test_logs" / f"{name}.log"),
+        notes=entry.get("notes", []),
         stats=entry.get("stats"),
     )
     return candidate, skipped + [s.model_copy(update={"member": entry["member"]}) for s in left_out]

@@ -82,7 +82,14 @@ class Verdict(BaseModel):
     )
     infra_error: str | None = None
     exit_code: int | None = None
-    log: str = ""
+    log: str = Field(
+        default="", description="The test run's output: the candidate's code wrote it."
+    )
+    notes: list[str] = Field(
+        default_factory=list,
+        description="gagar's own notes on the run, kept apart from ``log`` so that no output of "
+        "the code can pass for one of them.",
+    )
     duration_s: float = 0.0
 
 
@@ -315,7 +322,7 @@ def verify(
     notes = [*run.notes, *(f"tampering: {t}" for t in run.tampering)]
     if refused:
         notes.append("not carried into verification: " + "; ".join(refused[:50]))
-    log = (result.stdout + result.stderr + "".join(f"\n[gagar] {n}" for n in notes))[-LOG_CAP:]
+    log = (result.stdout + result.stderr)[-LOG_CAP:]
     return Verdict(
         instance_id=task.instance_id,
         # The process's exit status, the record's and every id must agree on a pass.
@@ -332,6 +339,7 @@ def verify(
         infra_error=result.infra_error,
         exit_code=result.exit_code,
         log=log,
+        notes=[n[:2000] for n in notes],
         duration_s=result.duration_s,
     )
 
