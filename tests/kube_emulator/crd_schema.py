@@ -169,9 +169,7 @@ def _openapi_v3(s: dict[str, Any], path: str, ctx: _Context) -> list[str]:
     if "default" in s and ctx.no_defaults:
         errors.append(forbidden(f"{path}.default", f"must not be set {ctx.no_defaults}"))
     errors += [
-        forbidden(f"{path}.{key}", f"{key} is not supported")
-        for key in _UNSUPPORTED
-        if key in s
+        forbidden(f"{path}.{key}", f"{key} is not supported") for key in _UNSUPPORTED if key in s
     ]
     if kind == "null":
         errors.append(
