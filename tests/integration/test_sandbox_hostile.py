@@ -247,12 +247,16 @@ needs_quota = pytest.mark.skipif(not quota.can_mount(), reason="the quota needs 
 
 @needs_quota
 def test_disk_quota_stops_a_disk_filler(session) -> None:
+    # a folder of its own: the jail's /tmp also holds the mount points down to the interpreter's
+    # environment, which a glob like "$TMPDIR"/f* matched when the clone lived in /tmp/f...
     r = session.exec(
-        'for i in $(seq 20); do head -c 16777216 /dev/zero > "$TMPDIR/f$i" || exit 1; done'
+        'd=$(mktemp -d -p "$TMPDIR") && echo "$d" > "$TMPDIR/.filler" && for i in $(seq 20); '
+        'do head -c 16777216 /dev/zero > "$d/f$i" || exit 1; done'
     )
     assert r.exit_code == 1 and "No space left" in r.stderr
     assert r.limit_hit == "disk"
-    assert session.exec('rm "$TMPDIR"/f* && echo freed').stdout == "freed\n"
+    freed = session.exec('rm -r "$(cat "$TMPDIR/.filler")" && echo freed')
+    assert freed.stdout == "freed\n", freed.stderr
 
 
 @needs_quota
