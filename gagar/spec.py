@@ -346,10 +346,14 @@ class ModelSpec(Model):
     preset: Literal["tiny", "smollm2-135m"] | None = None
     """A policy gagar can create offline: ``tiny`` (a small Llama trained from scratch: a copying
     curriculum, then an SFT warm start) or ``smollm2-135m`` (SmolLM2-135M-Instruct, shipped in a PyPI wheel)."""
-    dtype: Literal["float32", "bfloat16", "float16"] = "bfloat16"
-    """Compute dtype of the trainer. On GPU, parameters and compute; on CPU, parameters stay
-    float32 and ``bfloat16``/``float16`` is the autocast dtype of the forward and backward
-    (mixed precision: float32 master weights, float32 log-probabilities and loss)."""
+    dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"
+    """Compute dtype of the trainer: parameters stay float32 and ``bfloat16``/``float16`` is the
+    autocast dtype of the forward and backward (mixed precision: float32 master weights, float32
+    log-probabilities and loss). ``auto``: bfloat16 where the hardware computes it natively (a
+    GPU with bfloat16, a CPU with AMX or AVX512-BF16), float32 elsewhere — on a CPU without them
+    bfloat16 is emulated, measured 37x slower than float32 on AVX2. The run's log and summary
+    say which dtype was chosen and why; an explicit dtype the CPU can only emulate is warned
+    about with its measured cost. GPU rollout replicas serve the same dtype (``auto``: vLLM's)."""
     num_experts: int | None = Field(default=None, ge=1)
     """Routed experts per MoE layer, for validating ``trainer.parallelism.expert`` before the
     checkpoint is read; the trainer checks it again against the checkpoint's config."""

@@ -20,6 +20,7 @@ from gagar.rollout.envs.task import Task, load_tasks
 from gagar.sandbox import Limits, isolation
 from gagar.sandbox.local import LocalFactory
 from gagar.spec import DatasetSpec, GagarRunSpec, ModelSpec, SandboxSpec
+from gagar.trainer.precision import Precision, resolve
 
 log = logging.getLogger(__name__)
 
@@ -50,20 +51,38 @@ def check_devices(spec: GagarRunSpec, cuda_available: bool) -> None:
         )
 
 
-def compute_autocast(spec: GagarRunSpec, model: Any) -> Any:
-    """Mixed precision for a float32-parameter trainer: ``spec.model.dtype`` as autocast dtype."""
+def compute_precision(spec: GagarRunSpec, model: Any = None) -> Precision:
+    """``spec.model.dtype`` resolved where ``model``'s parameters live (``model`` None: the
+    device the trainer resolves to, ``spec.trainer.device``)."""
     import torch
 
-    wanted = {"bfloat16": torch.bfloat16, "float16": torch.float16}.get(spec.model.dtype)
+    if model is not None:
+        device = next(model.parameters()).device.type
+    else:
+        device = spec.trainer.device
+        if device == "auto":
+            device = "cuda" if torch.cuda.is_available() else "cpu"
+    return resolve(spec.model.dtype, "cuda" if device == "cuda" else "cpu")
+
+
+def curriculum_precision(model: ModelSpec) -> Precision:
+    """The copying curriculum's: it trains the HF model on the CPU, whatever the trainer's device."""
+    return resolve(model.dtype, "cpu")
+
+
+def compute_autocast(spec: GagarRunSpec, model: Any) -> Any:
+    """Mixed precision for a float32-parameter trainer: the resolved dtype as autocast dtype."""
+    import torch
+
     params = next(model.parameters()).dtype
-    return wanted if wanted is not None and params == torch.float32 else None
+    return compute_precision(spec, model).autocast if params == torch.float32 else None
 
 
 def prepare_policy(model: ModelSpec, run_dir: Path, on_copy_step: Any = None) -> Path:
     """The base policy as an HF folder: ``tiny`` created once per run (with its copying
     curriculum, ``on_copy_step(i, nll)`` reporting it), a pretrained preset from the machine's
     model cache (converted on first use), or an existing path."""
-    from gagar.trainer.model.presets import create_preset
+    from gagar.trainer.model.presets import Curriculum, create_preset
 
     if model.preset == "tiny":
         out = run_dir / "policy" / "base"
@@ -76,8 +95,9 @@ def prepare_policy(model: ModelSpec, run_dir: Path, on_copy_step: Any = None) ->
                 "tiny",
                 tmp,
                 texts=_tokenizer_corpus(),
-                copy_steps=model.copy_curriculum_steps,
-                on_copy_step=on_copy_step,
+                curriculum=Curriculum(
+                    model.copy_curriculum_steps, curriculum_precision(model).autocast, on_copy_step
+                ),
             )
             shutil.rmtree(out, ignore_errors=True)
             tmp.rename(out)

@@ -25,6 +25,7 @@ from typing import Any, Protocol
 import torch
 
 from gagar.driver import advantages as adv_mod
+from gagar.driver import components as comp
 from gagar.driver import probe as probe_mod
 from gagar.driver import report as rep
 from gagar.driver import telemetry, trackers
@@ -583,6 +584,7 @@ def write_final_report(ctx: Context, extra: dict[str, Any]) -> dict[str, Any]:
         "mode": ctx.alg.mode,
         "policy_version": ctx.version,
         "warm_start": ctx.warm_start,
+        "precision": comp.compute_precision(ctx.run.spec, ctx.model).as_dict(),
         **extra,
     }
     report = rep.write_report(ctx.out, records, summary)

@@ -325,6 +325,8 @@ def summary_rows(report: dict[str, Any], records: list[StepRecord]) -> list[tupl
                     f"{part['steps']} steps, NLL/token {part['nll_first']:.2f} → {part['nll_last']:.2f}",
                 )
             )
+    if precision := report.get("precision"):
+        rows.append(("compute dtype", f"{precision['dtype']} ({precision['reason']})"))
     rows.append(("RL steps", str(report["steps"])))
     if records:
         k = min(5, max(1, len(records) // 2))

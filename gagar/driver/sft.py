@@ -243,6 +243,8 @@ def warm_start_key(run: Any) -> str:
 
     import torch
 
+    from gagar.driver.components import compute_precision, curriculum_precision
+
     s = run.spec
     dump = lambda m: m.model_dump(mode="json", by_alias=True, exclude_none=True)  # noqa: E731
     model = dump(s.model)
@@ -261,6 +263,8 @@ def warm_start_key(run: Any) -> str:
         "agent": dump(s.rollout.agent),
         "limits": dump(s.sandbox.limits),
         "device": s.trainer.device,
+        # ``auto`` resolves per machine (and per ONEDNN_MAX_CPU_ISA): the dtypes that computed it
+        "dtype": [curriculum_precision(s.model).dtype, compute_precision(s).dtype],
         "code": code_hash(),
         "versions": {p: md.version(p) for p in ("gagar", "transformers", "tokenizers")}
         | {"torch": torch.__version__},

@@ -22,6 +22,7 @@ from gagar.trainer.model import (
 from gagar.trainer.model.fetch import fetch_model, wheel_gguf_path
 from gagar.trainer.model.presets import (
     TOOL_MARKERS,
+    Curriculum,
     Preset,
     create_preset,
     fast_tokenizer,
@@ -239,7 +240,7 @@ def test_copy_curriculum_learns_to_continue_a_repeated_span() -> None:
 
 def test_tiny_preset_with_curriculum_records_it(tmp_path: Path) -> None:
     out = create_preset(
-        "tiny", tmp_path / "p", texts=["def f(x):\n    return x\n"] * 20, copy_steps=2
+        "tiny", tmp_path / "p", texts=["def f(x):\n    return x\n"] * 20, curriculum=Curriculum(2)
     )
     summary = json.loads((out / "copy_curriculum.json").read_text())
     assert summary["steps"] == 2 and summary["nll_first"] > 0

@@ -99,8 +99,9 @@ def load_format(model: str | None) -> str | None:
 
 
 def rollout_dtype(run: GagarRun) -> str:
-    """The policy's dtype in vLLM: the trainer's on GPU replicas; float32 on CPU replicas, where
-    the trainer keeps float32 parameters (exact log-probs for the importance ratio)."""
+    """The policy's dtype in vLLM: the trainer's on GPU replicas (``auto``: vLLM's own choice,
+    bfloat16 where the GPU has it); float32 on CPU replicas, where the trainer keeps float32
+    parameters (exact log-probs for the importance ratio)."""
     return run.spec.model.dtype if run.spec.rollout.resources.gpus > 0 else "float32"
 
 

@@ -12,6 +12,7 @@ plus chat-formatted tool-calling examples. Sizes are vLLM-servable (head_dim 64)
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import inspect
 import json
@@ -152,18 +153,27 @@ def random_llama(preset: Preset, tokenizer: Any, seed: int = 0) -> Any:
     return model
 
 
+@dataclass(frozen=True)
+class Curriculum:
+    """The copying curriculum a fresh preset is trained on before it is written (``steps`` > 0):
+    ``autocast`` its compute dtype (a torch dtype; None: float32), ``on_step(i, nll)`` progress."""
+
+    steps: int
+    autocast: Any = None
+    on_step: Any = None
+
+
 def create_preset(
     name: str,
     out: str | Path,
     seed: int = 0,
     texts: Iterable[str] | None = None,
-    copy_steps: int = 0,
-    on_copy_step: Any = None,
+    curriculum: Curriculum | None = None,
 ) -> Path:
     """Write the preset policy ``name`` as an HF folder; returns the folder.
 
-    ``copy_steps`` > 0 trains the fresh model on ``copy_curriculum`` first, with spans drawn from
-    the tokens of ``texts`` (or of the generic corpus); ``on_copy_step(i, nll)`` reports progress."""
+    With a ``curriculum`` the fresh model is trained on ``copy_curriculum`` first, with spans
+    drawn from the tokens of ``texts`` (or of the generic corpus)."""
     if name not in PRESETS:
         raise ValueError(f"unknown preset {name!r}; known: {sorted(PRESETS)}")
     preset = PRESETS[name]
@@ -171,11 +181,13 @@ def create_preset(
     tokenizer = fast_tokenizer(texts, preset.vocab_size)
     model = random_llama(preset, tokenizer, seed)
     out = Path(out)
-    if copy_steps:
+    if curriculum is not None and curriculum.steps:
+        c = curriculum
         seen = {i for text in (texts or default_corpus()) for i in tokenizer.encode(text)}
-        losses = copy_curriculum(model, sorted(seen), copy_steps, seed, on_copy_step)
+        losses = copy_curriculum(model, sorted(seen), c.steps, seed, c.on_step, c.autocast)
         out.mkdir(parents=True, exist_ok=True)
-        summary = {"steps": copy_steps, "nll_first": losses[0], "nll_last": losses[-1]}
+        dtype = str(c.autocast).removeprefix("torch.") if c.autocast is not None else "float32"
+        summary = {"steps": c.steps, "nll_first": losses[0], "nll_last": losses[-1], "dtype": dtype}
         (out / COPY_SUMMARY).write_text(json.dumps(summary) + "\n")
     model.save_pretrained(str(out))
     tokenizer.save_pretrained(str(out))
@@ -185,10 +197,46 @@ def create_preset(
 COPY_SUMMARY = "copy_curriculum.json"  # beside the weights: steps and first/last NLL
 COPY_LR = 1e-3  # measured: 3e-3 never leaves the plateau and spoils the SFT that follows
 COPY_BATCH = 32
+COPY_MICRO = 4  # micro-batches per step, of rows of similar length (less padding, same gradient)
+
+
+def copy_rows(rng: Any, token_ids: list[int]) -> list[tuple[list[int], int]]:
+    """One step's sequences: (span + filler + span, span length), ``COPY_BATCH`` of them."""
+    rows = []
+    for _ in range(COPY_BATCH):
+        span = rng.choices(token_ids, k=rng.randint(4, 24))
+        filler = rng.choices(token_ids, k=rng.randint(0, 16))
+        rows.append((span + filler + span, len(span)))
+    return rows
+
+
+def copy_loss_sum(model: Any, rows: list[tuple[list[int], int]], autocast: Any) -> Any:
+    """Summed NLL of the repeats of ``rows`` (right-padded to their longest: causal attention
+    keeps the padding out of every real position). Logits are computed at the target positions
+    only: the output layer and its softmax over the vocabulary are a fifth of the step, and most
+    positions carry no loss."""
+    import torch
+
+    width = max(len(row) for row, _ in rows)
+    ids = torch.zeros(len(rows), width, dtype=torch.long)
+    target = torch.zeros(len(rows), width, dtype=torch.bool)
+    for i, (row, n) in enumerate(rows):
+        ids[i, : len(row)] = torch.tensor(row)
+        target[i, len(row) - n + 1 : len(row)] = True  # the repeat's first token is unguessable
+    at = target[:, 1:]  # (B, T-1): positions whose next token is a target
+    with torch.autocast("cpu", dtype=autocast) if autocast else contextlib.nullcontext():
+        hidden = model.model(ids).last_hidden_state[:, :-1][at]  # (M, H)
+        logits = model.lm_head(hidden).float()  # (M, V)
+    return torch.nn.functional.cross_entropy(logits, ids[:, 1:][at], reduction="sum")
 
 
 def copy_curriculum(
-    model: Any, token_ids: list[int], steps: int, seed: int = 0, on_step: Any = None
+    model: Any,
+    token_ids: list[int],
+    steps: int,
+    seed: int = 0,
+    on_step: Any = None,
+    autocast: Any = None,
 ) -> list[float]:
     """Train a fresh model to continue a repeated span of random tokens; returns the NLL per step.
 
@@ -199,6 +247,12 @@ def copy_curriculum(
     again; the loss is on the repetition only, where predicting a token means finding its earlier
     occurrence and reading what followed (the induction circuit). Plain PyTorch on the HF model,
     before it is saved: this is how the preset is initialized, not the trainer's job.
+    ``autocast``: the forward's compute dtype (None: float32), as ``spec.model.dtype`` resolves
+    on the CPU (``gagar.trainer.precision``).
+
+    One step is one optimizer step on ``COPY_BATCH`` rows, token-mean over their targets; its
+    rows run as ``COPY_MICRO`` micro-batches of similar length (the gradient is the same sum),
+    measured 1.4x faster in float32 on AVX2 than one batch padded to the longest.
     """
     import random
 
@@ -211,30 +265,18 @@ def copy_curriculum(
     model.train()
     losses = []
     for step in range(steps):
-        rows, spans = [], []
-        for _ in range(COPY_BATCH):
-            span = rng.choices(token_ids, k=rng.randint(4, 24))
-            filler = rng.choices(token_ids, k=rng.randint(0, 16))
-            rows.append(span + filler + span)
-            spans.append(len(span))
-        width = max(map(len, rows))
-        ids = torch.zeros(len(rows), width, dtype=torch.long)
-        target = torch.zeros(len(rows), width, dtype=torch.bool)
-        for i, (row, n) in enumerate(zip(rows, spans, strict=True)):
-            ids[i, : len(row)] = torch.tensor(row)
-            target[i, len(row) - n + 1 : len(row)] = True  # the repeat's first token is unguessable
-        with torch.autocast("cpu", dtype=torch.bfloat16):
-            logits = model(ids).logits[:, :-1].float()
-        nll = torch.nn.functional.cross_entropy(
-            logits.reshape(-1, logits.shape[-1]), ids[:, 1:].reshape(-1), reduction="none"
-        )
-        mask = target[:, 1:].reshape(-1).float()
-        loss = (nll * mask).sum() / mask.sum()
+        rows = sorted(copy_rows(rng, token_ids), key=lambda r: len(r[0]))
+        targets = sum(n - 1 for _, n in rows)
+        size = -(-len(rows) // COPY_MICRO)
         optimizer.zero_grad(set_to_none=True)
-        loss.backward()
+        total = 0.0
+        for i in range(0, len(rows), size):
+            loss = copy_loss_sum(model, rows[i : i + size], autocast) / targets
+            loss.backward()
+            total += loss.item()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         optimizer.step()
-        losses.append(loss.item())
+        losses.append(total)
         if on_step is not None:
             on_step(step + 1, losses[-1])
     model.eval()
