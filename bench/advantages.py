@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import argparse
 import importlib.util
-import json
 import os
 import platform
 import statistics
@@ -31,6 +30,7 @@ from rich.table import Table
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from bench.record import save  # noqa: E402
 from gagar.trainer.gar import gar_advantages  # noqa: E402
 
 
@@ -117,7 +117,6 @@ def run(groups: int, n: int, repeats: int) -> dict[str, object]:
         "threads": torch.get_num_threads(),
         "load_average_1m": os.getloadavg()[0],
         "python": platform.python_version(),
-        "machine": platform.machine(),
         "rows": rows,
     }
 
@@ -152,8 +151,7 @@ def main() -> None:
     torch.set_num_threads(args.threads)
     result = run(args.groups, args.n, args.repeats)
     print_table(result)
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(result, indent=2) + "\n")
+    save(args.out, result, indent=2)
     print(f"wrote {args.out}")
 
 

@@ -33,6 +33,10 @@ from typing import Any
 import yaml
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from bench.record import save  # noqa: E402
+
 RESULTS = ROOT / "bench" / "results"
 VARIANTS = {"synchronous": 0, "max_staleness_1": 1}  # name: rollout.maxStaleness
 STAGES = ("rollout", "grading_wait", "update", "sync", "checkpoint", "other")
@@ -188,10 +192,8 @@ def main(argv: list[str] | None = None) -> None:
             f"  {stages or '-'}  {passes}"
         )
     print(f"load average {res['load_average'][0]:.1f}")
-    out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(res, indent=2))
-    print(f"wrote {out}")
+    save(args.out, res, indent=2)
+    print(f"wrote {args.out}")
 
 
 if __name__ == "__main__":

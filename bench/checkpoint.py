@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -20,6 +21,10 @@ from typing import Any
 
 import torch
 import torch.multiprocessing as mp
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from bench.record import save
 
 LAYOUTS = {1: [{"tp": 1}], 2: [{"tp": 2}, {"tp": 1}]}
 
@@ -147,10 +152,7 @@ def main() -> None:
     for r in rows:
         print(f"{r['layout']:<22} {r['format']:<9} {r['save_first_s']:>12.2f} {r['save_s']:>8.2f} "
               f"{r['load_s']:>8.2f} {r['bytes'] / 1e6:>8.1f}")  # fmt: skip
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(
-        json.dumps({"model": args.model, "repeats": args.repeats, "rows": rows}, indent=1)
-    )
+    save(out, {"model": args.model, "repeats": args.repeats, "rows": rows}, indent=1)
     print(f"wrote {out}")
 
 

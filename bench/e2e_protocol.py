@@ -56,6 +56,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from bench import stats  # noqa: E402
+from bench.record import save  # noqa: E402
 
 RESULTS = ROOT / "docs" / "results"
 BASE_MANIFEST = ROOT / "examples" / "gagar-vs-grpo.yaml"
@@ -409,10 +410,9 @@ def execute(args: argparse.Namespace, the_plan: dict[str, Any]) -> int:
             **the_plan,
             "runs": [{k: v for k, v in x.items() if k != "manifest"} for x in runs],
             **analyse(runs),
-            "machine": {"cpus": os.cpu_count(), "loadavg": os.getloadavg()},
+            "machine": {"loadavg": os.getloadavg()},  # save adds the CPU and its cores
         }
-        out_json.parent.mkdir(parents=True, exist_ok=True)
-        out_json.write_text(json.dumps(result, indent=1, default=str) + "\n")
+        save(out_json, result, indent=1, default=str)
     print(f"-> {out_json}")
     return 1 if failed else 0
 

@@ -22,7 +22,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import statistics
 import sys
 import tempfile
@@ -35,6 +34,7 @@ sys.path.insert(0, str(ROOT))
 from rich.console import Console  # noqa: E402
 from rich.table import Table  # noqa: E402
 
+from bench.record import save  # noqa: E402
 from gagar.engine.base import SamplingParams  # noqa: E402
 from gagar.rollout.engines.server import ServerConfig, VllmServer  # noqa: E402
 from tests.support.openai_engine import engine_for_servers  # noqa: E402
@@ -120,7 +120,6 @@ def run(args: argparse.Namespace, work: Path) -> dict:
         "weight_sync": syncs,
         "weight_sync_median_s": statistics.median(s["total_s"] for s in syncs),
         "load_average": os.getloadavg(),
-        "machine": platform.platform(),
         "cpus": os.cpu_count(),
     }
 
@@ -162,8 +161,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         res = run(args, Path(tmp))
     show(res)
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(json.dumps(res, indent=2))
+    save(args.out, res, indent=2)
 
 
 if __name__ == "__main__":

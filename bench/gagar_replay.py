@@ -47,6 +47,7 @@ sys.path.insert(0, str(ROOT))
 
 from bench import stats  # noqa: E402
 from bench.gagar_vs_grpo import ARMS, arm_spec  # noqa: E402
+from bench.record import save  # noqa: E402
 from gagar.driver.sft import style_weights  # noqa: E402
 from gagar.spec import AlgorithmSpec, GagarRun  # noqa: E402
 
@@ -297,13 +298,11 @@ def main() -> int:
             for g, r, s in kept
         ],
         "seconds": {"record": record_seconds, "total": time.perf_counter() - t0},
-        "machine": {"cpus": os.cpu_count(), "loadavg": os.getloadavg()},
+        "machine": {"loadavg": os.getloadavg()},  # save adds the CPU and its cores
     }
     console.print(table(result))
-    out = Path(args.json)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(result, indent=2))
-    console.print(f"wrote {out}")
+    save(args.json, result, indent=2)
+    console.print(f"wrote {args.json}")
     return 0
 
 

@@ -53,6 +53,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from bench import stats  # noqa: E402
+from bench.record import save  # noqa: E402
 from gagar.driver.record import StepRecord, field_value, read_records  # noqa: E402
 
 RESULTS = ROOT / "docs" / "results"
@@ -439,11 +440,9 @@ def write_result(
         "summary": arm_summary(live),
         "finished": finished,
         "failed": failed,
-        "machine": {"cpus": os.cpu_count(), "loadavg": os.getloadavg()},
+        "machine": {"loadavg": os.getloadavg()},  # save adds the CPU and its cores
     }
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(result, indent=2))
-    return result
+    return save(path, result, indent=2)
 
 
 # ------------------------------------------------------------------ main

@@ -7,12 +7,16 @@ special-cased candidates in rotation on a small repository). Run: ``.venv/bin/py
 from __future__ import annotations
 
 import argparse
-import json
+import os
 import platform
 import statistics
+import sys
 import time
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from bench.record import save
 from gagar.grader.heuristic import rank
 from gagar.grader.sample import scaled_group
 
@@ -49,20 +53,11 @@ def main() -> None:
         print(
             f"{r['group_size']:>10} {1000 * r['median_seconds']:>10.1f} {1000 * r['p90_seconds']:>8.1f} {1000 * r['min_seconds']:>8.1f} {r['per_candidate_ms']:>8.2f}"
         )
-    out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    meta = {
-        "python": platform.python_version(),
-        "machine": platform.machine(),
-        "cpus": __import__("os").cpu_count(),
-    }
-    out.write_text(
-        json.dumps(
-            {"benchmark": "heuristic_grader_latency", "meta": meta, "results": rows}, indent=2
-        )
-        + "\n"
+    meta = {"python": platform.python_version(), "cpus": os.cpu_count()}
+    save(
+        args.out, {"benchmark": "heuristic_grader_latency", "meta": meta, "results": rows}, indent=2
     )
-    print(f"wrote {out}")
+    print(f"wrote {args.out}")
 
 
 if __name__ == "__main__":

@@ -11,20 +11,23 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import os
 import platform
+import sys
 import tempfile
 import time
 from pathlib import Path
 
-from gagar.driver import grader_model
-from gagar.driver.components import sandbox_factory
-from gagar.driver.setup import build_graders
-from gagar.grader.sample import sample_group
-from gagar.manifest import load_run
-
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from bench.record import save  # noqa: E402
+from gagar.driver import grader_model  # noqa: E402
+from gagar.driver.components import sandbox_factory  # noqa: E402
+from gagar.driver.setup import build_graders  # noqa: E402
+from gagar.grader.sample import sample_group  # noqa: E402
+from gagar.manifest import load_run  # noqa: E402
+
 GROUPS = (
     ("clean", "failing"),
     ("clean", "bloated", "failing"),
@@ -83,10 +86,8 @@ def main() -> None:
             f"{len(r['members']):>8} {r['passes']:>6} {outcome:>28} {r['seconds']:>6.1f} "
             f"{r['completion_tokens']:>10}"
         )
-    out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
     meta = {"python": platform.python_version(), "cpus": os.cpu_count(), "run": args.run}
-    out.write_text(json.dumps({"meta": meta, "startup_seconds": startup, "rows": rows}, indent=2))
+    save(args.out, {"meta": meta, "startup_seconds": startup, "rows": rows}, indent=2)
 
 
 if __name__ == "__main__":

@@ -21,8 +21,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import json
-import platform
 import statistics
 import sys
 import threading
@@ -34,6 +32,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from bench.record import save
 from gagar.sandbox.local import LocalFactory, check_isolation
 from gagar.sandbox.podjail import check
 from gagar.sandbox.types import Limits
@@ -125,9 +124,7 @@ def main() -> int:
     print("|" + "---|" * len(header))
     for mode, by in result.items():
         print(f"| {mode} | " + " | ".join(f"{by[k]:.1f}" for k in header[1:]) + " |")
-    meta = {"runs": args.runs, "rounds": args.rounds, "machine": platform.platform()}
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(json.dumps({"median_ms": result, **meta}, indent=2) + "\n")
+    save(args.out, {"median_ms": result, "runs": args.runs, "rounds": args.rounds}, indent=2)
     return 0
 
 

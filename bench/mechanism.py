@@ -42,7 +42,6 @@ import argparse
 import datetime as dt
 import functools
 import itertools
-import json
 import math
 import multiprocessing as mp
 import os
@@ -60,6 +59,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from bench import stats  # noqa: E402
+from bench.record import save  # noqa: E402
 from gagar.driver.advantages import Rollout, group_advantages, token_advantages  # noqa: E402
 from gagar.rollout.agent import Trajectory, Turn  # noqa: E402
 from gagar.spec import AlgorithmSpec, LengthPenalty, SegmentPenalty  # noqa: E402
@@ -556,8 +556,7 @@ def main(argv: list[str] | None = None) -> int:
         "elapsed_seconds": round(elapsed, 1),
         "load_average": os.getloadavg(),
     }
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(result, indent=1) + "\n")
+    save(out, result, indent=1)
     print_tables(cells, tests)
     print(f"{len(ARMS) * len(seeds) * len(cells)} runs in {elapsed:.0f} s -> {out}")
     return 0

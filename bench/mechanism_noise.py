@@ -18,7 +18,6 @@ from __future__ import annotations
 import argparse
 import datetime as dt
 import itertools
-import json
 import sys
 import time
 from pathlib import Path
@@ -33,6 +32,7 @@ sys.path.insert(0, str(ROOT))
 
 from bench import mechanism as m  # noqa: E402
 from bench import stats  # noqa: E402
+from bench.record import save  # noqa: E402
 from gagar.trainer.gradvar import GradVarianceTracker  # noqa: E402
 from gagar.trainer.loss import LossConfig, PolicyBatch, policy_loss  # noqa: E402
 
@@ -179,8 +179,7 @@ def main(argv: list[str] | None = None) -> int:
         "rows": rows,
         "elapsed_seconds": round(time.monotonic() - start, 1),
     }
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(result, indent=1) + "\n")
+    save(out, result, indent=1)
     print(f"-> {out}")
     return 0
 

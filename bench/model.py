@@ -8,12 +8,17 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 import tempfile
 import time
 from pathlib import Path
 
 import torch
 import torch.multiprocessing as mp
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from bench.record import save
 
 
 def _step(model, ids: torch.Tensor) -> float:  # type: ignore[no-untyped-def]
@@ -77,9 +82,8 @@ def main() -> None:
     )
     for key, value in results.items():
         print(f"  {key:<24} {value:8.2f}")
-    Path("bench/results").mkdir(parents=True, exist_ok=True)
     record = {"args": vars(args), "torch_threads": torch.get_num_threads(), "results": results}
-    Path("bench/results/model.json").write_text(json.dumps(record, indent=2) + "\n")
+    save("bench/results/model.json", record, indent=2)
 
 
 if __name__ == "__main__":

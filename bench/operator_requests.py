@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import argparse
 import collections
-import json
 import sys
 import time
 import uuid
@@ -26,6 +25,7 @@ sys.path.insert(0, str(ROOT))
 import kopf  # noqa: E402
 from prometheus_client import CollectorRegistry  # noqa: E402
 
+from bench.record import save  # noqa: E402
 from gagar.crd import build_crd  # noqa: E402
 from gagar.manifest import load_run  # noqa: E402
 from gagar.metrics import Metrics  # noqa: E402
@@ -108,8 +108,7 @@ def main() -> int:
     for verb, n in result["per_minute"].items():
         print(f"{verb:<10}{n:>14}")
     print(f"{'total':<10}{result['total_per_minute']:>14}  (watches excluded)")
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(json.dumps(result, indent=2) + "\n")
+    save(args.out, result, indent=2)
     return 0
 
 

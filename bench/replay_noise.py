@@ -75,6 +75,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from bench import stats  # noqa: E402
+from bench.record import save  # noqa: E402
 from gagar.spec import GagarRun  # noqa: E402
 
 RESULTS = ROOT / "docs" / "results"
@@ -562,10 +563,9 @@ def main(argv: list[str] | None = None) -> int:
         **result,
         "tests": tests,
         "elapsed_seconds": round(time.perf_counter() - t0, 1),
-        "machine": {"cpus": os.cpu_count(), "loadavg": os.getloadavg()},
+        "machine": {"loadavg": os.getloadavg()},  # save adds the CPU and its cores
     }
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(out, indent=1) + "\n")
+    save(args.out, out, indent=1)
     for t in tests:
         if t.get("p_value") is None:
             print(f"{t['name']}: undefined ({t.get('reason_if_undefined')}): not tested")

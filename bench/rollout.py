@@ -50,10 +50,8 @@ import argparse
 import asyncio
 import contextlib
 import cProfile
-import json
 import math
 import os
-import platform
 import pstats
 import statistics
 import sys
@@ -72,6 +70,7 @@ from rich.console import Console  # noqa: E402
 from rich.table import Table  # noqa: E402
 
 from bench import stats  # noqa: E402
+from bench.record import save  # noqa: E402
 from gagar.driver import components as comp  # noqa: E402
 from gagar.driver import loop as driver_loop  # noqa: E402
 from gagar.driver.rollouts import grading_group  # noqa: E402
@@ -592,7 +591,6 @@ async def measure(args: argparse.Namespace, work: Path) -> dict[str, Any]:
         "manifest": str(args.manifest),
         "vllm_startup_s": startup,
         "load_average": os.getloadavg(),
-        "machine": platform.platform(),
         "cpus": os.cpu_count(),
         "vllm_threads": args.threads,
         "vllm_busy_loop_s": args.vllm_busy_loop,
@@ -732,10 +730,8 @@ def main(argv: list[str] | None = None) -> None:
     with tempfile.TemporaryDirectory(prefix="gagar-bench-rollout-") as tmp:
         res = asyncio.run(measure(args, Path(tmp)))
     show(res)
-    out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(res, indent=2))
-    print(f"wrote {out}")
+    save(args.out, res, indent=2)
+    print(f"wrote {args.out}")
 
 
 if __name__ == "__main__":

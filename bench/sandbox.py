@@ -32,7 +32,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import json
 import os
 import platform
 import statistics
@@ -46,6 +45,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from bench.record import save
 from gagar.rollout.envs import synthetic
 from gagar.sandbox import bwrap, local
 from gagar.sandbox.local import LocalFactory, check_isolation
@@ -167,8 +167,7 @@ def waiter_cost(runs: int, rounds: int, out: str) -> int:
         "exec_median_ms": {"with_waiter": med[True], "without_waiter": med[False]},
         "n": len(times[True]),
     }
-    Path(out).parent.mkdir(parents=True, exist_ok=True)
-    Path(out).write_text(json.dumps(result, indent=2) + "\n")
+    save(out, result, indent=2)
     print(f"wrote {out}")
     return 0
 
@@ -207,8 +206,7 @@ def fixed_cost(runs: int, rounds: int, out: str) -> int:
             f"{v[0]!s:<9}{v[1]!s:<7}{row['exec_median_ms']:>14}{row['create_close_median_ms']:>17}"
         )
     result = {"benchmark": "sandbox-fixed-cost", "load_avg": os.getloadavg(), "rows": rows}
-    Path(out).parent.mkdir(parents=True, exist_ok=True)
-    Path(out).write_text(json.dumps(result, indent=2) + "\n")
+    save(out, result, indent=2)
     print(f"wrote {out}")
     return 0
 
@@ -244,12 +242,11 @@ def verify_cost(runs: int, baseline: str | None, out: str) -> int:
         "median_s": {k: round(statistics.median(v), 3) for k, v in times.items()},
         "load_avg_start": load_start,
         "load_avg_end": os.getloadavg(),
-        "machine": platform.node(),
+        "host": platform.node(),  # save adds the CPU (this was "machine")
     }
     for k, v in result["median_s"].items():  # type: ignore[union-attr]
         print(f"{k:<10}{v:>8.3f} s per verification (median of {runs})")
-    Path(out).parent.mkdir(parents=True, exist_ok=True)
-    Path(out).write_text(json.dumps(result, indent=2) + "\n")
+    save(out, result, indent=2)
     print(f"wrote {out}")
     return 0
 
@@ -321,8 +318,7 @@ def warm_cost(runs: int, rounds: int, out: str) -> int:
         "cpus": os.cpu_count(),
         "rows": rows,
     }
-    Path(out).parent.mkdir(parents=True, exist_ok=True)
-    Path(out).write_text(json.dumps(result, indent=2) + "\n")
+    save(out, result, indent=2)
     print(f"wrote {out}")
     return 0
 
@@ -376,18 +372,13 @@ def main() -> int:
             )
     result = {
         "benchmark": "sandbox",
-        "machine": {
-            "cpus": os.cpu_count(),
-            "platform": platform.platform(),
-            "load_avg_at_end": os.getloadavg(),
-        },
+        "machine": {"load_avg_at_end": os.getloadavg()},  # save adds the CPU and its cores
         "runs_per_worker_per_round": args.runs,
         "rounds": args.rounds,
         "load_avg_at_start": load_start,
         "rows": rows,
     }
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(json.dumps(result, indent=2) + "\n")
+    save(args.out, result, indent=2)
     print(f"wrote {args.out}")
     return 0
 

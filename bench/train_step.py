@@ -16,8 +16,8 @@ bench/results/train_step.json.
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -27,6 +27,9 @@ import torch
 from rich.console import Console
 from rich.table import Table
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from bench.record import save
 from gagar.driver.local import init_one_process
 from gagar.trainer.learner import Learner, LearnerConfig, Sample
 from gagar.trainer.loss import LossConfig
@@ -192,8 +195,7 @@ def main() -> None:
             "default": name == default_row,
         }
     Console().print(table)
-    RESULTS.mkdir(exist_ok=True)
-    (RESULTS / "train_step.json").write_text(json.dumps(result, indent=2))
+    save(RESULTS / "train_step.json", result, indent=2)
 
 
 if __name__ == "__main__":
