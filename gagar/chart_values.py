@@ -156,8 +156,8 @@ class OperatorValues(Values):
     metrics_port: int = Field(default=9400, ge=1024, le=65535)
     """Port of ``/metrics``."""
     health_port: int = Field(default=8080, ge=1024, le=65535)
-    """Port of kopf's liveness endpoint ``/healthz`` (``--health-port``), probed for liveness
-    and readiness."""
+    """Port of the probes every replica answers (``--health-port``): ``/healthz`` for liveness,
+    ``/readyz`` for readiness; a follower is healthy and ready while its lease loop runs."""
     resources: Resources = Field(default_factory=Resources)
     """Resources of the operator container."""
     node_selector: dict[str, str] = Field(default_factory=dict)

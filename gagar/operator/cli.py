@@ -187,7 +187,10 @@ def register(sub: argparse._SubParsersAction) -> None:
     )
     p.add_argument("--metrics-port", type=int, default=9400, help="port of the operator's /metrics")
     p.add_argument(
-        "--health-port", type=int, default=8080, help="port of kopf's liveness probe (/healthz)"
+        "--health-port",
+        type=int,
+        default=8080,
+        help="port of the probes every replica answers: /healthz (liveness), /readyz (readiness)",
     )
     _prometheus_flags(p)
     p.set_defaults(func=_operator)

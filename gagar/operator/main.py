@@ -9,6 +9,7 @@ answers 401, so a short-lived exec token is fetched anew.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import os
 import socket
@@ -23,6 +24,7 @@ from prometheus_client import CollectorRegistry, start_http_server
 from gagar import env
 from gagar.metrics import Metrics
 from gagar.operator.handlers import OperatorConfig, Reconciler, configure_settings, register
+from gagar.operator.health import Health, serve
 from gagar.operator.kube import Kube
 from gagar.operator.telemetry import ApiObserver
 
@@ -79,7 +81,11 @@ def add_login(registry: kopf.OperatorRegistry, kubeconfig: str | None = None) ->
 
 
 def build_registry(
-    kube: Kube, metrics: Metrics, config: OperatorConfig, kubeconfig: str | None = None
+    kube: Kube,
+    metrics: Metrics,
+    config: OperatorConfig,
+    kubeconfig: str | None = None,
+    health: Health | None = None,
 ) -> kopf.OperatorRegistry:
     registry = kopf.OperatorRegistry()
     register(registry, Reconciler(kube, metrics, config))
@@ -88,6 +94,12 @@ def build_registry(
     @kopf.on.startup(registry=registry)
     def _settings(settings: kopf.OperatorSettings, **_: object) -> None:
         configure_settings(settings, config.run_selector)
+
+    if health is not None:
+
+        @kopf.on.startup(registry=registry)
+        async def _started(**_: object) -> None:  # async: it runs in kopf's own loop
+            health.kopf_started(asyncio.get_running_loop())
 
     return registry
 
@@ -106,10 +118,11 @@ class Election:
     seconds: int = 15  # whole seconds: the Lease stores leaseDurationSeconds
 
 
-def lead(election: Election, work: Callable[[], object]) -> None:
+def lead(election: Election, work: Callable[[], object], health: Health | None = None) -> None:
     """Run ``work`` once this process holds the Lease (kubernetes' own leader election). A
     leader that cannot renew it ends the process at once (exit 1): it must not go on acting
-    while another replica may already lead; its pod restarts as a follower."""
+    while another replica may already lead; its pod restarts as a follower. Every try to
+    acquire or renew the Lease, either outcome, is a beat of ``health``'s liveness."""
     import kubernetes
     from kubernetes.leaderelection import electionconfig, leaderelection
     from kubernetes.leaderelection.resourcelock.leaselock import LeaseLock
@@ -124,8 +137,16 @@ def lead(election: Election, work: Callable[[], object]) -> None:
         logging.getLogger("gagar.operator").error("%s lost the lease: exiting", identity)
         os._exit(1)
 
+    class Beating(leaderelection.LeaderElection):
+        def try_acquire_or_renew(self) -> bool:
+            try:
+                return bool(super().try_acquire_or_renew())
+            finally:
+                if health is not None:
+                    health.lease_tried()
+
     config = electionconfig.Config(lock, election.seconds, renew, retry, work, lost)
-    leaderelection.LeaderElection(config).run()
+    Beating(config).run()
 
 
 def run_operator(
@@ -136,7 +157,9 @@ def run_operator(
     config: OperatorConfig | None = None,
     election: Election | None = None,
 ) -> int:
-    """Serve /metrics on ``port`` and /healthz on ``health_port``; run kopf until interrupted."""
+    """Serve /metrics on ``port`` and the probes (/healthz, /readyz: ``gagar.operator.health``)
+    on ``health_port`` in every replica; run kopf until interrupted, as the leader when
+    ``election`` is given."""
     level = os.environ.get(env.LOG_LEVEL, "info").upper()
     logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     prom = CollectorRegistry()
@@ -144,20 +167,25 @@ def run_operator(
     metrics.prime()  # every unlabelled-by-run series (API verbs and outcomes, error reasons) at 0
     start_http_server(port, registry=prom)
     config = config or OperatorConfig()
+    # a follower's lease loop tries every retry period (at most seconds / 6): many missed tries
+    health = Health(lease_stale_s=max(30.0, 2.0 * election.seconds) if election else None)
+    serve(health, health_port)
     kube = Kube(api_client(), observe=ApiObserver(metrics))
-    registry = build_registry(kube, metrics, config)
+    registry = build_registry(kube, metrics, config, health=health)
 
     def work() -> None:
+        health.leading()
         kopf.run(
             registry=registry,
             standalone=standalone,
             namespaces=namespaces,
             clusterwide=not namespaces,
-            liveness_endpoint=f"http://0.0.0.0:{health_port}/healthz",
         )
+        if election is not None:  # kopf ended on its own: stop renewing a Lease it no longer uses
+            raise RuntimeError("kopf stopped while leading")
 
     if election is None:
         work()
     else:
-        lead(election, work)
+        lead(election, work, health)
     return 0

@@ -86,20 +86,32 @@ def test_gagar_operator_process(tmp_path: Path) -> None:
 @pytest.mark.skipif(bool(os.environ.get("GAGAR_TEST_KUBECONFIG")), reason="emulator only")
 def test_two_replicas_one_leader_and_a_takeover(tmp_path: Path) -> None:
     """Two ``gagar operator`` processes elect a leader on a Lease: only the leader reconciles;
-    killed (SIGKILL) right after a run is created, the other takes the Lease over and
-    reconciles that run, with exactly one trainer Job."""
+    both answer their liveness and readiness probes (the follower too: the chart would restart
+    a follower that does not); the leader killed (SIGKILL) right after a run is created, the
+    other takes the Lease over, still answers its probes, and reconciles that run, with exactly
+    one trainer Job."""
     with KubeEmulator(deployment_delay=0.05) as kube:
         kube.create(build_crd())
         kubeconfig = kube.write_kubeconfig(tmp_path / "kubeconfig")
         env = {**os.environ, "KUBECONFIG": str(kubeconfig)}
 
-        def start() -> subprocess.Popen[str]:
+        def start(health: int) -> subprocess.Popen[str]:
             cmd = [sys.executable, "-m", "gagar.cli", "operator", "--namespace", "default",
                    "--standalone", "--leader-election-lease", "gagar-operator",
                    "--leader-election-namespace", "default", "--leader-election-seconds", "3",
-                   "--metrics-port", str(free_port()), "--health-port", str(free_port())]  # fmt: skip
+                   "--metrics-port", str(free_port()), "--health-port", str(health)]  # fmt: skip
             return subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.DEVNULL,
                                     stderr=subprocess.DEVNULL, text=True)  # fmt: skip
+
+        def probes(port: int) -> list[int]:
+            """The HTTP status of the chart's liveness and readiness probes (0: no answer)."""
+            codes = []
+            for path in ("/healthz", "/readyz"):
+                try:
+                    codes.append(httpx.get(f"http://127.0.0.1:{port}{path}", timeout=5).status_code)
+                except httpx.HTTPError:
+                    codes.append(0)
+            return codes
 
         def holder() -> str:
             lease = kube.find("coordination.k8s.io/v1", "Lease", "gagar-operator")
@@ -109,16 +121,19 @@ def test_two_replicas_one_leader_and_a_takeover(tmp_path: Path) -> None:
             run = kube.get("gagar.dev/v1alpha1", "GagarRun", name)
             return (run.get("status") or {}).get("phase")
 
-        first = start()
+        ports = free_port(), free_port()
+        first = start(ports[0])
         second = None
         try:
             kube.wait_for(lambda: holder() != "", timeout=60)
             leader = holder()
-            second = start()
+            second = start(ports[1])
             one = manifest("local")
             kube.create(one)
             kube.wait_for(lambda: phase(one["metadata"]["name"]) == "Running", timeout=60)
             assert holder() == leader  # the second replica waits
+            for port in ports:  # leader and follower alike
+                kube.wait_for(lambda p=port: probes(p) == [200, 200], timeout=30)
             two = manifest("local")
             kube.create(two)
             first.kill()  # mid-reconcile of the new run, at the latest before its status
@@ -133,6 +148,7 @@ def test_two_replicas_one_leader_and_a_takeover(tmp_path: Path) -> None:
             ]
             assert len(jobs) == 1
             assert second.poll() is None
+            assert probes(ports[1]) == [200, 200]
         finally:
             for proc in (first, second):
                 if proc is not None and proc.poll() is None:
