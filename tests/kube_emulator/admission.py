@@ -10,6 +10,7 @@ CEL rules run (see :mod:`.cel` for the subset) only when the OpenAPI validation 
 
 from __future__ import annotations
 
+import copy
 import datetime as dt
 import re
 
@@ -112,10 +113,11 @@ def _get(obj: dict, path: tuple[str, ...]) -> object:
 
 
 def _check_immutable(rt: ResourceType, obj: dict, old: dict) -> None:
+    before = _schedulable(obj, old) if rt.storage_key == ("batch", "jobs") else old
     causes = [
         f"{'.'.join(path)}: Invalid value: field is immutable"
         for path in _IMMUTABLE.get(rt.storage_key, [])
-        if _get(old, path) is not _MISSING and _get(obj, path) != _get(old, path)
+        if _get(before, path) is not _MISSING and _get(obj, path) != _get(before, path)
     ]
     if old.get("immutable") and (obj.get("data"), obj.get("binaryData")) != (
         old.get("data"),
@@ -124,6 +126,42 @@ def _check_immutable(rt: ResourceType, obj: dict, old: dict) -> None:
         causes.append("data: Forbidden: field is immutable when `immutable` is set")
     if causes:
         raise invalid(rt.kind, obj["metadata"]["name"], causes, rt.group)
+
+
+def _schedulable(job: dict, old: dict) -> dict:
+    """The stored Job as the template's immutability check sees it: while it is suspended and
+    has never started (no ``status.startTime``), its pod template's scheduling directives may
+    change (how Kueue admits a Job to a flavor): node affinity, node selector, tolerations,
+    scheduling gates, and the template's labels and annotations are taken from the new Job."""
+    started = (old.get("status") or {}).get("startTime")
+    if not (old.get("spec") or {}).get("suspend") or started:
+        return old
+    template = copy.deepcopy((old.get("spec") or {}).get("template") or {})
+    new = (job.get("spec") or {}).get("template") or {}
+    new_pod = new.get("spec") or {}
+    pod = _taken(template.get("spec"), new_pod, ("nodeSelector", "tolerations", "schedulingGates"))
+    if pod is not None:
+        affinity = {
+            k: v for k, v in (pod.pop("affinity", None) or {}).items() if k != "nodeAffinity"
+        }
+        if (new_pod.get("affinity") or {}).get("nodeAffinity") is not None:
+            affinity["nodeAffinity"] = new_pod["affinity"]["nodeAffinity"]
+        if affinity or "affinity" in new_pod:  # an affinity of node affinity only may go
+            pod["affinity"] = affinity
+        template["spec"] = pod
+    meta = _taken(template.get("metadata"), new.get("metadata") or {}, ("labels", "annotations"))
+    if meta is not None:
+        template["metadata"] = meta
+    return {**old, "spec": {**old["spec"], "template": template}}
+
+
+def _taken(part: dict | None, source: dict, keys: tuple[str, ...]) -> dict | None:
+    """``part`` with ``keys`` as ``source`` has them (None: neither has any part)."""
+    if part is None and not any(k in source for k in keys):
+        return None
+    out = {k: v for k, v in (part or {}).items() if k not in keys}
+    out.update({k: source[k] for k in keys if k in source})
+    return out
 
 
 def _job_labels(job: dict) -> dict:
