@@ -119,7 +119,7 @@ def base_doc(args: argparse.Namespace, s: dict[str, Any]) -> dict[str, Any]:
     if args.smoke and args.policy is None:  # the tiny policy from scratch: the CPU pipeline
         spec["model"] = {
             "preset": "tiny",
-            "dtype": "bfloat16",
+            "dtype": "auto",
             "copyCurriculumSteps": 2,
             "sftWarmupSteps": s["sft_steps"],
             "sftExpertTasks": 16,
@@ -129,7 +129,7 @@ def base_doc(args: argparse.Namespace, s: dict[str, Any]) -> dict[str, Any]:
     else:
         spec["model"] = {
             "path": str(args.policy or f"<{MODEL}>"),
-            "dtype": "bfloat16",
+            "dtype": "auto",
             "sftWarmupSteps": s["sft_steps"],
             "sftExpertTasks": 64,
             "sftExpertStyles": styles,

@@ -49,6 +49,7 @@ from gagar.driver.sampling import (
     grade_with_deadline,
 )
 from gagar.grader.protocol import Grader
+from gagar.machine import machine
 from gagar.metrics import Metrics
 from gagar.rollout.agent import AgentLimits, ChatFormat, Engine
 from gagar.rollout.envs.task import Task
@@ -585,6 +586,7 @@ def write_final_report(ctx: Context, extra: dict[str, Any]) -> dict[str, Any]:
         "policy_version": ctx.version,
         "warm_start": ctx.warm_start,
         "precision": comp.compute_precision(ctx.run.spec, ctx.model).as_dict(),
+        "machine": machine(),
         **extra,
     }
     report = rep.write_report(ctx.out, records, summary)

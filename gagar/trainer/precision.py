@@ -18,10 +18,11 @@ from __future__ import annotations
 import os
 import time
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Literal
 
 import torch
+
+from gagar.machine import cpu_name
 
 Requested = Literal["auto", "float32", "bfloat16", "float16"]
 Device = Literal["cpu", "cuda"]
@@ -60,19 +61,6 @@ class Precision:
             "device": self.device,
             "reason": self.reason,
         }
-
-
-def cpu_name() -> str:
-    """The CPU's model name (``/proc/cpuinfo``), or the platform's word for it."""
-    try:
-        for line in Path("/proc/cpuinfo").read_text(encoding="utf-8").splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    import platform
-
-    return platform.processor() or platform.machine()
 
 
 def cpu_features() -> dict[str, bool | str]:

@@ -182,7 +182,13 @@ def test_local_example_trains_and_reports(tmp_path: Path) -> None:
     assert re.search(r"\b\d/4\b", output) and "gained" in output, output[-4000:]
     assert str(tmp_path / "report.json") in output
     assert not re.search(r"Warning|warnings\.warn|\{'", output), output[-4000:]
-    assert "Mismatch dtype" in (tmp_path / "logs" / "libraries.log").read_text()
+    # the compute dtype the CPU computes natively, said in the log and the report
+    precision = report["precision"]
+    assert precision["requested"] == "auto" and precision["dtype"] in ("bfloat16", "float32")
+    assert f"compute dtype: {precision['dtype']} (auto: " in output, output[-4000:]
+    assert report["machine"]["cpu"] and "vector_units" in report["machine"]
+    if precision["dtype"] == "bfloat16":  # torch's warning of bfloat16 inputs to float32 norms
+        assert "Mismatch dtype" in (tmp_path / "logs" / "libraries.log").read_text()
 
 
 def test_sigkill_mid_step_resumes_and_a_dead_engine_is_a_clear_error(tmp_path: Path) -> None:
