@@ -14,6 +14,7 @@ import base64
 import json
 import logging
 from dataclasses import dataclass
+from typing import Any
 from urllib.parse import parse_qsl
 
 import yaml
@@ -283,7 +284,7 @@ class Server:
         )
 
     async def _apply(self, request: web.Request, t: Target, query: dict) -> web.Response:
-        applied = yaml.safe_load(await request.text())
+        applied = _yaml_or_json(await request.text())
         manager = query.get("fieldManager")
         if not manager:
             raise ApiError(
@@ -367,6 +368,15 @@ class Server:
 
 def _key(obj: dict) -> str:
     return f"{obj['metadata'].get('namespace', '')}/{obj['metadata']['name']}"
+
+
+def _yaml_or_json(text: str) -> Any:
+    """An apply body: JSON (a client's usual) read as JSON, where ``1e-06`` is a number (PyYAML's
+    YAML 1.1 reads it as a string; the server's YAML reader takes it as JSON does), else YAML."""
+    try:
+        return json.loads(text)
+    except ValueError:
+        return yaml.safe_load(text)
 
 
 def _verb(method: str, t: Target, query: dict) -> str:
