@@ -13,10 +13,12 @@ Triggers and runtime, kopf's own wherever it fits; what is hand-written says why
 
 - create/update/resume of a GagarRun: kopf's change handlers, serialised per run by kopf and
   retried by kopf after ``kopf.TemporaryError(delay=)`` (a transient API error).
-- the watched children (trainer Jobs, pool Deployments, the trainer's progress ConfigMap): kopf's
-  index (``CHILD_INDEX``) is the cache the reconcile reads them from, and their watch events
+- the children, every kind the operator applies (``child_watches``): their watch events
   reconcile their run through ``Reconciler.child_changed`` (hand-written coalescing: kopf cannot
-  trigger one object's handler from another object's event).
+  trigger one object's handler from another object's event); a child deleted, or changed in a
+  field the operator applies (``drifted``), is applied again at once, alone. The trainer Jobs,
+  pool Deployments and the trainer's progress ConfigMap feed the status too: kopf's index
+  (``CHILD_INDEX``) is the cache the reconcile reads them from.
 - delayed re-checks (a restart's backoff, a Workload Kueue has yet to make, a transient error of
   a child's reconcile) and the periodic resync: ``Reconciler.requeue`` and one thread,
   ``resync_loop`` (hand-written: kopf's timers and daemons put a finalizer on every run).
@@ -64,6 +66,7 @@ from gagar.operator.kube import (
     FIELD_MANAGER,
     HANDOFF_MANAGER,
     KUEUE_HANDOFF_MANAGER,
+    PLURALS,
     TTL_MANAGER,
     Kube,
     KubeError,
@@ -71,6 +74,7 @@ from gagar.operator.kube import (
 from gagar.operator.observe import (
     Observed,
     PoolObserved,
+    owned_fields,
     parse_deployment,
     parse_job,
     parse_jobset,
@@ -94,6 +98,11 @@ PRUNABLE = tuple(k for k in CHILD_KINDS if k[1] not in ("PersistentVolumeClaim",
 KUEUE_API = "kueue.x-k8s.io/v1beta1"
 JOB_UID_LABEL = "kueue.x-k8s.io/job-uid"  # Kueue's label on a Workload: its job's uid
 KUEUE_RETRY_SECONDS = 2.0  # a suspend waiting for Kueue to make the trainer's Workload
+# Not judged for drift: a trainer's pod templates. The server lets them change only while the
+# trainer is suspended and has never started, which is a queue admitting it (Kueue writes the
+# flavor's node selector and tolerations, replacing the whole tolerations list); at any other
+# time they are immutable, so no one else can have changed them.
+QUEUE_ADMITTED = {"Job": ("f:spec", "f:template"), "JobSet": ("f:spec", "f:replicatedJobs")}
 
 
 def now_rfc3339() -> str:
@@ -118,6 +127,14 @@ class OperatorConfig:
     scraper: Scraper = field(default_factory=Scraper)  # the Prometheus runs' pods admit
 
 
+@dataclass(frozen=True)
+class Owned:
+    """A child as the operator's apply left it: its generation and the fields it owns."""
+
+    generation: int
+    fields: frozenset[tuple[str, ...]]
+
+
 @dataclass
 class _RunMemory:
     """Per-run state kept in memory only (safe to lose: a restart just re-applies once)."""
@@ -128,13 +145,14 @@ class _RunMemory:
     # operator will not make (the Stalled condition's reason and message)
     apply_error: tuple[int, str, str] | None = None
     dirty: bool = False  # a child changed since the last reconcile started
-    # metadata.generation of each child (kind, name) as the operator's last apply left it: a
-    # watched child seen at a higher generation was changed by someone else (drift)
-    generations: dict[tuple[str, str], int] = field(default_factory=dict)
-    # drifted children seen (a count) and how many of them an apply has answered: a drift is
-    # state, not a trigger's argument, so a reconcile that fails or is coalesced keeps it
-    drifts: int = 0
-    drifts_applied: int = 0
+    # what the operator's last apply of each child (kind, name) left it owning: drift is judged
+    # against it (``Reconciler.drifted``)
+    owned: dict[tuple[str, str], Owned] = field(default_factory=dict)
+    # children whose apply is in flight: their own watch event may come before the answer
+    applying: set[tuple[str, str]] = field(default_factory=set)
+    # children seen deleted or drifted and not applied again yet: a drift is state, not a
+    # trigger's argument, so a reconcile that fails or is coalesced keeps it
+    drifted: set[tuple[str, str]] = field(default_factory=set)
 
 
 def parse_run(body: dict[str, Any]) -> tuple[GagarRun | None, str | None]:
@@ -181,22 +199,35 @@ class Reconciler:
         telemetry.watch_queue(metrics, self.queue_depth)
 
     def drifted(self, body: Mapping[str, Any], deleted: bool) -> bool:
-        """Whether a watched child's event shows drift: deleted, or changed by another writer
-        since the operator's last apply (its generation passed the one that apply left)."""
+        """Whether a watched child's event shows drift: deleted, or a field the operator's last
+        apply owned is owned by it no more (the server moves a field's ownership to whoever
+        changes or removes its value). A write to fields the operator does not apply is no
+        drift: an autoscaler's replicas, Kueue's ``suspend``, node selector and tolerations, a
+        rollout restart's annotation. Not judged: an event older than that apply (a lower
+        generation) and one that comes while an apply of the child is in flight (its own)."""
         meta = body.get("metadata") or {}
         run_name = (meta.get("labels") or {}).get(RUN_LABEL)
         if deleted or not run_name:
             return deleted
         mem = self.memory(meta.get("namespace", ""), run_name)
-        applied = mem.generations.get((body.get("kind", ""), meta.get("name", "")))
-        return applied is not None and int(meta.get("generation") or 0) > applied
+        key = (body.get("kind", ""), meta.get("name", ""))
+        last = mem.owned.get(key)
+        if (
+            last is None
+            or key in mem.applying
+            or int(meta.get("generation") or 0) < last.generation
+        ):
+            return False
+        admitted = QUEUE_ADMITTED.get(key[0], ())
+        judged = {p for p in last.fields if not admitted or p[: len(admitted)] != admitted}
+        return not judged <= owned_fields(dict(body), FIELD_MANAGER)
 
     def child_changed(self, body: Mapping[str, Any], deleted: bool) -> None:
-        """A watched child's event: its run is reconciled (coalesced, ``reconcile_named``); a
-        deleted or drifted child is applied again, any other change recomputes the status.
-        Hand-written: kopf serialises the handlers of one object, but a child's event is another
-        object's, and kopf cannot trigger the run's handler from it (nor retries an event
-        handler: a transient API error requeues the run instead)."""
+        """A watched child's event: its run is reconciled (coalesced, ``reconcile_named``) when
+        the child drifted (it is applied again) or feeds the status (recomputed); other events
+        cost nothing. Hand-written: kopf serialises the handlers of one object, but a child's
+        event is another object's, and kopf cannot trigger the run's handler from it (nor
+        retries an event handler: a transient API error requeues the run instead)."""
         meta = body.get("metadata") or {}
         run_name, namespace = (meta.get("labels") or {}).get(RUN_LABEL), meta.get("namespace", "")
         if not run_name:
@@ -204,7 +235,9 @@ class Reconciler:
         if self.drifted(body, deleted):
             mem = self.memory(namespace, run_name)
             with self._guard:
-                mem.drifts += 1
+                mem.drifted.add((body.get("kind", ""), meta.get("name", "")))
+        elif not feeds_status(body):
+            return
         try:
             self.reconcile_named(namespace, run_name)
         except kopf.TemporaryError as err:
@@ -320,7 +353,8 @@ class Reconciler:
             self._write_status(raw, prev, outcome)
             return outcome
         # observe (children from kopf's index) and write the status before acting
-        drifts = mem.drifts  # what it observes includes these
+        with self._guard:
+            drifted = frozenset(mem.drifted)  # what it observes includes these
         crds = self.crds()
         finished = prev is not None and prev.phase in TERMINAL
         observed = self._observe(run, generation, crds, mem, finished)
@@ -354,14 +388,14 @@ class Reconciler:
             mem.apply_error, mem.applied = (generation, *blocked), ""  # nothing half-applied
         else:
             # a finished run's objects change only with its spec: the resync does not re-apply
-            drifted = drifts > mem.drifts_applied
-            force = ((force_apply or drifted) and not outcome.terminal) or restarted
+            force = (force_apply and not outcome.terminal) or restarted
             self._apply(run, desired, mem, generation, force, outcome.terminal)
             if queued(run, ctx) and not outcome.terminal:
                 self._kueue_activation(run, ctx.hold_trainer)
             if outcome.terminal and run.spec.trainer.ttl_seconds_after_finished is not None:
                 self._expire_trainer(run, observed)
-        mem.drifts_applied = drifts
+        with self._guard:
+            mem.drifted -= drifted
         if mem.apply_error != before:  # the apply's outcome changes the status
             observed = self._observe(run, generation, crds, mem)
             final = compute_status(run.spec, observed, outcome.status, self.config.clock())
@@ -588,25 +622,43 @@ class Reconciler:
         force: bool,
         terminal: bool = False,
     ) -> None:
+        """Apply every child (and prune) when the desired state changed or ``force``; else
+        only the drifted children, alone (a deleted NetworkPolicy costs one request, not a
+        re-apply of the run's dozens of children; a finished run's children are left as
+        they are)."""
         fingerprint = hashlib.sha256(json.dumps(desired, sort_keys=True).encode()).hexdigest()
-        if fingerprint == mem.applied and not force:
+        with self._guard:
+            drifted = frozenset() if terminal else frozenset(mem.drifted)
+        whole = force or fingerprint != mem.applied
+        objs = desired if whole else [o for o in desired if _key(o) in drifted]
+        if not objs:
             return
-        errors = []
-        for obj in desired:
-            try:
-                self._hand_over_replicas(obj)
-                self._create_queued_suspended(run, obj)
-                live = self.kube.apply(obj)
-                generation = (live or {}).get("metadata", {}).get("generation")
-                if generation is not None:
-                    mem.generations[obj["kind"], obj["metadata"]["name"]] = int(generation)
-            except KubeError as err:
-                if err.transient:
-                    raise
-                errors.append(f"{obj['kind']}/{obj['metadata']['name']}: {err.message}")
-        self._prune(run, desired, terminal)
-        mem.apply_error = (generation, "ApplyFailed", "; ".join(errors)) if errors else None
-        mem.applied = "" if errors else fingerprint
+        errors = [e for e in (self._apply_child(run, obj, mem) for obj in objs) if e]
+        if whole:
+            self._prune(run, desired, terminal)
+        if errors:
+            mem.apply_error, mem.applied = (generation, "ApplyFailed", "; ".join(errors)), ""
+        elif whole:
+            mem.apply_error, mem.applied = None, fingerprint
+
+    def _apply_child(self, run: GagarRun, obj: dict[str, Any], mem: _RunMemory) -> str | None:
+        """Apply one child and remember what it owns afterwards; a permanent refusal is
+        returned as a message, a transient error raised."""
+        key = _key(obj)
+        mem.applying.add(key)  # set.add/discard are atomic: the watch threads read it unlocked
+        try:
+            self._hand_over_replicas(obj)
+            self._create_queued_suspended(run, obj)
+            live = self.kube.apply(obj) or {}
+            generation = int((live.get("metadata") or {}).get("generation") or 0)
+            mem.owned[key] = Owned(generation, owned_fields(live, FIELD_MANAGER))
+        except KubeError as err:
+            if err.transient:
+                raise
+            return f"{key[0]}/{key[1]}: {err.message}"
+        finally:
+            mem.applying.discard(key)
+        return None
 
     def _create_queued_suspended(self, run: GagarRun, obj: dict[str, Any]) -> None:
         """A queued trainer (no ``suspend`` in the operator's manifest: Kueue owns the field) is
@@ -869,22 +921,60 @@ def register(registry: kopf.OperatorRegistry, reconciler: Reconciler) -> kopf.Op
     def child_changed(body: kopf.Body, type: str | None, **_: Any) -> None:
         reconciler.child_changed(body, deleted=type == "DELETED")
 
-    for group, version, plural, extra in CHILD_WATCHES:
-        resource = (group, version, plural) if group else (version, plural)
-        labels = {**MANAGED, **extra}
-        kopf.index(*resource, labels=labels, id=CHILD_INDEX, registry=registry)(child_indexed)
-        kopf.on.event(*resource, labels=labels, id=f"child-{plural}", registry=registry)(
-            child_changed
-        )
+    _watch_children(registry, reconciler.config.integrations, child_indexed, child_changed)
     return registry
 
 
-CHILD_WATCHES: tuple[tuple[str, str, str, dict[str, str]], ...] = (
-    ("batch", "v1", "jobs", {}),
-    ("apps", "v1", "deployments", {}),
-    ("", "v1", "configmaps", {"app.kubernetes.io/component": "progress"}),
-)
-CACHED_KINDS = ("Job", "Deployment", "ConfigMap")  # what CHILD_WATCHES feed CHILD_INDEX with
+def _watch_children(
+    registry: kopf.OperatorRegistry,
+    integrations: Collection[str],
+    indexed: Callable[..., Any],
+    changed: Callable[..., Any],
+) -> None:
+    """kopf's watches of every kind of child (``child_watches``): each event goes to
+    ``changed``; the kinds in ``CHILD_INDEXED`` feed kopf's index (``indexed``) too."""
+    for group, version, plural in child_watches(integrations):
+        resource = (group, version, plural) if group else (version, plural)
+        kopf.on.event(*resource, labels=MANAGED, id=f"child-{plural}", registry=registry)(changed)
+        if (group, version, plural) in CHILD_INDEXED:
+            labels = {**MANAGED, **CHILD_INDEXED[group, version, plural]}
+            kopf.index(*resource, labels=labels, id=CHILD_INDEX, registry=registry)(indexed)
+
+
+# The watched children that kopf's index (CHILD_INDEX) keeps: those the status reads, by the
+# labels (beyond MANAGED) that select them.
+CHILD_INDEXED: dict[tuple[str, str, str], dict[str, str]] = {
+    ("batch", "v1", "jobs"): {},
+    ("apps", "v1", "deployments"): {},
+    ("", "v1", "configmaps"): {"app.kubernetes.io/component": "progress"},
+}
+CACHED_KINDS = ("Job", "Deployment", "ConfigMap")  # what CHILD_INDEXED feeds CHILD_INDEX with
+STATUS_KINDS = ("Job", "JobSet", "Deployment", "SandboxWarmPool")  # what the status reads
+
+
+def child_watches(integrations: Collection[str]) -> list[tuple[str, str, str]]:
+    """(group, version, plural) of every kind of child the operator applies: an optional
+    group's kinds only when its integration is on (the chart grants their RBAC only then)."""
+    watches = []
+    for api_version, kind in CHILD_KINDS:
+        group, _, version = api_version.rpartition("/")
+        if group in OPTIONAL_GROUPS and group not in integrations:
+            continue
+        watches.append((group, version, PLURALS[kind]))
+    return watches
+
+
+def feeds_status(body: Mapping[str, Any]) -> bool:
+    """Whether a child's changes reach the run's status (its trainer, pools and progress)."""
+    labels = (body.get("metadata") or {}).get("labels") or {}
+    kind = body.get("kind")
+    return kind in STATUS_KINDS or (
+        kind == "ConfigMap" and labels.get("app.kubernetes.io/component") == "progress"
+    )
+
+
+def _key(obj: Mapping[str, Any]) -> tuple[str, str]:
+    return obj["kind"], obj["metadata"]["name"]
 
 
 def _namespace(run: GagarRun) -> str:
@@ -901,17 +991,18 @@ def _label_selector(labels: Mapping[str, str]) -> str:
 def configure_settings(settings: kopf.OperatorSettings, run_selector: str = "") -> None:
     """Keep kopf's bookkeeping in annotations (the CRD's status schema has no room for it), and
     filter the watches on the server: the children's watches see only the operator's own objects
-    (not every Job, Deployment and ConfigMap of the cluster), and the GagarRuns' watch only the
-    runs ``run_selector`` selects."""
+    (not every Job, Deployment, ConfigMap, Service... of the cluster), and the GagarRuns' watch
+    only the runs ``run_selector`` selects."""
     settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix="kopf.gagar.dev")
     settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(
         prefix="kopf.gagar.dev", key="last-handled-configuration"
     )
     settings.persistence.finalizer = "kopf.gagar.dev/finalizer"
     settings.posting.level = logging.INFO
-    for group, version, plural, extra in CHILD_WATCHES:
-        key = (group, version, plural) if group else (version, plural)
-        settings.watching.label_selectors[key] = _label_selector({**MANAGED, **extra})
+    for api_version, kind in CHILD_KINDS:  # kinds not watched (integrations off) do no harm
+        group, _, version = api_version.rpartition("/")
+        key = (group, version, PLURALS[kind]) if group else (version, PLURALS[kind])
+        settings.watching.label_selectors[key] = _label_selector(MANAGED)
     if run_selector:
         parse_selector(run_selector)  # refuses what the operator could not check itself
         settings.watching.label_selectors[API_GROUP, API_VERSION, PLURAL] = run_selector

@@ -165,6 +165,28 @@ def parse_progress(data: dict[str, str] | None) -> Progress:
     )
 
 
+def owned_fields(obj: dict[str, Any], manager: str) -> frozenset[tuple[str, ...]]:
+    """Every field ``manager``'s server-side apply owns in ``obj``, as paths through its
+    ``managedFields`` entry (operation ``Apply``, the object itself: no subresource). The server
+    moves a field's ownership to whoever changes its value, so a path that disappears from here
+    is a field someone else changed or removed."""
+    for entry in (obj.get("metadata") or {}).get("managedFields") or []:
+        if (entry.get("manager"), entry.get("operation")) == (manager, "Apply") and not entry.get(
+            "subresource"
+        ):
+            return frozenset(_field_paths(entry.get("fieldsV1") or {}, ()))
+    return frozenset()
+
+
+def _field_paths(node: dict[str, Any], prefix: tuple[str, ...]) -> list[tuple[str, ...]]:
+    paths = []
+    for key, child in node.items():
+        paths.append((*prefix, key))
+        if isinstance(child, dict):
+            paths.extend(_field_paths(child, (*prefix, key)))
+    return paths
+
+
 SANDBOX_REFUSED_EXIT = 3  # ``gagar sandbox serve``: the isolation asked for cannot run here
 
 
