@@ -133,7 +133,7 @@ def test_two_replicas_one_leader_and_a_takeover(tmp_path: Path) -> None:
             kube.wait_for(lambda: phase(one["metadata"]["name"]) == "Running", timeout=60)
             assert holder() == leader  # the second replica waits
             for port in ports:  # leader and follower alike
-                kube.wait_for(lambda p=port: probes(p) == [200, 200], timeout=30)
+                kube.wait_for(lambda p=port: probes(p) == [200, 200], timeout=60)
             two = manifest("local")
             kube.create(two)
             first.kill()  # mid-reconcile of the new run, at the latest before its status
