@@ -144,7 +144,7 @@ def test_tiny_base_policy_is_never_left_half_made(tmp_path: Path, monkeypatch) -
         raise KeyboardInterrupt
 
     def whole(name, out, **kw):
-        calls.append(kw["copy_steps"])
+        calls.append(kw["curriculum"].steps)
         Path(out).mkdir(parents=True)
         (Path(out) / "config.json").write_text("{}")
         return Path(out)
