@@ -20,7 +20,7 @@ from gagar.rollout.envs.task import Task, load_tasks
 from gagar.sandbox import Limits, isolation
 from gagar.sandbox.local import LocalFactory
 from gagar.spec import DatasetSpec, GagarRunSpec, ModelSpec, SandboxSpec
-from gagar.trainer.precision import Precision, resolve
+from gagar.trainer.precision import Precision, resolve, trainer_device
 
 log = logging.getLogger(__name__)
 
@@ -54,14 +54,10 @@ def check_devices(spec: GagarRunSpec, cuda_available: bool) -> None:
 def compute_precision(spec: GagarRunSpec, model: Any = None) -> Precision:
     """``spec.model.dtype`` resolved where ``model``'s parameters live (``model`` None: the
     device the trainer resolves to, ``spec.trainer.device``)."""
-    import torch
-
     if model is not None:
         device = next(model.parameters()).device.type
     else:
-        device = spec.trainer.device
-        if device == "auto":
-            device = "cuda" if torch.cuda.is_available() else "cpu"
+        device = trainer_device(spec.trainer.device)
     return resolve(spec.model.dtype, "cuda" if device == "cuda" else "cpu")
 
 

@@ -243,7 +243,7 @@ def warm_start_key(run: Any) -> str:
 
     import torch
 
-    from gagar.driver.components import compute_precision, curriculum_precision
+    from gagar.trainer.precision import resolve, trainer_device
 
     s = run.spec
     dump = lambda m: m.model_dump(mode="json", by_alias=True, exclude_none=True)  # noqa: E731
@@ -264,7 +264,10 @@ def warm_start_key(run: Any) -> str:
         "limits": dump(s.sandbox.limits),
         "device": s.trainer.device,
         # ``auto`` resolves per machine (and per ONEDNN_MAX_CPU_ISA): the dtypes that computed it
-        "dtype": [curriculum_precision(s.model).dtype, compute_precision(s).dtype],
+        "dtype": [
+            resolve(s.model.dtype, "cpu").dtype,  # the curriculum's: on the CPU
+            resolve(s.model.dtype, trainer_device(s.trainer.device)).dtype,
+        ],
         "code": code_hash(),
         "versions": {p: md.version(p) for p in ("gagar", "transformers", "tokenizers")}
         | {"torch": torch.__version__},

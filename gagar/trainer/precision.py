@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import os
 import time
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from typing import Literal
 
 import torch
@@ -55,12 +55,7 @@ class Precision:
         return None if self.dtype == "float32" else getattr(torch, self.dtype)
 
     def as_dict(self) -> dict[str, str]:
-        return {
-            "requested": self.requested,
-            "dtype": self.dtype,
-            "device": self.device,
-            "reason": self.reason,
-        }
+        return asdict(self)
 
 
 def cpu_features() -> dict[str, bool | str]:
@@ -106,6 +101,13 @@ def cpu_native(dtype: str) -> tuple[bool, str]:
     if mask is not None:
         return False, f"the CPU's {' and '.join(units)} are masked by {mask}"
     return True, f"the CPU computes {dtype} natively ({' and '.join(units)})"
+
+
+def trainer_device(device: str) -> str:
+    """``spec.trainer.device`` as the trainer resolves it: ``auto`` is cuda where one is visible."""
+    if device == "auto":
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    return device
 
 
 def resolve(requested: str, device: str) -> Precision:
