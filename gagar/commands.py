@@ -17,14 +17,20 @@ def _version(args: argparse.Namespace) -> int:
 
 
 def _validate(args: argparse.Namespace) -> int:
-    from gagar.manifest import load_files
+    from gagar.manifest import Problem, load_files
+    from gagar.operator.builders.check import pod_problems
 
     loaded = load_files(args.files)
-    for problem in loaded.problems:
+    problems, valid = list(loaded.problems), []
+    for source, index, run in loaded.runs:  # the pods it renders, as the API server checks them
+        found = [Problem(source, index, path, msg) for path, msg in pod_problems(run)]
+        problems += found
+        valid += [] if found else [f"{source}[{index}]: GagarRun {run.metadata.name!r} is valid"]
+    for problem in problems:
         print(problem, file=sys.stderr)
-    for source, index, run in loaded.runs:
-        print(f"{source}[{index}]: GagarRun {run.metadata.name!r} is valid")
-    return 1 if loaded.problems else 0
+    for line in valid:
+        print(line)
+    return 1 if problems else 0
 
 
 def _crd(args: argparse.Namespace) -> int:

@@ -18,6 +18,7 @@ size (CEL has no cheap sum).
 
 from __future__ import annotations
 
+import json
 import re
 from typing import Annotated, Any
 
@@ -157,3 +158,64 @@ Labels = Annotated[dict[str, LabelValue], AfterValidator(_keys)]
 Annotations = Annotated[
     dict[str, Annotated[str, MaxLen(MAX_ANNOTATIONS_BYTES)]], AfterValidator(_annotations)
 ]
+
+
+# ---------------------------------------------------------------- pod specs
+# The API server's own checks of a pod spec's containers and mounts (``ValidateVolumeMounts`` and
+# ``validateLocalDescendingPath`` in kubernetes' pkg/apis/core/validation/validation.go), for the
+# pods the operator renders: ``gagar validate`` and the operator's boundary refuse a run whose pods
+# the server would refuse, before anything is applied. Messages are the server's
+# (``field: Not found: "x"``); paths are relative to the pod spec.
+
+
+def _quoted(value: Any) -> str:
+    """A bad value as the server prints it (Go's ``%q`` for strings)."""
+    return json.dumps(value) if isinstance(value, str) else str(value)
+
+
+def _descending(path: str, where: str) -> list[str]:
+    """``validateLocalDescendingPath``: relative, no ``..`` element. The server reports it at
+    ``volumeMounts.subPath`` (its field path omits the index), and so does this."""
+    out = []
+    if path.startswith("/"):
+        out.append(f"{where}: Invalid value: {_quoted(path)}: must be a relative path")
+    if ".." in path.split("/"):
+        out.append(f"{where}: Invalid value: {_quoted(path)}: must not contain '..'")
+    return out
+
+
+def volume_mount_problems(mounts: list[dict[str, Any]], volumes: set[str], where: str) -> list[str]:
+    """What the server refuses in one container's ``volumeMounts``: a name that is no volume of
+    the pod, a missing or repeated ``mountPath``, a ``subPath``/``subPathExpr`` that is absolute or
+    climbs with ``..``, both of them at once."""
+    out: list[str] = []
+    seen: set[str] = set()
+    for i, m in enumerate(mounts):
+        at, mount_name, path = f"{where}[{i}]", m.get("name") or "", m.get("mountPath") or ""
+        if not mount_name:
+            out.append(f"{at}.name: Required value")
+        if mount_name not in volumes:
+            out.append(f"{at}.name: Not found: {_quoted(mount_name)}")
+        if not path:
+            out.append(f"{at}.mountPath: Required value")
+        if path in seen:
+            out.append(f"{at}.mountPath: Invalid value: {_quoted(path)}: must be unique")
+        seen.add(path)
+        sub, expr = m.get("subPath") or "", m.get("subPathExpr") or ""
+        out += _descending(sub, f"{where}.subPath") if sub else []
+        if expr and sub:
+            out.append(f"{at}.subPathExpr: Invalid value: {_quoted(expr)}: "
+                       "subPathExpr and subPath are mutually exclusive")  # fmt: skip
+        out += _descending(expr, f"{where}.subPathExpr") if expr else []
+    return out
+
+
+def pod_spec_problems(spec: dict[str, Any]) -> list[str]:
+    """The server's refusals of the mounts in a pod spec (containers and init containers)."""
+    volumes = {v.get("name") for v in spec.get("volumes") or []}
+    out = []
+    for field in ("initContainers", "containers"):
+        for i, c in enumerate(spec.get(field) or []):
+            where = f"{field}[{i}].volumeMounts"
+            out += volume_mount_problems(c.get("volumeMounts") or [], volumes, where)
+    return out

@@ -46,7 +46,6 @@ from typing import Any
 import kopf
 
 from gagar import API_GROUP, API_VERSION
-from gagar.manifest import validate_document
 from gagar.metrics import Metrics
 from gagar.operator import telemetry
 from gagar.operator.builders import (
@@ -62,6 +61,7 @@ from gagar.operator.builders import (
     queued,
     uses_jobset,
 )
+from gagar.operator.builders.check import validate_run
 from gagar.operator.kube import (
     FIELD_MANAGER,
     HANDOFF_MANAGER,
@@ -162,7 +162,7 @@ def parse_run(body: dict[str, Any]) -> tuple[GagarRun | None, str | None]:
     doc["metadata"] = {
         k: meta[k] for k in ("name", "namespace", "labels", "annotations") if k in meta
     }
-    run, problems = validate_document(doc, "GagarRun", 0)
+    run, problems = validate_run(doc, "GagarRun", 0)
     if run is None:
         return None, "; ".join(f"{p.path}: {p.message}" if p.path else p.message for p in problems)
     return run, None

@@ -54,6 +54,7 @@ PLURALS = {
     "Workload": "workloads",
     "Event": "events",
     "Namespace": "namespaces",
+    "ResourceQuota": "resourcequotas",  # tests: a namespace whose quota tracks requests
     "CustomResourceDefinition": "customresourcedefinitions",
     KIND: "gagarruns",
 }

@@ -6,10 +6,12 @@ ends); pod templates of Pods, Deployments, StatefulSets, ReplicaSets, DaemonSets
 JobSets: unique container names (containers and initContainers together), ``restartPolicy`` of
 an init container ``Always`` only, probes and lifecycle hooks on sidecars only (not on an init
 container without ``restartPolicy: Always``), unique volume names, mounts (of containers and
-init containers) that name a volume, unique mount paths per container, unique ports, resource
+init containers) that name a volume (``Not found: "x"``), mount paths given and unique per
+container, ``subPath``/``subPathExpr`` relative without ``..`` and not both, unique ports, resource
 quantities (``cpu: banana`` is refused, as are limits below requests); a workload's ``selector``
 must match its template's labels; a Service's name a DNS-1035 label (``1bad`` is refused).
-Messages have the server's ``field: reason`` shape.
+Messages have the server's ``field: reason`` shape. Quota admission's one check on a pod's shape
+(``quota_refusal``): with a ResourceQuota on cpu or memory, every container must request them.
 
 Not checked: the rest of Go validation (probes' contents, security contexts, volume sources, node
 affinity, ...); the OpenAPI shape is what ``kubernetes-validate`` checks in the tests.
@@ -17,6 +19,7 @@ affinity, ...); the OpenAPI shape is what ``kubernetes-validate`` checks in the 
 
 from __future__ import annotations
 
+import json
 import re
 from typing import Any
 
@@ -94,6 +97,44 @@ def _duplicates(values: list[Any]) -> list[int]:
     return [i for i, v in enumerate(values) if v in values[:i]]
 
 
+def _q(value: Any) -> str:
+    """A value as the server quotes it in a message (Go's ``%q`` for strings)."""
+    return json.dumps(value) if isinstance(value, str) else repr(value)
+
+
+def _descending(value: str, path: str) -> list[str]:
+    """``validateLocalDescendingPath``; the server's path has no index (``volumeMounts.subPath``)."""
+    errors = []
+    if value.startswith("/"):
+        errors.append(f"{path}: Invalid value: {_q(value)}: must be a relative path")
+    if ".." in value.split("/"):
+        errors.append(f"{path}: Invalid value: {_q(value)}: must not contain '..'")
+    return errors
+
+
+def _mount_errors(mounts: list[dict[str, Any]], path: str, volumes: set[str]) -> list[str]:
+    """``ValidateVolumeMounts``: the name a volume of the pod, mountPath given and unique,
+    subPath and subPathExpr relative without '..', not both."""
+    errors, seen = [], set()
+    for i, m in enumerate(mounts):
+        name, mount_path = m.get("name") or "", m.get("mountPath") or ""
+        sub, expr = m.get("subPath") or "", m.get("subPathExpr") or ""
+        if not name:
+            errors.append(f"{path}[{i}].name: Required value")
+        if name not in volumes:
+            errors.append(f"{path}[{i}].name: Not found: {_q(name)}")
+        if not mount_path:
+            errors.append(f"{path}[{i}].mountPath: Required value")
+        if mount_path in seen:
+            errors.append(f"{path}[{i}].mountPath: Invalid value: {_q(mount_path)}: must be unique")
+        seen.add(mount_path)
+        errors += _descending(sub, f"{path}.subPath") if sub else []
+        if sub and expr:
+            errors.append(f"{path}[{i}].subPathExpr: Invalid value: {_q(expr)}: subPathExpr and subPath are mutually exclusive")  # fmt: skip
+        errors += _descending(expr, f"{path}.subPathExpr") if expr else []
+    return errors
+
+
 def _container_errors(c: dict[str, Any], path: str, volumes: set[str], init: bool) -> list[str]:
     errors = []
     if init and c.get("restartPolicy") not in (None, "Always"):
@@ -103,12 +144,7 @@ def _container_errors(c: dict[str, Any], path: str, volumes: set[str], init: boo
     if init and c.get("restartPolicy") != "Always":  # a plain init container runs to completion
         errors += [f"{path}.{k}: Forbidden: may not be set for init containers without restartPolicy=Always"
                    for k in ("lifecycle", "livenessProbe", "readinessProbe", "startupProbe") if k in c]  # fmt: skip
-    mounts = c.get("volumeMounts") or []
-    for i, m in enumerate(mounts):
-        if m.get("name") not in volumes:
-            errors.append(f"{path}.volumeMounts[{i}].name: Not found: {m.get('name')!r}")
-    for i in _duplicates([m.get("mountPath") for m in mounts]):
-        errors.append(f"{path}.volumeMounts[{i}].mountPath: Invalid value: {mounts[i]['mountPath']!r}: must be unique")  # fmt: skip
+    errors += _mount_errors(c.get("volumeMounts") or [], f"{path}.volumeMounts", volumes)
     ports = c.get("ports") or []
     for i in _duplicates([(p.get("containerPort"), p.get("protocol", "TCP")) for p in ports]):
         errors.append(f"{path}.ports[{i}]: Duplicate value: {ports[i]!r}")
@@ -203,3 +239,36 @@ def object_errors(storage_key: tuple[str, str], obj: dict[str, Any]) -> list[str
     if selector is not None and not _selector_matches(selector, labels):
         errors.append("spec.template.metadata.labels: Invalid value: `selector` does not match template `labels`")  # fmt: skip
     return errors
+
+
+# A ResourceQuota on cpu or memory makes quota admission require the resource of every container
+# of a new pod, init containers and sidecars included (pkg/quota/v1/evaluator/core/pods.go,
+# ``Constraints``: "a mistake" kept for compatibility); a limit alone counts as the request (the
+# server defaults the request from it before admission).
+_QUOTA_NEEDS = {
+    "cpu": ("requests", "cpu"),
+    "requests.cpu": ("requests", "cpu"),
+    "limits.cpu": ("limits", "cpu"),
+    "memory": ("requests", "memory"),
+    "requests.memory": ("requests", "memory"),
+    "limits.memory": ("limits", "memory"),
+}
+
+
+def quota_refusal(pod: dict[str, Any], quotas: list[dict[str, Any]]) -> str | None:
+    """Why quota admission refuses to create ``pod`` in a namespace with ``quotas``, if it does
+    (the server's ``failed quota: <name>: must specify <resources>``)."""
+    spec = pod.get("spec") or {}
+    containers = [*(spec.get("containers") or []), *(spec.get("initContainers") or [])]
+    for quota in sorted(quotas, key=lambda q: q["metadata"]["name"]):
+        hard = (quota.get("spec") or {}).get("hard") or {}
+        missing = set()
+        for c in containers:
+            res = c.get("resources") or {}
+            limits = res.get("limits") or {}
+            have = {"requests": {**limits, **(res.get("requests") or {})}, "limits": limits}
+            missing |= {r for r in hard if r in _QUOTA_NEEDS
+                        and _QUOTA_NEEDS[r][1] not in have[_QUOTA_NEEDS[r][0]]}  # fmt: skip
+        if missing:
+            return f"failed quota: {quota['metadata']['name']}: must specify {','.join(sorted(missing))}"
+    return None

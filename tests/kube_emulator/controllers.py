@@ -21,8 +21,10 @@ store API the HTTP handlers use, so every change they make is a normal watch eve
   it), ``FailJob`` fails the Job (reason ``PodFailurePolicy``), ``Count`` or no match counts it;
   more counted failures than ``backoffLimit`` fail the Job (``BackoffLimitExceeded``). A failed or
   suspended Job's running Pods are deleted. Tests may also decide a Job's outcome directly with
-  :meth:`Controllers.succeed_job` or :meth:`Controllers.fail_job`. HPAs are passive (nobody
-  writes them).
+  :meth:`Controllers.succeed_job` or :meth:`Controllers.fail_job`. A Pod the server refuses
+  (quota admission: a container without the request a ResourceQuota tracks) is not created; the
+  Job gets the controller's ``FailedCreate`` Warning event, and the next sweep tries again. HPAs
+  are passive (nobody writes them).
 """
 
 from __future__ import annotations
@@ -32,11 +34,13 @@ import time
 import uuid
 
 from .admission import CRD_FINALIZER, CRD_KEY, NS_KEY, now_iso
+from .errors import ApiError
 from .store import Store, WriteOptions
 
 DEPLOY_KEY = ("apps", "deployments")
 JOB_KEY = ("batch", "jobs")
 POD_KEY = ("", "pods")
+EVENT_KEY = ("", "events")
 INDEX = "batch.kubernetes.io/job-completion-index"
 
 
@@ -50,6 +54,7 @@ class Controllers:
         self.jobs = True
         self._held: dict[tuple[str, str], int] = {}
         self._outcomes: dict[str, tuple[str, str, str]] = {}  # job uid -> (type, reason, message)
+        self._reported: set[tuple[str, str]] = set()  # (job uid, message) of FailedCreate events
         self._counted: dict[str, set[str]] = {}  # job uid -> uids of its failed Pods counted
         self._seen: dict[str, float] = {}  # deployment uid+generation -> first seen stale
         self._stop = threading.Event()
@@ -311,8 +316,36 @@ class Controllers:
         have = _indexes(live) | _indexes(pods, "Succeeded")
         for index in range(_completions(spec)):
             if str(index) not in have:
-                live.append(self._start_pod(job, index))
+                try:
+                    live.append(self._start_pod(job, index))
+                except ApiError as refused:  # e.g. quota admission: the Job says so, and retries
+                    self._failed_create(job, refused.message)
         return live
+
+    def _failed_create(self, job: dict, message: str) -> None:
+        """The Job controller's ``FailedCreate`` Warning event on the Job (once per message)."""
+        meta = job["metadata"]
+        key = (meta["uid"], message.partition(" is forbidden: ")[2] or message)  # not the pod name
+        if key in self._reported:
+            return
+        self._reported.add(key)
+        event = {
+            "apiVersion": "v1",
+            "kind": "Event",
+            "metadata": {"name": f"{meta['name']}.{uuid.uuid4().hex[:16]}"},
+            "involvedObject": {"apiVersion": "batch/v1", "kind": "Job", "name": meta["name"],
+                               "namespace": meta["namespace"], "uid": meta["uid"]},
+            "reason": "FailedCreate",
+            "message": f"Error creating: {message}",
+            "type": "Warning",
+            "count": 1,
+            "source": {"component": "job-controller"},
+            "firstTimestamp": now_iso(),
+            "lastTimestamp": now_iso(),
+        }  # fmt: skip
+        self.store.create(
+            self.store.any_type(EVENT_KEY), meta["namespace"], event, "job-controller"
+        )
 
     def _start_pod(self, job: dict, index: int) -> dict:
         meta, template = job["metadata"], (job.get("spec") or {}).get("template") or {}

@@ -70,6 +70,7 @@ BUILTINS: list[ResourceType] = [
         status=True,
     ),
     _b("", "v1", "events", "Event", short_names=("ev",)),
+    _b("", "v1", "resourcequotas", "ResourceQuota", short_names=("quota",), status=True),
     _b("", "v1", "nodes", "Node", False, short_names=("no",), status=True),
     _b("events.k8s.io", "v1", "events", "Event", short_names=("ev",)),
     _b(

@@ -16,12 +16,15 @@ import uuid
 from collections import deque
 from collections.abc import Callable
 
-from . import ssa
+from . import builtin, ssa
 from .admission import CRD_KEY, NS_KEY, admit, check_name, now_iso
 from .errors import ApiError, conflict, invalid, not_found
 from .resources import BUILTINS, ResourceType
 from .selectors import Predicate
 from .watching import Change, Watcher
+
+POD_KEY = ("", "pods")
+QUOTA_KEY = ("", "resourcequotas")
 
 _SERVER_META = ("uid", "creationTimestamp", "deletionTimestamp", "generation", "selfLink")
 
@@ -245,6 +248,8 @@ class Store:
                 obj.pop("status", None)
             sent = ssa.leaf_paths(obj)  # what the client sent, before server defaulting
             obj = self._admit(rt, obj, None)
+            if rt.storage_key == POD_KEY:
+                self._check_quota(ns or "", obj)
             key = (manager, operation, "")
             # An applier owns only what it applied; an updater also owns what defaulting added.
             owned = sent & ssa.leaf_paths(obj) if operation == "Apply" else ssa.leaf_paths(obj)
@@ -252,6 +257,15 @@ class Store:
             self._store(rt, obj)
             self._emit(rt, "ADDED", obj, None)
             return self._view(rt, obj)
+
+    def _check_quota(self, ns: str, pod: dict) -> None:
+        """Quota admission's refusal of a pod that lacks a request its namespace's quota tracks."""
+        quotas = [q for (q_ns, _), q in self.objects.get(QUOTA_KEY, {}).items() if q_ns == ns]
+        refusal = builtin.quota_refusal(pod, quotas)
+        if refusal is not None:
+            name = pod["metadata"]["name"]
+            raise ApiError(403, f'pods "{name}" is forbidden: {refusal}', "Forbidden",
+                           {"name": name, "kind": "pods"})  # fmt: skip
 
     def _admit(self, rt: ResourceType, obj: dict, old: dict | None) -> dict:
         request = _REQUEST.get() or {}

@@ -1187,7 +1187,7 @@ def _pod_deployment(name: str, **pod: object) -> dict:
         ({"volumes": [{"name": "v", "emptyDir": {}}],
           "containers": [{"name": "c", "image": "i", "volumeMounts": [
               {"name": "v", "mountPath": "/d"}, {"name": "v", "mountPath": "/d"}]}]},
-         "volumeMounts[1].mountPath: Invalid value: '/d': must be unique"),
+         'volumeMounts[1].mountPath: Invalid value: "/d": must be unique'),
         ({"containers": [{"name": "c", "image": "i", "volumeMounts": [{"name": "nope", "mountPath": "/d"}]}]},
          "volumeMounts[0].name: Not found"),
         ({"volumes": [{"name": "v", "emptyDir": {}}, {"name": "v", "emptyDir": {}}]},
@@ -1200,7 +1200,7 @@ def _pod_deployment(name: str, **pod: object) -> dict:
 def test_built_in_validation_of_pod_templates(http, change, reason):
     r = http.post(DEPLOY, json=_pod_deployment("bad", **change))
     assert r.status_code == 422, r.text
-    assert reason in r.text
+    assert reason in r.json()["message"]
 
 
 def test_label_sizes_and_selector_vs_template(http):

@@ -1,7 +1,9 @@
-"""Pod and Service rules the API server enforces, held by ``gagar validate`` where the spec says
-enough and by the emulator always: a probe or lifecycle hook on an init container that is not a
-sidecar, an init container mounting a volume the pod lacks, a Service name that is no DNS-1035
-label (``1bad``). Each answer is the server's 422, in its words."""
+"""Pod and Service rules the API server enforces, held by ``gagar validate`` (on the spec, and on
+the pods the operator renders from it) and by the emulator: a probe or lifecycle hook on an init
+container that is not a sidecar, an init container mounting a volume its pod lacks, mount paths
+twice in a container, a ``subPath`` that is absolute or climbs with ``..``, a Service name that is
+no DNS-1035 label (``1bad``). Each answer is the server's 422, in its words (validation.go's
+``ValidateVolumeMounts``, ``validateLocalDescendingPath``)."""
 
 from __future__ import annotations
 
@@ -12,8 +14,10 @@ from typing import Any
 import pytest
 import yaml
 
-from gagar.manifest import validate_document
+from gagar.operator.builders import build_all
+from gagar.operator.builders.check import pod_specs, validate_run
 from tests.kube_emulator import KubeEmulator
+from tests.kube_emulator.builtin import quota_refusal
 
 ROOT = Path(__file__).resolve().parents[2]
 PROBE = {"exec": {"command": ["true"]}}
@@ -29,12 +33,48 @@ def run_with_init(container: dict[str, Any]) -> dict[str, Any]:
 @pytest.mark.parametrize("key", ["livenessProbe", "readinessProbe", "startupProbe", "lifecycle"])
 def test_gagar_validate_refuses_a_probe_on_a_plain_init_container(key: str) -> None:
     init = {"name": "warm", "image": "busybox", key: PROBE}
-    _, problems = validate_document(run_with_init(init), "run.yaml")
+    _, problems = validate_run(run_with_init(init), "run.yaml")
     assert [str(p) for p in problems] == [
         f"run.yaml[0]: spec.trainer.podTemplate.initContainers[0]: Value error, {key}: {NOT_FOR_INIT}"
     ]
-    run, problems = validate_document(run_with_init({**init, "restartPolicy": "Always"}), "r")
+    run, problems = validate_run(run_with_init({**init, "restartPolicy": "Always"}), "r")
     assert problems == [] and run is not None  # a sidecar may be probed
+
+
+MISSING = 'volumeMounts[0].name: Not found: "{}"'
+
+
+@pytest.mark.parametrize(
+    ("component", "volume"),
+    [("trainer", "x"), ("rollout", "cache"), ("grader", "checkpoints"), ("grader", "auth")],
+)
+def test_gagar_validate_refuses_an_init_container_mounting_no_volume_of_its_pod(
+    component: str, volume: str
+) -> None:
+    """A mount of a volume the pod lacks: a typo, or an operator volume this component's pod does
+    not have (a grader pod has no ``checkpoints``; ``auth`` only with ``authTokenSecret``)."""
+    doc = copy.deepcopy(yaml.safe_load((ROOT / "examples" / "single-gpu.yaml").read_text()))
+    init = {"name": "warm", "image": "busybox",
+            "volumeMounts": [{"name": volume, "mountPath": "/warm"}]}  # fmt: skip
+    doc["spec"].setdefault(component, {})["podTemplate"] = {"initContainers": [init]}
+    run, problems = validate_run(doc, "run.yaml")
+    assert run is None
+    assert [str(p) for p in problems] == [
+        f"run.yaml[0]: spec.{component}.podTemplate.initContainers[0].{MISSING.format(volume)}"
+    ]
+
+
+@pytest.mark.parametrize(("component", "volume"), [("trainer", "checkpoints"),
+                                                   ("rollout", "checkpoints"), ("grader", "config")])  # fmt: skip
+def test_gagar_validate_accepts_an_init_container_mounting_its_pods_volume(
+    component: str, volume: str
+) -> None:
+    doc = copy.deepcopy(yaml.safe_load((ROOT / "examples" / "single-gpu.yaml").read_text()))
+    init = {"name": "warm", "image": "busybox",
+            "volumeMounts": [{"name": volume, "mountPath": "/warm", "readOnly": True}]}  # fmt: skip
+    doc["spec"].setdefault(component, {})["podTemplate"] = {"initContainers": [init]}
+    run, problems = validate_run(doc, "run.yaml")
+    assert problems == [] and run is not None
 
 
 def pod(init: dict[str, Any], volumes: list[dict[str, Any]] | None = None) -> dict[str, Any]:
@@ -70,7 +110,42 @@ REFUSED = {
     ),
     "an init container mounting no volume": (
         pod({"volumeMounts": [{"name": "cache", "mountPath": "/cache"}]}),
-        "spec.initContainers[0].volumeMounts[0].name: Not found: 'cache'",
+        'spec.initContainers[0].volumeMounts[0].name: Not found: "cache"',
+    ),
+    "a mount path twice in one container": (
+        pod(
+            {"volumeMounts": [{"name": "c", "mountPath": "/c"}, {"name": "c", "mountPath": "/c"}]},
+            [{"name": "c", "emptyDir": {}}],
+        ),
+        'spec.initContainers[0].volumeMounts[1].mountPath: Invalid value: "/c": must be unique',
+    ),
+    "a subPath that climbs out of its volume": (
+        pod(
+            {"volumeMounts": [{"name": "c", "mountPath": "/c", "subPath": "a/../../etc"}]},
+            [{"name": "c", "emptyDir": {}}],
+        ),
+        # the server's path has no index here (validation.go passes the list's path)
+        'spec.initContainers[0].volumeMounts.subPath: Invalid value: "a/../../etc": '
+        "must not contain '..'",
+    ),
+    "an absolute subPath": (
+        pod(
+            {"volumeMounts": [{"name": "c", "mountPath": "/c", "subPath": "/etc"}]},
+            [{"name": "c", "emptyDir": {}}],
+        ),
+        'spec.initContainers[0].volumeMounts.subPath: Invalid value: "/etc": must be a relative path',
+    ),
+    "subPath and subPathExpr together": (
+        pod(
+            {
+                "volumeMounts": [
+                    {"name": "c", "mountPath": "/c", "subPath": "a", "subPathExpr": "$(POD)"}
+                ]
+            },
+            [{"name": "c", "emptyDir": {}}],
+        ),
+        'spec.initContainers[0].volumeMounts[0].subPathExpr: Invalid value: "$(POD)": '
+        "subPathExpr and subPath are mutually exclusive",
     ),
     "a Service named 1bad": (
         service("1bad"),
@@ -102,3 +177,43 @@ ACCEPTED = {
 def test_the_emulator_accepts_what_the_server_accepts(case: str) -> None:
     with KubeEmulator() as kube:
         assert kube.create(ACCEPTED[case])["metadata"]["uid"]
+
+
+QUOTA = {"metadata": {"name": "compute"}, "spec": {"hard": {"requests.cpu": "8", "memory": "1Ti"}}}
+
+
+@pytest.mark.parametrize("example", ["single-gpu", "flash-moe", "gagar-vs-grpo", "local"])
+def test_a_quota_on_cpu_and_memory_admits_every_pod_of_a_run_with_sidecars(example: str) -> None:
+    """Quota admission refuses a pod in which any container, init containers and sidecars too,
+    lacks a request the namespace's ResourceQuota tracks: the user's get default requests."""
+    doc = yaml.safe_load((ROOT / "examples" / f"{example}.yaml").read_text())
+    user = [{"name": "fetch", "image": "busybox"},
+            {"name": "shipper", "image": "busybox", "restartPolicy": "Always",
+             "resources": {"limits": {"cpu": "50m"}}}]  # fmt: skip
+    for component in ("trainer", "rollout", "grader"):
+        doc["spec"].setdefault(component, {})["podTemplate"] = {"initContainers": user}
+    run, problems = validate_run(doc)
+    assert run is not None, problems
+    pods = [spec for obj in build_all(run) for _, spec in pod_specs(obj, "")]
+    assert sum(len(p.get("initContainers") or []) for p in pods) >= 2
+    for pod_spec in pods:
+        assert quota_refusal({"spec": pod_spec}, [QUOTA]) is None
+    shipper = next(c for p in pods for c in p.get("initContainers") or [] if c["name"] == "shipper")
+    # a limit alone is its request (the server defaults it): no default beside it
+    assert shipper["resources"] == {"requests": {"memory": "128Mi"}, "limits": {"cpu": "50m"}}
+
+
+def test_gagar_validate_names_the_missing_volume(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from gagar.cli import main
+
+    doc = yaml.safe_load((ROOT / "examples" / "single-gpu.yaml").read_text())
+    init = {"name": "warm", "image": "busybox", "volumeMounts": [{"name": "x", "mountPath": "/x"}]}
+    doc["spec"]["trainer"]["podTemplate"] = {"initContainers": [init]}
+    path = tmp_path / "run.yaml"
+    path.write_text(yaml.safe_dump(doc))
+    assert main(["validate", str(path)]) == 1
+    assert capsys.readouterr().err == (
+        f'{path}[0]: spec.trainer.podTemplate.initContainers[0].volumeMounts[0].name: Not found: "x"\n'
+    )

@@ -4,7 +4,7 @@ The operator's pod comes first and the overlay is merged into it by key, as Kube
 pod overrides and strategic merge do: env by name, volumes by name, mounts by mountPath,
 imagePullSecrets by name, topology spread constraints by (topologyKey, whenUnsatisfiable), init
 containers by name (after the operator's, in the user's order; ``restartPolicy: Always`` makes one
-a native sidecar). Validation (``gagar.spec.PodTemplate``) already refused an entry whose key the
+a native sidecar; each requests cpu and memory unless it says otherwise). Validation (``gagar.spec.PodTemplate``) already refused an entry whose key the
 operator owns (its labels, volumes, mount paths, containers, GAGAR_* and NODE_RANK variables), so
 the merge never overrides the operator; should a key still collide, the operator's entry wins and
 the user's is dropped, so a rendered pod never has a duplicate. The pod ``securityContext`` is
@@ -18,8 +18,8 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable
 from typing import Any
 
-from gagar.operator.builders.common import container_security, labels
-from gagar.spec import GagarRun, PodScheduling, PodTemplate
+from gagar.operator.builders.common import container_security, labels, requests_with_defaults
+from gagar.spec import Container, GagarRun, PodScheduling, PodTemplate, ResourceRequirements
 
 
 def overlay_of(run: GagarRun, component: str) -> PodScheduling:
@@ -94,11 +94,21 @@ def _container(container: dict[str, Any], o: PodTemplate) -> dict[str, Any]:
     return out
 
 
-def _init_container(c: dict[str, Any]) -> dict[str, Any]:
+# Requests of a user's init container or sidecar that names none: a namespace whose ResourceQuota
+# covers cpu or memory refuses a pod in which any container (init containers and sidecars too)
+# lacks the request, and a sidecar's request is what the scheduler reserves for it beside the
+# component's containers. Small: a sidecar that needs more says so in its ``resources``.
+INIT_DEFAULT_REQUESTS = {"cpu": "100m", "memory": "128Mi"}
+
+
+def _init_container(c: Container) -> dict[str, Any]:
     """A user's init container or sidecar, with the operator's restricted security context
-    unless it names its own; empty lists left out."""
-    out = {k: v for k, v in c.items() if v not in ([], {})}
+    unless it names its own, a cpu and memory request unless it names them (or their limits);
+    empty lists left out."""
+    out = {k: v for k, v in c.to_wire().items() if v not in ([], {})}
     out.setdefault("securityContext", container_security())
+    req = c.resources or ResourceRequirements()
+    out["resources"] = requests_with_defaults(req, INIT_DEFAULT_REQUESTS)
     return out
 
 
@@ -108,7 +118,7 @@ def _workload(pod: dict[str, Any], o: PodTemplate) -> dict[str, Any]:
         extra = (v.to_wire() for v in o.volumes)
         out["volumes"] = merge_by_key(pod.get("volumes", []), extra, _name)
     if o.init_containers:
-        extra = (_init_container(c.to_wire()) for c in o.init_containers)
+        extra = (_init_container(c) for c in o.init_containers)
         taken = {c["name"] for c in pod["containers"]}
         init = merge_by_key(pod.get("initContainers", []), extra, _name)
         out["initContainers"] = [c for c in init if c["name"] not in taken]
