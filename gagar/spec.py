@@ -583,9 +583,21 @@ class CheckpointSpec(Model):
     volume_size: Quantity = "100Gi"
     """Size of the checkpoint PVC the operator creates."""
     storage_class_name: Subdomain | None = None
-    """StorageClass of that PVC (ReadWriteMany is needed for multi-node trainers)."""
+    """StorageClass of that PVC (default: the cluster's; it must offer ``accessMode``)."""
     existing_claim: Subdomain | None = None
-    """Use this existing PVC instead of creating one."""
+    """Use this existing PVC instead of creating one (``accessMode`` then says how it may be
+    mounted: ``ReadWriteOnce`` places its pods on one node)."""
+    access_mode: Literal["Auto", "ReadWriteOnce", "ReadWriteMany"] = "Auto"
+    """How the checkpoint volume is shared. The trainer writes checkpoints and published weights
+    there, and an in-cluster rollout pool (no ``rollout.endpoint``) reads the weights from it (the
+    ``gagar-cpu`` transport: its replicas boot from and load each published version).
+    ``Auto``: ``ReadWriteMany`` when pods on several nodes mount it (a multi-node trainer, or an
+    in-cluster rollout pool), else ``ReadWriteOnce``. ``ReadWriteOnce``, what a default
+    StorageClass provisions (EBS on EKS, Persistent Disk on GKE): every pod that mounts it (the
+    trainer's and the rollout replicas) is placed on one node, the one the first of them lands on
+    (a required pod affinity on ``kubernetes.io/hostname``), so that node must fit them all; not
+    with a multi-node trainer. ``ReadWriteMany``: always, from a StorageClass that offers it (EFS,
+    Filestore, Azure Files, NFS, CephFS)."""
     retention: Literal["Retain", "Delete"] = "Retain"
     """What deleting the run does to the checkpoint PVC the operator created (as a
     StatefulSet's ``persistentVolumeClaimRetentionPolicy``): ``Retain`` keeps it (it is not
@@ -1475,6 +1487,16 @@ RULES: tuple[Rule, ...] = (
         valid={"nodes": 2, "processesPerNode": 2, "parallelism": {"tensor": 2, "expert": 2}},
         invalid={"nodes": 1, "processesPerNode": 4, "parallelism": {"tensor": 2, "expert": 4}},
         field=".parallelism",
+    ),
+    Rule(
+        (TrainerSpec,),
+        "!has(self.checkpoint) || !has(self.checkpoint.accessMode)"
+        " || self.checkpoint.accessMode != 'ReadWriteOnce' || self.nodes == 1",
+        "a ReadWriteOnce checkpoint volume is mounted on one node: it needs nodes: 1",
+        lambda m: m.checkpoint.access_mode != "ReadWriteOnce" or m.nodes == 1,
+        valid={"nodes": 1, "checkpoint": {"accessMode": "ReadWriteOnce"}},
+        invalid={"nodes": 2, "checkpoint": {"accessMode": "ReadWriteOnce"}},
+        field=".checkpoint.accessMode",
     ),
     Rule(
         (Autoscaling,),

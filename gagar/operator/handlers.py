@@ -62,6 +62,7 @@ from gagar.operator.builders import (
     uses_jobset,
 )
 from gagar.operator.builders.check import validate_run
+from gagar.operator.builders.common import checkpoint_claim
 from gagar.operator.kube import (
     FIELD_MANAGER,
     HANDOFF_MANAGER,
@@ -74,6 +75,7 @@ from gagar.operator.kube import (
 from gagar.operator.observe import (
     Observed,
     PoolObserved,
+    claim_problem,
     owned_fields,
     parse_deployment,
     parse_job,
@@ -505,10 +507,11 @@ class Reconciler:
                 pools[pool] = parse_deployment(dep)
         progress = self.read("v1", "ConfigMap", ns, name(run, "progress"), run.metadata.name)
         progress = progress or {}
-        pods = []
+        pods, claim = [], None
         if not finished and (trainer is None or trainer.ready < spec.trainer.nodes):  # why it waits
             selector = f"gagar.dev/run={run.metadata.name},app.kubernetes.io/component=trainer"
             pods = self.kube.list("v1", "Pod", ns, selector)
+            claim = self._claim_pending(run)
         error = mem.apply_error if mem.apply_error and mem.apply_error[0] == generation else None
         return Observed(
             generation=generation,
@@ -519,7 +522,21 @@ class Reconciler:
             apply_reason=error[1] if error else "ApplyFailed",
             waiting=waiting_reasons(pods),
             sandbox_refused=self._sandbox_refusal(run, pools.get("sandbox"), finished),
+            claim_pending=claim,
         )
+
+    def _claim_pending(self, run: GagarRun) -> str | None:
+        """Why the checkpoint claim is not provisioned (its newest event, a Warning), while it
+        is Pending: the events are listed only then."""
+        ns, claim = _namespace(run), checkpoint_claim(run)
+        if run.spec.trainer.checkpoint.existing_claim:  # not a child: not in kopf's index
+            pvc = self.kube.get("v1", "PersistentVolumeClaim", ns, claim)
+        else:
+            pvc = self.read("v1", "PersistentVolumeClaim", ns, claim, run.metadata.name)
+        if pvc is None or (pvc.get("status") or {}).get("phase") != "Pending":
+            return None
+        fields = f"involvedObject.kind=PersistentVolumeClaim,involvedObject.name={claim}"
+        return claim_problem(pvc, self.kube.list("v1", "Event", ns, fields=fields))
 
     def _sandbox_refusal(
         self, run: GagarRun, pool: PoolObserved | None, finished: bool

@@ -160,9 +160,16 @@ class Kube:
             raise
 
     def list(
-        self, api_version: str, kind: str, namespace: str | None, selector: str = ""
+        self,
+        api_version: str,
+        kind: str,
+        namespace: str | None,
+        selector: str = "",
+        fields: str = "",
     ) -> list[dict[str, Any]]:
+        """Objects matching a label ``selector`` and a field selector (``fields``)."""
         query = [("labelSelector", selector)] if selector else []
+        query += [("fieldSelector", fields)] if fields else []
         return self._call("GET", path(api_version, kind, namespace), query=query).get("items") or []
 
     def apply(

@@ -79,6 +79,7 @@ class Observed:
     apply_reason: str = "ApplyFailed"  # the Stalled reason of ``apply_error``
     waiting: tuple[str, ...] = ()
     sandbox_refused: str | None = None  # why sandbox pods exit at start (sandbox_refusal)
+    claim_pending: str | None = None  # the checkpoint claim's provisioning failure (claim_problem)
 
 
 def _condition(obj: dict[str, Any], kind: str) -> dict[str, Any] | None:
@@ -220,3 +221,24 @@ def waiting_reasons(pods: list[dict[str, Any]]) -> tuple[str, ...]:
             if reason and reason not in ("ContainerCreating", "PodInitializing"):
                 reasons.add(reason)
     return tuple(sorted(reasons))
+
+
+def _when(event: dict[str, Any]) -> str:
+    meta = event.get("metadata") or {}
+    return (
+        event.get("lastTimestamp") or event.get("eventTime") or meta.get("creationTimestamp") or ""
+    )
+
+
+def claim_problem(claim: dict[str, Any] | None, events: list[dict[str, Any]]) -> str | None:
+    """Why a Pending PersistentVolumeClaim is not provisioned: its newest event, when that is a
+    Warning (``ProvisioningFailed``: e.g. a StorageClass that offers no ReadWriteMany). A claim
+    waiting for its first consumer (``WaitForFirstConsumer``, a Normal event) is not a problem."""
+    if claim is None or (claim.get("status") or {}).get("phase") != "Pending":
+        return None
+    newest = max(events, key=_when, default=None)
+    if newest is None or newest.get("type") != "Warning":
+        return None
+    name = claim["metadata"]["name"]
+    message = " ".join(str(newest.get("message") or "").split())[:800]
+    return f"PersistentVolumeClaim {name} is Pending: {newest.get('reason')}: {message}"

@@ -233,6 +233,15 @@ def sandbox_advice(isolation: str) -> str:
     )
 
 
+# What to change when the checkpoint claim is not provisioned (docs/operations.md, "Storage").
+CLAIM_ADVICE = (
+    "The StorageClass must offer the claim's access mode: a cluster's default class (EBS, "
+    "Persistent Disk) offers ReadWriteOnce only. Set spec.trainer.checkpoint.accessMode: "
+    "ReadWriteOnce (the trainer and the rollout replicas then share one node), or "
+    "storageClassName to a ReadWriteMany class (EFS, Filestore, NFS)"
+)
+
+
 def _trainer_ready(f: _Facts) -> Condition:
     nodes, job = f.spec.trainer.nodes, f.obs.trainer
     if f.terminal is not None:
@@ -249,6 +258,9 @@ def _trainer_ready(f: _Facts) -> Condition:
     message = f"{min(job.ready, nodes)}/{nodes} trainer pods ready"
     if job.ready >= nodes:
         return _c("TrainerReady", True, "Running", message)
+    if f.obs.claim_pending:
+        return _c("TrainerReady", False, "CheckpointClaimPending",
+                  f"{f.obs.claim_pending}. {CLAIM_ADVICE}")  # fmt: skip
     waiting = f" (waiting: {', '.join(f.obs.waiting)})" if f.obs.waiting else ""
     return _c("TrainerReady", False, "Starting", message + waiting)
 

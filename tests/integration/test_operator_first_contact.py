@@ -6,10 +6,15 @@ that cluster).
   init containers and sidecars included, requests them: the user's init container and sidecar
   get default requests, so the trainer pod is created (it once never was: the Job controller's
   ``FailedCreate`` said ``must specify requests.cpu,requests.memory``).
+- A checkpoint claim the StorageClass cannot provision (ReadWriteMany on a default EBS or
+  Persistent Disk class) stays Pending: the run's ``TrainerReady`` (and ``Ready``) condition names
+  the claim and its ``ProvisioningFailed`` event, where the status once said only that the pods
+  wait (``Unschedulable``).
 """
 
 from __future__ import annotations
 
+import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -60,3 +65,64 @@ def test_a_quota_on_requests_admits_the_trainer_pod_with_sidecars(env: Env) -> N
             assert {"cpu", "memory"} <= set(c["resources"]["requests"]), c["name"]
     finally:
         env.kube.delete("v1", "ResourceQuota", env.namespace, quota)
+
+
+# what the EBS CSI provisioner answers a ReadWriteMany claim
+NO_RWX = (
+    'failed to provision volume with StorageClass "gp2": rpc error: code = InvalidArgument '
+    "desc = Volume capabilities MULTI_NODE_MULTI_WRITER not supported. Only AccessModes"
+    "[ReadWriteOnce] supported."
+)
+
+
+def _provisioning_fails(env: Env, claim: dict[str, Any]) -> None:
+    """The external provisioner's part on a class without ReadWriteMany: a Warning event on the
+    claim, which stays Pending. A real cluster answers for itself: the test waits for either."""
+    meta = claim["metadata"]
+    if not env.simulated:
+
+        def settled() -> str | None:
+            phase = ((env.get("v1", "PersistentVolumeClaim", meta["name"]) or {})
+                     .get("status") or {}).get("phase")  # fmt: skip
+            warned = any(e.get("type") == "Warning" for e in env.events(meta["name"]))
+            return "Bound" if phase == "Bound" else ("warned" if warned else None)
+
+        if env.wait(settled, what="the claim bound or refused") == "Bound":
+            pytest.skip("this cluster's StorageClass provisioned the claim")
+        return
+    now = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+    env.kube.create({
+        "apiVersion": "v1", "kind": "Event",
+        "metadata": {"name": f"{meta['name']}.{uuid.uuid4().hex[:12]}", "namespace": env.namespace},
+        "involvedObject": {"apiVersion": "v1", "kind": "PersistentVolumeClaim",
+                           "name": meta["name"], "namespace": env.namespace, "uid": meta["uid"]},
+        "reason": "ProvisioningFailed", "message": NO_RWX, "type": "Warning",
+        "source": {"component": "ebs.csi.aws.com_ebs-csi-controller"},
+        "firstTimestamp": now, "lastTimestamp": now, "count": 1,
+    })  # fmt: skip
+    status = {"status": {"phase": "Pending"}}
+    env.kube.merge_patch(
+        "v1", "PersistentVolumeClaim", env.namespace, meta["name"], status, "status"
+    )
+
+
+def test_a_claim_that_cannot_be_provisioned_is_named_in_the_status(env: Env) -> None:
+    run = manifest()  # an in-cluster rollout pool: a ReadWriteMany claim under accessMode Auto
+    name = run["metadata"]["name"]
+    if env.emulator is not None:
+        env.emulator.controllers.jobs = False  # the trainer's pods wait for their volume
+    with env.operator():
+        env.create(run)
+        claim = env.wait(lambda: env.get("v1", "PersistentVolumeClaim", f"{name}-checkpoints"),
+                         what="the checkpoint claim")  # fmt: skip
+        assert claim["spec"]["accessModes"] == ["ReadWriteMany"]
+        _provisioning_fails(env, claim)
+        cond = env.reason(
+            name, "TrainerReady", "CheckpointClaimPending", what="the pending claim in the status"
+        )
+        assert cond["message"].startswith(
+            f"PersistentVolumeClaim {name}-checkpoints is Pending: ProvisioningFailed: "
+        )
+        assert "accessMode: ReadWriteOnce" in cond["message"]
+        ready = env.condition(name, "Ready")
+        assert ready["reason"] == "CheckpointClaimPending" and ready["status"] == "False"

@@ -73,9 +73,10 @@ ServiceAccounts grant a subset of these (Kubernetes forbids granting what the op
 - apiGroups: ["discovery.k8s.io"]
   resources: ["endpointslices"]
   verbs: ["get", "list", "watch"]
+# list: a Pending checkpoint claim's provisioning events, named in the run's status
 - apiGroups: [""]
   resources: ["events"]
-  verbs: ["create", "patch"]
+  verbs: ["create", "patch", "list"]
 - apiGroups: ["events.k8s.io"]
   resources: ["events"]
   verbs: ["create", "patch"]

@@ -221,6 +221,43 @@ def checkpoint_claim(run: GagarRun) -> str:
     return ckpt.existing_claim or name(run, "checkpoints")
 
 
+CHECKPOINT_USERS = ("trainer", "rollout")  # the components whose pods mount the checkpoint PVC
+
+
+def checkpoint_access_mode(run: GagarRun) -> str:
+    """``spec.trainer.checkpoint.accessMode``; ``Auto`` is ReadWriteMany when pods on several
+    nodes mount it (a multi-node trainer, or an in-cluster rollout pool, whose replicas load the
+    published weights from it), else ReadWriteOnce."""
+    chosen = run.spec.trainer.checkpoint.access_mode
+    if chosen != "Auto":
+        return chosen
+    shared = run.spec.rollout.endpoint is None  # its replicas load the published weights
+    return "ReadWriteMany" if run.spec.trainer.nodes > 1 or shared else "ReadWriteOnce"
+
+
+def checkpoint_affinity(run: GagarRun) -> dict[str, Any]:
+    """The pod ``affinity`` that keeps every pod mounting a ReadWriteOnce checkpoint volume on
+    one node (empty when the trainer alone mounts it, or the volume is ReadWriteMany). Each such
+    pod requires a pod of the run's trainer or rollout on its node: the first one scheduled is
+    free (it matches its own term), and fixes the node the volume attaches to."""
+    if checkpoint_access_mode(run) != "ReadWriteOnce" or run.spec.rollout.endpoint is not None:
+        return {}
+    term = {
+        "labelSelector": {
+            "matchLabels": {"gagar.dev/run": run.metadata.name},
+            "matchExpressions": [
+                {
+                    "key": "app.kubernetes.io/component",
+                    "operator": "In",
+                    "values": list(CHECKPOINT_USERS),
+                }
+            ],
+        },
+        "topologyKey": "kubernetes.io/hostname",
+    }
+    return {"podAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": [term]}}
+
+
 def checkpoint_volume(
     run: GagarRun, read_only: bool
 ) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:

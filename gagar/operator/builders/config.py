@@ -16,6 +16,7 @@ from gagar import RUN_FILE
 from gagar.operator.builders.common import (
     BuildContext,
     Manifest,
+    checkpoint_access_mode,
     checkpoint_claim,
     metadata,
     name,
@@ -61,13 +62,6 @@ def build_config_map(run: GagarRun, ctx: BuildContext) -> Manifest:
 def build_progress_config_map(run: GagarRun, ctx: BuildContext) -> Manifest:
     """Metadata only: the trainer owns ``data`` (see module docstring)."""
     return obj("v1", "ConfigMap", metadata(run, ctx, name(run, "progress"), "progress"))
-
-
-def checkpoint_access_mode(run: GagarRun) -> str:
-    """ReadWriteMany when several pods on different nodes mount it (multi-node trainer, or rollout
-    replicas reading published weights), else ReadWriteOnce."""
-    shared = run.spec.rollout.endpoint is None  # its replicas load the published weights
-    return "ReadWriteMany" if run.spec.trainer.nodes > 1 or shared else "ReadWriteOnce"
 
 
 def build_checkpoint_pvc(run: GagarRun, ctx: BuildContext) -> list[Manifest]:

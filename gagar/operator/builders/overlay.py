@@ -4,7 +4,8 @@ The operator's pod comes first and the overlay is merged into it by key, as Kube
 pod overrides and strategic merge do: env by name, volumes by name, mounts by mountPath,
 imagePullSecrets by name, topology spread constraints by (topologyKey, whenUnsatisfiable), init
 containers by name (after the operator's, in the user's order; ``restartPolicy: Always`` makes one
-a native sidecar; each requests cpu and memory unless it says otherwise). Validation (``gagar.spec.PodTemplate``) already refused an entry whose key the
+a native sidecar; each requests cpu and memory unless it says otherwise), affinity merged with the
+operator's (its terms appended: a ReadWriteOnce checkpoint volume's placement stays). Validation (``gagar.spec.PodTemplate``) already refused an entry whose key the
 operator owns (its labels, volumes, mount paths, containers, GAGAR_* and NODE_RANK variables), so
 the merge never overrides the operator; should a key still collide, the operator's entry wins and
 the user's is dropped, so a rendered pod never has a duplicate. The pod ``securityContext`` is
@@ -59,6 +60,20 @@ def _spread(entry: dict[str, Any]) -> Any:
     return (entry["topologyKey"], entry["whenUnsatisfiable"])
 
 
+def merge_affinity(base: dict[str, Any], extra: dict[str, Any]) -> dict[str, Any]:
+    """The operator's ``affinity`` with the user's: lists of terms (pod (anti-)affinity's
+    required and preferred terms) concatenated, anything else (node affinity's required
+    selector) the user's."""
+    out = dict(base)
+    for kind, rules in extra.items():
+        mine = base.get(kind) or {}
+        out[kind] = {**mine}
+        for key, value in rules.items():
+            both = isinstance(value, list) and isinstance(mine.get(key), list)
+            out[kind][key] = [*mine[key], *value] if both else value
+    return out
+
+
 def _scheduling(pod: dict[str, Any], o: PodScheduling) -> dict[str, Any]:
     out: dict[str, Any] = {}
     if o.node_selector:
@@ -66,7 +81,7 @@ def _scheduling(pod: dict[str, Any], o: PodScheduling) -> dict[str, Any]:
     if o.tolerations:
         out["tolerations"] = [*pod.get("tolerations", []), *(t.to_wire() for t in o.tolerations)]
     if o.affinity:
-        out["affinity"] = o.affinity.to_wire()
+        out["affinity"] = merge_affinity(pod.get("affinity") or {}, o.affinity.to_wire())
     if o.topology_spread_constraints:
         extra = (c.to_wire() for c in o.topology_spread_constraints)
         out["topologySpreadConstraints"] = merge_by_key(

@@ -26,6 +26,7 @@ from gagar.operator.builders.common import (
     BuildContext,
     Manifest,
     auth_volume,
+    checkpoint_affinity,
     checkpoint_volume,
     common_env,
     config_volume,
@@ -258,6 +259,8 @@ def build_rollout_deployment(run: GagarRun, ctx: BuildContext) -> Manifest:
         "containers": [_vllm_container(run, model, mounts)],
         "volumes": [cfg_vol, *ckpt_vols, *model_vols, shm],
     }
+    if affinity := checkpoint_affinity(run):  # a ReadWriteOnce volume: on the trainer's node
+        pod["affinity"] = affinity
     return _deployment(run, ctx, "rollout", pod, _replicas(run, run.spec.rollout, ctx))
 
 

@@ -39,6 +39,7 @@ from gagar.operator.builders.common import (
     BuildContext,
     Manifest,
     auth_volume,
+    checkpoint_affinity,
     checkpoint_claim,
     checkpoint_volume,
     common_env,
@@ -158,6 +159,8 @@ def _trainer_pod(run: GagarRun, ctx: BuildContext) -> dict[str, Any]:
         "containers": [container],
         "volumes": [cfg_vol, *ckpt_vols, *model_vols, shm, *auth_vols],
     }
+    if affinity := checkpoint_affinity(run):  # a ReadWriteOnce volume the rollout pool mounts too
+        spec["affinity"] = affinity
     if not uses_jobset(run, ctx):
         spec["subdomain"] = name(run, "trainer", "rdzv")
     return pod_template(run, "trainer", spec)
