@@ -19,6 +19,8 @@ OUT ?= runs/local
 PROBE ?= 64
 UPGRADE ?= 1
 IMAGES ?= operator sandbox grader trainer rollout
+# A registry prefix `make images` pushes the images to (the chart's image.registry); empty: none.
+PUSH ?=
 
 .DEFAULT_GOAL := help
 
@@ -73,8 +75,8 @@ helm-lint: install ## Lint and render the Helm chart for every example values fi
 	.tools/bin/kubectl kustomize manifests >/dev/null
 	promtool check rules charts/gagar/rules/gagar-alerts.yaml
 
-images: ## Build the container images with buildah (IMAGES="operator sandbox": some; BASES=public: registry bases), print sizes, smoke-run each
-	IMAGES="$(IMAGES)" bash scripts/images.sh
+images: ## Build the container images with buildah (IMAGES="operator sandbox": some; BASES=public: registry bases), print sizes, smoke-run each; PUSH=registry/prefix: push them there
+	IMAGES="$(IMAGES)" PUSH="$(PUSH)" bash scripts/images.sh
 
 bench: install ## Run the benchmarks (print tables, write JSON under bench/results/)
 	$(PYTHON) bench/advantages.py

@@ -37,6 +37,18 @@ class Image(Values):
     """Kubernetes imagePullPolicy."""
 
 
+class Images(Values):
+    """Where gagar's images are pulled from."""
+
+    registry: str = Field(default="", max_length=253, pattern=r"^([^:/@]+(:[0-9]+)?(/[^:@]+)*)?$")
+    """Registry prefix gagar's images were pushed to (``make images PUSH=<prefix>``, e.g.
+    ``registry.example.com/ml``; empty: ``ghcr.io/gagar-dev``, where nothing is published). The
+    operator then runs ``<prefix>/gagar-operator:<tag>`` (unless ``operator.image.repository``
+    names another image), and ``--image-registry`` makes every run that keeps a default image
+    (``spec.trainer.image``, ``spec.rollout.image``, ``spec.grader.image``,
+    ``spec.sandbox.image``) pull ``<prefix>/gagar-<component>:<tag>``."""
+
+
 class Resources(Values):
     """Compute resources of the operator container."""
 
@@ -182,6 +194,8 @@ class ChartValues(Values):
     """Equality-based label selector of the GagarRuns this operator reconciles (``team=a``,
     ``!canary``; empty: all of them in the watched namespaces). The API server filters the watch,
     so several operators can share a cluster's runs."""
+    image: Images = Field(default_factory=Images)
+    """gagar's images."""
     operator: OperatorValues = Field(default_factory=OperatorValues)
     """The operator Deployment."""
     image_pull_secrets: list[str] = Field(default_factory=list)

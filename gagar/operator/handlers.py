@@ -127,6 +127,7 @@ class OperatorConfig:
     integrations: frozenset[str] = frozenset()
     run_selector: str = ""  # label selector of the runs this operator owns (--run-selector)
     scraper: Scraper = field(default_factory=Scraper)  # the Prometheus runs' pods admit
+    image_registry: str = ""  # where gagar's images are pulled from (--image-registry)
 
 
 @dataclass(frozen=True)
@@ -378,6 +379,7 @@ class Reconciler:
             state="terminal" if outcome.terminal else "active",
             hold_trainer=observed.sandbox_refused is not None,
             scraper=self.config.scraper,
+            image_registry=self.config.image_registry,
         )
         before = mem.apply_error
         desired = build_all(run, ctx)

@@ -22,6 +22,8 @@ from dockerfile_parse import DockerfileParser
 
 from gagar import __version__
 from gagar.chart_values import OPERATOR_IMAGE
+from gagar.operator.builders.common import BuildContext
+from gagar.operator.builders.common import image as pulled_image
 from gagar.spec import GraderSpec, RolloutSpec, SandboxSpec, TrainerSpec
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -234,6 +236,68 @@ def test_make_images_tags_are_the_charts_and_the_specs_defaults() -> None:
     assert images_sh_tags("debian", *names) == cpu
 
 
+PREFIX = "registry.example.com:5000/ml"
+NAMES = ("operator", "trainer", "rollout", "grader", "sandbox")
+
+
+def chart_operator(*sets: str) -> dict:
+    """The operator container of the chart rendered with ``--set`` values (real helm)."""
+    flags = [a for s in sets for a in ("--set", s)]
+    rendered = subprocess.run(
+        [str(ROOT / ".tools/bin/helm"), "template", "gagar", str(ROOT / "charts/gagar"), *flags],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
+    deployment = next(d for d in yaml.safe_load_all(rendered) if d and d["kind"] == "Deployment")
+    return deployment["spec"]["template"]["spec"]["containers"][0]
+
+
+def test_make_images_push_puts_each_image_where_the_chart_pulls_it(tmp_path: Path) -> None:
+    """``make images PUSH=<prefix>`` pushes each image with buildah to the name the chart's
+    ``image.registry: <prefix>`` runs (the operator) and makes the operator's pods pull (every
+    run that keeps its default images): no image is left at ghcr.io/gagar-dev, where nothing is
+    published. buildah is a stand-in here that records its arguments."""
+    calls = tmp_path / "calls"
+    fake = tmp_path / "buildah"
+    fake.write_text(f'#!/bin/sh\necho "$@" >> {calls}\n')
+    fake.chmod(0o755)
+    env = {**os.environ, "PATH": f"{tmp_path}:{os.environ['PATH']}", "BASES": "public",
+           "PUSH": PREFIX + "/"}  # fmt: skip
+    out = subprocess.run(["bash", "scripts/images.sh", "push", *NAMES], cwd=ROOT, env=env,
+                         capture_output=True, text=True, check=True)  # fmt: skip
+    sources = images_sh_tags("public", *NAMES)
+    container = chart_operator(f"image.registry={PREFIX}")
+    ctx = BuildContext(image_registry=PREFIX)
+    pulled = [container["image"], *(pulled_image(s, ctx) for s in sources[1:])]
+    assert calls.read_text().splitlines() == [
+        f"--storage-driver vfs push --quiet --tls-verify=true {src} docker://{dest}"
+        for src, dest in zip(sources, pulled, strict=True)
+    ]
+    assert f"--image-registry={PREFIX}" in container["args"]
+    assert f"--set image.registry={PREFIX}" in out.stdout
+    # the default: ghcr.io/gagar-dev, no --image-registry; an image of your own stays yours
+    default = chart_operator()
+    assert default["image"] == sources[0] and not any(
+        "image-registry" in a for a in default["args"]
+    )
+    assert (
+        chart_operator(f"image.registry={PREFIX}", "operator.image.repository=my/op")["image"]
+        == f"my/op:{__version__}"
+    )
+    assert pulled_image("quay.io/me/trainer:1", ctx) == "quay.io/me/trainer:1"
+
+
+def test_make_images_push_refuses_without_a_prefix() -> None:
+    env = {k: v for k, v in os.environ.items() if k != "PUSH"}
+    out = subprocess.run(["bash", "scripts/images.sh", "push", "operator"], cwd=ROOT, env=env,
+                         capture_output=True, text=True)  # fmt: skip
+    assert out.returncode == 2 and "PUSH (a registry prefix) is not set" in out.stderr
+    dry = subprocess.run(["make", "-n", "images", f"PUSH={PREFIX}"], cwd=ROOT,
+                         capture_output=True, text=True, check=True)  # fmt: skip
+    assert f'PUSH="{PREFIX}" bash scripts/images.sh' in dry.stdout
+
+
 def images_section() -> str:
     """docs/operations.md's ``# Container images`` part (up to the next top-level heading)."""
     text = (ROOT / "docs/operations.md").read_text()
@@ -252,7 +316,7 @@ def dockerfile_args(path: Path) -> set[str]:
 def check_make(argv: list[str]) -> None:
     assert argv[1] == "images", argv
     settings = dict(a.split("=", 1) for a in argv[2:])
-    assert set(settings) <= {"IMAGES", "BASES", "SMOKE"}, settings
+    assert set(settings) <= {"IMAGES", "BASES", "SMOKE", "PUSH"}, settings
     assert set(settings.get("IMAGES", "operator").split()) <= {image_id(p) for p in DOCKERFILES}
     assert settings.get("BASES", "debian") in ("debian", "public")
     dry = subprocess.run(["make", "-n", *argv[1:]], cwd=ROOT, capture_output=True, text=True)
@@ -301,3 +365,15 @@ def test_the_images_section_names_every_base() -> None:
             if ins["instruction"] == "ARG" and ins["value"].split("=")[0].endswith("_IMAGE")
         ):
             assert f"`{default}` (`{name}`)" in section, (path, name, default)
+
+
+def test_gagar_render_pulls_gagars_images_from_the_registry(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    from gagar.cli import main
+
+    assert main(["render", str(ROOT / "examples/single-gpu.yaml"), "--image-registry", PREFIX]) == 0
+    images = re.findall(r"^\s+image: (\S+)$", capsys.readouterr().out, re.M)
+    assert images and all(i.startswith(f"{PREFIX}/gagar-") for i in images), images
+    with pytest.raises(SystemExit):
+        main(["render", str(ROOT / "examples/single-gpu.yaml"), "--image-registry", "r/x:1"])

@@ -35,7 +35,11 @@ app.kubernetes.io/part-of: gagar
 {{- end }}
 
 {{- define "gagar.image" -}}
-{{- printf "%s:%s" .Values.operator.image.repository (default .Chart.AppVersion .Values.operator.image.tag) }}
+{{- $repository := .Values.operator.image.repository }}
+{{- if and .Values.image.registry (eq $repository "ghcr.io/gagar-dev/gagar-operator") }}
+{{- $repository = printf "%s/gagar-operator" (trimSuffix "/" .Values.image.registry) }}
+{{- end }}
+{{- printf "%s:%s" $repository (default .Chart.AppVersion .Values.operator.image.tag) }}
 {{- end }}
 
 {{/*

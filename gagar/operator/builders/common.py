@@ -37,6 +37,10 @@ RESUMED_ANNOTATION = "gagar.dev/restart-checkpoint-step"
 # Hash of the trainer workload's immutable spec: a change is seen before the API server refuses it.
 TEMPLATE_ANNOTATION = "gagar.dev/template-hash"
 PLACEHOLDER_UID = "00000000-0000-0000-0000-000000000000"
+# Where gagar's images are named by default (the GagarRun's image defaults, the chart's operator
+# image); `make images PUSH=<prefix>` pushes them to another registry, and the operator's
+# `--image-registry` (the chart's image.registry) makes the runs' pods pull them from there.
+DEFAULT_REGISTRY = "ghcr.io/gagar-dev"
 
 
 @dataclass(frozen=True)
@@ -68,6 +72,7 @@ class BuildContext:
     ``hold_trainer``: the sandbox pods cannot isolate commands here, so the trainer is suspended
     (not started, or its pods stopped) instead of holding accelerators for rollouts that fail.
     ``scraper``: the one Prometheus the NetworkPolicies let scrape the pods' metrics ports.
+    ``image_registry``: the registry gagar's images were pushed to (``image``).
     """
 
     uid: str = PLACEHOLDER_UID
@@ -78,6 +83,7 @@ class BuildContext:
     state: State = "active"
     hold_trainer: bool = False  # sandbox pods refuse to start: the trainer waits, suspended
     scraper: Scraper = field(default_factory=Scraper)
+    image_registry: str = ""  # --image-registry: where gagar's images are pulled from instead
 
 
 def name(run: GagarRun, component: str, suffix: str = "") -> str:
@@ -268,6 +274,14 @@ def checkpoint_volume(
     volume = {"name": "checkpoints", "persistentVolumeClaim": pvc}
     mount = {"name": "checkpoints", "mountPath": CHECKPOINT_MOUNT, "readOnly": read_only}
     return [volume], [mount]
+
+
+def image(ref: str, ctx: BuildContext) -> str:
+    """``ref`` pulled from ``ctx.image_registry`` when it names one of gagar's images in
+    ``DEFAULT_REGISTRY`` (a run's default images), else as given."""
+    if ctx.image_registry and ref.startswith(f"{DEFAULT_REGISTRY}/"):
+        return ctx.image_registry.rstrip("/") + ref.removeprefix(DEFAULT_REGISTRY)
+    return ref
 
 
 def metrics_port(run: GagarRun) -> dict[str, Any]:

@@ -31,6 +31,7 @@ from gagar.operator.builders.common import (
     common_env,
     config_volume,
     container_security,
+    image,
     metadata,
     metrics_port,
     name,
@@ -224,12 +225,12 @@ def api_key_env(run: GagarRun) -> list[dict[str, Any]]:
 
 
 def _vllm_container(
-    run: GagarRun, model: str | None, mounts: list[dict[str, Any]]
+    run: GagarRun, ctx: BuildContext, model: str | None, mounts: list[dict[str, Any]]
 ) -> dict[str, Any]:
     rollout = run.spec.rollout
     return {
         "name": "vllm",
-        "image": rollout.image,
+        "image": image(rollout.image, ctx),
         "command": vllm_command(model),
         "args": rollout_args(run, model),
         "env": [
@@ -256,7 +257,7 @@ def build_rollout_deployment(run: GagarRun, ctx: BuildContext) -> Manifest:
         "serviceAccountName": name(run, "rollout"),
         "automountServiceAccountToken": False,
         "securityContext": pod_security(),
-        "containers": [_vllm_container(run, model, mounts)],
+        "containers": [_vllm_container(run, ctx, model, mounts)],
         "volumes": [cfg_vol, *ckpt_vols, *model_vols, shm],
     }
     if affinity := checkpoint_affinity(run):  # a ReadWriteOnce volume: on the trainer's node
@@ -290,11 +291,13 @@ def grader_serve_args(run: GagarRun) -> list[str]:
     return [*args, "--sandbox=bwrap"]
 
 
-def _grader_containers(run: GagarRun, mounts: list[dict[str, Any]]) -> list[dict[str, Any]]:
+def _grader_containers(
+    run: GagarRun, ctx: BuildContext, mounts: list[dict[str, Any]]
+) -> list[dict[str, Any]]:
     grader = run.spec.grader
     service = {
         "name": "grader",
-        "image": grader.image,
+        "image": image(grader.image, ctx),
         "command": ["gagar"],
         "args": grader_serve_args(run),
         "env": common_env(run, "grader"),
@@ -311,7 +314,7 @@ def _grader_containers(run: GagarRun, mounts: list[dict[str, Any]]) -> list[dict
     model_path, _, model_mounts = base_model(HUB_MODELS.get(grader.model or "", grader.model))
     server = {
         "name": "model",
-        "image": run.spec.rollout.image,
+        "image": image(run.spec.rollout.image, ctx),
         "command": vllm_command(model_path, published=False),
         "args": grader_model_args(run, model_path),
         "env": common_env(run, "grader-model"),
@@ -336,7 +339,7 @@ def build_grader_deployment(run: GagarRun, ctx: BuildContext) -> Manifest:
         "serviceAccountName": name(run, "grader"),
         "automountServiceAccountToken": claims_sandboxes(run, "grader"),
         "securityContext": pod_security(),
-        "containers": _grader_containers(run, [cfg_mount, SHM_MOUNT]),
+        "containers": _grader_containers(run, ctx, [cfg_mount, SHM_MOUNT]),
         "volumes": [cfg_vol, shm, *model_vols, *auth_volume(run)[0]],
     }
     return _deployment(run, ctx, "grader", pod, _replicas(run, run.spec.grader, ctx))

@@ -37,6 +37,7 @@ from gagar.operator.builders.common import (
     auth_volume,
     common_env,
     config_volume,
+    image,
     metadata,
     metrics_port,
     name,
@@ -88,12 +89,12 @@ def _identity(run: GagarRun) -> dict[str, Any]:
     return {"user": user, "caps": {"drop": ["ALL"], "add": POD_MODE_CAPS}}
 
 
-def _container(run: GagarRun) -> dict[str, Any]:
+def _container(run: GagarRun, ctx: BuildContext) -> dict[str, Any]:
     sb = run.spec.sandbox
     _, cfg_mount = config_volume(run)
     return {
         "name": "executor",
-        "image": sb.image,
+        "image": image(sb.image, ctx),
         "command": ["gagar"],
         "args": serve_args(run),
         "env": common_env(run, "sandbox"),
@@ -118,7 +119,7 @@ def _container(run: GagarRun) -> dict[str, Any]:
     }
 
 
-def _pod(run: GagarRun) -> dict[str, Any]:
+def _pod(run: GagarRun, ctx: BuildContext) -> dict[str, Any]:
     cfg_vol, _ = config_volume(run)
     pod: dict[str, Any] = {
         "serviceAccountName": name(run, "sandbox"),
@@ -129,7 +130,7 @@ def _pod(run: GagarRun) -> dict[str, Any]:
             "fsGroup": SANDBOX_UID,
             "seccompProfile": {"type": "RuntimeDefault"},
         },
-        "containers": [_container(run)],
+        "containers": [_container(run, ctx)],
         "volumes": [
             cfg_vol,
             {"name": "workspace", "emptyDir": {"sizeLimit": "4Gi"}},
@@ -148,7 +149,7 @@ def build_sandbox_deployment(run: GagarRun, ctx: BuildContext) -> Manifest:
     spec = {
         "replicas": 0 if stopped else run.spec.sandbox.pool_size,
         "selector": {"matchLabels": selector(run, "sandbox")},
-        "template": pod_template(run, "sandbox", _pod(run)),
+        "template": pod_template(run, "sandbox", _pod(run, ctx)),
     }
     meta = metadata(run, ctx, name(run, "sandbox"), "sandbox")
     return obj("apps/v1", "Deployment", meta, spec=spec)
@@ -210,7 +211,7 @@ def build_sandbox_template(run: GagarRun, ctx: BuildContext) -> Manifest:
     """The executor pod as an agent-sandbox SandboxTemplate (claims may inject neither env nor
     volumes: agent-sandbox's defaults, written out)."""
     spec = {
-        "podTemplate": pod_template(run, "sandbox", _pod(run)),
+        "podTemplate": pod_template(run, "sandbox", _pod(run, ctx)),
         "networkPolicyManagement": "Unmanaged",
         "envVarsInjectionPolicy": "Disallowed",
         "volumeClaimTemplatesPolicy": "Disallowed",

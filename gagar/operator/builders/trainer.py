@@ -45,6 +45,7 @@ from gagar.operator.builders.common import (
     common_env,
     config_volume,
     container_security,
+    image,
     labels,
     metadata,
     metrics_port,
@@ -143,7 +144,7 @@ def _trainer_pod(run: GagarRun, ctx: BuildContext) -> dict[str, Any]:
     mounts += auth_mounts
     container = {
         "name": "trainer",
-        "image": run.spec.trainer.image,
+        "image": image(run.spec.trainer.image, ctx),
         "command": ["python", "-m", LAUNCHER_MODULE],
         "args": torchrun_args(run, ctx),
         "env": _trainer_env(run),
