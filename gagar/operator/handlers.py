@@ -76,6 +76,7 @@ from gagar.operator.observe import (
     Observed,
     PoolObserved,
     claim_problem,
+    leave_to_queue,
     owned_fields,
     parse_deployment,
     parse_job,
@@ -105,6 +106,8 @@ KUEUE_RETRY_SECONDS = 2.0  # a suspend waiting for Kueue to make the trainer's W
 # flavor's node selector and tolerations, replacing the whole tolerations list); at any other
 # time they are immutable, so no one else can have changed them.
 QUEUE_ADMITTED = {"Job": ("f:spec", "f:template"), "JobSet": ("f:spec", "f:replicatedJobs")}
+# The operator's own field managers: a field any other manager owns is someone else's.
+OURS = frozenset({FIELD_MANAGER, HANDOFF_MANAGER, KUEUE_HANDOFF_MANAGER, TTL_MANAGER})
 
 
 def now_rfc3339() -> str:
@@ -667,7 +670,9 @@ class Reconciler:
         mem.applying.add(key)  # set.add/discard are atomic: the watch threads read it unlocked
         try:
             self._hand_over_replicas(obj)
-            self._create_queued_suspended(run, obj)
+            queued_live = self._create_queued_suspended(run, obj)
+            if queued_live is not None:  # Kueue's admission stays Kueue's
+                obj = leave_to_queue(obj, queued_live, OURS)
             live = self.kube.apply(obj) or {}
             generation = int((live.get("metadata") or {}).get("generation") or 0)
             mem.owned[key] = Owned(generation, owned_fields(live, FIELD_MANAGER))
@@ -679,19 +684,21 @@ class Reconciler:
             mem.applying.discard(key)
         return None
 
-    def _create_queued_suspended(self, run: GagarRun, obj: dict[str, Any]) -> None:
+    def _create_queued_suspended(self, run: GagarRun, obj: dict[str, Any]) -> dict[str, Any] | None:
         """A queued trainer (no ``suspend`` in the operator's manifest: Kueue owns the field) is
         created suspended, by a manager of its own, so that it never starts before Kueue admits
         it, webhook or not, and the operator's later applies never remove the field (SSA
-        removes only what the applier owns)."""
+        removes only what the applier owns). The live queued trainer when it exists already."""
         meta = obj["metadata"]
         is_trainer = meta["name"] == name(run, "trainer") and obj["kind"] in ("Job", "JobSet")
         if not is_trainer or not queued(run, BuildContext(crds=self.crds())):
-            return
-        if self.kube.get(obj["apiVersion"], obj["kind"], meta.get("namespace"), meta["name"]):
-            return
+            return None
+        live = self.kube.get(obj["apiVersion"], obj["kind"], meta.get("namespace"), meta["name"])
+        if live:
+            return live
         held = {**obj, "spec": {**obj["spec"], "suspend": True}}
         self.kube.apply(held, manager=KUEUE_HANDOFF_MANAGER, force=False)
+        return None
 
     def _expire_trainer(self, run: GagarRun, observed: Observed) -> None:
         """A finished run's trainer gets ``ttlSecondsAfterFinished`` only now: on a Job of a

@@ -179,6 +179,44 @@ def owned_fields(obj: dict[str, Any], manager: str) -> frozenset[tuple[str, ...]
     return frozenset()
 
 
+def others_fields(obj: dict[str, Any], ours: frozenset[str]) -> frozenset[tuple[str, ...]]:
+    """Every field of ``obj`` (not its status) that a manager not in ``ours`` owns."""
+    paths: set[tuple[str, ...]] = set()
+    for entry in (obj.get("metadata") or {}).get("managedFields") or []:
+        if entry.get("manager") not in ours and not entry.get("subresource"):
+            paths.update(_field_paths(entry.get("fieldsV1") or {}, ()))
+    return frozenset(paths)
+
+
+POD_OF_JOB = ("f:spec", "f:template", "f:spec")
+
+
+def leave_to_queue(
+    job: dict[str, Any], live: dict[str, Any], ours: frozenset[str]
+) -> dict[str, Any]:
+    """The trainer Job to apply, without the scheduling fields of its pod template that another
+    manager owns on the live Job: what a queue (Kueue) wrote when it admitted it, the flavor's
+    node selector keys, its tolerations (an atomic list: the whole of it) and node affinity.
+    Applied by force they would be taken back (the run's own values), which the server refuses
+    once the Job has started (its template is immutable) and which would undo the admission
+    before. Everything else is applied as built."""
+    theirs = others_fields(live, ours)
+    if job.get("kind") != "Job" or not any(p[:3] == POD_OF_JOB for p in theirs):
+        return job
+    pod = dict(job["spec"]["template"]["spec"])
+    if (*POD_OF_JOB, "f:tolerations") in theirs:
+        pod.pop("tolerations", None)
+    selector = {k: v for k, v in (pod.get("nodeSelector") or {}).items()
+                if (*POD_OF_JOB, "f:nodeSelector", f"f:{k}") not in theirs}  # fmt: skip
+    pod.pop("nodeSelector", None)
+    pod.update({"nodeSelector": selector} if selector else {})
+    if (*POD_OF_JOB, "f:affinity", "f:nodeAffinity") in theirs and "affinity" in pod:
+        rest = {k: v for k, v in pod.pop("affinity").items() if k != "nodeAffinity"}
+        pod.update({"affinity": rest} if rest else {})
+    template = {**job["spec"]["template"], "spec": pod}
+    return {**job, "spec": {**job["spec"], "template": template}}
+
+
 def _field_paths(node: dict[str, Any], prefix: tuple[str, ...]) -> list[tuple[str, ...]]:
     paths = []
     for key, child in node.items():

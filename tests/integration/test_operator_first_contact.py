@@ -10,6 +10,10 @@ that cluster).
   Persistent Disk class) stays Pending: the run's ``TrainerReady`` (and ``Ready``) condition names
   the claim and its ``ProvisioningFailed`` event, where the status once said only that the pods
   wait (``Unschedulable``).
+- A spec edit re-applies every child by force; on a queued trainer that Kueue admitted (its
+  flavor's node selector and tolerations written into the Job's pod template), the operator
+  leaves the scheduling fields Kueue owns to Kueue: the admitted Job keeps its tolerations and the
+  run does not stall on a refused apply (the template of a started Job is immutable).
 """
 
 from __future__ import annotations
@@ -22,7 +26,14 @@ from typing import Any
 
 import pytest
 
-from tests.integration.test_operator_scenarios import REAL, Env, make_env, manifest
+from tests.integration.test_operator_scenarios import (
+    KUEUE_API,
+    REAL,
+    Env,
+    make_env,
+    manifest,
+    optional_crd,
+)
 
 
 @pytest.fixture(params=["real"] if REAL else ["emulator"])
@@ -126,3 +137,43 @@ def test_a_claim_that_cannot_be_provisioned_is_named_in_the_status(env: Env) -> 
         assert "accessMode: ReadWriteOnce" in cond["message"]
         ready = env.condition(name, "Ready")
         assert ready["reason"] == "CheckpointClaimPending" and ready["status"] == "False"
+
+
+def test_a_forced_re_apply_leaves_kueues_scheduling_fields_on_an_admitted_trainer(
+    env: Env,
+) -> None:
+    if not env.simulated:
+        pytest.skip("installs a stand-in Workload CRD and plays Kueue")
+    env.kube.create(optional_crd("kueue.x-k8s.io", "Workload", "workloads", "v1beta1"))
+    own = {"key": "team", "operator": "Exists", "effect": "NoSchedule"}
+    run = manifest(**{"trainer.queueName": "team-a", "trainer.podTemplate.tolerations": [own]})
+    name, job = run["metadata"]["name"], f"{run['metadata']['name']}-trainer"
+    with env.operator(integrations=frozenset({"kueue.x-k8s.io"})):
+        env.create(run)
+        created = env.wait(lambda: env.get("batch/v1", "Job", job), what="trainer Job")
+        env.kube.create({
+            "apiVersion": KUEUE_API, "kind": "Workload",
+            "metadata": {"name": f"job-{job}", "namespace": env.namespace,
+                         "labels": {"kueue.x-k8s.io/job-uid": created["metadata"]["uid"]}},
+            "spec": {"queueName": "team-a"},
+        })  # fmt: skip
+        # Kueue admits: one update unsuspends the Job and writes the flavor's node selector and
+        # tolerations (the whole list: it is atomic) into its pod template
+        flavor = {"cloud.google.com/gke-accelerator": "nvidia-h100-80gb"}
+        gpu = {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}
+        admission = {"spec": {"suspend": False, "template": {"spec": {
+            "nodeSelector": flavor, "tolerations": [own, gpu]}}}}  # fmt: skip
+        url = f"/apis/batch/v1/namespaces/{env.namespace}/jobs/{job}"
+        env.kube._call("PATCH", url, body=admission, query=[("fieldManager", "kueue")],
+                       content_type="application/merge-patch+json")  # fmt: skip
+        env.wait(lambda: env.status(name).get("phase") == "Running", what="Running")
+        env.patch_spec(name, {"rollout": {"replicas": 3}})  # every child is applied by force
+        env.wait(
+            lambda: env.get("apps/v1", "Deployment", f"{name}-rollout")["spec"]["replicas"] == 3,
+            what="re-applied",
+        )
+        time.sleep(env.resync * 1.5)  # and a resync
+        pod = env.get("batch/v1", "Job", job)["spec"]["template"]["spec"]
+        assert pod["tolerations"] == [own, gpu] and pod["nodeSelector"] == flavor
+        stalled = env.condition(name, "Stalled")
+        assert stalled.get("status") == "False", stalled
