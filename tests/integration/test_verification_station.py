@@ -203,13 +203,15 @@ def test_cold_factories_verify_in_fresh_sessions() -> None:
 
 @pytest.mark.parametrize("how", ["SIGKILL", "SIGSTOP"])
 def test_a_candidate_that_breaks_the_server_fails_and_retires_the_station(how: str) -> None:
-    """The correct fix beside code that kills or stops the station's server on import: the run
-    has no status from the server, so it reruns cold, where the nonce file is spent: no pass.
-    The station is retired, and the next candidate (the correct fix alone) passes in a new one."""
+    """The correct fix beside code that kills or stops the station's server on import (the
+    parent of the verification's witness, the test process's parent): the run has no status from
+    the server, so it reruns cold, where the nonce file is spent: no pass. The station is
+    retired, and the next candidate (the correct fix alone) passes in a new one."""
     factory = LocalFactory(limits=LIMITS)
     task = synthetic.generate(5)
     module = next(iter(task.reference_files))
-    breaker = f"import os, signal\nos.kill(os.getppid(), signal.{how})\n"
+    server = "int(open(f'/proc/{os.getppid()}/status').read().split('PPid:')[1].split()[0])"
+    breaker = f"import os, signal\nos.kill({server}, signal.{how})\n"
     verdicts = []
     for prefix in (breaker, ""):
         with factory.create(files=task.files) as s:

@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import json
+import random
 
-from gagar.rollout.envs import synthetic
-from gagar.rollout.envs.verify import _boot_command, judge
+from gagar.rollout.envs import plant, synthetic
+from gagar.rollout.envs.verify import _boot_command, _planting, judge
 from gagar.sandbox import ExecResult
 
 TASK = synthetic.generate(5)
@@ -73,3 +74,58 @@ def test_the_test_command_is_run_isolated_or_refused() -> None:
         assert _boot_command(TASK.model_copy(update={"test_command": bad}), "r", "n") is None
     plain = TASK.model_copy(update={"test_command": "pytest -x"})
     assert (_boot_command(plain, "r", "n") or "").startswith("python -I -B -c ")
+
+
+PLANTING = plant.plant(
+    TASK.test_ids, {p: t.encode() for p, t in TASK.test_files.items()}, random.Random(0)
+)
+HONEST = {p.nodeid: not p.canary for p in PLANTING.tests}
+RAN = dict.fromkeys(PLANTING.markers(), True)
+
+
+def _planted(**over) -> bytes:
+    outcomes = dict.fromkeys(TASK.test_ids, True) | HONEST
+    return _record(**{"outcomes": outcomes, "markers": RAN, "exit": 1, "finished": True} | over)
+
+
+def test_an_honest_record_with_planted_tests_passes_and_expects_status_1() -> None:
+    run = judge(_planted(), "n1", TASK, OK, PLANTING)
+    assert all(run.tests.values()) and run.tampering == [] and run.broken == []
+    assert run.exit == run.expected_exit == 1 and set(run.tests) == set(TASK.test_ids)
+    assert "planted" in run.notes[0]
+
+
+def test_planted_tests_that_show_the_outcomes_forged_are_tampering() -> None:
+    everything_passed = dict.fromkeys([*TASK.test_ids, *HONEST], True)
+    cases = {
+        "no body ran": {"outcomes": everything_passed, "markers": {}, "exit": 0},
+        "failures counted as passes": {"outcomes": everything_passed},
+        "status 0 although canaries failed": {"exit": 0},
+    }
+    for why, over in cases.items():
+        run = judge(_planted(**over), "n1", TASK, OK, PLANTING)
+        assert run.tampering, why
+
+
+def test_a_run_that_did_not_finish_or_whose_stream_was_tampered_with_cannot_pass() -> None:
+    for over in (
+        {"finished": False},
+        {"stream": {"bad_lines": 3, "overflow": False}},
+        {"stream": {"bad_lines": 0, "overflow": True}},
+    ):
+        run = judge(_planted(**over), "n1", TASK, OK, PLANTING)
+        assert run.broken and run.tampering == [], over
+
+
+def test_nothing_is_planted_where_the_tasks_command_selects_tests_itself() -> None:
+    base = TASK.repo_files()
+    assert _planting(TASK, base).tests
+    for command in (
+        "python -m pytest -k gcd",
+        "pytest -m 'not slow'",
+        "python -m pytest -kgcd",
+        "python -m pytest --deselect tests/test_numeric.py::test_gcd_0",
+    ):
+        assert _planting(TASK.model_copy(update={"test_command": command}), base).tests == ()
+    plain = TASK.model_copy(update={"test_command": "python -m pytest -x -q"})
+    assert _planting(plain, base).tests

@@ -15,6 +15,7 @@ API:
 - ``verify``: ``verify(task, session, factory) -> Verdict`` runs the hidden tests against
   pristine test files in a fresh sandbox (the candidate's session is left as it was);
   ``verify_files`` does the same for a files mapping; ``suspected_tampering(patch, task)``.
+- ``plant``: the canary and control tests each verification plants in the task's test files.
 - ``tools``: ``tool_definitions()`` (OpenAI ``tools`` list), ``Env(task, session)`` and
   ``execute(env, tool_call) -> Observation``.
 """

@@ -5,20 +5,25 @@ the task, and every test or harness file the candidate changed, is put back as t
 (files the candidate added there are deleted, whatever stands at their paths removed); then the
 task's pytest invocation runs the ``FAIL_TO_PASS`` and ``PASS_TO_PASS`` ids through a bootstrap
 (``verify_boot.py``, ``python -I -B -c``): the interpreter, the standard library, pytest and its
-plugins come from the executor's environment, never from the workspace, and the bootstrap writes
-a record of the outcomes and of where everything was loaded from, carrying a nonce (the record's
-and the nonce file's names are in the test process's argv, so each has a random token of its own,
-never the nonce). ``judge`` decides from that record; a record without the nonce, or one showing
-the runner or a test loaded from the workspace or pytest's machinery replaced, is ``tampering``
-and never passes. Editing tests therefore never earns reward. Separately, a patch that touches
-tests, the test runner's configuration or the harness is recorded as *suspected tampering* for
-the grader. What the candidate left that cannot be copied (links out of the workspace, FIFOs,
+plugins come from the executor's environment, never from the workspace. The bootstrap forks:
+pytest runs in the child, beside the candidate's code, and streams each outcome to the parent, a
+witness where no code of the workspace runs, which alone reads the nonce and writes the record
+(the record's and the secret file's names are in the test process's argv, so each has a random
+token of its own, never the nonce). Each run also plants tests of its own in the task's test files
+(``plant.py``): canaries that must be reported failing and controls that must pass, whose bodies
+write markers the witness checks after the test process ended. ``judge`` decides from the record;
+a record without the nonce, one showing the runner or a test loaded from the workspace or
+pytest's machinery replaced, or a canary passing or a control passing without its body having run,
+is ``tampering`` and never passes. Editing tests therefore never earns reward. Separately, a
+patch that touches tests, the test runner's configuration or the harness is recorded as
+*suspected tampering* for the grader. What the candidate left that cannot be copied (links out of the workspace, FIFOs,
 unreadable or huge files) is listed in ``refused``; it never makes verification raise.
 
-Limits (stated, not hidden): the tests run in the same process as the candidate's code, so code
-that deliberately reads the nonce out of the bootstrap's memory could still forge a record; such
-code has to live in the patch, where the graders see it. docs/security.md lists the catalogue of
-reward hacks this is tested against, and what remains.
+Limits (stated, not hidden): the tests run in the same process as the candidate's code, so the
+outcomes it sends are its word; code that inspects the collected tests while they run could tell
+the planted ones apart and report only those honestly. Such code has to live in the patch, where
+the graders' tamper screen sees it. docs/security.md lists the catalogue of reward hacks this is
+tested against, and what remains.
 """
 
 from __future__ import annotations
@@ -26,6 +31,7 @@ from __future__ import annotations
 import hashlib
 import io
 import json
+import random
 import re
 import secrets
 import shlex
@@ -36,7 +42,7 @@ from pathlib import Path, PurePosixPath
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from gagar.rollout.envs import verify_boot
+from gagar.rollout.envs import plant, verify_boot
 from gagar.rollout.envs.task import Task
 from gagar.sandbox import (
     ExecResult,
@@ -128,8 +134,11 @@ def suspected_tampering(patch: str, task: Task) -> list[str]:
     return [p for p in touched_paths(patch) if is_guarded_path(p, task)]
 
 
-def _restore(session: Session, task: Task, base: dict[str, bytes]) -> list[str]:
-    """Put every guarded file back as the task has it; delete guarded files the candidate added.
+def _restore(
+    session: Session, task: Task, base: dict[str, bytes], planted: dict[str, bytes]
+) -> list[str]:
+    """Put every guarded file back as the task has it (``planted``: the test files with this
+    run's planted tests); delete guarded files the candidate added.
 
     Whatever stands in the way (a link, a FIFO or a directory at a test path, a file where a
     directory of tests should be) is removed first. Returns what could not be restored, with why:
@@ -137,6 +146,7 @@ def _restore(session: Session, task: Task, base: dict[str, bytes]) -> list[str]:
     before = session.list_files()
     pristine = {p: d for p, d in base.items() if is_guarded_path(p, task)}
     pristine.update({p: t.encode() for p, t in task.test_files.items()})
+    pristine.update(planted)
     problems = []
     for path in before:
         if is_guarded_path(path, task) and path not in pristine:
@@ -185,19 +195,28 @@ def _boot_command(task: Task, record: str, nonce: str) -> str | None:
     return " ".join(shlex.quote(w) for w in [*env, *boot])
 
 
-def run_tests(session: Session, task: Task, timeout: float | None) -> TestRun:
-    """Run the task's test ids in ``session`` through the bootstrap and judge its record."""
-    # The names are in the test process's argv (``/proc/self/cmdline``): never the nonce.
+def run_tests(
+    session: Session, task: Task, timeout: float | None, planting: plant.Planting | None = None
+) -> TestRun:
+    """Run the task's test ids (and ``planting``'s, mixed in) in ``session`` through the
+    bootstrap and judge its record."""
+    planting = planting or plant.Planting()
+    # The names are in the test process's argv (``/proc/self/cmdline``): never the nonce, never
+    # the planted tests' markers (the secret file has them; only the witness reads it).
     record = f".gagar-verify-{secrets.token_hex(16)}.json"
-    nonce_file, nonce = f".gagar-nonce-{secrets.token_hex(16)}", secrets.token_hex(16)
-    cmd = _boot_command(task, record, nonce_file)
+    secret_file, nonce = f".gagar-nonce-{secrets.token_hex(16)}", secrets.token_hex(16)
+    cmd = _boot_command(task, record, secret_file)
     if cmd is None:
         raise TestCommandError(
             f"{task.instance_id}: test_command {task.test_command!r} is not a pytest invocation "
             "the verifier can run (`[VAR=value ...] python -m pytest [args]` or `pytest [args]`)"
         )
-    session.write_file(nonce_file, nonce)
-    result = session.exec(cmd + " " + " ".join(shlex.quote(i) for i in task.test_ids), timeout)
+    secret = {"nonce": nonce, "markers": planting.markers(), "expect": planting.expected_exit()}
+    session.write_file(secret_file, json.dumps(secret))
+    ids = plant.mix(task.test_ids, planting, random.SystemRandom())
+    if planting.tests:  # a failing canary must not end the run (``-x``, ``--maxfail``)
+        ids.insert(0, "--maxfail=0")
+    result = session.exec(cmd + " " + " ".join(shlex.quote(i) for i in ids), timeout)
     try:
         raw: bytes | None = session.read_file(record)
         session.delete_file(record)
@@ -205,7 +224,7 @@ def run_tests(session: Session, task: Task, timeout: float | None) -> TestRun:
         raise
     except SandboxError:
         raw = None
-    return judge(raw, nonce, task, result)
+    return judge(raw, nonce, task, result, planting)
 
 
 class TestRun(BaseModel):
@@ -216,17 +235,30 @@ class TestRun(BaseModel):
 
     tests: dict[str, bool]
     tampering: list[str] = Field(default_factory=list)
+    broken: list[str] = Field(
+        default_factory=list, description="Why the run cannot pass, short of a forgery shown."
+    )
     notes: list[str] = Field(default_factory=list)
     result: ExecResult
     exit: int | None = None
+    expected_exit: int = Field(
+        default=0, description="pytest's status of an honest pass: 1 where canaries were planted."
+    )
 
 
-def judge(raw: bytes | None, nonce: str, task: Task, result: ExecResult) -> TestRun:
-    """The verdict's facts from the bootstrap's record (pure). No record: every id failed; a
-    record without the nonce, or facts that show the run was subverted: tampering."""
+def judge(
+    raw: bytes | None,
+    nonce: str,
+    task: Task,
+    result: ExecResult,
+    planting: plant.Planting | None = None,
+) -> TestRun:
+    """The verdict's facts from the witness's record (pure). No record, or the test process
+    ended before pytest finished: every id failed; a record without the nonce, facts that show
+    the run was subverted, or planted tests that show the outcomes forged: tampering."""
     failed = dict.fromkeys(task.test_ids, False)
     if raw is None:
-        note = "no record from the test process: it ended before pytest finished"
+        note = "no record from the verification: it ended before the witness wrote one"
         return TestRun(tests=failed, notes=[note], result=result)
     try:
         rec = json.loads(raw)
@@ -235,14 +267,34 @@ def judge(raw: bytes | None, nonce: str, task: Task, result: ExecResult) -> Test
     except (ValueError, UnicodeDecodeError):
         forged = ["the verification record was not written by the verifier (forged)"]
         return TestRun(tests=failed, tampering=forged, result=result)
-    outcomes = rec.get("outcomes") or {}
-    tests = {tid: outcomes.get(tid) is True for tid in task.test_ids}
+    planting = planting or plant.Planting()
+    outcomes, markers = _mapping(rec, "outcomes"), _mapping(rec, "markers")
+    forged, broken = plant.check(planting, outcomes, markers)
+    expected = planting.expected_exit()
+    if expected and rec.get("exit") == 0:
+        forged.append("the test process exited 0 although planted canaries must fail")
+    if rec.get("finished", True) is not True:
+        broken.append("the test process ended before pytest finished (no facts from it)")
+    stream = _mapping(rec, "stream")
+    if stream.get("bad_lines") or stream.get("overflow"):
+        broken.append(f"the test process's messages to the witness were not its own: {stream}")
+    notes = [planting.describe()] if planting.tests else []
+    if stream and stream.get("witness_guarded") is False:
+        notes.append("the witness could not make itself undumpable (prctl failed)")
     return TestRun(
-        tests=tests,
-        tampering=_record_findings(rec, task),
+        tests={tid: outcomes.get(tid) is True for tid in task.test_ids},
+        tampering=[*forged, *_record_findings(rec, task)],
+        broken=broken,
+        notes=notes,
         result=result,
         exit=rec.get("exit") if isinstance(rec.get("exit"), int) else None,
+        expected_exit=expected,
     )
+
+
+def _mapping(rec: dict, key: str) -> dict:
+    value = rec.get(key)
+    return value if isinstance(value, dict) else {}
 
 
 def _record_findings(rec: dict, task: Task) -> list[str]:
@@ -308,8 +360,10 @@ def verify(
         )
     try:
         refused = sorted(before - set(fresh.list_files()))
-        refused += _restore(fresh, task, task.repo_files())
-        run = run_tests(fresh, task, timeout)
+        base = task.repo_files()
+        planting = _planting(task, base)
+        refused += _restore(fresh, task, base, planting.files)
+        run = run_tests(fresh, task, timeout, planting)
     except SandboxInfraError as e:
         return Verdict(instance_id=task.instance_id, passed=False, valid=False, infra_error=str(e))
     except (
@@ -320,16 +374,20 @@ def verify(
         fresh.close()
     result = run.result
     notes = [*run.notes, *(f"tampering: {t}" for t in run.tampering)]
+    notes += [f"cannot pass: {b}" for b in run.broken]
     if refused:
         notes.append("not carried into verification: " + "; ".join(refused[:50]))
     log = (result.stdout + result.stderr)[-LOG_CAP:]
     return Verdict(
         instance_id=task.instance_id,
-        # The process's exit status, the record's and every id must agree on a pass.
+        # The process's exit status, the record's and every id must agree on a pass: pytest's
+        # status (the record's) is 1 where the planted canaries failed, as they must; the
+        # witness then leaves with 0, the process's status of no other run of it.
         passed=result.infra_error is None
         and result.exit_code == 0
-        and run.exit == 0
+        and run.exit == run.expected_exit
         and not run.tampering
+        and not run.broken
         and all(run.tests.values()),
         valid=result.infra_error is None,
         tests=run.tests,
@@ -342,6 +400,30 @@ def verify(
         notes=[n[:2000] for n in notes],
         duration_s=result.duration_s,
     )
+
+
+# pytest options that deselect tests: a planted test they leave out would never run.
+SELECTING = ("-k", "-m", "--deselect", "--co", "--collect-only", "--lf", "--last-failed")
+
+
+def _selects(word: str, after: str) -> bool:
+    if word == "-m":
+        return after != "pytest"  # ``python -m pytest`` runs pytest; ``pytest -m slow`` selects
+    return word[:2] in ("-k", "-m") or any(word.split("=")[0] == o for o in SELECTING)
+
+
+def _planting(task: Task, base: dict[str, bytes]) -> plant.Planting:
+    """This run's planted tests, in the task's test files as verification restores them; none
+    where the task's command selects among the tests itself."""
+    try:
+        words = shlex.split(task.test_command)
+    except ValueError:
+        return plant.Planting()  # refused by ``_boot_command``
+    if any(_selects(w, after) for w, after in zip(words, [*words[1:], ""], strict=True)):
+        return plant.Planting()
+    pristine = {p: d for p, d in base.items() if is_guarded_path(p, task)}
+    pristine.update({p: t.encode() for p, t in task.test_files.items()})
+    return plant.plant(task.test_ids, pristine, random.SystemRandom())
 
 
 def _fresh(factory: SessionFactory, tarball: bytes) -> Session:

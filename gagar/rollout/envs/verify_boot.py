@@ -1,6 +1,7 @@
-"""The test process of verification: pytest from the executor's environment, watched.
+"""The test process of verification: pytest from the executor's environment, watched, and a
+witness outside it.
 
-``verify.py`` runs this file's source as ``python -I -B -c SOURCE RECORD NONCE ROOT -- ARGS``
+``verify.py`` runs this file's source as ``python -I -B -c SOURCE RECORD SECRET ROOT -- ARGS``
 inside the jail; it is never imported by gagar, and needs only the standard library and pytest.
 
 - ``-I`` (isolated mode: no ``PYTHON*`` variables, no user site, neither the current directory nor
@@ -9,19 +10,30 @@ inside the jail; it is never imported by gagar, and needs only the standard libr
 - pytest, pluggy and every plugin (``-p``, entry points) are imported before the workspace joins
   ``sys.path``; the workspace is put first only when pytest loads the initial conftests, as
   ``python -m pytest`` would have it, so the code under test imports as it always did.
-- The nonce is read from a file the host wrote and deleted before any code of the workspace runs;
-  the record at ``RECORD`` carries it, and is created exclusively at the very end, after which
-  the process leaves with ``os._exit`` (no ``atexit`` handler, no thread of the code runs after).
-- What the host checks is recorded as facts: where pytest and the plugins were loaded from, which
-  files the collected tests' modules and functions come from, which loaders loaded them, which
-  modules of the standard library or the runner were executed from the workspace, which of
-  pytest's and Python's functions were replaced during the run (checked after each test and at
-  the end, and class attributes set at any time, through an audit hook the code cannot remove),
-  and whether anything touched the record's path. ``verify.py`` decides; this process only tells.
+- Then the process makes itself undumpable and forks. The child is the test process: pytest runs
+  there, beside the code under test. The parent is the witness: no code of the workspace ever
+  runs in it, and the test process can neither trace it nor open its ``/proc/PID/mem`` or ``fd``.
+- The secret file the host wrote (the nonce, and the marker paths and tokens of the planted tests,
+  ``plant.py``) is opened and unlinked before the fork and read by the witness only, after it:
+  the nonce is never in the test process's memory, so no frame walk or heap search there finds it.
+- The test process sends each test's outcome through a pipe as pytest reports it (what was sent
+  cannot be rewritten at the end), and at the end the facts the host checks: where pytest and the
+  plugins were loaded from, which files the collected tests' modules and functions come from,
+  which loaders loaded them, which modules of the standard library or the runner were executed
+  from the workspace, which of pytest's and Python's functions were replaced during the run
+  (checked after each test and at the end, and class attributes set at any time, through an audit
+  hook the code cannot remove), and whether anything touched the record's path.
+- The witness reads the pipe while the test process runs, waits for its exit (its status is the
+  witness's own observation), reads and removes the planted tests' markers (their bodies write
+  them: the witness sees which bodies ran), and writes the record with the nonce, exclusively,
+  then leaves with 0 where pytest's status is the one the host expects of an honest run (the
+  secret says which: 1 where canaries were planted), else with that status. ``verify.py``
+  decides; neither process judges.
 
-The tests run in this process, beside the code under test: code that deliberately reads the nonce
-out of this process's memory and forges the record can still pass. It has to be in the patch,
-where the graders see it (docs/security.md, "What remains").
+What the test process says about its tests is still its word: code running there can send forged
+outcomes. It cannot know which of the ids are planted canaries (must fail) and controls (must
+pass, their markers written) without inspecting the tests while they run, which is harness reach
+the graders' tamper screen flags (docs/security.md, "What remains").
 """
 
 import os
@@ -196,11 +208,12 @@ def _file_of(obj):
 
 class Recorder:
     """A pytest plugin of the bootstrap: puts the workspace on the path at the right moment,
-    records the outcomes and where each collected test came from."""
+    sends each test's outcome to the witness as it is reported, records where each collected
+    test came from."""
 
-    def __init__(self, watch, root):
-        self.watch, self.root = watch, root
-        self.outcomes, self.items, self.plugins, self.loaders = {}, [], [], []
+    def __init__(self, watch, root, send):
+        self.watch, self.root, self.send = watch, root, send
+        self.items, self.plugins = [], []
 
     def pytest_load_initial_conftests(self, early_config, parser, args):
         sys.path.insert(0, self.root)  # every plugin is loaded now; no code of the workspace ran
@@ -223,13 +236,13 @@ class Recorder:
 
     def pytest_runtest_logreport(self, report):
         ok = report.passed and not hasattr(report, "wasxfail")
-        self.outcomes[report.nodeid] = self.outcomes.get(report.nodeid, True) and ok
+        self.send({"test": report.nodeid, "ok": bool(ok)})
         if report.when == "call":
             self.watch.check(f"by the end of {report.nodeid}")
 
     def pytest_collectreport(self, report):
         if report.failed:
-            self.outcomes[report.nodeid or "<collection>"] = False
+            self.send({"test": report.nodeid or "<collection>", "ok": False})
 
     def pytest_sessionfinish(self, session):
         for _name, plugin in session.config.pluginmanager.list_name_plugin():
@@ -257,33 +270,42 @@ def _shadowed(executed, root, protected):
     return sorted(out)
 
 
-def main():
-    _exit, _open, _write = os._exit, os.open, os.write
-    record, nonce_file, root = sys.argv[1:4]
-    root = os.path.abspath(root)
-    args = [*sys.argv[5:], f"--rootdir={root}", "-p", "no:cacheprovider"]
-    fd = os.open(nonce_file, os.O_RDONLY | os.O_NOFOLLOW)
-    nonce = os.read(fd, 256).decode()
-    os.close(fd)
-    os.unlink(nonce_file)
-    sys.argv = ["pytest"]
-    tokens = (os.path.basename(record), os.path.basename(nonce_file))
-    watch = Watch(root, tokens)
-    import importlib
-    import json
+class Stream:
+    """The test process's end of the pipe to the witness: one JSON line per message, written as
+    it happens (what was sent cannot be taken back later). A pipe the code closed or filled with
+    its own lines only costs the run its record (``_outcomes``)."""
 
+    def __init__(self, fd, dumps):
+        self.fd, self.dumps, self.write = fd, dumps, os.write
+
+    def __call__(self, message):
+        data = self.dumps(message).encode() + b"\n"
+        try:
+            while data:
+                data = data[self.write(self.fd, data) :]
+        except OSError:
+            pass
+
+
+def _set_dumpable(value):
+    """``prctl(PR_SET_DUMPABLE)``: a process that is not dumpable cannot be traced, nor its
+    ``/proc/PID/mem`` or ``fd`` opened, by a process of the same uid. False where it failed."""
+    try:
+        import ctypes
+
+        return ctypes.CDLL(None, use_errno=True).prctl(4, value, 0, 0, 0) == 0
+    except Exception:
+        return False
+
+
+def _test_process(send, root, args, tokens, protected):
+    """The child: pytest runs here, beside the code under test; its facts go to the witness."""
     import pytest
 
-    for name in (*PRELOAD, *GUARDED_MODULES):
-        try:
-            importlib.import_module(name)
-        except Exception:
-            continue
-    loaded_before = {n.split(".")[0] for n in sys.modules}
-    protected = (set(sys.stdlib_module_names) | loaded_before | set(RUNNER_DISTS)) - {"__main__"}
+    watch = Watch(root, tokens)
     watch.snapshot()
     sys.addaudithook(watch.audit)
-    recorder = Recorder(watch, root)
+    recorder = Recorder(watch, root, send)
     try:
         code = int(pytest.main(args, plugins=[recorder]))
     except BaseException as e:  # the run ended by something pytest did not catch
@@ -295,27 +317,150 @@ def main():
     for name, where in runner.items():
         if where and _inside(where, root):  # /tmp outside the executor's environment
             watch.flags.append(f"the test runner's {name} was loaded from {where!r}")
+    watch.finishing = True
     facts = {
-        "nonce": nonce,
-        "root": root,
         "exit": code,
-        "outcomes": recorder.outcomes,
         "items": recorder.items,
         "runner": runner,
         "plugins": recorder.plugins,
         "shadowed": _shadowed(watch.executed, root, protected),
         "flags": watch.flags,
     }
-    data = json.dumps(facts).encode()
-    watch.finishing = True
+    send({"facts": facts})
+    return code
+
+
+def _witness(fd, pid, limit):
+    """Everything the test process sent until it ended (read while it runs: a full pipe never
+    blocks it), whether it sent more than ``limit`` bytes, and its wait status. Stops at its
+    exit, not at the pipe's end: a child it left holding the pipe cannot keep the witness."""
+    import select
+
+    chunks, size, status = [], 0, None
+    while status is None:
+        if select.select([fd], [], [], 0.05)[0]:
+            data = os.read(fd, 1 << 16)
+            if not data:
+                status = os.waitpid(pid, 0)[1]
+            size += len(data)
+            if size <= limit:
+                chunks.append(data)
+        else:
+            done, st = os.waitpid(pid, os.WNOHANG)
+            status = st if done else None
+    os.set_blocking(fd, False)
     try:
-        out = _open(record, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+        while size <= limit and (data := os.read(fd, 1 << 16)):
+            size += len(data)
+            chunks.append(data)
+    except BlockingIOError:
+        pass
+    code = os.waitstatus_to_exitcode(status)
+    return b"".join(chunks)[:limit], size > limit, 128 - code if code < 0 else code
+
+
+def _outcomes(data, json):
+    """Per node id, passed in every phase (from the test process's lines, in order), its final
+    facts (None: it ended before sending them) and how many lines were not its messages."""
+    outcomes: dict = {}
+    facts, bad = None, 0
+    for line in data.split(b"\n"):
+        if not line:
+            continue
+        try:
+            msg = json.loads(line)
+            if "test" in msg:
+                tid, ok = str(msg["test"]), msg["ok"] is True
+                outcomes[tid] = outcomes.get(tid, True) and ok
+            elif facts is None and isinstance(msg.get("facts"), dict):
+                facts = msg["facts"]
+            else:
+                raise ValueError(line[:80])
+        except (ValueError, TypeError, KeyError, AttributeError):
+            bad += 1
+    return outcomes, facts, bad
+
+
+def _markers(wanted):
+    """Which of the planted tests' marker files hold their token (each read and removed; never
+    a link followed). The planted tests' bodies write them: a body that never ran left none."""
+    seen = {}
+    for path, token in wanted.items():
+        try:
+            fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+            try:
+                seen[path] = os.read(fd, 4096).decode(errors="replace") == token
+            finally:
+                os.close(fd)
+            os.unlink(path)
+        except OSError:
+            seen[path] = False
+    return seen
+
+
+STREAM_LIMIT = 64 << 20
+
+
+def main():
+    _exit, _open, _write = os._exit, os.open, os.write
+    record, secret_file, root = sys.argv[1:4]
+    root = os.path.abspath(root)
+    args = [*sys.argv[5:], f"--rootdir={root}", "-p", "no:cacheprovider"]
+    # The secret (the nonce, the planted tests' markers) is read by the witness only, after the
+    # fork: it is never in the test process's memory, and its file is gone before the fork.
+    secret_fd = os.open(secret_file, os.O_RDONLY | os.O_NOFOLLOW)
+    os.unlink(secret_file)
+    sys.argv = ["pytest"]
+    tokens = (os.path.basename(record), os.path.basename(secret_file))
+    import gc
+    import importlib
+    import json
+
+    import pytest  # noqa: F401
+
+    for name in (*PRELOAD, *GUARDED_MODULES):
+        try:
+            importlib.import_module(name)
+        except Exception:
+            continue
+    loaded_before = {n.split(".")[0] for n in sys.modules}
+    protected = (set(sys.stdlib_module_names) | loaded_before | set(RUNNER_DISTS)) - {"__main__"}
+    guarded = _set_dumpable(0)
+    theirs, ours = os.pipe()
+    gc.freeze()  # what is loaded now is never collected: the child's collections copy no page
+    pid = os.fork()
+    if pid == 0:  # the test process: nothing of the secret, nothing of the witness's pipe end
+        os.close(secret_fd)
+        os.close(theirs)
+        _set_dumpable(1)
+        _exit(_test_process(Stream(ours, json.dumps), root, args, tokens, protected))
+    os.close(ours)
+    secret = json.loads(os.read(secret_fd, 1 << 20))
+    os.close(secret_fd)
+    data, overflow, code = _witness(theirs, pid, STREAM_LIMIT)
+    outcomes, facts, bad = _outcomes(data, json)
+    rec = {
+        **(facts or {}),
+        "nonce": secret["nonce"],
+        "root": root,
+        "exit": code,
+        "claimed_exit": (facts or {}).get("exit"),
+        "finished": facts is not None,
+        "outcomes": outcomes,
+        "markers": _markers(secret.get("markers") or {}),
+        "stream": {"bad_lines": bad, "overflow": overflow, "witness_guarded": guarded},
+    }
+    out = json.dumps(rec).encode()
+    try:
+        fd = _open(record, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
     except OSError as e:
         _write(2, f"gagar verify: cannot create the record: {e}\n".encode())
         _exit(3)
-    while data:
-        data = data[_write(out, data) :]
-    _exit(code)
+    while out:
+        out = out[_write(fd, out) :]
+    # pytest's status is in the record; the process's is 0 only where it is the one an honest
+    # run has (1 where canaries were planted), so that no other run (a crash's 1) reads as one.
+    _exit(0 if code == secret.get("expect", 0) else code or 1)
 
 
 if __name__ == "__main__":
