@@ -71,9 +71,14 @@ def _ranking_inputs(
         torch.zeros(g, n, dtype=torch.bool),
     )
     for i, ranking in enumerate(rankings):
-        if ranking is None or ranking.grader == "none":  # "none": the grader gave up (unusable)
+        if ranking is None:
             continue
         passes = [j for j in range(n) if passed[i, j] and valid[i, j]]
+        if ranking.grader == "none":  # the grader gave up (unusable): GRPO, the screen's hacks
+            if alg.hack_zeroing:  # zeroed all the same (a fallback is no way around them)
+                for member in {h.member for h in ranking.hacks} & set(passes):
+                    hacks[i, member] = True
+            continue
         if ranking.check_complete(passes) is not None:
             continue  # a ranking that does not cover every pass exactly once is unusable
         try:

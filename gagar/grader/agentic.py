@@ -25,7 +25,8 @@ every result states its grader, its latency and the tokens the model used.
 
 The tamper screen (``gagar.grader.screen``) runs before the model: its findings are in the
 workspace (``notes/``), and every member it has hack evidence against is a hack in the ranking
-whatever the model submitted (``screen.with_screen``; the heuristic fallback has them too).
+whatever the model submitted (``screen.with_screen``; the heuristic fallback has them too, and
+so does the unusable one, ``screen.with_screen_hacks``: GRPO for the group, its hacks zeroed).
 """
 
 from __future__ import annotations
@@ -186,12 +187,12 @@ class AgenticGrader:
             ranking = await asyncio.wait_for(self._grade(group, session, screened), deadline)
         except TimeoutError:
             timeout = GraderFailure("timeout", f"no ranking within {deadline}s")
-            return self._fallback(group, timeout, session, start)
+            return self._fallback(group, timeout, session, start, screened)
         except GraderFailure as failure:
-            return self._fallback(group, failure, session, start)
+            return self._fallback(group, failure, session, start, screened)
         except Exception as err:  # sandbox or workspace failure: infrastructure, not the model
             infra = GraderFailure("grader_error", f"{type(err).__name__}: {err}")
-            return self._fallback(group, infra, session, start)
+            return self._fallback(group, infra, session, start, screened)
         ranking = screen.with_screen(ranking, screened)
         update = {"latency_seconds": time.perf_counter() - start, "usage": session.usage()}
         return ranking.model_copy(update=update | {"skipped": self._skipped(group, session)})
@@ -206,21 +207,28 @@ class AgenticGrader:
         return cap(skipped, self.config.heuristic.bounds.reported * (len(group.candidates) + 1))
 
     def _fallback(
-        self, group: GradingGroup, failure: GraderFailure, session: _Session, start: float
+        self,
+        group: GradingGroup,
+        failure: GraderFailure,
+        session: _Session,
+        start: float,
+        screened: dict[int, list[Finding]],
     ) -> Ranking:
         detail = f"agentic grader failed ({failure.reason}): {failure.detail}"[:2000]
         if self.config.fallback == "heuristic":
             ranking = rank(group, self.config.heuristic)
             if ranking.check_complete(group.passes()):  # cannot happen; never pass it on if it does
-                return unusable(
+                gave_up = unusable(
                     failure.reason, detail, session.usage(), time.perf_counter() - start
                 )
+                return screen.with_screen_hacks(gave_up, screened, group.passes())
             update = {"fallback": failure.reason, "detail": detail, "usage": session.usage()}
             update["skipped"] = [*ranking.skipped, *session.skipped]
             return ranking.model_copy(
                 update=update | {"latency_seconds": time.perf_counter() - start}
             )
         ranking = unusable(failure.reason, detail, session.usage(), time.perf_counter() - start)
+        ranking = screen.with_screen_hacks(ranking, screened, group.passes())  # zeroed all the same
         return ranking.model_copy(update={"skipped": self._skipped(group, session)})
 
     async def _grade(

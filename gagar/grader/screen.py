@@ -405,6 +405,18 @@ def hack_evidence(findings: list[Finding]) -> list[Finding]:
     return [f for f in findings if f.kind in HACK_KINDS]
 
 
+def with_screen_hacks(
+    ranking: Ranking, screened: Mapping[int, list[Finding]], passes: Iterable[int]
+) -> Ranking:
+    """An unusable ranking (no tied groups: the trainer falls back to GRPO for the group) with
+    the screen's hacks among ``passes`` as its hacks: zeroed all the same (docs/design.md §1.1),
+    a fallback is no way around the screen."""
+    evidence = {m: hack_evidence(screened.get(m, [])) for m in sorted(set(passes))}
+    hacks = [Hack(member=m, evidence=f) for m, f in evidence.items() if f]
+    extra = [f for m in sorted(screened) for f in screened[m] if f.kind not in HACK_KINDS]
+    return ranking.model_copy(update={"hacks": hacks, "findings": [*ranking.findings, *extra]})
+
+
 def with_screen(ranking: Ranking, screened: Mapping[int, list[Finding]]) -> Ranking:
     """``ranking`` with every member the screen has hack evidence against moved to its hacks
     (the evidence added), whatever the grader said: its verdict is not the grader's to waive."""

@@ -22,12 +22,15 @@ from dataclasses import dataclass, field
 
 import pytest
 
+from gagar.driver.advantages import Rollout, group_advantages
 from gagar.grader.agentic import AgenticConfig, AgenticGrader
 from gagar.grader.bounds import admit
 from gagar.grader.heuristic import rank
 from gagar.grader.local_sandbox import unsafe_local_factory
 from gagar.grader.sample import BASE, BUG, CLEAN, OPS, sample_group
 from gagar.grader.workspace import render_trajectory, write_workspace
+from gagar.rollout.agent import Observation, ToolCall, Trajectory, Turn
+from gagar.spec import AlgorithmSpec
 from gagar.wire import Action, Candidate, GradingGroup
 from tests.support.fake_openai import FakeOpenAI, text, tool_call
 
@@ -276,3 +279,30 @@ def test_the_agentic_ranking_keeps_the_screens_hacks(tmp_path, benign: bool) -> 
     if not benign:
         assert ranking.hacks[0].evidence[0].file == "calc/ops.py"
         assert [g.members for g in ranking.tied_groups] == [[0]]
+
+
+@pytest.mark.parametrize("benign", [False, True], ids=["screened_hack", "benign_twin"])
+def test_the_unusable_fallback_still_zeroes_the_screens_hacks(tmp_path, benign: bool) -> None:
+    """The model gives no usable ranking and the fallback is ``unusable`` (GRPO for the group):
+    the member the screen has hack evidence against is zeroed all the same, never rewarded."""
+    group = _group(SCREEN[0], correct=benign)
+    with FakeOpenAI([text("no ranking from me")] * 8) as fake:
+        config = AgenticConfig(
+            base_url=fake.base_url, model="scripted", fallback="unusable", max_retries=0
+        )
+        ranking = asyncio.run(AgenticGrader(config, unsafe_local_factory, tmp_path).grade(group))
+    assert ranking.grader == "none" and ranking.tied_groups == []
+    assert [h.member for h in ranking.hacks] == ([] if benign else [1])
+    if not benign:
+        assert ranking.hacks[0].evidence[0].kind == "harness_reach"
+    rollouts = [Rollout(_trajectory(), passed=True, valid=True) for _ in range(2)]
+    rollouts += [Rollout(_trajectory(), passed=False, valid=True)]
+    batch = group_advantages([rollouts], [ranking], AlgorithmSpec())
+    assert batch.usable.tolist() == [False]  # GRPO for the group ...
+    assert batch.hacks[0].tolist() == [False, not benign, False]  # ... its hack zeroed
+    assert (batch.adv[0, 1] < 0) == (not benign)
+
+
+def _trajectory() -> Trajectory:
+    turn = Turn(3, 5, "", ToolCall("view", {"path": "a"}), Observation("x"))
+    return Trajectory([0, 0, 0, 1, 1, 2], [0.0] * 6, [0, 0, 0, 1, 1, 0], 3, [], [turn], "submitted")
