@@ -5,6 +5,7 @@ Kept apart from the calculator so ``status.py`` never looks into raw API objects
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -191,30 +192,54 @@ def others_fields(obj: dict[str, Any], ours: frozenset[str]) -> frozenset[tuple[
 POD_OF_JOB = ("f:spec", "f:template", "f:spec")
 
 
+def _pod_of_replicated_job(name: str) -> tuple[str, ...]:
+    """The managedFields path of a JobSet's replicated Job's pod spec (a list keyed by name)."""
+    key = "k:" + json.dumps({"name": name}, separators=(",", ":"))
+    return ("f:spec", "f:replicatedJobs", key, "f:template", "f:spec", "f:template", "f:spec")
+
+
+def _leave(
+    pod: dict[str, Any], theirs: frozenset[tuple[str, ...]], at: tuple[str, ...]
+) -> dict[str, Any]:
+    """``pod`` without the scheduling fields at ``at`` that are ``theirs``."""
+    out = dict(pod)
+    if (*at, "f:tolerations") in theirs:
+        out.pop("tolerations", None)
+    selector = {k: v for k, v in (out.pop("nodeSelector", None) or {}).items()
+                if (*at, "f:nodeSelector", f"f:{k}") not in theirs}  # fmt: skip
+    out.update({"nodeSelector": selector} if selector else {})
+    if (*at, "f:affinity", "f:nodeAffinity") in theirs and "affinity" in out:
+        rest = {k: v for k, v in out.pop("affinity").items() if k != "nodeAffinity"}
+        out.update({"affinity": rest} if rest else {})
+    return out
+
+
 def leave_to_queue(
     job: dict[str, Any], live: dict[str, Any], ours: frozenset[str]
 ) -> dict[str, Any]:
-    """The trainer Job to apply, without the scheduling fields of its pod template that another
-    manager owns on the live Job: what a queue (Kueue) wrote when it admitted it, the flavor's
-    node selector keys, its tolerations (an atomic list: the whole of it) and node affinity.
-    Applied by force they would be taken back (the run's own values), which the server refuses
-    once the Job has started (its template is immutable) and which would undo the admission
-    before. Everything else is applied as built."""
+    """The trainer Job (or JobSet) to apply, without the scheduling fields of its pod templates
+    that another manager owns on the live object: what a queue (Kueue) wrote when it admitted
+    it, the flavor's node selector keys, its tolerations (an atomic list: the whole of it) and
+    node affinity. Applied by force they would be taken back (the run's own values), which the
+    server refuses once the Job has started (its template is immutable) and which would undo the
+    admission before. Everything else is applied as built."""
     theirs = others_fields(live, ours)
-    if job.get("kind") != "Job" or not any(p[:3] == POD_OF_JOB for p in theirs):
+    spec = job["spec"]
+    if job.get("kind") == "Job":
+        template = {
+            **spec["template"],
+            "spec": _leave(spec["template"]["spec"], theirs, POD_OF_JOB),
+        }
+        return {**job, "spec": {**spec, "template": template}}
+    if job.get("kind") != "JobSet":
         return job
-    pod = dict(job["spec"]["template"]["spec"])
-    if (*POD_OF_JOB, "f:tolerations") in theirs:
-        pod.pop("tolerations", None)
-    selector = {k: v for k, v in (pod.get("nodeSelector") or {}).items()
-                if (*POD_OF_JOB, "f:nodeSelector", f"f:{k}") not in theirs}  # fmt: skip
-    pod.pop("nodeSelector", None)
-    pod.update({"nodeSelector": selector} if selector else {})
-    if (*POD_OF_JOB, "f:affinity", "f:nodeAffinity") in theirs and "affinity" in pod:
-        rest = {k: v for k, v in pod.pop("affinity").items() if k != "nodeAffinity"}
-        pod.update({"affinity": rest} if rest else {})
-    template = {**job["spec"]["template"], "spec": pod}
-    return {**job, "spec": {**job["spec"], "template": template}}
+    replicated = []
+    for rj in spec["replicatedJobs"]:
+        inner = rj["template"]["spec"]["template"]
+        pod = _leave(inner["spec"], theirs, _pod_of_replicated_job(rj["name"]))
+        job_spec = {**rj["template"]["spec"], "template": {**inner, "spec": pod}}
+        replicated.append({**rj, "template": {**rj["template"], "spec": job_spec}})
+    return {**job, "spec": {**spec, "replicatedJobs": replicated}}
 
 
 def _field_paths(node: dict[str, Any], prefix: tuple[str, ...]) -> list[tuple[str, ...]]:

@@ -45,3 +45,17 @@ def test_kueues_fields_are_left_to_kueue() -> None:
 def test_what_only_the_operator_wrote_is_applied_as_built() -> None:
     for live in (_live("gagar-operator", {"f:tolerations": {}}), {"metadata": {}}):
         assert leave_to_queue(DESIRED, live, OURS) == DESIRED
+
+
+def test_a_jobsets_replicated_job_leaves_kueues_fields_too() -> None:
+    pod = {"containers": [{"name": "trainer"}], "tolerations": [OWN]}
+    jobset = {"kind": "JobSet", "spec": {"replicatedJobs": [
+        {"name": "node", "replicas": 1, "template": {"spec": {"template": {"spec": pod}}}}]}}  # fmt: skip
+    rj = {"f:template": {"f:spec": {"f:template": {"f:spec": {"f:tolerations": {}}}}}}
+    fields = {"f:spec": {"f:replicatedJobs": {'k:{"name":"node"}': rj}}}
+    live = {"metadata": {"managedFields": [
+        {"manager": "kueue", "operation": "Update", "fieldsV1": fields}]}}  # fmt: skip
+    out = leave_to_queue(jobset, live, OURS)
+    assert out["spec"]["replicatedJobs"][0]["template"]["spec"]["template"]["spec"] == {
+        "containers": [{"name": "trainer"}]
+    }
