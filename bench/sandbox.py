@@ -19,6 +19,7 @@ done here only (by patching the executor's modules), never offered by the execut
     .venv/bin/python bench/sandbox.py --verify [--runs N] [--baseline OLD/verify.py]
     .venv/bin/python bench/sandbox.py --waiter [--runs N] [--rounds R]
     .venv/bin/python bench/sandbox.py --warm [--runs N] [--rounds R] [--out bench/results/sandbox-warm.json]
+    .venv/bin/python bench/sandbox.py --station [--runs N] [--rounds R] [--out bench/results/sandbox-station.json]
 
 ``--warm`` measures the CPU seconds of one pytest run (a synthetic task's visible tests) cold (a
 fresh interpreter per run) and warm (forked from the session's fork server, ``warm.py``): the
@@ -26,6 +27,9 @@ user+system CPU of the run's process tree from its cgroups (for a warm run, plus
 CPU during the run: the fork and the wait), the executor's own CPU per run (``RUSAGE_SELF``), and
 the wall time, cold and warm alternating in rounds in one process; the server's start is reported
 apart (once per session).
+
+``--station`` measures one verification's run in a station (``station_cost``), each run in a
+network namespace of its own against runs sharing the server's (the fallback).
 """
 
 from __future__ import annotations
@@ -323,6 +327,87 @@ def warm_cost(runs: int, rounds: int, out: str) -> int:
     return 0
 
 
+STATION_COMMANDS = {
+    "pytest": COMMANDS["pytest"],  # a synthetic task's visible tests
+    "pass": "python -I -B -c pass",  # the fixed cost of a warm run
+}
+
+
+def station_cost(runs: int, rounds: int, out: str) -> int:
+    """Per verification in a station (``station.py``): one candidate's archive refilled into an
+    idle station, one command run warm, the station given back. Each run in a network namespace
+    of its own (``netns``, the default) against runs sharing the server's namespace, whose sockets
+    are checked after each run (``shared``: the fallback where the kernel refuses user
+    namespaces; ``warm.RUN_NETNS`` off, patched here only), alternating in rounds. Run on an
+    older checkout (no ``RUN_NETNS``), both modes measure that checkout."""
+    from gagar.sandbox import warm
+    from gagar.sandbox.workspace import files_tarball
+
+    tarball = files_tarball(synthetic.generate(3).repo_files())
+    limits = Limits(wall_time_s=120, cpu_time_s=60)
+    modes = {"netns": True, "shared": False}
+    load_start = os.getloadavg()
+    rows = []
+    print(f"{'command':<8}{'mode':<8}{'cpu s/run':>11}{'executor s/run':>16}{'wall s/run':>12}")
+    for name, cmd in STATION_COMMANDS.items():
+        factories = {m: LocalFactory(limits=limits) for m in modes}
+        samples: dict[str, list[tuple[float, float, float]]] = {m: [] for m in modes}
+        for _ in range(rounds):
+            for mode, factory in factories.items():
+                warm.RUN_NETNS = modes[mode]  # read when a station's server starts
+                for _ in range(runs + (factory.stations.made == 0)):  # the first starts it
+                    sample = _station_run(factory, tarball, cmd, mode)
+                    if factory.stations.reused:
+                        samples[mode].append(sample)
+        warm.RUN_NETNS = True
+        for mode, factory in factories.items():
+            factory.stations.close()
+            cpu, own, wall = (statistics.median(x) for x in zip(*samples[mode], strict=True))
+            row = {
+                "command": name,
+                "mode": mode,
+                "cpu_s_per_run": round(cpu, 4),
+                "executor_cpu_s_per_run": round(own, 4),
+                "wall_s_per_run": round(wall, 4),
+                "n": len(samples[mode]),
+                "stations_made": factory.stations.made,
+            }
+            rows.append(row)
+            print(f"{name:<8}{mode:<8}{cpu:>11.4f}{own:>16.4f}{wall:>12.4f}")
+    result = {
+        "benchmark": "sandbox-station",
+        "what": "median per verification run in a station: run CPU (its cgroups, with the "
+        "server's share), executor CPU (refill, exec, give back), wall",
+        "runs_per_round": runs,
+        "rounds": rounds,
+        "load_avg_start": load_start,
+        "load_avg_end": os.getloadavg(),
+        "cpus": os.cpu_count(),
+        "rows": rows,
+    }
+    save(out, result, indent=2)
+    print(f"wrote {out}")
+    return 0
+
+
+def _station_run(
+    factory: LocalFactory, tarball: bytes, cmd: str, mode: str
+) -> tuple[float, float, float]:
+    """One verification's use of a station: (run CPU s, executor CPU s, wall s)."""
+    import resource
+
+    before = resource.getrusage(resource.RUSAGE_SELF)
+    t0 = time.perf_counter()
+    with factory.verification_session(tarball) as s:
+        r = s.exec(cmd)
+    wall = time.perf_counter() - t0
+    after = resource.getrusage(resource.RUSAGE_SELF)
+    if not r.warm or r.exit_code not in (0, 1):
+        raise RuntimeError(f"{mode}: {r.describe()} {r.warm_fallback} {r.stderr}")
+    own = after.ru_utime + after.ru_stime - before.ru_utime - before.ru_stime
+    return r.cpu_time_s or 0.0, own, wall
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--runs", type=int, default=2, help="runs per worker (session) per round")
@@ -332,9 +417,13 @@ def main() -> int:
     ap.add_argument("--verify", action="store_true", help="cost per verification instead")
     ap.add_argument("--waiter", action="store_true", help="fixed cost of the jail's waiter")
     ap.add_argument("--warm", action="store_true", help="CPU per pytest run, cold vs warm")
+    ap.add_argument("--station", action="store_true", help="cost per run in a station")
     ap.add_argument("--baseline", default=None, help="with --verify: an older verify.py")
     args = ap.parse_args()
     check_isolation()
+    if args.station:
+        out = args.out or "bench/results/sandbox-station.json"
+        return station_cost(args.runs, args.rounds, out)
     if args.warm:
         return warm_cost(args.runs, args.rounds, args.out or "bench/results/sandbox-warm.json")
     if args.waiter:

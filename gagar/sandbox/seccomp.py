@@ -81,8 +81,15 @@ SCHED_OF_A_PID = ("sched_setaffinity", "sched_setscheduler", "sched_setparam", "
 PRIO_PROCESS, IOPRIO_WHO_PROCESS = 0, 1
 
 
+# What the warm runner's fork server makes for each run before the run's code starts: a network
+# namespace of the run's own, in a user namespace (the capability the first needs, inside it only).
+RUN_NETWORK = CLONE_NEW["CLONE_NEWUSER"] | CLONE_NEW["CLONE_NEWNET"]
+
+
 @cache
-def filter_bpf(ip_sockets: bool = True, mqueue: bool = True, others: bool = True) -> bytes:
+def filter_bpf(
+    ip_sockets: bool = True, mqueue: bool = True, others: bool = True, netns: bool = False
+) -> bytes:
     """The compiled filter (classic BPF, as ``bwrap --seccomp`` reads it). ``ip_sockets=False``
     also refuses every socket but ``AF_UNIX`` (the ``pod`` mode, which has no network namespace
     of its own: the code must not reach the executor's port or the pod's network).
@@ -91,13 +98,19 @@ def filter_bpf(ip_sockets: bool = True, mqueue: bool = True, others: bool = True
     inside to tell that a run left one). ``others=False`` also refuses to change the scheduling
     (nice, policy, affinity, I/O priority) or the resource limits of any process but the caller
     (a pid other than 0, a process group, a user): the warm runner's jail, whose fork server
-    shares the run's uid and hands what it has to every later run."""
+    shares the run's uid and hands what it has to every later run. ``netns=True`` lets
+    ``unshare`` through with exactly ``RUN_NETWORK``: the fork server's own filter, under which
+    each run, before its code starts, makes its network namespace and then loads the filter
+    without it (``warm_server.py``), so the run's code never may."""
     import pyseccomp as sc
 
     f = sc.SyscallFilter(sc.ALLOW)
     refuse = sc.ERRNO(errno.EPERM)
     for name in REFUSED:
-        f.add_rule(refuse, name)
+        if name == "unshare" and netns:
+            f.add_rule(refuse, name, sc.Arg(0, sc.NE, RUN_NETWORK))
+        else:
+            f.add_rule(refuse, name)
     if not ip_sockets:
         f.add_rule(refuse, "socket", sc.Arg(0, sc.NE, socket.AF_UNIX))
     if not mqueue:

@@ -14,6 +14,9 @@ What a candidate leaves, the next never sees:
 - its files: the workspace and ``/tmp`` are emptied in place before the station is taken again
   (the server's jail holds them bound), then the next archive is unpacked;
 - its processes: every run has its own cgroups, killed when it ends (as an agent's warm run);
+- its network (a port in ``TIME_WAIT`` the next candidate's test binds, a listener, an abstract
+  socket name): every run has a network namespace of its own (``warm_server.py``); where the
+  kernel refuses one, a socket left in the server's namespace gets the server discarded;
 - its traces in the jail: changing the server's scheduling or resource limits (the uid is the
   same, so it may; forks inherit them) is refused by the jail's filter; a run that leaves System
   V IPC objects or files in ``/dev/shm``, or changes the server anyway, has its result kept and
@@ -23,9 +26,10 @@ What a candidate leaves, the next never sees:
   seccomp filter, as in every jail.
 
 A station whose server is gone or discarded, or whose workspace cannot be emptied, is closed rather
-than kept; at most ``idle`` stations are kept idle per preload and limits. Where the factory runs
-cold (no bubblewrap, not root, warm runners off), ``LocalFactory.verification_session`` makes a
-fresh session instead.
+than kept; at most ``idle`` stations are kept idle in all, whatever their preload and limits (the
+key, which a client of the executor chooses: a bound per key would be none), the least recently
+given back closed first. Where the factory runs cold (no bubblewrap, not root, warm runners off),
+``LocalFactory.verification_session`` makes a fresh session instead.
 """
 
 from __future__ import annotations
@@ -45,17 +49,18 @@ if TYPE_CHECKING:
     from gagar.sandbox.local import LocalSession
 
 log = logging.getLogger(__name__)
-IDLE = 8  # stations kept idle per key (each holds a fork server: ~40 MB, no CPU)
+IDLE = 8  # stations kept idle, all keys together (each holds a fork server: ~40 MB, no CPU)
 Key = tuple[tuple[str, ...], str]  # what the server preloads, the session's limits (as JSON)
 
 
 class Stations:
-    """The idle stations of one ``LocalFactory``, by preload and limits; thread-safe."""
+    """The idle stations of one ``LocalFactory`` (at most ``idle``), each with its preload and
+    limits; thread-safe."""
 
     def __init__(self, idle: int = IDLE) -> None:
         self.idle = idle
         self._lock = threading.Lock()
-        self._free: dict[Key, list[LocalSession]] = {}
+        self._free: list[tuple[Key, LocalSession]] = []  # least recently given back first
         self.made = self.reused = self.retired = 0
 
     def take(self, tarball: bytes, key: Key, make: Callable[[], LocalSession]) -> Station:
@@ -80,8 +85,10 @@ class Stations:
         """An idle station fit to serve; those that are not (a server died idle) are retired."""
         while True:
             with self._lock:
-                free = self._free.get(key)
-                session = free.pop() if free else None
+                at = next(
+                    (i for i in reversed(range(len(self._free))) if self._free[i][0] == key), None
+                )
+                session = None if at is None else self._free.pop(at)[1]
             if session is None:
                 return None
             why = unfit(session)
@@ -96,12 +103,15 @@ class Stations:
                 empty(session)
             except (OSError, SandboxError) as e:
                 why = f"emptying it failed: {e}"
+        if why is not None:
+            self._retire(session, why)
+            return
         with self._lock:
-            free = self._free.setdefault(key, [])
-            if why is None and len(free) < self.idle:
-                free.append(session)
-                return
-        self._retire(session, why)
+            self._free.append((key, session))
+            excess = [s for _, s in self._free[: max(len(self._free) - self.idle, 0)]]
+            del self._free[: len(excess)]
+        for old in excess:
+            self._retire(old, None)
 
     def _retire(self, session: LocalSession, why: str | None) -> None:
         if why is not None:
@@ -113,7 +123,7 @@ class Stations:
     def close(self) -> None:
         """Close every idle station (those taken are closed when given back)."""
         with self._lock:
-            idle = [s for free in self._free.values() for s in free]
+            idle = [s for _, s in self._free]
             self._free.clear()
         for session in idle:
             session.close()

@@ -14,7 +14,13 @@ signal handlers, cwd, environment, umask, descriptors) reaches the next by const
   at zero); the wall clock, output capture and the kill of the whole tree by the executor, as for
   a cold command; its exit status from the server's ``waitpid`` (``{"exit"}``/``{"signal"}``);
 - ``python -m pytest ARGS`` as the interpreter would set it up: ``sys.path[0]`` the working
-  directory, then ``PYTHONPATH``; the command's ``VAR=value`` assignments in the environment.
+  directory, then ``PYTHONPATH``; the command's ``VAR=value`` assignments in the environment;
+- a network namespace of its own, as a cold command has (its loopback up), made by the run
+  before its code in a user namespace of its own, every capability then dropped and the jail's
+  filter loaded again (``warm_server.py``): a port in ``TIME_WAIT`` or a listener one run leaves
+  never fails the next run's bind. Where the kernel refuses user namespaces, runs share the
+  server's namespace, and a run that leaves a socket there has its result kept and the server
+  discarded.
 
 Only commands of the form ``[VAR=value ...] python[3] [-I] [-B] -m pytest ARGS`` (or ``-c CODE``,
 ``SCRIPT``) without shell syntax (a string) or as an argv run warm (``-I``: nothing of the
@@ -85,6 +91,8 @@ STATUS_GRACE_S = 2.0  # the server's report after the run's end
 MAX_RESTARTS = 3  # discarded servers before the session stays cold
 MAX_REQUEST = 60_000  # bytes of one request (the server reads at most 64 KiB)
 PYTHONS = ("python", "python3")
+# Each run in a network namespace of its own (``warm_server.py``); off only in benchmarks.
+RUN_NETNS = True
 # bubblewrap's --die-with-parent is PR_SET_PDEATHSIG, which fires when the *thread* that started it
 # ends. A server outlives the command that started it (and a station's, many rollout steps, each
 # with a thread pool of its own), so every server is started from this one long-lived thread.
@@ -224,6 +232,7 @@ class WarmRunner:
         self._errlog: Any = None
         self._modules: frozenset[str] = frozenset()
         self._server_state: tuple[str, ...] | None = None
+        self._netns = False  # the server gives each run a network namespace of its own
         self._restarts = 0
         self.start_cpu_s: float | None = None
         self.off: str | None = None  # why this session runs cold for good
@@ -335,9 +344,11 @@ class WarmRunner:
             return "cannot create the fork server's cgroups"
         ctl, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         status_r, status_w = os.pipe()
-        seccomp = runner._memfd(filter_bpf(mqueue=False, others=False))
+        seccomp = runner._memfd(filter_bpf(mqueue=False, others=False, netns=RUN_NETNS))
+        runs = runner._memfd(filter_bpf(mqueue=False, others=False))  # each run loads it
         jail = dataclasses.replace(s._jail(), waiter=None)
         cmd = [self._python["python"], "-I", "-B", "-u", "-c", SOURCE, str(theirs.fileno())]
+        cmd.append(str(runs))
         subst = {runner.STATUS_FD: str(status_w), runner.SECCOMP_FD: str(seccomp)}
         argv = bwrap.bwrap_argv(jail, s.jail_limits(True), [*cmd, *self._preload])
         argv = [subst.get(a, a) for a in argv]
@@ -353,7 +364,7 @@ class WarmRunner:
                     stderr=errlog,
                     env={"PATH": "/usr/sbin:/usr/bin:/sbin:/bin", "LANG": "C.UTF-8"},
                     process_group=0,
-                    pass_fds=(theirs.fileno(), status_w, seccomp),
+                    pass_fds=(theirs.fileno(), status_w, seccomp, runs),
                 )
                 runner._active.add(proc.pid)
             return proc
@@ -369,6 +380,7 @@ class WarmRunner:
             theirs.close()
             os.close(status_w)
             os.close(seccomp)
+            os.close(runs)
         self._ctl, self._cg, self._fds = ctl, cg, [status_r]
         reply = self._recv(START_TIMEOUT_S)
         server = _descendant(self._proc.pid, reply["ready"]) if "ready" in reply else None
@@ -377,6 +389,9 @@ class WarmRunner:
             why = reply.get("error") or self._errlog.read()[-300:].decode(errors="replace")
             return self._discard(f"the fork server did not start: {why or 'no reply'}")
         self._server, self._modules = server, frozenset(reply.get("modules", ()))
+        self._netns = reply.get("netns") is True
+        if not self._netns:
+            log.warning("warm runner of %s: runs share the server's network", s.dir.name)
         self._server_state = _inheritable(server)
         self.start_cpu_s = cg.stats().cpu_time_s  # the server's start, once per server
         log.info("warm runner of %s: fork server %d ready", s.dir.name, server)
@@ -454,8 +469,12 @@ class WarmRunner:
             if not outcome.timed_out:
                 return reason
             record = {"signal": signal.SIGKILL}  # ours, at the wall clock
+        elif record.get("setup") != ("net" if self._netns else "filter"):
+            return self._discard("the run's start (its network, its filter) did not go through")
         elif record.get("ipc") or self._shm_used():
             self._discard("the run left System V IPC objects or files in /dev/shm")
+        elif self._sockets_left():  # a run that shared the server's network namespace
+            self._discard("the run left sockets in the server's network namespace")
         elif _inheritable(self._server) != self._server_state:  # later runs would inherit it
             self._discard("the run changed the server's scheduling or resource limits")
         else:
@@ -480,6 +499,28 @@ class WarmRunner:
             return None
         kids = _children(self._server)
         return kids[0] if len(kids) == 1 and _nspid(kids[0]) == nspid else None
+
+    def _sockets_left(self) -> bool:
+        """Whether a socket is left in the server's network namespace (a run sharing it can
+        leave a port in ``TIME_WAIT``; with a namespace per run, none ever is): IP sockets in use
+        or in ``TIME_WAIT`` as the namespace's ``sockstat`` counts them (``/proc/net/tcp`` would
+        walk the host's whole TCP table: ~4 ms), Unix sockets as listed."""
+        where = Path(f"/proc/{self._server}/net")
+        try:
+            stats = (where / "sockstat").read_text() + (where / "sockstat6").read_text()
+            with open(where / "unix", "rb") as f:
+                unix = f.read(1 << 16)
+        except OSError:
+            return True
+        for line in stats.splitlines():
+            proto, _, rest = line.partition(":")
+            if proto == "sockets" or proto.startswith("FRAG"):  # host-wide; fragments expire
+                continue
+            words = rest.split()
+            counts = dict(zip(words[::2], words[1::2], strict=False))
+            if counts.get("inuse", "0") != "0" or counts.get("tw", "0") != "0":
+                return True
+        return len(unix.splitlines()) > 1  # past the header line
 
     def _shm_used(self) -> bool:
         try:

@@ -1,17 +1,28 @@
 """The warm test runner's fork server: runs inside a session's jail; gagar imports it only to
 read its source.
 
-``warm.py`` runs this file's source as ``python -I -B -u -c SOURCE CTL_FD [MODULE ...]`` in a jail
-built exactly as a command's (same mounts, uid, rlimits, seccomp filter): isolated, so nothing of
-the workspace, ``/tmp`` or the environment is read while pytest and ``MODULE``s are imported. Then
-it refuses to be inspected or steered from inside the jail: not dumpable (no ``ptrace``, no
-``/proc/PID/mem`` or ``fd`` of it for a process of the same uid) and every signal it may ignore
-ignored (``SIGKILL`` and ``SIGSTOP`` remain: the host sees their effect and discards the server).
+``warm.py`` runs this file's source as ``python -I -B -u -c SOURCE CTL_FD FILTER_FD [MODULE ...]``
+in a jail built as a command's (same mounts, uid, rlimits; its seccomp filter lets ``unshare``
+through for a user plus network namespace only): isolated, so nothing of the workspace, ``/tmp`` or
+the environment is read while pytest and ``MODULE``s are imported. ``FILTER_FD`` holds the run's
+filter (the jail's, ``unshare`` refused), read once. Then it refuses to be inspected or steered
+from inside the jail: not dumpable (no ``ptrace``, no ``/proc/PID/mem`` or ``fd`` of it for a
+process of the same uid) and every signal it may ignore ignored (``SIGKILL`` and ``SIGSTOP``
+remain: the host sees their effect and discards the server).
+
+Each run starts in a network namespace of its own, as a cold command does (a listener or a port in
+``TIME_WAIT`` left by one run would otherwise fail the next run's bind): before the run's code, the
+child unshares a user namespace (which maps only its own uid and gid: creating the network
+namespace needs a capability, which it has inside that namespace alone) and a network namespace,
+sets its loopback up, drops every capability and loads the run's filter, so the code has no
+capability and cannot make a namespace. The server tries this once at its start; where the kernel
+refuses (user namespaces off), runs share the server's network namespace, and the host checks it
+after each run instead (``"netns": false`` in the ready message).
 
 Protocol on ``CTL_FD``, a ``SOCK_SEQPACKET`` socket whose other end only the host holds:
 
-- once, server to host: ``{"ready": PID, "modules": [...]}`` (the top-level names now imported)
-  or ``{"error": "..."}``;
+- once, server to host: ``{"ready": PID, "modules": [...], "netns": bool}`` (the top-level names
+  now imported; whether runs get a network namespace of their own) or ``{"error": "..."}``;
 - per run, host to server: ``{"kind": "module"|"code"|"script", "target": ..., "args": [...],
   "env": {...}, "isolated": bool, "cwd": "..."}`` with four descriptors
   (``SCM_RIGHTS``): the run's stdout, stderr, a status pipe and a "go" pipe;
@@ -22,28 +33,96 @@ Protocol on ``CTL_FD``, a ``SOCK_SEQPACKET`` socket whose other end only the hos
   MODULE``, ``-c CODE`` or ``SCRIPT`` would, and runs it at the top level of this script: its exit
   is a fresh interpreter's (atexit, threads, flush, an uncaught exception's traceback and status
   1);
-- the server waits for the child and writes ``{"exit": N}`` or ``{"signal": N}`` and the number
-  of System V IPC objects left in the jail (``"ipc"``) on the status pipe.
+- the server waits for the child and writes ``{"exit": N}`` or ``{"signal": N}``, the number
+  of System V IPC objects left in the jail (``"ipc"``) and how far the child's start went before
+  the run's code (``"setup"``: ``"net"`` or ``"filter"``, else absent) on the status pipe.
 """
 
 import array
 import ctypes
+import errno
+import fcntl
 import gc
 import importlib
 import json
 import os
 import signal
 import socket
+import struct
 import sys
 from typing import Any
 
 _PR_SET_DUMPABLE = 4
+_PR_CAPBSET_DROP, _PR_SET_SECCOMP, _SECCOMP_MODE_FILTER = 24, 22, 2
+_CLONE_NEWUSER, _CLONE_NEWNET = 0x10000000, 0x40000000
+_SIOCGIFFLAGS, _SIOCSIFFLAGS, _IFF_UP = 0x8913, 0x8914, 0x1
+_CAPABILITY_VERSION_3 = 0x20080522
 _WRITABLE = ("/workspace", "/tmp", "/dev/shm")  # never imported from by the server
 _MAX_REQUEST = 1 << 16
 
 
 def _prctl_dumpable(value: int) -> None:
     ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_DUMPABLE, value, 0, 0, 0)
+
+
+class _Fprog(ctypes.Structure):
+    _fields_ = [("len", ctypes.c_ushort), ("filter", ctypes.c_void_p)]
+
+
+def _own_network() -> None:
+    """The calling process in a network namespace of its own, its loopback up, inside a user
+    namespace mapping only its uid and gid; it has every capability there until
+    ``_drop_capabilities``."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    uid, gid = os.getuid(), os.getgid()
+    if libc.unshare(ctypes.c_int(_CLONE_NEWUSER | _CLONE_NEWNET)) != 0:
+        raise OSError(ctypes.get_errno(), "unshare")
+    for name, text in (("uid_map", f"{uid} {uid} 1"), ("setgroups", "deny")):
+        with open(f"/proc/self/{name}", "w") as f:
+            f.write(text)
+    with open("/proc/self/gid_map", "w") as f:
+        f.write(f"{gid} {gid} 1")
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        ifreq = fcntl.ioctl(s, _SIOCGIFFLAGS, struct.pack("16sH14x", b"lo", 0))
+        flags = struct.unpack_from("16sH", ifreq)[1]
+        fcntl.ioctl(s, _SIOCSIFFLAGS, struct.pack("16sH14x", b"lo", flags | _IFF_UP))
+
+
+def _drop_capabilities() -> None:
+    """Every capability ``_own_network`` gave, the bounding set too (empty, as a cold command's:
+    the list ends where the kernel says EINVAL)."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    for cap in range(64):
+        if libc.prctl(_PR_CAPBSET_DROP, ctypes.c_ulong(cap), 0, 0, 0) != 0:
+            if ctypes.get_errno() != errno.EINVAL:
+                raise OSError(ctypes.get_errno(), "capbset")
+            break
+    header = (ctypes.c_uint32 * 2)(_CAPABILITY_VERSION_3, 0)
+    if libc.capset(header, (ctypes.c_uint32 * 6)()) != 0:
+        raise OSError(ctypes.get_errno(), "capset")
+
+
+def _load_filter(bpf: bytes) -> None:
+    """``bpf`` loaded on top of the jail's filter (``no_new_privs`` is set: no privilege
+    needed); raises on failure."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    program = ctypes.create_string_buffer(bpf, len(bpf))
+    fprog = _Fprog(len(bpf) // 8, ctypes.addressof(program))
+    mode, zero = ctypes.c_ulong(_SECCOMP_MODE_FILTER), ctypes.c_ulong(0)
+    if libc.prctl(_PR_SET_SECCOMP, mode, ctypes.byref(fprog), zero, zero) != 0:
+        raise OSError(ctypes.get_errno(), "seccomp")
+
+
+def _probe_network() -> bool:
+    """Whether a run can be given a network namespace of its own here (tried in a child)."""
+    pid = os.fork()
+    if pid == 0:
+        try:
+            _own_network()
+        except BaseException:
+            os._exit(1)
+        os._exit(0)
+    return os.waitpid(pid, 0)[1] == 0
 
 
 def _preload(names: list[str]) -> list[str]:
@@ -83,7 +162,7 @@ def _ipc_objects() -> int:
 
 def _serve(
     ctl: socket.socket, pristine: dict[str, Any]
-) -> tuple[dict[str, Any], tuple[int, int, int], dict[str, Any]]:
+) -> tuple[dict[str, Any], tuple[int, int, int, int], dict[str, Any]]:
     """The server's loop; returns in a forked child only, with its request."""
     while True:
         try:
@@ -102,15 +181,21 @@ def _serve(
             ctl.send(b'{"error": "a request carries four descriptors"}')
             continue
         out, err, status, go = fds
+        setup_r, setup_w = os.pipe()  # the child's word that its start went through
         pid = os.fork()
         if pid == 0:
-            return json.loads(data), (out, err, go), pristine
-        for fd in (out, err, go):
+            os.close(setup_r)
+            return json.loads(data), (out, err, go, setup_w), pristine
+        for fd in (out, err, go, setup_w):
             os.close(fd)
         ctl.send(json.dumps({"forked": pid}).encode())
         _, st = os.waitpid(pid, 0)
-        record = {"signal": os.WTERMSIG(st)} if os.WIFSIGNALED(st) else {"exit": os.WEXITSTATUS(st)}
-        record["ipc"] = _ipc_objects()
+        ended = ("signal", os.WTERMSIG(st)) if os.WIFSIGNALED(st) else ("exit", os.WEXITSTATUS(st))
+        record: dict[str, Any] = dict([ended], ipc=_ipc_objects())
+        setup = os.read(setup_r, 16).decode(errors="replace")
+        os.close(setup_r)
+        if setup in ("net", "filter"):
+            record["setup"] = setup
         try:
             os.write(status, json.dumps(record).encode() + b"\n")
         except OSError:
@@ -118,10 +203,19 @@ def _serve(
         os.close(status)
 
 
-def _start() -> tuple[dict[str, Any], tuple[int, int, int], dict[str, Any]]:
+def _read_all(fd: int) -> bytes:
+    chunks = []
+    while chunk := os.read(fd, 1 << 16):
+        chunks.append(chunk)
+    os.close(fd)
+    return b"".join(chunks)
+
+
+def _start() -> tuple[dict[str, Any], tuple[int, int, int, int], dict[str, Any]]:
     ctl = socket.socket(fileno=int(sys.argv[1]))
     try:
-        modules = _preload(sys.argv[2:])
+        bpf = _read_all(int(sys.argv[2]))
+        modules = _preload(sys.argv[3:])
     except BaseException as e:  # reported to the host, which runs cold
         ctl.send(json.dumps({"error": f"{type(e).__name__}: {e}"}).encode())
         os._exit(1)
@@ -130,6 +224,8 @@ def _start() -> tuple[dict[str, Any], tuple[int, int, int], dict[str, Any]]:
     pristine = {
         "signals": {s: signal.getsignal(s) for s in signal.valid_signals()},
         "umask": umask,
+        "filter": bpf,
+        "netns": _probe_network(),
     }
     _prctl_dumpable(0)
     for s in signal.valid_signals():
@@ -139,21 +235,32 @@ def _start() -> tuple[dict[str, Any], tuple[int, int, int], dict[str, Any]]:
             except (OSError, ValueError):
                 continue
     gc.freeze()  # what the server holds stays out of the children's collections: fewer copies
-    ctl.send(json.dumps({"ready": os.getpid(), "modules": modules}).encode())
+    ready = {"ready": os.getpid(), "modules": modules, "netns": pristine["netns"]}
+    ctl.send(json.dumps(ready).encode())
     return _serve(ctl, pristine)
 
 
 def _become_run(
-    request: dict[str, Any], fds: tuple[int, int, int], pristine: dict[str, Any]
+    request: dict[str, Any], fds: tuple[int, int, int, int], pristine: dict[str, Any]
 ) -> tuple[str, str]:
     """In the forked child: wait for the host's go, then look like ``python ARGS`` would."""
-    out, err, go = fds
+    out, err, go, setup = fds
     os.dup2(out, 1)
     os.dup2(err, 2)
     if os.read(go, 1) != b"g":
         os._exit(125)  # the host gave up on this run
-    os.closerange(3, os.sysconf("SC_OPEN_MAX"))
-    _prctl_dumpable(1)
+    os.closerange(3, setup)
+    os.closerange(setup + 1, os.sysconf("SC_OPEN_MAX"))
+    _prctl_dumpable(1)  # before the namespaces: its /proc/self/uid_map is root's until then
+    try:
+        if pristine["netns"]:
+            _own_network()
+            _drop_capabilities()
+        _load_filter(pristine["filter"])
+    except BaseException:  # no word on the setup pipe: the host discards the server
+        os._exit(125)
+    os.write(setup, b"net" if pristine["netns"] else b"filter")
+    os.close(setup)
     for s, handler in pristine["signals"].items():
         if handler is not None:
             try:

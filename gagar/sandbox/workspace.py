@@ -34,6 +34,9 @@ MAX_DEPTH = 64  # directory levels walked; deeper entries are reported as one ma
 MAX_ENTRIES = 100_000  # entries walked; past it the walk stops with a marker
 SNAPSHOT_FILE_BYTES = 1 << 20  # a larger file is diffed by size and mtime, not read
 SNAPSHOT_BYTES = 64 << 20  # content read into the host per snapshot, all files together
+# The modification time of every unpacked entry (2000-01-01 UTC: after 1980, which zip needs). A
+# candidate's own times (which a test can read) never reach verification: equal bytes, equal run.
+UNPACKED_MTIME = 946684800
 ARCHIVE_BYTES = 256 << 20  # regular-file bytes an archive may hold
 # A marker's leading NUL makes the diff call it binary rather than print it as content.
 TOO_DEEP = b"\x00<directory too deep: not walked>"
@@ -323,11 +326,21 @@ def files_tarball(files: Mapping[str, FileData]) -> bytes:
     return buf.getvalue()
 
 
+def _unpacked(member: tarfile.TarInfo, dest: str) -> tarfile.TarInfo:
+    """``data``'s checks, and the time every unpacked entry gets (``UNPACKED_MTIME``)."""
+    return tarfile.data_filter(member, dest).replace(mtime=UNPACKED_MTIME, deep=False)
+
+
 def unpack(root: Path, tarball: bytes) -> None:
-    """Extract an untrusted archive: the ``data`` filter rejects absolute paths, ``..`` and links out."""
+    """Extract an untrusted archive: the ``data`` filter rejects absolute paths, ``..`` and links
+    out. What the workspace becomes depends on the entries' names, kinds, modes, link targets and
+    bytes alone (what ``verify.repository_digest`` covers, so that candidates who share a digest
+    share a verdict): every entry gets the same time, ``UNPACKED_MTIME``, and they are made in
+    name order, not the archive's."""
     try:
         with tarfile.open(fileobj=io.BytesIO(tarball), mode="r:*") as tar:
-            tar.extractall(root, filter="data")
+            members = sorted(tar.getmembers(), key=lambda m: m.name)  # stable: last one wins
+            tar.extractall(root, members, filter=_unpacked)
     except tarfile.FilterError as e:  # its message holds the host path it would extract to
         raise SandboxError(f"bad tarball: member {e.tarinfo.name!r}: {type(e).__name__}") from None
     except OSError as e:  # its filename is a host path: say which member, relative
