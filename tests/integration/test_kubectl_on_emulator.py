@@ -75,7 +75,10 @@ def test_kubectl_server_dry_run_delete_keeps_the_run(run_name):
 
 
 def test_kubectl_without_credentials_is_forbidden(run_name):
-    """Over plain HTTP kubectl sends no token: anonymous, it may do nothing (as on a real server)."""
+    """Over plain HTTP kubectl sends no token: anonymous, it may do nothing, not even discovery
+    (``system:discovery`` is bound to authenticated users only), as on a real server."""
     kube, _ = run_name
     out = _kubectl(kube, "get", "gagarruns", kubeconfig=kube.kubeconfig_path)
-    assert out.returncode != 0 and 'User "system:anonymous" cannot list' in out.stderr, out.stderr
+    assert out.returncode != 0 and "Error from server (Forbidden)" in out.stderr, out.stderr
+    anonymous = [r for r in kube.requests_for() if r.get("user") == "system:anonymous"]
+    assert anonymous and {r["code"] for r in anonymous} == {403}, anonymous

@@ -10,7 +10,9 @@ checked against the Roles, ClusterRoles and their bindings in the store: ``apiGr
 ``resources`` (``plural`` or ``plural/subresource``), ``verbs`` and ``resourceNames``, with ``*``.
 Creating or changing a Role or ClusterRole also passes the escalation check: a requester may only
 grant what it holds itself. Discovery paths (``/api``, ``/apis``, ``/version``) are open to every
-authenticated identity, as ``system:discovery`` allows. An unknown token is 401.
+authenticated identity, as ``system:discovery`` allows; an anonymous request gets only what
+``system:public-info-viewer`` grants (``/version``, ``/healthz``, ``/livez``, ``/readyz``), and
+discovery is 403 to it, as a default kube-apiserver answers. An unknown token is 401.
 
 Not modelled: aggregated ClusterRoles, non-resource URL rules, ``escalate``/``bind`` verbs,
 impersonation.
@@ -41,6 +43,8 @@ ADMIN = Identity("emulator-admin", ("system:masters", "system:authenticated"), a
 # system:anonymous or system:unauthenticated grants (none by default), so a client that forgot its
 # credentials fails as it would against a real server instead of acting as an admin.
 ANONYMOUS = Identity("system:anonymous", ("system:unauthenticated",))
+# system:public-info-viewer's paths: what a default server answers without credentials
+PUBLIC_PATHS = frozenset({"/version", "/healthz", "/livez", "/readyz"})
 ADMIN_HEADERS = {"Authorization": f"Bearer {ADMIN_TOKEN}"}
 
 
@@ -139,6 +143,13 @@ class Authorizer:
         if who.admin:
             return True
         return any(_rule_allows(r, a) for r in self.rules_for(who, a.namespace))
+
+    def check_path(self, who: Identity, path: str) -> None:
+        """A non-resource URL: discovery needs an authenticated identity (``system:discovery``
+        is bound to ``system:authenticated``); ``PUBLIC_PATHS`` are open to anyone."""
+        if path in PUBLIC_PATHS or "system:authenticated" in who.groups:
+            return
+        raise ApiError(403, f'forbidden: User "{who.user}" cannot get path "{path}"', "Forbidden")
 
     def check(self, who: Identity, a: Attributes) -> None:
         """Raise 403 as the API server words it when ``who`` may not do ``a``."""

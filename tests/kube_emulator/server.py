@@ -114,6 +114,8 @@ class Server:
         path = request.path.rstrip("/") or "/"
         who = self.authorizer.identify(request.headers.get("Authorization"))
         record["user"] = who.user
+        if _non_resource(path):  # authorized before it is routed, as the server does
+            self.authorizer.check_path(who, path)
         static = self._static(path)
         if static is not None:
             record["verb"] = "get"
@@ -221,7 +223,11 @@ class Server:
 
     async def _list(self, request: web.Request, t: Target, query: dict) -> web.Response:
         predicate = make_predicate(query.get("labelSelector"), query.get("fieldSelector"))
-        items, rv = self.store.list(t.rt, t.namespace, predicate)
+        exact = _exact_version(query)
+        if exact is None:
+            items, rv = self.store.list(t.rt, t.namespace, predicate)
+        else:
+            items, rv = self.store.list_at(t.rt, t.namespace, predicate, exact)
         start = 0
         if query.get("continue"):
             after = base64.urlsafe_b64decode(query["continue"].encode()).decode()
@@ -440,3 +446,34 @@ async def _delete_options(request: web.Request, query: dict) -> dict:
     if dry and dry != ["All"]:
         raise ApiError(400, f"Invalid dryRun value: {dry!r}: supported values: All")
     return options
+
+
+def _non_resource(path: str) -> bool:
+    """A path that names no resource: discovery (``/api``, ``/apis/<group>[/<version>]``), the
+    version and the health checks."""
+    parts = path.strip("/").split("/")
+    if parts[0] == "api":
+        return len(parts) <= 2
+    return (parts[0] == "apis" and len(parts) <= 3) or path in NON_RESOURCE
+
+
+NON_RESOURCE = ("/", "/version", "/healthz", "/livez", "/readyz")
+
+
+def _exact_version(query: dict) -> int | None:
+    """The version of ``resourceVersionMatch=Exact`` (None for any other list), refused as the
+    server refuses it: a match without a version, or an exact "0"."""
+    match, rv = query.get("resourceVersionMatch"), query.get("resourceVersion")
+    if not match:
+        return None
+    if not rv:
+        raise ApiError(400, "resourceVersionMatch is forbidden unless resourceVersion is provided")
+    if match == "NotOlderThan":
+        return None
+    if match != "Exact":
+        raise ApiError(400, f'resourceVersionMatch "{match}" is not supported')
+    if rv == "0":
+        raise ApiError(400, 'resourceVersionMatch "exact" is forbidden for resourceVersion "0"')
+    if not rv.isdigit():
+        raise ApiError(400, f'invalid resource version "{rv}"')
+    return int(rv)
