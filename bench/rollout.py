@@ -488,7 +488,10 @@ def per_token(cpu: dict[str, float], generated: int) -> dict[str, float]:
 
 def reset_cache(base_url: str) -> None:
     """Empty vLLM's prefix cache (a dev-mode route), so each side starts cold."""
-    httpx.post(f"{base_url}/reset_prefix_cache", timeout=60).raise_for_status()
+    from gagar.rollout.engines.vllm_auth import control_token  # the server's control token
+
+    auth = {"Authorization": f"Bearer {control_token()}"}
+    httpx.post(f"{base_url}/reset_prefix_cache", timeout=60, headers=auth).raise_for_status()
 
 
 def hit_rate(before: dict[str, float], after: dict[str, float]) -> float:

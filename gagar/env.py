@@ -28,5 +28,8 @@ SANDBOX_WARMPOOL = "GAGAR_SANDBOX_WARMPOOL"  # isolation agent-sandbox: the pool
 MODEL_DIR = "GAGAR_MODEL_DIR"
 PROGRESS_CONFIGMAP = "GAGAR_PROGRESS_CONFIGMAP"
 AUTH_TOKEN_FILE = "GAGAR_AUTH_TOKEN_FILE"  # the services' shared token (``gagar.auth``)
+# vLLM's weight-update routes' token (``rollout.engines.vllm_auth``): the trainer and the rollout
+# pool read it from the run's ``<run>-weight-sync`` Secret, which the operator makes
+WEIGHT_SYNC_TOKEN = "GAGAR_WEIGHT_SYNC_TOKEN"
 EXIT_PERMANENT_VAR = "GAGAR_EXIT_PERMANENT"
 PERMANENT_MARKER = "GAGAR_PERMANENT_MARKER"  # set by the launcher for its workers

@@ -37,6 +37,7 @@ import contextlib
 import hashlib
 import json
 import logging
+import secrets
 import threading
 import time
 from collections.abc import Callable, Collection, Mapping
@@ -62,7 +63,7 @@ from gagar.operator.builders import (
     uses_jobset,
 )
 from gagar.operator.builders.check import validate_run
-from gagar.operator.builders.common import checkpoint_claim
+from gagar.operator.builders.common import build_weight_sync_secret, checkpoint_claim
 from gagar.operator.kube import (
     FIELD_MANAGER,
     HANDOFF_MANAGER,
@@ -159,6 +160,7 @@ class _RunMemory:
     # children seen deleted or drifted and not applied again yet: a drift is state, not a
     # trigger's argument, so a reconcile that fails or is coalesced keeps it
     drifted: set[tuple[str, str]] = field(default_factory=set)
+    token_ready: bool = False  # the weight-sync Secret was seen or made (``_weight_sync_secret``)
 
 
 def parse_run(body: dict[str, Any]) -> tuple[GagarRun | None, str | None]:
@@ -396,6 +398,8 @@ class Reconciler:
         else:
             # a finished run's objects change only with its spec: the resync does not re-apply
             force = (force_apply and not outcome.terminal) or restarted
+            if not outcome.terminal and (force or not mem.token_ready):
+                self._weight_sync_secret(run, ctx, mem)
             self._apply(run, desired, mem, generation, force, outcome.terminal)
             if queued(run, ctx) and not outcome.terminal:
                 self._kueue_activation(run, ctx.hold_trainer)
@@ -634,6 +638,18 @@ class Reconciler:
             "agent-sandbox with its extensions (kubernetes-sigs/agent-sandbox) and enable the "
             "integration, or set spec.sandbox.isolation to auto (a pool of executor pods)",
         )
+
+    def _weight_sync_secret(self, run: GagarRun, ctx: BuildContext, mem: _RunMemory) -> None:
+        """The run's token for vLLM's weight-update routes: created once with a random token,
+        never applied again (that would rotate it under running pods); made sure of once per
+        operator process and run, and again on a forced apply or a trainer restart. Create only
+        (409: it exists, the token stays): the operator's RBAC reads no Secret."""
+        try:
+            self.kube.create(build_weight_sync_secret(run, ctx, secrets.token_urlsafe(32)))
+        except KubeError as err:
+            if err.status != 409:
+                raise
+        mem.token_ready = True
 
     def _apply(
         self,

@@ -31,6 +31,7 @@ KUEUE_HANDOFF_MANAGER = "gagar-kueue-handoff"
 TTL_MANAGER = "gagar-ttl"
 
 PLURALS = {
+    "Secret": "secrets",
     "ConfigMap": "configmaps",
     "PersistentVolumeClaim": "persistentvolumeclaims",
     "ServiceAccount": "serviceaccounts",

@@ -9,6 +9,7 @@ foreground until interrupted, and stops vLLM's whole process group on the way ou
 from __future__ import annotations
 
 import argparse
+import os
 import shlex
 import signal
 import sys
@@ -44,7 +45,7 @@ def _serve(args: argparse.Namespace) -> int:
         server.start(timeout=args.timeout)
         print(
             f"vLLM serving {args.model} at {server.base_url} (log: {args.log}, "
-            f"started in {server.startup_seconds:.0f}s)",
+            f"started in {server.startup_seconds:.0f}s); {_token_hint(Path(args.log))}",
             flush=True,
         )
         return server.proc.wait() if server.proc else 1
@@ -55,6 +56,21 @@ def _serve(args: argparse.Namespace) -> int:
         return 0
     finally:
         server.stop()
+
+
+def _token_hint(log: Path) -> str:
+    """Where a trainer finds the token the weight-update routes require: the caller's
+    ``$GAGAR_WEIGHT_SYNC_TOKEN``, else this process's random one, written beside the log
+    (owner-only) rather than printed."""
+    from gagar.rollout.engines.vllm_auth import TOKEN_ENV, control_token
+
+    if os.environ.get(TOKEN_ENV):
+        return f"weight updates take ${TOKEN_ENV}"
+    file = log.with_name(log.name + ".token")
+    fd = os.open(file, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as f:
+        f.write(control_token())
+    return f"weight updates take the token in {file} (set ${TOKEN_ENV} to it)"
 
 
 def register(sub: argparse._SubParsersAction) -> None:

@@ -19,7 +19,9 @@ from pathlib import Path
 
 import pytest
 
+from gagar import env as env_names
 from gagar.rollout.engines.server import REPO_ROOT, ServerConfig, VllmServer, free_port, vllm_python
+from gagar.rollout.engines.vllm_auth import control_token
 from tests.support.tiny_llama import write_tiny_llama
 
 pytestmark = pytest.mark.gpu
@@ -75,7 +77,12 @@ def test_nccl_sync_makes_vllm_agree_with_the_trainer(tmp_path: Path):
             capture_output=True,
             text=True,
             timeout=600,
-            env={"PYTHONPATH": str(REPO_ROOT), "PATH": "/usr/bin:/bin"},
+            # the server's control routes take this process's token (vllm_auth)
+            env={
+                "PYTHONPATH": str(REPO_ROOT),
+                "PATH": "/usr/bin:/bin",
+                env_names.WEIGHT_SYNC_TOKEN: control_token(),
+            },
         )
         assert proc.returncode == 0, proc.stderr[-3000:] + "\n" + server.log_tail()
     result = json.loads(proc.stdout.strip().splitlines()[-1])

@@ -17,11 +17,14 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
+import httpx
 import pytest
 import torch
 
+from gagar import env
 from gagar.engine.base import SamplingParams
 from gagar.rollout.engines.server import ServerConfig, VllmServer, vllm_python
+from gagar.rollout.engines.vllm_auth import control_token
 from gagar.rollout.engines.weight_sync import WeightSyncError
 from tests.support.openai_engine import OpenAIEngine, engine_for_servers
 from tests.support.tiny_llama import write_tiny_llama
@@ -129,6 +132,21 @@ def test_chat_prompt_is_the_chat_template_exactly(servers, tiny):
     assert len(turn.completion.token_ids) == len(turn.completion.logprobs) == 5
 
 
+@pytest.mark.parametrize("path", ["/update_weights", "/pause", "/weight_info", "/collective_rpc"])
+def test_control_routes_refuse_a_caller_without_the_run_s_token(servers, path):
+    """The weight-update and dev-mode routes take the token (``vllm_auth``) in the real server:
+    none is 401, a wrong one 403; probes and the OpenAI API stay as vLLM serves them."""
+    url = servers[0].base_url
+    method = "GET" if path == "/weight_info" else "POST"
+    assert httpx.request(method, url + path, json={}, timeout=30).status_code == 401
+    wrong = {"Authorization": "Bearer not-the-token"}
+    assert httpx.request(method, url + path, json={}, headers=wrong, timeout=30).status_code == 403
+    assert httpx.get(url + "/health", timeout=30).status_code == 200
+    assert httpx.get(url + "/v1/models", timeout=30).status_code == 200
+    right = {"Authorization": f"Bearer {control_token()}"}
+    assert httpx.get(url + "/weight_info", headers=right, timeout=30).status_code == 200
+
+
 def test_sync_makes_every_replica_agree_with_the_trainer(servers, trainer, tiny, tmp_path):
     engine = engine_for_servers([s.base_url for s in servers], tmp_path / "published", tiny)
     params = SamplingParams(max_tokens=6, seed=5)
@@ -199,24 +217,25 @@ def test_seeded_requests_whose_prompts_are_prefilled_in_chunks_keep_the_engine_a
 VLLM_FACTORY_TRAINER = r"""
 import sys, torch
 from transformers import AutoModelForCausalLM
-from vllm.distributed.weight_transfer import (
-    HTTPVLLMWeightSyncClient, ModuleSource, WeightTransferTrainerFactory,
-)
+from vllm.distributed.weight_transfer import ModuleSource, WeightTransferTrainerFactory
 from gagar.rollout.engines.vllm_plugin import SafetensorsTrainerInitInfo, register
+from gagar.rollout.engines.weight_sync import ReplicaClient  # vLLM's client sends no token
 
 register()  # what vLLM's plugin loader does in its own processes
 model_dir, url, root = sys.argv[1:4]
 model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
 engine = WeightTransferTrainerFactory.trainer_init(
     SafetensorsTrainerInitInfo(rank=0, root=root, base_model=model_dir, first_version=7),
-    client=HTTPVLLMWeightSyncClient(url), source=ModuleSource(model),
+    client=ReplicaClient(url), source=ModuleSource(model),
 )
 engine.send_weights()
 """
 
 
 def test_vllm_trainer_factory_drives_the_same_backend(servers, trainer, tmp_path):
-    """vLLM's own trainer API (factory + HTTP client + ModuleSource) with gagar's backend."""
+    """vLLM's own trainer API (factory + ModuleSource) with gagar's backend, through gagar's
+    HTTP client: vLLM's ``HTTPVLLMWeightSyncClient`` sends no token, which the routes require."""
+    import os
     import subprocess
 
     from gagar.rollout.engines.server import REPO_ROOT
@@ -236,6 +255,7 @@ def test_vllm_trainer_factory_drives_the_same_backend(servers, trainer, tmp_path
         text=True,
         timeout=600,
         cwd=REPO_ROOT,
+        env={**os.environ, env.WEIGHT_SYNC_TOKEN: control_token()},  # the servers' token
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
     engine = OpenAIEngine([url])

@@ -12,6 +12,7 @@ import httpx
 
 from gagar.engine.base import EngineError, Generation, SamplingParams
 from gagar.engine.client import parse_completions
+from gagar.rollout.engines.vllm_auth import control_token
 from gagar.rollout.engines.weight_sync import ReplicaClient, SafetensorsWeightSync, SyncReport
 
 
@@ -89,7 +90,10 @@ class OpenAIEngine:
         if not base_urls:
             raise ValueError("OpenAIEngine needs at least one base URL")
         self.model, self.weight_sync = model, weight_sync
-        self._http = [httpx.Client(base_url=u.rstrip("/"), timeout=timeout) for u in base_urls]
+        auth = {"Authorization": f"Bearer {control_token()}"}  # /weight_info is a control route
+        self._http = [
+            httpx.Client(base_url=u.rstrip("/"), timeout=timeout, headers=auth) for u in base_urls
+        ]
         self._next = 0  # round-robin cursor for chat requests
         self._pool = ThreadPoolExecutor(max_workers=max(4, len(base_urls)))
 

@@ -72,6 +72,10 @@ ServiceAccounts grant a subset of these (Kubernetes forbids granting what the op
 - apiGroups: [""]
   resources: ["pods"]
   verbs: ["get", "list", "watch"]
+# a run's weight-sync token, made once: create only, so the operator can read no Secret
+- apiGroups: [""]
+  resources: ["secrets"]
+  verbs: ["create"]
 # read-only: the trainer's Role grants it (trainer ranks find each other), and RBAC lets the
 # operator grant only what it holds itself
 - apiGroups: ["discovery.k8s.io"]

@@ -7,6 +7,7 @@ Pure: no I/O, no clock, no environment.
 
 from __future__ import annotations
 
+import base64
 import hashlib
 import json
 from dataclasses import dataclass, field
@@ -183,7 +184,27 @@ def common_env(run: GagarRun, component: str) -> list[dict[str, Any]]:
     ]
     if run.spec.auth_token_secret and component in AUTH_COMPONENTS:
         out.append({"name": env.AUTH_TOKEN_FILE, "value": f"{AUTH_MOUNT}/token"})
+    if component in WEIGHT_SYNC_COMPONENTS:
+        ref = {"secretKeyRef": {"name": weight_sync_secret_name(run), "key": "token"}}
+        out.append({"name": env.WEIGHT_SYNC_TOKEN, "valueFrom": ref})
     return out
+
+
+WEIGHT_SYNC_COMPONENTS = ("trainer", "rollout")  # vLLM's control routes and their one caller
+
+
+def weight_sync_secret_name(run: GagarRun) -> str:
+    return name(run, "weight-sync")
+
+
+def build_weight_sync_secret(run: GagarRun, ctx: BuildContext, token: str) -> Manifest:
+    """The run's token for vLLM's weight-update routes (``rollout.engines.vllm_auth``): the
+    rollout pods require it, the trainer sends it. Not in ``build_all``: the handler draws
+    ``token`` at random and creates the Secret once (re-applying would rotate it under running
+    pods); the owner reference deletes it with the run."""
+    meta = metadata(run, ctx, weight_sync_secret_name(run), "weight-sync")
+    data = {"token": base64.b64encode(token.encode()).decode()}  # what the server stores
+    return obj("v1", "Secret", meta, type="Opaque", data=data)
 
 
 def auth_volume(run: GagarRun) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:

@@ -215,8 +215,8 @@ def vllm_resources(req: ResourceRequirements) -> dict[str, Any]:
 def api_key_env(run: GagarRun) -> list[dict[str, Any]]:
     """``VLLM_API_KEY`` (vLLM's ``--api-key``, kept out of the pod's args) from the run's token,
     ``spec.authTokenSecret``: vLLM then refuses its OpenAI API (``/v1``) without the bearer token
-    the trainer sends. vLLM guards only that prefix: its weight-transfer endpoints stay open to
-    whoever reaches the port, which the NetworkPolicy limits to this run's trainer."""
+    the trainer sends. vLLM guards only that prefix: its weight-transfer routes take the run's
+    weight-sync token instead (``common_env``, ``rollout.engines.vllm_auth``)."""
     secret = run.spec.auth_token_secret
     if not secret:
         return []
@@ -434,7 +434,8 @@ def build_autoscaler(run: GagarRun, ctx: BuildContext, component: str) -> list[M
 
 def build_pool_network_policy(run: GagarRun, ctx: BuildContext, component: str) -> Manifest:
     """Who may reach a pool. The rollout pool runs vLLM with its weight-transfer API on
-    (``VLLM_SERVER_DEV_MODE=1``: whoever reaches it can replace the policy's weights), so only
+    (``VLLM_SERVER_DEV_MODE=1``: its routes take the run's weight-sync token, and a CNI that
+    enforces this policy keeps everyone else from even trying), so only
     this run's trainer pods reach it (every port: NCCL weight broadcast picks its own), and the
     one Prometheus the operator names (``ctx.scraper``, never a pod of any namespace) its HTTP
     port: vLLM serves ``/metrics`` on its API port and nowhere else. The grader pool serves the

@@ -22,6 +22,7 @@ from pathlib import Path
 import httpx
 
 from gagar.rollout.engines.vllm_args import VllmArgs, vllm_args
+from gagar.rollout.engines.vllm_auth import TOKEN_ENV, control_token
 from gagar.rollout.engines.weight_sync import BACKEND
 
 REPO_ROOT = Path(__file__).resolve().parents[3]
@@ -86,6 +87,7 @@ def server_command(cfg: ServerConfig, python: str, port: int) -> list[str]:
 def server_env(cfg: ServerConfig) -> dict[str, str]:
     env = dict(os.environ)
     env["VLLM_SERVER_DEV_MODE"] = "1"  # exposes the RL weight-update routes
+    env[TOKEN_ENV] = control_token()  # ... which refuse callers without it (vllm_auth)
     env.setdefault("VLLM_CPU_KVCACHE_SPACE", str(cfg.cpu_kvcache_gib))
     env.setdefault("VLLM_LOGGING_LEVEL", "INFO")
     env.setdefault("HF_HUB_OFFLINE", "1")

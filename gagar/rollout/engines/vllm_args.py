@@ -7,7 +7,8 @@ drift from what the tests run. Pure (no vLLM import, no I/O): the builders use i
 
 A *policy* server (``weight_transfer_backend`` set) gets what RL needs: the weight-transfer API
 (``--weight-transfer-config``; the routes also need ``VLLM_SERVER_DEV_MODE=1`` in the
-environment) and exact log-probs of the sampled tokens (``--logprobs-mode raw_logprobs``: before
+environment, and are guarded by a token: ``--middleware`` ``vllm_auth.ControlAuth``, which reads
+``$GAGAR_WEIGHT_SYNC_TOKEN``) and exact log-probs of the sampled tokens (``--logprobs-mode raw_logprobs``: before
 any temperature or penalty, which the importance ratio needs). A model that answers OpenAI tool
 calls (the agentic grader's) gets ``--enable-auto-tool-choice`` with its ``tool_call_parser``.
 """
@@ -18,6 +19,7 @@ import json
 from dataclasses import dataclass
 
 MAX_LOGPROBS = 20
+CONTROL_AUTH = "gagar.rollout.engines.vllm_auth.ControlAuth"  # vllm_auth.MIDDLEWARE, kept pure
 
 
 @dataclass(frozen=True)
@@ -54,6 +56,8 @@ def vllm_args(a: VllmArgs) -> list[str]:
     if a.weight_transfer_backend:
         args += ["--weight-transfer-config", json.dumps({"backend": a.weight_transfer_backend})]
         args += ["--max-logprobs", str(MAX_LOGPROBS), "--logprobs-mode", "raw_logprobs"]
+        # the weight-update routes need a token (``vllm_auth``), not only a NetworkPolicy
+        args += ["--middleware", CONTROL_AUTH]
     if a.tool_call_parser:
         args += ["--enable-auto-tool-choice", "--tool-call-parser", a.tool_call_parser]
     if a.enforce_eager:

@@ -8,7 +8,8 @@ version the trainer published as safetensors on a shared directory, so the contr
 (pause, start/update/finish weight update, weight version) is the same on CPU and GPU.
 
 What it guards: a worker only opens files under the root the trainer named at
-``/init_weight_transfer_engine`` (the dev-mode HTTP routes are unauthenticated), and every name
+``/init_weight_transfer_engine`` (the routes themselves take only callers with the run's token,
+``vllm_auth``; the root check stands even against such a caller), and every name
 in an update must exist in the file, otherwise the update fails naming the tensor.
 Only imported inside a process that has vLLM.
 """

@@ -29,6 +29,7 @@ from typing import Any
 
 import httpx
 
+from gagar.rollout.engines.vllm_auth import TOKEN_ENV, control_token
 from gagar.wire import HF_SIDE_FILES
 
 BACKEND = "gagar_safetensors"
@@ -125,12 +126,17 @@ def prune_versions(root: Path, keep: int) -> list[int]:
 class ReplicaClient:
     """The RL control routes of one vLLM server (the shape of vLLM's ``VLLMWeightSyncClient``)."""
 
-    def __init__(self, base_url: str, timeout: float = 300.0) -> None:
+    def __init__(self, base_url: str, timeout: float = 300.0, token: str | None = None) -> None:
+        """``token``: what the server's control routes require (``vllm_auth``); by default
+        this process's, ``$GAGAR_WEIGHT_SYNC_TOKEN`` or the one its ``VllmServer`` got."""
         self.base_url = base_url.rstrip("/")
         # One connection per call: vLLM's server drops a connection after a route raised, and
         # reusing it would turn the next control call into a connection reset.
+        auth = f"Bearer {token or control_token()}"
         self._http = httpx.Client(
-            base_url=self.base_url, timeout=timeout, headers={"Connection": "close"}
+            base_url=self.base_url,
+            timeout=timeout,
+            headers={"Connection": "close", "Authorization": auth},
         )
 
     def _post(self, path: str, payload: dict | None = None, params: dict | None = None) -> dict:
@@ -138,6 +144,11 @@ class ReplicaClient:
             r = self._http.post(path, json=payload, params=params)
         except httpx.HTTPError as e:
             raise WeightSyncError(f"{self.base_url}{path}: {e!r}") from e
+        if r.status_code in (401, 403):
+            raise WeightSyncError(
+                f"{self.base_url}{path} -> {r.status_code}: the replica refused the weight-sync "
+                f"token (${TOKEN_ENV} must be the same for the trainer and the server)"
+            )
         if r.status_code == 404:
             raise WeightSyncError(
                 f"{self.base_url}{path} not found: serve vLLM with VLLM_SERVER_DEV_MODE=1"
