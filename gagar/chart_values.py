@@ -182,6 +182,11 @@ class OperatorValues(Values):
     """Annotations of the operator pod."""
     priority_class_name: str = ""
     """PriorityClass of the operator pod."""
+    network_policy_probe: bool = True
+    """Probe each namespace with runs, once, for NetworkPolicy enforcement (two small pods for
+    a few seconds): the runs' ``NetworkPoliciesEnforced`` condition says whether the CNI
+    enforces the policies that fence sandbox egress and the weight-update port. False:
+    ``--no-network-policy-probe``, the condition says NotChecked."""
 
 
 class ChartValues(Values):

@@ -1660,6 +1660,7 @@ ConditionType = Literal[
     "Suspended",
     "Complete",
     "Failed",
+    "NetworkPoliciesEnforced",  # the namespace's CNI enforces the run's NetworkPolicies
 ]
 CONDITION_TYPES: tuple[ConditionType, ...] = get_args(ConditionType)  # in status order
 ConditionStatus = Literal["True", "False", "Unknown"]

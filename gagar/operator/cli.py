@@ -80,6 +80,13 @@ def _prometheus_flags(p: argparse.ArgumentParser) -> None:
         "default app.kubernetes.io/name=prometheus); no other pod may reach a run's ports",
     )
     p.add_argument(
+        "--no-network-policy-probe",
+        dest="network_policy_probe",
+        action="store_false",
+        help="do not probe namespaces for NetworkPolicy enforcement (two small pods per "
+        "namespace, once; the runs' NetworkPoliciesEnforced condition then says NotChecked)",
+    )
+    p.add_argument(
         "--image-registry",
         default="",
         type=_registry,
@@ -130,6 +137,7 @@ def _operator(args: argparse.Namespace) -> int:
             run_selector=args.run_selector,
             scraper=scraper(args),
             image_registry=args.image_registry,
+            network_policy_probe=args.network_policy_probe,
         ),
         election=Election(
             args.leader_election_lease,

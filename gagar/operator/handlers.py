@@ -63,7 +63,7 @@ from gagar.operator.builders import (
     uses_jobset,
 )
 from gagar.operator.builders.check import validate_run
-from gagar.operator.builders.common import build_weight_sync_secret, checkpoint_claim
+from gagar.operator.builders.common import build_weight_sync_secret, checkpoint_claim, image
 from gagar.operator.kube import (
     FIELD_MANAGER,
     HANDOFF_MANAGER,
@@ -73,6 +73,7 @@ from gagar.operator.kube import (
     Kube,
     KubeError,
 )
+from gagar.operator.netprobe import NetworkPolicyProbe
 from gagar.operator.observe import (
     Observed,
     PoolObserved,
@@ -102,6 +103,7 @@ PRUNABLE = tuple(k for k in CHILD_KINDS if k[1] not in ("PersistentVolumeClaim",
 KUEUE_API = "kueue.x-k8s.io/v1beta1"
 JOB_UID_LABEL = "kueue.x-k8s.io/job-uid"  # Kueue's label on a Workload: its job's uid
 KUEUE_RETRY_SECONDS = 2.0  # a suspend waiting for Kueue to make the trainer's Workload
+PROBE_POLL_S = 3.0  # a run waiting for its namespace's NetworkPolicy probe looks again
 # Not judged for drift: a trainer's pod templates. The server lets them change only while the
 # trainer is suspended and has never started, which is a queue admitting it (Kueue writes the
 # flavor's node selector and tolerations, replacing the whole tolerations list); at any other
@@ -132,6 +134,9 @@ class OperatorConfig:
     run_selector: str = ""  # label selector of the runs this operator owns (--run-selector)
     scraper: Scraper = field(default_factory=Scraper)  # the Prometheus runs' pods admit
     image_registry: str = ""  # where gagar's images are pulled from (--image-registry)
+    # probe each namespace once for NetworkPolicy enforcement (``netprobe``); the operator's
+    # command turns it on (--no-network-policy-probe: off), a bare Reconciler leaves it off
+    network_policy_probe: bool = False
 
 
 @dataclass(frozen=True)
@@ -204,6 +209,7 @@ class Reconciler:
         self.children: Mapping[tuple[str, str], Collection[dict[str, Any]]] | None = None
         self._resync: threading.Thread | None = None
         self._stop_resync = threading.Event()
+        self.netprobe = NetworkPolicyProbe(kube)
         telemetry.watch_queue(metrics, self.queue_depth)
 
     def drifted(self, body: Mapping[str, Any], deleted: bool) -> bool:
@@ -522,6 +528,7 @@ class Reconciler:
             pods = self.kube.list("v1", "Pod", ns, selector)
             claim = self._claim_pending(run)
         error = mem.apply_error if mem.apply_error and mem.apply_error[0] == generation else None
+        policies = self._network_policies(run, finished)
         return Observed(
             generation=generation,
             trainer=trainer,
@@ -532,7 +539,23 @@ class Reconciler:
             waiting=waiting_reasons(pods),
             sandbox_refused=self._sandbox_refusal(run, pools.get("sandbox"), finished),
             claim_pending=claim,
+            network_policies=policies,
         )
+
+    def _network_policies(self, run: GagarRun, finished: bool) -> tuple[str, str, str] | None:
+        """The namespace's NetworkPolicy probe verdict (started by the first run that asks; a
+        finished run starts none); while it runs the run is looked at again shortly."""
+        if not self.config.network_policy_probe:
+            return None
+        ns = _namespace(run)
+        if finished:
+            return self.netprobe.cached(ns) or ("Unknown", "NotChecked", "the run ended first")
+        ctx = BuildContext(image_registry=self.config.image_registry)
+        verdict = self.netprobe.verdict(ns, image(run.spec.grader.image, ctx))
+        if verdict is None:
+            self.requeue(ns, run.metadata.name, PROBE_POLL_S)
+            return ("Unknown", "Probing", f"probing whether {ns} enforces NetworkPolicies")
+        return verdict
 
     def _claim_pending(self, run: GagarRun) -> str | None:
         """Why the checkpoint claim is not provisioned (its newest event, a Warning), while it

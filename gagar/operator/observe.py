@@ -81,6 +81,8 @@ class Observed:
     waiting: tuple[str, ...] = ()
     sandbox_refused: str | None = None  # why sandbox pods exit at start (sandbox_refusal)
     claim_pending: str | None = None  # the checkpoint claim's provisioning failure (claim_problem)
+    # the namespace's NetworkPolicy probe: (status, reason, message); None: not checked (off)
+    network_policies: tuple[str, str, str] | None = None
 
 
 def _condition(obj: dict[str, Any], kind: str) -> dict[str, Any] | None:

@@ -332,6 +332,18 @@ def _terminal_conditions(f: _Facts) -> list[Condition]:
     return [complete, fail]
 
 
+def _network_policies(f: _Facts) -> Condition:
+    """Whether the run's NetworkPolicies are enforced (``operator.netprobe``): a warning, not a
+    readiness gate; the run works either way, less fenced where they are not."""
+    probe = f.obs.network_policies
+    if probe is None:
+        return _c("NetworkPoliciesEnforced", None, "NotChecked",
+                  "the operator's NetworkPolicy probe is off (--no-network-policy-probe)")  # fmt: skip
+    status, reason, message = probe
+    return _c("NetworkPoliciesEnforced", {"True": True, "False": False}.get(status), reason,
+              message)  # fmt: skip
+
+
 def _stalled(f: _Facts) -> Condition:
     if f.obs.apply_error:
         return _c("Stalled", True, f.obs.apply_reason, f.obs.apply_error)
@@ -403,6 +415,11 @@ def _events(prev: GagarRunStatus, new: GagarRunStatus, verdict: _Trainer) -> lis
     if verdict.reason == "TrainerRestarted" and new.trainer_restarts > prev.trainer_restarts:
         events.append(Event("Warning", "TrainerRestarted", verdict.message))
     failed = _is_true(new, "Failed")
+    policies = get_condition(new, "NetworkPoliciesEnforced")
+    if policies is not None and policies.status == "False":
+        before = get_condition(prev, "NetworkPoliciesEnforced")
+        if before is None or before.status != "False":
+            events.append(Event("Warning", policies.reason, policies.message))
     for kind in ("Ready", "Suspended", "Complete", "Failed", "Stalled"):
         before, after = get_condition(prev, kind), get_condition(new, kind)
         if after is None or (before is not None and before.status == after.status):
@@ -465,6 +482,7 @@ def compute_status(
             _suspended(f),
             _stalled(f),
             *_terminal_conditions(f),
+            _network_policies(f),
         )
     }
     if parts["Failed"].status == "True":  # kstatus: a failed run will not progress by itself

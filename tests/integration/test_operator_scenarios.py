@@ -98,7 +98,10 @@ class Env:
 
     @contextlib.contextmanager
     def operator(
-        self, integrations: frozenset[str] = frozenset(), run_selector: str = ""
+        self,
+        integrations: frozenset[str] = frozenset(),
+        run_selector: str = "",
+        network_policy_probe: bool = False,
     ) -> Iterator[Reconciler]:
         """A fresh operator (new registry, new in-memory state) for the duration of the block,
         logged in through its kubeconfig, with the chart's RBAC for ``integrations``."""
@@ -110,7 +113,10 @@ class Env:
             Kube(client),
             Metrics(CollectorRegistry(), "operator"),
             OperatorConfig(
-                resync_seconds=self.resync, integrations=integrations, run_selector=run_selector
+                resync_seconds=self.resync,
+                integrations=integrations,
+                run_selector=run_selector,
+                network_policy_probe=network_policy_probe,
             ),
         )
         registry = register(kopf.OperatorRegistry(), reconciler)
