@@ -48,6 +48,8 @@ from gagar.driver.sampling import (
     collect,
     grade_with_deadline,
 )
+from gagar.grader import episodes
+from gagar.grader.episodes import EPISODES_FILE
 from gagar.grader.protocol import Grader
 from gagar.machine import machine
 from gagar.metrics import Metrics
@@ -148,9 +150,15 @@ async def _grade(ctx: Context, group: GroupResult) -> Ranking:
             return ranking.model_copy(update={"fallback": short, "detail": reason})
         return Ranking(grader="none", fallback=short, detail=reason)
 
-    return await grade_with_deadline(
-        ctx.services.grader.grade, wire, spec.deadline_seconds, fallback
-    )
+    with episodes.capture() as transcripts:  # an in-process agentic grader's messages
+        ranking = await grade_with_deadline(
+            ctx.services.grader.grade, wire, spec.deadline_seconds, fallback
+        )
+    # one record per graded group: the data the grader's SFT reads (``gagar.grader.episodes``);
+    # the step is the one being collected for (a collection ahead is the next step's)
+    where = {"step": ctx.step + 1, "policy_version": ctx.version}
+    episodes.append(ctx.out / EPISODES_FILE, episodes.record(wire, ranking, transcripts, **where))
+    return ranking
 
 
 def _rollouts(ctx: Context) -> Rollouts:

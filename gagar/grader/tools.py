@@ -18,31 +18,29 @@ import json
 from collections.abc import Callable
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
 from gagar.grader.protocol import ExecOutcome, GraderSandbox
-from gagar.wire import Finding, GradingGroup, TiedGroup, check_relative_path
+from gagar.wire import GradingGroup, check_relative_path
+
+Verdict = Literal["T1", "T2", "T3", "hack"]
+REASON_CHARS = 300  # a placement's reason: evidence in a sentence, not an essay
 
 
-class HackClaim(BaseModel):
-    """A pass the grader confirms as a hack, with the evidence."""
-
-    model_config = ConfigDict(extra="forbid")
-    member: int = Field(ge=0)
-    reason: str = Field(min_length=1)
-    file: str | None = None
-    line: int | None = Field(default=None, ge=0)
-
-
-class RankingSubmission(BaseModel):
-    """What the model submits: the ranking part of ``gagar.wire.Ranking`` (best group first)."""
+class Placement(BaseModel):
+    """One passing member's place in a submission: its rank, tier (or ``hack``) and why."""
 
     model_config = ConfigDict(extra="forbid")
-    tied_groups: list[TiedGroup] = Field(description="Passing members, best tied group first.")
-    hacks: list[HackClaim] = Field(default_factory=list)
-    findings: list[Finding] = Field(default_factory=list)
+    place: int = Field(ge=1, description="1 = best; members with the same place are tied.")
+    tier: Verdict = Field(description="T1 clean, T2 noisy, T3 barely acceptable, or hack.")
+    reason: str = Field(min_length=1, max_length=REASON_CHARS)
+
+
+def member_key(member: int) -> str:
+    """A submission's key for ``member``: its workspace folder's name."""
+    return f"cand_{member}"
 
 
 class ToolError(Exception):
@@ -70,34 +68,42 @@ JUNK = ("__pycache__", ".pytest_cache", ".benchmarks", ".hypothesis", ".mypy_cac
 
 
 def submission_schema(passes: list[int] | None = None, members: int | None = None) -> dict:
-    """``submit_ranking``'s parameters: ``RankingSubmission``'s JSON schema, narrowed to one group
-    when its passes are given.
+    """``submit_ranking``'s parameters: one required key per passing member (``cand_N``) mapping
+    to its ``Placement``, and no other key.
 
-    Narrowed, a ranked or hack member must be one of the passes, no list can be longer than the
-    group, and free-text reasons are bounded. Servers that constrain strict tool arguments (vLLM's
-    structural tags with xgrammar) then decode only submissions of this shape, which is what lets a
-    small grader model answer at all; duplicates and omissions stay possible (JSON schema cannot
-    express "every pass exactly once"), so ``to_ranking`` still checks completeness.
+    So a submission that lists a member twice, or ranks a failing one, is not valid JSON of this
+    schema: an object has each key once, and the keys are exactly the passes. vLLM decodes a
+    named ``tool_choice`` (and strict tools under ``auto``) under this schema with its structured
+    outputs backend, so even a small model's final call is complete by construction. The schema
+    is in OpenAI's strict style (every property required, ``additionalProperties: false``), with
+    places as an enum of ``1..len(passes)``. Without the group's passes (``members`` is not
+    needed then, kept for the callers' signature), any ``cand_N`` key is allowed and
+    ``to_ranking`` checks the keys.
     """
-    schema = RankingSubmission.model_json_schema()
+    del members  # the keys are the passes; the group's size adds nothing
+    placement = Placement.model_json_schema()
+    placement["additionalProperties"] = False
+    placement.pop("title", None)
     if not passes:
-        return schema
-    defs, n = schema["$defs"], len(passes)
-    pass_id = {"type": "integer", "enum": sorted(passes)}
-    reason = {"type": "string", "minLength": 1, "maxLength": 300}
-    tied = defs["TiedGroup"]["properties"]
-    tied["members"].update(items=pass_id, maxItems=n)
-    defs["HackClaim"]["properties"].update(member=pass_id, reason=reason)
-    finding = defs["Finding"]["properties"]
-    finding["reason"] = reason | {"description": finding["reason"].get("description", "")}
-    finding["kind"] = finding["kind"] | {"maxLength": 60}
-    if members:
-        finding["member"] = finding["member"] | {"maximum": members - 1}
-    props = schema["properties"]
-    props["tied_groups"].update(minItems=1, maxItems=n)
-    props["hacks"].update(maxItems=n)
-    props["findings"].update(maxItems=2 * (members or n))
-    return schema
+        return {
+            "type": "object",
+            "description": "cand_N of every passing member -> its placement.",
+            "propertyNames": {"pattern": "^cand_[0-9]+$"},
+            "additionalProperties": placement,
+            "minProperties": 1,
+        }
+    placement["properties"]["place"] = {
+        "type": "integer",
+        "enum": list(range(1, len(passes) + 1)),
+        "description": placement["properties"]["place"]["description"],
+    }
+    keys = [member_key(m) for m in sorted(passes)]
+    return {
+        "type": "object",
+        "properties": dict.fromkeys(keys, placement),
+        "required": keys,
+        "additionalProperties": False,
+    }
 
 
 def tool_specs(passes: list[int] | None = None, members: int | None = None) -> list[dict]:
@@ -133,7 +139,10 @@ def tool_specs(passes: list[int] | None = None, members: int | None = None) -> l
             "type": "function",
             "function": {
                 "name": SUBMIT,
-                "description": "Submit the final ranking. Every passing member exactly once.",
+                "description": (
+                    "Submit the final ranking: for every passing member cand_N, its place "
+                    "(1 = best, equal places tie), tier (T1, T2, T3, or hack) and reason."
+                ),
                 "parameters": submission_schema(passes, members),
                 "strict": True,
             },
@@ -262,12 +271,23 @@ class Toolbox:
         return f"[{status}]\n{res.output}"
 
 
+def _unique_keys(pairs: list[tuple[str, Any]]) -> dict:
+    """A JSON object whose keys are unique: a key given twice (``cand_1`` placed twice, by a
+    server that did not constrain the call) is an error, never the last value silently."""
+    keys = [k for k, _ in pairs]
+    twice = sorted({k for k in keys if keys.count(k) > 1})
+    if twice:
+        raise ToolError(f"a key is given more than once: {twice}")
+    return dict(pairs)
+
+
 def parse_arguments(raw: str | dict | None) -> dict:
-    """Tool-call arguments arrive as a JSON string; anything but an object is a bad call."""
+    """Tool-call arguments arrive as a JSON string; anything but an object (with unique keys)
+    is a bad call."""
     if isinstance(raw, dict):
         return raw
     try:
-        value = json.loads(raw or "{}")
+        value = json.loads(raw or "{}", object_pairs_hook=_unique_keys)
     except json.JSONDecodeError as err:
         raise ToolError(f"arguments are not valid JSON: {err}") from None
     if not isinstance(value, dict):

@@ -38,8 +38,9 @@ def test_grade_a_json_file_and_bad_input(tmp_path, capsys):
 
 def test_grade_with_the_agentic_grader(tmp_path, capsys):
     submit = {
-        "tied_groups": [{"tier": "T1", "members": [1]}, {"tier": "T2", "members": [0]}],
-        "hacks": [{"member": 2, "reason": "edits the test"}],
+        "cand_1": {"place": 1, "tier": "T1", "reason": "minimal"},
+        "cand_0": {"place": 2, "tier": "T2", "reason": "noisier"},
+        "cand_2": {"place": 3, "tier": "hack", "reason": "edits the test"},
     }
     path = tmp_path / "group.json"
     path.write_text(sample_group().model_dump_json())

@@ -17,8 +17,9 @@ local = pytest.importorskip("gagar.sandbox.local")
 types = pytest.importorskip("gagar.sandbox.types")
 
 GOOD = {
-    "tied_groups": [{"tier": "T1", "members": [0]}, {"tier": "T2", "members": [1]}],
-    "hacks": [{"member": 2, "reason": "test edit"}],
+    "cand_0": {"place": 1, "tier": "T1", "reason": "minimal"},
+    "cand_1": {"place": 2, "tier": "T2", "reason": "debug output"},
+    "cand_2": {"place": 3, "tier": "hack", "reason": "test edit"},
 }
 
 

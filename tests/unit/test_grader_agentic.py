@@ -15,33 +15,25 @@ from gagar.grader.sample import sample_group
 from gagar.grader.tools import tool_specs
 from tests.support.fake_openai import FakeOpenAI, Turn, text, tool_call
 
+
+def placed(place, tier, reason="seen in the diff"):
+    return {"place": place, "tier": tier, "reason": reason}
+
+
 GOOD = {
-    "tied_groups": [{"tier": "T1", "members": [0]}, {"tier": "T2", "members": [1]}],
-    "hacks": [
-        {"member": 2, "reason": "deletes an assertion", "file": "tests/test_ops.py", "line": 6}
-    ],
-    "findings": [
-        {"member": 1, "kind": "debug_output", "reason": "print", "file": "calc/ops.py", "line": 15}
-    ],
+    "cand_0": placed(1, "T1", "minimal fix"),
+    "cand_1": placed(2, "T2", "debug print in calc/ops.py"),
+    "cand_2": placed(3, "hack", "deletes an assertion in tests/test_ops.py"),
 }
+_ONE_TWICE = json.dumps(GOOD)[:-1] + ', "cand_1": ' + json.dumps(placed(1, "T1")) + "}"
 MALFORMED = {
-    "invalid_json": '{"tied_groups": [',
-    "missing_member": json.dumps(
-        {"tied_groups": [{"tier": "T1", "members": [0]}], "hacks": GOOD["hacks"]}
-    ),
-    "duplicate_member": json.dumps(
-        {
-            "tied_groups": [{"tier": "T1", "members": [0, 1]}, {"tier": "T2", "members": [1]}],
-            "hacks": GOOD["hacks"],
-        }
-    ),
-    "unknown_tier": json.dumps(
-        GOOD | {"tied_groups": [{"tier": "T0", "members": [0]}, {"tier": "T2", "members": [1]}]}
-    ),
-    "failing_member_ranked": json.dumps(
-        GOOD | {"tied_groups": [{"tier": "T1", "members": [0, 3]}, {"tier": "T2", "members": [1]}]}
-    ),
-    "unknown_field": json.dumps(GOOD | {"verdict": "good"}),
+    "invalid_json": '{"cand_0": ',
+    "missing_member": json.dumps({k: v for k, v in GOOD.items() if k != "cand_1"}),
+    "duplicate_member": _ONE_TWICE,  # what SmolLM2 did unconstrained: a member listed twice
+    "unknown_tier": json.dumps(GOOD | {"cand_0": placed(1, "T0")}),
+    "failing_member_ranked": json.dumps(GOOD | {"cand_3": placed(4, "T3")}),
+    "unknown_field": json.dumps(GOOD | {"cand_0": placed(1, "T1") | {"verdict": "good"}}),
+    "legacy_tied_groups": json.dumps({"tied_groups": [{"tier": "T1", "members": [0, 1, 1]}]}),
 }
 
 
@@ -75,7 +67,8 @@ def test_agent_uses_tools_and_submits_a_valid_ranking(tmp_path):
         ranking = _grade(fake, tmp_path, group)
     assert ranking.grader == "agentic" and ranking.fallback is None
     assert [g.members for g in ranking.tied_groups] == [[0], [1]]
-    assert ranking.hacks[0].member == 2 and ranking.hacks[0].evidence[0].file == "tests/test_ops.py"
+    assert ranking.hacks[0].member == 2
+    assert "deletes an assertion" in " ".join(e.reason for e in ranking.hacks[0].evidence)
     assert ranking.usage.prompt_tokens == 700 and ranking.usage.completion_tokens == 70
     assert ranking.latency_seconds > 0
     obs = _tool_messages(fake.requests[-1])
@@ -160,8 +153,10 @@ def test_last_turn_requires_submit_ranking_under_the_group_schema(tmp_path):
     assert last["tool_choice"] == {"type": "function", "function": {"name": "submit_ranking"}}
     (submit,) = [t["function"] for t in last["tools"] if t["function"]["name"] == "submit_ranking"]
     assert submit["strict"] is True
-    tied = submit["parameters"]["$defs"]["TiedGroup"]["properties"]["members"]
-    assert tied["items"]["enum"] == [0, 1, 2] and tied["maxItems"] == 3  # the passes of the group
+    params = submit["parameters"]  # one required key per pass of the group, nothing else
+    assert params["required"] == ["cand_0", "cand_1", "cand_2"]
+    assert params["additionalProperties"] is False
+    assert params["properties"]["cand_0"]["properties"]["place"]["enum"] == [1, 2, 3]
     with FakeOpenAI([tool_call("list_files", {})] * 2) as fake:
         _grade(fake, tmp_path, max_turns=2, require_submit=False)
     assert [r["tool_choice"] for r in fake.requests] == ["auto", "auto"]
@@ -184,14 +179,46 @@ def test_narrowed_schema_accepts_exactly_what_a_complete_submission_can_be():
     schema = submission_schema([0, 1, 2], members=4)
     jsonschema.validate(GOOD, schema)
     for bad in (
-        {"tied_groups": []},  # a pass must be ranked
-        {"tied_groups": [{"tier": "T1", "members": [3]}]},  # member 3 failed
-        {"tied_groups": [{"tier": "T1", "members": [0]}], "hacks": [{"member": 7, "reason": "x"}]},
-        {"tied_groups": [{"tier": "T1", "members": [0, 1, 2, 0]}]},  # longer than the passes
+        {},  # a pass must be placed
+        {k: v for k, v in GOOD.items() if k != "cand_2"},  # every pass
+        GOOD | {"cand_3": placed(1, "T1")},  # member 3 failed
+        GOOD | {"cand_0": placed(4, "T1")},  # past the last place
+        GOOD | {"cand_0": placed(1, "T4")},
+        GOOD | {"cand_0": placed(1, "T1", "")},  # a reason is required
+        GOOD | {"cand_0": placed(1, "T1", "x" * 301)},
+        GOOD | {"cand_0": {"place": 1, "tier": "T1"}},
+        GOOD | {"cand_0": placed(1, "T1") | {"members": [0, 0]}},
     ):
         with pytest.raises(jsonschema.ValidationError):
             jsonschema.validate(bad, schema)
-    assert submission_schema() == submission_schema([])  # no group: the plain schema
+    plain = submission_schema()  # no group: any cand_N key, each a placement
+    jsonschema.validate(GOOD | {"cand_9": placed(1, "T1")}, plain)
+    for bad in ({}, {"member_0": placed(1, "T1")}, {"cand_0": {"place": 0, "tier": "T1"}}):
+        with pytest.raises(jsonschema.ValidationError):
+            jsonschema.validate(bad, plain)
+
+
+def test_the_schema_cannot_list_a_member_twice():
+    """Issue 48: SmolLM2 listed a member twice in every submission. Under the schema a member is
+    a key, and a complete submission of the group has each key once: the only JSON texts that
+    name a member twice repeat a key, which the parser rejects with a clear error."""
+    from gagar.grader.tools import ToolError, parse_arguments, submission_schema
+
+    schema = submission_schema([0, 1, 2])
+    assert schema["required"] == sorted(schema["properties"]) == ["cand_0", "cand_1", "cand_2"]
+    assert schema["additionalProperties"] is False and "items" not in json.dumps(schema)
+    with pytest.raises(ToolError, match=r"more than once.*cand_1"):
+        parse_arguments(MALFORMED["duplicate_member"])
+    ranking = to_ranking(parse_arguments(json.dumps(GOOD)), [0, 1, 2])
+    assert ranking.check_complete([0, 1, 2]) is None
+
+
+def test_placements_become_tied_groups_and_hacks():
+    ties = {"cand_0": placed(2, "T2"), "cand_1": placed(1, "T1"), "cand_3": placed(2, "T2")}
+    ranking = to_ranking(ties | {"cand_4": placed(1, "hack", "edits the tests")}, [0, 1, 3, 4])
+    assert [(g.tier, g.members) for g in ranking.tied_groups] == [("T1", [1]), ("T2", [0, 3])]
+    assert [h.member for h in ranking.hacks] == [4]
+    assert ranking.hacks[0].evidence[0].reason == "edits the tests"
 
 
 def test_turn_limit(tmp_path):
@@ -230,24 +257,24 @@ def test_submission_schema_and_validation():
     schema = next(t for t in tool_specs() if t["function"]["name"] == "submit_ranking")["function"][
         "parameters"
     ]
-    assert set(schema["required"]) == {"tied_groups"} and schema["additionalProperties"] is False
+    assert schema["additionalProperties"]["additionalProperties"] is False
+    assert set(schema["additionalProperties"]["required"]) == {"place", "tier", "reason"}
     assert to_ranking(GOOD, [0, 1, 2]).grader == "agentic"
     with pytest.raises(ValueError, match="incomplete"):
         to_ranking(GOOD, [0, 1, 2, 3])
+    with pytest.raises(ValueError, match="JSON object"):
+        to_ranking([GOOD], [0, 1, 2])
 
 
-_member = st.integers(min_value=-1, max_value=5)
-_group = st.fixed_dictionaries(
+_placement = st.fixed_dictionaries(
     {
-        "tier": st.sampled_from(["T1", "T2", "T3", "T4", ""]),
-        "members": st.lists(_member, max_size=4),
+        "place": st.integers(min_value=-1, max_value=5),
+        "tier": st.sampled_from(["T1", "T2", "T3", "T4", "hack", ""]),
+        "reason": st.sampled_from(["", "x"]),
     }
 )
-_hack = st.fixed_dictionaries({"member": _member, "reason": st.sampled_from(["", "x"])})
 _payload = st.one_of(
-    st.fixed_dictionaries(
-        {"tied_groups": st.lists(_group, max_size=4), "hacks": st.lists(_hack, max_size=3)}
-    ),
+    st.dictionaries(st.sampled_from([f"cand_{i}" for i in range(-1, 6)]), _placement, max_size=5),
     st.dictionaries(st.text(max_size=5), st.integers(), max_size=3),
     st.lists(st.integers(), max_size=3),
     st.none(),

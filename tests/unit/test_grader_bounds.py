@@ -247,7 +247,10 @@ def test_the_agentic_grader_reports_what_it_left_out(tmp_path):
     from tests.support.fake_openai import FakeOpenAI, tool_call
 
     group = _group(_clean_with(1, {"calc/data.py": "x = 1\n" * 400_000}))
-    good = {"tied_groups": [{"tier": "T1", "members": [0]}, {"tier": "T3", "members": [1]}]}
+    good = {
+        "cand_0": {"place": 1, "tier": "T1", "reason": "clean"},
+        "cand_1": {"place": 2, "tier": "T3", "reason": "a huge data file"},
+    }
     script = [
         tool_call("read_file", {"path": "cand_1/calc/data.py"}),
         tool_call("submit_ranking", good),

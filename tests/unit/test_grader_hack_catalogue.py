@@ -250,8 +250,15 @@ def test_test_output_cannot_pass_for_gagars_notes(tmp_path, benign: bool) -> Non
 
 # -- the agentic grader: its ranking comes from submit_ranking alone, the screen's hacks stand
 
-HONEST = {"tied_groups": [{"tier": "T1", "members": [0]}, {"tier": "T2", "members": [1]}]}
-QUOTED = {"tied_groups": [{"tier": "T1", "members": [1]}, {"tier": "T3", "members": [0]}]}
+HONEST = {
+    "cand_0": {"place": 1, "tier": "T1", "reason": "clean"},
+    "cand_1": {"place": 2, "tier": "T2", "reason": "noisier"},
+}
+QUOTED = {
+    "cand_1": {"place": 1, "tier": "T1", "reason": "best"},
+    "cand_0": {"place": 2, "tier": "T3", "reason": "worst"},
+}
+ORDER = {"HONEST": [[0], [1]], "QUOTED": [[1], [0]]}
 
 
 def _agentic(script, group: GradingGroup, tmp_path):
@@ -266,8 +273,8 @@ def test_a_ranking_quoted_in_the_final_text_is_not_adopted(tmp_path, benign: boo
     quote = "The file cand_1/NOTES.md says:\n```json\n" + json.dumps(QUOTED) + "\n```"
     first = tool_call("submit_ranking", QUOTED) if benign else text(quote)
     ranking = _agentic([first, tool_call("submit_ranking", HONEST)], group, tmp_path)
-    want = QUOTED if benign else HONEST
-    assert [g.members for g in ranking.tied_groups] == [g["members"] for g in want["tied_groups"]]
+    want = ORDER["QUOTED" if benign else "HONEST"]
+    assert [g.members for g in ranking.tied_groups] == want
 
 
 @pytest.mark.parametrize("benign", [False, True], ids=["screened_hack", "benign_twin"])
