@@ -103,6 +103,8 @@ PRUNABLE = tuple(k for k in CHILD_KINDS if k[1] not in ("PersistentVolumeClaim",
 KUEUE_API = "kueue.x-k8s.io/v1beta1"
 JOB_UID_LABEL = "kueue.x-k8s.io/job-uid"  # Kueue's label on a Workload: its job's uid
 KUEUE_RETRY_SECONDS = 2.0  # a suspend waiting for Kueue to make the trainer's Workload
+# reconciles in a row one caller runs while events keep dirtying the run (then it is requeued)
+MAX_PASSES = 3
 PROBE_POLL_S = 3.0  # a run waiting for its namespace's NetworkPolicy probe looks again
 # Not judged for drift: a trainer's pod templates. The server lets them change only while the
 # trainer is suspended and has never started, which is a queue admitting it (Kueue writes the
@@ -295,10 +297,15 @@ class Reconciler:
             self._groups = (time.monotonic(), groups)
         return groups
 
-    def reconcile_named(self, namespace: str, run_name: str, force_apply: bool = False) -> None:
+    def reconcile_named(
+        self, namespace: str, run_name: str, force_apply: bool = False, passes: int = MAX_PASSES
+    ) -> None:
         """Reconcile a run by name (a child's event, the requeue). Coalesced: bursts of child
         events (a Deployment rolling, the trainer reporting) cost one reconcile at a time, and
-        none is lost: whoever holds the run's lock goes again while the ``dirty`` flag is set."""
+        none is lost: whoever holds the run's lock goes again while the ``dirty`` flag is set,
+        at most ``passes`` times; a run still dirty then is requeued (the resync thread takes
+        it), so that a reconcile as slow as the events that dirty it (a loaded machine) never
+        keeps its caller, a watch's thread or the resync thread, forever."""
         mem = self.memory(namespace, run_name)
         mem.dirty = True
         while mem.dirty:
@@ -306,19 +313,24 @@ class Reconciler:
                 return
             try:
                 while mem.dirty:
+                    if passes <= 0:
+                        self.requeue(namespace, run_name, 0.0)
+                        return
+                    passes -= 1
                     self._locked_reconcile(namespace, run_name, mem, force_apply)
             finally:
                 mem.lock.release()
 
     def reconcile(self, body: Mapping[str, Any], force_apply: bool = False) -> Outcome | None:
         """One full reconcile (waits for one in progress); raises ``kopf.TemporaryError`` on
-        transient API errors."""
+        transient API errors. Events that came during it are left to the resync thread (the
+        run is due at once): the caller, kopf's handler, is not kept chasing them."""
         namespace, run_name = body["metadata"].get("namespace", ""), body["metadata"]["name"]
         mem = self.memory(namespace, run_name)
         with mem.lock:
             outcome = self._locked_reconcile(namespace, run_name, mem, force_apply)
         if mem.dirty:
-            self.reconcile_named(namespace, run_name)
+            self.requeue(namespace, run_name, 0.0)
         return outcome
 
     def _locked_reconcile(
