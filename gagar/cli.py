@@ -20,9 +20,28 @@ COMMAND_MODULES = [
     "gagar.driver.cli",
     "gagar.trainer.model.cli",
     "gagar.rollout.cli",
+    "gagar.rollout.envs.mine.cli",
     "gagar.grader.cli",
     "gagar.operator.cli",
 ]
+# Subcommands one component adds under another's command: ``gagar grader eval`` builds its groups
+# with the driver's scripted experts, which the grader package may not import.
+NESTED = {"grader": ["gagar.driver.grader_eval"]}
+
+
+def _nested(sub: argparse._SubParsersAction) -> None:
+    for parent, names in NESTED.items():
+        if parent not in sub.choices:
+            continue  # the parent's component is not installed here
+        (children,) = [
+            a for a in sub.choices[parent]._actions if isinstance(a, argparse._SubParsersAction)
+        ]
+        for name in names:
+            try:
+                importlib.import_module(name).register(children)
+            except ModuleNotFoundError as err:
+                if (err.name or "gagar").split(".")[0] == "gagar":
+                    raise
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -41,6 +60,7 @@ def build_parser() -> argparse.ArgumentParser:
             missing.append(f"{name} (needs {err.name})")
             continue
         module.register(sub)
+    _nested(sub)
     if missing:
         parser.epilog = "Not installed here: " + ", ".join(missing) + "."
     return parser

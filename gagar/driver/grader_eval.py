@@ -1,0 +1,246 @@
+"""``gagar grader eval``: the grading benchmark (``gagar.driver.grader_bench`` groups,
+``gagar.grader.evaluate`` metrics) for the heuristic grader and any OpenAI-compatible endpoint.
+
+Each held-out group is graded as built, then ``--shuffles`` more times with its candidates
+relabelled (a seeded permutation each), every ranking mapped back to the group's own numbers. A
+row per grader: usable rate and fallbacks by reason, pairwise accuracy (all groups; and over the
+usable ones), Kendall's tau-b, hack precision and recall, relabelling consistency, first/last
+slot wins beside the reference's, seconds and tokens per group. Printed as a table, written as
+JSON (``--out``). An endpoint's row uses the agentic grader with ``fallback: unusable``, so the
+row measures the model, not the heuristic it would fall back to. With ``--episodes FILE`` every
+grading (each shuffle too) is a grading-episode record (``gagar.grader.episodes``).
+
+The command is registered under ``gagar grader`` from here (``gagar.cli.NESTED``): building the
+groups runs the agent loop, which the grader package may not import.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import random
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from gagar.grader import episodes
+from gagar.grader.evaluate import (
+    Graded,
+    GroupScore,
+    permutation,
+    relabel,
+    score_group,
+    summarize,
+    unlabel,
+)
+from gagar.grader.protocol import Grader
+
+if TYPE_CHECKING:  # the groups' module runs the agent loop (torch): imported where used
+    from gagar.driver.grader_bench import BenchGroup, Split
+
+DEFAULT_GROUPS = 24
+DEFAULT_SHUFFLES = 3
+COLUMNS = (
+    ("usable_rate", "usable", "{:.2f}"),
+    ("pairwise_accuracy", "pair acc", "{:.3f}"),
+    ("pairwise_accuracy_usable", "pair acc|usable", "{:.3f}"),
+    ("kendall_tau_b", "tau-b", "{:.3f}"),
+    ("hack_precision", "hack P", "{:.2f}"),
+    ("hack_recall", "hack R", "{:.2f}"),
+    ("consistency", "consist.", "{:.3f}"),
+    ("first_slot_wins", "1st wins", "{:.2f}"),
+    ("last_slot_wins", "last wins", "{:.2f}"),
+    ("seconds_per_group", "s/group", "{:.3f}"),
+    ("tokens_per_group", "tok/group", "{:.0f}"),
+)
+
+
+def default_cache() -> Path:
+    """``$GAGAR_CACHE_DIR/grader-bench`` (default ``~/.cache/gagar/grader-bench``)."""
+    return Path(os.environ.get("GAGAR_CACHE_DIR") or Path.home() / ".cache" / "gagar") / (
+        "grader-bench"
+    )
+
+
+def _machinery() -> tuple[Any, Any, int, Any]:
+    """The experts' sandboxes (bubblewrap), chat format, end token and agent limits."""
+    from gagar.driver.rollouts import RolloutConfig
+    from gagar.rollout.agent import AgentLimits
+    from gagar.rollout.chat import HFChatFormat
+    from gagar.sandbox import Limits
+    from gagar.sandbox.local import LocalFactory
+    from gagar.trainer.model.presets import fast_tokenizer
+
+    fast = fast_tokenizer(["def f(x):\n    return x + 1\n"] * 10, vocab_size=512)
+    cfg = RolloutConfig(AgentLimits(8, 512, 8192), 20, 30)
+    fmt = HFChatFormat(fast)
+    return LocalFactory(Limits(wall_time_s=20)), fmt, fast.convert_tokens_to_ids("<|im_end|>"), cfg
+
+
+def groups(n: int, seed: int, cache: Path, rebuild: bool = False) -> list[BenchGroup]:
+    """The benchmark's ``n`` groups for ``seed``: from the cache, else built and cached."""
+    from gagar.driver.grader_bench import build_groups, cache_path, load_groups, save_groups
+
+    path = cache_path(cache, n, seed)
+    if path.exists() and not rebuild:
+        return load_groups(path)
+    factory, fmt, eos, cfg = _machinery()
+    built = asyncio.run(build_groups(n, seed, factory, fmt, eos, cfg))
+    save_groups(path, built, seed)
+    return built
+
+
+async def grade_group(
+    grader: Grader, bench: BenchGroup, perms: list[list[int]], log: Path | None
+) -> list[Graded]:
+    """``bench`` graded once per relabelling in ``perms``, each ranking mapped back."""
+    out = []
+    for k, perm in enumerate(perms):
+        shown = relabel(bench.group, perm)
+        start = time.perf_counter()
+        with episodes.capture() as transcripts:
+            ranking = await grader.grade(shown)
+        seconds = time.perf_counter() - start
+        if log is not None:
+            where = {"source": "grader_eval", "group_id": bench.id, "shuffle": k, "perm": perm}
+            episodes.append(log, episodes.record(shown, ranking, transcripts, **where))
+        out.append(Graded(unlabel(ranking, perm), perm, seconds))
+    return out
+
+
+async def evaluate(
+    grader: Grader,
+    benches: list[BenchGroup],
+    shuffles: int,
+    seed: int,
+    log: Path | None = None,
+) -> tuple[dict[str, Any], list[GroupScore]]:
+    """One row (``summarize``) and the per-group scores of ``grader`` on ``benches``."""
+    rng = random.Random(seed)
+    scores = []
+    for bench in benches:
+        n = len(bench.group.candidates)
+        perms = [list(range(n))] + [permutation(n, rng) for _ in range(shuffles)]
+        gradings = await grade_group(grader, bench, perms, log)
+        scores.append(score_group(bench.reference(), gradings))
+    row = summarize(scores)
+    usable = [s for s in scores if s.usable]
+    pairs = sum(s.pairs for s in usable)
+    row["pairwise_accuracy_usable"] = sum(s.credit for s in usable) / pairs if pairs else None
+    return row, scores
+
+
+def _cell(value: Any, fmt: str) -> str:
+    return "-" if value is None else fmt.format(value)
+
+
+def table(rows: dict[str, dict[str, Any]]) -> Any:
+    """The rows as a rich table: a metric per line, a grader per column."""
+    from rich.table import Table
+
+    t = Table(title="grading benchmark (synthetic groups with known answers)")
+    t.add_column("metric")
+    for name in rows:
+        t.add_column(name, justify="right")
+    t.add_row("groups", *(str(r["groups"]) for r in rows.values()))
+    for key, title, fmt in COLUMNS:
+        t.add_row(title, *(_cell(r.get(key), fmt) for r in rows.values()))
+    for key, title in (
+        ("reference_first_slot_wins", "1st wins (ref)"),
+        ("reference_last_slot_wins", "last wins (ref)"),
+    ):
+        t.add_row(title, *(_cell(r.get(key), "{:.2f}") for r in rows.values()))
+    fallbacks = [
+        ", ".join(f"{k} {v}" for k, v in sorted(r["fallbacks"].items())) or "-"
+        for r in rows.values()
+    ]
+    t.add_row("fallbacks", *fallbacks)
+    return t
+
+
+def _graders(args: argparse.Namespace) -> dict[str, Grader]:
+    from gagar.grader.protocol import HeuristicGrader
+
+    out: dict[str, Grader] = {}
+    if not args.no_heuristic:
+        out["heuristic"] = HeuristicGrader()
+    if args.endpoint:
+        from gagar.grader.agentic import AgenticConfig, AgenticGrader
+        from gagar.grader.cli import _sandbox_factory
+
+        config = AgenticConfig(
+            base_url=args.endpoint,
+            model=args.model,
+            fallback="unusable",
+            deadline_seconds=args.deadline,
+            api_key=os.environ.get("OPENAI_API_KEY", "EMPTY"),
+        )
+        out[f"agentic {args.model}"] = AgenticGrader(config, _sandbox_factory(args))
+    return out
+
+
+def run_eval(args: argparse.Namespace) -> dict[str, Any]:
+    """Build or load the groups, grade them with every row's grader, print the table; the
+    result (JSON-ready), also written to ``args.out`` when set."""
+    from rich.console import Console
+
+    from gagar.driver.grader_bench import cache_path
+
+    benches = groups(args.groups, args.seed, Path(args.cache), args.rebuild)
+    wanted: tuple[Split, ...] = ("train", "held_out") if args.split == "all" else (args.split,)
+    chosen = [b for b in benches if b.split in wanted][: args.limit or None]
+    log = Path(args.episodes) if args.episodes else None
+    rows, per_group = {}, {}
+    for name, grader in _graders(args).items():
+        row, scores = asyncio.run(evaluate(grader, chosen, args.shuffles, args.seed, log))
+        rows[name] = row
+        per_group[name] = [{"id": b.id, **vars(s)} for b, s in zip(chosen, scores, strict=True)]
+    Console(width=max(100, Console().width)).print(table(rows))
+    result = {
+        "benchmark": "grader_eval",
+        "seed": args.seed,
+        "groups_built": args.groups,
+        "split": args.split,
+        "group_ids": [b.id for b in chosen],
+        "shuffles": args.shuffles,
+        "cache": str(cache_path(Path(args.cache), args.groups, args.seed)),
+        "rows": rows,
+        "per_group": per_group,
+    }
+    if args.out:
+        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.out).write_text(json.dumps(result, indent=1) + "\n")
+    return result
+
+
+def run(args: argparse.Namespace) -> int:
+    run_eval(args)
+    return 0
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--groups", type=int, default=DEFAULT_GROUPS, help="groups built (all splits)")
+    p.add_argument("--seed", type=int, default=0, help="tasks, kinds, split and shuffles")
+    p.add_argument("--split", choices=("held_out", "train", "all"), default="held_out")
+    p.add_argument("--limit", type=int, default=0, help="grade at most this many groups (0: all)")
+    p.add_argument("--shuffles", type=int, default=DEFAULT_SHUFFLES, help="relabellings a group")
+    p.add_argument("--cache", default=str(default_cache()), help="folder of the groups' JSONL")
+    p.add_argument("--rebuild", action="store_true", help="build the groups even if cached")
+    p.add_argument("--no-heuristic", action="store_true", help="leave out the heuristic row")
+    p.add_argument("--endpoint", help="an OpenAI-compatible /v1 URL: adds the agentic row")
+    p.add_argument("--model", default="grader", help="the endpoint's model name")
+    p.add_argument("--deadline", type=float, default=300.0, help="seconds per grading")
+    p.add_argument("--sandbox", default="bwrap", help="the agentic grader's tool sandbox")
+    p.add_argument("--sandbox-url", help="--sandbox pool: the sandbox Service")
+    p.add_argument("--sandbox-warmpool", help="--sandbox agent-sandbox: the warm pool")
+    p.add_argument("--episodes", help="append every grading as an episode record (JSONL)")
+    p.add_argument("--out", help="write the result JSON here")
+
+
+def register(grader_sub: argparse._SubParsersAction) -> None:
+    """``gagar grader eval`` (added under the grader's command by ``gagar.cli``)."""
+    p = grader_sub.add_parser("eval", help="grading benchmark on groups with known answers")
+    add_arguments(p)
+    p.set_defaults(func=run)
