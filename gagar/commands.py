@@ -5,8 +5,12 @@ from __future__ import annotations
 import argparse
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from gagar import __version__
+
+if TYPE_CHECKING:
+    from gagar.spec import GagarRun
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 
@@ -21,16 +25,42 @@ def _validate(args: argparse.Namespace) -> int:
     from gagar.operator.builders.check import pod_problems
 
     loaded = load_files(args.files)
-    problems, valid = list(loaded.problems), []
+    problems, valid, notes = list(loaded.problems), [], list[Problem]()
     for source, index, run in loaded.runs:  # the pods it renders, as the API server checks them
         found = [Problem(source, index, path, msg) for path, msg in pod_problems(run)]
+        for path, msg, checked in _dataset_problems(run):
+            (found if checked else notes).append(Problem(source, index, path, msg))
         problems += found
         valid += [] if found else [f"{source}[{index}]: GagarRun {run.metadata.name!r} is valid"]
     for problem in problems:
         print(problem, file=sys.stderr)
-    for line in valid:
+    for line in [*notes, *valid]:
         print(line)
     return 1 if problems else 0
+
+
+MAX_ROW_PROBLEMS = 20  # per source: a dataset with a systematic fault would print every row
+
+
+def _dataset_problems(run: GagarRun) -> list[tuple[str, str, bool]]:
+    """(field, message, is a problem) for the run's JSONL sources read on this machine, one per
+    bad row (file, line, instance id, field and why), as ``gagar train`` would load them. A file
+    not on this machine (a cluster run's volume) is a note, not a problem."""
+    from gagar.rollout.envs.task import scan_tasks
+
+    out = []
+    for i, src in enumerate(run.spec.dataset.sources):
+        if src.kind not in ("jsonl", "mined") or src.path is None:
+            continue
+        field = f"spec.dataset.sources[{i}]"
+        if not Path(src.path).is_file():
+            out.append((f"{field}.path", "not on this machine: its rows are not checked", False))
+            continue
+        _, bad = scan_tasks(src.path, src.repo_cache)
+        more = [f"... and {len(bad) - MAX_ROW_PROBLEMS} more bad rows"]
+        shown = bad[:MAX_ROW_PROBLEMS] + (more if len(bad) > MAX_ROW_PROBLEMS else [])
+        out += [(field, line, True) for line in shown]
+    return out
 
 
 def _crd(args: argparse.Namespace) -> int:

@@ -1192,12 +1192,20 @@ class SandboxSpec(Model):
 class DatasetSource(Model):
     """One task source."""
 
-    kind: Literal["synthetic", "humaneval", "jsonl"]
+    kind: Literal["synthetic", "humaneval", "jsonl", "mined"]
     """``synthetic`` (built-in repositories with injected bugs), ``humaneval`` (the 164 problems
-    as repository tasks) or ``jsonl`` (SWE-style tasks)."""
+    as repository tasks), ``jsonl`` (SWE-style tasks) or ``mined`` (the rows ``gagar tasks mine``
+    writes, bugs planted in real packages: JSONL like ``jsonl``, but the held-out share is whole
+    packages, drawn by ``seed``, so evaluation is on code the policy never trained on)."""
     path: str | None = None
-    """JSONL file of tasks (``jsonl`` only): a path in the trainer's pod (e.g. on a volume of
-    ``trainer.podTemplate``); URIs (``s3://``, ...) are refused, the trainer reads a file."""
+    """JSONL file of tasks (``jsonl`` and ``mined`` only): a path in the trainer's pod (e.g. on a volume of
+    ``trainer.podTemplate``); URIs (``s3://``, ...) are refused, the trainer reads a file. The row
+    format is in docs/spec.md (Task rows)."""
+    repo_cache: str | None = None
+    """Directory of repository snapshots for rows that name ``repo`` and ``base_commit`` instead
+    of files (SWE-bench, SWE-Gym, SWE-smith rows; ``jsonl`` only): ``<repoCache>/owner__name`` a
+    git clone holding the commit, or ``<repoCache>/owner__name/<commit>.tar.gz``. A path in the
+    trainer's pod, like ``path``. Unset: such rows are refused, naming the row."""
     size: int | None = Field(default=None, ge=1)
     """Tasks to generate (``synthetic``) or to take (others); unset takes all."""
     seed: int = 0
@@ -1557,12 +1565,21 @@ RULES: tuple[Rule, ...] = (
     ),
     Rule(
         (DatasetSource,),
-        "(self.kind == 'jsonl') == has(self.path)",
-        "path is required for jsonl sources and only for them",
-        lambda m: (m.kind == "jsonl") == (m.path is not None),
+        "(self.kind == 'jsonl' || self.kind == 'mined') == has(self.path)",
+        "path is required for jsonl and mined sources and only for them",
+        lambda m: (m.kind in ("jsonl", "mined")) == (m.path is not None),
         valid={"kind": "jsonl", "path": "/data/tasks.jsonl"},
         invalid={"kind": "synthetic", "path": "/data/tasks.jsonl"},
         field=".path",
+    ),
+    Rule(
+        (DatasetSource,),
+        "self.kind == 'jsonl' || !has(self.repoCache)",
+        "repoCache is for jsonl sources only",
+        lambda m: m.kind == "jsonl" or m.repo_cache is None,
+        valid={"kind": "jsonl", "path": "/data/tasks.jsonl", "repoCache": "/data/repos"},
+        invalid={"kind": "synthetic", "repoCache": "/data/repos"},
+        field=".repoCache",
     ),
     Rule(
         (DatasetSource,),

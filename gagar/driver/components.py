@@ -16,10 +16,10 @@ from typing import Any
 
 from gagar.driver.sampling import TaskSampler
 from gagar.rollout.envs import humaneval, synthetic
-from gagar.rollout.envs.task import Task, load_tasks
+from gagar.rollout.envs.task import Task, TaskError, load_tasks
 from gagar.sandbox import Limits, isolation
 from gagar.sandbox.local import LocalFactory
-from gagar.spec import DatasetSpec, GagarRunSpec, ModelSpec, SandboxSpec
+from gagar.spec import DatasetSource, DatasetSpec, GagarRunSpec, ModelSpec, SandboxSpec
 from gagar.trainer.precision import Precision, resolve, trainer_device
 
 log = logging.getLogger(__name__)
@@ -185,18 +185,19 @@ def load_sources(dataset: DatasetSpec) -> tuple[list[list[Task]], list[Task]]:
         elif src.kind == "humaneval":
             tasks = humaneval.tasks(limit=src.size)
         else:
-            assert src.path is not None
-            if not Path(src.path).exists():
-                raise SetupError(f"{where}.path {src.path!r} does not exist")
-            tasks = load_tasks(src.path)[: src.size]
+            tasks = _jsonl_tasks(src, where)
         random.Random(src.seed).shuffle(tasks)
-        cut = (
-            max(1, round(len(tasks) * dataset.held_out_fraction))
-            if dataset.held_out_fraction and len(tasks) > 1
-            else 0
-        )
-        held += tasks[:cut]
-        train.append(tasks[cut:])
+        if src.kind == "mined":
+            kept, out = split_by_package(tasks, dataset.held_out_fraction, src.seed)
+        else:
+            cut = (
+                max(1, round(len(tasks) * dataset.held_out_fraction))
+                if dataset.held_out_fraction and len(tasks) > 1
+                else 0
+            )
+            kept, out = tasks[cut:], tasks[:cut]
+        held += out
+        train.append(kept)
     if not any(train):
         raise SetupError("spec.dataset: no training tasks left after the held-out split")
     seen = {t.content_key() for tasks in train for t in tasks}
@@ -208,6 +209,33 @@ def load_sources(dataset: DatasetSpec) -> tuple[list[list[Task]], list[Task]]:
             len(held),
         )
     return train, kept
+
+
+def split_by_package(
+    tasks: list[Task], fraction: float, seed: int
+) -> tuple[list[Task], list[Task]]:
+    """(train, held out): whole packages (``metadata.package``) held out, ``fraction`` of them
+    (at least one when there are several), drawn by ``seed``; a task held out shares no package
+    with a training task."""
+    packages = sorted({str(t.metadata.get("package", t.repo)) for t in tasks})
+    random.Random(seed).shuffle(packages)
+    cut = max(1, round(len(packages) * fraction)) if fraction and len(packages) > 1 else 0
+    out = set(packages[:cut])
+    held = [str(t.metadata.get("package", t.repo)) in out for t in tasks]
+    return [t for t, h in zip(tasks, held, strict=True) if not h], [
+        t for t, h in zip(tasks, held, strict=True) if h
+    ]
+
+
+def _jsonl_tasks(src: DatasetSource, where: str) -> list[Task]:
+    """A ``jsonl`` source's tasks; a bad row is a ``SetupError`` naming the source and the row."""
+    assert src.path is not None
+    if not Path(src.path).exists():
+        raise SetupError(f"{where}.path {src.path!r} does not exist")
+    try:
+        return load_tasks(src.path, src.repo_cache)[: src.size]
+    except TaskError as err:
+        raise SetupError(f"{where}: {err}") from None
 
 
 def sandbox_factory(sandbox: SandboxSpec) -> LocalFactory:

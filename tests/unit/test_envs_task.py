@@ -64,7 +64,11 @@ def test_snapshot_tarball(tmp_path: Path) -> None:
         ({**SWE_ROW, "FAIL_TO_PASS": "[oops"}, "FAIL_TO_PASS"),
         ({**SWE_ROW, "FAIL_TO_PASS": "[]"}, "FAIL_TO_PASS"),
         ({**SWE_ROW, "problem_statment": "typo"}, "problem_statment: Extra inputs"),
-        ({k: v for k, v in SWE_ROW.items() if k != "snapshot"}, "exactly one of 'files'"),
+        ({k: v for k, v in SWE_ROW.items() if k != "snapshot"}, "needs a repository cache"),
+        (
+            {k: v for k, v in SWE_ROW.items() if k not in ("snapshot", "base_commit")},
+            "exactly one of 'files'",
+        ),
         ({**SWE_ROW, "snapshot": None, "files": {"../evil.py": ""}}, "must be relative"),
         (
             {

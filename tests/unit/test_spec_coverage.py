@@ -340,10 +340,15 @@ ACTS: dict[str, tuple[str, ...]] = {
     "spec.sandbox.poolSize": (U + "test_builders.py::test_fixed_replicas_written",),
     "spec.dataset.sources.kind": (
         U + "test_spec_effects.py::test_jsonl_sources_are_read_from_their_path",
+        U + "test_mined_source.py::test_the_held_out_tasks_are_whole_packages",
         U + "test_sft_data.py::test_sft_top_up_skips_seeds_a_source_uses",
     ),
     "spec.dataset.sources.path": (
         U + "test_spec_effects.py::test_jsonl_sources_are_read_from_their_path",
+    ),
+    "spec.dataset.sources.repoCache": (
+        U + "test_envs_swe_rows.py::test_the_sources_repo_cache_reaches_the_loader",
+        U + "test_envs_swe_rows.py::test_validate_reads_the_dataset_and_names_each_bad_row",
     ),
     "spec.dataset.sources.size": (
         U + "test_task_sampler.py::test_the_spec_weights_reach_the_sampler",

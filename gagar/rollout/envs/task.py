@@ -1,10 +1,11 @@
 """The task format: one code-repair problem, compatible with SWE-style datasets, loaded from JSONL.
 
-A row names the repository snapshot (inline ``files``, or ``snapshot``: a directory or ``.tar.gz``
-path relative to the JSONL file), the problem statement, the ``FAIL_TO_PASS`` and ``PASS_TO_PASS``
+A row names the repository snapshot (inline ``files``; ``snapshot``: a directory or ``.tar.gz``
+path relative to the JSONL file; or, as SWE-bench rows do, ``repo`` and ``base_commit``, found in
+a repository cache, ``repo_cache.py``), the problem statement, the ``FAIL_TO_PASS`` and ``PASS_TO_PASS``
 test ids (pytest node ids; lists, or JSON strings of lists as SWE-bench ships them), the pristine
-``test_files`` written over the candidate's before verification and the ``test_command`` (a pytest
-invocation). SWE-bench bookkeeping keys (``base_commit``, ``version``, ...) are kept in
+``test_files`` written over the candidate's before verification, the ``test_command`` (a pytest
+invocation) and the reference fix (``reference_files``, whole files, or ``patch``, a diff). SWE-bench bookkeeping keys (``base_commit``, ``version``, ...) are kept in
 ``metadata``, the task's container image (``image``, ``image_name``, ``environment_image``) too:
 every task runs in ``spec.sandbox.image`` (per-task sandbox images are not implemented, so the
 image is information, not a setting). A ``test_patch`` (SWE-bench's diff of the tests) is applied
@@ -31,6 +32,7 @@ from pydantic import (
     model_validator,
 )
 
+from gagar.rollout.envs import repo_cache
 from gagar.rollout.envs.patches import PatchError, apply_patch
 
 SWE_METADATA_KEYS = frozenset(
@@ -138,9 +140,14 @@ class Task(BaseModel):
                 raise ValueError(f"file path {path!r} must be relative and stay in the repository")
         return v
 
-    def model_post_init(self, _context: Any) -> None:
+    @model_validator(mode="after")
+    def _one_snapshot(self) -> Task:
         if (self.files is None) == (self.snapshot is None):
-            raise ValueError("give exactly one of 'files' (inline) or 'snapshot' (a path)")
+            raise ValueError(
+                "give exactly one of 'files' (inline), 'snapshot' (a path) or 'repo' with "
+                "'base_commit' (found in the repository cache)"
+            )
+        return self
 
     @property
     def test_ids(self) -> list[str]:
@@ -153,10 +160,20 @@ class Task(BaseModel):
         return _read_snapshot(Path(self.snapshot or ""))
 
     def fixed_files(self) -> dict[str, bytes]:
-        """The repository with the reference fix applied (needs ``reference_files``)."""
-        if self.reference_files is None:
-            raise TaskError(f"{self.instance_id}: no reference_files")
-        return {**self.repo_files(), **{k: v.encode() for k, v in self.reference_files.items()}}
+        """The repository with the reference fix applied (``reference_files``, else ``patch``)."""
+        if self.reference_files is not None:
+            fixed = {k: v.encode() for k, v in self.reference_files.items()}
+            return {**self.repo_files(), **fixed}
+        if not self.patch:
+            raise TaskError(f"{self.instance_id}: no reference fix (reference_files or patch)")
+        files = self.repo_files()
+        text = {k: v.decode() for k, v in files.items() if _is_text(v)}
+        try:
+            patched = apply_patch(text, self.patch)
+        except PatchError as err:
+            raise TaskError(f"{self.instance_id}: patch: {err}") from None
+        kept = {k: v for k, v in files.items() if k not in text or k in patched}
+        return {**kept, **{k: v.encode() for k, v in patched.items()}}
 
 
 def _is_text(data: bytes) -> bool:
@@ -168,6 +185,8 @@ def _is_text(data: bytes) -> bool:
 
 
 def _read_snapshot(path: Path) -> dict[str, bytes]:
+    if repo_cache.is_git_ref(str(path)):
+        return repo_cache.read_git(str(path))
     if path.is_dir():
         return {
             str(p.relative_to(path)): p.read_bytes()
@@ -184,35 +203,71 @@ def _read_snapshot(path: Path) -> dict[str, bytes]:
     raise TaskError(f"snapshot {path} does not exist")
 
 
-def parse_task(raw: dict[str, Any], base_dir: Path | None = None) -> Task:
-    """One row: SWE-bench bookkeeping keys go to ``metadata``; relative snapshots are resolved."""
+def parse_task(
+    raw: dict[str, Any], base_dir: Path | None = None, cache: Path | None = None
+) -> Task:
+    """One row: SWE-bench bookkeeping keys go to ``metadata``; relative snapshots are resolved; a
+    row with ``repo`` and ``base_commit`` but no files gets its snapshot from the repository
+    ``cache`` (``TaskError`` when there is none or the repository is not in it)."""
     row = dict(raw)
     meta = {k: row.pop(k) for k in list(row) if k in SWE_METADATA_KEYS}
     row["metadata"] = {**row.get("metadata", {}), **meta}
     if base_dir is not None and isinstance(row.get("snapshot"), str):
         row["snapshot"] = str((base_dir / row["snapshot"]).resolve())
+    if row.get("files") is None and row.get("snapshot") is None and meta.get("base_commit"):
+        row["snapshot"] = _cached_snapshot(row.get("repo"), meta["base_commit"], cache)
     return Task.model_validate(row)
 
 
-def load_tasks(path: str | Path) -> list[Task]:
-    """All tasks of a JSONL file; any bad row raises ``TaskError`` naming the line and field."""
-    path = Path(path)
-    if not path.is_file():
-        raise TaskError(f"{path}: no such file")
-    tasks, seen = [], set()
-    for lineno, line in enumerate(path.read_text().splitlines(), 1):
-        if not line.strip():
-            continue
-        tasks.append(_parse_line(path, lineno, line))
-        if tasks[-1].instance_id in seen:
-            raise TaskError(f"{path}:{lineno}: duplicate instance_id {tasks[-1].instance_id!r}")
-        seen.add(tasks[-1].instance_id)
-    if not tasks:
-        raise TaskError(f"{path}: no tasks")
+def _cached_snapshot(repo: Any, commit: Any, cache: Path | None) -> str:
+    if not isinstance(repo, str) or not repo or not isinstance(commit, str):
+        raise TaskError("repo: a row with base_commit and no files needs 'repo' (owner/name)")
+    if cache is None:
+        raise TaskError(
+            f"base_commit: {repo}@{commit[:12]} needs a repository cache (the dataset "
+            "source's repoCache), or give 'files' or 'snapshot'"
+        )
+    try:
+        return repo_cache.resolve(repo, commit, cache)
+    except repo_cache.RepoCacheError as err:
+        raise TaskError(f"base_commit: {err}") from None
+
+
+def load_tasks(path: str | Path, cache: str | Path | None = None) -> list[Task]:
+    """All tasks of a JSONL file (SWE-bench rows' repositories from ``cache``); the first bad row
+    raises ``TaskError`` naming the line and field."""
+    tasks, problems = scan_tasks(path, cache)
+    if problems:
+        raise TaskError(problems[0])
     return tasks
 
 
-def _parse_line(path: Path, lineno: int, line: str) -> Task:
+def scan_tasks(path: str | Path, cache: str | Path | None = None) -> tuple[list[Task], list[str]]:
+    """The good tasks of a JSONL file and one line per problem (``<file>:<line>: <field>: why``)."""
+    path = Path(path)
+    if not path.is_file():
+        return [], [f"{path}: no such file"]
+    tasks: list[Task] = []
+    problems: list[str] = []
+    seen: set[str] = set()
+    for lineno, line in enumerate(path.read_text().splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            task = _parse_line(path, lineno, line, None if cache is None else Path(cache))
+        except TaskError as err:
+            problems.append(str(err))
+            continue
+        if task.instance_id in seen:
+            problems.append(f"{path}:{lineno}: duplicate instance_id {task.instance_id!r}")
+        seen.add(task.instance_id)
+        tasks.append(task)
+    if not tasks and not problems:
+        problems.append(f"{path}: no tasks")
+    return tasks, problems
+
+
+def _parse_line(path: Path, lineno: int, line: str, cache: Path | None) -> Task:
     where = f"{path}:{lineno}"
     try:
         raw = json.loads(line)
@@ -220,13 +275,22 @@ def _parse_line(path: Path, lineno: int, line: str) -> Task:
         raise TaskError(f"{where}: not JSON: {e}") from None
     if not isinstance(raw, dict):
         raise TaskError(f"{where}: a task must be a JSON object")
+    if isinstance(raw.get("instance_id"), str):
+        where += f" ({raw['instance_id']})"
     try:
-        return parse_task(raw, path.parent)
+        return parse_task(raw, path.parent, cache)
     except ValidationError as e:
         problems = "; ".join(
-            f"{'.'.join(map(str, err['loc'])) or 'task'}: {err['msg']}" for err in e.errors()
+            f"{'.'.join(map(str, err['loc'])) or 'task'}: {_one_line(err['msg'])}"
+            for err in e.errors()
         )
         raise TaskError(f"{where}: {problems}") from None
+    except (TaskError, repo_cache.RepoCacheError) as e:
+        raise TaskError(f"{where}: {_one_line(str(e))}") from None
+
+
+def _one_line(msg: str) -> str:
+    return " ".join(msg.split())
 
 
 def dump_tasks(tasks: list[Task], path: str | Path) -> None:

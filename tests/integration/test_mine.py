@@ -1,0 +1,187 @@
+"""The task miner end to end on a tiny package built here as an sdist: the suite runs twice in
+the sandbox and the flaky test is dropped, edits go only where tests execute, kept tasks fail
+exactly their FAIL_TO_PASS unfixed and pass with their patch (the real verifier), rows are
+byte-identical run to run, and the rows load as a dataset source."""
+
+from __future__ import annotations
+
+import io
+import json
+import tarfile
+from pathlib import Path
+
+import pytest
+
+from gagar.cli import main
+from gagar.rollout.envs.mine import sdist
+from gagar.rollout.envs.mine.miner import MineConfig, MineError, dump_rows, mine
+from gagar.rollout.envs.task import load_tasks
+from gagar.rollout.envs.verify import verify_files
+from gagar.sandbox import Limits
+from gagar.sandbox.local import LocalFactory
+
+CALC = '''"""tinycalc."""
+
+
+def clamp(x, lo, hi):
+    if x < lo:
+        return lo
+    if x > hi:
+        return hi
+    return x
+
+
+def total(xs):
+    acc = 0
+    for x in xs:
+        acc += x
+    return acc
+
+
+def never_tested(x):
+    return x * 2 + 1
+'''
+TESTS = """import os
+
+from tinycalc import clamp, total
+
+
+def test_clamp_inside():
+    assert clamp(5, 0, 10) == 5
+
+
+def test_clamp_low():
+    assert clamp(-3, 0, 10) == 0
+
+
+def test_clamp_high():
+    assert clamp(12, 0, 10) == 10
+
+
+def test_total():
+    assert total([1, 2, 3]) == 6
+
+
+def test_flaky():
+    # passes the first time it runs in a workspace, fails after: the miner must drop it
+    seen = os.path.exists(".flaky-marker")
+    open(".flaky-marker", "w").close()
+    assert not seen
+"""
+
+
+def make_sdist(root: Path) -> Path:
+    path = root / "tinycalc-0.1.tar.gz"
+    members = {
+        "tinycalc-0.1/tinycalc/__init__.py": CALC,
+        "tinycalc-0.1/tests/test_calc.py": TESTS,
+        "tinycalc-0.1/PKG-INFO": "Name: tinycalc\nVersion: 0.1\n",
+    }
+    with tarfile.open(path, "w:gz") as tar:
+        for name, text in members.items():
+            info = tarfile.TarInfo(name)
+            info.size = len(text.encode())
+            tar.addfile(info, io.BytesIO(text.encode()))
+    return path
+
+
+@pytest.fixture(scope="module")
+def factory() -> LocalFactory:
+    # generous: a starved machine must not turn a slow run into a timeout
+    return LocalFactory(limits=Limits(wall_time_s=900, cpu_time_s=300))
+
+
+@pytest.fixture(scope="module")
+def mined(tmp_path_factory: pytest.TempPathFactory, factory: LocalFactory) -> tuple:
+    root = tmp_path_factory.mktemp("mine")
+    pkg = sdist.load(str(make_sdist(root)), root / "cache")
+    tasks, summary = mine(pkg, factory, MineConfig(seed=1, max_edits=8), root / "out")
+    dump_rows(tasks, root / "out" / "tasks.jsonl")
+    return root, pkg, tasks, summary
+
+
+def test_the_flaky_test_is_dropped_and_never_listed(mined: tuple) -> None:
+    _, _, tasks, summary = mined
+    assert summary.flaky == ["tests/test_calc.py::test_flaky"]
+    assert summary.tests == 4
+    assert tasks and all("tests/test_calc.py::test_flaky" not in t.test_ids for t in tasks)
+
+
+def test_edits_go_only_where_tests_execute(mined: tuple) -> None:
+    _, _, tasks, summary = mined
+    assert summary.rejected["not_executed_by_tests"] >= 3  # never_tested's operators and 1
+    assert all(t.metadata["function"] in ("clamp", "total") for t in tasks)
+    assert summary.tried == 8 and summary.tried == sum(summary.tried_by_kind.values())
+    assert summary.kept + sum(summary.rejected[r] for r in REASONS) == summary.tried
+
+
+REASONS = ("no_test_fails", "too_many_fail", "collection_error", "timeout", "duplicate")
+
+
+def test_kept_tasks_fail_unfixed_and_pass_fixed_through_the_verifier(
+    mined: tuple, factory: LocalFactory
+) -> None:
+    _, pkg, tasks, _ = mined
+    task = tasks[0]
+    assert task.metadata | {"line": 0} == {
+        "package": "tinycalc",
+        "version": "0.1",
+        "sha256": pkg.sha256,
+        "edit_kind": task.metadata["edit_kind"],
+        "file": "tinycalc/__init__.py",
+        "function": task.metadata["function"],
+        "line": 0,
+        "seed": 1,
+        "miner": 1,
+    }
+    assert set(task.test_files) == {"tests/test_calc.py"}
+    assert 1 <= len(task.fail_to_pass) <= 20
+    assert sorted(task.fail_to_pass + task.pass_to_pass) == sorted(
+        f"tests/test_calc.py::test_{n}"
+        for n in ("clamp_inside", "clamp_low", "clamp_high", "total")
+    )
+    before = verify_files(task, task.repo_files(), factory)
+    assert before.valid, (before.infra_error, before.notes, before.log[-2000:])
+    assert sorted(t for t, ok in before.tests.items() if not ok) == task.fail_to_pass, before.log
+    assert verify_files(task, task.fixed_files(), factory).passed
+    assert task.metadata["file"] not in task.problem_statement
+    assert (task.patch or "").count("\n+ ") + (task.patch or "").count("\n+\t") <= 2
+
+
+def test_the_rows_are_the_same_run_to_run_and_load_as_tasks(
+    mined: tuple, factory: LocalFactory
+) -> None:
+    root, pkg, tasks, _ = mined
+    again, _ = mine(pkg, factory, MineConfig(seed=1, max_edits=8), root / "again")
+    dump_rows(again, root / "again" / "tasks.jsonl")
+    first = (root / "out" / "tasks.jsonl").read_bytes()
+    assert first == (root / "again" / "tasks.jsonl").read_bytes()
+    for task in tasks:
+        name = f"{task.instance_id}.tar.gz"
+        assert (root / "out/snapshots" / name).read_bytes() == (
+            root / "again/snapshots" / name
+        ).read_bytes()
+    loaded = load_tasks(root / "out" / "tasks.jsonl")
+    assert [t.instance_id for t in loaded] == [t.instance_id for t in tasks]
+    assert loaded[0].repo_files() == tasks[0].repo_files()
+
+
+def test_a_package_whose_suite_cannot_run_is_refused(tmp_path: Path, factory: LocalFactory) -> None:
+    pkg = sdist.Sdist("broken", "1", "0" * 64, {"tests/test_x.py": b"import nowhere_to_be_found\n"})
+    with pytest.raises(MineError, match="the suite does not run here"):
+        mine(pkg, factory, MineConfig(), tmp_path)
+
+
+def test_the_command_writes_rows_and_a_summary(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = make_sdist(tmp_path)
+    out = tmp_path / "out"
+    argv = ["tasks", "mine", str(path), "--out", str(out), "--max-edits", "3", "--no-verify"]
+    assert main(argv) == 0
+    printed = capsys.readouterr().out
+    assert "tinycalc 0.1: 4 stable tests (1 flaky)" in printed
+    [summary] = json.loads((out / "summary.json").read_text())
+    assert summary["tried"] == 3 and summary["sha256"] == sdist.load(str(path), tmp_path).sha256
+    rows = (out / "tasks.jsonl").read_text().splitlines()
+    assert len(rows) == summary["kept"]

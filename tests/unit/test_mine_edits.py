@@ -1,0 +1,192 @@
+"""The miner's pure parts: span edits keep formatting, the order is the seed's, the reference fix
+is a reverse diff that applies, rows and snapshots are byte-identical run to run, sdists unpack
+safely and are pinned by sha256."""
+
+from __future__ import annotations
+
+import ast
+import hashlib
+import io
+import tarfile
+from pathlib import Path
+
+import pytest
+
+from gagar.rollout.envs.mine import sdist
+from gagar.rollout.envs.mine.edits import EDIT_KINDS, find_edits
+from gagar.rollout.envs.mine.miner import (
+    deterministic_tarball,
+    order,
+    problem_statement,
+    reverse_diff,
+)
+from gagar.rollout.envs.patches import apply_patch
+
+SOURCE = '''"""Module doc."""
+LIMIT = 10  # module level: runs at import, never edited
+
+
+def clamp(x, lo=0, hi=LIMIT):  # a comment that must survive
+    """Doc: 5 < 6 is no code."""
+    if x < lo:
+        return lo
+    elif x >= hi:
+        return hi
+    total = x + 1  # keep me
+    total -= 2
+    flag = True and not (x == 3)
+    while total > 100:
+        total //= 2
+    return total if flag else -total
+
+
+class Box:
+    def get(self, items):
+        if items is None:
+            return []
+        return [i for i in items if i in self.allowed]
+'''
+
+
+def _edits() -> list:
+    return find_edits("pkg/mod.py", SOURCE)
+
+
+def _one(kind: str, old: str, line: int) -> object:
+    [edit] = [e for e in _edits() if e.kind == kind and e.old == old and e.line == line]
+    return edit
+
+
+@pytest.mark.parametrize(
+    ("kind", "old", "line", "new"),
+    [
+        ("flip_comparison", "<", 7, "<="),
+        ("flip_comparison", ">=", 9, ">"),
+        ("flip_comparison", "is", 21, "is not"),
+        ("flip_comparison", "in", 23, "not in"),
+        ("flip_operator", "+", 11, "-"),
+        ("flip_operator", "-=", 12, "+="),
+        ("flip_operator", "//=", 15, "*="),
+        ("flip_operator", "and", 13, "or"),
+        ("flip_boolean", "True", 13, "False"),
+        ("negate_condition", "x < lo", 7, "not (x < lo)"),
+        ("negate_condition", "flag", 16, "not (flag)"),
+        ("constant_shift", "100", 14, "99"),
+        ("constant_shift", "3", 13, "2"),
+    ],
+)
+def test_each_kind_replaces_one_span_and_keeps_the_rest_of_the_file(
+    kind: str, old: str, line: int, new: str
+) -> None:
+    edit = _one(kind, old, line)
+    assert edit.new == new  # type: ignore[attr-defined]
+    edited = edit.apply(SOURCE)  # type: ignore[attr-defined]
+    before, after = SOURCE.splitlines(), edited.splitlines()
+    changed = [i for i, (a, b) in enumerate(zip(before, after, strict=True)) if a != b]
+    assert changed == [line - 1]  # one line, comments and spacing of every other line kept
+    assert "# keep me" in edited and "# a comment that must survive" in edited
+
+
+def test_a_negated_not_loses_its_not() -> None:
+    src = "def f(x):\n    if not (x == 3):\n        return 1\n    return 2\n"
+    [edit] = [e for e in find_edits("m.py", src) if e.kind == "negate_condition"]
+    assert (edit.old, edit.new) == ("not (x == 3)", "x == 3")
+
+
+def test_drop_if_removes_whole_lines_never_an_elif_or_an_if_with_else() -> None:
+    drops = [e for e in _edits() if e.kind == "drop_if"]
+    assert [(e.line, e.function) for e in drops] == [(21, "Box.get")]
+    edited = drops[0].apply(SOURCE)
+    assert "if items is None" not in edited and "return []" not in edited
+    ast.parse(edited)
+
+
+def test_only_function_bodies_are_edited_and_every_edit_changes_the_tree() -> None:
+    edits = _edits()
+    assert {e.kind for e in edits} == set(EDIT_KINDS)
+    assert all(e.line >= 6 for e in edits)  # not LIMIT = 10, not the default hi=LIMIT
+    assert not any(e.kind == "constant_shift" and e.old == "0" and e.line == 5 for e in edits)
+    before = ast.dump(ast.parse(SOURCE))
+    assert all(ast.dump(ast.parse(e.apply(SOURCE))) != before for e in edits)
+    assert {e.function for e in edits} == {"clamp", "Box.get"}
+
+
+def test_a_file_that_does_not_parse_gives_no_edits() -> None:
+    assert find_edits("bad.py", "def f(:\n") == []
+
+
+def test_non_ascii_text_before_a_span_keeps_offsets_right() -> None:
+    src = "def f(x):\n    s = 'é—ü'; return x < 1\n"
+    [edit] = [e for e in find_edits("m.py", src) if e.kind == "flip_comparison"]
+    assert edit.apply(src) == "def f(x):\n    s = 'é—ü'; return x <= 1\n"
+
+
+def test_the_order_is_the_seeds_and_gives_every_kind_a_turn() -> None:
+    edits = _edits()
+    first = order(edits, seed=3, limit=len(EDIT_KINDS))
+    assert sorted(e.kind for e in first) == sorted(EDIT_KINDS)
+    assert order(edits, 3, 12) == order(edits, 3, 12)
+    assert order(edits, 3, 12) != order(edits, 4, 12)
+
+
+def test_the_reference_fix_is_a_reverse_diff_that_applies() -> None:
+    edit = _one("flip_operator", "+", 11)
+    buggy = edit.apply(SOURCE)  # type: ignore[attr-defined]
+    patch = reverse_diff("pkg/mod.py", buggy, SOURCE)
+    assert patch.count("\n-") == 2 and patch.count("\n+") == 2  # the headers and the fix
+    assert apply_patch({"pkg/mod.py": buggy}, patch) == {"pkg/mod.py": SOURCE}
+
+
+def test_snapshots_are_byte_identical_whatever_the_order_of_files() -> None:
+    a = deterministic_tarball({"b.py": b"2", "a/x.py": b"1"})
+    assert a == deterministic_tarball({"a/x.py": b"1", "b.py": b"2"})
+    with tarfile.open(fileobj=io.BytesIO(a)) as tar:
+        assert [(m.name, m.mtime) for m in tar.getmembers()] == [("a/x.py", 0), ("b.py", 0)]
+
+
+def test_the_problem_statement_names_the_tests_never_the_fix() -> None:
+    pkg = sdist.Sdist("tinycalc", "0.1", "0" * 64, {})
+    text = problem_statement(
+        pkg,
+        ["tests/test_calc.py::test_add"],
+        {"tests/test_calc.py::test_add": "E   assert <Obj at 0x7f00deadbeef> == 5"},
+    )
+    assert "tests/test_calc.py::test_add" in text and "assert <Obj at 0x...> == 5" in text
+    assert "calc.py`" not in text.replace("test_calc.py", "")
+
+
+def _sdist(tmp_path: Path, members: dict[str, bytes], name: str = "tiny-0.1.tar.gz") -> Path:
+    path = tmp_path / name
+    with tarfile.open(path, "w:gz") as tar:
+        for member, data in members.items():
+            info = tarfile.TarInfo(member)
+            info.size = len(data)
+            tar.addfile(info, io.BytesIO(data))
+    return path
+
+
+def test_a_local_sdist_unpacks_without_its_top_directory_and_records_its_sha256(
+    tmp_path: Path,
+) -> None:
+    path = _sdist(tmp_path, {"tiny-0.1/tiny.py": b"x = 1\n", "tiny-0.1/tests/t.py": b""})
+    got = sdist.load(str(path), tmp_path / "cache")
+    assert (got.name, got.version) == ("tiny", "0.1")
+    assert got.files == {"tests/t.py": b"", "tiny.py": b"x = 1\n"}
+    assert got.sha256 == hashlib.sha256(path.read_bytes()).hexdigest()
+    with pytest.raises(sdist.SdistError, match="is not the pinned"):
+        sdist.load(str(path), tmp_path / "cache", sha256="0" * 64)
+
+
+def test_an_sdist_member_outside_its_directory_is_refused(tmp_path: Path) -> None:
+    path = _sdist(tmp_path, {"tiny-0.1/../../evil.py": b""})
+    with pytest.raises(sdist.SdistError, match="outside the sdist"):
+        sdist.load(str(path), tmp_path)
+
+
+def test_a_pin_is_read_from_the_cache_under_any_spelling_of_its_name(tmp_path: Path) -> None:
+    cache = tmp_path / "cache"
+    cache.mkdir()
+    _sdist(cache, {"My_Pkg-1.0/m.py": b""}, name="My_Pkg-1.0.tar.gz")
+    assert sdist.fetch("my-pkg==1.0", cache).name == "My_Pkg-1.0.tar.gz"
+    with pytest.raises(sdist.SdistError, match="name==version"):
+        sdist.fetch("my-pkg", cache)
