@@ -190,3 +190,19 @@ def test_a_pin_is_read_from_the_cache_under_any_spelling_of_its_name(tmp_path: P
     assert sdist.fetch("my-pkg==1.0", cache).name == "My_Pkg-1.0.tar.gz"
     with pytest.raises(sdist.SdistError, match="name==version"):
         sdist.fetch("my-pkg", cache)
+
+
+def test_an_sdist_pip_saved_counts_though_pip_then_failed_on_its_metadata(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    cache = tmp_path / "cache"
+
+    def pip(cmd: list[str], **_: object) -> object:
+        _sdist(cache, {"tiny-0.2/m.py": b""}, name="tiny-0.2.tar.gz")  # saved, then it fails
+        return type("Done", (), {"returncode": 1, "stderr": "InvalidRequirement"})()
+
+    monkeypatch.setattr(sdist.subprocess, "run", pip)
+    monkeypatch.setattr(sdist, "_pip", lambda: ["pip"])
+    assert sdist.fetch("tiny==0.2", cache).name == "tiny-0.2.tar.gz"
+    with pytest.raises(sdist.SdistError, match=r"pip download tiny==0\.3: InvalidRequirement"):
+        sdist.fetch("tiny==0.3", cache)
