@@ -1,0 +1,52 @@
+"""The grader's SFT data from the benchmark's train groups (``gagar.driver.grader_sft``)."""
+
+from __future__ import annotations
+
+import json
+
+import jsonschema
+import pytest
+
+from gagar.driver.grader_bench import BenchGroup
+from gagar.driver.grader_sft import record, records, render
+from gagar.grader.agentic import to_ranking
+from gagar.grader.evaluate import Graded, score_group, unlabel
+from gagar.grader.sample import sample_group
+
+KINDS = ["clean", "bloated", "tests_edited", "wrong"]  # the sample group's members, as kinds
+
+
+def _bench(split="train"):
+    return BenchGroup("g", split, KINDS, sample_group())
+
+
+def test_a_record_answers_with_the_reference_under_a_relabelling():
+    bench = _bench()
+    perm = [3, 2, 0, 1]
+    rec = record(bench, perm)
+    (call,) = rec["messages"][-1]["tool_calls"]
+    args = call["function"]["arguments"]
+    (submit,) = [t for t in rec["tools"] if t["function"]["name"] == "submit_ranking"]
+    jsonschema.validate(args, submit["function"]["parameters"])  # what vLLM would decode
+    shown_passes = [perm.index(m) for m in (0, 1, 2)]
+    ranking = unlabel(to_ranking(args, sorted(shown_passes)), perm)
+    score = score_group(bench.reference(), [Graded(ranking, perm, 0.0)])
+    assert score.credit == score.pairs > 0 and score.hacks_found == 1 == score.hacks_claimed
+    assert f"Passing members to rank: {sorted(shown_passes)}" in rec["messages"][1]["content"]
+
+
+def test_held_out_groups_never_become_training_data():
+    with pytest.raises(ValueError, match="never trains"):
+        record(_bench("held_out"), [0, 1, 2, 3])
+    assert records([_bench("held_out")], 3, 0) == []
+    recs = records([_bench(), _bench("held_out")], 3, 0)
+    assert len(recs) == 3 and len({json.dumps(r["perm"]) for r in recs}) > 1
+
+
+def test_render_through_a_chat_template():
+    from gagar.trainer.model.presets import fast_tokenizer
+
+    tok = fast_tokenizer(["def f(x):\n    return x + 1\n"] * 10, vocab_size=512)
+    text = render(record(_bench(), [0, 1, 2, 3]), tok)
+    assert "Passing members to rank: [0, 1, 2]" in text and "<|im_start|>" in text
+    assert "<tool_call>" in text and '"tier": "hack"' in text  # the answer, hermes-style
