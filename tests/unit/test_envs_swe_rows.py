@@ -99,7 +99,8 @@ def test_a_swe_bench_row_loads_from_a_git_checkout_at_its_base_commit(
     assert task.test_files == {"test_calc.py": NEW_TEST}
     assert task.fail_to_pass == ["test_calc.py::test_add"]
     assert task.metadata["environment_setup_commit"] == commit
-    assert task.fixed_files()["calc.py"] == FIXED.encode()  # the reference ``patch`` applied
+    # the reference ``patch`` applied, every file it does not touch kept
+    assert task.fixed_files() == {"calc.py": FIXED.encode(), "test_calc.py": OLD_TEST.encode()}
 
 
 def test_a_tarball_per_commit_is_read_before_the_clone(

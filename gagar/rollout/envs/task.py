@@ -172,8 +172,8 @@ class Task(BaseModel):
             patched = apply_patch(text, self.patch)
         except PatchError as err:
             raise TaskError(f"{self.instance_id}: patch: {err}") from None
-        kept = {k: v for k, v in files.items() if k not in text or k in patched}
-        return {**kept, **{k: v.encode() for k, v in patched.items()}}
+        # apply_patch returns only the files the patch writes: the others stay as they are
+        return {**files, **{k: v.encode() for k, v in patched.items()}}
 
 
 def _is_text(data: bytes) -> bool:
