@@ -119,7 +119,7 @@ class Task(BaseModel):
             base = dict(data["files"])
         elif data.get("snapshot"):
             raw = _read_snapshot(Path(data["snapshot"]))
-            base = {k: v.decode() for k, v in raw.items() if _is_text(v)}
+            base = {k: v.decode() for k, v in raw.items() if is_text(v)}
         else:
             return data  # the snapshot check names what is missing
         try:
@@ -167,7 +167,7 @@ class Task(BaseModel):
         if not self.patch:
             raise TaskError(f"{self.instance_id}: no reference fix (reference_files or patch)")
         files = self.repo_files()
-        text = {k: v.decode() for k, v in files.items() if _is_text(v)}
+        text = {k: v.decode() for k, v in files.items() if is_text(v)}
         try:
             patched = apply_patch(text, self.patch)
         except PatchError as err:
@@ -176,7 +176,8 @@ class Task(BaseModel):
         return {**files, **{k: v.encode() for k, v in patched.items()}}
 
 
-def _is_text(data: bytes) -> bool:
+def is_text(data: bytes) -> bool:
+    """Whether ``data`` decodes as UTF-8 (a text file a task's repository can hold as ``str``)."""
     try:
         data.decode()
     except UnicodeDecodeError:

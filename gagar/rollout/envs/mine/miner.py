@@ -42,7 +42,7 @@ from pathlib import Path
 from gagar.rollout.envs.mine.edits import EDIT_KINDS, Edit, find_edits
 from gagar.rollout.envs.mine.sdist import Sdist
 from gagar.rollout.envs.mine.suite import COLLECT, PROBE_DIR, Suite, SuiteRun
-from gagar.rollout.envs.task import PLAIN_PYTEST, Task, TaskError
+from gagar.rollout.envs.task import PLAIN_PYTEST, Task, TaskError, is_text
 from gagar.rollout.envs.verify import is_test_path, verify_files
 from gagar.sandbox import Limits, SessionFactory
 
@@ -273,7 +273,7 @@ def make_task(  # noqa: PLR0913 - the parts of one row
     snapshot = out / "snapshots" / f"{instance_id}.tar.gz"
     snapshot.parent.mkdir(parents=True, exist_ok=True)
     snapshot.write_bytes(deterministic_tarball(files))
-    text = {p: d.decode() for p, d in pkg.files.items() if is_test_path(p) and _is_text(d)}
+    text = {p: d.decode() for p, d in pkg.files.items() if is_test_path(p) and is_text(d)}
     broke_set = set(broke)
     return Task(
         instance_id=instance_id,
@@ -298,14 +298,6 @@ def make_task(  # noqa: PLR0913 - the parts of one row
             "miner": MINER_VERSION,
         },
     )
-
-
-def _is_text(data: bytes) -> bool:
-    try:
-        data.decode()
-    except UnicodeDecodeError:
-        return False
-    return True
 
 
 ADDRESS = re.compile(r"0x[0-9a-fA-F]{6,}")
