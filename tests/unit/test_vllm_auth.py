@@ -1,6 +1,7 @@
 """vLLM's control routes take the run's weight-sync token (``gagar.rollout.engines.vllm_auth``):
-the middleware as vLLM installs it (``app.add_middleware`` on a FastAPI app), the command line
-and environment of the embedded server, and the pods the operator builds."""
+the middleware as vLLM's ``--middleware`` wraps its app (an ASGI class around the routes; the real
+vLLM server is in tests/integration/test_vllm_engine.py), the command line and environment of
+the embedded server, and the pods the operator builds."""
 
 from __future__ import annotations
 
@@ -9,7 +10,6 @@ from pathlib import Path
 
 import httpx
 import pytest
-from fastapi import FastAPI
 
 from gagar import env
 from gagar.operator.builders import BuildContext, build_all
@@ -24,16 +24,23 @@ from tests.unit.test_builders import example
 TOKEN = "s3cret-token"
 
 
-def vllm_like_app() -> FastAPI:
-    """The routes that matter, registered as vLLM registers them, with the middleware added as
-    vLLM's ``--middleware`` adds a class."""
-    app = FastAPI()
-    for path in ("/update_weights", "/pause", "/collective_rpc", "/v1/completions"):
-        app.post(path)(lambda: {"ok": True})
-    for path in ("/health", "/weight_info", "/metrics"):
-        app.get(path)(lambda: {"ok": True})
-    app.add_middleware(ControlAuth, token=TOKEN)
-    return app
+ROUTES = {
+    ("POST", "/update_weights"), ("POST", "/pause"), ("POST", "/collective_rpc"),
+    ("POST", "/v1/completions"), ("GET", "/health"), ("GET", "/weight_info"), ("GET", "/metrics"),
+}  # fmt: skip
+
+
+async def routes(scope, receive, send) -> None:
+    """The routes that matter, answering 200 as vLLM's do (404 for any other)."""
+    status = 200 if (scope["method"], scope["path"]) in ROUTES else 404
+    await send({"type": "http.response.start", "status": status,
+                "headers": [(b"content-type", b"application/json")]})  # fmt: skip
+    await send({"type": "http.response.body", "body": b'{"ok": true}'})
+
+
+def vllm_like_app() -> ControlAuth:
+    """The routes wrapped by the middleware, as ``app.add_middleware(ControlAuth)`` wraps vLLM's."""
+    return ControlAuth(routes, token=TOKEN)
 
 
 def call(method: str, path: str, headers: dict[str, str] | None = None) -> int:
@@ -64,7 +71,7 @@ def test_reads_of_control_state_need_it_probes_and_the_openai_api_do_not():
 def test_a_server_without_the_token_refuses_to_start(monkeypatch):
     monkeypatch.delenv(env.WEIGHT_SYNC_TOKEN, raising=False)
     with pytest.raises(RuntimeError, match=env.WEIGHT_SYNC_TOKEN):
-        ControlAuth(vllm_like_app())
+        ControlAuth(routes)
 
 
 def test_the_embedded_server_and_its_clients_share_one_token(tmp_path, monkeypatch):
