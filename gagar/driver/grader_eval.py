@@ -244,3 +244,22 @@ def register(grader_sub: argparse._SubParsersAction) -> None:
     p = grader_sub.add_parser("eval", help="grading benchmark on groups with known answers")
     add_arguments(p)
     p.set_defaults(func=run)
+    register_sft_data(grader_sub)
+
+
+def run_sft_data(args: argparse.Namespace) -> int:
+    from gagar.driver import grader_sft  # heavy: the benchmark's machinery
+
+    return grader_sft.run(args)
+
+
+def register_sft_data(grader_sub: argparse._SubParsersAction) -> None:
+    """``gagar grader sft-data``: the grader's SFT records from the benchmark's train groups."""
+    p = grader_sub.add_parser("sft-data", help="the grader's SFT records from the train groups")
+    p.add_argument("--groups", type=int, default=DEFAULT_GROUPS, help="groups built (all splits)")
+    p.add_argument("--seed", type=int, default=0, help="the benchmark's seed (its split)")
+    p.add_argument("--cache", default=str(default_cache()), help="folder of the groups' JSONL")
+    p.add_argument("--per-group", type=int, default=4, help="relabelled records per train group")
+    p.add_argument("--tokenizer", help="an HF folder: add each record's rendered chat text")
+    p.add_argument("--out", required=True, help="the records' JSONL")
+    p.set_defaults(func=run_sft_data)

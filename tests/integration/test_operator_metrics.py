@@ -58,7 +58,8 @@ def test_api_requests_errors_and_queue_depth() -> None:
         Reconciler(kube_down, metrics).reconcile(run)
     text = generate_latest(metrics.registry).decode()
     requests = "gagar_operator_api_requests_total"
-    assert value(text, requests, verb="POST", outcome="ok") == 1
+    # the run, and the weight-sync Secret its first reconcile creates (never read back)
+    assert value(text, requests, verb="POST", outcome="ok") == 2
     assert value(text, requests, verb="POST", outcome="conflict") == 1
     assert value(text, requests, verb="GET", outcome="not_found") >= 1  # and absent children
     assert value(text, requests, verb="GET", outcome="unreachable") == 1

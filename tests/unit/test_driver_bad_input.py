@@ -205,7 +205,7 @@ def _hostile_group():
     return GroupResult(task, rollouts, finals)
 
 
-def test_names_the_safe_path_check_refuses_are_skipped_not_fatal_to_the_step() -> None:
+def test_names_the_safe_path_check_refuses_are_skipped_not_fatal_to_the_step(tmp_path) -> None:
     """The driver's grading call on a group whose member left names no repository may hold: the
     group is graded (both passes ranked) and every refused name is in the ranking's report."""
     from types import SimpleNamespace
@@ -218,9 +218,11 @@ def test_names_the_safe_path_check_refuses_are_skipped_not_fatal_to_the_step() -
     ctx = SimpleNamespace(
         run=SimpleNamespace(spec=SimpleNamespace(grader=spec)),
         services=SimpleNamespace(grader=heuristic, fallback_grader=heuristic),
-    )
+        step=0, version=0, out=tmp_path,
+    )  # fmt: skip
     ranking = asyncio.run(_grade(ctx, _hostile_group()))
     assert ranking.fallback is None and ranking.check_complete([0, 1]) is None
+    assert (tmp_path / "grading_episodes.jsonl").read_text().count("\n") == 1  # the episode kept
     refused = {(s.member, s.path, s.reason) for s in ranking.skipped}
     assert {(1, "..evil.py", "unsafe_path"), (1, "a\\b.py", "unsafe_path")} <= refused
     assert (1, "\\udcff.py", "unsafe_path") in refused

@@ -50,3 +50,20 @@ def test_render_through_a_chat_template():
     text = render(record(_bench(), [0, 1, 2, 3]), tok)
     assert "Passing members to rank: [0, 1, 2]" in text and "<|im_start|>" in text
     assert "<tool_call>" in text and '"tier": "hack"' in text  # the answer, hermes-style
+
+
+def test_the_command_writes_records_of_the_train_groups_only(tmp_path, capsys):
+    from gagar.cli import main
+    from gagar.driver.grader_bench import cache_path, save_groups
+
+    save_groups(
+        cache_path(tmp_path, 2, 7),
+        [_bench(), BenchGroup("h", "held_out", KINDS, sample_group())],
+        7,
+    )
+    out = tmp_path / "sft.jsonl"
+    argv = ["grader", "sft-data", "--groups", "2", "--seed", "7", "--cache", str(tmp_path)]
+    assert main([*argv, "--per-group", "3", "--out", str(out)]) == 0
+    recs = [json.loads(line) for line in out.read_text().splitlines()]
+    assert len(recs) == 3 and {r["group_id"] for r in recs} == {"g"}  # "h" is held out
+    assert "3 records from 1 train groups (1 held out)" in capsys.readouterr().out
