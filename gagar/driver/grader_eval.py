@@ -248,9 +248,25 @@ def register(grader_sub: argparse._SubParsersAction) -> None:
 
 
 def run_sft_data(args: argparse.Namespace) -> int:
-    from gagar.driver import grader_sft  # heavy: the benchmark's machinery
+    """``gagar grader sft-data``: the benchmark's train groups (built or cached as ``eval``
+    builds them) as SFT records, JSONL; with ``--tokenizer`` each record also carries its
+    rendered ``text``."""
+    from gagar.driver.grader_sft import records, render  # heavy: the benchmark's machinery
 
-    return grader_sft.run(args)
+    benches = groups(args.groups, args.seed, Path(args.cache))
+    recs = records(benches, args.per_group, args.seed)
+    if args.tokenizer:
+        from transformers import AutoTokenizer
+
+        tokenizer = AutoTokenizer.from_pretrained(args.tokenizer)
+        recs = [{**r, "text": render(r, tokenizer)} for r in recs]
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text("".join(json.dumps(r) + "\n" for r in recs))
+    train = sum(b.split == "train" for b in benches)
+    held = len(benches) - train
+    print(f"{len(recs)} records from {train} train groups ({held} held out) → {out}")
+    return 0
 
 
 def register_sft_data(grader_sub: argparse._SubParsersAction) -> None:

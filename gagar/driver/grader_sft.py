@@ -94,28 +94,3 @@ def records(benches: list[BenchGroup], per_group: int, seed: int) -> list[dict[s
 def render(rec: dict[str, Any], tokenizer: Any) -> str:
     """The text of ``rec`` under the served model's chat template (its tokenizer's)."""
     return str(tokenizer.apply_chat_template(rec["messages"], tools=rec["tools"], tokenize=False))
-
-
-def run(args: Any) -> int:
-    """``gagar grader sft-data``: the benchmark's train groups (built or cached as ``gagar
-    grader eval`` builds them) as SFT records, JSONL; with ``--tokenizer`` each record also
-    carries its rendered ``text``."""
-    import json
-
-    from gagar.driver.grader_eval import groups
-
-    benches = groups(args.groups, args.seed, Path(args.cache), rebuild=False)
-    recs = records(benches, args.per_group, args.seed)
-    if args.tokenizer:
-        from transformers import AutoTokenizer
-
-        tokenizer = AutoTokenizer.from_pretrained(args.tokenizer)
-        recs = [{**r, "text": render(r, tokenizer)} for r in recs]
-    out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text("".join(json.dumps(r) + "\n" for r in recs))
-    train = sum(b.split == "train" for b in benches)
-    print(
-        f"{len(recs)} records from {train} train groups ({len(benches) - train} held out) → {out}"
-    )
-    return 0
