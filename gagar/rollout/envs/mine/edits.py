@@ -26,7 +26,7 @@ import io
 import re
 import tokenize
 from dataclasses import dataclass
-from typing import Literal
+from typing import Literal, get_args
 
 EditKind = Literal[
     "flip_comparison",
@@ -36,14 +36,7 @@ EditKind = Literal[
     "drop_if",
     "constant_shift",
 ]
-EDIT_KINDS: tuple[EditKind, ...] = (
-    "flip_comparison",
-    "flip_operator",
-    "flip_boolean",
-    "negate_condition",
-    "drop_if",
-    "constant_shift",
-)
+EDIT_KINDS: tuple[EditKind, ...] = get_args(EditKind)  # in the miner's turn order
 
 COMPARE: dict[type, tuple[tuple[str, ...], str]] = {  # op -> (its tokens, replacement)
     ast.Lt: (("<",), "<="),
