@@ -31,5 +31,10 @@ AUTH_TOKEN_FILE = "GAGAR_AUTH_TOKEN_FILE"  # the services' shared token (``gagar
 # vLLM's weight-update routes' token (``rollout.engines.vllm_auth``): the trainer and the rollout
 # pool read it from the run's ``<run>-weight-sync`` Secret, which the operator makes
 WEIGHT_SYNC_TOKEN = "GAGAR_WEIGHT_SYNC_TOKEN"
+# The trainer's weight server (``rollout.engines.weight_http``): the trainer serves its published
+# versions there (rank 0, on the URL's port), the rollout pool fetches them from it (and refuses
+# any other source); the rollout pods' local copy lives under WEIGHTS_DIR
+WEIGHTS_URL = "GAGAR_WEIGHTS_URL"
+WEIGHTS_DIR = "GAGAR_WEIGHTS_DIR"
 EXIT_PERMANENT_VAR = "GAGAR_EXIT_PERMANENT"
 PERMANENT_MARKER = "GAGAR_PERMANENT_MARKER"  # set by the launcher for its workers

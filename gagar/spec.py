@@ -588,16 +588,14 @@ class CheckpointSpec(Model):
     """Use this existing PVC instead of creating one (``accessMode`` then says how it may be
     mounted: ``ReadWriteOnce`` places its pods on one node)."""
     access_mode: Literal["Auto", "ReadWriteOnce", "ReadWriteMany"] = "Auto"
-    """How the checkpoint volume is shared. The trainer writes checkpoints and published weights
-    there, and an in-cluster rollout pool (no ``rollout.endpoint``) reads the weights from it (the
-    ``gagar-cpu`` transport: its replicas boot from and load each published version).
-    ``Auto``: ``ReadWriteMany`` when pods on several nodes mount it (a multi-node trainer, or an
-    in-cluster rollout pool), else ``ReadWriteOnce``. ``ReadWriteOnce``, what a default
-    StorageClass provisions (EBS on EKS, Persistent Disk on GKE): every pod that mounts it (the
-    trainer's and the rollout replicas) is placed on one node, the one the first of them lands on
-    (a required pod affinity on ``kubernetes.io/hostname``), so that node must fit them all; not
-    with a multi-node trainer. ``ReadWriteMany``: always, from a StorageClass that offers it (EFS,
-    Filestore, Azure Files, NFS, CephFS)."""
+    """How the checkpoint volume is shared. Only the trainer mounts it: it writes checkpoints and
+    published weights there, and an in-cluster rollout pool (no ``rollout.endpoint``) fetches the
+    weights from the trainer's rank 0 over HTTP (its replicas boot from and load each published
+    version; the run's weight-sync token guards it). ``Auto``: ``ReadWriteMany`` for a multi-node
+    trainer (its pods on several nodes mount it), else ``ReadWriteOnce``. ``ReadWriteOnce``: what
+    a default StorageClass provisions (EBS on EKS, Persistent Disk on GKE); not with a multi-node
+    trainer. ``ReadWriteMany``: always, from a StorageClass that offers it (EFS, Filestore, Azure
+    Files, NFS, CephFS)."""
     retention: Literal["Retain", "Delete"] = "Retain"
     """What deleting the run does to the checkpoint PVC the operator created (as a
     StatefulSet's ``persistentVolumeClaimRetentionPolicy``): ``Retain`` keeps it (it is not
@@ -620,7 +618,7 @@ FreeForm = Annotated[
     dict[str, Any],
     WithJsonSchema({"type": "object", "x-kubernetes-preserve-unknown-fields": True}),
 ]
-RESERVED_VOLUMES = frozenset({"config", "checkpoints", "dshm", "base-model", "auth"})
+RESERVED_VOLUMES = frozenset({"config", "checkpoints", "dshm", "base-model", "auth", "weights"})
 RESERVED_LABEL_PREFIXES = ("app.kubernetes.io/", "gagar.dev/")
 # The operator's own env variables besides GAGAR_*, mount paths and container names (a unit test
 # checks that every pod the builders render stays within these).
@@ -632,9 +630,10 @@ RESERVED_MOUNT_PATHS = frozenset(
         "/gagar/base-model",
         "/var/run/gagar/auth",
         "/dev/shm",
+        "/gagar/weights",
     }
 )
-RESERVED_CONTAINERS = frozenset({"trainer", "vllm", "grader", "model", "executor"})
+RESERVED_CONTAINERS = frozenset({"trainer", "vllm", "grader", "model", "executor", "fetch-weights"})
 DNS_LABEL_1123 = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"
 ENV_NAME = r"^[-._a-zA-Z][-._a-zA-Z0-9]*$"
 
@@ -1023,9 +1022,10 @@ class WeightSync(Model):
 
     transport: Literal["auto", "gagar-cpu"] = "auto"
     """Weight-transfer transport: ``gagar-cpu`` (gagar's safetensors transport: every version is
-    published as HF safetensors on the shared checkpoint volume, which CPU and GPU replicas load,
-    and new replicas boot from the newest) is the one the trainer implements; ``auto`` resolves to
-    it. vLLM's NCCL and IPC transports are planned (docs/design.md)."""
+    published as HF safetensors on the checkpoint volume and served by the trainer over HTTP,
+    which CPU and GPU replicas fetch and load, and new replicas boot from the newest) is the one
+    the trainer implements; ``auto`` resolves to it. vLLM's NCCL and IPC transports are planned
+    (docs/design.md)."""
 
 
 class AgentSpec(Model):

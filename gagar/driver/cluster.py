@@ -5,12 +5,16 @@ whose ``run.json`` is the whole GagarRun as the operator validated it, and sets 
 
 =============================  =================================================================
 ``GAGAR_RUN_DIR``              the checkpoint volume: checkpoints, ``metrics.jsonl``, published
-                               policy versions (``published/``, which rollout replicas boot from)
+                               policy versions (``published/``, which rollout replicas boot from,
+                               fetched through ``GAGAR_WEIGHTS_URL``)
 ``GAGAR_CHECKPOINT_URI``       how status names that directory (``pvc://<claim>``)
 ``GAGAR_ROLLOUT_URL``          the rollout pool's Service (or ``spec.rollout.endpoint``)
 ``GAGAR_ROLLOUT_SERVICE``      the Service whose EndpointSlices list every replica (weight sync)
 ``GAGAR_ROLLOUT_REPLICA_URLS`` fixed replica URLs (comma-separated) instead of discovery
 ``GAGAR_WEIGHT_TRANSPORT``     the rollout pool's weight-transfer transport
+``GAGAR_WEIGHTS_URL``          where rank 0 serves the published versions to the rollout pool
+                               (it listens on the URL's port); unset: the replicas read them
+                               from ``published/`` themselves (a volume they share)
 ``GAGAR_GRADER_URL``           the grader pool's Service; unset grades in the trainer
 ``GAGAR_SANDBOX_URL``          the sandbox pool's headless Service (``sandbox.backend: pods``)
 ``GAGAR_SANDBOX_WARMPOOL``     the SandboxWarmPool each session claims from (``agent-sandbox``)
@@ -89,6 +93,7 @@ class Cluster:
     progress_configmap: str | None = None
     namespace: str | None = None
     metrics_port: int = 9400
+    weights_url: str | None = None
 
 
 def resolve(env: Mapping[str, str], run: GagarRun) -> Cluster:
@@ -137,6 +142,7 @@ def resolve(env: Mapping[str, str], run: GagarRun) -> Cluster:
         progress_configmap=env.get(names.PROGRESS_CONFIGMAP) or None,
         namespace=env.get(names.NAMESPACE) or run.metadata.namespace,
         metrics_port=port,
+        weights_url=env.get(names.WEIGHTS_URL) or None,
     )
 
 
@@ -261,7 +267,9 @@ def discover_replicas(cluster: Cluster, api: Any | None) -> list[str]:
 class ReplicaSync:
     """Weight sync into whichever replicas the rollout pool has at each sync (autoscaled pools
     change): new replicas get vLLM's ``init_weight_transfer_engine`` first; a replica that fails
-    (e.g. restarted in place) is initialised again and retried once. Old versions are pruned."""
+    (e.g. restarted in place) is initialised again and retried once. Old versions are pruned.
+    With ``cluster.weights_url`` the replicas fetch each version from the trainer's weight server
+    (``serve_weights``), else they read ``root`` themselves."""
 
     def __init__(
         self, cluster: Cluster, api: Any | None, root: Path, base_model: Path, keep: int = 2
@@ -281,9 +289,16 @@ class ReplicaSync:
 
         if fresh or url not in self._clients:
             client = ReplicaClient(url)
-            client.init_weight_transfer_engine({"root": str(self.root.resolve())})
+            client.init_weight_transfer_engine(self._sync(client).init_info())
             self._clients[url] = client
         return self._clients[url]
+
+    def _sync(self, client: Any) -> Any:
+        from gagar.rollout.engines.weight_sync import SafetensorsWeightSync
+
+        return SafetensorsWeightSync(
+            [client], self.root, self.base_model, url=self.cluster.weights_url
+        )
 
     def publish(self, weights: Any, version: int) -> Any:
         from gagar.rollout.engines.weight_sync import publish_version
@@ -291,25 +306,39 @@ class ReplicaSync:
         return publish_version(weights, self.root, version, self.base_model)
 
     def load(self, pub: Any) -> None:
-        from gagar.rollout.engines.weight_sync import (
-            SafetensorsWeightSync,
-            WeightSyncError,
-            prune_versions,
-        )
+        from gagar.rollout.engines.weight_sync import WeightSyncError, prune_versions
 
         urls = discover_replicas(self.cluster, self.api)
         for url in urls:
             try:
-                SafetensorsWeightSync([self._client(url)], self.root, self.base_model).load(pub)
+                self._sync(self._client(url)).load(pub)
             except WeightSyncError as err:
                 log.warning("weight sync into %s failed (%s); initialising it again", url, err)
-                fresh = self._client(url, fresh=True)
-                SafetensorsWeightSync([fresh], self.root, self.base_model).load(pub)
+                self._sync(self._client(url, fresh=True)).load(pub)
         self.rollout_version = _oldest([self._clients[u].weight_version() for u in urls])
         prune_versions(self.root, self.keep)
 
     def sync(self, weights: Any, version: int) -> None:
         self.load(self.publish(weights, version))
+
+
+def serve_weights(cluster: Cluster, root: Path) -> Any | None:
+    """Rank 0's weight server for the rollout pool (``weight_http``), on every interface at the
+    port of ``cluster.weights_url``; None without one. The caller closes it."""
+    if cluster.weights_url is None:
+        return None
+    from urllib.parse import urlsplit
+
+    from gagar.rollout.engines.vllm_auth import control_token
+    from gagar.rollout.engines.weight_http import WeightServer
+
+    port = urlsplit(cluster.weights_url).port
+    if port is None:
+        raise ConfigError(f"{names.WEIGHTS_URL}={cluster.weights_url} names no port")
+    root.mkdir(parents=True, exist_ok=True)
+    server = WeightServer(root, control_token(), port=port)
+    log.info("serving published policy versions on port %d", server.port)
+    return server
 
 
 def _oldest(versions: list[str | None]) -> int | None:

@@ -44,6 +44,7 @@ from gagar.driver.cluster import (
     kube_api,
     progress_data,
     resolve,
+    serve_weights,
 )
 from gagar.driver.components import SetupError
 from gagar.manifest import ConfigError
@@ -182,6 +183,8 @@ class ClusterProvider:
         else:
             grader, fallback = build_graders(run, sandboxes)
         self.sync = ReplicaSync(cluster, self.api, self.out / "published", rank.policy_dir)
+        if (server := serve_weights(cluster, self.sync.root)) is not None:
+            closers.append(server.close)  # new replicas boot from it, every replica updates
         pub = self.sync.publish(rank.team.call("weights"), version)
         wait_ready(cluster.rollout_url, float(os.environ.get(names.ROLLOUT_WAIT_SECONDS, "1800")))
         self.sync.load(pub)

@@ -237,8 +237,8 @@ def sandbox_advice(isolation: str) -> str:
 CLAIM_ADVICE = (
     "The StorageClass must offer the claim's access mode: a cluster's default class (EBS, "
     "Persistent Disk) offers ReadWriteOnce only. Set spec.trainer.checkpoint.accessMode: "
-    "ReadWriteOnce (the trainer and the rollout replicas then share one node), or "
-    "storageClassName to a ReadWriteMany class (EFS, Filestore, NFS)"
+    "ReadWriteOnce (or Auto; a one-node trainer alone mounts it), or storageClassName to a "
+    "ReadWriteMany class (EFS, Filestore, NFS)"
 )
 
 

@@ -1,4 +1,5 @@
-"""``gagar rollout serve``: run vLLM configured for RL on a policy folder.
+"""``gagar rollout serve``: run vLLM configured for RL on a policy folder; ``gagar rollout
+fetch-weights``: a rollout pod's first step, the newest policy version fetched from the trainer.
 
 Configured for RL means: float32 by default on CPU (exact log-probs for the importance ratio),
 raw log-probs, the RL weight-update routes (``VLLM_SERVER_DEV_MODE=1``) and gagar's
@@ -73,6 +74,30 @@ def _token_hint(log: Path) -> str:
     return f"weight updates take the token in {file} (set ${TOKEN_ENV} to it)"
 
 
+def _fetch_weights(args: argparse.Namespace) -> int:
+    """The rollout pod's init container: ``--dest`` holds the newest published policy version
+    afterwards, or stays absent when the replica boots from ``--base-model``."""
+    import logging
+
+    from gagar.rollout.engines.vllm_auth import TOKEN_ENV
+    from gagar.rollout.engines.weight_http import FetchError, boot_weights
+
+    logging.basicConfig(level=logging.INFO, format="%(message)s")
+    token = os.environ.get(TOKEN_ENV)
+    if not token:
+        print(f"gagar rollout fetch-weights: ${TOKEN_ENV} is not set", file=sys.stderr)
+        return 2
+    try:
+        got = boot_weights(
+            args.url, Path(args.dest), token, args.base_model or None, args.wait_seconds
+        )
+    except FetchError as e:
+        print(f"gagar rollout fetch-weights: {e}", file=sys.stderr)
+        return 1
+    print(f"booting from {got or args.base_model}", flush=True)
+    return 0
+
+
 def register(sub: argparse._SubParsersAction) -> None:
     rollout = sub.add_parser("rollout", help="rollout engine: serve a policy with vLLM")
     rsub = rollout.add_subparsers(dest="rollout_command", required=True, metavar="COMMAND")
@@ -95,3 +120,16 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--timeout", type=float, default=900.0, help="seconds to wait for readiness")
     p.add_argument("--dry-run", action="store_true", help="print the vLLM command and exit")
     p.set_defaults(func=_serve)
+    f = rsub.add_parser(
+        "fetch-weights", help="fetch the newest policy version the trainer serves (a pod's init)"
+    )
+    f.add_argument("--url", required=True, help="the trainer's weight server")
+    f.add_argument("--dest", required=True, help="the folder the version is written to")
+    f.add_argument("--base-model", default="", help="boot from it when nothing is published")
+    f.add_argument(
+        "--wait-seconds",
+        type=float,
+        default=120.0,
+        help="how long an unreachable trainer is waited for before the base model",
+    )
+    f.set_defaults(func=_fetch_weights)

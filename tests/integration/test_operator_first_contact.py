@@ -118,7 +118,8 @@ def _provisioning_fails(env: Env, claim: dict[str, Any]) -> None:
 
 
 def test_a_claim_that_cannot_be_provisioned_is_named_in_the_status(env: Env) -> None:
-    run = manifest()  # an in-cluster rollout pool: a ReadWriteMany claim under accessMode Auto
+    # a class without ReadWriteMany asked for it (Auto asks ReadWriteOnce of a one-node trainer)
+    run = manifest(**{"trainer.checkpoint.accessMode": "ReadWriteMany"})
     name = run["metadata"]["name"]
     if env.emulator is not None:
         env.emulator.controllers.jobs = False  # the trainer's pods wait for their volume

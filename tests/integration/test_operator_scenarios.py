@@ -413,8 +413,9 @@ def test_pod_template_overrides_render_valid_pods(env: Env) -> None:
         ]
     for workload in (job, *pools):
         spec = workload["spec"]["template"]["spec"]
-        assert [c["name"] for c in spec["initContainers"]] == ["warm-cache", "log-shipper"]
-        assert spec["initContainers"][1]["restartPolicy"] == "Always"
+        own = ["fetch-weights"] if workload is pools[0] else []  # the rollout pod's, first
+        assert [c["name"] for c in spec["initContainers"]] == [*own, "warm-cache", "log-shipper"]
+        assert spec["initContainers"][-1]["restartPolicy"] == "Always"
         assert [v["name"] for v in spec["volumes"]].count("cache") == 1
         for c in spec["containers"]:
             names = [e["name"] for e in c["env"]]

@@ -11,7 +11,9 @@ It speaks the subset of vLLM's HTTP API that gagar uses, over real HTTP, so the 
   index): the same request always gets the same answer; or, given ``completions``, answers from
   that function of the request (a scripted policy that speaks a real tokenizer).
 * the RL routes (``/pause`` ... ``/weight_info``) with vLLM's state rules (update only between
-  start and finish), reading published safetensors like the real backend does.
+  start and finish), reading published safetensors like the real backend does: from the root
+  directory it was given, or fetched from the weight server at the URL it was given
+  (``weight_http``, with this process's weight-sync token).
 
 Faults: ``fail_next(path, status)`` makes the next request to ``path`` fail.
 Every request is recorded in ``requests`` (path, JSON body) for assertions.
@@ -61,6 +63,8 @@ class FakeState:
         self.failures: dict[str, tuple[int, int]] = {}  # path -> (status, remaining)
         self.version, self.paused, self.updating = "default", False, False
         self.root: str | None = None
+        self.url: str | None = None  # the weight server, when init_info names one
+        self.fetched: list[str] = []  # URLs of the files fetched from it
         self.loaded: dict[str, str] = {}  # tensor name -> sha256 of its bytes
         self.turn = 0
 
@@ -135,6 +139,9 @@ def load_published(state: FakeState, update_info: dict[str, Any]) -> None:
 
     from safetensors import safe_open
 
+    if "url" in update_info:
+        _load_fetched(state, update_info)
+        return
     file = Path(update_info["file"]).resolve()
     if state.root is None or not file.is_relative_to(state.root):
         raise ValueError(f"{file} is outside the weight-transfer root {state.root}")
@@ -145,6 +152,45 @@ def load_published(state: FakeState, update_info: dict[str, Any]) -> None:
             state.loaded[name] = hashlib.sha256(f.get_tensor(name).tobytes()).hexdigest()
 
 
+def _load_fetched(state: FakeState, update_info: dict[str, Any]) -> None:
+    import tempfile
+    from pathlib import Path
+
+    from safetensors import safe_open
+
+    from gagar.rollout.engines.vllm_auth import control_token
+    from gagar.rollout.engines.weight_http import download
+
+    url = update_info["url"]
+    if state.url is None or not url.startswith(state.url + "/versions/"):
+        raise ValueError(f"{url} is not a published file of {state.url}")
+    with tempfile.TemporaryDirectory() as tmp:
+        file = download(url, Path(tmp) / "model.safetensors", update_info["size"], control_token())
+        state.fetched.append(url)
+        with safe_open(str(file), framework="numpy") as f:
+            for name in update_info["names"]:
+                if name not in f.keys():
+                    raise ValueError(f"{url}: tensor {name!r} missing")
+                state.loaded[name] = hashlib.sha256(f.get_tensor(name).tobytes()).hexdigest()
+
+
+def _init_engine(state: FakeState, info: dict[str, Any]) -> None:
+    from pathlib import Path
+
+    if "url" in info:
+        state.url, state.root = info["url"].rstrip("/"), None
+    else:
+        state.url, state.root = None, str(Path(info["root"]).resolve())
+
+
+def _update(state: FakeState, update_info: dict[str, Any]) -> None:
+    try:
+        load_published(state, update_info)
+    except Exception:
+        state.updating = False  # vLLM ends the session when a chunk fails
+        raise
+
+
 def rl_route(state: FakeState, path: str, body: dict[str, Any]) -> dict[str, Any]:
     """vLLM's RL control routes with their ordering rules; raises ValueError on misuse."""
     if path == "/pause":
@@ -152,9 +198,7 @@ def rl_route(state: FakeState, path: str, body: dict[str, Any]) -> dict[str, Any
     elif path == "/resume":
         state.paused = False
     elif path == "/init_weight_transfer_engine":
-        from pathlib import Path
-
-        state.root = str(Path(body["init_info"]["root"]).resolve())
+        _init_engine(state, body["init_info"])
     elif path == "/start_weight_update":
         if state.updating:
             raise ValueError("start_weight_update called while a weight update is already active")
@@ -162,7 +206,7 @@ def rl_route(state: FakeState, path: str, body: dict[str, Any]) -> dict[str, Any
     elif path == "/update_weights":
         if not state.updating:
             raise ValueError("start_weight_update must be called before update_weights")
-        load_published(state, body["update_info"])
+        _update(state, body["update_info"])
     elif path == "/finish_weight_update":
         if not state.updating:
             raise ValueError("finish_weight_update called without a matching start_weight_update")

@@ -364,11 +364,13 @@ def test_config_map_holds_the_validated_run() -> None:
 def test_checkpoint_pvc() -> None:
     objs = build_all(example("single-gpu"))
     pvc = one(objs, "PersistentVolumeClaim", "qwen3-swe-1node-checkpoints")
-    assert pvc["spec"]["storageClassName"] == "fast-rwx"
+    assert "storageClassName" not in pvc["spec"]  # the cluster's default class
     assert pvc["spec"]["resources"]["requests"]["storage"] == "500Gi"
-    assert pvc["spec"]["accessModes"] == ["ReadWriteMany"]
+    assert pvc["spec"]["accessModes"] == ["ReadWriteOnce"]  # one trainer node: what it offers
     (moe,) = by_kind(build_all(example("flash-moe")), "PersistentVolumeClaim")
     assert moe["spec"]["resources"]["requests"]["storage"] == "30Ti"
+    assert moe["spec"]["storageClassName"] == "fast-rwx"
+    assert moe["spec"]["accessModes"] == ["ReadWriteMany"]  # 32 trainer nodes mount it
     existing = example("single-gpu", **{"trainer.checkpoint.existingClaim": "ckpts"})
     objs = build_all(existing)
     assert by_kind(objs, "PersistentVolumeClaim") == []

@@ -19,11 +19,13 @@ from gagar.driver import launch, worker
 from gagar.driver.cluster import (
     Cluster,
     ProgressReporter,
+    ReplicaSync,
     discover_replicas,
     exit_permanent,
     progress_data,
     replica_urls,
     resolve,
+    serve_weights,
 )
 from gagar.manifest import ConfigError
 from gagar.manifest import load_config_dir as load_config
@@ -31,6 +33,7 @@ from gagar.operator.builders import build_all
 from gagar.operator.builders.config import PROGRESS_KEYS, config_data
 from gagar.operator.builders.trainer import EXIT_PERMANENT
 from gagar.operator.observe import parse_progress
+from gagar.rollout.engines.server import free_port
 from gagar.sandbox.client import HttpPoolFactory
 from gagar.spec import GagarRun
 from tests.unit.test_builders import example
@@ -82,6 +85,7 @@ def test_builder_env_resolves_to_the_run_services() -> None:
         sandbox_url="http://local-sandbox:8090",
         progress_configmap="local-progress",
         metrics_port=9400,
+        weights_url="http://local-trainer-0.local-trainer-rdzv:8600",  # rank 0 serves the pool
     )
 
 
@@ -242,6 +246,42 @@ def test_without_api_access_weights_go_through_the_service_with_a_warning(caplog
     with caplog.at_level(logging.WARNING, logger="gagar"):
         assert discover_replicas(pool, None) == ["http://svc:8000"]
     assert "cannot list the replicas of svc" in caplog.text
+
+
+def test_rank_0_serves_its_weights_and_every_replica_fetches_them(tmp_path: Path) -> None:
+    """The cluster's weight sync end to end on loopback: the server on ``GAGAR_WEIGHTS_URL``'s
+    port, each replica (the fake vLLM) told that URL and fetching each version's file from it;
+    a replica restarted in place (its state lost) is initialised again."""
+    import torch
+
+    from tests.support.fake_vllm import FakeOpenAIServer
+
+    base = tmp_path / "base"
+    base.mkdir()
+    (base / "config.json").write_text("{}")
+    url = f"http://127.0.0.1:{free_port()}"
+    root = tmp_path / "run" / "published"
+    with FakeOpenAIServer() as a, FakeOpenAIServer() as b:
+        cluster = Cluster(tmp_path / "run", "u", a.base_url,
+                          rollout_replicas=(a.base_url, b.base_url), weights_url=url)  # fmt: skip
+        server = serve_weights(cluster, root)
+        assert server is not None and server.port == int(url.rsplit(":", 1)[1])
+        try:
+            sync = ReplicaSync(cluster, None, root, base)
+            w = {"x.weight": torch.ones(3), "y.weight": torch.zeros(2, 2)}
+            sync.sync(w.items(), 1)
+            b.state.url = None  # restarted in place: it forgot where weights come from
+            sync.sync({k: 2 * v for k, v in w.items()}.items(), 2)
+        finally:
+            server.close()
+        for fake in (a, b):
+            assert fake.state.url == url and fake.state.version == "2"
+            assert fake.state.fetched[-1] == f"{url}/versions/2/model.safetensors"
+            assert set(fake.state.loaded) == set(w)
+        assert sync.rollout_version == 2
+    assert serve_weights(Cluster(tmp_path, "u", "http://svc:8000"), root) is None  # no pool
+    with pytest.raises(ConfigError, match="names no port"):
+        serve_weights(Cluster(tmp_path, "u", "http://svc:8000", weights_url="http://t"), root)
 
 
 def test_sandbox_sessions_spread_over_the_executor_pods() -> None:

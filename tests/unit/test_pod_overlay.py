@@ -79,7 +79,8 @@ def test_overridden_pods_are_valid_for_kubernetes(run_name: str) -> None:
             assert "initContainers" not in spec and spec["securityContext"]["fsGroup"] != 2000
             continue
         seen += 1
-        assert [c["name"] for c in spec["initContainers"]] == ["warm-cache", "log-shipper"]
+        own = ["fetch-weights"] if name.endswith("-rollout") else []  # the operator's first
+        assert [c["name"] for c in spec["initContainers"]] == [*own, "warm-cache", "log-shipper"]
         assert spec["securityContext"]["fsGroup"] == 2000
         for c in spec["containers"]:
             names = [e["name"] for e in c["env"]]

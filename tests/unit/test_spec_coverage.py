@@ -237,7 +237,7 @@ ACTS: dict[str, tuple[str, ...]] = {
     "spec.trainer.checkpoint.existingClaim": (U + "test_builders.py::test_checkpoint_pvc",),
     "spec.trainer.checkpoint.accessMode": (
         U + "test_checkpoint_storage.py::test_access_mode_follows_what_the_run_needs",
-        U + "test_checkpoint_storage.py::test_a_read_write_once_volume_keeps_its_pods_on_one_node",
+        U + "test_checkpoint_storage.py::test_the_rollout_pool_mounts_no_checkpoint_volume_and_goes_anywhere",
     ),
     "spec.trainer.checkpoint.retention": (
         U + "test_builders.py::test_checkpoint_pvc_outlives_the_run_unless_asked",

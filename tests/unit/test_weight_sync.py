@@ -148,6 +148,7 @@ def test_worker_refuses_files_outside_the_root_and_missing_tensors(tmp_path, bas
                 {"file": str(pub.path / "model.safetensors"), "names": ["lm_head.weight"]}
             )
         good = publish_version(weights().items(), tmp_path / "pub", 1, base_model)
+        client.start_weight_update()  # vLLM ended the session when the chunk failed
         with pytest.raises(WeightSyncError, match="'nope' missing"):
             client.update_weights({"file": str(good.path / "model.safetensors"), "names": ["nope"]})
 

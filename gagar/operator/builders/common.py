@@ -29,7 +29,11 @@ OPTIONAL_CRDS = (MONITORING, KEDA, JOBSET, KUEUE, AGENT_SANDBOX)
 
 CONFIG_MOUNT = "/etc/gagar/config"
 CHECKPOINT_MOUNT = "/gagar/checkpoints"
-PUBLISHED_DIR = f"{CHECKPOINT_MOUNT}/published/latest"  # the trainer's newest safetensors
+# The rollout pod's own disk (an emptyDir): the policy version it boots from, fetched from the
+# trainer's weight server by its init container, and each update's file while it loads.
+WEIGHTS_MOUNT = "/gagar/weights"
+BOOT_DIR = f"{WEIGHTS_MOUNT}/boot"
+WEIGHTS_PORT = 8600  # rank 0's weight server (``rollout.engines.weight_http``)
 ATTEMPT_ANNOTATION = "gagar.dev/attempt"
 # The failure policy's memory, on the Job too (it outlives a lost status): restarts in a row and
 # the newest checkpoint's step when the last restart happened (a newer one refills the budget).
@@ -248,41 +252,15 @@ def checkpoint_claim(run: GagarRun) -> str:
     return ckpt.existing_claim or name(run, "checkpoints")
 
 
-CHECKPOINT_USERS = ("trainer", "rollout")  # the components whose pods mount the checkpoint PVC
-
-
 def checkpoint_access_mode(run: GagarRun) -> str:
-    """``spec.trainer.checkpoint.accessMode``; ``Auto`` is ReadWriteMany when pods on several
-    nodes mount it (a multi-node trainer, or an in-cluster rollout pool, whose replicas load the
-    published weights from it), else ReadWriteOnce."""
+    """``spec.trainer.checkpoint.accessMode``; ``Auto`` is ReadWriteMany for a multi-node
+    trainer (its pods on several nodes mount it), else ReadWriteOnce, what a default StorageClass
+    provisions: the trainer alone mounts the volume, the rollout pool fetches the published
+    weights from the trainer (``weights_url``)."""
     chosen = run.spec.trainer.checkpoint.access_mode
     if chosen != "Auto":
         return chosen
-    shared = run.spec.rollout.endpoint is None  # its replicas load the published weights
-    return "ReadWriteMany" if run.spec.trainer.nodes > 1 or shared else "ReadWriteOnce"
-
-
-def checkpoint_affinity(run: GagarRun) -> dict[str, Any]:
-    """The pod ``affinity`` that keeps every pod mounting a ReadWriteOnce checkpoint volume on
-    one node (empty when the trainer alone mounts it, or the volume is ReadWriteMany). Each such
-    pod requires a pod of the run's trainer or rollout on its node: the first one scheduled is
-    free (it matches its own term), and fixes the node the volume attaches to."""
-    if checkpoint_access_mode(run) != "ReadWriteOnce" or run.spec.rollout.endpoint is not None:
-        return {}
-    term = {
-        "labelSelector": {
-            "matchLabels": {"gagar.dev/run": run.metadata.name},
-            "matchExpressions": [
-                {
-                    "key": "app.kubernetes.io/component",
-                    "operator": "In",
-                    "values": list(CHECKPOINT_USERS),
-                }
-            ],
-        },
-        "topologyKey": "kubernetes.io/hostname",
-    }
-    return {"podAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": [term]}}
+    return "ReadWriteMany" if run.spec.trainer.nodes > 1 else "ReadWriteOnce"
 
 
 def checkpoint_volume(
@@ -295,6 +273,30 @@ def checkpoint_volume(
     volume = {"name": "checkpoints", "persistentVolumeClaim": pvc}
     mount = {"name": "checkpoints", "mountPath": CHECKPOINT_MOUNT, "readOnly": read_only}
     return [volume], [mount]
+
+
+JOBSET_REPLICATED_JOB = "node"
+
+
+def uses_jobset(run: GagarRun, ctx: BuildContext) -> bool:
+    """A JobSet only when the spec asks for one and its CRD is installed."""
+    return run.spec.trainer.use_job_set and JOBSET in ctx.crds
+
+
+def master_host(run: GagarRun, ctx: BuildContext) -> str:
+    """DNS name of rank 0's pod behind the trainer's headless Service."""
+    rdzv = name(run, "trainer", "rdzv")
+    if uses_jobset(run, ctx):
+        return f"{name(run, 'trainer')}-{JOBSET_REPLICATED_JOB}-0-0.{rdzv}"
+    return f"{name(run, 'trainer')}-0.{rdzv}"
+
+
+def weights_url(run: GagarRun, ctx: BuildContext) -> str | None:
+    """Where rank 0 serves the published policy versions to the run's rollout pool (its pod's
+    name behind the headless Service); None without an in-cluster pool."""
+    if run.spec.rollout.endpoint is not None:
+        return None
+    return f"http://{master_host(run, ctx)}:{WEIGHTS_PORT}"
 
 
 def image(ref: str, ctx: BuildContext) -> str:

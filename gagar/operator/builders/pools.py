@@ -9,8 +9,11 @@ Suspended or terminal runs scale every pool to zero: KEDA pools (suspended) get 
 builds nothing (the run uses the external server).
 
 The rollout pod is vLLM with its RL weight-transfer API enabled (``VLLM_SERVER_DEV_MODE=1``,
-``--weight-transfer-config``), booting from the newest safetensors the trainer published on the
-checkpoint volume (falling back to the base model), so new autoscaled replicas start current.
+``--weight-transfer-config``), booting from the newest safetensors the trainer published (falling
+back to the base model), so new autoscaled replicas start current: its init container fetches
+that version from the trainer's weight server into the pod's own disk (an ``emptyDir``), and
+each weight update makes vLLM's workers fetch the new version from there too. The pod mounts no
+checkpoint volume, so it may run on any node, and the volume may be ReadWriteOnce.
 """
 
 from __future__ import annotations
@@ -18,16 +21,16 @@ from __future__ import annotations
 import shlex
 from typing import Any
 
+from gagar import env
 from gagar.operator.builders.access import claims_sandboxes
 from gagar.operator.builders.common import (
+    BOOT_DIR,
     CONFIG_MOUNT,
-    PUBLISHED_DIR,
     SHM_MOUNT,
+    WEIGHTS_MOUNT,
     BuildContext,
     Manifest,
     auth_volume,
-    checkpoint_affinity,
-    checkpoint_volume,
     common_env,
     config_volume,
     container_security,
@@ -40,6 +43,7 @@ from gagar.operator.builders.common import (
     requests_with_defaults,
     selector,
     shm_volume,
+    weights_url,
 )
 from gagar.operator.builders.overlay import pod_template
 from gagar.operator.builders.sandbox import SANDBOX_PORT
@@ -133,17 +137,44 @@ def _deployment(
 
 def vllm_command(model: str | None, published: bool = True) -> list[str]:
     """Shell entry of a vLLM server; its options follow as the container's ``args`` (``"$@"``).
-    The policy (``published``) boots from the newest weights the trainer published, else the base
-    model, else waits for the first publication."""
+    The policy (``published``) boots from the version its init container fetched (``BOOT_DIR``),
+    else from the base model (nothing published yet); without a base model the init container
+    waits for the first version, so an empty ``BOOT_DIR`` then is an error."""
     if not published:
         script = f'exec vllm serve {shlex.quote(model or "")} "$@"'
     else:
-        fallback = f"M={shlex.quote(model)}; break" if model else "sleep 10"
+        fallback = (
+            f"M={shlex.quote(model)}" if model else 'echo "no policy version in $M" >&2; exit 1'
+        )
         script = (
-            f'while true; do M={PUBLISHED_DIR}; [ -f "$M/config.json" ] && break; '
-            f'{fallback}; done; exec vllm serve "$M" "$@"'
+            f'M={BOOT_DIR}; [ -f "$M/config.json" ] || {{ {fallback}; }}; exec vllm serve "$M" "$@"'
         )
     return ["/bin/sh", "-c", script, "vllm"]  # "vllm" is $0, the args are "$@"
+
+
+FETCH_DEFAULT_REQUESTS = {"cpu": "250m", "memory": "256Mi"}  # a streaming HTTP download
+
+
+def fetch_weights_container(run: GagarRun, ctx: BuildContext, model: str | None) -> dict[str, Any]:
+    """The rollout pod's init container: the newest version the trainer serves into
+    ``BOOT_DIR`` (``gagar rollout fetch-weights``), or nothing when the pod boots from ``model``."""
+    args = ["rollout", "fetch-weights", f"--url={weights_url(run, ctx)}", f"--dest={BOOT_DIR}"]
+    if model:
+        args.append(f"--base-model={model}")
+    return {
+        "name": "fetch-weights",
+        "image": image(run.spec.rollout.image, ctx),
+        "command": ["gagar"],
+        "args": args,
+        "env": common_env(run, "rollout"),
+        "resources": {"requests": FETCH_DEFAULT_REQUESTS},
+        "volumeMounts": [WEIGHTS_VOLUME_MOUNT],
+        "securityContext": container_security(),
+    }
+
+
+WEIGHTS_VOLUME = {"name": "weights", "emptyDir": {}}
+WEIGHTS_VOLUME_MOUNT = {"name": "weights", "mountPath": WEIGHTS_MOUNT}
 
 
 def pod_vllm_args(model: str | None, served_name: str, **options: Any) -> list[str]:
@@ -236,6 +267,9 @@ def _vllm_container(
         "env": [
             *common_env(run, "rollout"),
             {"name": "VLLM_SERVER_DEV_MODE", "value": "1"},
+            # the one weight server its workers fetch from, and where to
+            {"name": env.WEIGHTS_URL, "value": weights_url(run, ctx)},
+            {"name": env.WEIGHTS_DIR, "value": WEIGHTS_MOUNT},
             *api_key_env(run),
         ],
         "ports": [{"name": "http", "containerPort": VLLM_PORT}],
@@ -248,20 +282,19 @@ def _vllm_container(
 
 
 def build_rollout_deployment(run: GagarRun, ctx: BuildContext) -> Manifest:
+    """vLLM on the policy; no checkpoint volume: the weights come from the trainer over HTTP."""
     model, model_vols, model_mounts = base_model(run.spec.model.path)
-    ckpt_vols, ckpt_mounts = checkpoint_volume(run, read_only=True)  # the published weights
     cfg_vol, cfg_mount = config_volume(run)
     shm = shm_volume(run.spec.rollout.shm_size)
-    mounts = [cfg_mount, *ckpt_mounts, *model_mounts, SHM_MOUNT]
+    mounts = [cfg_mount, WEIGHTS_VOLUME_MOUNT, *model_mounts, SHM_MOUNT]
     pod = {
         "serviceAccountName": name(run, "rollout"),
         "automountServiceAccountToken": False,
         "securityContext": pod_security(),
+        "initContainers": [fetch_weights_container(run, ctx, model)],
         "containers": [_vllm_container(run, ctx, model, mounts)],
-        "volumes": [cfg_vol, *ckpt_vols, *model_vols, shm],
+        "volumes": [cfg_vol, WEIGHTS_VOLUME, *model_vols, shm],
     }
-    if affinity := checkpoint_affinity(run):  # a ReadWriteOnce volume: on the trainer's node
-        pod["affinity"] = affinity
     return _deployment(run, ctx, "rollout", pod, _replicas(run, run.spec.rollout, ctx))
 
 

@@ -1,5 +1,9 @@
 """The trainer: an indexed Job (one pod per node) plus a headless rendezvous Service, or a JobSet.
 
+Rank 0 also serves the policy versions it publishes to the run's rollout pool (its weight server,
+``WEIGHTS_PORT``, reached by its pod's name under the headless Service), so the checkpoint volume
+is the trainer's alone.
+
 Every pod runs ``torchrun`` with static rendezvous: node rank = the Job's completion index, master
 = index 0 reached through the headless Service (``<run>-trainer-0.<run>-trainer-rdzv``). Restarts
 are whole-trainer restarts from the last checkpoint (SPMD ranks cannot continue without a lost
@@ -31,15 +35,15 @@ from gagar.operator.builders.common import (
     ATTEMPT_ANNOTATION,
     CHECKPOINT_MOUNT,
     IN_A_ROW_ANNOTATION,
-    JOBSET,
+    JOBSET_REPLICATED_JOB,
     KUEUE,
     RESUMED_ANNOTATION,
     SHM_MOUNT,
     TEMPLATE_ANNOTATION,
+    WEIGHTS_PORT,
     BuildContext,
     Manifest,
     auth_volume,
-    checkpoint_affinity,
     checkpoint_claim,
     checkpoint_volume,
     common_env,
@@ -47,6 +51,7 @@ from gagar.operator.builders.common import (
     container_security,
     image,
     labels,
+    master_host,
     metadata,
     metrics_port,
     name,
@@ -56,6 +61,8 @@ from gagar.operator.builders.common import (
     selector,
     shm_volume,
     spec_hash,
+    uses_jobset,
+    weights_url,
 )
 from gagar.operator.builders.overlay import pod_template
 from gagar.operator.builders.pools import GRADER_PORT, VLLM_PORT, base_model, transport
@@ -66,24 +73,10 @@ RDZV_PORT = 29500
 # Requests of a trainer pod whose spec names none (the driver, its data loader, the tokenizer).
 TRAINER_DEFAULT_REQUESTS = {"cpu": "2", "memory": "8Gi"}
 KUEUE_QUEUE_LABEL = "kueue.x-k8s.io/queue-name"
-JOBSET_REPLICATED_JOB = "node"
 # The trainer's entry point inside its image (torchrun runs it as a module on every rank), and
 # the launcher the container runs (torchrun's launcher, keeping EXIT_PERMANENT).
 TRAINER_MODULE = "gagar.driver.worker"
 LAUNCHER_MODULE = "gagar.driver.launch"
-
-
-def uses_jobset(run: GagarRun, ctx: BuildContext) -> bool:
-    """A JobSet only when the spec asks for one and its CRD is installed."""
-    return run.spec.trainer.use_job_set and JOBSET in ctx.crds
-
-
-def master_host(run: GagarRun, ctx: BuildContext) -> str:
-    """DNS name of rank 0's pod behind the headless Service."""
-    rdzv = name(run, "trainer", "rdzv")
-    if uses_jobset(run, ctx):
-        return f"{name(run, 'trainer')}-{JOBSET_REPLICATED_JOB}-0-0.{rdzv}"
-    return f"{name(run, 'trainer')}-0.{rdzv}"
 
 
 def torchrun_args(run: GagarRun, ctx: BuildContext) -> list[str]:
@@ -100,21 +93,24 @@ def torchrun_args(run: GagarRun, ctx: BuildContext) -> list[str]:
     ]
 
 
-def _trainer_env(run: GagarRun) -> list[dict[str, Any]]:
+def _trainer_env(run: GagarRun, ctx: BuildContext) -> list[dict[str, Any]]:
     index = "metadata.annotations['batch.kubernetes.io/job-completion-index']"
     return [
         *common_env(run, "trainer"),
         {"name": "NODE_RANK", "valueFrom": {"fieldRef": {"fieldPath": index}}},
         {"name": env.PROGRESS_CONFIGMAP, "value": name(run, "progress")},
         {"name": env.EXIT_PERMANENT_VAR, "value": str(EXIT_PERMANENT)},
-        *({"name": k, "value": v} for k, v in endpoint_env(run).items()),
+        *({"name": k, "value": v} for k, v in endpoint_env(run, ctx).items()),
     ]
 
 
-def endpoint_env(run: GagarRun) -> dict[str, str]:
-    """Where the trainer finds the run's other parts (Services in the run's namespace)."""
+def endpoint_env(run: GagarRun, ctx: BuildContext) -> dict[str, str]:
+    """Where the trainer finds the run's other parts (Services in the run's namespace), and
+    where it serves its published weights to the rollout pool."""
     spec = run.spec
     out: dict[str, str] = {env.WEIGHT_TRANSPORT: transport(run)}
+    if url := weights_url(run, ctx):
+        out[env.WEIGHTS_URL] = url
     claim = checkpoint_claim(run)
     out.update({env.RUN_DIR: CHECKPOINT_MOUNT, env.CHECKPOINT_URI: f"pvc://{claim}"})
     if spec.rollout.endpoint is None:
@@ -147,8 +143,8 @@ def _trainer_pod(run: GagarRun, ctx: BuildContext) -> dict[str, Any]:
         "image": image(run.spec.trainer.image, ctx),
         "command": ["python", "-m", LAUNCHER_MODULE],
         "args": torchrun_args(run, ctx),
-        "env": _trainer_env(run),
-        "ports": [{"name": "rdzv", "containerPort": RDZV_PORT}, metrics_port(run)],
+        "env": _trainer_env(run, ctx),
+        "ports": _trainer_ports(run, ctx),
         "resources": requests_with_defaults(run.spec.trainer.resources, TRAINER_DEFAULT_REQUESTS),
         "volumeMounts": mounts,
         "securityContext": container_security(),
@@ -160,11 +156,16 @@ def _trainer_pod(run: GagarRun, ctx: BuildContext) -> dict[str, Any]:
         "containers": [container],
         "volumes": [cfg_vol, *ckpt_vols, *model_vols, shm, *auth_vols],
     }
-    if affinity := checkpoint_affinity(run):  # a ReadWriteOnce volume the rollout pool mounts too
-        spec["affinity"] = affinity
     if not uses_jobset(run, ctx):
         spec["subdomain"] = name(run, "trainer", "rdzv")
     return pod_template(run, "trainer", spec)
+
+
+def _trainer_ports(run: GagarRun, ctx: BuildContext) -> list[dict[str, Any]]:
+    ports = [{"name": "rdzv", "containerPort": RDZV_PORT}, metrics_port(run)]
+    if weights_url(run, ctx):  # rank 0 serves the published weights (the other ranks do not)
+        ports.append({"name": "weights", "containerPort": WEIGHTS_PORT})
+    return ports
 
 
 def _job_spec(run: GagarRun, ctx: BuildContext) -> dict[str, Any]:
@@ -278,26 +279,35 @@ def build_trainer_jobset(run: GagarRun, ctx: BuildContext) -> Manifest:
 def build_rdzv_service(run: GagarRun, ctx: BuildContext) -> Manifest:
     """Headless Service giving every trainer pod a stable DNS name (rendezvous before readiness)."""
     meta = metadata(run, ctx, name(run, "trainer", "rdzv"), "trainer")
+    ports = [{"name": "rdzv", "port": RDZV_PORT, "targetPort": RDZV_PORT}]
+    if weights_url(run, ctx):  # the rollout pods reach rank 0's by its pod's name under it
+        ports.append({"name": "weights", "port": WEIGHTS_PORT, "targetPort": WEIGHTS_PORT})
     spec = {
         "clusterIP": "None",
         "publishNotReadyAddresses": True,
         "selector": selector(run, "trainer"),
-        "ports": [{"name": "rdzv", "port": RDZV_PORT, "targetPort": RDZV_PORT}],
+        "ports": ports,
     }
     return obj("v1", "Service", meta, spec=spec)
 
 
 def build_trainer_network_policy(run: GagarRun, ctx: BuildContext) -> Manifest:
     """Only the run's own ranks reach a trainer pod (the rendezvous port, and every other port:
-    NCCL and Gloo pick theirs), and the Prometheus the operator names its metrics port. Nothing
-    else calls the trainer: weights go out through the checkpoint volume, and it calls the pools,
-    never the reverse. Egress stays open (model and dataset downloads, trackers)."""
+    NCCL and Gloo pick theirs), the run's rollout pods its weight server (the published weights,
+    read-only, behind the run's weight-sync token), and the Prometheus the operator names its
+    metrics port. Nothing else calls the trainer: it calls the pools, never the reverse. Egress
+    stays open (model and dataset downloads, trackers)."""
     trainer = {"podSelector": {"matchLabels": selector(run, "trainer")}}
     metrics = {"protocol": "TCP", "port": run.spec.observability.metrics_port}
+    ingress: list[dict[str, Any]] = [{"from": [trainer]}]
+    if weights_url(run, ctx):
+        rollout = {"podSelector": {"matchLabels": selector(run, "rollout")}}
+        ingress.append({"from": [rollout], "ports": [{"protocol": "TCP", "port": WEIGHTS_PORT}]})
+    ingress.append({"from": [ctx.scraper.peer()], "ports": [metrics]})
     spec = {
         "podSelector": {"matchLabels": selector(run, "trainer")},
         "policyTypes": ["Ingress"],
-        "ingress": [{"from": [trainer]}, {"from": [ctx.scraper.peer()], "ports": [metrics]}],
+        "ingress": ingress,
     }
     meta = metadata(run, ctx, name(run, "trainer"), "trainer")
     return obj("networking.k8s.io/v1", "NetworkPolicy", meta, spec=spec)

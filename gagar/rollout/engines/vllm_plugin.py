@@ -4,18 +4,29 @@ vLLM loads this module in every one of its processes through the ``vllm.general_
 entry point (see pyproject.toml), so ``--weight-transfer-config '{"backend":
 "gagar_safetensors"}'`` resolves in the API server, the engine core and the workers alike.
 vLLM's own transports (nccl, nccl_m2n, ipc, ...) all need CUDA; this one reads the policy
-version the trainer published as safetensors on a shared directory, so the control path
-(pause, start/update/finish weight update, weight version) is the same on CPU and GPU.
+version the trainer published as safetensors, so the control path (pause, start/update/finish
+weight update, weight version) is the same on CPU and GPU. The trainer names the source at
+``/init_weight_transfer_engine``: a ``root`` directory the workers share with it (one machine),
+or the ``url`` of its weight server (a cluster, ``weight_http``): each worker then fetches the
+version's file into local disk (``$GAGAR_WEIGHTS_DIR``, the pod's ``emptyDir``) once per update,
+loads it, and deletes it when the update finishes.
 
-What it guards: a worker only opens files under the root the trainer named at
-``/init_weight_transfer_engine`` (the routes themselves take only callers with the run's token,
-``vllm_auth``; the root check stands even against such a caller), and every name
-in an update must exist in the file, otherwise the update fails naming the tensor.
-Only imported inside a process that has vLLM.
+What it guards (the routes themselves take only callers with the run's token, ``vllm_auth``;
+these checks stand even against such a caller): a worker only opens files under the root the
+trainer named; it fetches only from the weight server the operator named in the pod
+(``$GAGAR_WEIGHTS_URL``: an ``init_info`` naming any other URL is refused), only a version's
+file under it, and presents the run's token there (``$GAGAR_WEIGHT_SYNC_TOKEN``); a file whose
+size differs from the one the trainer announced is refused; every name in an update must exist
+in the file, otherwise the update fails naming the tensor. Only imported inside a process that
+has vLLM.
 """
 
 from __future__ import annotations
 
+import fcntl
+import os
+import re
+import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar
@@ -32,18 +43,25 @@ from vllm.distributed.weight_transfer.factory import (
     WeightTransferTrainerFactory,
 )
 
+from gagar import env
+from gagar.rollout.engines.vllm_auth import TOKEN_ENV
 from gagar.rollout.engines.weight_sync import BACKEND, ReplicaClient, SafetensorsWeightSync
+
+_FILE = r"/versions/\d+/[A-Za-z0-9][A-Za-z0-9._-]*\.safetensors"  # a version's file on the server
 
 
 @dataclass
 class SafetensorsInitInfo(WeightTransferInitInfo):
-    root: str  # the shared directory policy versions are published under
+    root: str = ""  # the shared directory policy versions are published under, or
+    url: str = ""  # the trainer's weight server that serves them
 
 
 @dataclass
 class SafetensorsUpdateInfo(WeightTransferUpdateInfo):
-    file: str  # a model.safetensors under the root
     names: list[str]
+    file: str = ""  # a model.safetensors under the root, or
+    url: str = ""  # its URL on the weight server
+    size: int = -1  # the file's size in bytes (with ``url``)
 
 
 class SafetensorsWeightTransferEngine(
@@ -54,9 +72,25 @@ class SafetensorsWeightTransferEngine(
     init_info_cls = SafetensorsInitInfo
     update_info_cls = SafetensorsUpdateInfo
     root: Path | None = None
+    url: str | None = None
+    fetched: Path | None = None  # this update's file, fetched from ``url``
 
     def init_transfer_engine(self, init_info: SafetensorsInitInfo) -> None:
-        self.root = Path(init_info.root).resolve()
+        if bool(init_info.root) == bool(init_info.url):
+            raise ValueError("init_info names either a root directory or a url")
+        self.root, self.url = None, None
+        if init_info.root:
+            self.root = Path(init_info.root).resolve()
+            return
+        named = os.environ.get(env.WEIGHTS_URL, "").rstrip("/")
+        if not named or init_info.url.rstrip("/") != named:
+            raise ValueError(
+                f"{init_info.url} is not the weight server this replica was given "
+                f"(${env.WEIGHTS_URL}={named or 'unset'})"
+            )
+        if not os.environ.get(TOKEN_ENV):
+            raise RuntimeError(f"${TOKEN_ENV} is not set: the weight server would refuse us")
+        self.url = named
 
     def start_weight_update(self) -> None:
         # Layerwise reload re-runs each layer's post-load processing; vLLM-CPU repacks linear
@@ -69,8 +103,11 @@ class SafetensorsWeightTransferEngine(
     def finish_weight_update(self) -> None:
         from vllm.model_executor.model_loader.reload import finalize_layerwise_reload
 
-        finalize_layerwise_reload(self.model, self.model_config)
-        _reprocess_tied_embeddings(self.model)
+        try:
+            finalize_layerwise_reload(self.model, self.model_config)
+            _reprocess_tied_embeddings(self.model)
+        finally:
+            self._drop_fetched()
 
     def update_weights(self, update_info: dict[str, Any]) -> None:
         # The base class ends with torch.accelerator.synchronize(), which has no accelerator
@@ -88,7 +125,10 @@ class SafetensorsWeightTransferEngine(
     def receive_weights(self, update_info: SafetensorsUpdateInfo) -> None:
         from safetensors import safe_open
 
-        file = self._checked_file(update_info.file)
+        if update_info.url:
+            file = self._fetch(update_info)
+        else:
+            file = self._checked_file(update_info.file)
         with safe_open(str(file), framework="pt", device="cpu") as f:
             present = set(f.keys())
             missing = [n for n in update_info.names if n not in present]
@@ -107,8 +147,42 @@ class SafetensorsWeightTransferEngine(
             raise FileNotFoundError(f"published weights {path} do not exist")
         return path
 
+    def _fetch(self, update_info: SafetensorsUpdateInfo) -> Path:
+        """The update's file on local disk: fetched from the weight server on the first chunk
+        that names it, under a lock shared by the pod's workers (tensor-parallel workers fetch
+        it once), and kept until the update finishes."""
+        from gagar.rollout.engines.weight_http import download
+
+        if self.url is None:
+            raise RuntimeError("init_weight_transfer_engine named no weight server")
+        rest = update_info.url.removeprefix(self.url)
+        if rest == update_info.url or not re.fullmatch(_FILE, rest):
+            raise ValueError(f"{update_info.url} is not a published file of {self.url}")
+        local = _weights_dir() / "updates" / rest.strip("/").replace("/", "-")
+        local.parent.mkdir(parents=True, exist_ok=True)
+        with (local.parent / ".lock").open("w") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            if not local.is_file() or local.stat().st_size != update_info.size:
+                token = os.environ[TOKEN_ENV]
+                download(update_info.url, local, update_info.size, token)
+        self.fetched = local
+        return local
+
+    def _drop_fetched(self) -> None:
+        if self.fetched is not None:
+            self.fetched.unlink(missing_ok=True)  # another worker of the pod may have done it
+            self.fetched = None
+
     def shutdown(self) -> None:
-        self.root = None
+        self._drop_fetched()
+        self.root, self.url = None, None
+
+
+def _weights_dir() -> Path:
+    """Where fetched versions go: the pod's ``emptyDir`` (``$GAGAR_WEIGHTS_DIR``), else a
+    temporary directory."""
+    named = os.environ.get(env.WEIGHTS_DIR)
+    return Path(named) if named else Path(tempfile.gettempdir()) / "gagar-weights"
 
 
 def _reprocess_tied_embeddings(model: Any) -> None:

@@ -6,10 +6,12 @@ with the new ``weight_version`` → ``/resume``; ``/weight_info`` reads the vers
 the bytes is the backend chosen with ``--weight-transfer-config``:
 
 * ``gagar_safetensors`` (registered by gagar's vLLM plugin, works on CPU and GPU): the trainer
-  writes each policy version as a Hugging Face safetensors folder under a shared directory
-  (``<root>/v<version>/``, published atomically with a ``latest`` pointer), and the workers read
-  the tensors back from that file. The same folder is what a new autoscaled replica boots from,
-  so publication and transfer are one write.
+  writes each policy version as a Hugging Face safetensors folder (``<root>/v<version>/``,
+  published atomically with a ``latest`` pointer), and the workers read the tensors back from
+  that file: from the directory itself where they share it (one machine: ``init_info`` names
+  the ``root``), or fetched over HTTP from the trainer's weight server (a cluster: ``init_info``
+  names its ``url``, ``weight_http``), so no volume is shared. The same folder is what a new
+  autoscaled replica boots from, so publication and transfer are one write.
 * ``nccl`` / ``nccl_m2n`` on GPUs: vLLM's own trainer engines (see tests/gpu).
 
 This module imports neither vLLM nor torch.distributed: the trainer's Python environment need
@@ -33,6 +35,7 @@ from gagar.rollout.engines.vllm_auth import TOKEN_ENV, control_token
 from gagar.wire import HF_SIDE_FILES
 
 BACKEND = "gagar_safetensors"
+VERSION_FILE = "gagar-version.json"  # written last into a version's folder, before its rename
 
 
 class WeightSyncError(RuntimeError):
@@ -100,7 +103,7 @@ def publish_version(
         if (base_model / side).exists():
             shutil.copy2(base_model / side, tmp / side)
     names, size = _save_safetensors(weights, tmp / "model.safetensors")
-    (tmp / "gagar-version.json").write_text(json.dumps({"version": version, "time": time.time()}))
+    (tmp / VERSION_FILE).write_text(json.dumps({"version": version, "time": time.time()}))
     shutil.rmtree(final, ignore_errors=True)
     tmp.rename(final)
     _point_latest(root, final.name)
@@ -221,17 +224,37 @@ class SafetensorsWeightSync:
     """
 
     def __init__(
-        self, replicas: Sequence[ReplicaClient], root: Path, base_model: Path, chunk: int = 64
+        self,
+        replicas: Sequence[ReplicaClient],
+        root: Path,
+        base_model: Path,
+        chunk: int = 64,
+        url: str | None = None,
     ) -> None:
+        """``url``: the weight server (``weight_http``) serving ``root``, which the replicas
+        fetch each version from; None: they read ``root`` itself (a shared file system)."""
         if not replicas:
             raise ValueError("weight sync needs at least one replica")
         self.replicas = list(replicas)
         self.root, self.base_model, self.chunk = Path(root), Path(base_model), chunk
+        self.url = url.rstrip("/") if url else None
+
+    def init_info(self) -> dict[str, str]:
+        """What ``/init_weight_transfer_engine`` hands a replica: where versions come from."""
+        return {"url": self.url} if self.url else {"root": str(self.root.resolve())}
+
+    def update_info(self, pub: PublishedVersion, names: list[str]) -> dict[str, Any]:
+        """One ``/update_weights`` chunk: the version's file (its URL, or path) and the names."""
+        file = pub.path / "model.safetensors"
+        if self.url:
+            url = f"{self.url}/versions/{pub.version}/{file.name}"
+            return {"url": url, "size": file.stat().st_size, "names": names}
+        return {"file": str(file.resolve()), "names": names}
 
     def init(self) -> None:
-        """Hand the transfer root to every replica (vLLM's ``/init_weight_transfer_engine``)."""
+        """Hand the transfer source to every replica (vLLM's ``/init_weight_transfer_engine``)."""
         for r in self.replicas:
-            r.init_weight_transfer_engine({"root": str(self.root.resolve())})
+            r.init_weight_transfer_engine(self.init_info())
 
     def sync(self, weights: Iterable[tuple[str, object]], version: int) -> SyncReport:
         t0 = time.perf_counter()
@@ -264,9 +287,8 @@ class SafetensorsWeightSync:
             replica.pause()
         try:
             replica.start_weight_update()
-            file = str((pub.path / "model.safetensors").resolve())
             for names in chunked(pub.names, self.chunk):
-                replica.update_weights({"file": file, "names": names})
+                replica.update_weights(self.update_info(pub, names))
             replica.finish_weight_update(weight_version=str(pub.version))
         except WeightSyncError as e:
             raise WeightSyncError(
