@@ -1,7 +1,9 @@
 """The task miner end to end on a tiny package built here as an sdist: the suite runs twice in
 the sandbox and the flaky test is dropped, edits go only where tests execute, kept tasks fail
 exactly their FAIL_TO_PASS unfixed and pass with their patch (the real verifier), rows are
-byte-identical run to run, and the rows load as a dataset source."""
+byte-identical run to run, and the rows load as a dataset source. The package's tests have a
+conftest.py of their own, which verification installs as the task has it; a candidate's conftest
+is still deleted or put back, and flagged."""
 
 from __future__ import annotations
 
@@ -46,16 +48,16 @@ TESTS = """import os
 from tinycalc import clamp, total
 
 
-def test_clamp_inside():
-    assert clamp(5, 0, 10) == 5
+def test_clamp_inside(bounds):
+    assert clamp(5, *bounds) == 5
 
 
-def test_clamp_low():
-    assert clamp(-3, 0, 10) == 0
+def test_clamp_low(bounds):
+    assert clamp(-3, *bounds) == 0
 
 
-def test_clamp_high():
-    assert clamp(12, 0, 10) == 10
+def test_clamp_high(bounds):
+    assert clamp(12, *bounds) == 10
 
 
 def test_total():
@@ -70,11 +72,29 @@ def test_flaky():
 """
 
 
+# The package's own conftest.py (tinydb's tests have one): part of the task's test files, which
+# verification installs as the package has them; its fixture is needed, so it must load.
+CONFTEST = """import pytest
+
+
+@pytest.fixture
+def bounds():
+    return (0, 10)
+"""
+# A candidate's conftest.py that stops every test body from running (grader_bench's forgery).
+HOOK = """import gc
+for _o in gc.get_objects():
+    if getattr(_o, "__name__", "") == "pytest_runtest_call" and hasattr(_o, "__code__"):
+        _o.__code__ = (lambda item: None).__code__
+"""
+
+
 def make_sdist(root: Path) -> Path:
     path = root / "tinycalc-0.1.tar.gz"
     members = {
         "tinycalc-0.1/tinycalc/__init__.py": CALC,
         "tinycalc-0.1/tests/test_calc.py": TESTS,
+        "tinycalc-0.1/tests/conftest.py": CONFTEST,
         "tinycalc-0.1/PKG-INFO": "Name: tinycalc\nVersion: 0.1\n",
     }
     with tarfile.open(path, "w:gz") as tar:
@@ -134,7 +154,7 @@ def test_kept_tasks_fail_unfixed_and_pass_fixed_through_the_verifier(
         "seed": 1,
         "miner": 1,
     }
-    assert set(task.test_files) == {"tests/test_calc.py"}
+    assert set(task.test_files) == {"tests/test_calc.py", "tests/conftest.py"}
     assert 1 <= len(task.fail_to_pass) <= 20
     assert sorted(task.fail_to_pass + task.pass_to_pass) == sorted(
         f"tests/test_calc.py::test_{n}"
@@ -143,9 +163,27 @@ def test_kept_tasks_fail_unfixed_and_pass_fixed_through_the_verifier(
     before = verify_files(task, task.repo_files(), factory)
     assert before.valid, (before.infra_error, before.notes, before.log[-2000:])
     assert sorted(t for t, ok in before.tests.items() if not ok) == task.fail_to_pass, before.log
-    assert verify_files(task, task.fixed_files(), factory).passed
+    assert before.tampering == [], before.tampering  # the package's own tests/conftest.py
+    after = verify_files(task, task.fixed_files(), factory)
+    assert after.passed, (after.tampering, after.notes, after.log[-2000:])
     assert task.metadata["file"] not in task.problem_statement
     assert (task.patch or "").count("\n+ ") + (task.patch or "").count("\n+\t") <= 2
+
+
+@pytest.mark.parametrize("path", ["conftest.py", "tests/conftest.py", "tinycalc/conftest.py"])
+def test_a_candidates_conftest_is_caught_and_never_runs(
+    mined: tuple, factory: LocalFactory, path: str
+) -> None:
+    # the unfixed snapshot plus a conftest that would make every test pass: a new one is
+    # deleted, the package's own is put back, and the patch is flagged for the grader
+    _, _, tasks, _ = mined
+    task = tasks[0]
+    files = task.repo_files()
+    files[path] = files.get(path, b"") + b"\n" + HOOK.encode()
+    verdict = verify_files(task, files, factory)
+    assert verdict.valid and not verdict.passed, verdict.notes
+    assert sorted(t for t, ok in verdict.tests.items() if not ok) == task.fail_to_pass
+    assert path in verdict.suspected_tampering
 
 
 def test_the_rows_are_the_same_run_to_run_and_load_as_tasks(

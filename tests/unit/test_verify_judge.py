@@ -66,6 +66,21 @@ def test_facts_of_a_subverted_run_are_tampering() -> None:
         assert run.tampering, key
 
 
+def test_a_conftest_verification_wrote_is_the_tasks_own_any_other_is_tampering() -> None:
+    own = ["/workspace/tests/conftest.py"]
+    restored = frozenset({"tests/conftest.py", "conftest.py"})
+    assert judge(_record(plugins=own), "n1", TASK, OK, None, restored).tampering == []
+    # nothing restored there (the default), or a plugin elsewhere: the candidate's
+    for plugins, paths in (
+        (own, frozenset()),
+        (["/workspace/tests/sub/conftest.py"], restored),
+        (["/workspace/mathkit/plug.py"], restored),
+        (["/tmp/x/tests/conftest.py"], restored),
+    ):
+        run = judge(_record(plugins=plugins), "n1", TASK, OK, None, paths)
+        assert run.tampering == [f"a pytest plugin was loaded from {plugins[0]!r}"], plugins
+
+
 def test_the_test_command_is_run_isolated_or_refused() -> None:
     cmd = _boot_command(TASK, "r.json", "n")
     assert cmd is not None and cmd.startswith("PYTEST_DISABLE_PLUGIN_AUTOLOAD=1 python -I -B -c ")

@@ -12,9 +12,11 @@ witness where no code of the workspace runs, which alone reads the nonce and wri
 token of its own, never the nonce). Each run also plants tests of its own in the task's test files
 (``plant.py``): canaries that must be reported failing and controls that must pass, whose bodies
 write markers the witness checks after the test process ended. ``judge`` decides from the record;
-a record without the nonce, one showing the runner or a test loaded from the workspace or
-pytest's machinery replaced, or a canary passing or a control passing without its body having run,
-is ``tampering`` and never passes. Editing tests therefore never earns reward. Separately, a
+a record without the nonce, one showing the runner or a test loaded from the workspace, a pytest
+plugin loaded from it that is not a file verification wrote (the task's own ``conftest.py`` is
+one; a candidate's is deleted or overwritten before the run), pytest's machinery replaced, or
+a canary passing or a control passing without its body having run, is ``tampering`` and never
+passes. Editing tests therefore never earns reward. Separately, a
 patch that touches tests, the test runner's configuration or the harness is recorded as
 *suspected tampering* for the grader. What the candidate left that cannot be copied (links out of the workspace, FIFOs,
 unreadable or huge files) is listed in ``refused``; it never makes verification raise.
@@ -134,6 +136,15 @@ def suspected_tampering(patch: str, task: Task) -> list[str]:
     return [p for p in touched_paths(patch) if is_guarded_path(p, task)]
 
 
+def pristine_files(task: Task, base: dict[str, bytes]) -> dict[str, bytes]:
+    """The guarded files as the task has them: its repository's (``base``), its ``test_files``
+    over those. Verification writes exactly these before the tests run, so a ``conftest.py``
+    among them is the task's own (a package's test tree has them), never the candidate's."""
+    pristine = {p: d for p, d in base.items() if is_guarded_path(p, task)}
+    pristine.update({p: t.encode() for p, t in task.test_files.items()})
+    return pristine
+
+
 def _restore(
     session: Session, task: Task, base: dict[str, bytes], planted: dict[str, bytes]
 ) -> list[str]:
@@ -144,9 +155,7 @@ def _restore(
     directory of tests should be) is removed first. Returns what could not be restored, with why:
     never raises for what the candidate left."""
     before = session.list_files()
-    pristine = {p: d for p, d in base.items() if is_guarded_path(p, task)}
-    pristine.update({p: t.encode() for p, t in task.test_files.items()})
-    pristine.update(planted)
+    pristine = pristine_files(task, base) | planted
     problems = []
     for path in before:
         if is_guarded_path(path, task) and path not in pristine:
@@ -196,10 +205,15 @@ def _boot_command(task: Task, record: str, nonce: str) -> str | None:
 
 
 def run_tests(
-    session: Session, task: Task, timeout: float | None, planting: plant.Planting | None = None
+    session: Session,
+    task: Task,
+    timeout: float | None,
+    planting: plant.Planting | None = None,
+    restored: frozenset[str] = frozenset(),
 ) -> TestRun:
     """Run the task's test ids (and ``planting``'s, mixed in) in ``session`` through the
-    bootstrap and judge its record."""
+    bootstrap and judge its record; ``restored``: the paths verification wrote as the task has
+    them (``judge``)."""
     planting = planting or plant.Planting()
     # The names are in the test process's argv (``/proc/self/cmdline``): never the nonce, never
     # the planted tests' markers (the secret file has them; only the witness reads it).
@@ -224,7 +238,7 @@ def run_tests(
         raise
     except SandboxError:
         raw = None
-    return judge(raw, nonce, task, result, planting)
+    return judge(raw, nonce, task, result, planting, restored)
 
 
 class TestRun(BaseModel):
@@ -252,10 +266,13 @@ def judge(
     task: Task,
     result: ExecResult,
     planting: plant.Planting | None = None,
+    restored: frozenset[str] = frozenset(),
 ) -> TestRun:
     """The verdict's facts from the witness's record (pure). No record, or the test process
     ended before pytest finished: every id failed; a record without the nonce, facts that show
-    the run was subverted, or planted tests that show the outcomes forged: tampering."""
+    the run was subverted, or planted tests that show the outcomes forged: tampering. A pytest
+    plugin loaded from the workspace is one too, unless its file is among ``restored`` (the
+    paths verification wrote as the task has them: the package's own ``conftest.py``)."""
     failed = dict.fromkeys(task.test_ids, False)
     if raw is None:
         note = "no record from the verification: it ended before the witness wrote one"
@@ -283,7 +300,7 @@ def judge(
         notes.append("the witness could not make itself undumpable (prctl failed)")
     return TestRun(
         tests={tid: outcomes.get(tid) is True for tid in task.test_ids},
-        tampering=[*forged, *_record_findings(rec, task)],
+        tampering=[*forged, *_record_findings(rec, task, restored)],
         broken=broken,
         notes=notes,
         result=result,
@@ -297,7 +314,7 @@ def _mapping(rec: dict, key: str) -> dict:
     return value if isinstance(value, dict) else {}
 
 
-def _record_findings(rec: dict, task: Task) -> list[str]:
+def _record_findings(rec: dict, task: Task, restored: frozenset[str]) -> list[str]:
     root = str(rec.get("root") or "/workspace").rstrip("/")
 
     def rel(path: object) -> str | None:
@@ -321,7 +338,8 @@ def _record_findings(rec: dict, task: Task) -> list[str]:
         if rel(item.get("loader_file")) is not None:
             out.append(f"{node}: its module was loaded by a loader from {item['loader_file']!r}")
     for where in rec.get("plugins") or []:
-        out.append(f"a pytest plugin was loaded from {where!r}")
+        if rel(where) not in restored:  # a conftest.py verification wrote is the task's own
+            out.append(f"a pytest plugin was loaded from {where!r}")
     for where in rec.get("shadowed") or []:
         out.append(f"{where!r} shadowed a module of the standard library or the test runner")
     out += [str(f) for f in rec.get("flags") or []]
@@ -363,7 +381,10 @@ def verify(
         base = task.repo_files()
         planting = _planting(task, base)
         refused += _restore(fresh, task, base, planting.files)
-        run = run_tests(fresh, task, timeout, planting)
+        # a path whose restoring failed may still hold the candidate's file: not the task's
+        failed = {r.split(": ", 1)[0] for r in refused}
+        restored = frozenset(pristine_files(task, base)) - failed
+        run = run_tests(fresh, task, timeout, planting, restored)
     except SandboxInfraError as e:
         return Verdict(instance_id=task.instance_id, passed=False, valid=False, infra_error=str(e))
     except (
@@ -421,9 +442,7 @@ def _planting(task: Task, base: dict[str, bytes]) -> plant.Planting:
         return plant.Planting()  # refused by ``_boot_command``
     if any(_selects(w, after) for w, after in zip(words, [*words[1:], ""], strict=True)):
         return plant.Planting()
-    pristine = {p: d for p, d in base.items() if is_guarded_path(p, task)}
-    pristine.update({p: t.encode() for p, t in task.test_files.items()})
-    return plant.plant(task.test_ids, pristine, random.SystemRandom())
+    return plant.plant(task.test_ids, pristine_files(task, base), random.SystemRandom())
 
 
 def _fresh(factory: SessionFactory, tarball: bytes) -> Session:
