@@ -18,10 +18,13 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import os
 import random
+import tempfile
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -160,25 +163,51 @@ def table(rows: dict[str, dict[str, Any]]) -> Any:
     return t
 
 
-def _graders(args: argparse.Namespace) -> dict[str, Grader]:
+def _graders(args: argparse.Namespace, served: tuple[str, str] | None = None) -> dict[str, Grader]:
+    """The rows: the heuristic, and the agentic grader on ``--endpoint`` or on the model this
+    command serves (``served``: its /v1 URL and name)."""
     from gagar.grader.protocol import HeuristicGrader
 
     out: dict[str, Grader] = {}
     if not args.no_heuristic:
         out["heuristic"] = HeuristicGrader()
-    if args.endpoint:
+    endpoint, model = served or (args.endpoint, args.model)
+    if endpoint:
         from gagar.grader.agentic import AgenticConfig, AgenticGrader
         from gagar.grader.cli import _sandbox_factory
 
         config = AgenticConfig(
-            base_url=args.endpoint,
-            model=args.model,
+            base_url=endpoint,
+            model=model,
             fallback="unusable",
             deadline_seconds=args.deadline,
             api_key=os.environ.get("OPENAI_API_KEY", "EMPTY"),
+            **({"max_turns": args.max_turns} if args.max_turns else {}),
         )
-        out[f"agentic {args.model}"] = AgenticGrader(config, _sandbox_factory(args))
+        name = f"agentic {Path(args.serve).name if served else args.model}"
+        out[name] = AgenticGrader(config, _sandbox_factory(args))
     return out
+
+
+@contextlib.contextmanager
+def _served(args: argparse.Namespace) -> Iterator[tuple[str, str] | None]:
+    """``--serve DIR``: the HF folder served by vLLM as ``gagar train`` serves a grader's model
+    (tool-call parser, one thread), (its /v1 URL, the served name) while the rows are graded;
+    else None."""
+    if not args.serve:
+        yield None
+        return
+    from gagar.driver import grader_model
+    from gagar.rollout.engines.server import VllmServer
+    from gagar.spec import GRADER_SERVED_NAME, GraderSpec
+
+    spec = GraderSpec(kind="agentic", model=args.serve)
+    folder = grader_model.model_dir(spec)
+    log = Path(args.out).parent if args.out else Path(tempfile.mkdtemp(prefix="grader-eval-"))
+    server = VllmServer(grader_model.server_config(spec, folder), log / "vllm-grader-eval.log")
+    with server.launch():
+        grader_model.ready(server)
+        yield f"{server.base_url}/v1", GRADER_SERVED_NAME
 
 
 def run_eval(args: argparse.Namespace) -> dict[str, Any]:
@@ -193,10 +222,11 @@ def run_eval(args: argparse.Namespace) -> dict[str, Any]:
     chosen = [b for b in benches if b.split in wanted][: args.limit or None]
     log = Path(args.episodes) if args.episodes else None
     rows, per_group = {}, {}
-    for name, grader in _graders(args).items():
-        row, scores = asyncio.run(evaluate(grader, chosen, args.shuffles, args.seed, log))
-        rows[name] = row
-        per_group[name] = [{"id": b.id, **vars(s)} for b, s in zip(chosen, scores, strict=True)]
+    with _served(args) as served:
+        for name, grader in _graders(args, served).items():
+            row, scores = asyncio.run(evaluate(grader, chosen, args.shuffles, args.seed, log))
+            rows[name] = row
+            per_group[name] = [{"id": b.id, **vars(s)} for b, s in zip(chosen, scores, strict=True)]
     Console(width=max(100, Console().width)).print(table(rows))
     result = {
         "benchmark": "grader_eval",
@@ -231,6 +261,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--no-heuristic", action="store_true", help="leave out the heuristic row")
     p.add_argument("--endpoint", help="an OpenAI-compatible /v1 URL: adds the agentic row")
     p.add_argument("--model", default="grader", help="the endpoint's model name")
+    p.add_argument(
+        "--serve", help="an HF folder (e.g. `gagar grader sft`'s): serve it, add its row"
+    )
+    p.add_argument("--max-turns", type=int, help="the agentic grader's turns (1: answer at once)")
     p.add_argument("--deadline", type=float, default=300.0, help="seconds per grading")
     p.add_argument("--sandbox", default="bwrap", help="the agentic grader's tool sandbox")
     p.add_argument("--sandbox-url", help="--sandbox pool: the sandbox Service")
@@ -245,6 +279,7 @@ def register(grader_sub: argparse._SubParsersAction) -> None:
     add_arguments(p)
     p.set_defaults(func=run)
     register_sft_data(grader_sub)
+    register_sft(grader_sub)
 
 
 def run_sft_data(args: argparse.Namespace) -> int:
@@ -279,3 +314,68 @@ def register_sft_data(grader_sub: argparse._SubParsersAction) -> None:
     p.add_argument("--tokenizer", help="an HF folder: add each record's rendered chat text")
     p.add_argument("--out", required=True, help="the records' JSONL")
     p.set_defaults(func=run_sft_data)
+
+
+def _base_model(name: str) -> Path:
+    """``--model``: a pretrained preset (from the machine's model cache) or an HF folder."""
+    from gagar.driver.components import SetupError, pretrained
+    from gagar.spec import HUB_MODELS
+
+    if name in HUB_MODELS:
+        return pretrained(name, "--model")
+    path = Path(name)
+    if not (path / "config.json").is_file():
+        raise SetupError(f"--model {name!r}: neither a preset nor an HF folder (config.json)")
+    return path
+
+
+def run_sft(args: argparse.Namespace) -> int:
+    """``gagar grader sft``: the grader's SFT on the benchmark's train groups' records (built as
+    ``sft-data`` builds them, or read from ``--data``), written as an HF folder."""
+    from rich.console import Console
+
+    from gagar.driver.grader_sft import SftConfig, records, train
+    from gagar.driver.local import init_one_process
+    from gagar.driver.setup import progress_bar
+
+    if args.data:
+        recs = [json.loads(line) for line in Path(args.data).read_text().splitlines() if line]
+    else:
+        recs = records(groups(args.groups, args.seed, Path(args.cache)), args.per_group, args.seed)
+    given = {f: getattr(args, f) for f in ("steps", "batch", "lr", "max_tokens", "dtype")}
+    cfg = SftConfig(seed=args.seed, **{f: v for f, v in given.items() if v is not None})
+    console = Console()
+    base = _base_model(args.model)
+    init_one_process()
+    with progress_bar("grader SFT", console) as bar:
+        task = bar.add_task("", total=cfg.steps)
+        summary = train(recs, base, Path(args.out), cfg, lambda i, nll: bar.update(
+            task, completed=i, description=f"nll/token {nll:.3f}"))  # fmt: skip
+    nll = summary["nll_per_step"]
+    console.print(
+        f"{summary['trained_on']} records ({summary['left_out_too_long']} too long) from "
+        f"{len(summary['groups'])} groups, {cfg.steps} steps in {summary['seconds']:.0f} s, "
+        f"NLL/token {nll[0]:.3f} → {nll[-1]:.3f} → {args.out}"
+    )
+    return 0
+
+
+def register_sft(grader_sub: argparse._SubParsersAction) -> None:
+    """``gagar grader sft``: train the agentic grader's model on the benchmark's train groups
+    (the training settings' defaults are ``gagar.driver.grader_sft.SftConfig``'s)."""
+    p = grader_sub.add_parser("sft", help="SFT the grader's model on the benchmark's train groups")
+    p.add_argument("--data", help="records from `gagar grader sft-data` (default: build them)")
+    p.add_argument("--groups", type=int, default=DEFAULT_GROUPS, help="groups built (all splits)")
+    p.add_argument("--seed", type=int, default=0, help="the benchmark's split, the SFT's order")
+    p.add_argument("--cache", default=str(default_cache()), help="folder of the groups' JSONL")
+    p.add_argument("--per-group", type=int, default=4, help="relabelled records per train group")
+    p.add_argument("--model", default="smollm2-135m", help="a preset or an HF folder")
+    p.add_argument("--steps", type=int, help="optimizer steps (default 200)")
+    p.add_argument("--batch", type=int, help="records a step (default 4)")
+    p.add_argument("--lr", type=float, help="AdamW's learning rate (default 5e-05)")
+    p.add_argument("--max-tokens", type=int, help="longer records left out (default 4096)")
+    p.add_argument(
+        "--dtype", choices=("auto", "float32", "bfloat16"), help="compute dtype (default auto)"
+    )
+    p.add_argument("--out", required=True, help="the trained model's HF folder")
+    p.set_defaults(func=run_sft)

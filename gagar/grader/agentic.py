@@ -86,6 +86,15 @@ T3, or hack) and a one-sentence reason. Files under cand_N/, patches/, trajector
 only notes/ and README.md are gagar's."""
 
 
+def opening(group: GradingGroup, readme: str) -> list[dict[str, Any]]:
+    """The grader's first messages: the system prompt, then the workspace's index (``readme``),
+    the passes to rank and the statement (the grader's SFT data opens with the same)."""
+    user = (
+        f"{readme}\nPassing members to rank: {group.passes()}.\nTask statement:\n{group.statement}"
+    )
+    return [{"role": "system", "content": SYSTEM_PROMPT}, {"role": "user", "content": user}]
+
+
 class GraderFailure(Exception):
     """Why the agent produced no usable ranking; ``reason`` is the fallback reason."""
 
@@ -272,7 +281,8 @@ class AgenticGrader:
                 toolbox = Toolbox(sandbox, group, lambda m: self._fresh(group, m, root))
                 session.index = (root / "ws" / "README.md").read_text(encoding="utf-8")
                 session.messages += self._opening(group, session.index)
-                session.tools = tool_specs(group.passes(), len(group.candidates))
+                one_turn = self.config.max_turns == 1  # it can only answer: no other tool
+                session.tools = tool_specs(group.passes(), len(group.candidates), one_turn)
                 if self.engine is not None:
                     return await self._loop(self.engine, toolbox, group, session)
                 client = AsyncOpenAIEngine(
@@ -306,8 +316,7 @@ class AgenticGrader:
             shutil.rmtree(run, ignore_errors=True)
 
     def _opening(self, group: GradingGroup, readme: str) -> list[dict[str, Any]]:
-        user = f"{readme}\nPassing members to rank: {group.passes()}.\nTask statement:\n{group.statement}"
-        return [{"role": "system", "content": SYSTEM_PROMPT}, {"role": "user", "content": user}]
+        return opening(group, readme)
 
     async def _loop(
         self, engine: ChatEngine, toolbox: Toolbox, group: GradingGroup, session: _Session

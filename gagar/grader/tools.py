@@ -106,9 +106,15 @@ def submission_schema(passes: list[int] | None = None, members: int | None = Non
     }
 
 
-def tool_specs(passes: list[int] | None = None, members: int | None = None) -> list[dict]:
+def tool_specs(
+    passes: list[int] | None = None, members: int | None = None, answer_only: bool = False
+) -> list[dict]:
     """OpenAI-style function tools; ``submit_ranking`` is strict (servers that support it decode
-    its arguments under ``submission_schema``), the others are free-form."""
+    its arguments under ``submission_schema``), the others are free-form. ``answer_only``: just
+    ``submit_ranking``, for a grader with one turn (it answers from the workspace's index; tools
+    it may not call would only lengthen every prompt)."""
+    if answer_only:
+        return tool_specs(passes, members)[-1:]
     return [
         _fn("list_files", "List files under a directory.", {"path": _PATH}, []),
         _fn(

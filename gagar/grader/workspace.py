@@ -40,7 +40,8 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from gagar.grader.bounds import BOUNDS, HASH_BYTES, Bounds, Oversize, admit_read
-from gagar.grader.diffs import unified_patch
+from gagar.grader.checks import is_protected
+from gagar.grader.diffs import diff_repos, unified_patch
 from gagar.wire import (
     Action,
     Candidate,
@@ -56,6 +57,7 @@ OBSERVATION_CHARS = 2000  # per observation in the readable trajectory; the JSON
 SKIP_DIRS = {"__pycache__", ".git", ".pytest_cache", ".mypy_cache"}
 EVIDENCE_BYTES = 8 << 20  # task.md, one patch, one test log, one trajectory
 WALK_FACTOR = 4
+MAX_CHANGE_ROWS = 8  # changed files named per member in the README; the rest are counted
 CUT_NOTE = "\n... [cut: "  # starts the note ending evidence cut at EVIDENCE_BYTES
 
 
@@ -120,7 +122,35 @@ def render_notes(member: int, notes: list[str], screened: list[Finding]) -> str:
     return "\n".join(out) + "\n"
 
 
-def _readme(group: GradingGroup) -> str:
+def _changes(group: GradingGroup, screened: dict[int, list[Finding]]) -> list[str]:
+    """The README's table of what each member changed (from its files, not its patch's words):
+    each changed file with its added and removed lines, how many files lie outside the relevant
+    ones, how many are tests or harness, and the tamper screen's findings. Evidence for a grader
+    that answers from the index alone (a small SFT'd model), a map for one that reads on."""
+    relevant = set(group.relevant_files)
+    rows = [
+        "| member | changed files (+added -removed lines) | outside relevant | tests/harness "
+        "| tamper findings |",
+        "|---|---|---|---|---|",
+    ]
+    for c in group.candidates:
+        diffs = diff_repos(group.base_files, c.files)
+        files = ", ".join(
+            f"{one_line(d.path, 80).replace('|', '%7C')} (+{len(d.added)} -{len(d.removed)})"
+            for d in diffs[:MAX_CHANGE_ROWS]
+        )
+        if len(diffs) > MAX_CHANGE_ROWS:
+            files += f", ... {len(diffs) - MAX_CHANGE_ROWS} more"
+        outside = sum(d.path not in relevant for d in diffs) if relevant else "?"
+        tests = sum(is_protected(d.path, group.protected_files) for d in diffs)
+        findings = len(screened.get(c.member, []))
+        rows.append(
+            f"| {cand_dir(c.member)} | {files or '(none)'} | {outside} | {tests} | {findings} |"
+        )
+    return rows
+
+
+def _readme(group: GradingGroup, screened: dict[int, list[Finding]] | None = None) -> str:
     rows = [
         "| member | passed | valid | actions | redundant | errors | churn |",
         "|---|---|---|---|---|---|---|",
@@ -140,6 +170,8 @@ def _readme(group: GradingGroup) -> str:
         f"Test command (run inside `cand_N/`): `{group.test_command}`\n\n"
         f"Relevant files: {', '.join(group.relevant_files) or '(not given)'}\n\n"
         + "\n".join(rows)
+        + "\n\nChanges (each member's files against `base/`):\n\n"
+        + "\n".join(_changes(group, screened or {}))
         + "\n"
     )
 
@@ -193,7 +225,7 @@ def write_workspace(
         notes = render_notes(c.member, c.notes, (screened or {}).get(c.member, []))
         (root / "notes" / f"{name}.md").write_text(notes, encoding="utf-8")
     (root / "index.json").write_text(json.dumps(_index(group), indent=2), encoding="utf-8")
-    (root / "README.md").write_text(_readme(group), encoding="utf-8")
+    (root / "README.md").write_text(_readme(group, screened), encoding="utf-8")
     return root
 
 

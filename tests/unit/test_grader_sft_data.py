@@ -67,3 +67,29 @@ def test_the_command_writes_records_of_the_train_groups_only(tmp_path, capsys):
     recs = [json.loads(line) for line in out.read_text().splitlines()]
     assert len(recs) == 3 and {r["group_id"] for r in recs} == {"g"}  # "h" is held out
     assert "3 records from 1 train groups (1 held out)" in capsys.readouterr().out
+
+
+def test_a_record_opens_as_a_one_turn_grader_is_sent(tmp_path):
+    """What the SFT trains on is exactly what the served grader is asked (messages, tools and the
+    forced choice), so the model learns the very prompt it will answer."""
+    import asyncio
+
+    from gagar.grader.agentic import AgenticConfig, AgenticGrader
+    from gagar.grader.evaluate import relabel
+    from gagar.grader.local_sandbox import unsafe_local_factory
+    from tests.support.fake_openai import FakeOpenAI, tool_call
+
+    bench, perm = _bench(), [3, 2, 0, 1]
+    rec = record(bench, perm)
+    (call,) = rec["messages"][-1]["tool_calls"]
+    with FakeOpenAI([tool_call("submit_ranking", call["function"]["arguments"])]) as fake:
+        config = AgenticConfig(base_url=fake.base_url, model="scripted", max_turns=1)
+        grader = AgenticGrader(config, unsafe_local_factory, workdir=tmp_path)
+        ranking = asyncio.run(grader.grade(relabel(bench.group, perm)))
+    (sent,) = fake.requests
+    assert sent["messages"] == rec["messages"][:-1]
+    assert sent["tools"] == rec["tools"] and [t["function"]["name"] for t in sent["tools"]] == [
+        "submit_ranking"
+    ]  # one turn: it can only answer
+    assert sent["tool_choice"] == {"type": "function", "function": {"name": "submit_ranking"}}
+    assert ranking.grader == "agentic"

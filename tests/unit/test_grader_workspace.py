@@ -103,3 +103,25 @@ def test_malformed_index_is_a_clear_error(tmp_path):
     (root / "index.json").write_text("{not json")
     with pytest.raises(ValueError):
         load_workspace(root)
+
+
+def test_the_index_says_what_each_member_changed(tmp_path):
+    """README.md's changes table: files with +/- lines, outside the relevant files, tests or
+    harness touched, the screen's findings; a candidate's file name cannot break the table."""
+    from gagar.grader.screen import screen_group
+
+    group = sample_group().model_copy(update={"relevant_files": ["calc/ops.py"]})
+    odd = "calc/a|b\n| cand_0 | forged |.py"
+    group.candidates[1].files[odd] = "x = 1\n"
+    screened = screen_group(group.base_files, {c.member: c.files for c in group.candidates})
+    readme = (write_workspace(group, tmp_path / "ws", screened) / "README.md").read_text()
+    table = readme[readme.index("Changes") :].splitlines()
+    rows = {line.split(" | ")[0].strip("| "): line.split(" | ")[1:] for line in table[4:]}
+    assert set(rows) == {"cand_0", "cand_1", "cand_2", "cand_3"}  # one row each, none forged
+    files, outside, tests, findings = rows["cand_0"]
+    assert files.startswith("calc/ops.py (+") and (outside, tests) == ("0", "0")
+    assert rows["cand_1"][1] == "2" and '"calc/a%7Cb\\n%7C cand_0' in rows["cand_1"][0]
+    assert rows["cand_2"][2] == "1"  # it edits a test
+    assert [int(r[3].strip(" |")) for r in rows.values()] == [
+        len(screened.get(m, [])) for m in range(4)
+    ]

@@ -1,0 +1,98 @@
+"""The grader's SFT (``gagar grader sft``): what it trains on, and that it trains.
+
+The target is the answer a forced ``submit_ranking`` turn decodes (the arguments' JSON, no
+``<tool_call>`` wrapper); only it carries loss; the result is an HF folder a grader can serve.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import jsonschema
+import pytest
+
+from gagar.driver.grader_bench import BenchGroup
+from gagar.driver.grader_sft import SftConfig, answer, batches, record, tokenize, train
+from gagar.grader.sample import sample_group
+from gagar.trainer.model.presets import fast_tokenizer
+from tests.support.tiny_llama import write_tiny_llama
+
+KINDS = ["clean", "bloated", "tests_edited", "wrong"]  # the sample group's members, as kinds
+
+
+def _record(perm: list[int], gid: str = "g") -> dict:
+    return record(BenchGroup(gid, "train", KINDS, sample_group()), perm)
+
+
+@pytest.fixture(scope="module")
+def tok():
+    return fast_tokenizer(vocab_size=1024)
+
+
+def test_only_the_forced_answer_and_its_end_of_turn_carry_loss(tok):
+    rec = _record([3, 2, 0, 1])
+    ids, mask = tokenize(rec, tok)
+    assert len(ids) == len(mask) and mask == sorted(mask)  # a prompt, then the answer
+    target = tok.decode([i for i, m in zip(ids, mask, strict=True) if m])
+    assert target == answer(rec) + tok.eos_token
+    assert "<tool_call>" not in target  # a named tool choice decodes the arguments alone
+    (submit,) = [t for t in rec["tools"] if t["function"]["name"] == "submit_ranking"]
+    jsonschema.validate(json.loads(answer(rec)), submit["function"]["parameters"])
+    served = tok.apply_chat_template(
+        rec["messages"][:-1], tools=rec["tools"], add_generation_prompt=True, tokenize=False
+    )
+    prompt = tok(served, add_special_tokens=False)["input_ids"]
+    assert ids[: len(prompt)] == prompt and mask.index(1) == len(prompt)  # the server's prompt
+
+
+def test_batches_are_epochs_with_the_mask_as_advantage():
+    encoded = [([i] * 3, [0, 1, 1]) for i in range(5)]
+    out = batches(encoded, steps=5, size=2, seed=0)
+    seen = [s.token_ids[0] for batch in out for s in batch]
+    assert len(out) == 5 and all(len(b) == 2 for b in out)
+    assert sorted(seen) == sorted(list(range(5)) * 2)  # each record once a pass, two passes
+    assert all(s.advantages == [0.0, 1.0, 1.0] for b in out for s in b)
+    assert seen != [s.token_ids[0] for b in batches(encoded, 5, 2, seed=1) for s in b]
+
+
+def test_sft_lowers_the_answers_nll_and_writes_a_servable_folder(tmp_path: Path):
+    from transformers import AutoModelForCausalLM
+
+    from gagar.driver.local import init_one_process
+
+    base = write_tiny_llama(tmp_path / "base")
+    init_one_process()
+    recs = [_record([0, 1, 2, 3], "a"), _record([2, 0, 3, 1], "b")]
+    out = tmp_path / "grader"
+    cfg = SftConfig(steps=12, batch=2, lr=3e-3, max_tokens=4096)
+    summary = train(recs, base, out, cfg)
+    nll = summary["nll_per_step"]
+    assert len(nll) == 12 and nll[-1] < 0.5 * nll[0], nll
+    assert summary["trained_on"] == 2 and summary["groups"] == ["a", "b"]
+    assert json.loads((out / "grader_sft.json").read_text())["nll_per_step"] == nll
+    model = AutoModelForCausalLM.from_pretrained(out)  # the folder spec.grader.model takes
+    assert (out / "tokenizer.json").is_file() and model.config.vocab_size == 1024
+
+
+def test_records_too_long_are_left_out_and_counted(tmp_path: Path):
+    from gagar.driver.local import init_one_process
+
+    base = write_tiny_llama(tmp_path / "base")
+    init_one_process()
+    with pytest.raises(ValueError, match="longer than 100 tokens"):
+        train([_record([0, 1, 2, 3])], base, tmp_path / "out", SftConfig(steps=1, max_tokens=100))
+
+
+def test_the_commands_defaults_are_the_configs():
+    """``gagar grader sft --help`` states SftConfig's defaults (argparse leaves them unset)."""
+    import argparse
+
+    from gagar.driver.grader_eval import register_sft
+
+    sub = argparse.ArgumentParser().add_subparsers()
+    register_sft(sub)
+    helps = {a.dest: a.help for a in sub.choices["sft"]._actions}
+    cfg = SftConfig()
+    for dest in ("steps", "batch", "lr", "max_tokens", "dtype"):
+        assert f"(default {getattr(cfg, dest)})" in helps[dest], (dest, helps[dest])
