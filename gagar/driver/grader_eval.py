@@ -347,10 +347,17 @@ def run_sft(args: argparse.Namespace) -> int:
     console = Console()
     base = _base_model(args.model)
     init_one_process()
+    every = max(1, cfg.steps // 20)  # a log line each 5 % where no bar is drawn (a pipe, a pod)
+
     with progress_bar("grader SFT", console) as bar:
         task = bar.add_task("", total=cfg.steps)
-        summary = train(recs, base, Path(args.out), cfg, lambda i, nll: bar.update(
-            task, completed=i, description=f"nll/token {nll:.3f}"))  # fmt: skip
+
+        def on_step(i: int, nll: float) -> None:
+            bar.update(task, completed=i, description=f"nll/token {nll:.3f}")
+            if not console.is_terminal and (i % every == 0 or i == cfg.steps):
+                console.print(f"grader SFT step {i}/{cfg.steps}: nll/token {nll:.3f}")
+
+        summary = train(recs, base, Path(args.out), cfg, on_step)
     nll = summary["nll_per_step"]
     console.print(
         f"{summary['trained_on']} records ({summary['left_out_too_long']} too long) from "

@@ -96,3 +96,21 @@ def test_the_commands_defaults_are_the_configs():
     cfg = SftConfig()
     for dest in ("steps", "batch", "lr", "max_tokens", "dtype"):
         assert f"(default {getattr(cfg, dest)})" in helps[dest], (dest, helps[dest])
+
+
+def test_the_command_trains_from_sft_data_records(tmp_path: Path, capsys):
+    """`gagar grader sft --data FILE --model DIR`: a log line per 5 % where no bar is drawn."""
+    from gagar.cli import main
+
+    base = write_tiny_llama(tmp_path / "base")
+    data = tmp_path / "recs.jsonl"
+    data.write_text("".join(json.dumps(_record(p, g)) + "\n" for p, g in
+                            (([0, 1, 2, 3], "a"), ([1, 0, 3, 2], "b"))))  # fmt: skip
+    out = tmp_path / "grader"
+    args = ["grader", "sft", "--data", str(data), "--model", str(base), "--out", str(out)]
+    assert main([*args, "--steps", "2", "--batch", "2", "--lr", "1e-3"]) == 0
+    printed = capsys.readouterr().out
+    assert "grader SFT step 2/2: nll/token" in printed and "2 records (0 too long)" in printed
+    assert len(json.loads((out / "grader_sft.json").read_text())["nll_per_step"]) == 2
+    with pytest.raises(Exception, match="neither a preset nor an HF folder"):
+        main([*args[:-4], "--model", str(tmp_path / "nowhere"), "--out", str(out)])
