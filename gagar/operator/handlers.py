@@ -113,6 +113,11 @@ PROBE_POLL_S = 3.0  # a run waiting for its namespace's NetworkPolicy probe look
 QUEUE_ADMITTED = {"Job": ("f:spec", "f:template"), "JobSet": ("f:spec", "f:replicatedJobs")}
 # The operator's own field managers: a field any other manager owns is someone else's.
 OURS = frozenset({FIELD_MANAGER, HANDOFF_MANAGER, KUEUE_HANDOFF_MANAGER, TTL_MANAGER})
+# An event identical (type, reason, message) to one posted for the same run within this many
+# seconds of its last occurrence is not posted again: that Event's count and lastTimestamp go up,
+# as client-go's event correlator does for a component's repeated events (a condition flapping
+# with a pool's rollout posted the same words three times in 25 s).
+EVENT_SERIES_S = 600.0
 
 
 def now_rfc3339() -> str:
@@ -168,6 +173,17 @@ class _RunMemory:
     # trigger's argument, so a reconcile that fails or is coalesced keeps it
     drifted: set[tuple[str, str]] = field(default_factory=set)
     token_ready: bool = False  # the weight-sync Secret was seen or made (``_weight_sync_secret``)
+    # the events posted, by (type, reason, message): their Event and how often they happened
+    events: dict[tuple[str, str, str], _Series] = field(default_factory=dict)
+
+
+@dataclass
+class _Series:
+    """One posted Event and its repeats (``Reconciler._post``)."""
+
+    name: str  # the Event object's name (the server generates it)
+    count: int
+    last: float  # time.monotonic() of the latest occurrence
 
 
 def parse_run(body: dict[str, Any]) -> tuple[GagarRun | None, str | None]:
@@ -725,8 +741,10 @@ class Reconciler:
             if queued_live is not None:  # Kueue's admission stays Kueue's
                 obj = leave_to_queue(obj, queued_live, OURS)
             live = self.kube.apply(obj) or {}
-            generation = int((live.get("metadata") or {}).get("generation") or 0)
-            mem.owned[key] = Owned(generation, owned_fields(live, FIELD_MANAGER))
+            # the child's generation, never named ``generation``: the run's apply error is
+            # remembered with the run's generation (a child's made it miss the status)
+            child_generation = int((live.get("metadata") or {}).get("generation") or 0)
+            mem.owned[key] = Owned(child_generation, owned_fields(live, FIELD_MANAGER))
         except KubeError as err:
             if err.transient:
                 raise
@@ -844,10 +862,17 @@ class Reconciler:
 
     def _post(self, raw: dict[str, Any], events: list[Event]) -> None:
         """Post events through the API (not kopf's queue, which exists only inside kopf's
-        handlers: a reconcile of the resync thread posts too); a failure is logged, not fatal."""
+        handlers: a reconcile of the resync thread posts too); a failure is logged, not fatal.
+        An event identical to one of the run's within ``EVENT_SERIES_S`` counts on that one."""
         meta = raw["metadata"]
+        series = self.memory(meta["namespace"], meta["name"]).events
         for event in events:
-            now = self.config.clock()
+            now, key = self.config.clock(), (event.type, event.reason, event.message)
+            stamp = time.monotonic()
+            for old in [k for k, s in series.items() if stamp - s.last > EVENT_SERIES_S]:
+                del series[old]  # the series ended: a repeat after it is a new Event
+            if key in series and self._repeat(meta["namespace"], series[key], now, stamp):
+                continue
             body = {
                 "apiVersion": "v1",
                 "kind": "Event",
@@ -868,9 +893,25 @@ class Reconciler:
                 "count": 1,
             }
             try:
-                self.kube.create(body)
+                posted = self.kube.create(body)
             except KubeError as err:
                 log.warning("event %s %s not posted: %s", event.type, event.reason, err)
+                continue
+            posted_name = ((posted or {}).get("metadata") or {}).get("name")
+            if posted_name:
+                series[key] = _Series(posted_name, 1, stamp)
+
+    def _repeat(self, namespace: str, seen: _Series, now: str, stamp: float) -> bool:
+        """Count a repeat on its Event (``count``, ``lastTimestamp``); False when that Event is
+        gone (expired, deleted) or cannot be patched, so the repeat is posted anew."""
+        body = {"count": seen.count + 1, "lastTimestamp": now}
+        try:
+            self.kube.merge_patch("v1", "Event", namespace, seen.name, body)
+        except KubeError as err:
+            log.debug("event %s not counted (%s): posting it again", seen.name, err)
+            return False
+        seen.count, seen.last = seen.count + 1, stamp
+        return True
 
     def _export(self, raw: dict[str, Any], status: GagarRunStatus) -> None:
         meta = raw["metadata"]
