@@ -60,7 +60,7 @@ format: install ## Apply ruff's formatter and autofixes
 	ruff format gagar tests bench
 	ruff check --fix gagar tests bench
 
-crd: install ## Regenerate the CRD (manifests/ and the chart) from gagar/spec.py
+crd: install ## Regenerate the CRD (manifests/ and the chart) and the field reference docs/reference.md from gagar/spec.py
 	$(PYTHON) -m gagar.cli crd --write
 
 check-generated: install ## Fail when a generated file drifts from its source

@@ -92,7 +92,12 @@ def register(sub: argparse._SubParsersAction) -> None:
 
     p = sub.add_parser("crd", help="print the GagarRun CRD generated from the spec models")
     mode = p.add_mutually_exclusive_group()
-    mode.add_argument("--write", action="store_true", help="rewrite the checked-in generated files")
+    mode.add_argument(
+        "--write",
+        action="store_true",
+        help="rewrite the checked-in generated files (the CRDs, the chart's values schema and "
+        "README, the field reference docs/reference.md)",
+    )
     mode.add_argument(
         "--check", action="store_true", help="fail when a checked-in generated file drifted"
     )
