@@ -24,8 +24,16 @@ PUSH ?=
 
 .DEFAULT_GOAL := help
 
-help: ## List the targets
-	@grep -E '^[a-zA-Z_-]+:.*?## ' $(MAKEFILE_LIST) | awk 'BEGIN {FS = ":.*?## "}; {printf "  \033[36m%-16s\033[0m %s\n", $$1, $$2}'
+# The variables the targets' texts name as $(NAME): `make help` shows their values there.
+HELP_VARS = $(shell grep -hE '^[a-zA-Z0-9_-]+:[^\#=]*\#\# ' $(MAKEFILE_LIST) \
+	| grep -oE '\$$\([A-Z][A-Z0-9_]*\)' | tr -d '$$()' | sort -u)
+
+help: ## List the targets (a variable in a text shows its value: `make help PROBE=16`)
+	@$(foreach v,$(HELP_VARS),$(v)='$($(v))') awk 'BEGIN {FS = ":[^#]*## "} \
+	  /^[a-zA-Z0-9_-]+:[^#=]*## / { text = $$2; \
+	    while (match(text, /\$$\([A-Z][A-Z0-9_]*\)/)) { name = substr(text, RSTART + 2, RLENGTH - 3); \
+	      text = substr(text, 1, RSTART - 1) ENVIRON[name] substr(text, RSTART + RLENGTH) } \
+	    printf "  \033[36m%-16s\033[0m %s\n", $$1, text }' $(MAKEFILE_LIST)
 
 install: ## Create .venv (and .venv-vllm) from the lock files, plus the Debian packages gagar needs (idempotent)
 	bash scripts/install.sh

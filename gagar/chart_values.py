@@ -165,8 +165,9 @@ class OperatorValues(Values):
     of its loss), at the cost of the Lease's renewals (about 50 requests a minute)."""
     log_level: Literal["debug", "info", "warning", "error"] = "info"
     """Log level (passed as ``GAGAR_LOG_LEVEL``)."""
-    metrics_port: int = Field(default=9400, ge=1024, le=65535)
-    """Port of ``/metrics``."""
+    metrics_port: int = Field(default=9401, ge=1024, le=65535)
+    """Port of the operator's ``/metrics`` (``--metrics-port``; a run's components serve theirs
+    on ``spec.observability.metricsPort``, 9400)."""
     health_port: int = Field(default=8080, ge=1024, le=65535)
     """Port of the probes every replica answers (``--health-port``): ``/healthz`` for liveness,
     ``/readyz`` for readiness; a follower is healthy and ready while its lease loop runs."""

@@ -44,8 +44,20 @@ def _nested(sub: argparse._SubParsersAction) -> None:
                     raise
 
 
+# What `gagar --help` says: for the people who run gagar (the module docstring is for its
+# developers).
+DESCRIPTION = (
+    "RL for code agents with GAGAR (groupwise agentic grading and advantage redistribution). "
+    "Train a GagarRun on this machine (gagar train RUN.yaml), check one and see what it makes "
+    "on Kubernetes (gagar validate, gagar render), and run the operator and the services its "
+    "pods run."
+)
+EPILOG = "`gagar COMMAND --help` gives every flag of a command."
+INTERRUPTED = 130  # 128 + SIGINT, as a shell reports a command ended by Ctrl-C
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="gagar", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="gagar", description=DESCRIPTION, epilog=EPILOG)
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     missing = []
     for name in COMMAND_MODULES:
@@ -62,13 +74,21 @@ def build_parser() -> argparse.ArgumentParser:
         module.register(sub)
     _nested(sub)
     if missing:
-        parser.epilog = "Not installed here: " + ", ".join(missing) + "."
+        parser.epilog = f"{EPILOG} Not installed here: " + ", ".join(missing) + "."
     return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
-    return int(args.func(args) or 0)
+    """Run one command; Ctrl-C ends it with one line and status 130, not a traceback (a command
+    that can stop cleanly, ``gagar train`` writing its checkpoint, handles it first)."""
+    command = "gagar"
+    try:
+        args = build_parser().parse_args(argv)
+        command = f"gagar {args.command}"
+        return int(args.func(args) or 0)
+    except KeyboardInterrupt:
+        print(f"\n{command}: interrupted", file=sys.stderr)
+        return INTERRUPTED
 
 
 if __name__ == "__main__":

@@ -25,7 +25,7 @@ def _validate(args: argparse.Namespace) -> int:
     from gagar.operator.builders.check import pod_problems
 
     loaded = load_files(args.files)
-    problems, valid, notes = list(loaded.problems), [], list[Problem]()
+    problems, valid, notes = list(loaded.problems), [], list(loaded.skipped)
     for source, index, run in loaded.runs:  # the pods it renders, as the API server checks them
         found = [Problem(source, index, path, msg) for path, msg in pod_problems(run)]
         for path, msg, checked in _dataset_problems(run):
@@ -85,7 +85,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(func=_version)
 
     p = sub.add_parser(
-        "validate", help="validate GagarRun manifests (YAML, several documents per file)"
+        "validate",
+        help="validate GagarRun manifests (YAML, several documents per file; other objects, "
+        "a Namespace say, are skipped with a note)",
     )
     p.add_argument("files", nargs="+", metavar="FILE")
     p.set_defaults(func=_validate)

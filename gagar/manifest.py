@@ -134,6 +134,8 @@ class Loaded:
 
     runs: list[tuple[str, int, GagarRun]] = field(default_factory=list)
     problems: list[Problem] = field(default_factory=list)
+    # other Kubernetes objects beside the runs (a Namespace, say): skipped, each with a note
+    skipped: list[Problem] = field(default_factory=list)
 
 
 def _loc(loc: tuple[Any, ...]) -> str:
@@ -196,11 +198,38 @@ def _one_line(err: yaml.YAMLError) -> str:
     return " ".join(str(err).split())
 
 
+def other_object(doc: Any) -> str | None:
+    """``"Namespace 'gagar'"`` for a Kubernetes object of another kind (``apiVersion`` and
+    ``kind`` given, neither gagar's group nor ``GagarRun``), which a file of runs may hold beside
+    them (``kubectl apply -f`` takes it); None for a run, or for anything meant as one."""
+    if not isinstance(doc, dict):
+        return None
+    api, kind = doc.get("apiVersion"), doc.get("kind")
+    if not (isinstance(api, str) and isinstance(kind, str) and api and kind):
+        return None
+    if kind == KIND or api.split("/")[0] == API_GROUP:
+        return None  # a misspelt version of a run is a problem, not another object
+    obj_name = (
+        (doc.get("metadata") or {}).get("name") if isinstance(doc.get("metadata"), dict) else None
+    )
+    return f"{kind} {obj_name!r}" if obj_name else kind
+
+
 def _collect(loaded: Loaded, path: str, docs: list[Any]) -> None:
     present = [(i, d) for i, d in enumerate(docs) if d is not None]
     if not present:
         loaded.problems.append(Problem(path, None, "", "no YAML documents in file"))
-    for index, doc in present:
+    others = [(i, other_object(d)) for i, d in present]
+    if present and all(other for _, other in others):
+        what = ", ".join(str(other) for _, other in others)
+        msg = f"no GagarRun in the file: it holds {what}, not a GagarRun ({API_GROUP}/{API_VERSION}, {KIND})"
+        loaded.problems.append(Problem(path, None, "", msg))
+        return
+    for (index, doc), (_, other) in zip(present, others, strict=True):
+        if other:
+            note = f"{other} skipped: not a GagarRun (gagar validates GagarRuns only)"
+            loaded.skipped.append(Problem(path, index, "", note))
+            continue
         run, problems = validate_document(doc, path, index)
         loaded.problems.extend(problems)
         if run is not None:

@@ -1,4 +1,5 @@
-"""``gagar grader serve``, ``gagar grader sample DIR`` and ``gagar grade PATH``.
+"""``gagar grader serve``, ``gagar grader sample DIR`` and ``gagar grader grade PATH`` (alias
+``gagar grade PATH``).
 
 Which grader runs is chosen here (``--grader heuristic|agentic``). The agentic grader's tools
 run in a sandbox session: ``bwrap`` (a ``gagar.sandbox`` local session, through
@@ -264,7 +265,7 @@ def _sample(args: argparse.Namespace) -> int:
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    grader = sub.add_parser("grader", help="grader service and tools")
+    grader = sub.add_parser("grader", help="grader service and tools (serve, sample, grade, ...)")
     gsub = grader.add_subparsers(dest="grader_command", required=True, metavar="COMMAND")
     serve = gsub.add_parser("serve", help="serve POST /v1/grade, /healthz, /metrics")
     serve.add_argument(
@@ -298,10 +299,17 @@ def register(sub: argparse._SubParsersAction) -> None:
     sample = gsub.add_parser("sample", help="write the prepared sample group as a workspace")
     sample.add_argument("dir")
     sample.set_defaults(func=_sample)
-    grade = sub.add_parser(
-        "grade", help="grade a group (workspace directory or JSON file), print the ranking JSON"
-    )
-    grade.add_argument("path")
-    grade.add_argument("--url", help="grade through a running grader service instead of in process")
-    _grader_options(grade)
-    grade.set_defaults(func=_grade)
+    what = "grade a group (workspace directory or JSON file), print the ranking JSON"
+    # `gagar grader grade` is the command; the top-level `gagar grade` it was first is kept as
+    # an alias (scripts and images call it) and says so in `gagar --help`
+    for parsers, name, help_text in (
+        (gsub, "grade", what),
+        (sub, "grade", "the same as `gagar grader grade` (an alias kept for scripts): " + what),
+    ):
+        grade = parsers.add_parser(name, help=help_text, description=what)
+        grade.add_argument("path")
+        grade.add_argument(
+            "--url", help="grade through a running grader service instead of in process"
+        )
+        _grader_options(grade)
+        grade.set_defaults(func=_grade)

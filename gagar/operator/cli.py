@@ -13,6 +13,11 @@ from gagar.operator.builders.common import (
     Scraper,
 )
 
+# Not 9400, the default of spec.observability.metricsPort that `gagar train` serves on: an
+# operator run beside a local training run (docs/operations.md) must not take its port. The
+# chart's operator.metricsPort has the same default (tests/unit/test_cli_papercuts.py).
+OPERATOR_METRICS_PORT = 9401
+
 
 def _render(args: argparse.Namespace) -> int:
     from gagar.manifest import load_run
@@ -218,7 +223,13 @@ def register(sub: argparse._SubParsersAction) -> None:
         help="how long a leader that stopped renewing its Lease keeps it (whole seconds, at "
         "least 3; default 15)",
     )
-    p.add_argument("--metrics-port", type=int, default=9400, help="port of the operator's /metrics")
+    p.add_argument(
+        "--metrics-port",
+        type=int,
+        default=OPERATOR_METRICS_PORT,
+        help=f"port of the operator's /metrics (default {OPERATOR_METRICS_PORT}: `gagar train` "
+        "serves a run's on spec.observability.metricsPort, 9400, so both can run on one machine)",
+    )
     p.add_argument(
         "--health-port",
         type=int,

@@ -111,7 +111,7 @@ def test_operator_deployment_is_hardened() -> None:
     assert c["securityContext"]["capabilities"]["drop"] == ["ALL"]
     assert c["livenessProbe"]["httpGet"]["port"] == "health"
     assert c["readinessProbe"]["httpGet"]["port"] == "health"
-    assert {p["name"]: p["containerPort"] for p in c["ports"]} == {"metrics": 9400, "health": 8080}
+    assert {p["name"]: p["containerPort"] for p in c["ports"]} == {"metrics": 9401, "health": 8080}
     assert dep["spec"]["replicas"] == 1 and dep["spec"]["strategy"]["type"] == "Recreate"
 
 
@@ -351,7 +351,7 @@ def test_operator_cli_accepts_the_rendered_args(namespaces: list[str]) -> None:
     assert sorted(n for n in watched if n) == sorted(namespaces), (
         "every listed namespace is watched"
     )
-    assert args.metrics_port == 9400 and args.standalone
+    assert args.metrics_port == 9401 and args.standalone
 
 
 def covers(have: set[tuple[str, str, str]], group: str, resource: str, verbs: set[str]) -> bool:

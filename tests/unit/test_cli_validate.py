@@ -10,6 +10,7 @@ import pytest
 import yaml
 
 from gagar.cli import main
+from gagar.manifest import load_run
 
 ROOT = Path(__file__).resolve().parents[2]
 GOOD = """apiVersion: gagar.dev/v1alpha1
@@ -72,6 +73,42 @@ def test_clear_errors_for_non_runs(
     path = _write(tmp_path, "x.yaml", text)
     assert main(["validate", str(path)]) == 1
     assert expected in capsys.readouterr().err
+
+
+NAMESPACE = "apiVersion: v1\nkind: Namespace\nmetadata: {name: gagar}\n"
+
+
+def test_a_namespace_beside_the_run_is_skipped_with_a_note(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The file ``kubectl apply -f`` takes whole: a Namespace, then the run in it."""
+    path = _write(tmp_path, "run.yaml", NAMESPACE + "---\n" + GOOD)
+    assert main(["validate", str(path)]) == 0
+    captured = capsys.readouterr()
+    assert captured.err == ""
+    assert f"{path}[0]: Namespace 'gagar' skipped: not a GagarRun" in captured.out
+    assert f"{path}[1]: GagarRun 'ok' is valid" in captured.out
+    assert load_run(path).metadata.name == "ok"  # gagar train and gagar render take it too
+    # the run beside it is still validated, and a misspelt version of a run is no other object
+    path = _write(tmp_path, "bad.yaml", NAMESPACE + "---\n" + BAD)
+    assert main(["validate", str(path)]) == 1
+    assert f"{path}[1]: spec.grader:" in capsys.readouterr().err
+    wrong = GOOD.replace("v1alpha1", "v1beta1")
+    path = _write(tmp_path, "wrong.yaml", NAMESPACE + "---\n" + wrong)
+    assert main(["validate", str(path)]) == 1
+    assert f"{path}[1]: not a GagarRun" in capsys.readouterr().err
+
+
+def test_a_file_without_a_run_is_one_line(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = _write(tmp_path, "ns.yaml", NAMESPACE + "---\n" + NAMESPACE.replace("gagar", "b"))
+    assert main(["validate", str(path)]) == 1
+    err = capsys.readouterr().err.splitlines()
+    assert err == [
+        f"{path}: no GagarRun in the file: it holds Namespace 'gagar', Namespace 'b', not a "
+        "GagarRun (gagar.dev/v1alpha1, GagarRun)"
+    ]
 
 
 def test_unreadable_file(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
