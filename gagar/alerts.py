@@ -5,7 +5,8 @@ so a test can check separately that the signal has data and that the comparison 
 windows are parameters: production rules use minutes and hours, the Prometheus test uses seconds
 with the same expressions, so it can drive a real server into every alert within a minute.
 The generated file is plain Prometheus rules (``promtool check rules``) and the chart's
-PrometheusRule embeds it verbatim. Pure: no I/O.
+PrometheusRule embeds it, with the thresholds of the ``tunable`` alerts replaced by the chart's
+``prometheusRule.thresholds`` (their defaults are these). Pure: no I/O.
 """
 
 from __future__ import annotations
@@ -44,6 +45,8 @@ class Windows:
     """No step completed in this long means the run is stalled."""
     hold: str = "10m"
     """How long a condition must hold before the alert fires (``for``)."""
+    quality: str = "1h"
+    """The grader's quality ratios: a step adds a few groups' counts, so they pool over longer."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -56,9 +59,80 @@ class Alert:
     summary: str
     description: str
 
+    tunable: bool = False
+    """The chart's ``prometheusRule.thresholds.<name>`` replaces ``threshold`` (the expression's
+    trailing number: the PrometheusRule template rewrites it)."""
+
     @property
     def expr(self) -> str:
         return f"{self.signal} {self.op} {self.threshold}"
+
+
+# No grader-quality alert on fewer groups or pairs than this in its window: a single group's
+# three pairs say little, and a run that grades nothing (no traffic) has nothing to alert on.
+MIN_EVIDENCE = 10
+
+
+def _share(num: str, den: str, w: str) -> str:
+    """Counter ``num`` over counter ``den`` pooled over ``w``, per run; no series unless ``den``
+    grew by ``MIN_EVIDENCE`` in ``w``."""
+    n, d = metric(num), metric(den)
+    share = f"sum by ({BY}) (rate({n}[{w}])) / sum by ({BY}) (rate({d}[{w}]))"
+    return f"({share} and on ({BY}) sum by ({BY}) (increase({d}[{w}])) >= {MIN_EVIDENCE})"
+
+
+def quality_alerts(w: Windows) -> list[Alert]:
+    """The grader's quality while training (``gagar.grader.quality``), each from the trainer's
+    own counters, so they hold wherever the grader ran; thresholds tunable in the chart."""
+    return [
+        Alert(
+            name="GagarGraderUsableRateLow",
+            signal=_share(
+                "gagar_grader_usable_groups_total", "gagar_graded_groups_total", w.quality
+            ),
+            op="<",
+            threshold="0.8",
+            severity="warning",
+            summary="Few usable grader rankings on run {{ $labels.run }}",
+            description="Only {{ $value | humanizePercentage }} of the groups graded over "
+            f"{w.quality} got the grader's own ranking; the rest fell back (heuristic or plain "
+            "GRPO): the agentic grader is not grading. See its fallbacks by reason.",
+            tunable=True,
+        ),
+        Alert(
+            name="GagarGraderHeuristicAgreementLow",
+            signal=_share(
+                "gagar_grader_heuristic_agreeing_pairs_total",
+                "gagar_grader_heuristic_pairs_total",
+                w.quality,
+            ),
+            op="<",
+            threshold="0.5",
+            severity="warning",
+            summary="Grader disagrees with the heuristic on run {{ $labels.run }}",
+            description="The agentic grader's rankings over "
+            f"{w.quality} order only {{{{ $value | humanizePercentage }}}} of the pairs of passes "
+            "as the heuristic does: compare a few graded groups (grading_episodes.jsonl) before "
+            "trusting its redistribution.",
+            tunable=True,
+        ),
+        Alert(
+            name="GagarGraderAuditInconsistent",
+            signal=_share(
+                "gagar_grader_audit_consistent_pairs_total",
+                "gagar_grader_audit_pairs_total",
+                w.quality,
+            ),
+            op="<",
+            threshold="0.7",
+            severity="warning",
+            summary="Grader rankings depend on candidate order on run {{ $labels.run }}",
+            description="Groups graded again with the candidates relabelled (spec.grader."
+            f"auditFraction) kept only {{{{ $value | humanizePercentage }}}} of their pairs' order "
+            f"over {w.quality}: the grader ranks by slot, not by content.",
+            tunable=True,
+        ),
+    ]
 
 
 def _mean_length(w: str) -> str:
@@ -157,6 +231,7 @@ def alerts(w: Windows) -> list[Alert]:
             description="The rollout, grader or sandbox pool of the run has fewer ready replicas than "
             "it needs; see `kubectl describe gr {{ $labels.run }}`.",
         ),
+        *quality_alerts(w),
     ]
 
 

@@ -14,6 +14,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, Field
 
+from gagar.alerts import Windows, alerts
 from gagar.spec import CONFIG_MODEL, Quantity
 
 OPERATOR_IMAGE = "ghcr.io/gagar-dev/gagar-operator"
@@ -123,13 +124,46 @@ class DashboardValues(Values):
     """Annotations, e.g. ``grafana_folder: gagar``."""
 
 
+def _threshold(alert: str) -> float:
+    (a,) = [a for a in alerts(Windows()) if a.name == alert and a.tunable]
+    return float(a.threshold)
+
+
+class AlertThresholds(Values):
+    """Thresholds of the tunable alerts, keyed by the alert's name (docs/observability.md)."""
+
+    grader_usable_rate_low: float = Field(
+        default=_threshold("GagarGraderUsableRateLow"), ge=0, le=1, alias="GagarGraderUsableRateLow"
+    )
+    """Fires below this share of graded groups ranked by the grader itself (1 h, ≥ 10 groups)."""
+    grader_heuristic_agreement_low: float = Field(
+        default=_threshold("GagarGraderHeuristicAgreementLow"),
+        ge=0,
+        le=1,
+        alias="GagarGraderHeuristicAgreementLow",
+    )
+    """Fires below this share of pairs of passes the agentic grader orders like the heuristic
+    (1 h, ≥ 10 pairs)."""
+    grader_audit_inconsistent: float = Field(
+        default=_threshold("GagarGraderAuditInconsistent"),
+        ge=0,
+        le=1,
+        alias="GagarGraderAuditInconsistent",
+    )
+    """Fires below this share of pairs a relabelled audit grading orders as the first grading
+    (1 h, ≥ 10 pairs)."""
+
+
 class PrometheusRuleValues(Values):
-    """PrometheusRule alerts (length explosion, grader fallbacks, gradient variance, stalls, pools)."""
+    """PrometheusRule alerts (length explosion, grader fallbacks and quality, gradient variance,
+    stalls, pools)."""
 
     enabled: bool = False
     """Create the PrometheusRule (needs the Prometheus Operator)."""
     labels: dict[str, str] = Field(default_factory=dict)
     """Extra labels, e.g. the ``release`` label your Prometheus selects rules by."""
+    thresholds: AlertThresholds = Field(default_factory=AlertThresholds)
+    """Thresholds of the grader-quality alerts."""
 
 
 class AuthSecretValues(Values):

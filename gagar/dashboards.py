@@ -23,6 +23,7 @@ from gagar.grafana import (
     quantile,
     queries,
     rate,
+    ratio,
 )
 
 __all__ = ["DASHBOARDS", "dashboard_json", "dashboard_text", "queries"]
@@ -339,8 +340,12 @@ def throughput() -> Dashboard:
     )
 
 
+QUALITY = "1h"  # the grader-quality ratios: a step adds a few groups' pairs, pooled over an hour
+
+
 def pools() -> Dashboard:
     depth = metric("gagar_grader_queue_depth")
+    requests = metric("gagar_grader_requests_total")
     return Dashboard(
         uid="gagar-pools",
         title="gagar / Pools",
@@ -409,6 +414,81 @@ def pools() -> Dashboard:
                             rate("gagar_grader_confirmed_hacks_total", legend="hacks {{run}}"),
                         ],
                         unit="ops",
+                    ),
+                ],
+            ),
+            Row(
+                title="Grader quality",
+                panels=[
+                    Panel(
+                        title="Usable rate per grader (grader pool)",
+                        targets=[
+                            (
+                                f'sum by ({BY}, grader) (rate({requests}{{{SEL}, outcome="ok"}}[{RATE}])) '
+                                f"/ ignoring (grader) group_left sum by ({BY}) "
+                                f"(rate({requests}{{{SEL}}}[{RATE}]))",
+                                "{{grader}} {{run}}",
+                            )
+                        ],
+                        unit="percentunit",
+                        description="Share of the pool's grading requests each grader answered "
+                        "with its own ranking (outcome ok); the rest fell back, were refused or "
+                        "failed.",
+                    ),
+                    Panel(
+                        title="Usable rate (trainer, 1h)",
+                        targets=[
+                            ratio(
+                                "gagar_grader_usable_groups_total",
+                                "gagar_graded_groups_total",
+                                QUALITY,
+                            )
+                        ],
+                        unit="percentunit",
+                        description="Graded groups ranked by the run's grader itself, wherever it "
+                        "ran (pool, endpoint, in process). Alert: GagarGraderUsableRateLow.",
+                    ),
+                    Panel(
+                        title="Agreement with the heuristic (1h)",
+                        targets=[
+                            ratio(
+                                "gagar_grader_heuristic_agreeing_pairs_total",
+                                "gagar_grader_heuristic_pairs_total",
+                                QUALITY,
+                            )
+                        ],
+                        unit="percentunit",
+                        description="Pairs of passes the agentic grader's own rankings order like "
+                        "the heuristic (<, = or >). Alert: GagarGraderHeuristicAgreementLow.",
+                    ),
+                    Panel(
+                        title="Relabelling audit consistency (1h)",
+                        targets=[
+                            ratio(
+                                "gagar_grader_audit_consistent_pairs_total",
+                                "gagar_grader_audit_pairs_total",
+                                QUALITY,
+                            )
+                        ],
+                        unit="percentunit",
+                        description="spec.grader.auditFraction of the groups graded again with the "
+                        "candidates relabelled: pairs of passes both gradings order alike. "
+                        "Alert: GagarGraderAuditInconsistent.",
+                    ),
+                    Panel(
+                        title="Compared pairs and audited groups",
+                        targets=[
+                            rate(
+                                "gagar_grader_heuristic_pairs_total",
+                                legend="heuristic pairs {{run}}",
+                            ),
+                            rate("gagar_grader_audit_pairs_total", legend="audit pairs {{run}}"),
+                            rate(
+                                "gagar_grader_audited_groups_total", legend="audited groups {{run}}"
+                            ),
+                        ],
+                        unit="ops",
+                        description="How much the ratios beside rest on.",
                     ),
                 ],
             ),

@@ -72,6 +72,17 @@ def hist_mean(name: str, by: str = BY, sel: str = SEL) -> tuple[str, str]:
     return expr, _legend("mean", by)
 
 
+def ratio(
+    num: str, den: str, window: str = RATE, legend: str = "{{run}}", sel: str = SEL
+) -> tuple[str, str]:
+    """Counter ``num`` over counter ``den``, each summed per run over ``window``: the share pooled
+    over the window (a longer one than the rate interval for counts of a few per step); no value
+    while ``den`` did not grow."""
+    n, d = metric(num), metric(den)
+    expr = f"sum by ({BY}) (rate({n}{{{sel}}}[{window}])) / sum by ({BY}) (rate({d}{{{sel}}}[{window}]))"
+    return expr, legend
+
+
 def by_stage(name: str) -> tuple[str, str]:
     return gauge(name, "{{stage}} {{run}}")
 

@@ -282,6 +282,46 @@ METRICS: tuple[MetricDef, ...] = (
         component="trainer",
         doc="Groups the trainer had graded (the denominator of the grader fallback rate).",
     ),
+    # trainer: the grader's quality while training (gagar.grader.quality); counts, so that
+    # PromQL pools them into a ratio over any window
+    MetricDef(
+        name="gagar_grader_usable_groups_total",
+        kind="counter",
+        component="trainer",
+        doc="Graded groups ranked by the grader itself, neither a fallback nor unusable "
+        "(over gagar_graded_groups_total: the usable rate).",
+    ),
+    MetricDef(
+        name="gagar_grader_heuristic_pairs_total",
+        kind="counter",
+        component="trainer",
+        doc="Pairs of passes of the agentic grader's own rankings compared with the heuristic's "
+        "ranking of the same group.",
+    ),
+    MetricDef(
+        name="gagar_grader_heuristic_agreeing_pairs_total",
+        kind="counter",
+        component="trainer",
+        doc="Of gagar_grader_heuristic_pairs_total, the pairs both rankings order alike (<, = or >).",
+    ),
+    MetricDef(
+        name="gagar_grader_audited_groups_total",
+        kind="counter",
+        component="trainer",
+        doc="Groups graded a second time with the candidates relabelled (spec.grader.auditFraction).",
+    ),
+    MetricDef(
+        name="gagar_grader_audit_pairs_total",
+        kind="counter",
+        component="trainer",
+        doc="Pairs of passes compared between a grading and its relabelled audit (both usable).",
+    ),
+    MetricDef(
+        name="gagar_grader_audit_consistent_pairs_total",
+        kind="counter",
+        component="trainer",
+        doc="Of gagar_grader_audit_pairs_total, the pairs the grading and its audit order alike.",
+    ),
     MetricDef(
         name="gagar_hacks_total",
         kind="counter",

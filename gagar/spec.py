@@ -1097,6 +1097,11 @@ class GraderSpec(_Pool):
     """On failure or timeout: rank with the heuristic grader, or keep plain GRPO for the group."""
     max_retries: int = Field(default=2, ge=0)
     """Retries on malformed structured output."""
+    audit_fraction: float = Field(default=0.1, ge=0, le=1)
+    """Share of groups with a usable ranking that the trainer grades a second time with the
+    candidates relabelled (a seeded choice), to count the grader's consistency
+    (``gagar_grader_audit_*``); the audit's ranking is never trained on. An audited group costs a
+    second grading (with the agentic grader: its model's tokens and time again); 0 turns it off."""
     max_turns: int = Field(default=24, ge=1)
     """Tool-calling turns of the agentic grader; the last one must call ``submit_ranking``."""
     queue_size: int = Field(default=64, ge=1)

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import json
 import random
 import time
@@ -48,8 +49,9 @@ from gagar.driver.sampling import (
     collect,
     grade_with_deadline,
 )
-from gagar.grader import episodes
+from gagar.grader import episodes, quality
 from gagar.grader.episodes import EPISODES_FILE
+from gagar.grader.evaluate import relabel
 from gagar.grader.protocol import Grader
 from gagar.machine import machine
 from gagar.metrics import Metrics
@@ -139,7 +141,11 @@ def rollout_config(run: GagarRun) -> RolloutConfig:
     return RolloutConfig(limits, command_timeout=lim.wall_seconds, verify_timeout=lim.wall_seconds)
 
 
-async def _grade(ctx: Context, group: GroupResult) -> Ranking:
+async def _grade(
+    ctx: Context, group: GroupResult, counts: quality.QualityCounts | None = None
+) -> Ranking:
+    """The group's ranking (the one training uses); ``counts`` gets what it says of the grader's
+    quality (``_measure``)."""
     wire = grading_group(group)
     spec = ctx.run.spec.grader
 
@@ -158,7 +164,36 @@ async def _grade(ctx: Context, group: GroupResult) -> Ranking:
     # the step is the one being collected for (a collection ahead is the next step's)
     where = {"step": ctx.step + 1, "policy_version": ctx.version}
     episodes.append(ctx.out / EPISODES_FILE, episodes.record(wire, ranking, transcripts, **where))
+    if counts is not None:  # after the capture: an audit's transcript is not an episode
+        counts.add(await _measure(ctx, wire, ranking))
     return ranking
+
+
+async def _measure(ctx: Context, wire: GradingGroup, ranking: Ranking) -> quality.QualityCounts:
+    """The grader's quality on one group (``gagar.grader.quality``): an agentic ranking compared
+    with the heuristic's, and, for ``spec.grader.auditFraction`` of the usable rankings (seeded
+    by the run's seed, the step and the task), a second grading with the candidates relabelled.
+    Neither ranking goes into training."""
+    counts = quality.QualityCounts()
+    if not quality.usable(ranking):
+        return counts
+    if ranking.grader == "agentic":
+        heuristic = await ctx.services.fallback_grader.grade(wire)
+        counts.add(quality.heuristic_agreement(ranking, heuristic, wire.passes()))
+    key = f"{ctx.alg.seed}:{ctx.step + 1}:{wire.task_id}"
+    if not quality.audited(ctx.run.spec.grader.audit_fraction, key):
+        return counts
+    perm = quality.audit_permutation(len(wire.candidates), key)
+
+    async def unusable(g: GradingGroup, reason: str) -> Ranking:
+        return Ranking(grader="none", fallback="grader_error", detail=reason)
+
+    deadline = ctx.run.spec.grader.deadline_seconds
+    audit = await grade_with_deadline(
+        ctx.services.grader.grade, relabel(wire, perm), deadline, unusable
+    )
+    counts.add(quality.audit_counts(wire, ranking, audit, perm))
+    return counts
 
 
 def _rollouts(ctx: Context) -> Rollouts:
@@ -197,14 +232,15 @@ async def _collect(ctx: Context) -> Collected:
         advantages ignore rankings), so both modes report the bloated share of passes."""
         return await ctx.services.fallback_grader.grade(grading_group(group))
 
-    grade = (lambda g: _grade(ctx, g)) if alg.mode == "gagar" else measure
+    counts = quality.QualityCounts()  # this collection's: one ahead is the next step's
+    grade = (lambda g: _grade(ctx, g, counts)) if alg.mode == "gagar" else measure
     ctx.collecting = True
     try:
         collected = await collect(ctx.sampler, sampling_plan(alg), rollout, grade)
     finally:
         ctx.collecting = False
         rollouts.close()
-    collected.version = rollouts.version
+    collected.version, collected.quality = rollouts.version, counts
     return collected
 
 
@@ -282,6 +318,7 @@ def _group_facts(
         # averages per-step ratios of 3 or 4 passes
         bloated_passes=sum(below_t1),
         graded_passes=len(below_t1),
+        usable_groups=sum(r is not None and quality.usable(r) for r in rankings),
     )
     return _GroupFacts(grading, redistributed, [float(factors[gi, j]) for gi, j in passes])
 
@@ -359,6 +396,7 @@ def _train(ctx: Context, collected: Collected) -> tuple[LearnerStats, GradingSta
     metrics = ctx.call("update", samples, ctx.step) if samples else {}
     grading = facts.grading.model_copy(
         update={
+            **dataclasses.asdict(collected.quality),
             "trained_groups": len(groups),
             "adv_before": AdvantageStats(**rep.summarize(before)),
             "adv_after": AdvantageStats(**rep.summarize(after)),

@@ -10,7 +10,9 @@ gradient), never 0: plots and Prometheus skip it.
 
 Schema versions: 1 (no ``schema_version`` key) carried ``reward_mean``, a copy of ``pass_rate``
 (the reward is pass/fail); ``read_records`` reads it by dropping that copy. 2 lacked the
-verification counts (``verifications``, ``verdicts_shared``: read as 0). 3: this model.
+verification counts (``verifications``, ``verdicts_shared``: read as 0). 3 lacked the grader's
+quality counts (``usable_groups``, ``heuristic_pairs``, ``audit_pairs``, ...: read as 0, which no
+ratio divides by). 4: this model.
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, ValidationError
 
-SCHEMA_VERSION = 3
+SCHEMA_VERSION = 4
 # keys of an older schema that carried no information of their own, dropped when read
 _DROPPED_V1 = ("reward_mean",)
 
@@ -113,6 +115,14 @@ class GradingStats(_Strict):
     bloated_passes_ratio: float = 0.0
     bloated_passes: int = 0  # the counts behind the ratio, pooled by the summary
     graded_passes: int = 0
+    # the grader's quality (``gagar.grader.quality``): counts, pooled over steps or in PromQL
+    usable_groups: int = 0  # ranked by the grader itself, neither a fallback nor unusable
+    heuristic_pairs: int = 0  # pairs of passes of agentic rankings compared with the heuristic's
+    heuristic_agreeing_pairs: int = 0  # of them, ordered alike (<, = or >)
+    audited_groups: int = 0  # graded again with the candidates relabelled (auditFraction)
+    audit_unusable: int = 0  # of them, whose second grading was not usable
+    audit_pairs: int = 0  # pairs of passes compared between a grading and its audit
+    audit_consistent_pairs: int = 0  # of them, ordered alike
     adv_before: AdvantageStats = AdvantageStats()
     adv_after: AdvantageStats = AdvantageStats()
 
@@ -182,7 +192,7 @@ class StepRecord(_Strict):
         if version == 1:
             for key in _DROPPED_V1:
                 data.pop(key, None)
-        elif version not in (2, SCHEMA_VERSION):
+        elif version not in range(2, SCHEMA_VERSION + 1):
             raise ValueError(
                 f"step record schema {version}: this gagar reads 1 to {SCHEMA_VERSION}"
             )
@@ -230,6 +240,17 @@ _NEW_IN: dict[int, frozenset[str]] = {
         | {name for name, info in LearnerStats.model_fields.items() if info.default is None}
     ),
     3: frozenset({"verifications", "verdicts_shared"}),
+    4: frozenset(
+        {
+            "usable_groups",
+            "heuristic_pairs",
+            "heuristic_agreeing_pairs",
+            "audited_groups",
+            "audit_unusable",
+            "audit_pairs",
+            "audit_consistent_pairs",
+        }
+    ),
 }
 
 

@@ -116,6 +116,16 @@ def _counters(metrics: Metrics, run: str, record: StepRecord, samples: StepSampl
     metrics.counter("gagar_quota_shortfall_total").labels(run=run).inc(1 if record.shortfall else 0)
     metrics.counter("gagar_hacks_total").labels(run=run).inc(record.grading.hacks)
     metrics.counter("gagar_tokens_trained_total").labels(run=run).inc(record.learner.tokens_trained)
+    g = record.grading
+    for name, count in (
+        ("gagar_grader_usable_groups_total", g.usable_groups),
+        ("gagar_grader_heuristic_pairs_total", g.heuristic_pairs),
+        ("gagar_grader_heuristic_agreeing_pairs_total", g.heuristic_agreeing_pairs),
+        ("gagar_grader_audited_groups_total", g.audited_groups),
+        ("gagar_grader_audit_pairs_total", g.audit_pairs),
+        ("gagar_grader_audit_consistent_pairs_total", g.audit_consistent_pairs),
+    ):
+        metrics.counter(name).labels(run=run).inc(count)
     for reason, count in record.grading.fallbacks.items():
         metrics.counter("gagar_grader_fallbacks_total").labels(run=run, reason=reason).inc(count)
     for reason, count in record.rollouts.invalid.items():
@@ -216,6 +226,7 @@ def write_report(out: Path, records: list[StepRecord], summary: dict[str, Any]) 
         "last": records[-1].flat() if records else None,
         "plots": sorted([*PLOTS, STAGES_PLOT]),
         "gradient_noise_scale_pooled": pooled_noise_scale(records),
+        "grader_quality": grader_quality(records),
     }
     (out / "report.json").write_text(json.dumps(report, indent=2))
     return report
@@ -230,6 +241,26 @@ def _trend(records: list[StepRecord], key: str, k: int = 5, fmt: str = ".2f") ->
     if len(vals) <= k:
         return f"{statistics.fmean(vals):{fmt}}"
     return f"{statistics.fmean(head):{fmt}} → {statistics.fmean(tail):{fmt}}"
+
+
+def grader_quality(records: list[StepRecord]) -> dict[str, Any]:
+    """The grader's quality over the run (``gagar.grader.quality``): each share as the pooled
+    counts behind it (``of``: groups or pairs) and their ratio, None where nothing was counted."""
+
+    def share(alike: str, compared: str) -> dict[str, Any]:
+        x = sum(getattr(r.grading, alike) for r in records)
+        n = sum(getattr(r.grading, compared) for r in records)
+        return {"count": x, "of": n, "ratio": x / n if n else None}
+
+    graded = [(r.grading.usable_groups, sum(r.grading.graded_by.values())) for r in records]
+    usable, groups = sum(x for x, _ in graded), sum(n for _, n in graded)
+    return {
+        "usable": {"count": usable, "of": groups, "ratio": usable / groups if groups else None},
+        "heuristic_agreement": share("heuristic_agreeing_pairs", "heuristic_pairs"),
+        "audit_consistency": share("audit_consistent_pairs", "audit_pairs"),
+        "audited_groups": sum(r.grading.audited_groups for r in records),
+        "audit_unusable": sum(r.grading.audit_unusable for r in records),
+    }
 
 
 def pooled_noise_scale(records: list[StepRecord]) -> float | None:

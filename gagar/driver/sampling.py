@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from gagar.driver.rollouts import GroupResult
+from gagar.grader.quality import QualityCounts
 from gagar.rollout.envs.task import Task
 from gagar.wire import GradingGroup, Ranking
 
@@ -122,6 +123,7 @@ class Collected:
     rollout_seconds: float = 0.0
     version: int | None = None  # the policy version that sampled every trajectory
     grading_wait_seconds: float = 0.0
+    quality: QualityCounts = field(default_factory=QualityCounts)  # the grader's, on these groups
 
 
 @dataclass(frozen=True)

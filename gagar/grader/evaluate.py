@@ -87,16 +87,24 @@ def tau_b(ref: dict[int, int], pos: dict[int, int]) -> float | None:
     return None if math.isnan(tau) else tau
 
 
-def agreement(first: dict[int, int], second: dict[int, int], members: list[int]) -> float | None:
-    """Share of member pairs on which two gradings agree (<, = or >); None for fewer than 2."""
+def agreeing_pairs(
+    first: dict[int, int], second: dict[int, int], members: list[int]
+) -> tuple[int, int]:
+    """(agreeing, pairs): member pairs on which two gradings agree (<, = or >), of all pairs. A
+    member a grading does not place relates as None, so it agrees only where both leave it out.
+    Counts, not a share, so that Prometheus can pool them over any window."""
     pairs = list(itertools.combinations(sorted(members), 2))
-    if not pairs:
-        return None
     same = sum(
         _relation(first.get(a), first.get(b)) == _relation(second.get(a), second.get(b))
         for a, b in pairs
     )
-    return same / len(pairs)
+    return same, len(pairs)
+
+
+def agreement(first: dict[int, int], second: dict[int, int], members: list[int]) -> float | None:
+    """Share of member pairs on which two gradings agree (<, = or >); None for fewer than 2."""
+    same, pairs = agreeing_pairs(first, second, members)
+    return same / pairs if pairs else None
 
 
 def permutation(n: int, rng: random.Random) -> list[int]:

@@ -33,7 +33,7 @@ from tests.support.tools import CHART, ROOT, run, system_tool
 pytestmark = pytest.mark.e2e
 
 NAMESPACE, RUN = "gagar-test", "demo"
-FAST = Windows(short="5s", long="60s", resolution="1s", stall="5s", hold="2s")
+FAST = Windows(short="5s", long="60s", resolution="1s", stall="5s", hold="2s", quality="5s")
 HEALTHY_SECONDS = 15
 
 

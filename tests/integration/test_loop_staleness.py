@@ -19,6 +19,7 @@ from prometheus_client import CollectorRegistry
 
 from gagar.driver import components as comp
 from gagar.driver import loop
+from gagar.driver.rollouts import GroupResult
 from gagar.driver.sampling import TaskSampler
 from gagar.driver.trackers import Trackers
 from gagar.engine.base import Generation, SamplingParams
@@ -237,3 +238,26 @@ def test_a_failed_run_closes_the_engine_too(tmp_path: Path, monkeypatch: Any) ->
     with pytest.raises(RuntimeError, match="the step failed"):
         asyncio.run(loop.train(ctx))
     assert engine.closed == 1
+
+
+def test_grader_quality_counts_go_to_the_step_whose_groups_they_graded(
+    tmp_path: Path, monkeypatch: Any
+) -> None:
+    """Every group audited (``spec.grader.auditFraction`` 1) with a collection ahead: each step's
+    record counts the audits of its own groups, never the next step's, and /metrics their sum.
+    The scripted engine never fixes a task, so every group is made gradable (eligible)."""
+    monkeypatch.setattr(GroupResult, "eligible", property(lambda self: True))
+    ctx, _, _, _, registry = _context(tmp_path, 1)
+    doc = ctx.run.to_wire()
+    doc["spec"]["grader"]["auditFraction"] = 1.0
+    ctx.run = GagarRun.model_validate(doc)
+    asyncio.run(loop.train(ctx))
+    records = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    graded = [sum(r["graded_by"].values()) for r in records]
+    assert graded == [2, 2, 2, 2]  # tasksPerStep
+    assert [r["usable_groups"] for r in records] == graded  # the heuristic always ranks
+    assert [r["audited_groups"] for r in records] == graded
+    assert all(r["audit_consistent_pairs"] == r["audit_pairs"] for r in records)
+    assert all(r["heuristic_pairs"] == 0 for r in records)  # no agentic ranking to compare
+    value = registry.get_sample_value("gagar_grader_audited_groups_total", {"run": "local"})
+    assert value == sum(graded)

@@ -7,9 +7,10 @@ Its series are derived from the catalogue: every metric of every component, with
 values of the free labels (``EXTRA``); every 0.2 s each counter grows, each gauge takes a value and
 each histogram gets observations. On top of that, the signals the alerts watch follow one of two
 regimes read from stdin: ``healthy`` (steps advance, stable lengths, gradient variance and noise
-scale, no grader fallbacks, pools ready) and ``degraded`` (steps stop, lengths and gradient
-variance jump, the gradient signal all but vanishes, most graded groups fall back, pools not
-ready). It prints its port first.
+scale, no grader fallbacks, the grader agreeing with the heuristic and its audits, pools ready)
+and ``degraded`` (steps stop, lengths and gradient variance jump, the gradient signal all but
+vanishes, most graded groups fall back, the grader disagrees with the heuristic and with itself
+relabelled, pools not ready). It prints its port first.
 
     python -m tests.support.metrics_exporter --run demo --namespace gagar-test
 """
@@ -44,6 +45,12 @@ EXTRA = {
     "phase": ("Running",),
     "result": ("ok",),
 }
+# the grader's quality: (alike, compared) counters; degraded, 1 of every 4 alike
+QUALITY = (
+    ("gagar_grader_usable_groups_total", "gagar_graded_groups_total"),
+    ("gagar_grader_heuristic_agreeing_pairs_total", "gagar_grader_heuristic_pairs_total"),
+    ("gagar_grader_audit_consistent_pairs_total", "gagar_grader_audit_pairs_total"),
+)
 # the alerts' signals: set by ``signals`` below, not by the generic tick
 DRIVEN = {
     "gagar_trainer_step",
@@ -54,6 +61,7 @@ DRIVEN = {
     "gagar_grader_fallbacks_total",
     "gagar_graded_groups_total",
     "gagar_run_condition",
+    *(n for pair in QUALITY for n in pair),
 }
 
 
@@ -107,7 +115,9 @@ def signals(m: Metrics, run: str, namespace: str, r: Regime, rng: random.Random)
     m["gagar_gradient_noise_trace"].labels(run=run).set(rng.uniform(0.9, 1.1) * scale)
     signal_sq = 1.0 if r.healthy else 0.01
     m["gagar_gradient_signal_sq"].labels(run=run).set(rng.uniform(0.9, 1.1) * signal_sq)
-    m["gagar_graded_groups_total"].labels(run=run).inc(4)  # degraded: 3 of 4 fall back
+    for alike, compared in QUALITY:  # degraded: 3 of 4 fall back, disagree, change order
+        m[compared].labels(run=run).inc(4)
+        m[alike].labels(run=run).inc(4 if r.healthy else 1)
     m["gagar_grader_fallbacks_total"].labels(run=run, reason="timeout").inc(0 if r.healthy else 3)
     ready = "True" if r.healthy else "False"
     for condition in ("Ready", "PoolsReady", "TrainerReady"):

@@ -103,4 +103,7 @@ def test_every_alert_groups_by_run_and_has_docs() -> None:
         "GagarGradientSignalLost",
         "GagarStalledStep",
         "GagarPoolNotReady",
+        "GagarGraderUsableRateLow",
+        "GagarGraderHeuristicAgreementLow",
+        "GagarGraderAuditInconsistent",
     }

@@ -316,6 +316,9 @@ ACTS: dict[str, tuple[str, ...]] = {
     "spec.grader.maxRetries": (
         U + "test_grader_agentic.py::test_malformed_output_retries_then_falls_back_to_heuristic",
     ),
+    "spec.grader.auditFraction": (
+        U + "test_grader_quality.py::test_audit_fraction_sets_the_share_of_groups_graded_again",
+    ),
     "spec.grader.maxTurns": (
         INT + "test_pod_commands.py::test_grader_pod_reads_its_settings_from_the_config_dir",
     ),

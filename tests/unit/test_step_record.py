@@ -94,6 +94,19 @@ def test_a_schema_2_record_reads_the_verification_counts_as_zero(tmp_path: Path)
         StepRecord.from_flat({**v2, "schema_version": SCHEMA_VERSION})
 
 
+def test_a_schema_3_record_reads_the_grader_quality_counts_as_zero(tmp_path: Path) -> None:
+    quality = ("usable_groups", "heuristic_pairs", "heuristic_agreeing_pairs", "audited_groups")
+    quality += ("audit_unusable", "audit_pairs", "audit_consistent_pairs")
+    flat = _full().flat() | dict.fromkeys(quality, 2)
+    v3 = {k: v for k, v in flat.items() if k not in quality}
+    log = tmp_path / "metrics.jsonl"
+    log.write_text(json.dumps({**v3, "schema_version": 3}) + "\n")
+    (record,) = read_records(log)
+    assert all(getattr(record.grading, k) == 0 for k in quality)
+    with pytest.raises(ValueError, match="lacks audit_consistent_pairs"):
+        StepRecord.from_flat({**v3, "schema_version": SCHEMA_VERSION})
+
+
 @pytest.mark.parametrize(
     ("line", "error"),
     [
