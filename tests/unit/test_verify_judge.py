@@ -81,6 +81,22 @@ def test_a_conftest_verification_wrote_is_the_tasks_own_any_other_is_tampering()
         assert run.tampering == [f"a pytest plugin was loaded from {plugins[0]!r}"], plugins
 
 
+def test_a_doctest_text_file_verification_wrote_has_no_module_and_is_no_tampering() -> None:
+    # voluptuous's tests/tests.md under --doctest-glob: an item without a module
+    doc = "voluptuous/tests/tests.md"
+    task = TASK.model_copy(update={"pass_to_pass": [*TASK.pass_to_pass, f"{doc}::tests.md"]})
+    item = {
+        "nodeid": f"{doc}::tests.md",
+        "path": f"/workspace/{doc}",
+        "module_file": None,
+        "code_file": None,
+        "loader_file": None,
+    }
+    assert judge(_record(items=[item]), "n1", task, OK, None, frozenset({doc})).tampering == []
+    run = judge(_record(items=[item]), "n1", task, OK, None, frozenset())
+    assert run.tampering == [f"{doc}::tests.md: its module was loaded from None"]
+
+
 def test_the_test_command_is_run_isolated_or_refused() -> None:
     cmd = _boot_command(TASK, "r.json", "n")
     assert cmd is not None and cmd.startswith("PYTEST_DISABLE_PLUGIN_AUTOLOAD=1 python -I -B -c ")
