@@ -201,7 +201,7 @@ def _served(args: argparse.Namespace) -> Iterator[tuple[str, str] | None]:
     from gagar.rollout.engines.server import VllmServer
     from gagar.spec import GRADER_SERVED_NAME, GraderSpec
 
-    spec = GraderSpec(kind="agentic", model=args.serve)
+    spec = GraderSpec(kind="agentic", model=args.serve, replicas=1)
     folder = grader_model.model_dir(spec)
     log = Path(args.out).parent if args.out else Path(tempfile.mkdtemp(prefix="grader-eval-"))
     server = VllmServer(grader_model.server_config(spec, folder), log / "vllm-grader-eval.log")

@@ -97,3 +97,56 @@ def test_eval_command_with_the_heuristic_and_an_endpoint(cache: Path, tmp_path: 
     assert len(agentic) == 8 and all(r["messages"] and r["workspace_index"] for r in agentic)
     assert agentic[0]["messages"][-1]["tool_calls"][0]["function"]["name"] == "submit_ranking"
     assert all(r["messages"] is None for r in records if r["grader"] == "heuristic")
+
+
+def test_eval_serves_a_grader_folder_for_one_turn(cache: Path, tmp_path: Path, monkeypatch):
+    """``--serve DIR --max-turns 1``: DIR served as gagar train serves a grader's model (its
+    tool-call parser, the served name), the row named by DIR, one forced answering turn each."""
+    from gagar.driver import grader_model
+    from gagar.rollout.engines import server as server_mod
+    from gagar.spec import GRADER_SERVED_NAME
+
+    folder = tmp_path / "my-grader"
+    folder.mkdir()
+    (folder / "config.json").write_text("{}")
+    started: list = []
+
+    with FakeOpenAI([_first_slot_best] * 8) as fake:
+
+        class Served:  # stands in for vLLM: the fake OpenAI server is "its" endpoint
+            def __init__(self, cfg, log):
+                started.append((cfg, log))
+
+            base_url = fake.base_url.removesuffix("/v1")
+
+            def launch(self):
+                return self
+
+            def __enter__(self):
+                return self
+
+            def __exit__(self, *exc):
+                started.append("stopped")
+
+        monkeypatch.setattr(server_mod, "VllmServer", Served)
+        monkeypatch.setattr(grader_model, "ready", lambda server: None)
+        out = tmp_path / "eval.json"
+        rc = main(
+            [
+                *("grader", "eval", "--groups", "4", "--cache", str(cache), "--shuffles", "1"),
+                *("--serve", str(folder), "--max-turns", "1", "--sandbox", "unsafe-local"),
+                *("--no-heuristic", "--out", str(out)),
+            ]
+        )
+        requests = fake.requests
+    assert rc == 0 and started[-1] == "stopped"
+    (cfg, log), _ = started
+    assert cfg.model == folder and cfg.served_name == GRADER_SERVED_NAME and cfg.tool_call_parser
+    assert log.parent == tmp_path
+    row = json.loads(out.read_text())["rows"]["agentic my-grader"]
+    assert row["usable_rate"] == 1.0
+    assert len(requests) == 2 * 2  # two held-out groups, graded twice: one turn each
+    for body in requests:
+        assert body["model"] == GRADER_SERVED_NAME
+        assert body["tool_choice"] == {"type": "function", "function": {"name": "submit_ranking"}}
+        assert [t["function"]["name"] for t in body["tools"]] == ["submit_ranking"]
