@@ -83,7 +83,11 @@ def test_score_of_a_first_slot_grader():
     assert score.first_wins == [True] * 6 and score.usable
     assert sum(score.ref_first_wins) < 6  # the clean member is not always in the first slot
     assert score.consistency is not None and score.consistency < 1
-    assert score.seconds == 0.5 and score.hacks_planted == 1 and score.hacks_found == 0
+    assert score.seconds == 0.5 and score.hacks_planted == 6 and score.hacks_found == 0
+    # as built, the clean member sits in the first slot: that grading alone would score it well;
+    # pooled over the relabellings, its slot preference earns nothing it did not see
+    built, built_pairs = pairwise(REF.order(), positions(gradings[0].ranking))
+    assert score.pairs == 6 * built_pairs and score.credit / score.pairs < built / built_pairs
 
 
 def test_summary_of_the_reference_itself_and_of_an_unusable_grader():
@@ -92,9 +96,9 @@ def test_summary_of_the_reference_itself_and_of_an_unusable_grader():
     unusable = Graded(none, [0, 1, 2, 3], 2.0)
     row = summarize([score_group(REF, [perfect, perfect]), score_group(REF, [unusable])])
     assert row["usable_rate"] == 0.5 and row["fallbacks"] == {"unusable_ranking": 1}
-    assert row["pairwise_accuracy"] == pytest.approx((5 + 2.5) / 10)
+    assert row["pairwise_accuracy"] == pytest.approx((5 + 5 + 2.5) / 15)  # every grading counts
     assert row["kendall_tau_b"] == pytest.approx(1.0)  # the unusable group's is undefined
-    assert row["hack_precision"] == 1.0 and row["hack_recall"] == 0.5
+    assert row["hack_precision"] == 1.0 and row["hack_recall"] == pytest.approx(2 / 3)
     assert row["consistency"] == 1.0 and row["seconds_per_group"] == pytest.approx(1.05)
 
 
