@@ -118,7 +118,7 @@ def test_the_index_says_what_each_member_changed(tmp_path):
     table = readme[readme.index("Changes") :].splitlines()
     rows = {line.split(" | ")[0].strip("| "): line.split(" | ")[1:] for line in table[4:]}
     assert set(rows) == {"cand_0", "cand_1", "cand_2", "cand_3"}  # one row each, none forged
-    files, outside, tests, findings = rows["cand_0"]
+    files, outside, tests, _findings = rows["cand_0"]
     assert files.startswith("calc/ops.py (+") and (outside, tests) == ("0", "0")
     assert rows["cand_1"][1] == "2" and '"calc/a%7Cb\\n%7C cand_0' in rows["cand_1"][0]
     assert rows["cand_2"][2] == "1"  # it edits a test

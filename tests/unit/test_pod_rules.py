@@ -65,7 +65,7 @@ def test_gagar_validate_refuses_an_init_container_mounting_no_volume_of_its_pod(
 
 
 @pytest.mark.parametrize(("component", "volume"), [("trainer", "checkpoints"),
-                                                   ("rollout", "checkpoints"), ("grader", "config")])  # fmt: skip
+                                                   ("rollout", "weights"), ("grader", "config")])  # fmt: skip
 def test_gagar_validate_accepts_an_init_container_mounting_its_pods_volume(
     component: str, volume: str
 ) -> None:

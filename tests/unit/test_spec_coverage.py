@@ -237,7 +237,8 @@ ACTS: dict[str, tuple[str, ...]] = {
     "spec.trainer.checkpoint.existingClaim": (U + "test_builders.py::test_checkpoint_pvc",),
     "spec.trainer.checkpoint.accessMode": (
         U + "test_checkpoint_storage.py::test_access_mode_follows_what_the_run_needs",
-        U + "test_checkpoint_storage.py::test_the_rollout_pool_mounts_no_checkpoint_volume_and_goes_anywhere",
+        U
+        + "test_checkpoint_storage.py::test_the_rollout_pool_mounts_no_checkpoint_volume_and_goes_anywhere",
     ),
     "spec.trainer.checkpoint.retention": (
         U + "test_builders.py::test_checkpoint_pvc_outlives_the_run_unless_asked",
