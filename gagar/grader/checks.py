@@ -12,6 +12,7 @@ import fnmatch
 import itertools
 import posixpath
 import re
+import threading
 from collections.abc import Callable, Iterator
 
 from gagar.grader.bounds import ParseBudget
@@ -225,12 +226,24 @@ def debug_output(member: int, d: FileDiff, tree: ast.Module | None) -> list[Find
 
 COMMENT_CHARS = 500  # a longer comment is prose (or an attack on the parser), never parsed
 
+# CPython 3.11's ast module keeps the AST-to-object conversion's recursion depth in state shared by
+# threads: two ast.parse calls at once (the heuristic grader runs in threads; the trainer grades a
+# group and its relabelled audit concurrently) can fail the other's check with "SystemError: AST
+# constructor recursion depth mismatch" (seen in CI). One parse at a time.
+_AST_LOCK = threading.Lock()
+
+
+def ast_parse(text: str) -> ast.Module:
+    """``ast.parse`` under the module's lock (see ``_AST_LOCK``)."""
+    with _AST_LOCK:
+        return ast.parse(text)
+
 
 def _looks_like_code(comment: str) -> bool:
     if len(comment) > COMMENT_CHARS:
         return False
     try:
-        mod = ast.parse(comment)
+        mod = ast_parse(comment)
     except (SyntaxError, ValueError, RecursionError, MemoryError):
         return False
     if len(mod.body) != 1:
@@ -284,7 +297,7 @@ def parse(text: str) -> ast.Module | None:
     (CPython raises ``RecursionError``, or ``MemoryError`` from its own stack guard, at a few
     thousand levels: a size bound alone does not prevent it) or deeper than ``MAX_DEPTH``."""
     try:
-        tree = ast.parse(text)
+        tree = ast_parse(text)
     except (SyntaxError, ValueError):
         return None
     except (RecursionError, MemoryError):
