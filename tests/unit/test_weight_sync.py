@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import pytest
@@ -19,24 +18,16 @@ from gagar.rollout.engines.weight_sync import (
 )
 from tests.support.fake_vllm import FakeOpenAIServer
 from tests.support.openai_engine import engine_for_servers
+from tests.support.published import random_weights, write_base_model
 
 
 @pytest.fixture
 def base_model(tmp_path: Path) -> Path:
-    d = tmp_path / "base"
-    d.mkdir()
-    (d / "config.json").write_text(json.dumps({"architectures": ["LlamaForCausalLM"]}))
-    (d / "tokenizer.json").write_text("{}")
-    return d
+    return write_base_model(tmp_path)
 
 
 def weights(scale: float = 1.0) -> dict[str, torch.Tensor]:
-    g = torch.Generator().manual_seed(0)
-    return {
-        "model.embed_tokens.weight": scale * torch.randn(10, 4, generator=g),
-        "model.layers.0.mlp.up_proj.weight": scale * torch.randn(8, 4, generator=g),
-        "lm_head.weight": scale * torch.randn(10, 4, generator=g),
-    }
+    return random_weights(scale)
 
 
 def test_publish_writes_a_bootable_folder_and_points_latest(tmp_path, base_model):
