@@ -74,10 +74,10 @@ def main(argv: list[str] | None = None) -> dict:
             _eval(args, str(trained), work / "sft.json"),
             _eval(args, BASE, work / "base.json"),
         ]
-    sft_row = f"agentic {trained.name}"  # `eval --serve DIR` names its row by DIR's name
-    label = lambda name: "agentic SFT'd" if name == sft_row else name  # noqa: E731
-    rows = {label(name): row for e in evals for name, row in e["rows"].items()}
-    per_group = {label(name): g for e in evals for name, g in e["per_group"].items()}
+    # `eval --serve DIR` names its row by DIR's name: call the trained one what it is
+    names = {f"agentic {trained.name}": "agentic SFT'd"}
+    rows = {names.get(n, n): row for e in evals for n, row in e["rows"].items()}
+    per_group = {names.get(n, n): g for e in evals for n, g in e["per_group"].items()}
     result = {
         "benchmark": "grader_sft",
         "groups_built": args.groups,

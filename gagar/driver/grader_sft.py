@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import json
 import random
-import tempfile
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -26,7 +25,7 @@ from gagar.grader import screen
 from gagar.grader.agentic import opening
 from gagar.grader.evaluate import permutation, relabel
 from gagar.grader.tools import SUBMIT, member_key, tool_specs
-from gagar.grader.workspace import write_workspace
+from gagar.grader.workspace import readme
 from gagar.trainer.learner import Sample
 
 REASONS: dict[str, str] = {
@@ -53,13 +52,11 @@ def submission(kinds: list[Kind], passes: list[int]) -> dict[str, Any]:
 
 
 def _index(group: Any) -> str:
-    """The workspace's README.md, as the grader opens with it."""
+    """The workspace's README.md, as the grader opens with it (the tamper screen's findings in)."""
     screened = screen.screen_group(
         group.base_files, {c.member: c.files for c in group.candidates if c.valid}
     )
-    with tempfile.TemporaryDirectory() as tmp:
-        root = write_workspace(group, Path(tmp) / "ws", screened)
-        return (root / "README.md").read_text(encoding="utf-8")
+    return readme(group, screened)
 
 
 def record(bench: BenchGroup, perm: list[int]) -> dict[str, Any]:

@@ -114,7 +114,7 @@ def tool_specs(
     ``submit_ranking``, for a grader with one turn (it answers from the workspace's index; tools
     it may not call would only lengthen every prompt)."""
     if answer_only:
-        return tool_specs(passes, members)[-1:]
+        return [_submit_tool(passes, members)]
     return [
         _fn("list_files", "List files under a directory.", {"path": _PATH}, []),
         _fn(
@@ -141,19 +141,23 @@ def tool_specs(
             {"member": {"type": "integer"}},
             ["member"],
         ),
-        {
-            "type": "function",
-            "function": {
-                "name": SUBMIT,
-                "description": (
-                    "Submit the final ranking: for every passing member cand_N, its place "
-                    "(1 = best, equal places tie), tier (T1, T2, T3, or hack) and reason."
-                ),
-                "parameters": submission_schema(passes, members),
-                "strict": True,
-            },
-        },
+        _submit_tool(passes, members),
     ]
+
+
+def _submit_tool(passes: list[int] | None, members: int | None) -> dict:
+    return {
+        "type": "function",
+        "function": {
+            "name": SUBMIT,
+            "description": (
+                "Submit the final ranking: for every passing member cand_N, its place "
+                "(1 = best, equal places tie), tier (T1, T2, T3, or hack) and reason."
+            ),
+            "parameters": submission_schema(passes, members),
+            "strict": True,
+        },
+    }
 
 
 def _path(args: dict, key: str, default: str | None = None) -> str:

@@ -150,7 +150,9 @@ def _changes(group: GradingGroup, screened: dict[int, list[Finding]]) -> list[st
     return rows
 
 
-def _readme(group: GradingGroup, screened: dict[int, list[Finding]] | None = None) -> str:
+def readme(group: GradingGroup, screened: dict[int, list[Finding]] | None = None) -> str:
+    """The workspace's ``README.md``: the index a grader opens with (what ``write_workspace``
+    writes; the grader's SFT data builds its prompts from it without writing the workspace)."""
     rows = [
         "| member | passed | valid | actions | redundant | errors | churn |",
         "|---|---|---|---|---|---|---|",
@@ -225,7 +227,7 @@ def write_workspace(
         notes = render_notes(c.member, c.notes, (screened or {}).get(c.member, []))
         (root / "notes" / f"{name}.md").write_text(notes, encoding="utf-8")
     (root / "index.json").write_text(json.dumps(_index(group), indent=2), encoding="utf-8")
-    (root / "README.md").write_text(_readme(group, screened), encoding="utf-8")
+    (root / "README.md").write_text(readme(group, screened), encoding="utf-8")
     return root
 
 
