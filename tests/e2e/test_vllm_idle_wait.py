@@ -22,9 +22,9 @@ from gagar.engine.base import SamplingParams
 from gagar.engine.client import AsyncOpenAIEngine
 from gagar.rollout.engines import vllm_idle_wait
 from gagar.rollout.engines.server import ServerConfig, VllmServer
-from tests.integration.test_vllm_engine import _require_vllm
 from tests.support.openai_engine import OpenAIEngine
 from tests.support.tiny_llama import write_tiny_llama
+from tests.support.vllm_required import require_vllm
 
 PROMPTS = [[5, 6, 7, 8], [40, 41, 42], [100, 7, 100, 7, 9], list(range(200, 330))]
 
@@ -32,7 +32,7 @@ PROMPTS = [[5, 6, 7, 8], [40, 41, 42], [100, 7, 100, 7, 9], list(range(200, 330)
 @pytest.fixture(scope="module")
 def servers(tmp_path_factory, request) -> Iterator[dict[str, VllmServer]]:
     """``spinning`` (vLLM's own wait) and ``gagar`` (the CPU default), launched together."""
-    _require_vllm()
+    require_vllm()
     model = write_tiny_llama(tmp_path_factory.mktemp("tiny") / "model")
     logs = tmp_path_factory.mktemp("logs")
     cfg = ServerConfig(model=model, enforce_eager=True, threads=1)
