@@ -55,7 +55,8 @@ test: install ## Install, then run the default suite: tests/unit and tests/integ
 test-e2e: install ## Run the end-to-end tests (tests/e2e: whole training runs, real servers), not slow
 	$(PYTHON) -m pytest -n $(E2E_JOBS) --dist loadfile tests/e2e -m "not slow and not gpu" $(PYTEST_ARGS)
 
-test-images: install ## Build the operator, sandbox and grader images with buildah and smoke-run each (needs root; about 3-10 min)
+test-images: install ## Build the operator, sandbox and grader images with buildah, smoke-run each, push one to a local registry (needs root; about 3-10 min)
+	bash scripts/images.sh tools docker-registry
 	$(PYTHON) -m pytest tests/integration/test_images_build.py $(PYTEST_ARGS)
 
 test-all: install ## Run every test but the GPU ones: the default suite, the e2e tests and the slow ones

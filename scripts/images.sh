@@ -14,6 +14,7 @@
 #            and the operator's --image-registry make the pods pull. PUSH_TLS_VERIFY=false for a
 #            registry without TLS. `scripts/images.sh push NAME...` pushes images built earlier,
 #            `scripts/images.sh pushed NAME...` prints where they go.
+#   `scripts/images.sh tools [COMMAND...]` installs the build tools (and the Debian packages named).
 #
 # Storage: containers/storage's vfs driver (works on any filesystem, in containers too) and chroot
 # isolation for RUN steps, both as root. Package sources inside a build are those of `make install`
@@ -36,8 +37,11 @@ BASE_PACKAGES=python3,python3-venv,ca-certificates
 
 log() { echo "images: $*"; }
 
+# ensure_tools [COMMAND...]: buildah, bubblewrap and mmdebstrap from Debian, and each further
+# command named (a Debian package of that name: docker-registry for make test-images' push test).
 ensure_tools() {
-  local need=()
+  local need=() extra
+  for extra in "$@"; do command -v "$extra" >/dev/null || need+=("$extra"); done
   command -v buildah >/dev/null || need+=(buildah)
   command -v bwrap >/dev/null || need+=(bubblewrap)
   [ "$BASES" != debian ] || command -v mmdebstrap >/dev/null || need+=(mmdebstrap)
@@ -167,6 +171,9 @@ elif [ "${1:-}" = pushed ]; then
 elif [ "${1:-}" = push ]; then  # images built earlier
   shift
   push_all "$@"
+elif [ "${1:-}" = tools ]; then  # the build tools, and the commands named (Debian packages)
+  shift
+  ensure_tools "$@"
 elif [ "${1:-}" = args ]; then  # the Dockerfile and build arguments of one image, a line each
   build_args "$2"
 else
