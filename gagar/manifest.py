@@ -14,7 +14,7 @@ import yaml
 from pydantic import ValidationError
 
 from gagar import API_GROUP, API_VERSION, KIND, RUN_FILE
-from gagar.spec import GagarRun, RuleError
+from gagar.spec import FieldError, GagarRun
 
 MAX_MANIFEST_BYTES = 1 << 20  # a GagarRun is a few KiB; bigger input is refused before parsing
 MAX_DEPTH = 64  # nesting of collections; the YAML composer recurses once per level
@@ -149,7 +149,7 @@ def _where(error: Any) -> str:
     """The error's field path; a spec rule's ends with the field it names (as the API server's
     ``fieldPath`` does)."""
     rule = (error.get("ctx") or {}).get("error")
-    return _loc(error["loc"]) + (rule.field if isinstance(rule, RuleError) else "")
+    return _loc(error["loc"]) + (rule.field if isinstance(rule, FieldError) else "")
 
 
 def validate_document(

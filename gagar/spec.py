@@ -79,6 +79,10 @@ REFUSED_MOE_TENSOR = (
     "MoE layers under tensor parallelism need sequence parallelism, which the trainer's Megatron "
     "layer spec lacks: use tensor: 1 with model.numExperts (expert parallelism splits the experts)"
 )
+REFUSED_EXPERTS_DENSE = (
+    "trainer.parallelism.expert > 1 splits the routed experts of MoE layers: it needs "
+    "model.numExperts (more than 1); a dense model takes expert: 1"
+)
 REFUSED_DATASET_URI = (
     "the trainer reads the task file from its file system: give a path in its pod (mount a "
     "volume with trainer.podTemplate), not a URI"
@@ -125,12 +129,21 @@ class Rule:
         return out
 
 
-class RuleError(ValueError):
+class FieldError(ValueError):
+    """A refusal about one field of the model: ``field`` is its path relative to the model
+    (``.processesPerNode``), appended to pydantic's location so the message names the field by
+    its full path (``spec.trainer.processesPerNode``)."""
+
+    def __init__(self, message: str, field: str = "") -> None:
+        super().__init__(message)
+        self.field = field
+
+
+class RuleError(FieldError):
     """A ``Rule`` the model breaks; ``field`` is its field path relative to the model."""
 
     def __init__(self, rule: Rule) -> None:
-        super().__init__(rule.message)
-        self.field = rule.field or ""
+        super().__init__(rule.message, rule.field or "")
 
 
 _RULES_BY_MODEL: dict[type, list[Rule]] = {}
@@ -978,6 +991,20 @@ class TrainerSpec(Model):
     def world_size(self) -> int:
         return self.nodes * self.processes_per_node
 
+    @model_validator(mode="after")
+    def _process_per_gpu(self) -> TrainerSpec:
+        """torchrun binds one rank to one GPU (``LOCAL_RANK``): more ranks than the pod's GPUs
+        fail at start. Not a CEL rule: a GPU count is an int-or-string quantity."""
+        gpus = self.resources.gpus
+        if 0 < gpus < self.processes_per_node:
+            raise FieldError(
+                f"{self.processes_per_node} processes per node on {gpus} GPUs per node "
+                "(resources nvidia.com/gpu): one process per GPU, at most "
+                f"processesPerNode: {gpus}",
+                ".processesPerNode",
+            )
+        return self
+
 
 # ---------------------------------------------------------------- pools
 class Autoscaling(Model):
@@ -1067,6 +1094,19 @@ class RolloutSpec(_Pool):
     sampled by one policy version (weights are synced between collections, never during one).
     1 needs ``algorithm.loss.truncatedIsCap``: the PPO ratio's old log-probs are the trainer's at
     the current weights, so the truncated importance weight is what corrects the lag."""
+
+    @model_validator(mode="after")
+    def _tensor_parallel_gpus(self) -> RolloutSpec:
+        """vLLM places one tensor-parallel worker on each GPU of the replica: a size above the
+        replica's GPUs never starts. Not a CEL rule: a GPU count is an int-or-string quantity."""
+        gpus = self.resources.gpus
+        if self.endpoint is None and 0 < gpus < self.tensor_parallel_size:
+            raise FieldError(
+                f"vLLM tensor parallel {self.tensor_parallel_size} on {gpus} GPUs per replica "
+                f"(resources nvidia.com/gpu): at most tensorParallelSize: {gpus}",
+                ".tensorParallelSize",
+            )
+        return self
 
 
 GRADER_SERVED_NAME = "grader"
@@ -1594,6 +1634,20 @@ RULES: tuple[Rule, ...] = (
         valid={"kind": "jsonl", "path": "/data/s3:/tasks.jsonl"},
         invalid={"kind": "jsonl", "path": "s3://data/tasks.jsonl"},
         field=".path",
+    ),
+    Rule(
+        (GagarRunSpec,),
+        "!has(self.trainer) || !has(self.trainer.parallelism)"
+        " || self.trainer.parallelism.expert == 1"
+        " || (has(self.model.numExperts) && self.model.numExperts > 1)",
+        REFUSED_EXPERTS_DENSE,
+        lambda m: m.trainer.parallelism.expert == 1 or (m.model.num_experts or 0) > 1,
+        valid=_run(
+            model={"path": "/m", "numExperts": 8},
+            trainer={"processesPerNode": 2, "parallelism": {"expert": 2}},
+        ),
+        invalid=_run(trainer={"processesPerNode": 2, "parallelism": {"expert": 2}}),
+        field=".model.numExperts",
     ),
     Rule(
         (GagarRunSpec,),

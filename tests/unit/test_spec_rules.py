@@ -114,3 +114,56 @@ def test_max_staleness_one_needs_the_truncated_importance_weight() -> None:
     fixed = {**base, "algorithm": {"loss": {"truncatedIsCap": 2.0}}}
     assert spec.GagarRunSpec.model_validate(fixed).rollout.max_staleness == 1
     assert spec.GagarRunSpec.model_validate({**base, "rollout": {"replicas": 1}})
+
+
+def _layout_problems(spec_fields: dict[str, Any]) -> list[tuple[str, str]]:
+    doc = {"apiVersion": "gagar.dev/v1alpha1", "kind": "GagarRun", "metadata": {"name": "r"}}
+    _, problems = validate_document({**doc, "spec": {"model": {"preset": "tiny"}, **spec_fields}})
+    return [(p.path, p.message) for p in problems]
+
+
+@pytest.mark.parametrize(
+    ("fields", "path", "words"),
+    [
+        (  # 8 torchrun ranks on a 4-GPU pod: ranks 4..7 find no device
+            {"rollout": {"replicas": 1},
+             "trainer": {"processesPerNode": 8, "resources": {"limits": {"nvidia.com/gpu": 4}}}},
+            "spec.trainer.processesPerNode", "8 processes per node on 4 GPUs",
+        ),
+        (  # vLLM tensor parallel 8 on a 1-GPU replica
+            {"rollout": {"replicas": 1, "tensorParallelSize": 8,
+                         "resources": {"limits": {"nvidia.com/gpu": "1"}}}},
+            "spec.rollout.tensorParallelSize", "tensor parallel 8 on 1 GPUs",
+        ),
+        (  # expert parallelism on a dense model (no numExperts)
+            {"rollout": {"replicas": 1},
+             "trainer": {"processesPerNode": 2, "parallelism": {"expert": 2}}},
+            "spec.model.numExperts", "needs model.numExperts",
+        ),
+    ],
+)  # fmt: skip
+def test_layouts_that_cannot_start_are_refused_naming_the_field(
+    fields: dict[str, Any], path: str, words: str
+) -> None:
+    """Issue 49: layouts that validated and failed at start are refused in one line that names
+    the field by its full path."""
+    problems = _layout_problems(fields)
+    assert len(problems) == 1, problems
+    assert problems[0][0] == path and words in problems[0][1], problems
+
+
+def test_moe_expert_parallelism_needs_more_than_one_expert() -> None:
+    fields = {"rollout": {"replicas": 1}, "trainer": {"processesPerNode": 2}}
+    one = {**fields, "trainer": {"processesPerNode": 2, "parallelism": {"expert": 2}}}
+    doc = {"model": {"path": "/m", "numExperts": 1}, **one}
+    with pytest.raises(ValidationError, match=r"needs model\.numExperts"):
+        spec.GagarRunSpec.model_validate(doc)
+    ok = {**doc, "model": {"path": "/m", "numExperts": 8}}
+    assert spec.GagarRunSpec.model_validate(ok).trainer.parallelism.expert == 2
+    fitting = {
+        "replicas": 1,
+        "tensorParallelSize": 2,
+        "resources": {"limits": {"nvidia.com/gpu": 2}},
+    }
+    assert spec.GagarRunSpec.model_validate({**fields, "model": {"preset": "tiny"},
+                                             "rollout": fitting})  # fmt: skip
