@@ -61,6 +61,9 @@ def test_ctrl_c_is_one_line_and_status_130(tmp_path: Path) -> None:
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
+        # as a terminal starts it: a suite run in the background (`make test &`) ignores SIGINT,
+        # children inherit that, and Python then installs no KeyboardInterrupt handler at all
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
     )
     deadline = time.monotonic() + 60
     while True:  # the command has opened the FIFO once a writer can open it
