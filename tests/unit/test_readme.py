@@ -41,3 +41,11 @@ def test_gagar_subcommands_exist() -> None:
 
 def test_ci_runs_the_readme_test_command() -> None:
     assert "make test" in (ROOT / ".ci" / "run").read_text()
+
+
+def test_the_readme_is_a_front_door_of_at_most_200_lines() -> None:
+    """The README takes a newcomer in and links to docs/ for the detail (issue 49)."""
+    lines = README.count("\n")
+    assert lines <= 200, f"README.md has {lines} lines: move the detail to docs/"
+    for link in re.findall(r"\]\((docs/[^)#]+)", README):
+        assert (ROOT / link).is_file(), f"README links to {link}, which does not exist"
