@@ -1,10 +1,14 @@
 """The HTTP surface: aiohttp handlers mapping Kubernetes REST paths onto the store.
 
 Paths: ``/api``, ``/apis``, ``/api/v1``, ``/apis/{group}[/{version}]`` (discovery), ``/version``,
-``/healthz``/``/livez``/``/readyz``, and the resource paths
-``/api/v1[/namespaces/{ns}]/{plural}[/{name}[/{subresource}]]`` and the same under
-``/apis/{group}/{version}``. Writes take ``fieldManager`` from the query or, like the server,
-from the User-Agent's product name; ``dryRun`` is not supported (rejected with 400).
+``/healthz``/``/livez``/``/readyz``, ``/openapi/v3[/{group-version}]`` (:mod:`.openapi`), and
+the resource paths ``/api/v1[/namespaces/{ns}]/{plural}[/{name}[/{subresource}]]`` and the same
+under ``/apis/{group}/{version}``, ``pods/{name}/log`` among them (a text saying that no process
+runs). Writes take ``fieldManager`` from the query or, like the server, from the User-Agent's
+product name, and ``fieldValidation`` (Strict: 400 naming the unknown fields, Warn: a
+``Warning`` header, Ignore). Answers are JSON: an ``Accept`` listing protobuf before JSON gets
+JSON, one without JSON 406. Bodies are JSON (YAML for apply), or protobuf for the kinds
+:mod:`.protobuf` reads (415 for any other).
 """
 
 from __future__ import annotations
@@ -20,7 +24,7 @@ from urllib.parse import parse_qsl
 import yaml
 from aiohttp import web
 
-from . import patching, ssa
+from . import clients, openapi, patching, protobuf, ssa
 from . import table as tables
 from .errors import ApiError
 from .faults import Faults
@@ -50,6 +54,7 @@ PATCH_TYPES = {
 }
 APPLY_TYPE = "application/apply-patch+yaml"
 WHO = web.RequestKey("who", Identity)
+FIELD_WARNINGS = web.RequestKey("field_warnings", list)
 
 
 @dataclass
@@ -71,6 +76,7 @@ class Server:
         self.bookmark_interval = bookmark_interval
         self.requests: list[dict] = []
         self.authorizer = Authorizer(store)
+        self.openapi = openapi.Documents()
 
     def app(self) -> web.Application:
         app = web.Application(client_max_size=64 * 1024 * 1024)
@@ -92,8 +98,9 @@ class Server:
         self.requests.append(record)
         try:
             self.store.begin_request(query.get("fieldValidation"), query.get("dryRun"))
+            request[FIELD_WARNINGS] = []
             response = await self._route(request, query, record)
-            warnings = self.store.take_warnings()
+            warnings = self.store.take_warnings() + request[FIELD_WARNINGS]
             if warnings:
                 response.headers["Warning"] = ", ".join(
                     '299 - "{}"'.format(w.replace('"', '\\"')) for w in warnings
@@ -124,6 +131,7 @@ class Server:
         verb = _verb(request.method, target, query)
         record["verb"] = verb
         self._authorize(who, verb, target)
+        clients.negotiate(request.headers.get("Accept", ""), target.sub)
         request[WHO] = who  # the escalation check of a Role this request writes
         for rule in self.faults.take(verb, request.path):
             if rule.action == "latency":
@@ -150,6 +158,8 @@ class Server:
         types = list(self.store.types.values())
         if path in ("/healthz", "/livez", "/readyz"):
             return web.Response(text="ok")
+        if path.startswith("/openapi/"):
+            return self._openapi(path, types)
         if path == "/version":
             return _json(VERSION)
         if path == "/api":
@@ -178,13 +188,34 @@ class Server:
             return self._resource_list(parts[1], parts[2], types)
         return None
 
+    def _openapi(self, path: str, types: list[ResourceType]) -> web.Response:
+        """``/openapi/v3`` and its group-version documents (no ``/openapi/v2``: see openapi.py)."""
+        if path == "/openapi/v3":
+            return _json(self.openapi.discovery(types))
+        for group, version in openapi.group_versions(types):
+            if path == f"/openapi/v3/{openapi.gv_path(group, version)}":
+                return _json(self.openapi.get(group, version, types)[0])
+        raise ApiError(404, f"the server could not find the requested resource ({path})")
+
     def _resource_list(self, group: str, version: str, types: list[ResourceType]) -> web.Response:
         matching = [t for t in types if (t.group, t.version) == (group, version)]
         if not matching:
             raise ApiError(
                 404, f"the server could not find the requested resource ({group}/{version})"
             )
-        return _json(api_resource_list(f"{group}/{version}" if group else version, matching))
+        listing = api_resource_list(f"{group}/{version}" if group else version, matching)
+        categories = self._categories()
+        for resource in listing["resources"]:
+            found = categories.get((group, resource["name"]))
+            if found:
+                resource["categories"] = found
+        return _json(listing)
+
+    def _categories(self) -> dict[tuple[str, str], list[str]]:
+        crds = self.store.objects.get(("apiextensions.k8s.io", "customresourcedefinitions"), {})
+        with self.store.lock:
+            stored = list(crds.values())
+        return clients.categories(stored)
 
     def _parse(self, path: str) -> Target:
         parts = path.strip("/").split("/")
@@ -206,7 +237,7 @@ class Server:
             sub = ""
         if (ns is not None and not rt.namespaced) or (rt.namespaced and ns is None and name):
             raise ApiError(404, f"the server could not find the requested resource ({path})")
-        if sub and sub not in rt.subresources:
+        if sub and sub not in rt.subresources and (sub, rt.plural) != ("log", "pods"):
             raise ApiError(
                 404, f"the server could not find the requested resource ({rt.plural}/{sub})"
             )
@@ -216,6 +247,8 @@ class Server:
 
     async def _get(self, request: web.Request, t: Target, query: dict) -> web.Response:
         obj = self.store.get(t.rt, t.namespace, t.name)
+        if t.sub == "log":
+            return web.Response(text=clients.pod_log(obj, query.get("container")))
         if not t.sub and tables.wants_table(request.headers.get("Accept")):
             meta = {"resourceVersion": obj["metadata"].get("resourceVersion", "")}
             return _json(tables.table(t.rt, [obj], meta, query.get("includeObject")))
@@ -252,17 +285,19 @@ class Server:
     # ----- writes ----------------------------------------------------------------------------
 
     async def _create(self, request: web.Request, t: Target, query: dict) -> web.Response:
-        body = await request.json()
+        body = await clients.body(request, t.rt)
         _check_kind(t.rt, body)
+        self._check_fields(request, t, body, query)
         self._check_grant(request, t, body)
         obj = self.store.create(t.rt, t.namespace, body, _manager(request, query))
         return _json(obj, 201)
 
     async def _update(self, request: web.Request, t: Target, query: dict) -> web.Response:
-        body = await request.json()
+        body = await clients.body(request, t.rt)
         if t.sub == "scale":
             return _json(write_scale(self.store, t, lambda _: body, _manager(request, query)))
         _check_kind(t.rt, body)
+        self._check_fields(request, t, body, query)
         self._check_grant(request, t, {**body, "metadata": {"name": t.name}})
         if (body.get("metadata") or {}).get("name") not in (None, t.name):
             raise ApiError(400, "the name of the object does not match the name on the URL")
@@ -281,6 +316,8 @@ class Server:
         if t.rt.custom and ctype == "application/strategic-merge-patch+json":
             raise ApiError(415, "strategic merge patch is not supported for custom resources")
         patch, algorithm = await request.json(), PATCH_TYPES[ctype]
+        if ctype != "application/json-patch+json":  # a JSON patch is a list of operations
+            self._check_fields(request, t, patch, query)
         manager = _manager(request, query)
         if t.sub == "scale":
             return _json(write_scale(self.store, t, lambda scale: algorithm(scale, patch), manager))
@@ -299,6 +336,7 @@ class Server:
         if not isinstance(applied, dict):
             raise ApiError(400, "the applied configuration must be an object")
         _check_kind(t.rt, applied, required=True)
+        self._check_fields(request, t, applied, query)
         duplicates = [] if t.rt.custom else ssa.duplicate_keys(applied)
         if duplicates:
             raise ApiError(422, "failed to create typed patch object: " + "; ".join(duplicates),
@@ -342,6 +380,25 @@ class Server:
 
     def _apply_create(self, t: Target, applied: dict, key: ssa.EntryKey) -> dict:
         return self.store.create(t.rt, t.namespace, applied, key[0], operation="Apply")
+
+    def _check_fields(self, request: web.Request, t: Target, body: Any, query: dict) -> None:
+        """Unknown fields as ``fieldValidation`` asks (unset: Warn): Strict refuses them as the
+        server's strict decoding does (400), Warn names them in a ``Warning`` header. A custom
+        kind's Warn and Ignore are admission's (it prunes them); a built-in kind keeps them."""
+        if t.sub == "scale":
+            return
+        mode = query.get("fieldValidation") or ("Strict" if self.store.strict_fields else "Warn")
+        if mode == "Ignore" or (mode == "Warn" and t.rt.custom):
+            return
+        unknown = [f'unknown field "{p}"' for p in openapi.unknown_fields(t.rt, body)]
+        if unknown and mode == "Strict":
+            kind, version = t.rt.kind, t.rt.version
+            raise ApiError(
+                400,
+                f'{kind} in version "{version}" cannot be handled as a {kind}: '
+                f"strict decoding error: {', '.join(unknown)}",
+            )
+        request[FIELD_WARNINGS].extend(unknown)
 
     async def _delete(self, request: web.Request, t: Target, query: dict) -> web.Response:
         options = await _delete_options(request, query)
@@ -437,7 +494,12 @@ def _apply_scope(rt: ResourceType, applied: dict, sub: str) -> dict:
 
 async def _delete_options(request: web.Request, query: dict) -> dict:
     options = {}
-    if request.can_read_body:
+    if request.can_read_body and request.content_type == clients.PROTOBUF:  # typed clients' deletes
+        try:
+            options = protobuf.decode(await request.read())
+        except protobuf.ProtobufError as e:
+            raise ApiError(400, f"the DeleteOptions could not be read: {e}") from e
+    elif request.can_read_body:
         text = await request.text()
         options = json.loads(text) if text.strip() else {}
     if query.get("propagationPolicy"):
@@ -454,6 +516,8 @@ def _non_resource(path: str) -> bool:
     parts = path.strip("/").split("/")
     if parts[0] == "api":
         return len(parts) <= 2
+    if parts[0] == "openapi":
+        return True
     return (parts[0] == "apis" and len(parts) <= 3) or path in NON_RESOURCE
 
 

@@ -2,15 +2,17 @@
 
 A custom resource's rows are its name and its CRD's ``additionalPrinterColumns`` (JSONPath of the
 ``.a.b``, ``.a[0]`` and ``.a[?(@.k=="v")].b`` forms; ``date`` columns as an age, as the server's
-table convertor shows them); a built-in kind's the name and creation time (the server's default
-convertor, not the kind's own columns). Rows carry ``PartialObjectMetadata`` (``includeObject``
-other than ``None``).
+table convertor shows them). Namespaces, Pods, Services, Deployments and Jobs get the columns the
+server prints for them (``kubectl get pods``: READY, STATUS, RESTARTS, AGE; wide columns left
+out); other built-in kinds the name and creation time (the server's default convertor). Rows
+carry ``PartialObjectMetadata`` (``includeObject`` other than ``None``).
 """
 
 from __future__ import annotations
 
 import datetime as dt
 import re
+from collections.abc import Callable
 from typing import Any
 
 from .resources import ResourceType
@@ -62,9 +64,73 @@ def _cell(values: list[Any], kind: str) -> Any:
     return value
 
 
+def _pod_ready(pod: dict) -> str:
+    statuses = (pod.get("status") or {}).get("containerStatuses") or []
+    ready = sum(1 for c in statuses if c.get("ready"))
+    return f"{ready}/{len((pod.get('spec') or {}).get('containers') or [])}"
+
+
+def _pod_status(pod: dict) -> str:
+    if pod["metadata"].get("deletionTimestamp"):
+        return "Terminating"
+    return (pod.get("status") or {}).get("phase") or "Pending"
+
+
+def _restarts(pod: dict) -> int:
+    statuses = (pod.get("status") or {}).get("containerStatuses") or []
+    return sum(int(c.get("restartCount") or 0) for c in statuses)
+
+
+def _job_status(job: dict) -> str:
+    conditions = (job.get("status") or {}).get("conditions") or []
+    done = [c["type"] for c in conditions if c.get("status") == "True"]
+    for kind in ("Complete", "Failed", "Suspended"):
+        if kind in done:
+            return kind
+    return "Running"
+
+
+def _ports(svc: dict) -> str:
+    ports = (svc.get("spec") or {}).get("ports") or []
+    return ",".join(f"{p.get('port')}/{p.get('protocol', 'TCP')}" for p in ports) or "<none>"
+
+
+def _status(obj: dict) -> dict:
+    return obj.get("status") or {}
+
+
+# a built-in kind's columns after NAME, as the server's printers name them, each with its cell
+_Cell = Callable[[dict], Any]
+BUILTIN: dict[tuple[str, str], list[tuple[str, str, _Cell]]] = {
+    ("", "namespaces"): [("Status", "string", lambda o: _status(o).get("phase", ""))],
+    ("", "pods"): [("Ready", "string", _pod_ready), ("Status", "string", _pod_status),
+                   ("Restarts", "string", _restarts)],
+    ("", "services"): [("Type", "string", lambda o: (o.get("spec") or {}).get("type", "ClusterIP")),
+                       ("Cluster-IP", "string",
+                        lambda o: (o.get("spec") or {}).get("clusterIP") or "<none>"),
+                       ("External-IP", "string", lambda o: "<none>"),
+                       ("Port(s)", "string", _ports)],
+    ("apps", "deployments"): [
+        ("Ready", "string", lambda o: f"{_status(o).get('readyReplicas', 0)}/"
+                                      f"{(o.get('spec') or {}).get('replicas', 1)}"),
+        ("Up-to-date", "integer", lambda o: _status(o).get("updatedReplicas", 0)),
+        ("Available", "integer", lambda o: _status(o).get("availableReplicas", 0))],
+    ("batch", "jobs"): [
+        ("Status", "string", _job_status),
+        ("Completions", "string", lambda o: f"{_status(o).get('succeeded', 0)}/"
+                                            f"{(o.get('spec') or {}).get('completions', 1)}")],
+}  # fmt: skip
+
+
 def _columns(rt: ResourceType) -> list[dict]:
     name = {"name": "Name", "type": "string", "format": "name", "priority": 0,
             "description": "Name must be unique within a namespace."}  # fmt: skip
+    if not rt.custom and rt.storage_key in BUILTIN:
+        own = [{"name": n, "type": t, "format": "", "priority": 0, "description": n}
+               for n, t, _ in BUILTIN[rt.storage_key]]  # fmt: skip
+        age = {"name": "Age", "type": "string", "format": "", "priority": 0,
+               "description": "CreationTimestamp of the object."}  # fmt: skip
+        return [name, *own, age]
     if not rt.custom:
         created = {"name": "Created At", "type": "date", "format": "", "priority": 0,
                    "description": "CreationTimestamp of the object.", "jsonPath": ".metadata.creationTimestamp"}  # fmt: skip
@@ -80,7 +146,12 @@ def table(rt: ResourceType, items: list[dict], meta: dict, include: str | None) 
     rows = []
     for obj in items:
         cells = [obj["metadata"]["name"]]
-        cells += [_cell(json_path(obj, c["jsonPath"]), c["type"]) for c in columns[1:]]
+        if not rt.custom and rt.storage_key in BUILTIN:
+            cells += [cell(obj) for _, _, cell in BUILTIN[rt.storage_key]]
+            stamp = obj["metadata"].get("creationTimestamp")
+            cells.append(_age(stamp) if stamp else "<unknown>")
+        else:
+            cells += [_cell(json_path(obj, c["jsonPath"]), c["type"]) for c in columns[1:]]
         row: dict[str, Any] = {"cells": cells}
         if include != "None":
             row["object"] = {"kind": "PartialObjectMetadata", "apiVersion": "meta.k8s.io/v1",
