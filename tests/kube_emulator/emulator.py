@@ -55,6 +55,7 @@ class KubeEmulator:
         deployment_delay: float = 0.1,
         strict_fields: bool = False,
         openapi_validate: bool = False,
+        tls_port: int = 0,
     ) -> None:
         self.store = Store(history_limit=history_limit)
         self.store.strict_fields = strict_fields
@@ -65,7 +66,7 @@ class KubeEmulator:
         self.controllers = Controllers(self.store, deployment_delay=deployment_delay)
         self.server = Server(self.store, self.faults, bookmark_interval)
         self.port = 0
-        self.tls_port = 0
+        self.tls_port = tls_port  # 0: a free one; else this one (a dev cluster's fixed port)
         self._loop: asyncio.AbstractEventLoop | None = None
         self._runner: web.AppRunner | None = None
         self._thread: threading.Thread | None = None
@@ -87,7 +88,8 @@ class KubeEmulator:
     def start(self) -> KubeEmulator:
         with socket.socket() as s, socket.socket() as t:
             s.bind(("127.0.0.1", 0))
-            t.bind(("127.0.0.1", 0))
+            t.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            t.bind(("127.0.0.1", self.tls_port))
             self.port, self.tls_port = s.getsockname()[1], t.getsockname()[1]
         self._cert, self._tls = tls.self_signed(pathlib.Path(self._tmp.name))
         ready = threading.Event()
