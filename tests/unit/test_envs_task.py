@@ -221,3 +221,38 @@ def test_patches_that_cannot_apply_are_refused(patch: str, message: str) -> None
 
     with pytest.raises(PatchError, match=message):
         apply_patch({"x.py": "a\n"}, patch)
+
+
+HELD_ROW = {
+    "instance_id": "pkg-1.0.flip_comparison.0",
+    "problem_statement": "tests fail",
+    "files": {"m.py": "x = 1\n"},
+    "FAIL_TO_PASS": ["t.py::a", "t.py::b"],
+    "PASS_TO_PASS": ["t.py::c", "t.py::d", "t.py::e"],
+    "HELD_BACK": ["t.py::b", "t.py::d"],
+}
+
+
+def test_held_back_tests_are_listed_for_evaluation_and_unlisted_for_training(
+    tmp_path: Path,
+) -> None:
+    [task] = load_tasks(_write(tmp_path, [HELD_ROW]))
+    assert task.test_ids == ["t.py::a", "t.py::b", "t.py::c", "t.py::d", "t.py::e"]
+    seen = task.visible()
+    assert (seen.fail_to_pass, seen.pass_to_pass) == (["t.py::a"], ["t.py::c", "t.py::e"])
+    assert seen.held_back == [] and seen.visible() is seen
+    assert task.content_key() != seen.content_key()
+
+
+@pytest.mark.parametrize(
+    ("held", "message"),
+    [
+        (["t.py::z"], "held_back: not in FAIL_TO_PASS or PASS_TO_PASS"),
+        (["t.py::a", "t.py::b"], "one must stay visible"),
+    ],
+)
+def test_held_back_tests_must_be_listed_and_leave_a_failing_one(
+    tmp_path: Path, held: list[str], message: str
+) -> None:
+    with pytest.raises(TaskError, match=message):
+        load_tasks(_write(tmp_path, [{**HELD_ROW, "HELD_BACK": held}]))

@@ -77,6 +77,13 @@ class Task(BaseModel):
     pass_to_pass: list[str] = Field(
         default_factory=list, validation_alias=AliasChoices("PASS_TO_PASS", "pass_to_pass")
     )
+    held_back: list[str] = Field(
+        default_factory=list,
+        validation_alias=AliasChoices("HELD_BACK", "held_back"),
+        description="Listed tests (of FAIL_TO_PASS or PASS_TO_PASS) kept out of training "
+        "verification (``visible``): evaluation and grading labels run them, so a fix that "
+        "passes the visible tests and breaks these overfit.",
+    )
     test_files: dict[str, str] = Field(
         default_factory=dict, description="Pristine test files, written before verification."
     )
@@ -96,9 +103,11 @@ class Task(BaseModel):
         must pass), not of the id: two tasks with the same key are the same task, whatever their
         names (the synthetic generator draws from a finite space and repeats one now and then)."""
         body = [self.files, self.snapshot, self.test_files, self.fail_to_pass, self.pass_to_pass]
+        if self.held_back:  # a task without held-back tests keeps the key it always had
+            body.append(self.held_back)
         return hashlib.sha256(json.dumps(body, sort_keys=True).encode()).hexdigest()
 
-    @field_validator("fail_to_pass", "pass_to_pass", mode="before")
+    @field_validator("fail_to_pass", "pass_to_pass", "held_back", mode="before")
     @classmethod
     def _json_list(cls, v: Any) -> Any:
         """SWE-bench stores test lists as JSON strings: accept both forms."""
@@ -149,9 +158,33 @@ class Task(BaseModel):
             )
         return self
 
+    @model_validator(mode="after")
+    def _held_back_listed(self) -> Task:
+        unlisted = sorted(set(self.held_back) - set(self.test_ids))
+        if unlisted:
+            raise ValueError(f"held_back: not in FAIL_TO_PASS or PASS_TO_PASS: {unlisted[:3]}")
+        if not set(self.fail_to_pass) - set(self.held_back):
+            raise ValueError("held_back: holds every FAIL_TO_PASS test; one must stay visible")
+        return self
+
     @property
     def test_ids(self) -> list[str]:
+        """Every listed test, held-back ones included (evaluation's, grading labels')."""
         return [*self.fail_to_pass, *self.pass_to_pass]
+
+    def visible(self) -> Task:
+        """The task training verifies against: its held-back tests unlisted (``self`` when it
+        holds none back)."""
+        if not self.held_back:
+            return self
+        hidden = set(self.held_back)
+        return self.model_copy(
+            update={
+                "fail_to_pass": [t for t in self.fail_to_pass if t not in hidden],
+                "pass_to_pass": [t for t in self.pass_to_pass if t not in hidden],
+                "held_back": [],
+            }
+        )
 
     def repo_files(self) -> dict[str, bytes]:
         """The repository snapshot as a files mapping (reads ``snapshot`` from disk)."""
