@@ -16,9 +16,9 @@ from pathlib import Path
 import pytest
 
 from gagar.cli import main
-from gagar.rollout.envs.mine import sdist
+from gagar.rollout.envs.mine import miner, sdist
 from gagar.rollout.envs.mine.miner import MineConfig, MineError, dump_rows, mine
-from gagar.rollout.envs.task import load_tasks
+from gagar.rollout.envs.task import Task, load_tasks
 from gagar.rollout.envs.verify import verify_files
 from gagar.sandbox import Limits
 from gagar.sandbox.local import LocalFactory
@@ -90,14 +90,15 @@ for _o in gc.get_objects():
 """
 
 
-def make_sdist(root: Path, package_dir: str = "") -> Path:
+def make_sdist(root: Path, package_dir: str = "", version: str = "0.1") -> Path:
     """tinycalc's sdist; ``package_dir="src/"``: the package in a ``src/`` layout."""
-    path = root / "tinycalc-0.1.tar.gz"
+    top = f"tinycalc-{version}"
+    path = root / f"{top}.tar.gz"
     members = {
-        f"tinycalc-0.1/{package_dir}tinycalc/__init__.py": CALC,
-        "tinycalc-0.1/tests/test_calc.py": TESTS,
-        "tinycalc-0.1/tests/conftest.py": CONFTEST,
-        "tinycalc-0.1/PKG-INFO": "Name: tinycalc\nVersion: 0.1\n",
+        f"{top}/{package_dir}tinycalc/__init__.py": CALC,
+        f"{top}/tests/test_calc.py": TESTS,
+        f"{top}/tests/conftest.py": CONFTEST,
+        f"{top}/PKG-INFO": f"Name: tinycalc\nVersion: {version}\n",
     }
     with tarfile.open(path, "w:gz") as tar:
         for name, text in members.items():
@@ -154,7 +155,7 @@ def test_kept_tasks_fail_unfixed_and_pass_fixed_through_the_verifier(
         "function": task.metadata["function"],
         "line": 0,
         "seed": 1,
-        "miner": 1,
+        "miner": 2,
     }
     assert set(task.test_files) == {"tests/test_calc.py", "tests/conftest.py"}
     assert 1 <= len(task.fail_to_pass) <= 20
@@ -170,6 +171,53 @@ def test_kept_tasks_fail_unfixed_and_pass_fixed_through_the_verifier(
     assert after.passed, (after.tampering, after.notes, after.log[-2000:])
     assert task.metadata["file"] not in task.problem_statement
     assert (task.patch or "").count("\n+ ") + (task.patch or "").count("\n+\t") <= 2
+
+
+def test_a_share_of_the_tests_is_held_back_and_never_named_in_the_statement(mined: tuple) -> None:
+    _, _, tasks, _ = mined
+    for task in tasks:
+        f2p, p2p = len(task.fail_to_pass), len(task.pass_to_pass)
+        assert len(task.held_back) == min(f2p - 1, round(0.2 * f2p)) + round(0.2 * p2p)
+        assert set(task.held_back) <= set(task.test_ids)
+        assert task.visible().fail_to_pass  # one failing test stays visible
+        for held in set(task.held_back) & set(task.fail_to_pass):
+            assert held not in task.problem_statement
+    assert any(task.held_back for task in tasks)
+
+
+def test_the_fixed_package_is_verified_once_and_max_tasks_stops_the_edits(
+    tmp_path: Path, factory: LocalFactory, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # every reference fix gives back the released files: one verification of them serves
+    # every task of the package, beside one verification of each task's unfixed snapshot
+    calls = []
+    real = miner.verify_files
+
+    def counted(task: Task, files: dict[str, bytes], factory: LocalFactory) -> object:
+        calls.append(task.instance_id)
+        return real(task, files, factory)
+
+    monkeypatch.setattr(miner, "verify_files", counted)
+    pkg = sdist.load(str(make_sdist(tmp_path)), tmp_path / "cache")
+    config = MineConfig(seed=1, max_edits=8, max_tasks=2)
+    tasks, summary = mine(pkg, factory, config, tmp_path / "out")
+    assert len(tasks) == summary.kept == 2
+    assert summary.tried < 8  # it stopped once two were kept
+    assert len(calls) == 1 + 2
+    assert set(summary.phases) == {"baseline_s", "edits_s", "verify_s"}
+
+
+def test_packages_mined_at_once_give_the_same_rows(tmp_path: Path) -> None:
+    paths = [str(make_sdist(tmp_path, version=v)) for v in ("0.1", "0.2")]
+    rows = []
+    for jobs in ("1", "2"):
+        out = tmp_path / f"jobs{jobs}"
+        argv = ["tasks", "mine", *paths, "--out", str(out), "--max-edits", "3", "--no-verify"]
+        assert main([*argv, "--jobs", jobs]) == 0
+        rows.append((out / "tasks.jsonl").read_text().replace(str(out), "OUT"))
+    assert rows[0] == rows[1] and {"tinycalc-0.1", "tinycalc-0.2"} <= {
+        json.loads(r)["instance_id"].rsplit(".", 2)[0] for r in rows[0].splitlines()
+    }
 
 
 @pytest.mark.parametrize("path", ["conftest.py", "tests/conftest.py", "tinycalc/conftest.py"])

@@ -15,7 +15,9 @@ import pytest
 from gagar.rollout.envs.mine import sdist
 from gagar.rollout.envs.mine.edits import EDIT_KINDS, find_edits
 from gagar.rollout.envs.mine.miner import (
+    MineConfig,
     deterministic_tarball,
+    held_back,
     order,
     problem_statement,
     reverse_diff,
@@ -206,3 +208,47 @@ def test_an_sdist_pip_saved_counts_though_pip_then_failed_on_its_metadata(
     assert sdist.fetch("tiny==0.2", cache).name == "tiny-0.2.tar.gz"
     with pytest.raises(sdist.SdistError, match=r"pip download tiny==0\.3: InvalidRequirement"):
         sdist.fetch("tiny==0.3", cache)
+
+
+def test_order_checks_only_the_edits_it_takes_and_skips_those_refused() -> None:
+    edits = find_edits("pkg/mod.py", SOURCE, check=False)
+    checked = []
+
+    def usable(edit: object) -> bool:
+        checked.append(edit)
+        return len(checked) % 3 != 0  # every third one does not change the code
+
+    taken = order(edits, seed=0, limit=4, usable=usable)
+    assert len(taken) == 4 and len(checked) <= 6
+    assert all(checked.index(e) % 3 != 2 for e in taken)
+
+
+def test_unchecked_edits_are_a_superset_that_the_check_filters() -> None:
+    assert set(find_edits("pkg/mod.py", SOURCE)) <= set(find_edits("pkg/mod.py", SOURCE, False))
+
+
+def test_the_held_back_share_is_the_seeds_and_leaves_a_failing_test() -> None:
+    broke, passing = ["t::a", "t::b"], [f"t::p{i}" for i in range(10)]
+    config = MineConfig(seed=3, held_back=0.5)
+    held = held_back("pkg.x.1", broke, passing, config)
+    assert held == held_back("pkg.x.1", broke, passing, config) == sorted(held)
+    assert len(set(held) & set(broke)) == 1 and len(set(held) & set(passing)) == 5
+    assert held != held_back("pkg.x.2", broke, passing, config)
+    assert held_back("pkg.x.1", ["t::a"], passing, config)[0] != "t::a"
+
+
+def test_pip_downloads_the_package_from_source_and_its_build_backend_as_wheels(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    cache, seen = tmp_path / "cache", []
+
+    def pip(cmd: list[str], **_: object) -> object:
+        seen.append(cmd)
+        _sdist(cache, {"tiny-0.2/m.py": b""}, name="tiny-0.2.tar.gz")
+        return type("Done", (), {"returncode": 0, "stderr": ""})()
+
+    monkeypatch.setattr(sdist.subprocess, "run", pip)
+    monkeypatch.setattr(sdist, "_pip", lambda: ["pip"])
+    sdist.fetch("tiny==0.2", cache)
+    [cmd] = seen
+    assert cmd[cmd.index("--no-binary") + 1] == "tiny" and ":all:" not in cmd

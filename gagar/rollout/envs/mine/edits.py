@@ -234,21 +234,36 @@ class _Finder(ast.NodeVisitor):
         self._add("drop_if", node, start, end, "")
 
 
-def find_edits(path: str, source: str) -> list[Edit]:
-    """Every edit of ``source`` that parses and changes its syntax tree, in source order."""
+def find_edits(path: str, source: str, check: bool = True) -> list[Edit]:
+    """Every edit of ``source`` in source order that parses and changes its syntax tree;
+    ``check=False``: unchecked (``Changes`` checks one at a time: a check parses the whole
+    file, so checking every edit of a large module costs minutes where a few are tried)."""
     try:
         tree = ast.parse(source)
         finder = _Finder(_Text(source), path)
     except (SyntaxError, tokenize.TokenError, ValueError):
         return []
     finder.visit(tree)
-    before = ast.dump(tree)
-    kept = []
-    for edit in sorted(finder.found, key=lambda e: (e.start, e.end, e.kind, e.new)):
+    found = sorted(finder.found, key=lambda e: (e.start, e.end, e.kind, e.new))
+    if not check:
+        return found
+    changes = Changes({path: source})
+    return [e for e in found if changes(e)]
+
+
+class Changes:
+    """Whether an edit parses and changes the syntax tree of its file (``sources``: path ->
+    text), each file's tree dumped once."""
+
+    def __init__(self, sources: dict[str, str]) -> None:
+        self.sources = sources
+        self.dumps: dict[str, str] = {}
+
+    def __call__(self, edit: Edit) -> bool:
+        source = self.sources[edit.path]
+        if edit.path not in self.dumps:
+            self.dumps[edit.path] = ast.dump(ast.parse(source))
         try:
-            changed = ast.dump(ast.parse(edit.apply(source))) != before
+            return ast.dump(ast.parse(edit.apply(source))) != self.dumps[edit.path]
         except (SyntaxError, ValueError):
-            continue
-        if changed:
-            kept.append(edit)
-    return kept
+            return False

@@ -7,17 +7,21 @@ For one unpacked sdist, in one sandbox session:
    times are ever listed;
 2. find span edits (``edits.py``) in the package's non-test modules on lines some stable test
    executes and that do not run at import (those could break collection, not a test);
-3. take them in an order fixed by the seed (shuffled per kind, then one of each kind in turn);
-   apply one, run the tests that execute its line, restore the file; keep it when between
-   ``min_fail`` and ``max_fail`` of them fail (a test that does not execute the line cannot
-   change its outcome, so the rest pass);
+3. take them in an order fixed by the seed (shuffled per kind, then one of each kind in turn;
+   an edit is checked to change the code only when its turn comes, as a check parses the whole
+   file); apply one, run only the tests that execute its line, restore the file; keep it when
+   between ``min_fail`` and ``max_fail`` of them fail (a test that does not execute the line
+   cannot change its outcome, so the rest pass); stop at ``max_tasks`` kept;
 4. drop a planted bug whose file text another kept edit already made (identical tasks);
 5. write a ``Task`` per kept edit: the buggy snapshot, the package's test tree as
    ``test_files``, ``patch`` = the reverse diff (the reference fix), ``FAIL_TO_PASS`` = the
    tests that broke, ``PASS_TO_PASS`` = every other stable test, and a problem statement made of
    the failing tests' names and the first failure's error lines (never the file, the line or the
-   edit); with ``verify``, each task is checked by the real verifier: the snapshot fails exactly
-   ``FAIL_TO_PASS`` and the patched one passes everything listed.
+   edit), and ``held_back``: a seeded share of the listed tests kept out of training
+   verification (never named in the statement); with ``verify``, each task is checked by the
+   real verifier, running the whole listed suite: the snapshot fails exactly ``FAIL_TO_PASS``,
+   and the patched one is the released package byte for byte, whose one verification (every
+   listed test passes) serves all the package's tasks.
 
 Same sdist, seed and limits: the same rows, byte for byte (instance ids are digests of the edit;
 snapshots are tarballs with fixed times and owners). Time goes only into the summary.
@@ -36,17 +40,18 @@ import re
 import tarfile
 import time
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 
-from gagar.rollout.envs.mine.edits import EDIT_KINDS, Edit, find_edits
+from gagar.rollout.envs.mine.edits import EDIT_KINDS, Changes, Edit, find_edits
 from gagar.rollout.envs.mine.sdist import Sdist
 from gagar.rollout.envs.mine.suite import COLLECT, PROBE_DIR, Suite, SuiteRun
 from gagar.rollout.envs.task import PLAIN_PYTEST, Task, TaskError, is_text
 from gagar.rollout.envs.verify import is_test_path, verify_files
 from gagar.sandbox import Limits, SessionFactory
 
-MINER_VERSION = 1
+MINER_VERSION = 2
 EDIT_MIN_CPU_S = 10
 
 
@@ -60,6 +65,12 @@ class MineConfig:
     max_edits: int = 100
     min_fail: int = 1
     max_fail: int = 20
+    # Planted bugs kept per package at most: edits stop being tried once this many are kept
+    # (a count, not a clock, so the rows stay the same run to run); None: no cap.
+    max_tasks: int | None = None
+    # The share of each task's listed tests held back from training verification (``Task``'s
+    # ``held_back``), drawn per task from the seed; one FAIL_TO_PASS test always stays visible.
+    held_back: float = 0.2
     verify: bool = True
     timeout_s: float = 600.0  # wall clock of any run
     # An edited run may loop forever: it gets this many times the untraced baseline's CPU time,
@@ -84,6 +95,8 @@ class Summary:
     tried_by_kind: Counter[str] = field(default_factory=Counter)
     kept_by_kind: Counter[str] = field(default_factory=Counter)
     seconds: float = 0.0
+    # where the seconds went: the two baseline runs, trying edits, verifying the kept ones
+    phases: dict[str, float] = field(default_factory=dict)
 
     def to_json(self) -> dict:
         out = {}
@@ -123,7 +136,8 @@ def baseline(suite: Suite, summary: Summary) -> Baseline:
 
 
 def candidate_edits(files: dict[str, bytes], base: Baseline, summary: Summary) -> list[Edit]:
-    """Edits on lines stable tests execute (not at import), of non-test modules, in source order."""
+    """Edits on lines stable tests execute (not at import), of non-test modules, in source order;
+    not yet checked to change the code (``order`` checks those it takes)."""
     found = []
     for path, data in files.items():
         if not path.endswith(".py") or is_test_path(path) or path.startswith(PROBE_DIR):
@@ -132,7 +146,7 @@ def candidate_edits(files: dict[str, bytes], base: Baseline, summary: Summary) -
             source = data.decode()
         except UnicodeDecodeError:
             continue
-        for edit in find_edits(path, source):
+        for edit in find_edits(path, source, check=False):
             where = (path, edit.line)
             if where not in base.covering:
                 summary.rejected["not_executed_by_tests"] += 1
@@ -144,8 +158,12 @@ def candidate_edits(files: dict[str, bytes], base: Baseline, summary: Summary) -
     return found
 
 
-def order(edits: list[Edit], seed: int, limit: int) -> list[Edit]:
-    """Shuffled per kind by ``seed``, then one of each kind in turn: every kind gets tried."""
+def order(
+    edits: list[Edit], seed: int, limit: int, usable: Callable[[Edit], bool] = lambda e: True
+) -> list[Edit]:
+    """Shuffled per kind by ``seed``, then one of each kind in turn: every kind gets tried.
+    An edit ``usable`` refuses (one that does not change the code) gives its turn to the next
+    of its kind; only the edits taken are checked."""
     rng = random.Random(seed)
     per_kind = [[e for e in edits if e.kind == k] for k in EDIT_KINDS]
     for group in per_kind:
@@ -153,8 +171,11 @@ def order(edits: list[Edit], seed: int, limit: int) -> list[Edit]:
     out: list[Edit] = []
     while len(out) < limit and any(per_kind):
         for group in per_kind:
-            if group and len(out) < limit:
-                out.append(group.pop(0))
+            while group and len(out) < limit:
+                edit = group.pop(0)
+                if usable(edit):
+                    out.append(edit)
+                    break
     return out
 
 
@@ -193,16 +214,23 @@ def mine(
         base = baseline(Suite(session, config.test_command, config.timeout_s), summary)
     finally:
         session.close()
+    summary.phases["baseline_s"] = round(time.monotonic() - started, 1)
     cpu = math.ceil(max(EDIT_MIN_CPU_S, config.edit_cpu_factor * base.cpu_s))
-    edits = order(candidate_edits(pkg.files, base, summary), config.seed, config.max_edits)
+    found = candidate_edits(pkg.files, base, summary)
+    changes = Changes({e.path: pkg.files[e.path].decode() for e in found})
+    edits = order(found, config.seed, config.max_edits, changes)
     session = factory.create(files=pkg.files, limits=limits.model_copy(update={"cpu_time_s": cpu}))
     try:
         suite = Suite(session, config.test_command, config.timeout_s)
         tasks = _run_edits(suite, edits, pkg, base, config, summary, out)
     finally:
         session.close()
-    if config.verify:
-        tasks = [t for t in tasks if _verified(t, factory, summary)]
+    summary.phases["edits_s"] = round(time.monotonic() - started - summary.phases["baseline_s"], 1)
+    if config.verify and tasks:
+        verifying = time.monotonic()
+        fixed_ok = _original_passes(tasks[0], pkg, factory)
+        tasks = [t for t in tasks if _verified(t, pkg, fixed_ok, factory, summary)]
+        summary.phases["verify_s"] = round(time.monotonic() - verifying, 1)
     summary.kept = len(tasks)
     summary.kept_by_kind = Counter(t.metadata["edit_kind"] for t in tasks)
     summary.seconds = round(time.monotonic() - started, 1)
@@ -218,8 +246,11 @@ def _run_edits(  # noqa: PLR0913 - the miner's state, passed through once
     summary: Summary,
     out: Path,
 ) -> list[Task]:
-    tasks, seen = [], set()
+    tasks: list[Task] = []
+    seen: set[str] = set()
     for edit in edits:
+        if config.max_tasks is not None and len(tasks) >= config.max_tasks:
+            break
         source = pkg.files[edit.path].decode()
         buggy = edit.apply(source)
         summary.tried += 1
@@ -237,21 +268,34 @@ def _run_edits(  # noqa: PLR0913 - the miner's state, passed through once
     return tasks
 
 
-def _verified(task: Task, factory: SessionFactory, summary: Summary) -> bool:
-    """The real verifier agrees: unfixed fails exactly FAIL_TO_PASS, fixed passes everything."""
+def _original_passes(task: Task, pkg: Sdist, factory: SessionFactory) -> bool:
+    """Whether the package as released passes every stable test through the real verifier.
+
+    Every reference fix of a package gives back exactly the released files (``_verified``
+    checks it byte for byte) and every task of the package lists the same tests, so this one
+    run is each task's check of its fixed repository: one full suite per package, not per task.
+    """
+    after = verify_files(task, pkg.files, factory)
+    return after.valid and after.passed
+
+
+def _verified(
+    task: Task, pkg: Sdist, fixed_ok: bool, factory: SessionFactory, summary: Summary
+) -> bool:
+    """The real verifier agrees: unfixed fails exactly FAIL_TO_PASS (held-back tests listed),
+    and the reference fix gives back the released files, which pass everything (``fixed_ok``)."""
     try:
         fixed = task.fixed_files()
     except TaskError:
         summary.rejected["patch_does_not_apply"] += 1
         return False
+    if fixed != pkg.files or not fixed_ok:
+        summary.rejected["unverified_fixed"] += 1
+        return False
     before = verify_files(task, task.repo_files(), factory)
     failing = sorted(t for t, ok in before.tests.items() if not ok)
     if not before.valid or failing != sorted(task.fail_to_pass):
         summary.rejected["unverified_unfixed"] += 1
-        return False
-    after = verify_files(task, fixed, factory)
-    if not (after.valid and after.passed):
-        summary.rejected["unverified_fixed"] += 1
         return False
     return True
 
@@ -275,14 +319,18 @@ def make_task(  # noqa: PLR0913 - the parts of one row
     snapshot.write_bytes(deterministic_tarball(files))
     text = {p: d.decode() for p, d in pkg.files.items() if is_test_path(p) and is_text(d)}
     broke_set = set(broke)
+    passing = [t for t in base.stable if t not in broke_set]
+    held = held_back(instance_id, broke, passing, config)
+    shown = [t for t in broke if t not in held]
     return Task(
         instance_id=instance_id,
         repo=f"{pkg.name}=={pkg.version}",
         family="mined",
-        problem_statement=problem_statement(pkg, broke, run.messages),
+        problem_statement=problem_statement(pkg, shown, run.messages),
         snapshot=str(snapshot.resolve()),
         fail_to_pass=broke,
-        pass_to_pass=[t for t in base.stable if t not in broke_set],
+        pass_to_pass=passing,
+        held_back=held,
         test_files=text,
         test_command=config.test_command,
         patch=reverse_diff(edit.path, buggy, source),
@@ -298,6 +346,17 @@ def make_task(  # noqa: PLR0913 - the parts of one row
             "miner": MINER_VERSION,
         },
     )
+
+
+def held_back(
+    instance_id: str, broke: list[str], passing: list[str], config: MineConfig
+) -> list[str]:
+    """``config.held_back`` of the task's tests, drawn by the seed and the task's id (sorted):
+    as many of FAIL_TO_PASS as of PASS_TO_PASS in proportion, never every FAIL_TO_PASS test."""
+    rng = random.Random(f"{config.seed}\0{instance_id}")
+    k_broke = min(len(broke) - 1, round(len(broke) * config.held_back))
+    k_pass = round(len(passing) * config.held_back)
+    return sorted(rng.sample(broke, k_broke) + rng.sample(passing, k_pass))
 
 
 ADDRESS = re.compile(r"0x[0-9a-fA-F]{6,}")
@@ -345,5 +404,6 @@ def dump_rows(tasks: list[Task], path: Path) -> None:
         row = task.model_dump(mode="json", exclude_none=True)
         row["snapshot"] = str(Path(task.snapshot or "").relative_to(path.parent.resolve()))
         row["FAIL_TO_PASS"], row["PASS_TO_PASS"] = row.pop("fail_to_pass"), row.pop("pass_to_pass")
+        row["HELD_BACK"] = row.pop("held_back")
         rows.append(row)
     path.write_text("".join(json.dumps(r, sort_keys=True) + "\n" for r in rows))

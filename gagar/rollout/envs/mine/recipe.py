@@ -57,12 +57,14 @@ class Pin(BaseModel):
 
 
 class Recipe(BaseModel):
-    """The dataset: its seed, the edits tried per package, the packages."""
+    """The dataset: its seed, the edits tried and the tasks kept per package, the packages."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     seed: int = 0
     max_edits: int = Field(default=100, ge=1)
+    max_tasks: int | None = Field(default=None, ge=1)
+    """Planted bugs kept per package at most (edits stop being tried then); None: no cap."""
     packages: list[Pin] = Field(min_length=1)
 
     @model_validator(mode="after")

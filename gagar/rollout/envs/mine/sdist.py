@@ -75,7 +75,10 @@ def fetch(pin: str, cache: Path) -> Path:
     found = _cached(cache, name, version)
     if found is not None:
         return found
-    cmd = [*_pip(), "download", "--no-deps", "--no-binary", ":all:", "--dest", str(cache)]
+    # --no-binary for this package only: pip still prepares the metadata after saving the file,
+    # and with :all: it first builds its build backend (setuptools, hatchling) from source too:
+    # 400 s for toolz on a busy machine, for metadata the miner never reads.
+    cmd = [*_pip(), "download", "--no-deps", "--no-binary", name, "--dest", str(cache)]
     done = subprocess.run(
         [*cmd, f"{name}=={version}"], capture_output=True, text=True, timeout=600, check=False
     )
