@@ -29,6 +29,9 @@ class Rollout:
     passed: bool
     valid: bool
     tampered: bool = False
+    # passed the visible tests and failed held-back ones (``Task.held_back``): a label for
+    # evaluation and grading, never the reward; False where the task holds none back
+    overfit: bool = False
     patch: str = ""
     test_log: str = ""  # the tests' output (the candidate's code wrote it)
     notes: list[str] = field(default_factory=list)  # gagar's own notes on the verification

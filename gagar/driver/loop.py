@@ -556,6 +556,7 @@ def dump_rollouts(path: Path, groups: list[GroupResult]) -> None:
                     "exit": r.trajectory.exit_reason,
                     "policy_version": r.trajectory.policy_version,
                     "tampered": r.tampered,
+                    "overfit": r.overfit,
                     "turns": turns,
                 }
                 fh.write(json.dumps(line) + "\n")
@@ -731,19 +732,26 @@ async def evaluate(
     check_engine(ctx, list(groups), strict=True)
     rollouts = [g.rollouts[0] for g in groups]
     valid = [r for r in rollouts if r.valid]
-    passes = [(g, r) for g, r in zip(groups, rollouts, strict=True) if r.valid and r.passed]
+    # a pass that breaks held-back tests (``Task.held_back``) overfit: no resolution
+    passes = [
+        (g, r)
+        for g, r in zip(groups, rollouts, strict=True)
+        if r.valid and r.passed and not r.overfit
+    ]
     # by task index: a group's id() would do while the groups live, but typed it says what it
     # keys, and two tasks can never share a slot
     bloated: dict[int, bool] = {}
     for i, (g, r) in enumerate(zip(groups, rollouts, strict=True)):
-        if r.valid and r.passed:
+        if r.valid and r.passed and not r.overfit:
             ranking = await ctx.services.fallback_grader.grade(grading_group(g))
             bloated[i] = ranking.below_t1(0) is True  # a probe "group" has one member
     samples = [
         {
             "task": g.task.instance_id,
             "valid": r.valid,
-            "passed": r.valid and r.passed,
+            "passed": r.valid and r.passed and not r.overfit,
+            "overfit": r.overfit,
+            "package": g.task.metadata.get("package"),
             "tokens": r.trajectory.response_tokens,
             "turns": r.trajectory.num_turns,
             "bloated": bloated.get(i, False),
@@ -755,9 +763,20 @@ async def evaluate(
         "tasks": len(tasks),
         "valid": len(valid),
         "resolution_rate": len(passes) / len(valid) if valid else 0.0,
+        "resolution_by_package": _by_package(samples),
+        "overfit_passes": sum(r.valid and r.passed and r.overfit for r in rollouts),
         "response_tokens_mean": sum(r.trajectory.response_tokens for r in valid)
         / max(1, len(valid)),
         "turns_mean": sum(r.trajectory.num_turns for r in valid) / max(1, len(valid)),
         "bloated_pass_share": sum(bloated.values()) / len(passes) if passes else 0.0,
         "tampering_passes": sum(r.tampered for _, r in passes),
     }
+
+
+def _by_package(samples: list[dict[str, Any]]) -> dict[str, float]:
+    """Resolution rate per package (mined tasks' ``metadata.package``) among valid rollouts."""
+    valid: dict[str, list[bool]] = {}
+    for sample in samples:
+        if sample["package"] is not None and sample["valid"]:
+            valid.setdefault(str(sample["package"]), []).append(sample["passed"])
+    return {pkg: sum(ok) / len(ok) for pkg, ok in sorted(valid.items())}

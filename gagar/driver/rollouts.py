@@ -121,10 +121,16 @@ def _finish(
     and collect what the grader needs."""
     if not traj.valid:
         return Rollout(traj, passed=False, valid=False), {}
+    # the reward's verification runs the visible tests; a pass is run again with the held-back
+    # ones (never shared: the twins' verdicts are the visible tests')
+    seen = task.visible()
     if verdicts is not None:
-        verdict = verdicts.verify(task, session, factory, timeout)
+        verdict = verdicts.verify(seen, session, factory, timeout)
     else:
-        verdict = verify(task, session, factory, timeout)
+        verdict = verify(seen, session, factory, timeout)
+    overfit = False
+    if seen is not task and verdict.valid and verdict.passed:
+        overfit = not verify(task, session, factory, timeout).passed
     files, skipped = _text_files(session, task.repo_files()) if verdict.valid else ({}, [])
     patch = session.diff() if verdict.valid else ""
     rollout = Rollout(
@@ -132,6 +138,7 @@ def _finish(
         passed=verdict.passed,
         valid=verdict.valid,
         tampered=bool(verdict.suspected_tampering),
+        overfit=overfit,
         patch=patch,
         test_log=verdict.log,
         notes=verdict.notes,
