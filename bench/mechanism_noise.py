@@ -3,10 +3,13 @@
 At fixed policy weights (``POINTS``: the uniform start, and a policy drifted to bloated passes the
 way GRPO's runs drift), draw R independent batches (8 tasks × groups of 8, eligible groups only);
 for each batch both arms see the SAME rollouts and rankings and differ only in their advantages.
-Each batch's gradient is accumulated over 4 micro-batches through the trainer's own
-``GradVarianceTracker`` (``gagar/trainer/gradvar.py``), which gives unbiased tr Σ and ‖G‖² per
-batch; B = mean tr Σ / mean ‖G‖² over the batches (McCandlish's advice: average numerator and
-denominator before dividing). The batch is the independent unit here; the 95 % interval of
+Each batch's gradient is accumulated over 4 micro-batches of whole groups (prompt-mean, the
+default) through the trainer's own ``GradVarianceTracker`` (``gagar/trainer/gradvar.py``), each
+micro-batch weighted by its prompt share. The groups are independent, identically distributed draws
+and a micro-batch's share does not depend on the draw, so tr Σ (N · tr Cov(ḡ)) and ‖G‖² per batch
+are unbiased here with no assumption on token counts; B = mean tr Σ / mean ‖G‖² over the batches
+(McCandlish's advice: average numerator and denominator before dividing; a ratio, consistent, not
+unbiased). Files before 2026-12-07 used the estimator issue 50 found biased under prompt-mean. The batch is the independent unit here; the 95 % interval of
 B(gagar) / B(grpo) is a paired bootstrap over batches (``scipy.stats.bootstrap``), the p-value
 a paired permutation test over batches (each batch's arms swapped or not), Holm over the rows.
 
@@ -34,7 +37,12 @@ from bench import mechanism as m  # noqa: E402
 from bench import stats  # noqa: E402
 from bench.record import save  # noqa: E402
 from gagar.trainer.gradvar import GradVarianceTracker  # noqa: E402
-from gagar.trainer.loss import LossConfig, PolicyBatch, policy_loss  # noqa: E402
+from gagar.trainer.loss import (  # noqa: E402
+    LossConfig,
+    PolicyBatch,
+    aggregation_weight,
+    policy_loss,
+)
 
 ARMS = ("grpo", "gagar")
 MICRO = 4
@@ -68,7 +76,9 @@ def batch_noise(
         part = _rows(full, slice(int(a) * n, int(b) * n))
         loss, _ = policy_loss(part, counts, LossConfig())
         loss.backward()
-        tracker.after_micro_batch(float(part.mask.sum()))
+        tracker.after_micro_batch(
+            aggregation_weight(part.mask, counts, LossConfig(), part.prompt_tokens)
+        )
     trace, signal, _ = tracker.noise(counts.num_tokens)
     return trace, signal
 
@@ -171,7 +181,8 @@ def main(argv: list[str] | None = None) -> int:
             "micro_batches": MICRO,
             "batches": args.batches,
             "unit": "batch (independent draws at fixed weights; both arms on the same rollouts)",
-            "estimator": "B = mean tr Σ / mean ‖G‖² from GradVarianceTracker.noise per batch",
+            "estimator": "B = mean tr Σ / mean ‖G‖² from GradVarianceTracker.noise per batch "
+            "(units weighted by their aggregation share; unbiased parts, issue 50)",
             "interval": "paired bootstrap over batches (scipy.stats.bootstrap, BCa, 2000)",
             "p_value": "paired permutation over batches (arms swapped per batch; "
             "scipy.stats.permutation_test, 4999), two-sided; Holm over the rows (p_holm)",

@@ -20,8 +20,10 @@ is one property of one update, not of a run.
    the weights never move). The inner products of all these gradients form a Gram matrix.
 3. A batch is ``--batch-groups`` distinct groups, one micro-batch each, as the trainer accumulates
    them (a group's contribution to the batch's loss is its own gradient scaled by the aggregation:
-   1/P for prompt-mean, n_j/N for token-mean); its tr Σ and ‖G‖² come from the trainer's
-   ``gagar.trainer.gradvar.noise_scale``. Before anything else the bench checks this assembly
+   1/P for prompt-mean, n_j/N for token-mean, which is also its share ``s_m``); its tr Σ and ‖G‖²
+   come from the trainer's ``gagar.trainer.gradvar.noise_scale``: under prompt-mean unbiased for
+   independent groups whatever their token counts (files before 2026-12-07 used the per-token
+   rescaling that issue 50 found biased under prompt-mean). Before anything else the bench checks this assembly
    against ``Learner.update`` on one real batch (the trainer's numbers, to 1e-3 relative).
    ``--batches`` batches are drawn once (positions in the group list); both arms see the same ones.
    B(arm) = Σ tr Σ / Σ ‖G‖² over the batches (numerator and denominator averaged before dividing).
@@ -225,16 +227,16 @@ def contribution_scale(agg: str, tokens: np.ndarray, groups: int) -> np.ndarray:
 def batch_parts(
     gram: np.ndarray, tokens: np.ndarray, ids: np.ndarray, agg: str
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-    """For batches ``ids`` (R, P) of gradient rows: the tracker's inputs per batch, as
-    ``GradVarianceTracker.noise`` forms them (``mean_m ‖G_m‖²``, ‖ḡ‖², mean 1/n_m, N)."""
+    """For batches ``ids`` (R, P) of gradient rows, one group per micro-batch: the tracker's
+    inputs per batch, as ``GradVarianceTracker.noise`` forms them (``S2 = Σ_m ‖c_m‖²``, ‖ḡ‖²,
+    ``Σ_m s_m²``, N). Under prompt-mean and token-mean a group's contribution scale is its share
+    ``s_m`` (``loss.aggregation_weight`` over the batch's)."""
     n = tokens[ids]  # (R, P)
     s = contribution_scale(agg, n, ids.shape[1])
     sub = gram[ids[:, :, None], ids[:, None, :]]  # (R, P, P)
     big = np.einsum("rp,rpq,rq->r", s, sub, s)
-    own = s**2 * np.einsum("rpp->rp", sub)  # ‖c_m‖²
-    total = n.sum(axis=1)
-    mean_small = total**2 * (own / n**2).mean(axis=1)
-    return mean_small, big, (1.0 / n).mean(axis=1), total
+    own = (s**2 * np.einsum("rpp->rp", sub)).sum(axis=1)  # Σ_m ‖c_m‖²
+    return own, big, (s**2).sum(axis=1), n.sum(axis=1)
 
 
 def noise_parts(gram: np.ndarray, tokens: np.ndarray, ids: np.ndarray, agg: str) -> np.ndarray:

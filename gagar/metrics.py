@@ -400,7 +400,8 @@ METRICS: tuple[MetricDef, ...] = (
         name="gagar_gradient_variance",
         kind="gauge",
         component="trainer",
-        doc="Trace of the covariance of micro-batch gradients, Σ‖g_m − ḡ‖²/(M−1).",
+        doc="Trace of the covariance of the step's unit gradients, Σ‖g_m − ḡ‖²/(M−1); a unit is a "
+        "micro-batch, or a run of them closed at a group's end (a group split over micro-batches).",
     ),
     MetricDef(
         name="gagar_gradient_mean_norm",
@@ -419,20 +420,27 @@ METRICS: tuple[MetricDef, ...] = (
         name="gagar_gradient_noise_scale",
         kind="gauge",
         component="trainer",
-        doc="Gradient noise scale B = tr Σ / ‖G‖² in tokens (McCandlish et al. 2018), unbiased "
-        "from micro-batch and full-batch squared norms; absent when ‖G‖² comes out ≤ 0.",
+        doc="Gradient noise scale B = tr Σ / ‖G‖² in tokens (McCandlish et al. 2018): the batch at "
+        "which a batch of this composition has as much noise as signal; a ratio, so not unbiased "
+        "itself (pool its parts over steps); absent when ‖G‖² comes out ≤ 0 or the step has fewer "
+        "than two independent units (whole groups) or splits a group over data-parallel ranks.",
     ),
     MetricDef(
         name="gagar_gradient_noise_trace",
         kind="gauge",
         component="trainer",
-        doc="tr Σ per token, the noise scale's numerator (average over steps before dividing).",
+        doc="tr Σ per token: N · tr Cov(ḡ), the step gradient's noise scaled to one of its N tokens; "
+        "unbiased for every aggregation when the units (runs of micro-batches closed at group "
+        "ends) are independent and a unit's expected gradient is its aggregation share of the "
+        "step's; under token-mean with independent tokens, the per-token tr Σ (average over "
+        "steps before dividing).",
     ),
     MetricDef(
         name="gagar_gradient_signal_sq",
         kind="gauge",
         component="trainer",
-        doc="Unbiased ‖G‖², the noise scale's denominator (one step's value can be ≤ 0).",
+        doc="‖G‖² = ‖E ḡ‖², the noise scale's denominator, from the inner products of distinct "
+        "units (unbiased under the same conditions as the trace; one step's value can be ≤ 0).",
     ),
     MetricDef(
         name="gagar_tokens_trained_total",

@@ -47,6 +47,7 @@ from gagar.trainer.loss import (
     GlobalCounts,
     LossConfig,
     PolicyBatch,
+    aggregation_weight,
     global_counts,
     policy_loss,
     prompt_token_counts,
@@ -149,6 +150,7 @@ class _MicroBatch:
     old_logp: Tensor | None = None  # (B, T) behaviour policy; None: this forward's own (detached)
     ref_logp: Tensor | None = None  # (B, T) reference policy (KL)
     real: bool = True  # False: a zero-weight round that only joins the collectives
+    closes: bool = True  # no group of this rank's unit continues in a later micro-batch (gradvar)
 
     def to(self, device: torch.device) -> _MicroBatch:
         tensors = {f: getattr(self, f) for f in self.__dataclass_fields__}
@@ -162,6 +164,7 @@ class _MicroBatch:
 class _MiniBatch:
     counts: GlobalCounts  # over the mini-batch: the denominators of its optimizer step
     micro: list[_MicroBatch]  # this replica's rounds
+    dependent: bool = False  # a group's micro-batches on two ranks: no noise scale (gradvar)
 
 
 def _collate(
@@ -307,13 +310,31 @@ class Learner:
                    *(len(c) for c in chunks))  # fmt: skip
         shape = (rows, width) if dp is not None and dp.equal_shapes else None
         micro = []
-        for chosen, real in self._rounds(chunks):
+        rounds = self._rounds(chunks)
+        # a zero-weight round's filler rows are no group's: only real rounds keep a unit open
+        later = [
+            {samples[j].group for c, r in rounds[i + 1 :] if r for j in c}
+            for i in range(len(rounds))
+        ]
+        for (chosen, real), after in zip(rounds, later, strict=True):
             tokens = prompt_tokens[[j - mini.start for j in chosen]]
             picked = [samples[j] for j in chosen]
             batch = _collate(picked if real else _zero_weight(picked), tokens, shape)
             batch.real = real
+            batch.closes = not ({samples[j].group for j in chosen} & after)
             micro.append(batch)
-        return _MiniBatch(counts, micro)
+        return _MiniBatch(counts, micro, self._split_groups(samples, chunks))
+
+    def _split_groups(self, samples: list[Sample], chunks: list[list[int]]) -> bool:
+        """Whether a group's micro-batches fall on two data-parallel ranks."""
+        dp = self.parallel
+        if dp is None or dp.size == 1:
+            return False
+        ranks: dict[int, set[int]] = {}
+        for k, chunk in enumerate(chunks):
+            for j in chunk:
+                ranks.setdefault(samples[j].group, set()).add(k % dp.size)
+        return any(len(r) > 1 for r in ranks.values())
 
     def _score(self, model: PolicyModel, batch: _MicroBatch) -> Tensor:
         device = next(iter(model.parameters())).device
@@ -353,13 +374,17 @@ class Learner:
 
     def _optimizer_step(self, params: list[Any], mini: _MiniBatch) -> dict[str, float]:
         tracker = GradVarianceTracker(params, self.parallel.counted if self.parallel else None)
+        tracker.dependent = mini.dependent
         self.optimizer.zero_grad(set_to_none=True)
         totals: dict[str, float] = {}
         maxima: dict[str, float] = {}
         for batch in mini.micro:
             loss, metrics, peaks = self._micro_step(batch, mini.counts)
             if batch.real:  # a zero-weight round adds nothing to the gradient or the metrics
-                tracker.after_micro_batch(float(batch.mask.sum()))
+                weight = aggregation_weight(
+                    batch.mask, mini.counts, self.cfg.loss, batch.prompt_tokens
+                )
+                tracker.after_micro_batch(weight, closes=batch.closes)
                 for key, value in {"loss": loss.detach(), **metrics}.items():
                     totals[key] = totals.get(key, 0.0) + float(value)
                 for key, peak in peaks.items():
@@ -401,7 +426,7 @@ class Learner:
             totals["gradient_noise_scale"] = noise
         totals["tokens"] = counts.num_tokens
         totals["micro_batches"] = (
-            float(tracker.num_micro) if dp is None else _global_micro(tracker, dp)
+            float(tracker.micro_batches) if dp is None else _global_micro(tracker, dp)
         )
         return totals
 
@@ -485,7 +510,7 @@ def _clip(params: list[Any], max_norm: float, norm: float) -> None:
 
 
 def _global_micro(tracker: GradVarianceTracker, dp: DataParallel) -> float:
-    stats = torch.tensor([0.0, float(tracker.num_micro), 0.0], dtype=torch.float64)
+    stats = torch.tensor([0.0, float(tracker.micro_batches), 0.0], dtype=torch.float64)
     return float(dp.reduce_variance(stats)[1])
 
 

@@ -190,6 +190,15 @@ AGGREGATORS: dict[AggMode, Aggregator] = {
 assert set(AGGREGATORS) == set(get_args(AggMode))
 
 
+def aggregation_weight(
+    mask: Tensor, counts: GlobalCounts, cfg: LossConfig, prompt_tokens: Tensor | None = None
+) -> float:
+    """The micro-batch's weight in the step's loss: its aggregate if every token's loss were 1
+    (its token, sequence or prompt share; ``gradvar`` turns it into the noise scale's shares)."""
+    ctx = _AggContext(counts, cfg.max_len, prompt_tokens)
+    return float(AGGREGATORS[cfg.agg_mode](torch.ones(mask.shape, dtype=torch.float64), mask, ctx))
+
+
 # ---------------------------------------------------------------- per-token terms
 
 

@@ -27,7 +27,7 @@ def test_gram_assembly_equals_the_trainers_tracker(agg: str) -> None:
         for j, s in zip(batch, scale, strict=True):  # the trainer: one micro-batch per group
             acc = acc + s * torch.from_numpy(u[j])
             p.grad = acc.clone()
-            tracker.after_micro_batch(float(tokens[j]))
+            tracker.after_micro_batch(float(s))  # its share: proportional to its weight
         trace, signal, _ = tracker.noise(float(tokens[batch].sum()))
         assert row == pytest.approx([trace, signal], rel=1e-6)  # the tracker sums in float32
 
