@@ -53,6 +53,17 @@ as a leased uid with no capabilities under the same filter (plus no IP sockets),
 cgroups, and leaves the filesystem view, the PID space and the kernel boundary to the pod's
 runtime class (gVisor, Kata). ``isolation.choose("auto")`` probes and takes the strongest mode
 that works here, and says which; ``LocalFactory(isolation="pod")`` asks for it directly.
+
+The shape: each isolation mode is a ``Jail`` (``jail.py``) in a file of its own, a peer of the
+others (``nojail.py``, ``bwrapjail.py``, ``podjail.py``, ``warm.py``), none importing the session
+(``local.py``) or another mode; the session picks its jail once, when it is created, and hands it
+a ``jail.View`` of itself with each command. ``jail.finish`` is the one end of every run (wait,
+cgroup counters, kill what is left, classify, result) and ``jail.backstop`` the one computation
+of the rlimits behind the cgroups. ``bwrap.py`` builds a bubblewrap command line (pure),
+``runner.py`` runs and captures one process tree, ``classify.py`` turns observations into an
+``ExecResult`` (pure), ``host.py`` keeps uid leases and owner locks and sweeps dead sessions,
+``station.py`` keeps sessions for verification, ``server.py``/``client.py`` serve sessions over
+HTTP and ``agent.py`` claims a pod per session.
 """
 
 from gagar.sandbox.types import (

@@ -30,6 +30,7 @@ WORKDIR = "/workspace"
 # /etc entries programs need to start (dynamic linker cache, alternatives links, time zone).
 ETC_FILES = ("ld.so.cache", "ld.so.conf", "ld.so.conf.d", "alternatives", "localtime")
 TOP_LINKS = ("bin", "lib", "lib32", "lib64", "libx32", "sbin")
+HOST_ENV = {"PATH": "/usr/sbin:/usr/bin:/sbin:/bin", "LANG": "C.UTF-8"}  # bubblewrap's own
 
 
 # The jail's waiter, between bubblewrap and the command: bubblewrap reports a child killed by

@@ -57,8 +57,9 @@ class Cgroup:
             (pids / name / "pids.max").write_text(str(processes))
         except OSError:
             for d in (mem / name, pids / name, cpu_dir):
-                with contextlib.suppress(OSError, TypeError):
-                    d.rmdir()  # type: ignore[union-attr]
+                if d is not None:
+                    with contextlib.suppress(OSError):
+                        d.rmdir()
             return None
         return cls(mem / name, pids / name, cpu_dir)
 

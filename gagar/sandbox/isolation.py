@@ -1,7 +1,7 @@
 """Which isolation a sandbox executor uses: ``bubblewrap``, ``pod``, or ``auto`` (probe, then the
 strongest that works here).
 
-``bubblewrap`` (``local.py``/``bwrap.py``) gives every command namespaces of its own: its own
+``bubblewrap`` (``bwrapjail.py``/``bwrap.py``) gives every command namespaces of its own: its own
 filesystem view, PID space and loopback-only network, on top of what ``pod`` gives. ``pod``
 (``podjail.py``) needs no namespaces and relies on the pod, i.e. its runtime class, for those.
 ``auto`` probes bubblewrap with a trivial jailed command; where the runtime refuses namespaces
@@ -9,7 +9,8 @@ filesystem view, PID space and loopback-only network, on top of what ``pod`` giv
 ``CAP_SYS_ADMIN``, and its masked ``/proc`` refuses a fresh one) it takes ``pod``, says why in one
 line, and never fails where ``pod`` works. Only when neither works does it refuse
 (``SandboxUnavailable`` with both reasons), so an executor never runs code without a boundary it
-can name. ``Choice.mode`` is what the executor reports (log line, ``/healthz``, the
+can name. A ``LocalFactory`` made for the resolved mode gives each session the jail of that mode
+(``local.JAILS``). ``Choice.mode`` is what the executor reports (log line, ``/healthz``, the
 ``gagar_sandbox_isolation`` metric).
 
 ``agent-sandbox`` is not an executor's mode but the cluster's (``agent.py``): every session is a

@@ -1,39 +1,46 @@
-"""The local backend: sessions on this machine, each command jailed by bubblewrap.
+"""The local backend: sessions on this machine, each in the jail of the isolation it was made for.
 
 ``LocalFactory(...).create(files=...)`` makes a ``LocalSession``: a private directory holding the
 workspace, a ``/tmp`` and generated ``/etc`` files, plus (when the executor is root) a private uid
-leased for the session's lifetime. Every ``exec`` builds a fresh jail (``bwrap.py``), runs it
-(``runner.py``) inside fresh cgroups when the hierarchy is writable (``cgroup.py``), then kills
-whatever is left (the cgroups' members, or else every process of the session uid) and turns the
-observations into an ``ExecResult`` (``classify.py``). A non-root executor (a sandbox pod running
-as non-root) has no uid to lease: bubblewrap then runs unprivileged in a user namespace, and
-``RLIMIT_NPROC`` counts the executor's own processes too (one session per pod is the intended
-shape). ``isolation="none"`` exists for development only and says so loudly.
+leased for the session's lifetime (``host.py``: the leases, owner locks and the sweep of dead
+sessions). The session picks its jail once, when it is created, from the isolation the factory
+resolved (``JAILS``; the ``Jail`` protocol and what every mode shares are in ``jail.py``):
+``bwrap`` a bubblewrap jail per command (``bwrapjail.py``), behind the warm test runner where the
+factory runs warm (``warm.py``); ``pod`` the pod as the boundary (``podjail.py``); ``none`` rlimits
+only (``nojail.py``: for development only, and it says so loudly). Every ``exec`` hands the jail a
+``jail.View`` of the session and the command; the jail runs it, kills what is left and classifies
+the result. A non-root executor (a sandbox pod running as non-root) has no uid to lease:
+bubblewrap then runs unprivileged in a user namespace, and ``RLIMIT_NPROC`` counts the executor's
+own processes too (one session per pod is the intended shape). Verification's stations
+(``station.py``) are sessions kept between candidates.
 """
 
 from __future__ import annotations
 
-import fcntl
 import functools
-import logging
 import math
 import os
-import random
-import resource
 import shutil
-import signal
 import sys
 import tempfile
-import time
 import warnings
 import weakref
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 
-from gagar.sandbox import bwrap, podjail, quota, runner, station, warm, workspace
-from gagar.sandbox.cgroup import Cgroup, destroy_tagged, sweep_stale
-from gagar.sandbox.classify import classify
-from gagar.sandbox.seccomp import filter_bpf
+from gagar.sandbox import bwrap, podjail, quota, station, warm, workspace
+from gagar.sandbox.bwrapjail import BwrapJail
+from gagar.sandbox.cgroup import sweep_stale
+from gagar.sandbox.host import (
+    SESSION_PREFIX,
+    UidLease,
+    cgroup_tag,
+    remove_session_dir,
+    sweep_stale_sessions,
+    take_ownership,
+)
+from gagar.sandbox.jail import Jail, View
+from gagar.sandbox.nojail import NoJail
 from gagar.sandbox.types import (
     MAX_WALL_S,
     Command,
@@ -45,148 +52,19 @@ from gagar.sandbox.types import (
     SandboxUnavailable,
 )
 
-log = logging.getLogger(__name__)
-UID_BASE, UID_SLOTS = 1_500_000, 4096
-# Uids are host-wide, so their locks are too: not under $TMPDIR, which differs between processes
-# (only a root executor leases uids, and root can always write /tmp).
-LOCK_DIR = Path("/tmp/gagar-sandbox-uids")
-SESSION_PREFIX = "gagar-sbx-"
-OWNER_LOCK = ".owner.lock"  # flocked while the session lives: a free lock means its process died
 UNSAFE_WARNING = (
     "WARNING: sandbox isolation is OFF (--unsafe-no-isolation): untrusted code runs directly on "
     "this host with only rlimits. Use this for development on trusted code only."
 )
 
 
-class UidLease:
-    """A uid no other session (in any process on this host) uses, held by an ``flock``."""
-
-    def __init__(self) -> None:
-        LOCK_DIR.mkdir(mode=0o700, exist_ok=True)
-        for slot in random.sample(range(UID_SLOTS), 64):
-            fd = os.open(LOCK_DIR / f"{slot}.lock", os.O_CREAT | os.O_RDWR, 0o600)
-            try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            except BlockingIOError:
-                os.close(fd)
-                continue
-            self.uid, self._fd = UID_BASE + slot, fd
-            return
-        raise SandboxUnavailable("no free sandbox uid (4096 sessions at once?)")
-
-    def release(self) -> None:
-        runner.kill_uid(self.uid)
-        os.close(self._fd)
-
-    @classmethod
-    def take(cls, uid: int) -> UidLease | None:
-        """The lease of ``uid`` if nobody holds it (a dead session's), else None."""
-        if not UID_BASE <= uid < UID_BASE + UID_SLOTS:
-            return None
-        try:
-            fd = os.open(LOCK_DIR / f"{uid - UID_BASE}.lock", os.O_RDWR)
-        except OSError:
-            return None
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            os.close(fd)
-            return None
-        lease = cls.__new__(cls)
-        lease.uid, lease._fd = uid, fd
-        return lease
-
-
-def sweep_stale_sessions(root: str | None = None, min_age_s: float = 60.0) -> int:
-    """Reclaim what the sessions under ``root`` whose process died without ``close`` (SIGKILL,
-    OOM kill) left: processes of their uid, cgroups, tmpfs, directory. A live session's
-    ``OWNER_LOCK`` is ``flock``ed from the moment the file exists, so a free one is a dead
-    session, reclaimed at once; a directory without it may be one being set up right now and
-    is left alone until ``min_age_s`` old."""
-    removed = 0
-    for d in Path(root or tempfile.gettempdir()).glob(f"{SESSION_PREFIX}*"):
-        try:
-            young = time.time() - d.stat().st_mtime < min_age_s
-            if (young and not (d / OWNER_LOCK).exists()) or _owner_alive(d):
-                continue
-            _reclaim(d)
-        except OSError:
-            continue  # another sweeper got there first, or it cannot go: never fail a caller
-        removed += 1
-    return removed
-
-
-def _reclaim(d: Path) -> None:
-    lease = UidLease.take(_recorded_uid(d))  # None once a live session leased the uid again
-    if lease is not None:
-        lease.release()  # kills whatever still runs as that uid
-    destroy_tagged(_cgroup_tag(d))
-    remove_session_dir(d)
-
-
-def _recorded_uid(d: Path) -> int:
-    try:
-        return int((d / OWNER_LOCK).read_text() or -1)
-    except (OSError, ValueError):
-        return -1
-
-
-def _cgroup_tag(d: Path) -> str:
-    """The prefix of the names of a session's cgroups (``Cgroup.create``)."""
-    return d.name.removeprefix(SESSION_PREFIX) + "-"
-
-
-def remove_session_dir(d: Path) -> None:
-    """Unmount its quota tmpfs (if any), then remove what is left, however deep."""
-    quota.unmount(d)
-    workspace.remove_tree(d)
-
-
-RLIMIT_OF = {  # Limits field -> the rlimit ``prlimit`` sets from it
-    "memory_bytes": resource.RLIMIT_AS,
-    "processes": resource.RLIMIT_NPROC,
-    "open_files": resource.RLIMIT_NOFILE,
-    "file_size_bytes": resource.RLIMIT_FSIZE,
-    "cpu_time_s": resource.RLIMIT_CPU,
+# The cold jail of each isolation a factory resolves (``isolation.py``); ``warm.WarmRunner`` goes
+# in front of the bubblewrap one where the factory runs warm.
+JAILS: dict[Isolation, Callable[[], Jail]] = {
+    "bwrap": BwrapJail,
+    "pod": podjail.PodJail,
+    "none": NoJail,
 }
-
-
-def within_inherited(limits: Limits) -> Limits:
-    """``limits`` lowered to the hard rlimits this executor inherited: the jail runs unprivileged
-    and cannot raise them, so asking for more would fail every command."""
-    lower = {}
-    for name, res in RLIMIT_OF.items():
-        hard = resource.getrlimit(res)[1]
-        slack = 1 if name == "cpu_time_s" else 0  # prlimit's hard CPU limit is one second above
-        if hard != resource.RLIM_INFINITY and getattr(limits, name) + slack > hard:
-            lower[name] = max(hard - slack, 1)
-    return limits.model_copy(update=lower) if lower else limits
-
-
-def _owner_alive(session_dir: Path) -> bool:
-    try:
-        fd = os.open(session_dir / OWNER_LOCK, os.O_RDWR)
-    except FileNotFoundError:
-        return False  # no owner ever took it (or a gagar from before the lock existed)
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        return True
-    finally:
-        os.close(fd)
-    return False
-
-
-def _take_ownership(session_dir: Path, uid: int | None) -> int:
-    """The session's ``OWNER_LOCK``, ``flock``ed (released by the kernel when this process dies)
-    and holding its uid (for the sweep). Made under another name and renamed: a sweeper never
-    sees the lock file before it is locked."""
-    new = session_dir / f"{OWNER_LOCK}.new"
-    fd = os.open(new, os.O_CREAT | os.O_RDWR, 0o600)
-    fcntl.flock(fd, fcntl.LOCK_EX)
-    os.write(fd, str(uid if uid is not None else "").encode())
-    os.rename(new, session_dir / OWNER_LOCK)
-    return fd
 
 
 def python_paths() -> tuple[str, ...]:
@@ -307,10 +185,12 @@ class LocalSession:
         self._lease = UidLease() if jailed and os.geteuid() == 0 else None
         self.dir = Path(tempfile.mkdtemp(prefix=SESSION_PREFIX, dir=factory.root))
         self.quota = jailed and quota.try_mount(self.dir, limits.disk_bytes, limits.inodes)
-        self._owner = _take_ownership(self.dir, self.uid)
-        self.workspace = self.dir / "workspace"
-        preload = factory.warm_preload if preload is None else preload
-        self._warm = warm.WarmRunner(self, preload) if factory.warm else None
+        self._owner = take_ownership(self.dir, self.uid)
+        self.workspace, self.ro_paths = self.dir / "workspace", factory.ro_paths
+        self.jail = JAILS[factory.isolation]()  # once: the isolation the factory resolved
+        if factory.warm:
+            preload = factory.warm_preload if preload is None else preload
+            self.jail = warm.WarmRunner(self.jail, self._view(), preload)
         try:
             self._layout(files, tarball)
         except BaseException:
@@ -323,7 +203,16 @@ class LocalSession:
 
     @property
     def cgroup_tag(self) -> str:
-        return _cgroup_tag(self.dir)
+        return cgroup_tag(self.dir)
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    @property
+    def _warm(self) -> warm.WarmRunner | None:
+        """The warm runner, where this session has one (tests and benchmarks look inside)."""
+        return self.jail if isinstance(self.jail, warm.WarmRunner) else None
 
     def _layout(self, files: Mapping[str, FileData], tarball: bytes | None) -> None:
         for name in ("workspace", "tmp", "etc"):
@@ -343,26 +232,29 @@ class LocalSession:
             workspace.chown_tree(self.workspace, self.uid)
             workspace.chown_tree(self.dir / "tmp", self.uid)
         if self._factory.isolation == "pod":
-            podjail.seal(self)
-
-    def python_bins(self) -> list[str]:
-        """The ``bin`` directories of the Python installations, first on the jail's PATH."""
-        return [os.path.join(p, "bin") for p in self._factory.ro_paths]
+            podjail.seal(self.dir)
 
     def _jail(self) -> bwrap.Jail:
+        """The bubblewrap jail's mounts, environment and waiter (``bwrap.py``)."""
         links, etc = host_layout()
-        python_bins = self.python_bins()
+        python_bins = [os.path.join(p, "bin") for p in self.ro_paths]  # first on the jail's PATH
         return bwrap.Jail(
             workspace=str(self.workspace),
             tmp=str(self.dir / "tmp"),
             etc=str(self.dir / "etc"),
             uid=self.uid,
-            ro_paths=self._factory.ro_paths,
+            ro_paths=self.ro_paths,
             env=bwrap.sandbox_env(python_bins, self.uid),
             host_links=links,
             host_etc=etc,
             waiter=bwrap.waiter_argv(os.path.realpath(sys.executable), _perl()),
         )
+
+    def _view(self) -> View:
+        """The session as its jail sees it for one run."""
+        cgroups = self._factory.use_cgroup and self.uid is not None
+        tag = self.cgroup_tag if cgroups else None
+        return View(self.dir, self.uid, self.limits, self._jail(), tag, self.quota)
 
     def exec(self, cmd: Command, timeout: float | None = None) -> ExecResult:
         self._check_open()
@@ -372,103 +264,7 @@ class LocalSession:
         wall = float(timeout) if timeout is not None else self.limits.wall_time_s
         if not (math.isfinite(wall) and 0 < wall <= MAX_WALL_S):
             raise SandboxError(f"timeout must be a number in (0, {MAX_WALL_S:g}], got {timeout}")
-        if self._factory.isolation == "none":
-            return self._exec_unsafe(argv, wall)
-        if self._factory.isolation == "pod":
-            return podjail.exec_pod(self, argv, wall)
-        request = warm.parse(cmd) if self._warm is not None else None
-        if request is None or self._warm is None:
-            return self._exec_jailed(argv, wall)
-        done = self._warm.run(request, wall)
-        if isinstance(done, ExecResult):
-            return done
-        log.info("session %s: a Python command runs cold: %s", self.dir.name, done)
-        return self._exec_jailed(argv, wall).model_copy(update={"warm_fallback": done})
-
-    def jail_limits(self, cgroup: bool) -> Limits:
-        """The rlimits of a jailed process. With the cgroups as the exact bounds, the rlimits are
-        backstops: the address-space one only stops absurd reservations, and RLIMIT_NPROC (which
-        counts every process of the uid, a dying one of the last command too) must not fire
-        before ``pids.max`` does, or a fork bomb ends with EAGAIN that no counter of the
-        executor's own saw."""
-        limits = (
-            self.limits.model_copy(
-                update={
-                    "memory_bytes": self.limits.memory_bytes * 4,
-                    "processes": self.limits.processes * 2,
-                }
-            )
-            if cgroup
-            else self.limits
-        )
-        return within_inherited(limits)
-
-    def _exec_jailed(self, argv: list[str], wall: float) -> ExecResult:
-        cg = None
-        if self._factory.use_cgroup and self.uid is not None:
-            cg = Cgroup.create(self.limits.memory_bytes, self.limits.processes, self.cgroup_tag)
-        full = bwrap.bwrap_argv(self._jail(), self.jail_limits(cg is not None), argv)
-        launch = runner.Launch(
-            argv=cg.wrap(full) if cg else full,
-            wall_time_s=wall,
-            output_bytes=self.limits.output_bytes,
-            env={"PATH": "/usr/sbin:/usr/bin:/sbin:/bin", "LANG": "C.UTF-8"},
-            status_fd=True,
-            seccomp=filter_bpf(),
-        )
-        try:
-            outcome = runner.run(launch)
-        except OSError as e:
-            return ExecResult(exit_code=None, infra_error=f"cannot start the jail: {e}")
-        finally:
-            stats = cg.stats() if cg else None
-            if cg:
-                cg.destroy()  # kills all inside: no process can leave its cgroup unprivileged
-            elif self.uid is not None:
-                runner.kill_uid(self.uid)
-        ended = outcome.signal is not None or (outcome.exit_code or 0) > 128  # only then look
-        return classify(
-            outcome,
-            self.limits,
-            stats,
-            jailed=True,
-            disk_full=self._disk_full(),
-            file_at_limit=ended and self._file_at_limit(),
-        )
-
-    def _file_at_limit(self) -> bool:
-        """A file of the session at the size limit: what ``RLIMIT_FSIZE`` leaves when it fires
-        (bubblewrap's status cannot tell its SIGXFSZ from an ``exit 153``)."""
-        return any(
-            not isinstance(st, bytes) and st.st_size >= self.limits.file_size_bytes
-            for _, st in workspace.walk(self.dir, ignored=frozenset())
-        )
-
-    def _disk_full(self) -> bool:
-        """Out of quota: the tmpfs is full or, without one (a non-root executor cannot mount),
-        the workspace and ``/tmp`` hold more than the limits (measured after the fact: reported,
-        not prevented; the pod's emptyDir ``sizeLimit`` is the bound there)."""
-        if self.quota:
-            return quota.full(self.dir)
-        used, entries = workspace.usage(self.dir)
-        return used > self.limits.disk_bytes or entries > self.limits.inodes
-
-    def _exec_unsafe(self, argv: list[str], wall: float) -> ExecResult:
-        env = bwrap.sandbox_env([os.path.dirname(sys.executable)], None)
-        env["HOME"] = env["TMPDIR"] = str(self.dir / "tmp")
-        launch = runner.Launch(
-            argv=bwrap.rlimit_argv(within_inherited(self.limits)) + argv,
-            wall_time_s=wall,
-            output_bytes=self.limits.output_bytes,
-            env=env,
-            cwd=str(self.workspace),
-        )
-        try:
-            outcome = runner.run(launch)
-        except OSError as e:
-            return ExecResult(exit_code=None, infra_error=f"cannot start the command: {e}")
-        xfsz = outcome.signal == signal.SIGXFSZ  # the wait status, observed here directly
-        return classify(outcome, self.limits, None, jailed=False, file_at_limit=xfsz)
+        return self.jail.run(self._view(), argv, wall)
 
     def read_file(self, path: str) -> bytes:
         self._check_open()
@@ -497,8 +293,7 @@ class LocalSession:
     def reset(self) -> None:
         """Back to the base snapshot (files the code created are gone, edits undone)."""
         self._check_open()
-        if self._warm is not None:
-            self._warm.stop()  # its jail holds the directories removed here
+        self.jail.stop()  # a fork server's jail holds the directories removed here
         workspace.remove_tree(self.workspace)
         workspace.remove_tree(self.dir / "tmp")
         self.workspace.mkdir()
@@ -520,8 +315,7 @@ class LocalSession:
         if self._closed:
             return
         self._closed = True
-        if self._warm is not None:
-            self._warm.stop()
+        self.jail.stop()
         if self._lease is not None:
             self._lease.release()
         os.close(self._owner)  # the tmpfs holds the lock file: close before unmounting
@@ -541,4 +335,11 @@ class LocalSession:
         self.close()
 
 
-__all__ = ["LocalFactory", "LocalSession", "check_isolation"]
+__all__ = [
+    "JAILS",
+    "SESSION_PREFIX",
+    "LocalFactory",
+    "LocalSession",
+    "check_isolation",
+    "sweep_stale_sessions",
+]

@@ -34,20 +34,15 @@ import shutil
 import sys
 import tempfile
 import time
-from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 from gagar.sandbox import bwrap, runner
-from gagar.sandbox.cgroup import Cgroup
-from gagar.sandbox.classify import classify
+from gagar.sandbox.host import UidLease
+from gagar.sandbox.jail import Cold, Run, View, backstop, cgroups, finish, host_env
 from gagar.sandbox.runner import SECCOMP_FD, STATUS_FD
 from gagar.sandbox.seccomp import filter_bpf
 from gagar.sandbox.types import ExecResult, Limits, SandboxUnavailable
-
-if TYPE_CHECKING:
-    from gagar.sandbox.local import LocalSession
 
 LAUNCHED = "launched"  # the status record the launcher writes just before it executes the command
 # Runs as ``python -I -S -c``: no site, no environment, nothing read from the workspace (its cwd).
@@ -78,16 +73,6 @@ os.execv(sys.argv[3], sys.argv[3:])
 KILL_PASSES = 64  # a fork loop racing the sweep is bounded by RLIMIT_NPROC per pass
 
 
-@dataclass(frozen=True)
-class PodJail:
-    """One command's setting: where it runs, as whom, with what environment."""
-
-    workspace: str
-    tmp: str
-    uid: int | None  # switch to this uid (root-capable executor); None: stay the executor's uid
-    env: dict[str, str]
-
-
 @cache
 def _tool(name: str) -> str:
     path = shutil.which(name)
@@ -96,75 +81,49 @@ def _tool(name: str) -> str:
     return path
 
 
-def pod_argv(jail: PodJail, limits: Limits, cmd: list[str]) -> list[str]:
-    """The command line: launcher (filter), privilege drop, rlimits, then ``cmd``."""
+def pod_argv(uid: int | None, limits: Limits, cmd: list[str]) -> list[str]:
+    """The command line: launcher (filter), privilege drop to ``uid`` (None: stay the executor's
+    uid), rlimits, then ``cmd``."""
     argv = [sys.executable, "-I", "-S", "-c", LAUNCHER, SECCOMP_FD, STATUS_FD]
-    if jail.uid is not None:
-        argv += [_tool("setpriv"), *bwrap.drop_argv(jail.uid)[1:]]
+    if uid is not None:
+        argv += [_tool("setpriv"), *bwrap.drop_argv(uid)[1:]]
     return argv + [_tool("prlimit"), *bwrap.rlimit_argv(limits)[1:], *cmd]
 
 
-def env_for(session: LocalSession) -> dict[str, str]:
-    """The sandbox's environment, with the session's own ``/tmp`` standing for ``/tmp``."""
-    env = bwrap.sandbox_env([os.path.dirname(sys.executable)], session.uid)
-    env["HOME"] = env["TMPDIR"] = str(session.dir / "tmp")
-    return env
-
-
-def seal(session: LocalSession) -> None:
+def seal(session_dir: Path) -> None:
     """Other uids may pass through the session directory (not list it) and see nothing inside."""
-    os.chmod(session.dir, 0o711)
+    os.chmod(session_dir, 0o711)
     for name in ("workspace", "tmp"):
-        os.chmod(session.dir / name, 0o700)
+        os.chmod(session_dir / name, 0o700)
 
 
-def exec_pod(session: LocalSession, argv: list[str], wall: float) -> ExecResult:
-    """Run ``argv`` in ``session`` under the ``pod`` mode; only the executor's observations count."""
-    limits = session.limits
-    use_cgroup = session._factory.use_cgroup and session.uid is not None
-    cg = Cgroup.create(limits.memory_bytes, limits.processes) if use_cgroup else None
-    if cg:  # as in the bubblewrap jail: the cgroups bind exactly, the rlimits are backstops
-        backstop = {"memory_bytes": limits.memory_bytes * 4, "processes": limits.processes * 2}
-        limits = limits.model_copy(update=backstop)
-    from gagar.sandbox.local import within_inherited
+class PodJail(Cold):
+    """The ``pod`` mode; see the module docstring."""
 
-    jail = PodJail(str(session.workspace), str(session.dir / "tmp"), session.uid, env_for(session))
-    full = pod_argv(jail, within_inherited(limits), argv)
-    launch = runner.Launch(
-        argv=cg.wrap(full) if cg else full,
-        wall_time_s=wall,
-        output_bytes=session.limits.output_bytes,
-        env=jail.env,
-        cwd=jail.workspace,
-        status_fd=True,
-        seccomp=filter_bpf(ip_sockets=False),
-    )
-    try:
-        outcome = runner.run(launch)
-    except OSError as e:
-        return ExecResult(exit_code=None, infra_error=f"cannot start the command: {e}")
-    finally:
-        stats = cg.stats() if cg else None
-        kill_leftovers(session.uid)  # first: our unreaped zombies would keep the groups busy
-        if cg:
-            cg.destroy()
-    # the launcher execs down to the command: the wait status is the command's own, and an exit
-    # status above 128 stays one (a shell's `exit 152`, or its child's kill passed on: the limit
-    # is then named only from what the executor finds, a file at the size limit)
-    ended = outcome.signal is not None or (outcome.exit_code or 0) > 128
-    result = classify(
-        outcome,
-        session.limits,
-        stats,
-        jailed=False,
-        disk_full=session._disk_full(),
-        file_at_limit=ended and session._file_at_limit(),
-    )
-    launched = any(r.get(LAUNCHED) for r in outcome.status)
-    if not launched and not outcome.timed_out:
-        tail = outcome.stderr.decode(errors="replace").strip()[-500:]
-        return result.model_copy(update={"infra_error": f"the pod jail did not start: {tail}"})
-    return result
+    def run(self, view: View, argv: list[str], wall: float) -> ExecResult:
+        cg = cgroups(view)
+        full = pod_argv(view.uid, backstop(view.limits, cg is not None), argv)
+        launch = runner.Launch(
+            argv=cg.wrap(full) if cg else full,
+            wall_time_s=wall,
+            output_bytes=view.limits.output_bytes,
+            env=host_env(view, view.uid),
+            cwd=str(view.workspace),
+            status_fd=True,
+            seccomp=filter_bpf(ip_sockets=False),
+        )
+        # the launcher execs down to the command: the wait status is the command's own, and an
+        # exit status above 128 stays one (a shell's `exit 152`, or its child's kill passed on:
+        # the limit is then named only from what the executor finds, a file at the size limit)
+        run = Run(cg, lambda: kill_leftovers(view.uid), not_started=_not_launched)
+        return finish(view, lambda: runner.run(launch), run)
+
+
+def _not_launched(outcome: runner.Outcome) -> str | None:
+    """Why the launcher never started the command (its record missing), or None."""
+    if outcome.timed_out or any(r.get(LAUNCHED) for r in outcome.status):
+        return None
+    return f"the pod jail did not start: {outcome.stderr.decode(errors='replace').strip()[-500:]}"
 
 
 def kill_leftovers(uid: int | None) -> None:
@@ -215,11 +174,25 @@ def check_root(root: str | None) -> None:
 
 @cache
 def check() -> None:
-    """Raise ``SandboxUnavailable`` unless a trivial command runs in this mode here (once)."""
-    from gagar.sandbox.local import LocalFactory
-
-    with LocalFactory(limits=Limits(wall_time_s=20), isolation="pod", check=False).create() as s:
-        result = s.exec(["true"])
+    """Raise ``SandboxUnavailable`` unless a trivial command runs in this mode here (checked
+    once): in a directory sealed as a session's, as a leased uid where the executor is root,
+    under the launcher's filter, ``setpriv`` and ``prlimit``, in cgroups where it may make them."""
+    lease = UidLease() if os.geteuid() == 0 else None
+    uid = lease.uid if lease is not None else None
+    probe = Path(tempfile.mkdtemp(prefix="gagar-pod-check-"))
+    try:
+        for name in ("workspace", "tmp"):
+            (probe / name).mkdir()
+            if uid is not None:
+                os.chown(probe / name, uid, uid)
+        seal(probe)
+        tag = probe.name + "-" if uid is not None else None  # cgroups as a session has them
+        view = View(probe, uid, Limits(wall_time_s=20), cgroup_tag=tag)
+        result = PodJail().run(view, ["true"], 20.0)
+    finally:
+        if lease is not None:
+            lease.release()
+        shutil.rmtree(probe, ignore_errors=True)
     if not result.ok:
         raise SandboxUnavailable(
             f"refusing to run untrusted code: the pod mode cannot start a command here "
@@ -227,4 +200,4 @@ def check() -> None:
         )
 
 
-__all__ = ["LAUNCHER", "PodJail", "check", "exec_pod", "kill_leftovers", "pod_argv", "seal"]
+__all__ = ["LAUNCHER", "PodJail", "check", "kill_leftovers", "pod_argv", "seal"]

@@ -178,13 +178,7 @@ def _supervise(
             cap.add(fd)
     proc.stdout.close()  # type: ignore[union-attr]
     proc.stderr.close()  # type: ignore[union-attr]
-    deadline, outcome = start + launch.wall_time_s, Outcome()
-    while not cap.exited:
-        remaining = deadline - time.monotonic()
-        if remaining <= 0:
-            outcome.timed_out = True
-            break
-        cap.pump(remaining)
+    outcome = Outcome(timed_out=pump_until(cap, start + launch.wall_time_s))
     # Still unreaped here, so the group id cannot have been reused: kill stragglers (background
     # jobs in the group) and, on timeout, the whole tree (bubblewrap takes its namespace along).
     _kill_group(proc.pid)
@@ -195,6 +189,16 @@ def _supervise(
     if wait_r is not None:
         outcome.waited = _parse_status(bytes(cap.data[wait_r]))
     return outcome
+
+
+def pump_until(cap: _Capture, deadline: float) -> bool:
+    """Capture until the process exits (False) or ``deadline`` passes (True: it timed out)."""
+    while not cap.exited:
+        remaining = deadline - time.monotonic()
+        if remaining <= 0:
+            return True
+        cap.pump(remaining)
+    return False
 
 
 def _drain(cap: _Capture, until: float) -> None:

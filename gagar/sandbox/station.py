@@ -40,17 +40,32 @@ import stat
 import threading
 from collections.abc import Callable
 from pathlib import Path, PurePosixPath
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from gagar.sandbox import workspace
+from gagar.sandbox.jail import Jail
 from gagar.sandbox.types import SandboxError
-
-if TYPE_CHECKING:
-    from gagar.sandbox.local import LocalSession
 
 log = logging.getLogger(__name__)
 IDLE = 8  # stations kept idle, all keys together (each holds a fork server: ~40 MB, no CPU)
 Key = tuple[tuple[str, ...], str]  # what the server preloads, the session's limits (as JSON)
+
+
+class Kept(Protocol):
+    """What a station needs of the session it keeps (a ``LocalSession``)."""
+
+    dir: Path  # the session directory: workspace/, tmp/
+    workspace: Path
+    ro_paths: tuple[str, ...]  # bound read-only into its jails (the Python installation)
+    roots: dict[Path, tuple[int, list[str]] | None]  # ``dir_state`` of workspace and tmp
+    jail: Jail  # a ``warm.WarmRunner`` where the factory runs warm
+
+    @property
+    def closed(self) -> bool: ...
+
+    def refill(self, tarball: bytes) -> None: ...
+
+    def close(self) -> None: ...
 
 
 class Stations:
@@ -60,10 +75,10 @@ class Stations:
     def __init__(self, idle: int = IDLE) -> None:
         self.idle = idle
         self._lock = threading.Lock()
-        self._free: list[tuple[Key, LocalSession]] = []  # least recently given back first
+        self._free: list[tuple[Key, Kept]] = []  # least recently given back first
         self.made = self.reused = self.retired = 0
 
-    def take(self, tarball: bytes, key: Key, make: Callable[[], LocalSession]) -> Station:
+    def take(self, tarball: bytes, key: Key, make: Callable[[], Kept]) -> Station:
         """A station holding ``tarball``'s repository (an idle one refilled, or ``make()``'s);
         ``close()`` gives it back."""
         session = self._pop_fit(key)
@@ -81,7 +96,7 @@ class Stations:
             self.reused += 1
         return Station(self, session, key)
 
-    def _pop_fit(self, key: Key) -> LocalSession | None:
+    def _pop_fit(self, key: Key) -> Kept | None:
         """An idle station fit to serve; those that are not (a server died idle) are retired."""
         while True:
             with self._lock:
@@ -96,7 +111,7 @@ class Stations:
                 return session
             self._retire(session, why)
 
-    def give_back(self, session: LocalSession, key: Key) -> None:
+    def give_back(self, session: Kept, key: Key) -> None:
         why = unfit(session)
         if why is None:
             try:
@@ -113,7 +128,7 @@ class Stations:
         for old in excess:
             self._retire(old, None)
 
-    def _retire(self, session: LocalSession, why: str | None) -> None:
+    def _retire(self, session: Kept, why: str | None) -> None:
         if why is not None:
             log.info("verification station %s retired: %s", session.dir.name, why)
         with self._lock:
@@ -137,25 +152,24 @@ def dir_state(d: Path) -> tuple[int, list[str]] | None:
         return None
 
 
-def _tmp_mount_points(session: LocalSession) -> set[str]:
+def _tmp_mount_points(session: Kept) -> set[str]:
     """The directories (relative to ``/tmp``) on the way to where bubblewrap binds a Python
     installation under ``/tmp`` (a clone's environment), the mount points included."""
     return {
         str(d.relative_to("/tmp"))
-        for p in session._factory.ro_paths
+        for p in session.ro_paths
         if p.startswith("/tmp/")
         for d in (PurePosixPath(p), *PurePosixPath(p).parents)
         if str(d).startswith("/tmp/")
     }
 
 
-def empty(session: LocalSession) -> None:
+def empty(session: Kept) -> None:
     """The session's workspace and ``/tmp`` emptied in place (the warm runner's jail holds them),
     but for the mount points bubblewrap made in ``/tmp`` for a Python installation under it (a
     clone's environment): removing one here would unmount it in the server's jail. Those are
     root's directories, which the code cannot write into; what it made inside one is removed all
     the same."""
-    session._check_open()
     workspace.remove_tree(session.workspace, keep=True)
     chain = _tmp_mount_points(session)
     todo = [(session.dir / "tmp", "")]
@@ -171,37 +185,35 @@ def empty(session: LocalSession) -> None:
                 workspace.remove_tree(where / name)
 
 
-def unfit(session: LocalSession) -> str | None:
+def unfit(session: Kept) -> str | None:
     """Why ``session`` must not serve another verification, or None. Besides its warm runner's
     state: the code owns ``/workspace`` and ``/tmp`` themselves, which stay while their contents
     are emptied: it may change their modes or ACLs (``chmod 000`` would fail the next candidate's
     tests), or rename a directory in ``/tmp`` on the way to a mount point, which moves the mount
     in the server's jail (its later imports would fail; without a server, the next jail makes the
     way again)."""
-    if session._closed:
+    if session.closed:
         return "closed"
-    runner = session._warm
-    if runner is None:
-        return "no warm runner"
+    jail = session.jail
     for d, state in session.roots.items():
         if dir_state(d) != state:
             return f"/{d.name} had its mode or extended attributes changed"
-    for rel in _tmp_mount_points(session) if runner.serving else ():
+    for rel in _tmp_mount_points(session) if jail.serving else ():
         try:
             st = os.lstat(session.dir / "tmp" / rel)
         except OSError:
             return f"/tmp/{rel}, a mount point's way, is gone"
         if not stat.S_ISDIR(st.st_mode) or st.st_uid != 0:
             return f"/tmp/{rel}, a mount point's way, was replaced"
-    return runner.unfit()
+    return jail.unfit()
 
 
 class Station:
     """One verification's use of a station: a ``Session`` until ``close()`` gives it back."""
 
-    def __init__(self, pool: Stations, session: LocalSession, key: Key) -> None:
+    def __init__(self, pool: Stations, session: Kept, key: Key) -> None:
         self._pool, self._key = pool, key
-        self._session: LocalSession | None = session
+        self._session: Kept | None = session
 
     def __getattr__(self, name: str) -> Any:  # the Session methods, while taken
         session = self.__dict__.get("_session")

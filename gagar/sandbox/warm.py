@@ -1,8 +1,10 @@
 """The warm test runner of a session: pytest runs forked from a fork server in the session's jail.
 
-A cold ``python -m pytest`` costs about 0.2 CPU s before the first test, most of it starting the
-interpreter and importing pytest. A ``LocalSession`` (``isolation="bwrap"``, a root executor with
-cgroups) starts, at its first pytest command, a fork server (``warm_server.py``) in a jail built
+The warm isolation mode (``WarmRunner``, a ``jail.Jail``): in front of a session's cold
+bubblewrap jail, which runs every other command and every fallback (given to it when the session
+is made: no mode imports another). A cold ``python -m pytest`` costs about 0.2 CPU s before the
+first test, most of it starting the interpreter and importing pytest. A ``LocalSession``
+(``isolation="bwrap"``, a root executor with cgroups) starts, at its first pytest command, a fork server (``warm_server.py``) in a jail built
 as a command's (same mounts, uid, rlimits and seccomp filter, plus ``mq_open`` refused): pytest,
 its default plugins and the factory's ``warm_preload`` modules imported once, with nothing of the
 workspace, ``/tmp`` or the environment read. Each pytest command is then one ``fork`` of that
@@ -59,8 +61,6 @@ import inspect
 import json
 import logging
 import os
-import re
-import shlex
 import shutil
 import signal
 import socket
@@ -68,20 +68,17 @@ import subprocess
 import tempfile
 import threading
 import time
-from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from gagar.sandbox import bwrap, runner, warm_server
-from gagar.sandbox.cgroup import Cgroup, Stats
-from gagar.sandbox.classify import classify
+from gagar.sandbox.cgroup import Cgroup
+from gagar.sandbox.jail import Jail, Run, View, backstop, cgroups, finish
+from gagar.sandbox.pycommand import PYTHONS, Request, parse
 from gagar.sandbox.seccomp import filter_bpf
 from gagar.sandbox.types import ExecResult, SandboxError
 from gagar.sandbox.workspace import resolve_inside
-
-if TYPE_CHECKING:
-    from gagar.sandbox.local import LocalSession
 
 log = logging.getLogger(__name__)
 SOURCE = inspect.getsource(warm_server)  # what the jail runs: imported here only for its text
@@ -90,83 +87,20 @@ REPLY_TIMEOUT_S = 10.0  # the server's answer to a request: a fork
 STATUS_GRACE_S = 2.0  # the server's report after the run's end
 MAX_RESTARTS = 3  # discarded servers before the session stays cold
 MAX_REQUEST = 60_000  # bytes of one request (the server reads at most 64 KiB)
-PYTHONS = ("python", "python3")
 # Each run in a network namespace of its own (``warm_server.py``); off only in benchmarks.
 RUN_NETNS = True
 # bubblewrap's --die-with-parent is PR_SET_PDEATHSIG, which fires when the *thread* that started it
 # ends. A server outlives the command that started it (and a station's, many rollout steps, each
 # with a thread pool of its own), so every server is started from this one long-lived thread.
 _SPAWNER = ThreadPoolExecutor(1, thread_name_prefix="gagar-warm-start")
-_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*=")
-_SHELL_SPECIAL = frozenset("$`;&|<>()*?[]{}~#!\\\n\r")
 
 
-@dataclasses.dataclass(frozen=True)
-class Request:
-    """A Python command the warm runner can run: ``python -m MODULE``/``-c CODE``/``SCRIPT``."""
+class _Cold(Exception):  # a way out, not an error: the command runs cold
+    """The run must be rerun cold; ``why`` says why."""
 
-    kind: str  # "module", "code" or "script"
-    target: str  # the module's name, the code, the script's path
-    args: list[str]
-    env: dict[str, str]  # the command's ``VAR=value`` assignments
-    python: str  # the interpreter's name as the command gives it
-    isolated: bool = False  # ``-I``: neither the working directory nor PYTHONPATH on sys.path
-
-
-def _words(cmd: str | Sequence[str]) -> list[str] | None:
-    """The words of a string command, or None where the shell would do more than split it."""
-    if not isinstance(cmd, str):
-        return list(cmd)
-    quote = ""
-    for ch in cmd:
-        if quote == "'":
-            quote = "" if ch == "'" else quote
-        elif quote == '"':
-            if ch in "$`\\":
-                return None
-            quote = "" if ch == '"' else quote
-        elif ch in "'\"":
-            quote = ch
-        elif ch in _SHELL_SPECIAL:
-            return None
-    try:
-        return shlex.split(cmd)
-    except ValueError:
-        return None
-
-
-def parse(cmd: str | Sequence[str]) -> Request | None:
-    """The ``Request`` for ``[env] [VAR=value ...] python[3] [-I] [-B] (-m MODULE | -c CODE |
-    SCRIPT) [ARGS]`` (no other interpreter options: the server runs ``-I -B``, and ``-B`` is
-    what it does anyway), else None: the command runs cold."""
-    words = _words(cmd)
-    if words and words[0] == "env":
-        words.pop(0)
-    if not words:
-        return None
-    env: dict[str, str] = {}
-    while words and _NAME.match(words[0]):
-        name, _, value = words.pop(0).partition("=")
-        env[name] = value
-    if not words or words[0] not in PYTHONS:
-        return None
-    python, options = words[0], set()
-    while len(words) > 1 and re.fullmatch(r"-[IB]+", words[1]):
-        options |= set(words.pop(1)[1:])
-    isolated = "I" in options
-    for name in env:  # read by the interpreter (unless isolated) or the loader at start
-        if name.startswith("LD_") or (
-            name.startswith("PYTHON") and name != "PYTHONPATH" and not isolated
-        ):
-            return None
-    if len(words) < 2:
-        return None
-    if words[1] in ("-m", "-c") and len(words) > 2 and words[2]:
-        kind = "module" if words[1] == "-m" else "code"
-        return Request(kind, words[2], words[3:], env, python, isolated)
-    if words[1].startswith("-") or words[1] == "":
-        return None
-    return Request("script", words[1], words[2:], env, python, isolated)
+    def __init__(self, why: str) -> None:
+        super().__init__(why)
+        self.why = why
 
 
 def _nspid(pid: int) -> int | None:
@@ -219,10 +153,13 @@ def _descendant(root: int, nspid: int) -> int | None:
 
 
 class WarmRunner:
-    """A session's fork server, started at its first pytest command; see the module docstring."""
+    """The warm mode: a session's fork server, started at its first Python command, in front of
+    ``cold``, the jail every other command (and every fallback) runs in; see the module
+    docstring. ``view``: the session as it is created."""
 
-    def __init__(self, session: LocalSession, preload: tuple[str, ...] = ()) -> None:
-        self._s, self._preload = session, preload
+    def __init__(self, cold: Jail, view: View, preload: tuple[str, ...] = ()) -> None:
+        self._cold, self._preload = cold, preload
+        self._view, self._name = view, view.dir.name  # the view of the run in progress
         self._lock = threading.Lock()
         self._proc: subprocess.Popen | None = None
         self._ctl: socket.socket | None = None
@@ -236,12 +173,12 @@ class WarmRunner:
         self._restarts = 0
         self.start_cpu_s: float | None = None
         self.off: str | None = None  # why this session runs cold for good
-        if session.uid is None or not session._factory.use_cgroup:
+        if view.uid is None or view.cgroup_tag is None:
             self.off = "the warm runner needs a root executor with cgroups (a leased uid)"
+        ro_paths = view.layout.ro_paths if view.layout is not None else ()
+        bins = ":".join(os.path.join(p, "bin") for p in ro_paths)  # first on the jail's PATH
         self._python = {
-            name: found
-            for name in PYTHONS
-            if (found := shutil.which(name, path=":".join(session.python_bins()))) is not None
+            name: found for name in PYTHONS if (found := shutil.which(name, path=bins)) is not None
         }
         if "python" not in self._python:
             self.off = "no python on the jail's PATH"
@@ -277,11 +214,25 @@ class WarmRunner:
             out.add(pid)
         return out
 
-    def run(self, req: Request, wall: float) -> ExecResult | str:
+    def run(self, view: View, argv: list[str], wall: float) -> ExecResult:
+        """``argv`` forked from the server where it is a Python command the server can run,
+        else (or where the warm run failed) in the cold jail, saying why."""
+        shell = len(argv) == 3 and argv[:2] == ["/bin/sh", "-c"]  # how a string command comes
+        request = parse(argv[2] if shell else argv)
+        if request is None:
+            return self._cold.run(view, argv, wall)
+        done = self._warm(view, request, wall)
+        if isinstance(done, ExecResult):
+            return done
+        log.info("session %s: a Python command runs cold: %s", self._name, done)
+        return self._cold.run(view, argv, wall).model_copy(update={"warm_fallback": done})
+
+    def _warm(self, view: View, req: Request, wall: float) -> ExecResult | str:
         """The run's result, or why it must run cold (the server may be gone after)."""
         if not self._lock.acquire(blocking=False):
             return "the warm runner is busy with another command of this session"
         try:
+            self._view = view
             reason = self._why_cold(req)
             if reason is None and self._proc is None:  # then the shadows of what it imported
                 reason = self._start() or self._why_cold(req)
@@ -301,7 +252,7 @@ class WarmRunner:
         python = self._python.get(req.python)
         if python is None or os.path.realpath(python) != os.path.realpath(self._python["python"]):
             return f"{req.python} is not the fork server's interpreter"
-        if (self._s.dir / "tmp" / ".local").exists():
+        if (self._view.tmp / ".local").exists():
             return "a user site under /tmp (the server does not read one)"
         dirs = self._path_dirs(req)
         if isinstance(dirs, str):
@@ -315,7 +266,7 @@ class WarmRunner:
 
     def _path_dirs(self, req: Request) -> list[Path] | str:
         """The session directories the run's ``sys.path`` starts with, or why it runs cold."""
-        dirs = [self._s.workspace]
+        dirs = [self._view.workspace]
         if req.isolated:  # nothing of the workspace on sys.path at the start; its root is
             return dirs  # checked all the same (a test run puts it there later)
         if req.kind == "script":  # its directory comes first on sys.path
@@ -323,7 +274,9 @@ class WarmRunner:
             if req.target.startswith("/") and not req.target.startswith(bwrap.WORKDIR + "/"):
                 return f"a script outside the workspace: {req.target}"
             try:
-                dirs.append(resolve_inside(self._s.workspace, where) if where != "." else dirs[0])
+                dirs.append(
+                    resolve_inside(self._view.workspace, where) if where != "." else dirs[0]
+                )
             except SandboxError as e:
                 return f"the script: {e}"
         for entry in filter(None, req.env.get("PYTHONPATH", "").split(":")):
@@ -332,25 +285,28 @@ class WarmRunner:
                 return f"PYTHONPATH entry {entry} outside the workspace"
             inside = entry.removeprefix(bwrap.WORKDIR).lstrip("/") or "."
             try:
-                dirs.append(resolve_inside(self._s.workspace, inside) if inside != "." else dirs[0])
+                dirs.append(
+                    resolve_inside(self._view.workspace, inside) if inside != "." else dirs[0]
+                )
             except SandboxError as e:
                 return f"PYTHONPATH: {e}"
         return dirs
 
     def _start(self) -> str | None:
-        s = self._s
-        cg = Cgroup.create(s.limits.memory_bytes, s.limits.processes, s.cgroup_tag)
+        view = self._view
+        assert view.layout is not None, "the fork server's jail is the session's bubblewrap jail"
+        cg = cgroups(view)
         if cg is None:
             return "cannot create the fork server's cgroups"
         ctl, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         status_r, status_w = os.pipe()
         seccomp = runner._memfd(filter_bpf(mqueue=False, others=False, netns=RUN_NETNS))
         runs = runner._memfd(filter_bpf(mqueue=False, others=False))  # each run loads it
-        jail = dataclasses.replace(s._jail(), waiter=None)
+        jail = dataclasses.replace(view.layout, waiter=None)
         cmd = [self._python["python"], "-I", "-B", "-u", "-c", SOURCE, str(theirs.fileno())]
         cmd.append(str(runs))
         subst = {runner.STATUS_FD: str(status_w), runner.SECCOMP_FD: str(seccomp)}
-        argv = bwrap.bwrap_argv(jail, s.jail_limits(True), [*cmd, *self._preload])
+        argv = bwrap.bwrap_argv(jail, backstop(view.limits, True), [*cmd, *self._preload])
         argv = [subst.get(a, a) for a in argv]
         self._errlog = tempfile.TemporaryFile()
         errlog = self._errlog
@@ -362,7 +318,7 @@ class WarmRunner:
                     stdin=subprocess.DEVNULL,
                     stdout=subprocess.DEVNULL,
                     stderr=errlog,
-                    env={"PATH": "/usr/sbin:/usr/bin:/sbin:/bin", "LANG": "C.UTF-8"},
+                    env=bwrap.HOST_ENV,
                     process_group=0,
                     pass_fds=(theirs.fileno(), status_w, seccomp, runs),
                 )
@@ -391,10 +347,10 @@ class WarmRunner:
         self._server, self._modules = server, frozenset(reply.get("modules", ()))
         self._netns = reply.get("netns") is True
         if not self._netns:
-            log.warning("warm runner of %s: runs share the server's network", s.dir.name)
+            log.warning("warm runner of %s: runs share the server's network", self._name)
         self._server_state = _inheritable(server)
         self.start_cpu_s = cg.stats().cpu_time_s  # the server's start, once per server
-        log.info("warm runner of %s: fork server %d ready", s.dir.name, server)
+        log.info("warm runner of %s: fork server %d ready", self._name, server)
         return None
 
     def _recv(self, timeout: float) -> dict[str, Any]:
@@ -407,13 +363,13 @@ class WarmRunner:
         return reply if isinstance(reply, dict) else {}
 
     def _run(self, req: Request, wall: float) -> ExecResult | str:
-        s, start = self._s, time.monotonic()
+        view, start = self._view, time.monotonic()
         payload = json.dumps(
             {**dataclasses.asdict(req), "cwd": bwrap.WORKDIR}, separators=(",", ":")
         ).encode()
         if len(payload) > MAX_REQUEST:
             return "the command is too long for the fork server"
-        rcg = Cgroup.create(s.limits.memory_bytes, s.limits.processes, s.cgroup_tag)
+        rcg = cgroups(view)
         if rcg is None:
             return "cannot create the run's cgroups"
         assert self._ctl is not None and self._cg is not None
@@ -428,7 +384,7 @@ class WarmRunner:
             if child is None:
                 raise OSError("the fork server did not fork the run")
             rcg.add(child)
-            cap = runner._Capture(s.limits.output_bytes, child)
+            cap = runner._Capture(view.limits.output_bytes, child)
         except OSError as e:
             for fd in mine:
                 os.close(fd)
@@ -441,57 +397,47 @@ class WarmRunner:
             cap.add(fd)
         os.write(go_w, b"g")
         os.close(go_w)
-        outcome = runner.Outcome()
-        while not cap.exited:
-            remaining = start + wall - time.monotonic()
-            if remaining <= 0:
-                outcome.timed_out = True
-                break
-            cap.pump(remaining)
-        rcg.kill()  # whatever the run left, or the whole run at the wall clock
-        runner._drain(cap, time.monotonic() + STATUS_GRACE_S)
-        stats = rcg.stats()
-        rcg.destroy()
-        outcome.stdout, outcome.stderr = bytes(cap.data[out_r]), bytes(cap.data[err_r])
-        outcome.truncated, outcome.duration_s = cap.truncated, time.monotonic() - start
-        status = runner._parse_status(bytes(cap.data[st_r]))
-        return self._result(outcome, status, stats, server_cpu)
 
-    def _result(
-        self, outcome: runner.Outcome, records: list[dict], stats: Stats, server_cpu: float
-    ) -> ExecResult | str:
-        """The run's ``ExecResult`` from the server's report, or why it must run cold."""
-        s = self._s
+        def wait() -> runner.Outcome:
+            outcome = runner.Outcome(timed_out=runner.pump_until(cap, start + wall))
+            rcg.kill()  # whatever the run left, or the whole run at the wall clock
+            runner._drain(cap, time.monotonic() + STATUS_GRACE_S)
+            outcome.stdout, outcome.stderr = bytes(cap.data[out_r]), bytes(cap.data[err_r])
+            outcome.truncated, outcome.duration_s = cap.truncated, time.monotonic() - start
+            self._ended(outcome, runner._parse_status(bytes(cap.data[st_r])), rcg, server_cpu)
+            return outcome
+
+        try:  # the server's ``waitpid`` is the run's real status: no bubblewrap in between
+            return finish(view, wait, Run(rcg)).model_copy(update={"warm": True})
+        except _Cold as e:
+            return e.why
+
+    def _ended(
+        self, outcome: runner.Outcome, records: list[dict], rcg: Cgroup, server_cpu: float
+    ) -> None:
+        """``outcome``'s status from the server's report (``_Cold`` without one), and the server
+        discarded where the run left anything in it."""
         assert self._cg is not None
         record = records[0] if len(records) == 1 else {}
         if "exit" not in record and "signal" not in record:
             reason = self._discard("the fork server did not report how the run ended")
             if not outcome.timed_out:
-                return reason
+                raise _Cold(reason)
             record = {"signal": signal.SIGKILL}  # ours, at the wall clock
         elif record.get("setup") != ("net" if self._netns else "filter"):
-            return self._discard("the run's start (its network, its filter) did not go through")
+            raise _Cold(
+                self._discard("the run's start (its network, its filter) did not go through")
+            )
         elif record.get("ipc") or self._shm_used():
             self._discard("the run left System V IPC objects or files in /dev/shm")
         elif self._sockets_left():  # a run that shared the server's network namespace
             self._discard("the run left sockets in the server's network namespace")
         elif _inheritable(self._server) != self._server_state:  # later runs would inherit it
             self._discard("the run changed the server's scheduling or resource limits")
-        else:
+        else:  # the server's CPU while it forked the run counts as the run's
             spent = (self._cg.stats().cpu_time_s or 0.0) - server_cpu
-            stats = dataclasses.replace(stats, cpu_time_s=(stats.cpu_time_s or 0.0) + spent)
+            outcome.cpu_time_s = (rcg.stats().cpu_time_s or 0.0) + spent
         outcome.exit_code, outcome.signal = record.get("exit"), record.get("signal")
-        ended = outcome.signal is not None or (outcome.exit_code or 0) > 128
-        # The server's ``waitpid`` is the run's real status: no bubblewrap in between to read.
-        result = classify(
-            outcome,
-            s.limits,
-            stats,
-            jailed=False,
-            disk_full=s._disk_full(),
-            file_at_limit=ended and s._file_at_limit(),
-        )
-        return result.model_copy(update={"warm": True})
 
     def _forked(self, nspid: object) -> int | None:
         """The run's pid here: the server's only child, ``nspid`` inside."""
@@ -532,7 +478,7 @@ class WarmRunner:
         """Stop the server (a later run starts a fresh one), count it; returns ``why``."""
         self.stop()
         self._restarts += 1
-        log.warning("warm runner of %s: %s; the server is discarded", self._s.dir.name, why)
+        log.warning("warm runner of %s: %s; the server is discarded", self._name, why)
         if self._restarts >= MAX_RESTARTS:
             self.off = f"the fork server was discarded {self._restarts} times (last: {why})"
         return why

@@ -62,3 +62,16 @@ def test_a_task_without_held_back_tests_is_verified_once(monkeypatch: pytest.Mon
     plain = TASK.model_copy(update={"held_back": []})
     rollout, ran = _finish(plain, breaks_held=True, monkeypatch=monkeypatch)
     assert ran == [plain.test_ids] and not rollout.overfit
+
+
+def test_evaluation_gives_the_resolution_rate_per_package() -> None:
+    from gagar.driver.loop import _by_package
+
+    samples = [
+        {"package": "parse", "valid": True, "passed": True},
+        {"package": "parse", "valid": True, "passed": False},
+        {"package": "parse", "valid": False, "passed": False},
+        {"package": "toolz", "valid": True, "passed": False},
+        {"package": None, "valid": True, "passed": True},  # not a mined task
+    ]
+    assert _by_package(samples) == {"parse": 0.5, "toolz": 0.0}
