@@ -19,6 +19,8 @@ OUT ?= runs/local
 PROBE ?= 64
 # Where `make tasks` writes the mined dataset (tasks.jsonl, snapshots/, summary.json).
 TASKS ?= runs/tasks
+# Packages `make tasks` mines at once (a process each; the rows are the same for any number).
+TASKS_JOBS ?= 2
 UPGRADE ?= 1
 # Where `make dev-cluster` writes its kubeconfig and operator log, and its HTTPS port.
 DEV_CLUSTER ?= runs/dev-cluster
@@ -53,7 +55,7 @@ dev-cluster: install ## Serve a local cluster to try gagar on: API emulator + CR
 	$(PYTHON) -m tests.kube_emulator $(DEV_CLUSTER) --dev --port $(DEV_PORT)
 
 tasks: install ## Mine the task dataset from the pinned recipe (gagar/rollout/envs/mine/recipe.toml) into $(TASKS) (ignored by git)
-	gagar tasks build --out $(TASKS)
+	gagar tasks build --out $(TASKS) --jobs $(TASKS_JOBS)
 
 test: install ## Install, then run the default suite: tests/unit and tests/integration, not slow (CPU, no cluster)
 	$(PYTHON) -m pytest -n $(JOBS) --dist loadfile -m "not e2e and not slow and not gpu" $(PYTEST_ARGS)

@@ -252,3 +252,31 @@ def test_pip_downloads_the_package_from_source_and_its_build_backend_as_wheels(
     sdist.fetch("tiny==0.2", cache)
     [cmd] = seen
     assert cmd[cmd.index("--no-binary") + 1] == "tiny" and ":all:" not in cmd
+
+
+def test_an_edits_run_collects_only_the_files_of_its_tests() -> None:
+    from gagar.rollout.envs.mine.suite import Suite
+
+    class Session:
+        def __init__(self) -> None:
+            self.commands: list[str] = []
+
+        def write_file(self, path: str, data: bytes) -> None:
+            pass
+
+        def exec(self, cmd: str, timeout: float) -> object:
+            self.commands.append(cmd)
+            done = {"duration_s": 0.0, "cpu_time_s": 0.0, "timed_out": False, "limit_hit": None}
+            return type("Result", (), done)()
+
+        def read_file(self, path: str) -> bytes:
+            return b'{"outcomes": {}, "messages": {}, "lines": {}, "collect_errors": 0}'
+
+        def delete_file(self, path: str) -> None:
+            pass
+
+    session = Session()
+    suite = Suite(session, "python -m pytest", 10.0)  # type: ignore[arg-type]
+    select = ["tests/test_b.py::t[1]", "tests/test_a.py::t", "tests/test_b.py::u"]
+    suite.run(select=select)
+    assert session.commands[-1].endswith(" tests/test_a.py tests/test_b.py")

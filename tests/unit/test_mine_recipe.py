@@ -48,7 +48,10 @@ def test_the_repository_recipe_pins_six_packages_or_more_by_digest() -> None:
 
 def test_a_recipe_is_read_as_written(tmp_path: Path) -> None:
     recipe = load_recipe(_write(tmp_path, GOOD.format(sha=SHA)))
-    assert (recipe.seed, recipe.max_edits) == (3, 20)
+    assert (recipe.seed, recipe.max_edits, recipe.max_tasks) == (3, 20, None)
+    capped = load_recipe(_write(tmp_path, "max_tasks = 7\n" + GOOD.format(sha=SHA)))
+    assert capped.max_tasks == 7
+    assert load_recipe().max_tasks  # the repository's recipe caps the tasks per package
     assert [p.name for p in recipe.packages] == ["parse", "semver"]
     assert recipe.packages[1].test_command == f"{PLAIN_PYTEST} -o pythonpath=src"
     assert recipe.packages[0].test_command == PLAIN_PYTEST
@@ -95,3 +98,4 @@ def test_make_tasks_builds_from_the_repository_recipe() -> None:
     recipe = re.search(r"^tasks:.*\n((?:\t.*\n)+)", makefile, re.M)
     assert recipe is not None, "no `tasks` target"
     assert "gagar tasks build" in recipe.group(1)
+    assert "--jobs $(TASKS_JOBS)" in recipe.group(1)  # packages mined in parallel

@@ -10,6 +10,7 @@ real verifier (``verify.verify_files``), which trusts nothing the workspace writ
 from __future__ import annotations
 
 import json
+import shlex
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -54,6 +55,10 @@ class Suite:
             self.session.write_file(f"{PROBE_DIR}/select.txt", "\n".join(select).encode())
             env.append(f"GAGAR_MINE_SELECT={PROBE_DIR}/select.txt")
         args = "--rootdir=. -p gagar_mine_probe"
+        if select is not None:  # collect only the selected tests' files, not the whole suite
+            args += "".join(
+                f" {shlex.quote(f)}" for f in sorted({t.split("::")[0] for t in select})
+            )
         result = self.session.exec(
             f"{' '.join(env)} {self.test_command} {args}", timeout_s or self.timeout_s
         )
