@@ -81,13 +81,22 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
         yield Cluster(directory, env)
     finally:
         proc.terminate()
-        proc.wait(timeout=30)
+        assert proc.wait(timeout=30) == 0  # SIGTERM (or Ctrl-C) stops it cleanly
 
 
 def test_the_kubeconfig_is_a_token_over_https(cluster: Cluster) -> None:
     text = (cluster.dir / "kubeconfig").read_text()
     assert "server: https://127.0.0.1:" in text and "token:" in text
     assert "kube-system" in cluster.kubectl("get", "namespaces").stdout
+
+
+def test_a_second_cluster_on_the_same_port_says_so(cluster: Cluster, tmp_path: Path) -> None:
+    port = (cluster.dir / "ready").read_text().rsplit(":", 1)[1]
+    done = subprocess.run(
+        [sys.executable, "-m", "tests.kube_emulator", str(tmp_path), "--dev", "--port", port],
+        cwd=ROOT, capture_output=True, text=True, timeout=60, check=False,
+    )  # fmt: skip
+    assert done.returncode == 1 and f"cannot serve on port {port}" in done.stdout, done
 
 
 def test_kubectl_create_namespace(cluster: Cluster) -> None:

@@ -46,8 +46,9 @@ def start_operator(kubeconfig: pathlib.Path, log: pathlib.Path) -> tuple[subproc
            "--no-network-policy-probe", "--metrics-port", str(_free_port()),
            "--health-port", str(health)]  # fmt: skip
     env = {**os.environ, "KUBECONFIG": str(kubeconfig)}
-    with log.open("w") as out:
-        proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT)
+    with log.open("w") as out:  # a session of its own: Ctrl-C reaches us, we stop it in order
+        proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT,
+                                start_new_session=True)  # fmt: skip
     return proc, health
 
 
@@ -77,33 +78,47 @@ gagar dev cluster: the Kubernetes API emulator at {url}, the GagarRun CRD, the o
 
 
 def main(directory: pathlib.Path, tls_port: int) -> int:
-    from gagar.crd import build_crd  # the CRD the chart and `gagar crd` ship
-
     directory.mkdir(parents=True, exist_ok=True)
     (directory / "ready").unlink(missing_ok=True)
     done = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: done.set())
-    kubeconfig, log = directory / "kubeconfig", directory / "operator.log"
-    with KubeEmulator(bookmark_interval=0.5, deployment_delay=0.05, tls_port=tls_port) as kube:
-        kube.create(build_crd())
-        kube.write_kubeconfig(kubeconfig, tls=True)
-        proc, health = start_operator(kubeconfig.resolve(), log)
-        try:
-            if not wait_ready(proc, health):
-                print(f"the operator did not start; its log ({log}):\n{log.read_text()}")
+    emulator = KubeEmulator(bookmark_interval=0.5, deployment_delay=0.05, tls_port=tls_port)
+    try:
+        emulator.start()
+    except OSError as e:
+        print(f"cannot serve on port {tls_port} ({e.strerror}): another dev cluster? "
+              "Stop it, or pick another port (make dev-cluster DEV_PORT=16444)")  # fmt: skip
+        return 1
+    try:
+        return serve(emulator, directory, done)
+    finally:
+        emulator.stop()
+        (directory / "ready").unlink(missing_ok=True)
+
+
+def serve(kube: KubeEmulator, directory: pathlib.Path, done: threading.Event) -> int:
+    """The CRD, the kubeconfig, the operator; until ``done`` or the operator's exit."""
+    from gagar.crd import build_crd  # the CRD the chart and `gagar crd` ship
+
+    kube.create(build_crd())
+    kubeconfig, log = (directory / "kubeconfig").resolve(), directory / "operator.log"
+    kube.write_kubeconfig(kubeconfig, tls=True)
+    proc, health = start_operator(kubeconfig, log)
+    try:
+        if not wait_ready(proc, health):
+            print(f"the operator did not start; its log ({log}):\n{log.read_text()}")
+            return 1
+        print(banner(kubeconfig, kube.tls_url, log), flush=True)
+        (directory / "ready").write_text(kube.tls_url)
+        while not done.wait(0.5):
+            if proc.poll() is not None:
+                print(f"the operator exited ({proc.returncode}); its log: {log}")
                 return 1
-            print(banner(kubeconfig.resolve(), kube.tls_url, log), flush=True)
-            (directory / "ready").write_text(kube.tls_url)
-            while not done.wait(0.5):
-                if proc.poll() is not None:
-                    print(f"the operator exited ({proc.returncode}); its log: {log}")
-                    return 1
-        finally:
-            proc.terminate()
-            try:
-                proc.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-            (directory / "ready").unlink(missing_ok=True)
-    return 0
+        return 0
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
