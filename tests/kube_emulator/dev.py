@@ -71,9 +71,12 @@ gagar dev cluster: the Kubernetes API emulator at {url}, the GagarRun CRD, the o
 (its log: {log}). Nothing runs in its pods; Ctrl-C stops it and forgets everything.
 
   export KUBECONFIG={kubeconfig}
+  export PATH={ROOT / ".tools" / "bin"}:$PATH  # the kubectl and helm of make install
   kubectl create namespace demo
   kubectl apply -n demo -f examples/local.yaml
   kubectl get gagarruns -n demo
+
+The rest (helm install, scale, describe, delete): docs/dev-cluster.md.
 """
 
 
