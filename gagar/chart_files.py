@@ -37,7 +37,10 @@ kubectl apply --server-side -f charts/gagar/crds/
 ```
 
 RBAC is least privilege: with `watchNamespaces` empty the operator gets a ClusterRole; with a
-list it gets one Role per namespace and no cluster-wide access. It never reads Secrets. See
+list it gets one Role per namespace and no cluster-wide access (then the namespaces' Pod
+Security labels are not read: their admission alone refuses a pod). It reads no Secret unless `podSecurity.runSecretLabel` is set. What creating a
+GagarRun entitles (`podSecurity`: Pod Security of runs' pods, the Secrets runs may read) is in
+[docs/security.md](../../docs/security.md). See
 [docs/operations.md](../../docs/operations.md) for running, watching, scaling and suspending runs.
 
 Example values: [`ci/cpu-values.yaml`](ci/cpu-values.yaml) (a CPU-only cluster, one namespace)

@@ -224,6 +224,26 @@ class OperatorValues(Values):
     ``--no-network-policy-probe``, the condition says NotChecked."""
 
 
+class PodSecurityValues(Values):
+    """What creating a GagarRun entitles (docs/security.md): the Pod Security level of the parts
+    of a pod a run supplies, the sandbox's named exception, the Secrets runs may read."""
+
+    runs: Literal["restricted", "baseline", "privileged"] = "restricted"
+    """Pod Security Standards level of the runs' ``podTemplate`` parts (``--pod-security``):
+    ``restricted`` refuses root, privileged or ``SYS_ADMIN`` init containers, seccomp
+    ``Unconfined``, added capabilities; the namespace's own Pod Security label may lower it."""
+    sandbox_baseline: bool = True
+    """The sandbox executor's declared need: root with uid-switching capabilities (Pod Security
+    ``baseline``) in ``isolation`` ``pod``, ``auto`` and ``agent-sandbox``. False
+    (``--no-sandbox-baseline``): only ``isolation: bubblewrap`` (non-root) is accepted."""
+    run_secrets: list[str] = Field(default_factory=list)
+    """Names of the Secrets runs may reference (``env``, ``envFrom``, ``volumes``;
+    ``--run-secret``); any other reference is refused."""
+    run_secret_label: str = Field(default="", pattern=r"^([^=]+=[^=]*)?$")
+    """``key=value`` (e.g. ``gagar.dev/allow-runs=true``): a Secret carrying it may be referenced
+    too (``--run-secret-label``); the operator then gets ``get`` on Secrets to read the label."""
+
+
 class ChartValues(Values):
     """Values of the gagar chart."""
 
@@ -256,6 +276,8 @@ class ChartValues(Values):
     """The Prometheus that may scrape runs' pods (every other pod is refused)."""
     auth_secret: AuthSecretValues = Field(default_factory=AuthSecretValues)
     """Shared-token Secret for the services of runs (sandbox executors, grader service)."""
+    pod_security: PodSecurityValues = Field(default_factory=PodSecurityValues)
+    """What creating a GagarRun entitles: Pod Security of runs' pods, Secrets runs may read."""
 
 
 def _inline(node: Any, defs: dict[str, Any]) -> Any:

@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from gagar import __version__
+from gagar.operator.cli import trust_flags
 
 if TYPE_CHECKING:
     from gagar.spec import GagarRun
@@ -23,11 +24,16 @@ def _version(args: argparse.Namespace) -> int:
 def _validate(args: argparse.Namespace) -> int:
     from gagar.manifest import Problem, load_files
     from gagar.operator.builders.check import pod_problems
+    from gagar.operator.builders.trust import trust_problems
+    from gagar.operator.cli import trust_policy
 
     loaded = load_files(args.files)
     problems, valid, notes = list(loaded.problems), [], list(loaded.skipped)
+    policy = trust_policy(args)  # the chart's defaults unless the flags say otherwise
     for source, index, run in loaded.runs:  # the pods it renders, as the API server checks them
         found = [Problem(source, index, path, msg) for path, msg in pod_problems(run)]
+        found += [Problem(source, index, p, m) for p, m in trust_problems(run, policy)]
+        found += [Problem(source, index, p, m) for p, m in _checkpoint_problems(run)]
         for path, msg, checked in _dataset_problems(run):
             (found if checked else notes).append(Problem(source, index, path, msg))
         problems += found
@@ -37,6 +43,28 @@ def _validate(args: argparse.Namespace) -> int:
     for line in [*notes, *valid]:
         print(line)
     return 1 if problems else 0
+
+
+def _checkpoint_problems(run: GagarRun) -> list[tuple[str, str]]:
+    """A MoE checkpoint on this machine whose run omits ``model.numExperts``: the layout rules
+    that need it (tensor parallelism refused, expert parallelism dividing it) cannot hold, and
+    the trainer would fail at start (issue 49). A checkpoint elsewhere is the trainer's check."""
+    import json
+
+    path = run.spec.model.path
+    config = Path(path) / "config.json" if path and "://" not in path else None
+    if config is None or run.spec.model.num_experts is not None or not config.is_file():
+        return []
+    try:
+        cfg = json.loads(config.read_text())
+    except (OSError, ValueError):
+        return []
+    experts = cfg.get("num_experts") or cfg.get("num_local_experts") if isinstance(cfg, dict) else 0
+    if not experts:
+        return []
+    return [("spec.model.numExperts", f"the checkpoint's config.json has {experts} routed "
+             f"experts (a MoE model): set numExperts: {experts}, which the parallel layout is "
+             "checked against")]  # fmt: skip
 
 
 MAX_ROW_PROBLEMS = 20  # per source: a dataset with a systematic fault would print every row
@@ -90,6 +118,7 @@ def register(sub: argparse._SubParsersAction) -> None:
         "a Namespace say, are skipped with a note)",
     )
     p.add_argument("files", nargs="+", metavar="FILE")
+    trust_flags(p, label=False)  # a Secret's label is the cluster's: the operator checks it
     p.set_defaults(func=_validate)
 
     p = sub.add_parser("crd", help="print the GagarRun CRD generated from the spec models")

@@ -827,7 +827,10 @@ class Container(Model):
     resources: ResourceRequirements | None = None
     """Its resources."""
     security_context: FreeForm | None = None
-    """Kubernetes' container ``securityContext`` (default: the operator's restricted one)."""
+    """Kubernetes' container ``securityContext``, merged key by key over the operator's
+    restricted one; what leaves Pod Security ``restricted`` (privileged, added capabilities,
+    root, seccomp ``Unconfined``) only where the operator's configuration allows it
+    (docs/security.md)."""
 
     @model_validator(mode="after")
     def _unique_names(self) -> Container:
@@ -927,7 +930,9 @@ class PodTemplate(PodScheduling):
     Always`` native sidecars that keep running beside them."""
     security_context: FreeForm | None = None
     """Kubernetes' pod ``securityContext``, merged key by key over the operator's (non-root user
-    1000, ``RuntimeDefault`` seccomp): a key given here wins."""
+    1000, ``RuntimeDefault`` seccomp): a key given here wins, within what the operator's
+    configuration allows (Pod Security ``restricted`` by default: no uid 0, no ``Unconfined``;
+    docs/security.md)."""
     service_account_annotations: Annotations = Field(default_factory=dict)
     """Annotations of the component's ServiceAccount, e.g. ``eks.amazonaws.com/role-arn``
     (IRSA) or ``iam.gke.io/gcp-service-account`` (GKE Workload Identity)."""
@@ -1277,7 +1282,9 @@ class ObservabilitySpec(Model):
     metrics_port: int = Field(default=9400, ge=1024, le=65535)
     """Port of every component's ``/metrics``."""
     monitors: Literal["auto", "enabled", "disabled"] = "auto"
-    """ServiceMonitor/PodMonitor objects: ``auto`` creates them when the CRDs exist."""
+    """ServiceMonitor/PodMonitor objects: ``auto`` creates them when the CRDs exist (and the
+    operator's Prometheus Operator integration is on); ``enabled`` requires them: without them
+    the run is Stalled (``MonitoringUnavailable``)."""
     log_level: Literal["debug", "info", "warning", "error"] = "info"
     """Log level of every component."""
     trackers: list[Literal["tensorboard", "mlflow", "wandb"]] = Field(

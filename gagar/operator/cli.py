@@ -7,11 +7,17 @@ import os
 import sys
 
 from gagar.operator.builders.common import (
+    AGENT_SANDBOX,
     DEFAULT_REGISTRY,
+    JOBSET,
+    KEDA,
+    KUEUE,
+    MONITORING,
     OPTIONAL_CRDS,
     PLACEHOLDER_UID,
     Scraper,
 )
+from gagar.operator.builders.trust import LEVELS, TrustPolicy
 
 # Not 9400, the default of spec.observability.metricsPort that `gagar train` serves on: an
 # operator run beside a local training run (docs/operations.md) must not take its port. The
@@ -20,23 +26,75 @@ OPERATOR_METRICS_PORT = 9401
 
 
 def _render(args: argparse.Namespace) -> int:
+    """What the operator creates for the run on a cluster with these capabilities, or, where
+    it would create nothing, its Stalled condition's message (exit 1)."""
     from gagar.manifest import load_run
     from gagar.operator.builders import BuildContext, build_all
+    from gagar.operator.builders.integrations import blocking
+    from gagar.operator.builders.trust import trust_problems
 
     try:
         run = load_run(args.file)
     except ValueError as err:
         print(err, file=sys.stderr)
         return 1
+    crds = capabilities(args)
+    terminal = args.terminal
+    refused = [f"{p}: {m}" for p, m in trust_problems(run, trust_policy(args))]
+    blocked = blocking(run, crds, crds, run.spec.suspend or terminal)
+    if refused or blocked:
+        reason = "InvalidSpec" if refused else blocked[0]  # type: ignore[index]
+        message = "; ".join(refused) if refused else blocked[1]  # type: ignore[index]
+        print(f"Stalled ({reason}), nothing created: {message}", file=sys.stderr)
+        return 1
     ctx = BuildContext(
         uid=args.uid,
-        crds=frozenset(args.with_crd or ()),
-        state="terminal" if args.terminal else "active",
+        crds=crds,
+        state="terminal" if terminal else "active",
         scraper=scraper(args),
         image_registry=args.image_registry,
     )
     sys.stdout.write(to_yaml_stream(build_all(run, ctx)))
     return 0
+
+
+# --capabilities' short names of the optional API groups
+CAPABILITY_NAMES = {
+    "keda": KEDA,
+    "jobset": JOBSET,
+    "kueue": KUEUE,
+    "monitoring": MONITORING,
+    "prometheus-operator": MONITORING,
+    "agent-sandbox": AGENT_SANDBOX,
+}
+
+
+def _capability_list(text: str) -> frozenset[str]:
+    out = set()
+    for item in filter(None, (part.strip() for part in text.split(","))):
+        group = CAPABILITY_NAMES.get(item, item)
+        if group not in OPTIONAL_CRDS:
+            known = ", ".join([*CAPABILITY_NAMES, *OPTIONAL_CRDS])
+            raise argparse.ArgumentTypeError(f"unknown capability {item!r} (one of {known})")
+        out.add(group)
+    return frozenset(out)
+
+
+def capabilities(args: argparse.Namespace) -> frozenset[str]:
+    """The optional API groups the operator may use on the cluster rendered for: the flags'
+    (``--capabilities``, ``--with-crd``), or a live cluster's discovery (``--discover``), as
+    the operator with those integrations enabled sees them."""
+    groups = set(args.capabilities or ()) | set(args.with_crd or ())
+    if args.discover is not None:
+        from gagar.operator.kube import Kube
+        from gagar.operator.main import api_client
+
+        client = api_client(args.discover or None)
+        try:
+            groups |= Kube(client).api_groups() & set(OPTIONAL_CRDS)
+        finally:
+            client.close()
+    return frozenset(groups)
 
 
 def to_yaml_stream(objects: list[dict]) -> str:
@@ -111,6 +169,57 @@ def _registry(text: str) -> str:
     return prefix
 
 
+def trust_policy(args: argparse.Namespace) -> TrustPolicy:
+    """What creating a run entitles, as the flags say (the chart's ``podSecurity``)."""
+    return TrustPolicy(
+        runs=args.pod_security,
+        sandbox_baseline=args.sandbox_baseline,
+        secrets=frozenset(args.run_secret or ()),
+        secret_label=getattr(args, "run_secret_label", ""),
+    )
+
+
+def trust_flags(p: argparse.ArgumentParser, label: bool = True) -> None:
+    p.add_argument(
+        "--pod-security",
+        choices=LEVELS,
+        default="restricted",
+        help="Pod Security level of what runs supply in podTemplate (chart value "
+        "podSecurity.runs; default restricted: no root, privileged, added capabilities, "
+        "seccomp Unconfined)",
+    )
+    p.add_argument(
+        "--no-sandbox-baseline",
+        dest="sandbox_baseline",
+        action="store_false",
+        help="refuse the sandbox executor's root with uid-switching capabilities (isolation "
+        "pod, auto, agent-sandbox; Pod Security baseline): only bubblewrap is accepted",
+    )
+    p.add_argument(
+        "--run-secret",
+        action="append",
+        metavar="NAME",
+        help="a Secret runs may reference (repeatable; chart value podSecurity.runSecrets); "
+        "every other reference is refused",
+    )
+    if label:
+        p.add_argument(
+            "--run-secret-label",
+            default="",
+            type=_secret_label,
+            metavar="KEY=VALUE",
+            help="a Secret with this label may be referenced too (chart value "
+            "podSecurity.runSecretLabel; needs get on Secrets)",
+        )
+
+
+def _secret_label(text: str) -> str:
+    key, sep, _ = text.partition("=")
+    if text and (not sep or not key):  # empty: no label (the default)
+        raise argparse.ArgumentTypeError(f"expected KEY=VALUE, got {text!r}")
+    return text
+
+
 def _lease_seconds(text: str) -> int:
     seconds = int(text)
     if seconds < 3:  # kubernetes' leader election needs lease > renew > 1.2 * retry >= 1.2 s
@@ -143,6 +252,7 @@ def _operator(args: argparse.Namespace) -> int:
             scraper=scraper(args),
             image_registry=args.image_registry,
             network_policy_probe=args.network_policy_probe,
+            trust=trust_policy(args),
         ),
         election=Election(
             args.leader_election_lease,
@@ -165,16 +275,36 @@ def register(sub: argparse._SubParsersAction) -> None:
         help="uid of the GagarRun for owner references (kubectl get gagarrun X -o jsonpath='{.metadata.uid}')",
     )
     p.add_argument(
+        "--capabilities",
+        default=frozenset(),
+        type=_capability_list,
+        metavar="LIST",
+        help="render as the operator does on a cluster with these integrations installed and "
+        f"enabled (comma-separated: {', '.join(CAPABILITY_NAMES)}); without one a run that "
+        "needs it is refused, as the operator stalls it",
+    )
+    p.add_argument(
+        "--discover",
+        nargs="?",
+        const="",
+        default=None,
+        metavar="KUBECONFIG",
+        help="take the capabilities from a live cluster's API discovery (the kubeconfig's "
+        "current context, or KUBECONFIG's)",
+    )
+    p.add_argument(
         "--with-crd",
         action="append",
         choices=OPTIONAL_CRDS,
         metavar="GROUP",
-        help=f"render as for a cluster with this optional CRD group installed ({', '.join(OPTIONAL_CRDS)}); repeatable",
+        help=f"an optional API group the cluster has ({', '.join(OPTIONAL_CRDS)}); repeatable; "
+        "the same as --capabilities",
     )
     p.add_argument(
         "--terminal", action="store_true", help="render the released state of an ended run"
     )
     _prometheus_flags(p)
+    trust_flags(p, label=False)
     p.set_defaults(func=_render)
 
     p = sub.add_parser("operator", help="run the GagarRun operator (kopf)")
@@ -237,4 +367,5 @@ def register(sub: argparse._SubParsersAction) -> None:
         help="port of the probes every replica answers: /healthz (liveness), /readyz (readiness)",
     )
     _prometheus_flags(p)
+    trust_flags(p)
     p.set_defaults(func=_operator)

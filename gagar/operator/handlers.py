@@ -64,6 +64,15 @@ from gagar.operator.builders import (
 )
 from gagar.operator.builders.check import validate_run
 from gagar.operator.builders.common import build_weight_sync_secret, checkpoint_claim, image
+from gagar.operator.builders.integrations import blocking
+from gagar.operator.builders.trust import (
+    Level,
+    TrustPolicy,
+    namespace_level,
+    run_secret_refs,
+    trust_problems,
+    unlisted_secrets,
+)
 from gagar.operator.kube import (
     FIELD_MANAGER,
     HANDOFF_MANAGER,
@@ -144,6 +153,8 @@ class OperatorConfig:
     # probe each namespace once for NetworkPolicy enforcement (``netprobe``); the operator's
     # command turns it on (--no-network-policy-probe: off), a bare Reconciler leaves it off
     network_policy_probe: bool = False
+    # what creating a run entitles (--pod-security, --run-secret, ...: the chart's podSecurity)
+    trust: TrustPolicy = field(default_factory=TrustPolicy)
 
 
 @dataclass(frozen=True)
@@ -213,6 +224,7 @@ class Reconciler:
         self.kube, self.metrics, self.config = kube, metrics, config or OperatorConfig()
         self._memory: dict[tuple[str, str], _RunMemory] = {}
         self._groups: tuple[float, frozenset[str]] = (0.0, frozenset())
+        self._levels: dict[str, tuple[float, Level]] = {}  # namespace -> Pod Security level
         self._phases: dict[tuple[str, str], str] = {}
         self._known: set[tuple[str, str]] = set()  # runs seen by the watch, for the resync
         self._guard = threading.Lock()
@@ -307,9 +319,13 @@ class Reconciler:
 
     def crds(self) -> frozenset[str]:
         """Optional API groups both installed and enabled (``OperatorConfig.integrations``)."""
+        return self.installed() & self.config.integrations
+
+    def installed(self) -> frozenset[str]:
+        """Optional API groups the cluster serves, enabled or not (cached)."""
         stamp, groups = self._groups
         if time.monotonic() - stamp > self.config.crd_cache_seconds:
-            groups = frozenset(self.kube.api_groups()) & self.config.integrations
+            groups = frozenset(self.kube.api_groups()) & OPTIONAL_GROUPS
             self._groups = (time.monotonic(), groups)
         return groups
 
@@ -388,6 +404,9 @@ class Reconciler:
         generation = int(raw["metadata"].get("generation", 1))
         prev = previous_status(raw)
         run, error = parse_run(raw)
+        if run is not None and not (prev is not None and prev.phase in TERMINAL):
+            error = self._distrusted(run)
+            run = None if error else run
         if run is None:
             outcome = compute_status(
                 None, Observed(generation, spec_error=error), prev, self.config.clock()
@@ -422,8 +441,12 @@ class Reconciler:
         )
         before = mem.apply_error
         desired = build_all(run, ctx)
-        blocked = self._jobset_unavailable(run, crds, observed) or self._agent_sandbox_unavailable(
-            run, crds
+        # an integration the run needs and may not use: refused (nothing applied), never run
+        # without it; a suspend or an end is applied all the same (builders.integrations)
+        trainer_is_job = observed.trainer is not None and observed.trainer.kind == "Job"
+        stopping = run.spec.suspend or outcome.terminal
+        blocked = blocking(
+            run, self.installed(), self.config.integrations, stopping, trainer_is_job
         )
         if blocked is None and not restarted:
             blocked = self._trainer_template(run, desired, observed, crds)
@@ -447,6 +470,44 @@ class Reconciler:
             self._write_status(raw, outcome.status, final)
             outcome = final
         return outcome
+
+    # ------------------------------------------------------------------ trust
+    def _distrusted(self, run: GagarRun) -> str | None:
+        """What the run asks for beyond what the operator's configuration and the namespace's
+        Pod Security admission allow (``builders.trust``), as an invalid spec's message."""
+        trust = self.config.trust
+        problems = trust_problems(run, trust, self._namespace_level(_namespace(run)))
+        if trust.secret_label:
+            problems += [p for p in unlisted_secrets(run, trust) if not self._labelled(run, p)]
+        return "; ".join(f"{path}: {message}" for path, message in problems) or None
+
+    def _namespace_level(self, namespace: str) -> Level:
+        """The namespace's enforced Pod Security level (cached as the API groups are)."""
+        stamp, level = self._levels.get(namespace, (0.0, "privileged"))
+        if time.monotonic() - stamp > self.config.crd_cache_seconds:
+            try:
+                found = self.kube.get("v1", "Namespace", None, namespace) or {}
+            except KubeError as err:
+                if err.transient:
+                    raise
+                log.warning("cannot read namespace %s's labels: %s", namespace, err.message)
+                found = {}
+            level = namespace_level((found.get("metadata") or {}).get("labels") or {})
+            self._levels[namespace] = (time.monotonic(), level)
+        return level
+
+    def _labelled(self, run: GagarRun, problem: tuple[str, str]) -> bool:
+        """Whether the Secret a refused reference names carries the configured label."""
+        name = next(n for at, n in run_secret_refs(run) if at == problem[0])
+        key, _, value = self.config.trust.secret_label.partition("=")
+        try:
+            secret = self.kube.get("v1", "Secret", _namespace(run), name) or {}
+        except KubeError as err:
+            if err.transient:
+                raise
+            log.warning("cannot read Secret %s's labels: %s", name, err.message)
+            return False
+        return ((secret.get("metadata") or {}).get("labels") or {}).get(key) == value
 
     # ------------------------------------------------------------------ requeue
     def requeue(self, namespace: str, run_name: str, seconds: float) -> None:
@@ -643,51 +704,6 @@ class Reconciler:
             "TrainerTemplateChanged: this change reaches the trainer's pod template, which a "
             "running Job cannot change; suspend the run (spec.suspend: true) to recreate the "
             "trainer from its last checkpoint, or revert the change",
-        )
-
-    def _jobset_unavailable(
-        self, run: GagarRun, crds: frozenset[str], observed: Observed
-    ) -> tuple[str, str] | None:
-        """``useJobSet`` without the JobSet API: refused (nothing is applied, no accelerator is
-        held) rather than quietly run as a Job, until JobSet is installed and enabled; a trainer
-        Job made before (an older operator fell back) keeps running as the Job it is."""
-        if not run.spec.trainer.use_job_set or JOBSET in crds:
-            return None
-        if observed.trainer is not None and observed.trainer.kind == "Job":
-            return None
-        if JOBSET in self.config.integrations:
-            why = "the JobSet CRD (jobset.x-k8s.io/v1alpha2) is not installed in the cluster"
-        else:
-            why = (
-                "the operator's JobSet integration is off (chart value integrations.jobset, "
-                "operator flag --integration jobset.x-k8s.io)"
-            )
-        return (
-            "JobSetUnavailable",
-            f"JobSetUnavailable: spec.trainer.useJobSet is true but {why}; install and enable "
-            "JobSet, or set useJobSet: false to run the trainer as an indexed Job",
-        )
-
-    def _agent_sandbox_unavailable(
-        self, run: GagarRun, crds: frozenset[str]
-    ) -> tuple[str, str] | None:
-        """``isolation: agent-sandbox`` without agent-sandbox's API: nothing is applied (no
-        trainer holds accelerators for sessions that cannot start) until it is installed and
-        enabled; the condition says which is missing and what to change."""
-        if run.spec.sandbox.isolation != "agent-sandbox" or AGENT_SANDBOX in crds:
-            return None
-        if AGENT_SANDBOX in self.config.integrations:
-            why = f"agent-sandbox's CRDs ({AGENT_SANDBOX}/v1beta1) are not installed in the cluster"
-        else:
-            why = (
-                "the operator's agent-sandbox integration is off (chart value "
-                f"integrations.agentSandbox, operator flag --integration {AGENT_SANDBOX})"
-            )
-        return (
-            "SandboxUnavailable",
-            f"SandboxUnavailable: spec.sandbox.isolation is agent-sandbox but {why}; install "
-            "agent-sandbox with its extensions (kubernetes-sigs/agent-sandbox) and enable the "
-            "integration, or set spec.sandbox.isolation to auto (a pool of executor pods)",
         )
 
     def _weight_sync_secret(self, run: GagarRun, ctx: BuildContext, mem: _RunMemory) -> None:

@@ -39,6 +39,7 @@ from gagar.crd import build_crd
 from gagar.env import EXIT_PERMANENT
 from gagar.metrics import Metrics
 from gagar.operator.builders import BuildContext, build_all
+from gagar.operator.builders.trust import TrustPolicy
 from gagar.operator.handlers import (
     MANAGED,
     OperatorConfig,
@@ -70,9 +71,11 @@ CHART_INTEGRATION = {
 }
 
 
-def chart_rbac(integrations: frozenset[str]) -> list[dict[str, Any]]:
-    """The operator's ClusterRole and binding as the chart renders them."""
+def chart_rbac(integrations: frozenset[str], *more: str) -> list[dict[str, Any]]:
+    """The operator's ClusterRole and binding as the chart renders them (``more``: further
+    ``--set`` flags, e.g. ``podSecurity.runSecretLabel=...``)."""
     flags = [a for g in sorted(integrations) for a in ("--set", f"{CHART_INTEGRATION[g]}=true")]
+    flags += [a for value in more for a in ("--set", value)]
     kinds = ("ClusterRole", "ClusterRoleBinding")
     return [o for o in helm_template(*flags) if o["kind"] in kinds]
 
@@ -102,11 +105,16 @@ class Env:
         integrations: frozenset[str] = frozenset(),
         run_selector: str = "",
         network_policy_probe: bool = False,
+        trust: TrustPolicy | None = None,
     ) -> Iterator[Reconciler]:
         """A fresh operator (new registry, new in-memory state) for the duration of the block,
-        logged in through its kubeconfig, with the chart's RBAC for ``integrations``."""
+        logged in through its kubeconfig, with the chart's RBAC for ``integrations`` (and for
+        ``trust``'s Secret label)."""
+        trust = trust or TrustPolicy()
         if self.simulated:
-            for obj in chart_rbac(integrations):
+            label = trust.secret_label
+            more = [f"podSecurity.runSecretLabel={label}"] if label else []
+            for obj in chart_rbac(integrations, *more):
                 self.kube.apply(obj)
         client = api_client(self.operator_kubeconfig)
         reconciler = Reconciler(
@@ -117,6 +125,7 @@ class Env:
                 integrations=integrations,
                 run_selector=run_selector,
                 network_policy_probe=network_policy_probe,
+                trust=trust,
             ),
         )
         registry = register(kopf.OperatorRegistry(), reconciler)
@@ -1037,7 +1046,11 @@ def test_other_managers_items_survive_the_operator(env: Env) -> None:
 
 def test_kueue_owns_suspend_of_a_queued_trainer(env: Env) -> None:
     """With a queue named, Kueue suspends the trainer Job until it admits it; the operator's
-    re-applies never undo that, and ``spec.suspend`` still suspends."""
+    re-applies never undo that, and ``spec.suspend`` still suspends. Kueue is installed (its
+    API group served: without it a queue name is Stalled, QueueUnavailable), the operator's
+    integration off: Kueue's own Job webhook holds the labelled Job."""
+    if env.simulated:
+        env.kube.create(optional_crd("kueue.x-k8s.io", "Workload", "workloads", "v1beta1"))
     run = manifest(**{"trainer.queueName": "team-a"})
     name, job = run["metadata"]["name"], f"{run['metadata']['name']}-trainer"
     with env.operator():
@@ -1616,3 +1629,33 @@ def test_agent_sandbox_pods_that_cannot_isolate_hold_the_trainer(env: Env) -> No
         assert refusal in pools["message"]
         env.reason(name, "TrainerReady", "WaitingForSandbox", what="the trainer held")
         env.wait(lambda: env.get("batch/v1", "Job", job)["spec"].get("suspend"), what="suspend")
+
+
+def test_keda_autoscaling_without_keda_stalls_and_suspend_completes(env: Env) -> None:
+    """The docs' KEDA patch on a default install (integrations.keda off): the run is Stalled
+    with reason AutoscalerUnavailable naming the field and the chart value, never Ready with no
+    ScaledObject; ``suspend: true`` then completes (the grader pods go away)."""
+    keda = {"minReplicas": 1, "maxReplicas": 3, "backend": "keda"}
+    run = manifest()
+    name = run["metadata"]["name"]
+    with env.operator():
+        env.create(run)
+        env.wait(lambda: env.get("apps/v1", "Deployment", f"{name}-grader"), what="grader pool")
+        env.patch_spec(name, {"grader": {"replicas": None, "autoscaling": keda}})
+        stalled = env.reason(name, "Stalled", "AutoscalerUnavailable", what="KEDA refused")
+        assert "spec.grader.autoscaling.backend" in stalled["message"]
+        assert "integrations.keda" in stalled["message"]
+        assert env.condition(name, "Ready").get("status") != "True"
+        env.patch_spec(name, {"suspend": True})
+        env.wait(
+            lambda: env.get("batch/v1", "Job", f"{name}-trainer")["spec"]["suspend"] is True,
+            what="Job suspended",
+        )
+        for pool in ("rollout", "grader", "sandbox"):
+            env.wait(
+                lambda p=pool: (
+                    env.get("apps/v1", "Deployment", f"{name}-{p}")["spec"].get("replicas") == 0
+                ),
+                what=f"{pool} at 0",
+            )
+        env.wait(phase(env, name, "Suspended"), what="phase Suspended")

@@ -204,7 +204,7 @@ def test_fixed_replicas_written() -> None:
 
 
 def test_autoscaled_pool_omits_replicas_keda() -> None:
-    objs = build_all(example("flash-moe"))
+    objs = build_all(example("flash-moe"), BuildContext(crds=ALL_CRDS))
     for pool in ("rollout", "grader"):
         dep = one(objs, "Deployment", f"flash-moe-310b-{pool}")
         assert "replicas" not in dep["spec"]
@@ -246,11 +246,16 @@ def test_suspend_stops_trainer_and_pools() -> None:
     assert one(objs, "Job", "qwen3-swe-1node-trainer")["spec"]["suspend"] is True
     for pool in ("rollout", "grader", "sandbox"):
         assert one(objs, "Deployment", f"qwen3-swe-1node-{pool}")["spec"]["replicas"] == 0
-    keda = build_all(example("flash-moe", suspend=True))
+    keda = build_all(example("flash-moe", suspend=True), BuildContext(crds=ALL_CRDS))
     for pool in ("rollout", "grader"):
         so = one(keda, "ScaledObject", f"flash-moe-310b-{pool}")
         assert so["metadata"]["annotations"] == {"autoscaling.keda.sh/paused-replicas": "0"}
         assert "replicas" not in one(keda, "Deployment", f"flash-moe-310b-{pool}")["spec"]
+    # without KEDA (the run is Stalled) a suspend still stops the pools: the operator's zero
+    no_keda = build_all(example("flash-moe", suspend=True))
+    assert by_kind(no_keda, "ScaledObject") == []
+    for pool in ("rollout", "grader"):
+        assert one(no_keda, "Deployment", f"flash-moe-310b-{pool}")["spec"]["replicas"] == 0
     hpa = build_all(hpa_run(suspend=True))
     assert by_kind(hpa, "HorizontalPodAutoscaler") == []  # an HPA cannot hold 0
     assert one(hpa, "Deployment", "local-rollout")["spec"]["replicas"] == 0
@@ -413,7 +418,8 @@ def test_monitors_follow_crds_and_mode() -> None:
     off = example("single-gpu", **{"observability.monitors": "disabled"})
     assert by_kind(build_all(off, BuildContext(crds=ALL_CRDS)), "PodMonitor") == []
     on = example("single-gpu", **{"observability.monitors": "enabled"})
-    assert len(by_kind(build_all(on), "PodMonitor")) == 1
+    assert len(by_kind(build_all(on, BuildContext(crds=ALL_CRDS)), "PodMonitor")) == 1
+    assert by_kind(build_all(on), "PodMonitor") == []  # without the CRDs: Stalled, none built
 
 
 def _opt(args: list[str], flag: str) -> str:
@@ -561,3 +567,24 @@ def test_kueue_queue_label_on_the_trainer_workload() -> None:
         (workload,) = [o for o in objs if o["kind"] in ("Job", "JobSet")]
         assert workload["metadata"]["labels"]["kueue.x-k8s.io/queue-name"] == "team-a"
         assert "suspend" not in workload["spec"]
+
+
+def test_an_integration_the_cluster_lacks_is_named_never_skipped() -> None:
+    """Issue 49: KEDA, Prometheus Operator monitors and a Kueue queue asked for on a cluster
+    (or an operator configuration) without them: a Stalled reason naming the field and the
+    chart value, or what is not installed."""
+    from gagar.operator.builders.integrations import missing
+
+    keda = example("flash-moe", **{"trainer.useJobSet": False})
+    reason, message = missing(keda, frozenset(), frozenset()) or ("", "")
+    assert reason == "AutoscalerUnavailable"
+    assert "spec.rollout.autoscaling.backend" in message and "integrations.keda" in message
+    assert "not installed" in missing(keda, frozenset(), frozenset({"keda.sh"}))[1]  # type: ignore[index]
+    assert missing(keda, frozenset({"keda.sh"}), frozenset({"keda.sh"})) is None
+    on = example("single-gpu", **{"observability.monitors": "enabled"})
+    assert missing(on, frozenset(), frozenset())[0] == "MonitoringUnavailable"  # type: ignore[index]
+    queued = example("single-gpu", **{"trainer.queueName": "team-a"})
+    assert missing(queued, frozenset(), frozenset())[0] == "QueueUnavailable"  # type: ignore[index]
+    # Kueue installed, the operator's integration off: Kueue's own webhook holds the Job
+    assert missing(queued, frozenset({"kueue.x-k8s.io"}), frozenset()) is None
+    assert missing(example("single-gpu"), frozenset(), frozenset()) is None

@@ -13,7 +13,7 @@ from gagar.driver import components as comp
 from gagar.driver.loop import rollout_config
 from gagar.driver.rollouts import GroupResult, Rollout
 from gagar.driver.sampling import SamplingPlan, TaskSampler, collect
-from gagar.operator.builders import build_all
+from gagar.operator.builders import BuildContext, build_all
 from gagar.rollout.agent import Trajectory
 from gagar.rollout.envs import synthetic
 from gagar.spec import AlgorithmSpec, DatasetSpec, GagarRunSpec
@@ -164,8 +164,11 @@ def test_group_size_and_concurrency_shape_a_group() -> None:
 
 
 def test_rollout_pool_settings_reach_vllm() -> None:
+    two = {"nvidia.com/gpu": "2"}  # one GPU per tensor-parallel worker
     run = example(
-        "single-gpu", **{"rollout.tensorParallelSize": 2, "rollout.gpuMemoryUtilization": 0.5}
+        "single-gpu",
+        **{"rollout.tensorParallelSize": 2, "rollout.gpuMemoryUtilization": 0.5},
+        **{"rollout.resources.limits": two},
     )
     (dep,) = [
         o
@@ -187,7 +190,8 @@ def test_autoscaling_settings_reach_keda() -> None:
         "cooldownSeconds": 45,
     }
     run = example("local", **{"rollout.replicas": None, "rollout.autoscaling": auto})
-    (so,) = [o for o in build_all(run) if o["kind"] == "ScaledObject"]
+    keda = BuildContext(crds=frozenset({"keda.sh"}))
+    (so,) = [o for o in build_all(run, keda) if o["kind"] == "ScaledObject"]
     assert (so["spec"]["minReplicaCount"], so["spec"]["maxReplicaCount"]) == (2, 9)
     assert so["spec"]["cooldownPeriod"] == 45
     (trigger,) = so["spec"]["triggers"]

@@ -167,3 +167,29 @@ def test_moe_expert_parallelism_needs_more_than_one_expert() -> None:
     }
     assert spec.GagarRunSpec.model_validate({**fields, "model": {"preset": "tiny"},
                                              "rollout": fitting})  # fmt: skip
+
+
+def test_validate_names_num_experts_of_a_moe_checkpoint_on_this_machine(
+    tmp_path: Any, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """MoE with tensor parallelism and numExperts omitted validated and failed at trainer start
+    (issue 49): where the checkpoint is on this machine, validate reads its config.json."""
+    import json
+
+    from gagar.cli import main
+
+    model = tmp_path / "moe"
+    model.mkdir()
+    (model / "config.json").write_text(json.dumps({"num_local_experts": 8}))
+    run = {"apiVersion": "gagar.dev/v1alpha1", "kind": "GagarRun", "metadata": {"name": "m"},
+           "spec": {"model": {"path": str(model)}, "rollout": {"replicas": 1},
+                    "trainer": {"processesPerNode": 2, "parallelism": {"tensor": 2}}}}  # fmt: skip
+    path = tmp_path / "run.yaml"
+    path.write_text(json.dumps(run))
+    assert main(["validate", str(path)]) == 1
+    (line,) = capsys.readouterr().err.splitlines()
+    assert ": spec.model.numExperts: " in line and "numExperts: 8" in line
+    run["spec"]["model"]["numExperts"] = 8  # type: ignore[index]
+    path.write_text(json.dumps(run))
+    assert main(["validate", str(path)]) == 1  # now the MoE tensor-parallel rule itself
+    assert "spec.trainer.parallelism.tensor" in capsys.readouterr().err

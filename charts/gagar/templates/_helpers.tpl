@@ -76,6 +76,13 @@ ServiceAccounts grant a subset of these (Kubernetes forbids granting what the op
 - apiGroups: [""]
   resources: ["secrets"]
   verbs: ["create"]
+{{- if .Values.podSecurity.runSecretLabel }}
+# podSecurity.runSecretLabel: the operator reads a referenced Secret's labels (its pods could
+# read the Secret anyway: this is what lets it refuse the unlabelled ones)
+- apiGroups: [""]
+  resources: ["secrets"]
+  verbs: ["get"]
+{{- end }}
 # read-only: the trainer's Role grants it (trainer ranks find each other), and RBAC lets the
 # operator grant only what it holds itself
 - apiGroups: ["discovery.k8s.io"]

@@ -3,8 +3,9 @@
 The scrape adds the target's ``namespace`` to every series; ``run`` and ``pool`` are set by the
 processes themselves (docs/observability.md), so no relabeling is needed.
 
-Built when ``observability.monitors`` is ``enabled``, or ``auto`` and the monitoring.coreos.com
-CRDs exist (the handler discovers them and passes the API group in ``BuildContext.crds``).
+Built when ``observability.monitors`` is ``enabled`` or ``auto`` and the monitoring.coreos.com
+CRDs exist (the handler discovers them and passes the API group in ``BuildContext.crds``);
+``enabled`` without them Stalls the run (``builders.integrations``) and builds none.
 """
 
 from __future__ import annotations
@@ -25,7 +26,8 @@ API = "monitoring.coreos.com/v1"
 
 def wants_monitors(run: GagarRun, ctx: BuildContext) -> bool:
     mode = run.spec.observability.monitors
-    return mode == "enabled" or (mode == "auto" and MONITORING in ctx.crds)
+    # ``enabled`` without the CRDs: the run is Stalled (builders.integrations), none built
+    return mode != "disabled" and MONITORING in ctx.crds
 
 
 def build_pod_monitor(run: GagarRun, ctx: BuildContext) -> Manifest:

@@ -118,10 +118,12 @@ INIT_DEFAULT_REQUESTS = {"cpu": "100m", "memory": "128Mi"}
 
 def _init_container(c: Container) -> dict[str, Any]:
     """A user's init container or sidecar, with the operator's restricted security context
-    unless it names its own, a cpu and memory request unless it names them (or their limits);
+    under the keys it names of its own, a cpu and memory request unless it names them (or their limits);
     empty lists left out."""
     out = {k: v for k, v in c.to_wire().items() if v not in ([], {})}
-    out.setdefault("securityContext", container_security())
+    # the user's keys over the operator's restricted context (trust.py refuses those that
+    # leave ``restricted`` unless the operator's configuration allows them)
+    out["securityContext"] = {**container_security(), **(c.security_context or {})}
     req = c.resources or ResourceRequirements()
     out["resources"] = requests_with_defaults(req, INIT_DEFAULT_REQUESTS)
     return out

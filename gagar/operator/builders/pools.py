@@ -26,6 +26,7 @@ from gagar.operator.builders.access import claims_sandboxes
 from gagar.operator.builders.common import (
     BOOT_DIR,
     CONFIG_MOUNT,
+    KEDA,
     SHM_MOUNT,
     WEIGHTS_MOUNT,
     BuildContext,
@@ -111,12 +112,19 @@ def rollout_dtype(run: GagarRun) -> str:
     return run.spec.model.dtype if run.spec.rollout.resources.gpus > 0 else "float32"
 
 
+def keda_pool(pool: RolloutSpec | GraderSpec, ctx: BuildContext) -> bool:
+    """The pool is scaled by a ScaledObject: it asks for KEDA and the operator may use KEDA
+    (without it the run is Stalled, and a suspend scales the pool to zero as an HPA pool's)."""
+    auto = pool.autoscaling
+    return auto is not None and auto.backend == "keda" and KEDA in ctx.crds
+
+
 def _replicas(run: GagarRun, pool: RolloutSpec | GraderSpec, ctx: BuildContext) -> int | None:
     """``spec.replicas`` the operator writes, or None when an autoscaler owns it."""
     stopped = run.spec.suspend or ctx.state == "terminal"
     if pool.autoscaling is None:
         return 0 if stopped else pool.replicas
-    if ctx.state == "terminal" or (stopped and pool.autoscaling.backend == "hpa"):
+    if ctx.state == "terminal" or (stopped and not keda_pool(pool, ctx)):
         return 0
     return None
 
@@ -460,8 +468,8 @@ def build_autoscaler(run: GagarRun, ctx: BuildContext, component: str) -> list[M
     auto = pool.autoscaling
     if auto is None or ctx.state == "terminal":
         return []
-    if auto.backend == "keda":
-        return [build_scaled_object(run, ctx, component, auto)]
+    if auto.backend == "keda":  # without KEDA: none (the run is Stalled, builds no kind it lacks)
+        return [build_scaled_object(run, ctx, component, auto)] if keda_pool(pool, ctx) else []
     return [] if run.spec.suspend else [build_hpa(run, ctx, component, auto)]
 
 
