@@ -63,7 +63,12 @@ from gagar.operator.builders import (
     uses_jobset,
 )
 from gagar.operator.builders.check import validate_run
-from gagar.operator.builders.common import build_weight_sync_secret, checkpoint_claim, image
+from gagar.operator.builders.common import (
+    build_weight_sync_secret,
+    checkpoint_claim,
+    image,
+    quota_limited,
+)
 from gagar.operator.builders.integrations import blocking
 from gagar.operator.builders.trust import (
     Level,
@@ -225,6 +230,7 @@ class Reconciler:
         self._memory: dict[tuple[str, str], _RunMemory] = {}
         self._groups: tuple[float, frozenset[str]] = (0.0, frozenset())
         self._levels: dict[str, tuple[float, Level]] = {}  # namespace -> Pod Security level
+        self._quotas: dict[str, tuple[float, frozenset[str]]] = {}  # namespace -> limited
         self._phases: dict[tuple[str, str], str] = {}
         self._known: set[tuple[str, str]] = set()  # runs seen by the watch, for the resync
         self._guard = threading.Lock()
@@ -438,6 +444,7 @@ class Reconciler:
             hold_trainer=observed.sandbox_refused is not None,
             scraper=self.config.scraper,
             image_registry=self.config.image_registry,
+            quota_limits=frozenset() if outcome.terminal else self._quota_limits(_namespace(run)),
         )
         before = mem.apply_error
         desired = build_all(run, ctx)
@@ -495,6 +502,23 @@ class Reconciler:
             level = namespace_level((found.get("metadata") or {}).get("labels") or {})
             self._levels[namespace] = (time.monotonic(), level)
         return level
+
+    def _quota_limits(self, namespace: str) -> frozenset[str]:
+        """Resources the namespace's ResourceQuotas track as limits (cached as the API groups
+        are): every container of a run's pods then states a limit (``with_quota_limits``)."""
+        stamp, limited = self._quotas.get(namespace, (0.0, frozenset()))
+        if time.monotonic() - stamp > self.config.crd_cache_seconds:
+            try:
+                quotas = self.kube.list("v1", "ResourceQuota", namespace)
+            except KubeError as err:
+                if err.transient:
+                    raise
+                log.warning("cannot list ResourceQuotas of %s: %s", namespace, err.message)
+                quotas = []
+            hard = [(q.get("spec") or {}).get("hard") or {} for q in quotas]
+            limited = frozenset().union(*(quota_limited(h) for h in hard))
+            self._quotas[namespace] = (time.monotonic(), limited)
+        return limited
 
     def _labelled(self, run: GagarRun, problem: tuple[str, str]) -> bool:
         """Whether the Secret a refused reference names carries the configured label."""

@@ -49,17 +49,21 @@ SIDECARS = {
 }
 
 
-def _quota(env: Env) -> dict[str, Any]:
+def _quota(env: Env, on: str = "requests") -> dict[str, Any]:
     return {
         "apiVersion": "v1",
         "kind": "ResourceQuota",
         "metadata": {"name": f"compute-{uuid.uuid4().hex[:6]}", "namespace": env.namespace},
-        "spec": {"hard": {"requests.cpu": "1k", "requests.memory": "64Ti"}},
+        "spec": {"hard": {f"{on}.cpu": "1k", f"{on}.memory": "64Ti"}},
     }
 
 
-def test_a_quota_on_requests_admits_the_trainer_pod_with_sidecars(env: Env) -> None:
-    quota = env.kube.create(_quota(env))["metadata"]["name"]
+@pytest.mark.parametrize("on", ["requests", "limits"])
+def test_a_quota_on_requests_admits_the_trainer_pod_with_sidecars(env: Env, on: str) -> None:
+    """``limits``: a quota on ``limits.cpu``/``limits.memory`` (issue 46) needs a limit on every
+    container, the user's init container and sidecar too: the operator lists the namespace's
+    quotas and gives each container without a limit its request as its limit."""
+    quota = env.kube.create(_quota(env, on))["metadata"]["name"]
     try:
         run = manifest(**{"trainer.podTemplate": SIDECARS})
         name = run["metadata"]["name"]
@@ -73,7 +77,7 @@ def test_a_quota_on_requests_admits_the_trainer_pod_with_sidecars(env: Env) -> N
                 refused = [e["message"] for e in env.events(job) if e["reason"] == "FailedCreate"]
                 raise AssertionError(f"no pod of {job}: {refused}") from None
         for c in pods[0]["spec"]["initContainers"] + pods[0]["spec"]["containers"]:
-            assert {"cpu", "memory"} <= set(c["resources"]["requests"]), c["name"]
+            assert {"cpu", "memory"} <= set(c["resources"][on]), c["name"]
     finally:
         env.kube.delete("v1", "ResourceQuota", env.namespace, quota)
 

@@ -217,3 +217,38 @@ def test_gagar_validate_names_the_missing_volume(
     assert capsys.readouterr().err == (
         f'{path}[0]: spec.trainer.podTemplate.initContainers[0].volumeMounts[0].name: Not found: "x"\n'
     )
+
+
+LIMITS_QUOTA = {"metadata": {"name": "compute"},
+                "spec": {"hard": {"limits.cpu": "1k", "limits.memory": "64Ti"}}}  # fmt: skip
+
+
+@pytest.mark.parametrize("example", ["single-gpu", "flash-moe", "gagar-vs-grpo", "local"])
+def test_a_quota_on_limits_admits_every_pod_with_the_limits_the_operator_adds(
+    example: str,
+) -> None:
+    """Issue 46: a ResourceQuota on ``limits.cpu``/``limits.memory`` refuses a pod in which any
+    container, the user's init containers and sidecars too, states no limit (as the server's
+    quota admission does, and the emulator with it); the operator, which lists the namespace's
+    quotas, gives every container without one its request as its limit."""
+    from gagar.operator.builders import BuildContext
+    from gagar.operator.builders.common import quota_limited
+
+    doc = yaml.safe_load((ROOT / "examples" / f"{example}.yaml").read_text())
+    user = [{"name": "fetch", "image": "busybox"},
+            {"name": "shipper", "image": "busybox", "restartPolicy": "Always",
+             "resources": {"limits": {"cpu": "50m"}}}]  # fmt: skip
+    for component in ("trainer", "rollout", "grader"):
+        doc["spec"].setdefault(component, {})["podTemplate"] = {"initContainers": user}
+    run, problems = validate_run(doc)
+    assert run is not None, problems
+    bare = [spec for obj in build_all(run) for _, spec in pod_specs(obj, "")]
+    assert any(quota_refusal({"spec": p}, [LIMITS_QUOTA]) for p in bare)
+    limited = quota_limited(LIMITS_QUOTA["spec"]["hard"])
+    assert limited == {"cpu", "memory"}
+    objs = build_all(run, BuildContext(quota_limits=limited))
+    for pod_spec in [spec for obj in objs for _, spec in pod_specs(obj, "")]:
+        assert quota_refusal({"spec": pod_spec}, [LIMITS_QUOTA]) is None
+    shipper = next(c for o in objs for _, p in pod_specs(o, "")
+                   for c in p.get("initContainers") or [] if c["name"] == "shipper")  # fmt: skip
+    assert shipper["resources"]["limits"] == {"cpu": "50m", "memory": "128Mi"}  # its own kept

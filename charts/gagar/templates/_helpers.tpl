@@ -72,6 +72,10 @@ ServiceAccounts grant a subset of these (Kubernetes forbids granting what the op
 - apiGroups: [""]
   resources: ["pods"]
   verbs: ["get", "list", "watch"]
+# a namespace's ResourceQuotas: limits.cpu/limits.memory make every container state a limit
+- apiGroups: [""]
+  resources: ["resourcequotas"]
+  verbs: ["list"]
 # a run's weight-sync token, made once: create only, so the operator can read no Secret
 - apiGroups: [""]
   resources: ["secrets"]

@@ -19,6 +19,7 @@ from gagar.operator.builders.common import (
     Scraper,
     labels,
     name,
+    with_quota_limits,
 )
 from gagar.operator.builders.config import (
     build_checkpoint_pvc,
@@ -56,7 +57,7 @@ CHILD_KINDS = (
 def build_all(run: GagarRun, ctx: BuildContext | None = None) -> list[Manifest]:
     """Every child of ``run`` in apply order (config and identities before the pods that use them)."""
     ctx = ctx or BuildContext()
-    return [
+    objs = [
         build_config_map(run, ctx),
         build_progress_config_map(run, ctx),
         *build_checkpoint_pvc(run, ctx),
@@ -66,6 +67,7 @@ def build_all(run: GagarRun, ctx: BuildContext | None = None) -> list[Manifest]:
         *build_trainer(run, ctx),
         *build_monitors(run, ctx),
     ]
+    return with_quota_limits(objs, ctx.quota_limits)
 
 
 __all__ = [

@@ -89,6 +89,8 @@ class BuildContext:
     hold_trainer: bool = False  # sandbox pods refuse to start: the trainer waits, suspended
     scraper: Scraper = field(default_factory=Scraper)
     image_registry: str = ""  # --image-registry: where gagar's images are pulled from instead
+    # resources the namespace's ResourceQuotas track as limits (``limits.cpu``: ``cpu``)
+    quota_limits: frozenset[str] = field(default_factory=frozenset)
 
 
 def name(run: GagarRun, component: str, suffix: str = "") -> str:
@@ -149,6 +151,45 @@ def resources(req: Any) -> dict[str, Any]:
     if req.limits:
         out["limits"] = dict(req.limits)
     return out
+
+
+QUOTA_LIMITED = ("cpu", "memory")  # what a ResourceQuota's ``limits.*`` makes every container state
+
+
+def quota_limited(hard: dict[str, Any]) -> frozenset[str]:
+    """The resources a ResourceQuota's ``spec.hard`` tracks as limits: quota admission then
+    refuses a pod in which any container, init containers and sidecars too, has no limit."""
+    return frozenset(r for r in QUOTA_LIMITED if f"limits.{r}" in hard)
+
+
+def with_quota_limits(objs: list[Manifest], limited: frozenset[str]) -> list[Manifest]:
+    """``objs`` with a limit of each ``limited`` resource on every container of every pod that
+    states none: its request (every container requests cpu and memory), so that a namespace
+    whose ResourceQuota tracks ``limits.cpu``/``limits.memory`` admits the pods, as it does when
+    it tracks requests. A container that needs headroom above its request says so in its
+    ``resources.limits``."""
+    return [_limited(o, limited) for o in objs] if limited else objs
+
+
+def _limited(node: Any, limited: frozenset[str]) -> Any:
+    if isinstance(node, list):
+        return [_limited(x, limited) for x in node]
+    if not isinstance(node, dict):
+        return node
+    if isinstance(node.get("containers"), list):  # a pod spec
+        out = dict(node)
+        for key in ("initContainers", "containers"):
+            if key in node:
+                out[key] = [_container_limits(c, limited) for c in node[key]]
+        return out
+    return {k: _limited(v, limited) for k, v in node.items()}
+
+
+def _container_limits(c: dict[str, Any], limited: frozenset[str]) -> dict[str, Any]:
+    res = c.get("resources") or {}
+    req, lim = res.get("requests") or {}, res.get("limits") or {}
+    extra = {r: req[r] for r in limited if r not in lim and r in req}
+    return {**c, "resources": {**res, "limits": {**lim, **extra}}} if extra else c
 
 
 def requests_with_defaults(req: Any, defaults: dict[str, str]) -> dict[str, Any]:
