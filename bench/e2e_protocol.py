@@ -8,32 +8,58 @@ The protocol (``protocol()``; ``--dry-run`` prints it with every run and checks 
 
 - Policy: Qwen2.5-0.5B-Instruct (``--policy``: its Hugging Face folder on disk, 494 M parameters,
   the "0.5B" class; any HF folder the trainer converts works, ``--min-params`` guards the size).
-- Warm starts (the unit of analysis): ``WARM_STARTS`` = 5 SFT warm starts from the pretrained
+- Warm starts (the unit of analysis): ``WARM_STARTS`` = 10 SFT warm starts from the pretrained
   weights on scripted experts (``spec.model.sftExpertStyles`` of ``examples/gagar-vs-grpo.yaml``:
   bloated passes common), each with its own seed (expert styles, fresh tasks, batch order). Each
   is scored on the held-out set at its start.
-- Per warm start: 2 RL seeds × 2 arms (``grpo``, ``gagar``), the same tasks in the same order in
-  both arms (dynamic sampling off), ``STEPS`` steps of 8 tasks × groups of 8.
-- Held-out set: ≥ 256 samples: 260 tasks of the synthetic family split off before training
+- Per warm start: 1 RL seed × 2 arms (``grpo``, ``gagar``), the same tasks in the same order in
+  both arms (dynamic sampling off), ``STEPS`` steps of 8 tasks × groups of 8. Issue 50: a second
+  warm start buys more power than a second RL seed of the same one at the same GPU cost (the power
+  table), so the 20 RL runs go to 10 warm starts × 1 seed, not 5 × 2.
+- Held-out set: ≥ 256 tasks: 260 tasks of the synthetic family split off before training
   (``heldOutFraction`` 0.25 of 1,056; the split itself leaves out a held-out task whose content
   equals a training task's — the generator repeats one now and then: 2 of 264 here — so 262
-  remain), one sample each with a fixed seed, scored by the task's **hidden tests** (the
-  verifier, not the training grader). ``check_split`` checks the evaluated tasks again, by id and
-  by content, against the training and the warm start's expert tasks, leaves any overlap out of
-  the score, and the protocol refuses to run with fewer than 256 left.
-- Primary outcome: the held-out resolution rate at the end, GAGAR − GRPO, averaged over the two
-  seeds of each warm start, paired t-test over the 5 warm starts (two-sided, α = 0.05) with its
-  95 % interval. Secondary: the held-out change from the warm start, response tokens per held-out
-  sample, the bloated share of held-out passes (scored by the heuristic grader, the same family as
-  the training grader: read with care), the training pass rate's area. Holm over every test.
-  With 5 units a Wilcoxon test cannot go below p = 0.0625, hence the t-test.
+  remain), ``SAMPLES_PER_TASK`` = 4 samples each (the run's own evaluation, then 3 eval-only
+  passes of its final policy, pass j with seed + j·10,000, the same in both arms), scored by the
+  task's **hidden tests** (the verifier, not the training grader). ``check_split`` checks the
+  evaluated tasks again, by id and by content, against the training and the warm start's expert
+  tasks, leaves any overlap out of the score, and the protocol refuses to run with fewer than 256
+  left.
+- Primary outcome: the held-out resolution rate at the end (all samples of a run), GAGAR − GRPO
+  per warm start, paired t-test over the 10 warm starts (two-sided) at α = 0.05 **alone**, with
+  its 95 % interval. Secondary: response tokens per held-out sample, the bloated share of held-out
+  passes (scored by the heuristic grader, the same family as the training grader: read with care),
+  the training pass rate's area; Holm over the secondaries only. (The change from the warm start
+  is not a secondary: the warm start is common to both arms, so its contrast equals the primary's.)
+  With few units a Wilcoxon test has a floor on p, hence the t-test.
+- Manipulation check, stated before any run (``manipulation_rule``): the share of held-out
+  samples whose response differs between the arms (same warm start, seed, task and sampling
+  seed), mean over the pairs, must reach ``MANIPULATION_THRESHOLD`` = 0.10; below it the primary
+  is reported as uninformative (the arms did not diverge at lr 1e-6 × 50 steps). ``--smoke``
+  measures it too.
+- Power (``power_table``, printed by ``--dry-run``): for the paper's +14.8 % relative gain, by base
+  rate, for designs of warm starts × seeds × samples per task; binomial sampling plus an assumed
+  run-to-run sd of 0.02. At base rates 0.12–0.23 (seen so far) this protocol has power about
+  0.35–0.8; the one before issue 50 (5 × 2 × 1) had about 0.2–0.4.
+- Failed runs (``FAILED_RUNS``): one retry from scratch with the same seeds; a run failing twice
+  drops its warm start (both arms) from every test, named in the result; with fewer than 8 warm
+  starts left the primary is reported as incomplete; no run is rerun because of its outcome.
 - Time (``estimate()``): written down with how it is estimated; ``--smoke`` on a GPU measures the
   step time that replaces the estimate's assumed one.
+- Weights on a GPU host with no hub access: ``--policy`` takes a folder on disk and nothing is
+  downloaded. Fetch the folder where the hub is reachable (``huggingface-cli download
+  Qwen/Qwen2.5-0.5B-Instruct --local-dir Qwen2.5-0.5B-Instruct``: ``config.json``, the tokenizer
+  files and ``model.safetensors``, about 1 GB), then carry it to the host with the checkout (a
+  folder the run tool carries, or ``rsync``/``scp`` to e.g. ``/models/``), check its sha256 against
+  the one ``huggingface-cli`` printed, and run with ``HF_HUB_OFFLINE=1`` so that nothing tries the
+  network; ``--min-params`` refuses a folder smaller than the 0.5B class.
 
 Runs are ``gagar train`` processes (``bench.gagar_vs_grpo.gagar_train``); the result is
-``docs/results/e2e-<date>.json`` (``protocol``, ``runs``, ``per_warm_start``, ``tests``).
-``--smoke`` is the pipeline at the smallest budget (1 warm start × 1 seed × 2 arms, ``--steps``
-steps, a 4-task held-out set): its numbers answer nothing.
+``docs/results/e2e-<date>.json`` (``protocol``, ``runs`` with each run's per-task held-out
+samples, ``per_warm_start``, ``dropped_warm_starts``, ``manipulation_check``, ``tests``).
+``--smoke`` is the pipeline at the smallest budget (1 warm start × 1 seed × 2 arms, 2 samples per
+task, ``--steps`` steps, a 4-task held-out set): its numbers answer nothing, except that the
+manipulation check is computed.
 """
 
 from __future__ import annotations
@@ -63,9 +89,15 @@ BASE_MANIFEST = ROOT / "examples" / "gagar-vs-grpo.yaml"
 MODEL = "Qwen/Qwen2.5-0.5B-Instruct"
 MODEL_PARAMS = 494_032_768  # Qwen2.5-0.5B(-Instruct), tied embeddings counted once
 ARMS = ("grpo", "gagar")
-WARM_STARTS = 5
+WARM_STARTS = 10  # issue 50: warm starts in place of a second RL seed (the power table)
 WARM_SEED_BASE = 1000  # warm start k: SFT seed 1000 + k; RL seeds are small: never equal
-SEEDS = (0, 1)
+SEEDS = (0,)
+SAMPLES_PER_TASK = 4  # held-out samples per task: 1 with the run, the rest eval-only passes
+EVAL_SEED_STEP = 10_000  # eval pass j samples with seed + j·10,000 (both arms the same)
+ALPHA = 0.05
+PAPER_RELATIVE_GAIN = 0.148  # the paper's +14.8 % relative resolution
+MANIPULATION_THRESHOLD = 0.10  # share of held-out samples whose response differs between arms
+ASSUMED_RUN_SD = 0.02  # sd of a run's held-out resolution across RL seeds (assumption, power)
 HELD_OUT = (
     256  # scored samples at least: held-out tasks whose content a training task shares are not
 )
@@ -79,7 +111,6 @@ LR = 1e-6
 PRIMARY = "held_out_resolution_end"
 OUTCOMES = {  # key: description (the primary first)
     PRIMARY: "held-out resolution rate at the end (hidden tests), one sample per task",
-    "held_out_gain": "held-out resolution, end − the warm start's",
     "held_out_tokens": "response tokens per held-out sample (end)",
     "held_out_bloated_share": "bloated share of held-out passes (heuristic grader)",
     "train_pass_rate_area": "training pass rate, mean over steps",
@@ -87,6 +118,7 @@ OUTCOMES = {  # key: description (the primary first)
 SMOKE = {
     "warm_starts": 1,
     "seeds": [0],
+    "samples_per_task": 2,
     "held_out": 2,
     "eval_tasks": 4,
     "dataset_size": 16,
@@ -102,6 +134,7 @@ def settings(args: argparse.Namespace) -> dict[str, Any]:
     return {
         "warm_starts": WARM_STARTS,
         "seeds": list(SEEDS),
+        "samples_per_task": SAMPLES_PER_TASK,
         "held_out": HELD_OUT,
         "eval_tasks": EVAL_TASKS,
         "dataset_size": DATASET_SIZE,
@@ -186,18 +219,18 @@ def plan(args: argparse.Namespace) -> dict[str, Any]:
             for arm in s["arms"]:
                 doc = named(base, f"{arm}-w{k}-s{seed}", seed=seed, mode=arm)
                 doc["spec"]["model"] = model
-                runs.append(
-                    {
-                        "kind": "rl",
-                        "warm_start": k,
-                        "warm_seed": warm_seed,
-                        "seed": seed,
-                        "arm": arm,
-                        "out": str(work / f"{arm}-w{k}-s{seed}"),
-                        "manifest": doc,
-                        "args": ["--eval-tasks", str(s["eval_tasks"])],
-                    }
-                )
+                rl = {
+                    "kind": "rl",
+                    "warm_start": k,
+                    "warm_seed": warm_seed,
+                    "seed": seed,
+                    "arm": arm,
+                    "eval_pass": 0,
+                    "out": str(work / f"{arm}-w{k}-s{seed}"),
+                    "manifest": doc,
+                    "args": ["--eval-tasks", str(s["eval_tasks"])],
+                }
+                runs += [rl, *eval_passes(rl, s)]
     protocol = {
         "question": "does GAGAR raise held-out resolution over GRPO on a pretrained policy?",
         "policy": {
@@ -216,6 +249,7 @@ def plan(args: argparse.Namespace) -> dict[str, Any]:
         * base["spec"]["algorithm"]["groupSize"],
         "held_out": {
             "samples": s["held_out"],
+            "samples_per_task": s["samples_per_task"],
             "evaluated": s["eval_tasks"],
             "per_task": 1,
             "scored_by": "hidden tests (verifier)",
@@ -226,15 +260,140 @@ def plan(args: argparse.Namespace) -> dict[str, Any]:
         "primary": {
             "outcome": PRIMARY,
             "contrast": "gagar − grpo",
-            "test": "paired t over warm starts (bench/stats.paired_t), two-sided, α 0.05",
+            "test": f"paired t over warm starts (bench/stats.paired_t), two-sided, α {ALPHA}, "
+            "alone (not in the Holm family)",
         },
         "outcomes": OUTCOMES,
-        "multiplicity": "Holm over every test of the result file",
+        "multiplicity": "the primary at α alone; Holm over the secondaries only",
+        "manipulation_check": manipulation_rule(),
+        "failed_runs": FAILED_RUNS,
+        "power": power_table(s),
         "smoke": bool(args.smoke),
         "device": args.device,
         "estimate": estimate(s, base),
     }
     return {"protocol": protocol, "runs": runs}
+
+
+FAILED_RUNS = (
+    "a run that fails (its process exits non-zero, the engine is lost) is retried once from "
+    "scratch with the same seeds; a run failing twice drops its warm start from every test (the "
+    "warm start is the unit: both arms go), and the dropped ones are named in the result; with "
+    f"fewer than {WARM_STARTS - 2} warm starts left the primary is reported as incomplete, not "
+    "tested; no run is ever rerun because of its outcome"
+)
+
+
+def eval_passes(rl: dict[str, Any], s: dict[str, Any]) -> list[dict[str, Any]]:
+    """The extra held-out samples of an RL run: ``samples_per_task − 1`` eval-only passes of its
+    final policy, pass j sampling with seed ``seed + j·EVAL_SEED_STEP`` (the same in both arms)."""
+    out = []
+    for j in range(1, s["samples_per_task"]):
+        doc = json.loads(json.dumps(rl["manifest"]))
+        doc["metadata"]["name"] = f"{doc['metadata']['name']}-e{j}"
+        doc["spec"]["algorithm"]["seed"] = rl["seed"] + j * EVAL_SEED_STEP
+        doc["spec"]["model"] = {
+            **doc["spec"]["model"],
+            "path": str(Path(rl["out"]) / "policy" / "serving"),
+        }
+        out.append(
+            {
+                **{k: rl[k] for k in ("warm_start", "warm_seed", "seed", "arm")},
+                "kind": "eval",
+                "eval_pass": j,
+                "out": f"{rl['out']}-e{j}",
+                "manifest": doc,
+                "args": ["--eval-only", "--eval-tasks", str(s["eval_tasks"])],
+            }
+        )
+    return out
+
+
+def manipulation_rule() -> dict[str, Any]:
+    return {
+        "measure": "per (warm start, seed, eval pass): the share of held-out tasks whose sampled "
+        "response differs between the arms (response tokens or outcome differ; same task, same "
+        "sampling seed), averaged over the pairs",
+        "threshold": MANIPULATION_THRESHOLD,
+        "rule": f"stated before any run: below {MANIPULATION_THRESHOLD} the arms' policies did not "
+        "diverge enough for the primary to answer anything; it is then reported as "
+        "uninformative, and a protocol with a larger learning rate is a new protocol (never a "
+        "rerun on this held-out set). Measured in --smoke too. GPU sampling is not "
+        "bit-reproducible: the share bounds from above what the weights alone cause",
+    }
+
+
+def manipulation_check(runs: list[dict[str, Any]]) -> dict[str, Any]:
+    """The manipulation check's value from the runs' per-task held-out samples."""
+    by_key: dict[tuple[int, int, int], dict[str, dict[str, Any]]] = {}
+    for r in runs:
+        if r["kind"] in ("rl", "eval") and "samples" in r.get("outcomes", {}):
+            key = (r["warm_start"], r["seed"], r.get("eval_pass", 0))
+            by_key.setdefault(key, {})[r["arm"]] = r["outcomes"]["samples"]
+    pairs = []
+    for key, arms in sorted(by_key.items()):
+        if {"grpo", "gagar"} <= arms.keys():
+            a, b = arms["grpo"], arms["gagar"]
+            tasks = sorted(a.keys() & b.keys())
+            if tasks:
+                differ = sum(a[t] != b[t] for t in tasks)
+                pairs.append({"warm_start": key[0], "seed": key[1], "eval_pass": key[2],
+                              "tasks": len(tasks), "differ": differ})  # fmt: skip
+    share = statistics.fmean(p["differ"] / p["tasks"] for p in pairs) if pairs else math.nan
+    return {
+        **manipulation_rule(),
+        "pairs": pairs,
+        "value": share,
+        "passed": bool(share >= MANIPULATION_THRESHOLD) if pairs else None,
+    }
+
+
+def power(base: float, warm: int, seeds: int, per_task: int, tasks: int = HELD_OUT) -> float:
+    """Power of the two-sided paired t over ``warm`` warm starts (α = ALPHA) for the paper's
+    relative gain at base rate ``base``. Per warm start the arm difference has variance
+    2 (p(1 − p) / (tasks · per_task) + ASSUMED_RUN_SD²) / seeds: binomial sampling of the held-out
+    samples plus run-to-run spread, no warm start × arm interaction (optimistic), no positive
+    correlation of the arms on a task (pessimistic)."""
+    from scipy import stats as st
+
+    delta = PAPER_RELATIVE_GAIN * base
+    var = 2 * (base * (1 - base) / (tasks * per_task) + ASSUMED_RUN_SD**2) / seeds
+    nc = delta / math.sqrt(var) * math.sqrt(warm)
+    crit = st.t.ppf(1 - ALPHA / 2, warm - 1)
+    return float(st.nct.sf(crit, warm - 1, nc) + st.nct.cdf(-crit, warm - 1, nc))
+
+
+DESIGNS = (  # (warm starts, RL seeds, samples per task)
+    (5, 2, 1),  # the protocol before issue 50
+    (5, 2, 4),
+    (10, 1, 1),
+    (10, 1, 4),
+    (20, 1, 4),
+)
+BASE_RATES = (0.10, 0.15, 0.20, 0.25, 0.30, 0.40)
+
+
+def power_table(s: dict[str, Any]) -> dict[str, Any]:
+    """Power by base rate for the designs (``power``), each with its RL runs and eval passes."""
+    chosen = (s["warm_starts"], len(s["seeds"]), s["samples_per_task"])
+    designs = list(dict.fromkeys((*DESIGNS, chosen)))
+    return {
+        "effect": f"+{PAPER_RELATIVE_GAIN:.1%} relative (the paper's), two-sided α {ALPHA}",
+        "assumptions": f"held-out tasks {HELD_OUT}; run-to-run sd {ASSUMED_RUN_SD} (assumed: no "
+        "GPU run has measured it); see bench/e2e_protocol.power",
+        "designs": [
+            {
+                "warm_starts": w,
+                "seeds": r,
+                "samples_per_task": k,
+                "rl_runs": w * r * 2,
+                "eval_passes": w * r * 2 * (k - 1),
+                "this_protocol": (w, r, k) == chosen,
+                "power": {f"{p:.2f}": round(power(p, w, r, k), 3) for p in BASE_RATES},
+            }
+            for w, r, k in designs
+        ],
+    }
 
 
 def estimate(s: dict[str, Any], base: dict[str, Any]) -> dict[str, Any]:
@@ -257,11 +416,13 @@ def estimate(s: dict[str, Any], base: dict[str, Any]) -> dict[str, Any]:
     rl = 90 + s["steps"] * step + eval_s
     warm = 90 + s["sft_steps"] * 1.0 + 60 + eval_s
     runs_rl = s["warm_starts"] * len(s["seeds"]) * len(s["arms"])
-    total = s["warm_starts"] * warm + runs_rl * rl
+    passes = runs_rl * (s["samples_per_task"] - 1) * (90 + eval_s)  # eval-only passes
+    total = s["warm_starts"] * warm + runs_rl * rl + passes
     return {
         "assumed_step_seconds": step,
         "rl_run_minutes": round(rl / 60, 1),
         "warm_start_minutes": round(warm / 60, 1),
+        "eval_pass_minutes": round((90 + eval_s) / 60, 1),
         "gpu_hours_one_h100": round(total / 3600, 2),
         "how": "a stage model (docstring of bench/e2e_protocol.estimate), not a measurement: "
         "no GPU has run it; ±2×",
@@ -321,6 +482,8 @@ def read_outcomes(out: Path, excluded: set[str]) -> dict[str, Any]:
     return {
         "resolution": len(passes_) / len(samples) if samples else math.nan,
         "scored": len(samples),
+        # per task (the record a reader recomputes from): [passed, response tokens]
+        "samples": {x["task"]: [bool(x["passed"]), x["tokens"]] for x in samples},
         "tokens": statistics.fmean(x["tokens"] for x in samples) if samples else math.nan,
         "bloated_share": sum(x["bloated"] for x in passes_) / len(passes_) if passes_ else math.nan,
         "train_pass_rate_area": statistics.fmean(passes) if passes else math.nan,
@@ -331,36 +494,38 @@ def read_outcomes(out: Path, excluded: set[str]) -> dict[str, Any]:
 
 
 def per_warm_start(runs: list[dict[str, Any]]) -> dict[int, dict[str, dict[str, float]]]:
-    """Warm start → arm → outcome, each the mean over that warm start's seeds (the unit)."""
-    start = {
-        r["warm_start"]: r["outcomes"]["resolution"] for r in runs if r["kind"] == "warm_start"
-    }
-    out: dict[int, dict[str, dict[str, float]]] = {}
+    """Warm start → arm → outcome: per seed the mean over the run's held-out passes (its own and
+    the eval-only ones), then the mean over the warm start's seeds (the unit)."""
+    per_seed: dict[tuple[int, str, int], list[dict[str, Any]]] = {}
     for r in runs:
-        if r["kind"] != "rl" or "outcomes" not in r:
+        if r["kind"] in ("rl", "eval") and "outcomes" in r:
+            per_seed.setdefault((r["warm_start"], r["arm"], r["seed"]), []).append(r)
+    rows: dict[tuple[int, str], list[dict[str, float]]] = {}
+    for (w, arm, _), group in per_seed.items():
+        if not any(r["kind"] == "rl" for r in group):
             continue
-        o = r["outcomes"]
-        row = {
-            PRIMARY: o["resolution"],
-            "held_out_gain": o["resolution"] - start.get(r["warm_start"], math.nan),
-            "held_out_tokens": o["tokens"],
-            "held_out_bloated_share": o["bloated_share"],
-            "train_pass_rate_area": o["train_pass_rate_area"],
-        }
-        out.setdefault(r["warm_start"], {}).setdefault(r["arm"], {}).setdefault("_rows", []).append(
-            row
-        )  # type: ignore[arg-type]
-    for arms in out.values():
-        for arm, d in arms.items():
-            rows = d.pop("_rows")  # type: ignore[arg-type]
-            arms[arm] = {k: stats.run_mean([row[k] for row in rows]) for k in OUTCOMES}  # type: ignore[index]
+        rl = next(r for r in group if r["kind"] == "rl")["outcomes"]
+        o = [r["outcomes"] for r in group]
+        rows.setdefault((w, arm), []).append({
+            PRIMARY: stats.run_mean([x["resolution"] for x in o]),
+            "held_out_tokens": stats.run_mean([x["tokens"] for x in o]),
+            "held_out_bloated_share": stats.run_mean([x["bloated_share"] for x in o]),
+            "train_pass_rate_area": rl["train_pass_rate_area"],
+        })  # fmt: skip
+    out: dict[int, dict[str, dict[str, float]]] = {}
+    for (w, arm), seeds in rows.items():
+        out.setdefault(w, {})[arm] = {k: stats.run_mean([x[k] for x in seeds]) for k in OUTCOMES}
     return out
 
 
 def analyse(runs: list[dict[str, Any]]) -> dict[str, Any]:
-    """Paired t-test of gagar − grpo over warm starts for every outcome; Holm over all of them."""
+    """Paired t-test of gagar − grpo over warm starts for every outcome: the primary at α alone,
+    Holm over the secondaries; the warm starts dropped (``FAILED_RUNS``) and the manipulation
+    check beside them."""
     table = per_warm_start(runs)
     both = sorted(w for w, arms in table.items() if {"gagar", "grpo"} <= arms.keys())
+    planned = sorted({r["warm_start"] for r in runs})
+    dropped = [w for w in planned if w not in both]
     tests = {
         k: {
             **stats.paired_t(
@@ -370,11 +535,19 @@ def analyse(runs: list[dict[str, Any]]) -> dict[str, Any]:
         }
         for k in OUTCOMES
     }
-    for t, p in zip(
-        tests.values(), stats.holm([t["p_value"] for t in tests.values()]), strict=True
-    ):
+    primary = tests[PRIMARY]
+    primary["alpha"] = ALPHA
+    primary["complete"] = len(both) >= max(2, len(planned) - 2)  # FAILED_RUNS
+    primary["significant"] = bool(primary["complete"] and primary["p_value"] < ALPHA)
+    secondary = [t for k, t in tests.items() if k != PRIMARY]
+    for t, p in zip(secondary, stats.holm([t["p_value"] for t in secondary]), strict=True):
         t["p_holm"] = p
-    return {"per_warm_start": {str(w): table[w] for w in sorted(table)}, "tests": tests}
+    return {
+        "per_warm_start": {str(w): table[w] for w in sorted(table)},
+        "dropped_warm_starts": dropped,
+        "manipulation_check": manipulation_check(runs),
+        "tests": tests,
+    }
 
 
 # ------------------------------------------------------------------ running
@@ -387,16 +560,23 @@ def execute(args: argparse.Namespace, the_plan: dict[str, Any]) -> int:
     for r in runs:
         out = Path(r["out"])
         name = r["manifest"]["metadata"]["name"]
-        if r["kind"] == "rl" and not Path(r["manifest"]["spec"]["model"]["path"]).exists():
-            print(f"{name}: skipped, its warm start failed", flush=True)
+        if r["kind"] != "warm_start" and not Path(r["manifest"]["spec"]["model"]["path"]).exists():
+            print(f"{name}: skipped, the run it starts from failed", flush=True)
             failed += 1
             continue
         print(f"{name} → {out}", flush=True)
-        try:
-            r["seconds"] = gagar_train(r["manifest"], out, *r["args"])
-        except RunFailed as err:
-            print(f"  failed: {err}", flush=True)
-            r["error"] = str(err)
+        for attempt in (1, 2):  # FAILED_RUNS: one retry from scratch, same seeds
+            try:
+                if out.exists():
+                    shutil.rmtree(out)
+                r["seconds"] = gagar_train(r["manifest"], out, *r["args"])
+                r.pop("error", None)
+                break
+            except RunFailed as err:
+                print(f"  failed (attempt {attempt}): {err}", flush=True)
+                r["error"] = str(err)
+                r["attempts"] = attempt
+        if "error" in r:
             failed += 1
             continue
         r["outcomes"] = read_outcomes(out, set(the_plan["protocol"]["split"]["excluded"]))
@@ -434,6 +614,22 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     return p.parse_args(argv)
 
 
+def print_power(proto: dict[str, Any]) -> None:
+    table, check = proto["power"], proto["manipulation_check"]
+    rates = list(table["designs"][0]["power"])
+    print(f"\npower for {table['effect']} ({table['assumptions']})")
+    print(
+        "warm starts × seeds × samples/task  RL runs  eval passes  "
+        + "  ".join(f"p={r}" for r in rates)
+    )
+    for d in table["designs"]:
+        mark = "  ← this protocol" if d["this_protocol"] else ""
+        cells = "  ".join(f"{d['power'][r]:6.2f}" for r in rates)
+        print(f"{d['warm_starts']:>11} × {d['seeds']} × {d['samples_per_task']:<13} {d['rl_runs']:>7}  "
+              f"{d['eval_passes']:>11}  {cells}{mark}")  # fmt: skip
+    print(f"\nmanipulation check: {check['measure']}; threshold {check['threshold']}")
+
+
 def policy_params(folder: Path) -> int:
     """Parameters of an HF folder, from its safetensors headers (no weights read)."""
     from safetensors import safe_open
@@ -461,6 +657,7 @@ def main(argv: list[str] | None = None) -> int:
                 f"{r['kind']:<10} warm {r['warm_start']} (seed {r['warm_seed']})  "
                 f"{r.get('arm', ''):<5} seed {r.get('seed', '-')}  → {r['out']}"
             )
+        print_power(proto)
         return 0
     if args.policy is not None:
         n = policy_params(args.policy)

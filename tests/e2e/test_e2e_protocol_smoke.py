@@ -39,7 +39,9 @@ def test_cpu_smoke_of_the_e2e_protocol_runs_every_stage(tmp_path: Path) -> None:
     assert [(r["kind"], r.get("arm")) for r in runs] == [
         ("warm_start", None),
         ("rl", "grpo"),
+        ("eval", "grpo"),  # the smoke's second sample per task: an eval-only pass
         ("rl", "gagar"),
+        ("eval", "gagar"),
     ]
     split = result["protocol"]["split"]
     for r in runs:
@@ -50,9 +52,13 @@ def test_cpu_smoke_of_the_e2e_protocol_runs_every_stage(tmp_path: Path) -> None:
         kept = [x for x in held["samples"] if x["valid"] and x["task"] not in split["excluded"]]
         assert o["scored"] == len(kept) >= 1
         assert o["resolution"] == sum(x["passed"] for x in kept) / len(kept)
-    for r in runs[1:]:
+    for r in (r for r in runs if r["kind"] == "rl"):
         assert len((Path(r["out"]) / "metrics.jsonl").read_text().splitlines()) == 1
         assert math.isfinite(r["outcomes"]["step_seconds"])
     assert result["per_warm_start"]["0"].keys() == {"grpo", "gagar"}
+    # the manipulation check, stated in advance, is measured in the smoke: 2 pairs of arms
+    check = result["manipulation_check"]
+    assert check["threshold"] == 0.10 and len(check["pairs"]) == 2
+    assert 0 <= check["value"] <= 1
     primary = result["tests"][result["protocol"]["primary"]["outcome"]]
     assert primary["n"] == 1 and primary["primary"] is True  # one warm start: no test possible

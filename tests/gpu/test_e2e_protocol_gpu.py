@@ -47,11 +47,11 @@ def test_two_step_smoke_of_the_e2e_protocol_on_the_pretrained_policy(tmp_path: P
     result = json.loads(out.read_text())
     assert result["protocol"]["policy"]["parameters"] >= 4.9e8
     runs = result["runs"]
-    assert [r["kind"] for r in runs] == ["warm_start", "rl", "rl"]
+    assert [r["kind"] for r in runs] == ["warm_start", "rl", "eval", "rl", "eval"]
     assert {r["arm"] for r in runs[1:]} == {"grpo", "gagar"}
     for r in runs:
         assert r["outcomes"]["scored"] >= 1, r
-    for r in runs[1:]:
+    for r in (r for r in runs if r["kind"] == "rl"):
         metrics = (
             (tmp_path / "work" / Path(r["out"]).name / "metrics.jsonl").read_text().splitlines()
         )
@@ -61,3 +61,6 @@ def test_two_step_smoke_of_the_e2e_protocol_on_the_pretrained_policy(tmp_path: P
             f"(the protocol assumes {result['protocol']['estimate']['assumed_step_seconds']})"
         )
     assert set(result["tests"]) == set(result["protocol"]["outcomes"])
+    check = result["manipulation_check"]  # measured on the GPU: do the arms diverge?
+    print(f"manipulation check: {check['value']:.2f} (threshold {check['threshold']})")
+    assert len(check["pairs"]) == 2
