@@ -464,8 +464,10 @@ def measure(args: argparse.Namespace, base: dict[str, Any], replay_path: Path) -
         )
         ci = boot.confidence_interval
         arms[arm]["group_level"]["signal_sq_ci95"] = [float(ci.low), float(ci.high)]
+    # distinct tiers with members (two tied groups in T1 are one tier: issue 50's 14 → 9)
     tiers = [
-        len([t for t in r["ranking"]["tied_groups"] if t["members"]]) for r in replay["groups"]
+        len({t["tier"] for t in r["ranking"]["tied_groups"] if t["members"]})
+        for r in replay["groups"]
     ]
     return {
         "arms": arms,
