@@ -83,3 +83,26 @@ def test_render_prints_what_the_operator_creates(case: str, env: Env, tmp_path: 
         rendered = {(o["kind"], o["metadata"]["name"]) for o in yaml.safe_load_all(stdout)}
         env.wait(lambda: _live(env, name, groups) == rendered,
                  what=f"the operator's children == render's {sorted(rendered)}")  # fmt: skip
+
+
+def test_render_discovers_a_live_clusters_capabilities(tmp_path: Path) -> None:
+    """``--discover KUBECONFIG``: the capabilities are the cluster's API groups (here KEDA's
+    stand-in CRD), so the KEDA pools render their ScaledObjects; without it the run is refused."""
+    from tests.kube_emulator import KubeEmulator
+
+    run = manifest("flash-moe", **{"trainer.useJobSet": False})
+    with KubeEmulator() as emulator:
+        kubeconfig = emulator.write_kubeconfig(tmp_path / "kubeconfig")
+        path = tmp_path / "run.yaml"
+        path.write_text(yaml.safe_dump(run))
+        argv = ["render", str(path), "--discover", str(kubeconfig)]
+        err = io.StringIO()
+        with contextlib.redirect_stderr(err):
+            assert main(argv) == 1
+        assert "AutoscalerUnavailable" in err.getvalue()
+        emulator.create(optional_crd("keda.sh", "ScaledObject", "scaledobjects", "v1alpha1"))
+        out = io.StringIO()
+        with contextlib.redirect_stdout(out):
+            assert main(argv) == 0
+    kinds = [o["kind"] for o in yaml.safe_load_all(out.getvalue())]
+    assert kinds.count("ScaledObject") == 2
