@@ -121,6 +121,25 @@ def test_a_run_applied_with_default_validation_shows_its_columns(cluster: Cluste
     assert "gagarrun.gagar.dev/local configured" in again
 
 
+def test_kubectl_get_watch_shows_the_columns_as_the_run_changes(cluster: Cluster) -> None:
+    cluster.kubectl("create", "namespace", "watch")
+    watch = subprocess.Popen(
+        ["bash", "-c", "kubectl get gr -n watch -w"], cwd=ROOT, env=cluster.env,
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+    )  # fmt: skip
+    try:
+        time.sleep(2)  # the watch is open before the run exists
+        cluster.kubectl("apply", "-n", "watch", "-f", "examples/local.yaml")
+        cluster.wait("kubectl get gr local -n watch", r"Running")
+        time.sleep(1)
+    finally:
+        watch.terminate()
+    out = watch.communicate(timeout=30)[0]
+    lines = out.splitlines()
+    assert lines[0].split()[:3] == ["NAME", "PHASE", "MODE"], out
+    assert any(line.split()[:2] == ["local", "Running"] for line in lines[1:]), out
+
+
 def test_a_misspelt_field_is_refused_not_dropped(cluster: Cluster) -> None:
     cluster.kubectl("create", "namespace", "typo")
     done = cluster.sh(

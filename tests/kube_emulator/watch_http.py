@@ -5,7 +5,9 @@
 version N replays the retained history after N, or answers an ERROR event with a 410 ``Expired``
 Status when N is older than the history. ``allowWatchBookmarks=true`` adds a BOOKMARK every
 ``bookmark_interval`` seconds of silence, carrying the last version this stream has passed.
-``timeoutSeconds`` ends the stream cleanly; ``KubeEmulator.drop_watches`` aborts it.
+``timeoutSeconds`` ends the stream cleanly; ``KubeEmulator.drop_watches`` aborts it. An
+``Accept`` asking for a Table (``kubectl get -w``) gets each event's object as a one-row Table,
+the columns of a plain ``kubectl get``.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from typing import Any
 
 from aiohttp import web
 
+from . import table as tables
 from .errors import ApiError
 from .resources import ResourceType
 from .selectors import make_predicate
@@ -42,6 +45,8 @@ async def serve_watch(
     except ApiError as e:
         await response.write(_line({"type": "ERROR", "object": e.status()}))
         return response
+    if tables.wants_table(request.headers.get("Accept")):
+        query = {**query, "as": "Table"}
     try:
         await _stream(request, response, watcher, t.rt, query, last_rv, bookmark_interval)
     except (ConnectionResetError, asyncio.CancelledError):
@@ -87,14 +92,11 @@ async def _stream(
         if kind == "INITIAL-END":
             await response.write(_line(_bookmark(rt, last_rv, initial_end=True)))
         elif kind is not None:
-            await response.write(
-                _line(
-                    {
-                        "type": kind,
-                        "object": {**obj, "apiVersion": rt.api_version, "kind": rt.kind},
-                    }
-                )
-            )
+            obj = {**obj, "apiVersion": rt.api_version, "kind": rt.kind}
+            if query.get("as") == "Table":
+                meta = {"resourceVersion": str(rv)}
+                obj = tables.table(rt, [obj], meta, query.get("includeObject"))
+            await response.write(_line({"type": kind, "object": obj}))
 
 
 def _line(event: dict) -> bytes:

@@ -5,6 +5,7 @@ bodies of the kinds typed clients send, and ``pods/log``."""
 from __future__ import annotations
 
 import base64
+import json
 from collections.abc import Iterator
 
 import httpx
@@ -195,3 +196,15 @@ def test_kubectl_get_all_finds_the_all_category_and_the_crds_own(http: httpx.Cli
     assert core["pods"]["categories"] == ["all"] and "categories" not in core["configmaps"]
     runs = {r["name"]: r for r in http.get("/apis/gagar.dev/v1alpha1").json()["resources"]}
     assert runs["gagarruns"]["categories"] == build_crd()["spec"]["names"]["categories"]
+
+
+def test_a_table_watch_sends_each_object_as_a_row(http: httpx.Client) -> None:
+    """``kubectl get -w``: the watch asks for Tables and prints each event's row."""
+    table = {"Accept": "application/json;as=Table;v=v1;g=meta.k8s.io,application/json"}
+    params = {"watch": "true", "resourceVersion": "0", "timeoutSeconds": "1"}
+    with http.stream("GET", NS, headers=table, params=params) as stream:
+        events = [json.loads(line) for line in stream.iter_lines() if line]
+    assert events and {e["type"] for e in events} == {"ADDED"}
+    first = events[0]["object"]
+    assert first["kind"] == "Table" and len(first["rows"]) == 1
+    assert [c["name"] for c in first["columnDefinitions"]] == ["Name", "Status", "Age"]
