@@ -200,9 +200,7 @@ def document(group: str, version: str, types: list[ResourceType]) -> dict:
             roots += [name, f"{name}List"] if name else []
         if t.scale:
             roots.append(SCALE)
-    schemas.update(_closure(roots, definitions()))
-    # a custom kind's own schema references only the meta types: close over those again
-    schemas.update(_closure([r for s in list(schemas.values()) for r in _refs(s)], definitions()))
+    schemas.update(_closure(roots, definitions()))  # a custom kind's refs are the meta types'
     paths: dict[str, dict] = {}
     for t in served:
         paths.update(_paths(t, f"/{gv_path(group, version)}"))
