@@ -142,13 +142,13 @@ def kill_leftovers(uid: int | None) -> None:
 
 def _reap(uid: int) -> bool:
     """Reap our zombie children of ``uid``; whether any process of ``uid`` is still there."""
-    for pid in runner._children():
+    for pid in runner.children():
         try:
             if os.stat(f"/proc/{pid}").st_uid == uid:
                 os.waitpid(pid, os.WNOHANG)
         except (FileNotFoundError, ChildProcessError):
             continue
-    return any(_owned_by(pid, uid) for pid in runner._pids())
+    return any(_owned_by(pid, uid) for pid in runner.pids())
 
 
 def _owned_by(pid: int, uid: int) -> bool:

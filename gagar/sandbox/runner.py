@@ -16,6 +16,7 @@ import signal
 import subprocess
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -62,7 +63,7 @@ class Outcome:
     waited: list[dict] = field(default_factory=list)  # the jail's waiter: the command's status
 
 
-class _Capture:
+class Capture:
     """Reads pipes without blocking; keeps at most ``cap`` bytes of each and drains the rest."""
 
     def __init__(self, cap: int, pid: int) -> None:
@@ -123,12 +124,12 @@ def run(launch: Launch) -> Outcome:
         child_fds.append(wait_w)
         argv = [str(wait_w) if a == WAIT_FD else a for a in argv]
     if launch.seccomp is not None:
-        child_fds.append(_memfd(launch.seccomp))
+        child_fds.append(memfd(launch.seccomp))
         argv = [str(child_fds[-1]) if a == SECCOMP_FD else a for a in argv]
     start = time.monotonic()
     try:
-        with _lock:  # registered before anyone else may reap: no window where the pid is unknown
-            proc = subprocess.Popen(
+        proc = spawn(
+            lambda: subprocess.Popen(
                 argv,
                 stdin=subprocess.DEVNULL,
                 stdout=subprocess.PIPE,
@@ -138,7 +139,7 @@ def run(launch: Launch) -> Outcome:
                 process_group=0,
                 pass_fds=tuple(child_fds),
             )
-            _active.add(proc.pid)
+        )
     except OSError:
         for fd in (status_r, wait_r):
             if fd is not None:
@@ -150,12 +151,26 @@ def run(launch: Launch) -> Outcome:
     try:
         return _supervise(proc, launch, status_r, wait_r, start)
     finally:
-        with _lock:
-            _active.discard(proc.pid)
+        release(proc.pid)
         reap_orphans()
 
 
-def _memfd(data: bytes) -> int:
+def spawn(start: Callable[[], subprocess.Popen]) -> subprocess.Popen:
+    """``start()``'s process, registered as in flight before anyone else may reap (no window
+    where its pid is unknown): ``reap_orphans`` leaves it alone until ``release``."""
+    with _lock:
+        proc = start()
+        _active.add(proc.pid)
+    return proc
+
+
+def release(pid: int) -> None:
+    """``pid`` is no longer in flight (waited for, or killed and waited for)."""
+    with _lock:
+        _active.discard(pid)
+
+
+def memfd(data: bytes) -> int:
     """A file descriptor positioned at the start of ``data`` (how bubblewrap reads a filter)."""
     fd = os.memfd_create("gagar-seccomp", 0)  # no MFD_CLOEXEC: the child inherits it
     os.write(fd, data)
@@ -170,7 +185,7 @@ def _supervise(
     wait_r: int | None,
     start: float,
 ) -> Outcome:
-    cap = _Capture(launch.output_bytes, proc.pid)
+    cap = Capture(launch.output_bytes, proc.pid)
     cap.add(os.dup(proc.stdout.fileno()))  # type: ignore[union-attr]
     cap.add(os.dup(proc.stderr.fileno()))  # type: ignore[union-attr]
     for fd in (status_r, wait_r):
@@ -184,14 +199,14 @@ def _supervise(
     _kill_group(proc.pid)
     waited = os.wait4(proc.pid, 0)
     proc.returncode = -1  # we waited ourselves; keep Popen from waiting again
-    _drain(cap, time.monotonic() + 1.0)
+    drain(cap, time.monotonic() + 1.0)
     _fill(outcome, waited, cap, status_r is not None, time.monotonic() - start)
     if wait_r is not None:
-        outcome.waited = _parse_status(bytes(cap.data[wait_r]))
+        outcome.waited = parse_status(bytes(cap.data[wait_r]))
     return outcome
 
 
-def pump_until(cap: _Capture, deadline: float) -> bool:
+def pump_until(cap: Capture, deadline: float) -> bool:
     """Capture until the process exits (False) or ``deadline`` passes (True: it timed out)."""
     while not cap.exited:
         remaining = deadline - time.monotonic()
@@ -201,15 +216,13 @@ def pump_until(cap: _Capture, deadline: float) -> bool:
     return False
 
 
-def _drain(cap: _Capture, until: float) -> None:
+def drain(cap: Capture, until: float) -> None:
     while cap.open and time.monotonic() < until:  # output still in the pipes after the exit
         cap.pump(until - time.monotonic())
     cap.close()
 
 
-def _fill(
-    outcome: Outcome, waited: tuple, cap: _Capture, has_status: bool, duration: float
-) -> None:
+def _fill(outcome: Outcome, waited: tuple, cap: Capture, has_status: bool, duration: float) -> None:
     _, status, usage = waited
     if os.WIFSIGNALED(status):
         outcome.signal = os.WTERMSIG(status)
@@ -219,11 +232,11 @@ def _fill(
     data = list(cap.data.values())  # insertion order: stdout, stderr, status
     outcome.stdout, outcome.stderr = bytes(data[0]), bytes(data[1])
     if has_status:
-        outcome.status = _parse_status(bytes(data[2]))
+        outcome.status = parse_status(bytes(data[2]))
     outcome.truncated, outcome.duration_s = cap.truncated, duration
 
 
-def _parse_status(raw: bytes) -> list[dict]:
+def parse_status(raw: bytes) -> list[dict]:
     records = []
     for line in raw.decode(errors="replace").splitlines():
         try:
@@ -243,7 +256,7 @@ def _kill_group(pgid: int) -> None:
 def kill_uid(uid: int) -> int:
     """SIGKILL every process owned by ``uid`` (a session's private uid); returns how many."""
     killed = 0
-    for pid in _pids():
+    for pid in pids():
         try:
             if Path(f"/proc/{pid}").stat().st_uid == uid:
                 os.kill(pid, signal.SIGKILL)
@@ -253,11 +266,11 @@ def kill_uid(uid: int) -> int:
     return killed
 
 
-def _pids() -> list[int]:
+def pids() -> list[int]:
     return [int(p) for p in os.listdir("/proc") if p.isdigit()]
 
 
-def _children() -> list[int]:
+def children() -> list[int]:
     """Our direct children, orphans re-parented to us included (any thread may be their parent)."""
     out: list[int] = []
     for tid in os.listdir("/proc/self/task"):
@@ -283,7 +296,7 @@ def reap_orphans() -> int:
     """Reap zombie children that no run in flight owns (orphans re-parented to us): bubblewrap's
     processes and any process born inside a jail, never another child of the executor."""
     reaped = 0
-    for pid in _children():
+    for pid in children():
         try:
             stat_line = Path(f"/proc/{pid}/stat").read_text()
         except (FileNotFoundError, ProcessLookupError):

@@ -300,8 +300,8 @@ class WarmRunner:
             return "cannot create the fork server's cgroups"
         ctl, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         status_r, status_w = os.pipe()
-        seccomp = runner._memfd(filter_bpf(mqueue=False, others=False, netns=RUN_NETNS))
-        runs = runner._memfd(filter_bpf(mqueue=False, others=False))  # each run loads it
+        seccomp = runner.memfd(filter_bpf(mqueue=False, others=False, netns=RUN_NETNS))
+        runs = runner.memfd(filter_bpf(mqueue=False, others=False))  # each run loads it
         jail = dataclasses.replace(view.layout, waiter=None)
         cmd = [self._python["python"], "-I", "-B", "-u", "-c", SOURCE, str(theirs.fileno())]
         cmd.append(str(runs))
@@ -312,8 +312,8 @@ class WarmRunner:
         errlog = self._errlog
 
         def popen() -> subprocess.Popen:
-            with runner._lock:
-                proc = subprocess.Popen(
+            return runner.spawn(
+                lambda: subprocess.Popen(
                     cg.wrap(argv),
                     stdin=subprocess.DEVNULL,
                     stdout=subprocess.DEVNULL,
@@ -322,8 +322,7 @@ class WarmRunner:
                     process_group=0,
                     pass_fds=(theirs.fileno(), status_w, seccomp, runs),
                 )
-                runner._active.add(proc.pid)
-            return proc
+            )
 
         try:
             self._proc = _SPAWNER.submit(popen).result()
@@ -384,7 +383,7 @@ class WarmRunner:
             if child is None:
                 raise OSError("the fork server did not fork the run")
             rcg.add(child)
-            cap = runner._Capture(view.limits.output_bytes, child)
+            cap = runner.Capture(view.limits.output_bytes, child)
         except OSError as e:
             for fd in mine:
                 os.close(fd)
@@ -401,10 +400,10 @@ class WarmRunner:
         def wait() -> runner.Outcome:
             outcome = runner.Outcome(timed_out=runner.pump_until(cap, start + wall))
             rcg.kill()  # whatever the run left, or the whole run at the wall clock
-            runner._drain(cap, time.monotonic() + STATUS_GRACE_S)
+            runner.drain(cap, time.monotonic() + STATUS_GRACE_S)
             outcome.stdout, outcome.stderr = bytes(cap.data[out_r]), bytes(cap.data[err_r])
             outcome.truncated, outcome.duration_s = cap.truncated, time.monotonic() - start
-            self._ended(outcome, runner._parse_status(bytes(cap.data[st_r])), rcg, server_cpu)
+            self._ended(outcome, runner.parse_status(bytes(cap.data[st_r])), rcg, server_cpu)
             return outcome
 
         try:  # the server's ``waitpid`` is the run's real status: no bubblewrap in between
@@ -495,8 +494,7 @@ class WarmRunner:
             self._proc.kill()
             with contextlib.suppress(subprocess.TimeoutExpired):
                 self._proc.wait(5)
-            with runner._lock:
-                runner._active.discard(self._proc.pid)
+            runner.release(self._proc.pid)
             self._proc = None
         for fd in self._fds:
             os.close(fd)
