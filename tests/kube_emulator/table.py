@@ -4,7 +4,7 @@ A custom resource's rows are its name and its CRD's ``additionalPrinterColumns``
 ``.a.b``, ``.a[0]`` and ``.a[?(@.k=="v")].b`` forms; ``date`` columns as an age, as the server's
 table convertor shows them). Namespaces, Pods, Services, Deployments and Jobs get the columns the
 server prints for them (``kubectl get pods``: READY, STATUS, RESTARTS, AGE; wide columns left
-out); other built-in kinds the name and creation time (the server's default convertor). Rows
+out), Events (both groups) LAST SEEN, TYPE, REASON, OBJECT, MESSAGE (the name only wide); other built-in kinds the name and creation time (the server's default convertor). Rows
 carry ``PartialObjectMetadata`` (``includeObject`` other than ``None``).
 """
 
@@ -122,9 +122,38 @@ BUILTIN: dict[tuple[str, str], list[tuple[str, str, _Cell]]] = {
 }  # fmt: skip
 
 
+def _last_seen(event: dict) -> str:
+    stamp = event.get("lastTimestamp") or event.get("eventTime")
+    stamp = stamp or event["metadata"].get("creationTimestamp")
+    return _age(stamp.split(".")[0].rstrip("Z") + "Z") if stamp else "<unknown>"
+
+
+def _involved(event: dict) -> str:
+    ref = event.get("involvedObject") or event.get("regarding") or {}
+    return f"{str(ref.get('kind', '')).lower()}/{ref.get('name', '')}"
+
+
+# an Event's row leads with when and what (`kubectl get events`); its name only in `-o wide`
+EVENTS: list[tuple[str, str, _Cell]] = [
+    ("Last Seen", "string", _last_seen), ("Type", "string", lambda e: e.get("type", "")),
+    ("Reason", "string", lambda e: e.get("reason", "")), ("Object", "string", _involved),
+    ("Message", "string", lambda e: e.get("message") or e.get("note") or ""),
+]  # fmt: skip
+
+
+def _own(rt: ResourceType) -> list[tuple[str, str, _Cell]] | None:
+    if rt.custom:
+        return None
+    return EVENTS if rt.plural == "events" else BUILTIN.get(rt.storage_key)
+
+
 def _columns(rt: ResourceType) -> list[dict]:
     name = {"name": "Name", "type": "string", "format": "name", "priority": 0,
             "description": "Name must be unique within a namespace."}  # fmt: skip
+    if _own(rt) is EVENTS:
+        own = [{"name": n, "type": t, "format": "", "priority": 0, "description": n}
+               for n, t, _ in EVENTS]  # fmt: skip
+        return [{**name, "priority": 1}, *own]
     if not rt.custom and rt.storage_key in BUILTIN:
         own = [{"name": n, "type": t, "format": "", "priority": 0, "description": n}
                for n, t, _ in BUILTIN[rt.storage_key]]  # fmt: skip
@@ -146,7 +175,9 @@ def table(rt: ResourceType, items: list[dict], meta: dict, include: str | None) 
     rows = []
     for obj in items:
         cells = [obj["metadata"]["name"]]
-        if not rt.custom and rt.storage_key in BUILTIN:
+        if _own(rt) is EVENTS:
+            cells += [cell(obj) for _, _, cell in EVENTS]
+        elif not rt.custom and rt.storage_key in BUILTIN:
             cells += [cell(obj) for _, _, cell in BUILTIN[rt.storage_key]]
             stamp = obj["metadata"].get("creationTimestamp")
             cells.append(_age(stamp) if stamp else "<unknown>")

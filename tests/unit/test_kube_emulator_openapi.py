@@ -208,3 +208,16 @@ def test_a_table_watch_sends_each_object_as_a_row(http: httpx.Client) -> None:
     first = events[0]["object"]
     assert first["kind"] == "Table" and len(first["rows"]) == 1
     assert [c["name"] for c in first["columnDefinitions"]] == ["Name", "Status", "Age"]
+
+
+def test_kubectl_get_events_shows_what_happened_to_which_object(http: httpx.Client) -> None:
+    event = {"apiVersion": "v1", "kind": "Event", "metadata": {"name": "r.1"}, "type": "Normal",
+             "reason": "Running", "message": "training at step 0",
+             "involvedObject": {"kind": "GagarRun", "name": "r", "namespace": "default"}}  # fmt: skip
+    assert http.post("/api/v1/namespaces/default/events", json=event).status_code == 201
+    table = {"Accept": "application/json;as=Table;v=v1;g=meta.k8s.io,application/json"}
+    got = http.get("/api/v1/namespaces/default/events", headers=table).json()
+    shown = [c["name"] for c in got["columnDefinitions"] if c["priority"] == 0]
+    assert shown == ["Last Seen", "Type", "Reason", "Object", "Message"]
+    (row,) = [r for r in got["rows"] if r["cells"][0] == "r.1"]
+    assert row["cells"][2:] == ["Normal", "Running", "gagarrun/r", "training at step 0"]
