@@ -6,7 +6,8 @@ Environment: ``GAGAR_MINE_OUT`` (the JSON record, relative to the workspace), ``
 outside any test, at import and collection, are recorded under ``<collect>``),
 ``GAGAR_MINE_SELECT`` (a file of node ids, one a line: only those run).
 
-The record: ``outcomes`` (node id -> passed/failed/skipped), ``messages`` (node id -> the first
+The record: ``outcomes`` (node id -> passed/failed/skipped/xfail: a test marked xfail, whether
+it failed or passed), ``messages`` (node id -> the first
 ``E`` lines of its failure), ``collect_errors`` (how many collectors failed), ``lines`` (node id ->
 {path: [line, ...]}).
 """
@@ -73,7 +74,9 @@ def pytest_runtest_logfinish(nodeid, location):
 
 def pytest_runtest_logreport(report):
     nodeid = report.nodeid
-    if report.failed:
+    if hasattr(report, "wasxfail"):  # xfail or xpass: never listed (the verifier fails an xpass)
+        _outcomes[nodeid] = "xfail"
+    elif report.failed:
         if _outcomes.get(nodeid) != "failed":
             errors = [ln for ln in report.longreprtext.splitlines() if ln.startswith("E ")]
             _messages[nodeid] = "\n".join(errors[:6])
