@@ -62,9 +62,16 @@ from bench import stats  # noqa: E402
 from bench.record import save  # noqa: E402
 from gagar.driver.advantages import Rollout, group_advantages, token_advantages  # noqa: E402
 from gagar.rollout.agent import Trajectory, Turn  # noqa: E402
-from gagar.spec import AlgorithmSpec, LengthPenalty, SegmentPenalty  # noqa: E402
+from gagar.spec import (  # noqa: E402
+    AlgorithmSpec,
+    LengthPenalty,
+    QualityFactors,
+    Redistribution,
+    SegmentPenalty,
+)
 from gagar.trainer import gar  # noqa: E402
 from gagar.trainer.loss import (  # noqa: E402
+    AggMode,
     LossConfig,
     PolicyBatch,
     global_counts,
@@ -75,7 +82,12 @@ from gagar.wire import Finding, Hack, Ranking, TiedGroup  # noqa: E402
 
 STYLES = ("clean", "bloated", "redundant", "wrong")
 CLEAN, BLOATED, REDUNDANT, WRONG = range(4)
-ARMS = ("grpo", "gagar", "gagar-redistribution", "gagar-shaping", "grpo-length-penalty")
+ARMS = (
+    "grpo", "gagar", "gagar-redistribution", "gagar-shaping", "grpo-length-penalty",
+    # issue 50: the assumptions varied: hack zeroing alone, and the control's weight swept
+    "gagar-hack-zeroing", "grpo-length-penalty-x2", "grpo-length-penalty-x4",
+)  # fmt: skip
+HORIZON = (10, 20, 30)  # steps at which the effects are also reported (and the final one)
 PRIMARY = ("pass_rate", "bloated_share")
 SECONDARY = ("hack_share", "mean_length", "redundant_share")
 # Comparisons named before running: each GAGAR arm and the length-penalty control against GRPO,
@@ -86,8 +98,19 @@ COMPARISONS = (
     ("gagar-shaping", "grpo"),
     ("grpo-length-penalty", "grpo"),
     ("gagar", "grpo-length-penalty"),
+    # issue 50: the assumptions varied
+    ("gagar-hack-zeroing", "grpo"),
+    ("grpo-length-penalty-x2", "grpo"),
+    ("grpo-length-penalty-x4", "grpo"),
+    ("gagar", "grpo-length-penalty-x4"),
 )
-SECONDARY_COMPARISONS = (("gagar", "grpo"),)
+SECONDARY_COMPARISONS = (
+    ("gagar", "grpo"),
+    # does a control shorten trajectories as much as GAGAR does? (mean_length among them)
+    ("gagar", "grpo-length-penalty"),
+    ("gagar", "grpo-length-penalty-x2"),
+    ("gagar", "grpo-length-penalty-x4"),
+)
 
 
 @dataclass(frozen=True)
@@ -124,6 +147,10 @@ class Config:
     lr: float = 0.1
     grad_clip: float = 1.0
     task: Task = field(default_factory=Task)
+    aggregation: AggMode = "prompt-mean"
+    """The loss's aggregation: ``prompt-mean`` (the trainer's default) weights a sequence by its
+    tokens within its prompt, so a long pass is reinforced more than a short one (the length bias
+    the result rests on); ``seq-mean-token-mean`` counts every sequence once (issue 50)."""
 
 
 # ---------------------------------------------------------------- the grader
@@ -229,6 +256,15 @@ _GRPO = AlgorithmSpec(mode="grpo")
 _REDIST = AlgorithmSpec(
     length_penalty=LengthPenalty(enabled=False), segment_penalty=SegmentPenalty(enabled=False)
 )
+# hack zeroing alone: the grader's hack verdicts, every quality factor 1 (no redistribution), no
+# length penalty or segment shaping
+_HACKS = _REDIST.model_copy(
+    update={
+        "redistribution": Redistribution(
+            quality_factors=QualityFactors(**dict.fromkeys(QualityFactors.model_fields, 1.0))
+        )
+    }
+)
 
 
 def _driver(alg: AlgorithmSpec, use_rankings: bool) -> ArmFn:
@@ -241,20 +277,28 @@ def _driver(alg: AlgorithmSpec, use_rankings: bool) -> ArmFn:
     return fn
 
 
-def _grpo_length_penalty(groups: list[Group], rankings: list[Ranking | None]) -> list[list[float]]:
-    """GRPO on the test reward minus the project's length penalty with GAGAR's own parameters (the
-    same function and strength), without any grader: the control for "it is only a length
-    penalty"."""
-    rollouts = [g.rollouts for g in groups]
-    passed = torch.tensor([[r.passed for r in g] for g in rollouts])
-    valid = torch.ones_like(passed)
-    lengths = torch.tensor(
-        [[[r.trajectory.num_turns, r.trajectory.response_tokens] for r in g] for g in rollouts],
-        dtype=torch.float64,
-    )  # (G, n, 2)
-    rewards = gar.length_penalty(passed.double(), passed, valid, lengths, _GAGAR.length_penalty)
-    adv = gar.grpo_advantages(rewards, valid)
-    return token_advantages(rollouts, adv, _GRPO)
+def _grpo_length_penalty(scale: float = 1.0) -> ArmFn:
+    """GRPO on the test reward minus the project's length penalty with GAGAR's own parameters, its
+    weight times ``scale``, without any grader: the control for "it is only a length penalty"
+    (``scale`` 1: matched in parameters; 2 and 4: the sweep that asks how strong a penalty must be
+    to shorten trajectories as much as GAGAR does)."""
+    penalty = _GAGAR.length_penalty.model_copy(
+        update={"weight": _GAGAR.length_penalty.weight * scale}
+    )
+
+    def fn(groups: list[Group], rankings: list[Ranking | None]) -> list[list[float]]:
+        rollouts = [g.rollouts for g in groups]
+        passed = torch.tensor([[r.passed for r in g] for g in rollouts])
+        valid = torch.ones_like(passed)
+        lengths = torch.tensor(
+            [[[r.trajectory.num_turns, r.trajectory.response_tokens] for r in g] for g in rollouts],
+            dtype=torch.float64,
+        )  # (G, n, 2)
+        rewards = gar.length_penalty(passed.double(), passed, valid, lengths, penalty)
+        adv = gar.grpo_advantages(rewards, valid)
+        return token_advantages(rollouts, adv, _GRPO)
+
+    return fn
 
 
 ARM_FNS: dict[str, ArmFn] = {
@@ -264,7 +308,10 @@ ARM_FNS: dict[str, ArmFn] = {
     # shaping alone: GAGAR's length penalty and segment shaping, no ranking (no redistribution,
     # no hack zeroing)
     "gagar-shaping": _driver(_GAGAR, use_rankings=False),
-    "grpo-length-penalty": _grpo_length_penalty,
+    "grpo-length-penalty": _grpo_length_penalty(),
+    "gagar-hack-zeroing": _driver(_HACKS, use_rankings=True),
+    "grpo-length-penalty-x2": _grpo_length_penalty(2.0),
+    "grpo-length-penalty-x4": _grpo_length_penalty(4.0),
 }
 
 
@@ -321,8 +368,8 @@ def run(arm: str, q: float, bonus: float, seed: int, cfg: Config) -> dict[str, A
     task_rng = np.random.default_rng([seed, 7])  # same task draws for every arm and cell
     logits = torch.zeros(2, len(STYLES), dtype=torch.float64, requires_grad=True)
     opt = torch.optim.Adam([logits], lr=cfg.lr)
-    loss_cfg = LossConfig()  # the trainer's defaults: PPO clip, prompt-mean
-    curve, pairs, trained = [], [0, 0], 0
+    loss_cfg = LossConfig(agg_mode=cfg.aggregation)  # PPO clip as the trainer's defaults
+    curve, pairs, trained = [], [0, 0, 0], 0
     for _ in range(cfg.steps):
         probs = torch.softmax(logits.detach(), -1).numpy()
         curve.append(outcomes(probs, task))
@@ -350,19 +397,22 @@ def run(arm: str, q: float, bonus: float, seed: int, cfg: Config) -> dict[str, A
 
 
 def _count_pairs(groups: list[Group], rankings: list[Ranking | None], pairs: list[int]) -> None:
-    """Tally (clean, bloated) pass pairs in one group and how many the ranking orders right: the
-    grader's realised accuracy, recorded as a check on ``q``."""
+    """Tally (clean, bloated) pass pairs in one group, ``[pairs, right, tied]``: right when the
+    clean pass's quality factor (``gar.quality_factors``: what moves the advantages) is above the
+    bloated one's, tied when they are equal (one tied group, or two T1 groups past the first);
+    the grader's realised accuracy on what it changes, recorded as a check on ``q``. (Before
+    issue 50 a pair tied in one T1 group counted as right.)"""
     for g, r in zip(groups, rankings, strict=True):
         assert r is not None
-        order = [m for t in r.tied_groups for m in t.members]
-        tier = {m: t.tier for t in r.tied_groups for m in t.members}
-        pos = {m: k for k, m in enumerate(order)}
-        clean = [i for i in order if g.styles[i] == CLEAN]
-        bloated = [i for i in order if g.styles[i] == BLOATED]
+        factor = gar.quality_factors(r.tied_groups, len(g.styles))
+        listed = {m for t in r.tied_groups for m in t.members}
+        clean = [i for i in listed if g.styles[i] == CLEAN]
+        bloated = [i for i in listed if g.styles[i] == BLOATED]
         for c in clean:
             for b in bloated:
                 pairs[0] += 1
-                pairs[1] += int(tier[c] < tier[b] or (tier[c] == tier[b] and pos[c] < pos[b]))
+                pairs[1] += int(factor[c] > factor[b])
+                pairs[2] += int(factor[c] == factor[b])
 
 
 # ---------------------------------------------------------------- the grid and its tests
@@ -417,6 +467,48 @@ def tests_for(
     return out
 
 
+def horizon_for(
+    grid: dict[tuple[float, float], dict[str, list[dict[str, Any]]]], steps: int
+) -> list[dict[str, Any]]:
+    """The primary comparisons at steps ``HORIZON`` and at the end, paired over seeds:
+    descriptive (no Holm; the named tests are the final ones), so that a reader sees whether an
+    effect is still growing, or changes sign, along the run."""
+    out = []
+    for (q, b), arms in grid.items():
+        for (arm, base), key in ((c, k) for c in COMPARISONS for k in PRIMARY):
+            for step in (*(h for h in HORIZON if h < steps), steps):
+                at = [
+                    [r["curve"][step][key] if step < steps else r["final"][key] for r in arms[x]]
+                    for x in (arm, base)
+                ]
+                res = stats.paired_t(*at)
+                out.append(
+                    {"q": q, "bonus": b, "arm": arm, "baseline": base, "outcome": key}
+                    | {"step": step, "mean_difference": res["mean_difference"]}
+                    | {"low": res["low"], "high": res["high"], "p_value": res["p_value"]}
+                )
+    return out
+
+
+def records(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Per seed: the final outcomes and the per-step curve (5 significant digits), the groups
+    trained and the grader's pairs: what a reader needs to recompute every test."""
+
+    def r5(d: dict[str, float]) -> dict[str, float]:
+        return {k: float(f"{v:.5g}") for k, v in d.items()}
+
+    return [
+        {
+            "seed": seed,
+            "final": r5(r["final"]),
+            "curve": [r5(c) for c in r["curve"]],
+            "groups_trained": r["groups_trained"],
+            "grader_pairs": r["grader_pairs"],
+        }
+        for seed, r in enumerate(runs)
+    ]
+
+
 def protocol(
     qs: list[float], bonuses: list[float], seeds: list[int], cfg: Config
 ) -> dict[str, Any]:
@@ -434,8 +526,14 @@ def protocol(
         "95 % interval of the mean paired difference; Holm over every test in this file",
         "unit": "seed (same task draws across arms and cells)",
         "outcome_definition": "exact expectation under the final policy, not a sample",
-        "assumption": "every generated token carries the style's log-probability (token-level "
-        "aggregation reinforces long passes more than short ones)",
+        "assumption": "every generated token carries the style's log-probability; under "
+        "prompt-mean (the default) a long pass is then reinforced more than a short one; "
+        f"this run's aggregation: {cfg.aggregation}",
+        "horizon": f"the primary comparisons also at steps {list(HORIZON)} (descriptive, "
+        "no Holm: `horizon`)",
+        "records": "per cell and arm, per seed: final outcomes and per-step curve (`runs`)",
+        "grader_accuracy": "a (clean, bloated) pair is right when the clean pass's quality factor "
+        "is above the bloated one's (ties counted apart)",
         "config": asdict(cfg),
         "algorithm_defaults": _GAGAR.model_dump(by_alias=True, mode="json"),
     }
@@ -527,10 +625,16 @@ def main(argv: list[str] | None = None) -> int:
         help="JSON path (default docs/results/mechanism-<date>.json)",
     )
     ap.add_argument("--quick", action="store_true", help="tiny grid for a smoke run")
+    ap.add_argument(
+        "--aggregation",
+        default="prompt-mean",
+        choices=["prompt-mean", "seq-mean-token-mean", "token-mean"],
+        help="the loss's aggregation (seq-mean-token-mean: no token weighting)",
+    )
     args = ap.parse_args(argv)
     if args.quick:
         args.seeds, args.steps, args.q, args.bonus = 3, 5, [1.0], [0.1]
-    cfg = Config(steps=args.steps)
+    cfg = Config(steps=args.steps, aggregation=args.aggregation)
     seeds = list(range(args.seeds))
     out = args.out or ROOT / "docs" / "results" / f"mechanism-{dt.date.today().isoformat()}.json"
     start = time.monotonic()
@@ -542,6 +646,7 @@ def main(argv: list[str] | None = None) -> int:
             "arms": {arm: _summary(runs) for arm, runs in arms.items()},
             "grader_accuracy": _accuracy(arms),
             "groups_trained_per_run": stats.mean_ci95([r["groups_trained"] for runs in arms.values() for r in runs])["mean"],
+            "runs": {arm: records(runs) for arm, runs in arms.items()},
         }
         for (q, b), arms in grid.items()
     ]  # fmt: skip
@@ -552,6 +657,7 @@ def main(argv: list[str] | None = None) -> int:
         "protocol": protocol(args.q, args.bonus, seeds, cfg),
         "cells": cells,
         "tests": tests,
+        "horizon": horizon_for(grid, cfg.steps),
         "plots": plots,
         "elapsed_seconds": round(elapsed, 1),
         "load_average": os.getloadavg(),
@@ -565,11 +671,13 @@ def main(argv: list[str] | None = None) -> int:
 def _accuracy(arms: dict[str, list[dict[str, Any]]]) -> dict[str, Any]:
     total = sum(r["grader_pairs"][0] for runs in arms.values() for r in runs)
     right = sum(r["grader_pairs"][1] for runs in arms.values() for r in runs)
+    tied = sum(r["grader_pairs"][2] for runs in arms.values() for r in runs)
     low, high = stats.proportion_ci(right, total)
     return {
-        "clean_above_bloated": right,
+        "clean_factor_above_bloated": right,
+        "tied_factor": tied,
         "pairs": total,
-        "rate": right / total if total else None,
+        "rate": right / total if total else None,  # strictly above: a tie moves nothing
         "low": low,
         "high": high,
     }
