@@ -25,6 +25,9 @@ executor cannot mount. A non-root executor has no uid to lease: its sessions run
 so the code could signal the executor or read another session's workspace, and a process that
 leaves its process group (``setsid``) outlives the command; one session per pod is the only
 safe shape there, and ``gagar sandbox serve`` says so in its log.
+
+``PodJail`` is the mode's ``jail.Jail`` (a peer of the others: it imports neither the session nor
+another mode); ``check`` probes it in a directory sealed as a session's, as a leased uid.
 """
 
 from __future__ import annotations
