@@ -51,7 +51,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench.record import save
 from gagar.rollout.envs import synthetic
-from gagar.sandbox import bwrap, local
+from gagar.sandbox import bwrap, bwrapjail, local
 from gagar.sandbox.local import LocalFactory, check_isolation
 from gagar.sandbox.types import Limits
 
@@ -120,7 +120,7 @@ def _compare(files, factory, cmd: str, workers: int, runs: int, rounds: int) -> 
 @contextlib.contextmanager
 def _variant(seccomp: bool, quota: bool):
     """The executor with its seccomp filter and/or its disk quota switched off (bench only)."""
-    saved = (local.filter_bpf, local.quota.try_mount, local.bwrap.bwrap_argv)
+    saved = (bwrapjail.filter_bpf, local.quota.try_mount, local.bwrap.bwrap_argv)
 
     def argv_without_seccomp(*a, **k):
         argv = saved[2](*a, **k)
@@ -128,14 +128,14 @@ def _variant(seccomp: bool, quota: bool):
         return argv[:i] + argv[i + 2 :]
 
     if not seccomp:
-        local.filter_bpf = lambda: None  # type: ignore[assignment]
+        bwrapjail.filter_bpf = lambda: None  # type: ignore[assignment]
         local.bwrap.bwrap_argv = argv_without_seccomp  # type: ignore[assignment]
     if not quota:
         local.quota.try_mount = lambda *a: False  # type: ignore[assignment]
     try:
         yield
     finally:
-        local.filter_bpf, local.quota.try_mount, local.bwrap.bwrap_argv = saved
+        bwrapjail.filter_bpf, local.quota.try_mount, local.bwrap.bwrap_argv = saved
 
 
 def waiter_cost(runs: int, rounds: int, out: str) -> int:
