@@ -33,6 +33,7 @@ from tests.integration.test_operator_scenarios import (
 from tests.kube_emulator import KubeEmulator
 
 OPERATOR = "system:serviceaccount:{}:{}".format(*OPERATOR_SA)
+READS = frozenset({"get", "list", "watch"})
 RETURN_S = 5.0  # a deleted child is back within this (the resync never re-applies it)
 KINDS = dict(  # the kinds of child Env.children lists, and their API versions
     ConfigMap="v1", ServiceAccount="v1", Service="v1", PersistentVolumeClaim="v1",
@@ -63,9 +64,29 @@ def applies(requests: list[dict[str, Any]]) -> list[str]:
     ]
 
 
+def quiet(emulator: KubeEmulator, env: Env, still: float = 1.5) -> None:
+    """Until the operator has written nothing for ``still`` seconds (its resync keeps reading):
+    the reconciles of what came before (start-up, the last child's return) are over. A fixed
+    sleep is not enough on a loaded machine (at a load of 9 on 2 cores a start-up reconcile's
+    Deployment applies once fell into the next deletion's window)."""
+    seen = [-1, time.monotonic()]
+
+    def settled() -> bool:
+        n = sum(r["verb"] not in READS for r in operator_requests(emulator, 0))
+        if n != seen[0]:
+            seen[:] = [n, time.monotonic()]
+        return time.monotonic() - seen[1] >= still
+
+    env.wait(settled, timeout=60.0, what="the operator quiet")
+
+
 def ready(env: Env, name: str) -> None:
+    """The run Ready and the reconciles of its start-up over (the operator writes nothing)."""
     env.wait(lambda: env.condition(name, "Ready").get("status") == "True", what="Ready")
-    time.sleep(1.0)  # the last events of start-up pass
+    if env.emulator is not None:
+        quiet(env.emulator, env)
+    else:
+        time.sleep(1.0)  # the last events of start-up pass
 
 
 def test_every_kind_of_child_deleted_comes_back_alone(env: Env) -> None:
@@ -84,6 +105,7 @@ def test_every_kind_of_child_deleted_comes_back_alone(env: Env) -> None:
         back: dict[str, float] = {}
         for kind, child, uid in children:
             api = KINDS[kind]
+            quiet(emulator, env)
             since, started = len(emulator.requests_for()), time.monotonic()
             env.kube.delete(api, kind, env.namespace, child)
             env.wait(
@@ -94,7 +116,7 @@ def test_every_kind_of_child_deleted_comes_back_alone(env: Env) -> None:
                 what=f"{kind}/{child} back",
             )
             back[f"{kind}/{child}"] = round(time.monotonic() - started, 2)
-            time.sleep(0.3)  # the reconciles its return causes
+            quiet(emulator, env, still=0.5)  # the reconciles its return causes
             paths = applies(operator_requests(emulator, since))
             assert paths and all(p.endswith(f"/{PLURALS[kind]}/{child}") for p in paths), paths
         print("seconds until each deleted child was back:", back)
