@@ -16,6 +16,7 @@ import yaml
 
 from gagar.operator.builders import build_all
 from gagar.operator.builders.check import pod_specs, validate_run
+from gagar.spec import GagarRun
 from tests.kube_emulator import KubeEmulator
 from tests.kube_emulator.builtin import quota_refusal
 
@@ -182,10 +183,9 @@ def test_the_emulator_accepts_what_the_server_accepts(case: str) -> None:
 QUOTA = {"metadata": {"name": "compute"}, "spec": {"hard": {"requests.cpu": "8", "memory": "1Ti"}}}
 
 
-@pytest.mark.parametrize("example", ["single-gpu", "flash-moe", "gagar-vs-grpo", "local"])
-def test_a_quota_on_cpu_and_memory_admits_every_pod_of_a_run_with_sidecars(example: str) -> None:
-    """Quota admission refuses a pod in which any container, init containers and sidecars too,
-    lacks a request the namespace's ResourceQuota tracks: the user's get default requests."""
+def with_user_init_containers(example: str) -> GagarRun:
+    """The example with a user's init container (no resources) and sidecar (a CPU limit only)
+    in the trainer's, rollout's and grader's pod templates."""
     doc = yaml.safe_load((ROOT / "examples" / f"{example}.yaml").read_text())
     user = [{"name": "fetch", "image": "busybox"},
             {"name": "shipper", "image": "busybox", "restartPolicy": "Always",
@@ -194,6 +194,14 @@ def test_a_quota_on_cpu_and_memory_admits_every_pod_of_a_run_with_sidecars(examp
         doc["spec"].setdefault(component, {})["podTemplate"] = {"initContainers": user}
     run, problems = validate_run(doc)
     assert run is not None, problems
+    return run
+
+
+@pytest.mark.parametrize("example", ["single-gpu", "flash-moe", "gagar-vs-grpo", "local"])
+def test_a_quota_on_cpu_and_memory_admits_every_pod_of_a_run_with_sidecars(example: str) -> None:
+    """Quota admission refuses a pod in which any container, init containers and sidecars too,
+    lacks a request the namespace's ResourceQuota tracks: the user's get default requests."""
+    run = with_user_init_containers(example)
     pods = [spec for obj in build_all(run) for _, spec in pod_specs(obj, "")]
     assert sum(len(p.get("initContainers") or []) for p in pods) >= 2
     for pod_spec in pods:
@@ -234,14 +242,7 @@ def test_a_quota_on_limits_admits_every_pod_with_the_limits_the_operator_adds(
     from gagar.operator.builders import BuildContext
     from gagar.operator.builders.common import quota_limited
 
-    doc = yaml.safe_load((ROOT / "examples" / f"{example}.yaml").read_text())
-    user = [{"name": "fetch", "image": "busybox"},
-            {"name": "shipper", "image": "busybox", "restartPolicy": "Always",
-             "resources": {"limits": {"cpu": "50m"}}}]  # fmt: skip
-    for component in ("trainer", "rollout", "grader"):
-        doc["spec"].setdefault(component, {})["podTemplate"] = {"initContainers": user}
-    run, problems = validate_run(doc)
-    assert run is not None, problems
+    run = with_user_init_containers(example)
     bare = [spec for obj in build_all(run) for _, spec in pod_specs(obj, "")]
     assert any(quota_refusal({"spec": p}, [LIMITS_QUOTA]) for p in bare)
     limited = quota_limited(LIMITS_QUOTA["spec"]["hard"])
