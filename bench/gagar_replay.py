@@ -152,12 +152,13 @@ def replay_group(
         learner.model, tw.token_ids, tw.loss_mask
     )
     mean_norm = metrics["gradient_mean_norm"]
+    # The learner's variance is over units closed at a group's end (issue 50): one group replayed
+    # is one unit, so it has none (NaN here); the 2026-12-05 records measured it over micro-batches.
+    variance = metrics.get("gradient_variance", float("nan"))
     return {
         "gap_change": after - before,
-        "gradient_variance": metrics["gradient_variance"],
-        "scale_free_variance": metrics["gradient_variance"] / mean_norm**2
-        if mean_norm
-        else float("nan"),
+        "gradient_variance": variance,
+        "scale_free_variance": variance / mean_norm**2 if mean_norm else float("nan"),
         "best_advantage": float(batch.adv[0, best]),
         "worst_advantage": float(batch.adv[0, worst]),
     }

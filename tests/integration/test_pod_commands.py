@@ -44,12 +44,16 @@ MODEL = "/models/m"  # stands for the model path the entry script picks ("$M")
 
 
 def rendered(example: str, crds: tuple[str, ...]) -> list[dict[str, Any]]:
-    """The objects ``gagar render examples/<example>.yaml [--with-crd ...]`` prints."""
+    """The objects ``gagar render examples/<example>.yaml [--with-crd ...]`` prints; none where
+    the example asks for an integration the bare cluster lacks (it is Stalled, creates nothing)."""
     argv = ["render", str(ROOT / "examples" / f"{example}.yaml")]
     argv += [f"--with-crd={group}" for group in crds]
-    out = io.StringIO()
-    with contextlib.redirect_stdout(out):
-        assert main(argv) == 0
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        code = main(argv)
+    if code != 0:
+        assert not crds and "Stalled (" in err.getvalue(), err.getvalue()
+        return []
     return list(yaml.safe_load_all(out.getvalue()))
 
 
@@ -229,7 +233,10 @@ def test_grader_pod_reads_its_settings_from_the_config_dir(name: str, tmp_path: 
     run = example(name)
     for key, text in config_data(run).items():
         (tmp_path / key).write_text(text)
-    graders = [c for obj in rendered(name, ()) for c in containers(obj) if c["name"] == "grader"]
+    everything = tuple(sorted(ALL_CRDS))  # flash-moe's JobSet: rendered where the cluster has it
+    graders = [
+        c for obj in rendered(name, everything) for c in containers(obj) if c["name"] == "grader"
+    ]
     if run.spec.grader.endpoint is not None:
         assert graders == []
         return

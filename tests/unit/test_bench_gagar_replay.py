@@ -4,6 +4,7 @@ weights (a small real learner), the paired summary."""
 from __future__ import annotations
 
 import importlib.util
+import math
 from pathlib import Path
 
 import pytest
@@ -70,8 +71,8 @@ def test_gagar_widens_the_gap_more_than_grpo_from_the_same_weights() -> None:
     assert red["best_advantage"] > red["worst_advantage"]
     assert grpo["best_advantage"] == pytest.approx(grpo["worst_advantage"])
     assert red["gap_change"] > grpo["gap_change"]
-    for row in out.values():
-        assert row["gradient_variance"] > 0 and row["scale_free_variance"] > 0
+    for row in out.values():  # one group is one unit of the learner's variance (issue 50)
+        assert math.isnan(row["gradient_variance"]) and math.isnan(row["scale_free_variance"])
     # the weights were restored before each arm: replaying GRPO again gives the same numbers
     alg = GagarRun.model_validate(replay.arm_spec(BASE, "grpo")).spec.algorithm
     again = replay.replay_group(learner_for, model, start, group, ranking, alg)

@@ -20,8 +20,8 @@ from tests.support.crd_check import crd_errors
 ROOT = Path(__file__).resolve().parents[2]
 UNQUOTED = """
 requests: {cpu: 32, memory: 512Gi}
-limits: {nvidia.com/gpu: 1}
-"""
+limits: {nvidia.com/gpu: 8}
+"""  # the trainer of examples/single-gpu.yaml: 8 processes, one per GPU
 
 
 def run_with(resources: dict[str, Any]) -> dict[str, Any]:
@@ -34,7 +34,7 @@ def run_with(resources: dict[str, Any]) -> dict[str, Any]:
 def test_unquoted_integers_are_quantities() -> None:
     res = ResourceRequirements.model_validate(yaml.safe_load(UNQUOTED))
     assert res.requests == {"cpu": "32", "memory": "512Gi"}
-    assert res.limits == {"nvidia.com/gpu": "1"} and res.gpus == 1
+    assert res.limits == {"nvidia.com/gpu": "8"} and res.gpus == 8
 
 
 def test_gagar_validate_and_the_crd_take_unquoted_quantities() -> None:
@@ -85,4 +85,4 @@ def test_the_emulator_stores_an_unquoted_quantity_as_the_server_does() -> None:
         with pytest.raises(Exception, match="must be an integer or a string"):
             kube.create(fraction)
     assert stored["spec"]["trainer"]["resources"]["requests"]["cpu"] == 32
-    assert stored["spec"]["trainer"]["resources"]["limits"] == {"nvidia.com/gpu": 1}
+    assert stored["spec"]["trainer"]["resources"]["limits"] == {"nvidia.com/gpu": 8}

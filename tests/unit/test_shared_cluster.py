@@ -24,7 +24,18 @@ EXAMPLES = sorted((ROOT / "examples").glob("*.yaml"))
 
 def render(path: Path) -> list[dict[str, Any]]:
     proc = subprocess.run(
-        [sys.executable, "-m", "gagar.cli", "render", str(path), "--uid", UID],
+        # on a cluster with every integration an example may ask for (JobSet, KEDA, ...)
+        [
+            sys.executable,
+            "-m",
+            "gagar.cli",
+            "render",
+            str(path),
+            "--uid",
+            UID,
+            "--capabilities",
+            "keda,jobset,kueue,monitoring,agent-sandbox",
+        ],
         cwd=ROOT,
         capture_output=True,
         text=True,
@@ -87,8 +98,13 @@ def test_vllm_port_only_for_the_trainer_and_the_named_prometheus(
 
 
 def test_the_trainer_has_a_network_policy(rendered: list[dict[str, Any]]) -> None:
-    (job,) = by_kind(rendered, "Job")
-    labels = job["spec"]["template"]["metadata"]["labels"]
+    jobs = [j["spec"]["template"] for j in by_kind(rendered, "Job")] + [
+        r["template"]["spec"]["template"]  # a JobSet's (flash-moe) replicated Job
+        for js in by_kind(rendered, "JobSet")
+        for r in js["spec"]["replicatedJobs"]
+    ]
+    (template,) = jobs
+    labels = template["metadata"]["labels"]
     selecting = [
         p
         for p in by_kind(rendered, "NetworkPolicy")
