@@ -51,9 +51,6 @@ def hf_shape(name: str, arch: Arch) -> tuple[int, ...]:
         "q_proj.weight": (q, h),
         "k_proj.weight": (kv, h),
         "v_proj.weight": (kv, h),
-        "q_proj.bias": (q,),
-        "k_proj.bias": (kv,),
-        "v_proj.bias": (kv,),
         "o_proj.weight": (h, q),
         "q_norm.weight": (d,),
         "k_norm.weight": (d,),
@@ -62,6 +59,8 @@ def hf_shape(name: str, arch: Arch) -> tuple[int, ...]:
         "down_proj.weight": (h, ffn),
         "gate.weight": (arch.num_experts, h),
     }
+    # a projection's bias (Qwen2's q, k and v) has one entry per output row of its weight
+    table |= {f"{p}_proj.bias": table[f"{p}_proj.weight"][:1] for p in "qkv"}
     key = ".".join(name.split(".")[-2:])
     return table[key]
 
