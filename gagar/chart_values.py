@@ -124,32 +124,22 @@ class DashboardValues(Values):
     """Annotations, e.g. ``grafana_folder: gagar``."""
 
 
-def _threshold(alert: str) -> float:
+def _tunable(alert: str) -> Any:
+    """The field of a tunable alert's threshold: a share, keyed by the alert's name, defaulting
+    to the threshold the alert catalogue gives it."""
     (a,) = [a for a in alerts(Windows()) if a.name == alert and a.tunable]
-    return float(a.threshold)
+    return Field(default=float(a.threshold), ge=0, le=1, alias=alert)
 
 
 class AlertThresholds(Values):
     """Thresholds of the tunable alerts, keyed by the alert's name (docs/observability.md)."""
 
-    grader_usable_rate_low: float = Field(
-        default=_threshold("GagarGraderUsableRateLow"), ge=0, le=1, alias="GagarGraderUsableRateLow"
-    )
+    grader_usable_rate_low: float = _tunable("GagarGraderUsableRateLow")
     """Fires below this share of graded groups ranked by the grader itself (1 h, ≥ 10 groups)."""
-    grader_heuristic_agreement_low: float = Field(
-        default=_threshold("GagarGraderHeuristicAgreementLow"),
-        ge=0,
-        le=1,
-        alias="GagarGraderHeuristicAgreementLow",
-    )
+    grader_heuristic_agreement_low: float = _tunable("GagarGraderHeuristicAgreementLow")
     """Fires below this share of pairs of passes the agentic grader orders like the heuristic
     (1 h, ≥ 10 pairs)."""
-    grader_audit_inconsistent: float = Field(
-        default=_threshold("GagarGraderAuditInconsistent"),
-        ge=0,
-        le=1,
-        alias="GagarGraderAuditInconsistent",
-    )
+    grader_audit_inconsistent: float = _tunable("GagarGraderAuditInconsistent")
     """Fires below this share of pairs a relabelled audit grading orders as the first grading
     (1 h, ≥ 10 pairs)."""
 
