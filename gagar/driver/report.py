@@ -386,8 +386,17 @@ def summary_rows(report: dict[str, Any], records: list[StepRecord]) -> list[tupl
     held = report.get("held_out") or {}
     if held.get("tasks"):
         solved = round(held["resolution_rate"] * held["valid"])
-        rows += [
-            ("held-out resolved", _rate(solved, held["valid"])),
-            ("held-out response tokens", f"{held['response_tokens_mean']:.0f}"),
-        ]
+        rows.append(("held-out resolved", _rate(solved, held["valid"])))
+        rows += [(f"  {pkg}", rate) for pkg, rate in _package_rates(held.get("samples") or [])]
+        rows.append(("held-out response tokens", f"{held['response_tokens_mean']:.0f}"))
     return rows
+
+
+def _package_rates(samples: list[dict[str, Any]]) -> list[tuple[str, str]]:
+    """(package, resolved with its interval) of mined held-out tasks (``metadata.package``),
+    by package: the held-out split is whole packages, so this is where a policy generalises."""
+    valid: dict[str, list[bool]] = {}
+    for sample in samples:
+        if sample.get("package") is not None and sample.get("valid"):
+            valid.setdefault(str(sample["package"]), []).append(bool(sample["passed"]))
+    return [(pkg, _rate(sum(ok), len(ok))) for pkg, ok in sorted(valid.items())]

@@ -133,3 +133,23 @@ def test_the_noise_scale_is_pooled_over_steps_before_dividing() -> None:
     records[1].learner.gradient_signal_sq = 0.25
     assert pooled_noise_scale(records) is None
     assert "undefined" in dict(summary_rows(REPORT, records))["gradient noise scale, tokens"]
+
+
+def test_mined_held_out_tasks_are_resolved_per_package() -> None:
+    """The held-out split of mined tasks is whole packages: each gets its row, its share and
+    interval, among valid rollouts only; tasks of no package (synthetic) get none."""
+
+    def sample(pkg: str | None, passed: bool, valid: bool = True) -> dict[str, object]:
+        return {"package": pkg, "passed": passed, "valid": valid}
+
+    samples = [sample("toolz", True), sample("toolz", False), sample("toolz", True, valid=False),
+               sample("parse", False), sample(None, True)]  # fmt: skip
+    held = {**REPORT["held_out"], "samples": samples}
+    rows = summary_rows({**REPORT, "held_out": held}, [])
+    names = [name for name, _ in rows]
+    at = names.index("held-out resolved")
+    assert rows[at + 1 : at + 3] == [
+        ("  parse", "0/1 = 0.00 [0.00, 0.97]"),
+        ("  toolz", "1/2 = 0.50 [0.01, 0.99]"),
+    ]
+    assert names[at + 3] == "held-out response tokens"
