@@ -84,7 +84,8 @@ def _dataset_problems(run: GagarRun) -> list[tuple[str, str, bool]]:
         if not Path(src.path).is_file():
             out.append((f"{field}.path", "not on this machine: its rows are not checked", False))
             continue
-        _, bad = scan_tasks(src.path, src.repo_cache)
+        envs = [e.name for e in run.spec.sandbox.environments]
+        _, bad = scan_tasks(src.path, src.repo_cache, envs)
         more = [f"... and {len(bad) - MAX_ROW_PROBLEMS} more bad rows"]
         shown = bad[:MAX_ROW_PROBLEMS] + (more if len(bad) > MAX_ROW_PROBLEMS else [])
         out += [(field, line, True) for line in shown]

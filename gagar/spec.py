@@ -87,6 +87,11 @@ REFUSED_DATASET_URI = (
     "the trainer reads the task file from its file system: give a path in its pod (mount a "
     "volume with trainer.podTemplate), not a URI"
 )
+REFUSED_POD_ENVIRONMENTS = (
+    "sandbox.environments are virtual environments made on the trainer's machine and mounted in "
+    "its bubblewrap sandboxes: they need backend local (sandbox pods have no per-environment "
+    "images yet)"
+)
 REFUSED_STALE_UNCORRECTED = (
     "rollout.maxStaleness 1 trains on trajectories sampled by the previous policy version, and the "
     "PPO ratio's old log-probs are the trainer's own at the current weights: set "
@@ -1202,6 +1207,24 @@ SandboxIsolation = Literal["bubblewrap", "pod", "agent-sandbox", "auto"]
 AGENT_SANDBOX_NEEDS_PODS = "isolation agent-sandbox claims sandbox pods: it needs backend pods"
 
 
+class SandboxEnvironment(Model):
+    """A task environment: the packages some tasks' tests need, beside the code under test."""
+
+    name: str = Field(pattern=DNS_LABEL, max_length=63)
+    """What a dataset source (``spec.dataset.sources[].environment``) or a task row
+    (``environment``) names."""
+    lock: str = Field(min_length=1)
+    """Requirements file with a hash for every package, dependencies included (``pip-compile
+    --generate-hashes``, ``uv pip compile --generate-hashes``; ``--index-url``, ``--find-links``
+    and ``--no-index`` lines are pip's as usual), holding pytest (the tests run with it). A path
+    on the trainer's machine. ``gagar train`` makes a virtual environment of it once (``pip
+    install --no-deps --require-hashes``, cached by the lock's sha256 and the interpreter under
+    ``$GAGAR_CACHE_DIR/envs``, default ``~/.cache/gagar/envs``) and mounts it read-only in the
+    sandbox of every task of this environment, its ``bin`` first on ``PATH`` and
+    ``VIRTUAL_ENV`` set; a lock that cannot be installed, or installs no pytest, stops the run
+    before it starts."""
+
+
 class SandboxSpec(Model):
     """Isolated executors for tool calls and tests."""
 
@@ -1236,6 +1259,21 @@ class SandboxSpec(Model):
     pod_template: PodScheduling = Field(default_factory=PodScheduling)
     """Where sandbox pods run (scheduling only: no env, volumes or identity reach the pods
     that run untrusted code)."""
+    environments: list[SandboxEnvironment] = Field(
+        default_factory=list, max_length=MAX_ITEMS, json_schema_extra=_keyed("name")
+    )
+    """Task environments by name (``backend: local`` only): a dataset source or a task row that
+    names one runs its tests, the agent's commands and verification alike, with that
+    environment's packages (a read-only virtual environment made from its ``lock``, and a fork
+    server per environment where the sandbox runs warm). Unnamed tasks run with the sandbox's own
+    Python."""
+
+    @model_validator(mode="after")
+    def _unique_environments(self) -> SandboxSpec:
+        """What the API server's keyed list refuses: two environments of one name."""
+        for i in _duplicates([e.name for e in self.environments]):
+            raise ValueError(f"environments[{i}].name: {self.environments[i].name} twice")
+        return self
 
 
 # ---------------------------------------------------------------- data, observability
@@ -1263,6 +1301,9 @@ class DatasetSource(Model):
     weight: float = Field(default=1.0, gt=0)
     """Sampling weight among sources: each draw picks source ``i`` with probability
     ``weight_i / Σ weight`` (then the source's next task, without replacement in epochs)."""
+    environment: str | None = Field(default=None, pattern=DNS_LABEL, max_length=63)
+    """The task environment (a name of ``spec.sandbox.environments``) this source's tasks run in,
+    unless a row names its own (``environment``); unset: the sandbox's own Python."""
 
 
 class DatasetSpec(Model):
@@ -1379,6 +1420,16 @@ RULES: tuple[Rule, ...] = (
         valid={"isolation": "agent-sandbox", "backend": "pods"},
         invalid={"isolation": "agent-sandbox", "backend": "local"},
         field=".isolation",
+    ),
+    Rule(
+        (SandboxSpec,),
+        "!has(self.environments) || size(self.environments) == 0"
+        " || !has(self.backend) || self.backend == 'local'",
+        REFUSED_POD_ENVIRONMENTS,
+        lambda m: not m.environments or m.backend == "local",
+        valid={"backend": "local", "environments": [{"name": "a", "lock": "/locks/a.txt"}]},
+        invalid={"backend": "pods", "environments": [{"name": "a", "lock": "/locks/a.txt"}]},
+        field=".environments",
     ),
     Rule(
         (ExpertStyles,),
@@ -1641,6 +1692,26 @@ RULES: tuple[Rule, ...] = (
         valid={"kind": "jsonl", "path": "/data/s3:/tasks.jsonl"},
         invalid={"kind": "jsonl", "path": "s3://data/tasks.jsonl"},
         field=".path",
+    ),
+    Rule(
+        (GagarRunSpec,),
+        "!has(self.dataset) || !has(self.dataset.sources) || self.dataset.sources.all(s,"
+        " !has(s.environment) || (has(self.sandbox) && has(self.sandbox.environments)"
+        " && self.sandbox.environments.exists(e, e.name == s.environment)))",
+        "every dataset source's environment must be the name of one of spec.sandbox.environments",
+        lambda m: all(
+            s.environment is None or s.environment in {e.name for e in m.sandbox.environments}
+            for s in m.dataset.sources
+        ),
+        valid=_run(
+            sandbox={"environments": [{"name": "web", "lock": "/locks/web.txt"}]},
+            dataset={"sources": [{"kind": "synthetic", "environment": "web"}]},
+        ),
+        invalid=_run(
+            sandbox={"environments": [{"name": "web", "lock": "/locks/web.txt"}]},
+            dataset={"sources": [{"kind": "synthetic", "environment": "db"}]},
+        ),
+        field=".dataset.sources",
     ),
     Rule(
         (GagarRunSpec,),

@@ -11,13 +11,20 @@ from __future__ import annotations
 import logging
 import random
 import shutil
+from collections.abc import Collection
 from pathlib import Path
 from typing import Any
 
 from gagar.driver.sampling import TaskSampler
 from gagar.rollout.envs import humaneval, synthetic
-from gagar.rollout.envs.task import Task, TaskError, load_tasks
-from gagar.sandbox import Limits, isolation
+from gagar.rollout.envs.task import (
+    Task,
+    TaskError,
+    check_environments,
+    load_tasks,
+    with_environment,
+)
+from gagar.sandbox import Limits, isolation, venvs
 from gagar.sandbox.local import LocalFactory
 from gagar.spec import DatasetSource, DatasetSpec, GagarRunSpec, ModelSpec, SandboxSpec
 from gagar.trainer.precision import Precision, resolve, trainer_device
@@ -158,23 +165,31 @@ def synthetic_seeds(src: Any) -> range:
     return range(src.seed, src.seed + (src.size or 64))
 
 
-def load_datasets(dataset: DatasetSpec) -> tuple[list[Task], list[Task]]:
-    """(train, held-out) tasks from every source, split reproducibly per source."""
-    train, held = load_sources(dataset)
+def load_datasets(
+    dataset: DatasetSpec, environments: Collection[str] | None = None
+) -> tuple[list[Task], list[Task]]:
+    """(train, held-out) tasks from every source, split reproducibly per source; ``environments``:
+    the names a task's environment may take (None: any)."""
+    train, held = load_sources(dataset, environments)
     return [t for tasks in train for t in tasks], held
 
 
-def task_sampler(dataset: DatasetSpec, seed: int) -> tuple[TaskSampler, list[Task]]:
+def task_sampler(
+    dataset: DatasetSpec, seed: int, environments: Collection[str] | None = None
+) -> tuple[TaskSampler, list[Task]]:
     """The training-task sampler, weighted by ``spec.dataset.sources[].weight``, and the
     held-out tasks."""
-    train, held = load_sources(dataset)
+    train, held = load_sources(dataset, environments)
     sources = [(len(tasks), src.weight) for tasks, src in zip(train, dataset.sources, strict=True)]
     return TaskSampler([t for tasks in train for t in tasks], seed, sources), held
 
 
-def load_sources(dataset: DatasetSpec) -> tuple[list[list[Task]], list[Task]]:
+def load_sources(
+    dataset: DatasetSpec, environments: Collection[str] | None = None
+) -> tuple[list[list[Task]], list[Task]]:
     """The training tasks of each source (in ``sources`` order) and all held-out tasks, split
-    reproducibly per source."""
+    reproducibly per source; each task in its row's environment, else its source's (a
+    ``SetupError`` where that is not among ``environments``, unless None)."""
     train: list[list[Task]] = []
     held: list[Task] = []
     for i, src in enumerate(dataset.sources):
@@ -186,6 +201,12 @@ def load_sources(dataset: DatasetSpec) -> tuple[list[list[Task]], list[Task]]:
             tasks = humaneval.tasks(limit=src.size)
         else:
             tasks = _jsonl_tasks(src, where)
+        tasks = with_environment(tasks, src.environment)
+        if environments is not None:
+            try:
+                check_environments(tasks, environments, where)
+            except TaskError as err:
+                raise SetupError(str(err)) from None
         random.Random(src.seed).shuffle(tasks)
         if src.kind == "mined":
             kept, out = split_by_package(tasks, dataset.held_out_fraction, src.seed)
@@ -243,8 +264,24 @@ def sandbox_factory(sandbox: SandboxSpec) -> LocalFactory:
         raise SetupError(
             "spec.sandbox.backend 'pods' needs the cluster; the embedded runner uses 'local' (bubblewrap)"
         )
+    envs = task_environments(sandbox)
     factory, choice = isolation.factory(
-        sandbox.isolation, Limits(**sandbox.limits.executor_limits())
+        sandbox.isolation, Limits(**sandbox.limits.executor_limits()), environments=envs
     )
     logging.getLogger("gagar.sandbox").info("sandbox: %s", choice.why)
     return factory
+
+
+def task_environments(sandbox: SandboxSpec) -> dict[str, str]:
+    """Each of ``sandbox.environments`` as its virtual environment, made now where this machine
+    has none of its lock yet (``gagar.sandbox.venvs``); a lock that cannot be made is a
+    ``SetupError`` naming the environment."""
+    out = {}
+    for i, env in enumerate(sandbox.environments):
+        where = f"spec.sandbox.environments[{i}] ({env.name})"
+        try:
+            out[env.name] = str(venvs.ensure(Path(env.lock)))
+        except venvs.VenvError as err:
+            raise SetupError(f"{where}: {err}") from None
+        logging.getLogger("gagar.sandbox").info("environment %s: %s", env.name, out[env.name])
+    return out

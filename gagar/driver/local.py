@@ -46,7 +46,8 @@ class LocalProvider:
     def start(self, run: GagarRun) -> Any:
         """Fail fast, before anything is written: the devices, the datasets, the sandboxes."""
         comp.check_devices(run.spec, torch.cuda.is_available())
-        comp.load_datasets(run.spec.dataset)  # loaded again by the builder: cheap, and checked here
+        envs = [e.name for e in run.spec.sandbox.environments]
+        comp.load_datasets(run.spec.dataset, envs)  # loaded again by the builder: checked here
         self._sandboxes = comp.sandbox_factory(run.spec.sandbox)
         init_one_process()
         return None  # a team of one needs no control group

@@ -28,7 +28,7 @@ from gagar.grader.bounds import admit, admit_read
 from gagar.rollout import agent
 from gagar.rollout.envs import tools as envtools
 from gagar.rollout.envs.task import Task
-from gagar.rollout.envs.verify import SharedVerdicts, verify
+from gagar.rollout.envs.verify import SharedVerdicts, open_session, verify
 from gagar.sandbox import SandboxInfraError, SessionFactory
 from gagar.trainer import gar
 from gagar.wire import Action, Candidate, GradingGroup, Skipped, ToolStats
@@ -210,7 +210,7 @@ class Rollouts:
             self.pool.shutdown(wait=False)
 
     async def _create(self, task: Task) -> Any:
-        return await offload(self.pool, self.factory.create, task.repo_files())
+        return await offload(self.pool, open_session, task, self.factory)  # its environment
 
     async def one(
         self,

@@ -451,7 +451,8 @@ def build(rank: Rank, provider: Provider, *, resume_run: bool) -> Context:
     """Rank 0's context: resumed from the newest checkpoint when ``resume_run`` (else warm-started
     from scratch), its services started on the current weights, /metrics served."""
     run, console = rank.run, provider.console
-    sampler, held_out = comp.task_sampler(run.spec.dataset, run.spec.algorithm.seed)
+    envs = [e.name for e in run.spec.sandbox.environments]
+    sampler, held_out = comp.task_sampler(run.spec.dataset, run.spec.algorithm.seed, envs)
     train_tasks = sampler.tasks
     fmt, _ = chat_format(rank.policy_dir)
     closers: Closers = []

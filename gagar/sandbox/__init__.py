@@ -5,7 +5,9 @@ API (everything a caller needs):
 - ``Session`` (protocol): ``exec(cmd, timeout) -> ExecResult``, ``read_file``, ``write_file``,
   ``delete_file``, ``list_files``, ``diff()`` (unified diff against the base), ``archive()``
   (``.tar.gz`` of the workspace), ``reset()``, ``close()``; sessions are context managers.
-- ``SessionFactory`` (protocol): ``create(files=..., tarball=..., limits=...) -> Session``;
+- ``SessionFactory`` (protocol): ``create(files=..., tarball=..., limits=..., environment=...)
+  -> Session`` (``environment``: a task environment's name, ``venvs.py``: its packages first on
+  the session's ``PATH``, read-only);
   ``VerificationFactory`` (protocol, ``LocalFactory``): ``verification_session(tarball)``, a session
   kept between verifications with its fork server warm (``station.py``);
   ``LocalFactory`` (bubblewrap on this machine) and ``HttpFactory(base_url)`` (``gagar sandbox

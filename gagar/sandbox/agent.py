@@ -42,6 +42,7 @@ from gagar.sandbox.types import (
     SandboxError,
     SandboxInfraError,
     SandboxUnavailable,
+    no_environment,
 )
 
 log = logging.getLogger("gagar.sandbox.agent")
@@ -95,7 +96,9 @@ class AgentSandboxFactory:
         files: Mapping[str, FileData] | None = None,
         tarball: bytes | None = None,
         limits: Limits | None = None,
+        environment: str | None = None,
     ) -> AgentSandboxSession:
+        no_environment(environment, self.where)
         claim, ip = self._claim()
         try:
             http = HttpFactory(self._url(ip))

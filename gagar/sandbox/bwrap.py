@@ -188,10 +188,13 @@ def bwrap_argv(jail: Jail, limits: Limits, cmd: list[str]) -> list[str]:
     return argv + rlimit_argv(limits) + cmd
 
 
-def sandbox_env(python_bins: list[str], uid: int | None) -> dict[str, str]:
-    """The whole environment inside: nothing of the host's variables passes."""
+def sandbox_env(python_bins: list[str], uid: int | None, venv: str | None = None) -> dict[str, str]:
+    """The whole environment inside: nothing of the host's variables passes. ``venv``: the task
+    environment's virtual environment (its ``bin`` is then the first of ``python_bins``)."""
     path = ":".join([*python_bins, "/usr/local/bin", "/usr/bin", "/bin"])
+    extra = {"VIRTUAL_ENV": venv} if venv else {}
     return {
+        **extra,
         "PATH": path,
         "HOME": "/tmp",
         "TMPDIR": "/tmp",

@@ -28,6 +28,7 @@ from gagar.sandbox.types import (
     Limits,
     SandboxError,
     SandboxInfraError,
+    no_environment,
 )
 from gagar.sandbox.workspace import files_tarball
 
@@ -59,7 +60,9 @@ class HttpFactory:
         files: Mapping[str, FileData] | None = None,
         tarball: bytes | None = None,
         limits: Limits | None = None,
+        environment: str | None = None,
     ) -> HttpSession:
+        no_environment(environment, f"the executor at {self.client.base_url}")
         body: dict[str, Any] = {}
         if files is not None and tarball is not None:
             raise SandboxError("give files or a tarball, not both")
@@ -78,9 +81,14 @@ class HttpFactory:
         return HttpSession(self.client, sid)
 
     def verification_session(
-        self, tarball: bytes, preload: tuple[str, ...] = (), limits: Limits | None = None
+        self,
+        tarball: bytes,
+        preload: tuple[str, ...] = (),
+        limits: Limits | None = None,
+        environment: str | None = None,
     ) -> HttpSession:
         """A session for one verification: one of the server's stations (``station.py``)."""
+        no_environment(environment, f"the executor at {self.client.base_url}")
         body: dict[str, Any] = {
             "tarball_b64": base64.b64encode(tarball).decode(),
             "verification": True,
@@ -153,12 +161,19 @@ class HttpPoolFactory:
         files: Mapping[str, FileData] | None = None,
         tarball: bytes | None = None,
         limits: Limits | None = None,
+        environment: str | None = None,
     ) -> HttpSession:
+        no_environment(environment, f"the executor pool {self.host}")
         return self._pick().create(files=files, tarball=tarball, limits=limits or self.limits)
 
     def verification_session(
-        self, tarball: bytes, preload: tuple[str, ...] = (), limits: Limits | None = None
+        self,
+        tarball: bytes,
+        preload: tuple[str, ...] = (),
+        limits: Limits | None = None,
+        environment: str | None = None,
     ) -> HttpSession:
+        no_environment(environment, f"the executor pool {self.host}")
         return self._pick().verification_session(tarball, preload, limits or self.limits)
 
     def close(self) -> None:

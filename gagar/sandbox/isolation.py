@@ -20,6 +20,7 @@ it with that explanation.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Literal, get_args
 
@@ -80,13 +81,20 @@ def choose(asked: SandboxIsolation) -> Choice:
 
 
 def factory(
-    asked: SandboxIsolation, limits: Limits | None = None, root: str | None = None
+    asked: SandboxIsolation,
+    limits: Limits | None = None,
+    root: str | None = None,
+    environments: Mapping[str, str] | None = None,
 ) -> tuple[LocalFactory, Choice]:
-    """A ``LocalFactory`` in the mode ``asked`` resolves to here, and the ``Choice``."""
+    """A ``LocalFactory`` in the mode ``asked`` resolves to here, and the ``Choice``;
+    ``environments``: the task environments' virtual environments (``venvs.py``), by name."""
     from gagar.sandbox.local import LocalFactory
 
     choice = choose(asked)
-    return LocalFactory(limits=limits, isolation=choice.backend, root=root), choice
+    made = LocalFactory(
+        limits=limits, isolation=choice.backend, root=root, environments=environments
+    )
+    return made, choice
 
 
 __all__ = ["BACKEND", "EXECUTOR_MODES", "MODES", "REPORTED", "Choice", "Mode", "choose", "factory"]

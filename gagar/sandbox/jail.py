@@ -54,6 +54,7 @@ class View:
     layout: bwrap.Jail | None = None  # a bubblewrap jail's mounts, environment and waiter
     cgroup_tag: str | None = None  # each run in fresh cgroups named with this; None: none
     quota: bool = False  # the session directory is a quota tmpfs (``quota.py``)
+    venv: str | None = None  # the task environment's virtual environment (``venvs.py``)
 
     @property
     def workspace(self) -> Path:
@@ -169,8 +170,10 @@ def finish(view: View, wait: Callable[[], runner.Outcome], run: Run) -> ExecResu
 
 def host_env(view: View, uid: int | None) -> dict[str, str]:
     """The sandbox's environment for a command without a filesystem view of its own (no
-    bubblewrap): the session's own ``/tmp`` stands for ``/tmp``."""
-    env = bwrap.sandbox_env([os.path.dirname(sys.executable)], uid)
+    bubblewrap): the session's own ``/tmp`` stands for ``/tmp``; the task environment's
+    ``bin`` first on ``PATH`` where the session has one."""
+    bins = [os.path.join(view.venv, "bin")] if view.venv else []
+    env = bwrap.sandbox_env([*bins, os.path.dirname(sys.executable)], uid, view.venv)
     env["HOME"] = env["TMPDIR"] = str(view.tmp)
     return env
 

@@ -124,6 +124,7 @@ class LocalFactory:
         use_cgroup: bool = True,
         check: bool = True,
         warm: bool | tuple[str, ...] = True,
+        environments: Mapping[str, str | os.PathLike[str]] | None = None,
     ) -> None:
         if isolation == "bwrap" and check:
             check_isolation()  # refuse here, once, rather than fail every command later
@@ -133,6 +134,9 @@ class LocalFactory:
                 podjail.check()
         self.limits, self.isolation, self.root = limits or Limits(), isolation, root
         self.ro_paths, self.use_cgroup = python_paths() + ro_paths, use_cgroup
+        # Task environments (``venvs.py``): name -> a virtual environment a session of that
+        # environment mounts read-only, first on its PATH.
+        self.environments = {n: os.path.realpath(p) for n, p in (environments or {}).items()}
         # A warm test runner per session (``warm.py``), bubblewrap only; a tuple names modules
         # (outside the workspace) its fork server imports besides pytest.
         self.warm = bool(warm) and isolation == "bwrap"
@@ -147,30 +151,52 @@ class LocalFactory:
             warnings.warn(UNSAFE_WARNING, stacklevel=2)
             print(UNSAFE_WARNING, file=sys.stderr)
 
+    def venv(self, environment: str | None) -> str | None:
+        """The virtual environment of ``environment`` (None: the executor's own Python)."""
+        if environment is None:
+            return None
+        try:
+            return self.environments[environment]
+        except KeyError:
+            have = ", ".join(sorted(self.environments)) or "none"
+            raise SandboxError(f"no environment {environment!r} here (there are: {have})") from None
+
     def create(
         self,
         files: Mapping[str, FileData] | None = None,
         tarball: bytes | None = None,
         limits: Limits | None = None,
+        environment: str | None = None,
     ) -> LocalSession:
         if files is not None and tarball is not None:
             raise SandboxError("give files or a tarball, not both")
-        return LocalSession(self, files or {}, tarball, limits or self.limits)
+        venv = self.venv(environment)
+        return LocalSession(self, files or {}, tarball, limits or self.limits, venv=venv)
 
     def verification_session(
-        self, tarball: bytes, preload: tuple[str, ...] = (), limits: Limits | None = None
+        self,
+        tarball: bytes,
+        preload: tuple[str, ...] = (),
+        limits: Limits | None = None,
+        environment: str | None = None,
     ) -> LocalSession | station.Station:
         """A session on ``tarball`` for one verification: a station (``station.py``) whose fork
-        server imported pytest and ``preload`` once, or, where sessions run cold, a fresh one."""
-        limits = limits or self.limits
+        server imported pytest and ``preload`` once, or, where sessions run cold, a fresh one.
+        Stations are kept per environment: a fork server of one never serves another."""
+        limits, venv = limits or self.limits, self.venv(environment)
         if not self.warm:
-            return self.create(tarball=tarball, limits=limits)
-        make = functools.partial(LocalSession, self, {}, tarball, limits, preload=preload)
-        return self.stations.take(tarball, (preload, limits.model_dump_json()), make)
+            return self.create(tarball=tarball, limits=limits, environment=environment)
+        make = functools.partial(
+            LocalSession, self, {}, tarball, limits, preload=preload, venv=venv
+        )
+        key = (preload, limits.model_dump_json(), venv or "")
+        return self.stations.take(tarball, key, make)
 
 
 class LocalSession:
-    """One workspace and its jail. Use as a context manager, or call ``close``."""
+    """One workspace and its jail. Use as a context manager, or call ``close``. ``venv``: the
+    task environment's virtual environment (``venvs.py``), mounted read-only and first on the
+    jail's PATH; None: the executor's own Python."""
 
     def __init__(
         self,
@@ -179,14 +205,16 @@ class LocalSession:
         tarball: bytes | None,
         limits: Limits,
         preload: tuple[str, ...] | None = None,
+        venv: str | None = None,
     ) -> None:
-        self.limits, self._factory, self._closed = limits, factory, False
+        self.limits, self._factory, self._closed, self.venv = limits, factory, False, venv
         jailed = factory.isolation in ("bwrap", "pod")
         self._lease = UidLease() if jailed and os.geteuid() == 0 else None
         self.dir = Path(tempfile.mkdtemp(prefix=SESSION_PREFIX, dir=factory.root))
         self.quota = jailed and quota.try_mount(self.dir, limits.disk_bytes, limits.inodes)
         self._owner = take_ownership(self.dir, self.uid)
-        self.workspace, self.ro_paths = self.dir / "workspace", factory.ro_paths
+        self.workspace = self.dir / "workspace"
+        self.ro_paths = (venv, *factory.ro_paths) if venv else factory.ro_paths
         self.jail = JAILS[factory.isolation]()  # once: the isolation the factory resolved
         if factory.warm:
             preload = factory.warm_preload if preload is None else preload
@@ -244,7 +272,7 @@ class LocalSession:
             etc=str(self.dir / "etc"),
             uid=self.uid,
             ro_paths=self.ro_paths,
-            env=bwrap.sandbox_env(python_bins, self.uid),
+            env=bwrap.sandbox_env(python_bins, self.uid, self.venv),
             host_links=links,
             host_etc=etc,
             waiter=bwrap.waiter_argv(os.path.realpath(sys.executable), _perl()),
@@ -254,7 +282,7 @@ class LocalSession:
         """The session as its jail sees it for one run."""
         cgroups = self._factory.use_cgroup and self.uid is not None
         tag = self.cgroup_tag if cgroups else None
-        return View(self.dir, self.uid, self.limits, self._jail(), tag, self.quota)
+        return View(self.dir, self.uid, self.limits, self._jail(), tag, self.quota, self.venv)
 
     def exec(self, cmd: Command, timeout: float | None = None) -> ExecResult:
         self._check_open()

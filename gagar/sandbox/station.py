@@ -25,6 +25,8 @@ What a candidate leaves, the next never sees:
 - the uid's own kernel state: the kernel keyring and POSIX message queues are refused by the
   seccomp filter, as in every jail.
 
+A station is kept for its preload, limits and task environment (``Key``): a candidate of one
+environment is never verified by a server started in another's interpreter and packages.
 A station whose server is gone or discarded, or whose workspace cannot be emptied, is closed rather
 than kept; at most ``idle`` stations are kept idle in all, whatever their preload and limits (the
 key, which a client of the executor chooses: a bound per key would be none), the least recently
@@ -48,7 +50,9 @@ from gagar.sandbox.types import SandboxError
 
 log = logging.getLogger(__name__)
 IDLE = 8  # stations kept idle, all keys together (each holds a fork server: ~40 MB, no CPU)
-Key = tuple[tuple[str, ...], str]  # what the server preloads, the session's limits (as JSON)
+# What the server preloads, the session's limits (as JSON), its task environment ("" none): a
+# fork server that imported one environment's pytest never serves another environment's tests.
+Key = tuple[tuple[str, ...], str, str]
 
 
 class Kept(Protocol):

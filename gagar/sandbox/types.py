@@ -142,16 +142,30 @@ class VerificationFactory(Protocol):
     executor servers' clients)."""
 
     def verification_session(
-        self, tarball: bytes, preload: tuple[str, ...] = (), limits: Limits | None = None
+        self,
+        tarball: bytes,
+        preload: tuple[str, ...] = (),
+        limits: Limits | None = None,
+        environment: str | None = None,
     ) -> Session: ...
 
 
 class SessionFactory(Protocol):
-    """Creates sessions from a files mapping (a task's repository) or a ``.tar.gz`` snapshot."""
+    """Creates sessions from a files mapping (a task's repository) or a ``.tar.gz`` snapshot.
+    ``environment``: the task environment the session's commands run in (a name of
+    ``spec.sandbox.environments``; None: the executor's own Python); a factory without it raises
+    ``SandboxError`` naming the environment."""
 
     def create(
         self,
         files: Mapping[str, FileData] | None = None,
         tarball: bytes | None = None,
         limits: Limits | None = None,
+        environment: str | None = None,
     ) -> Session: ...
+
+
+def no_environment(environment: str | None, where: str) -> None:
+    """Refuse ``environment`` where a factory serves only one (an executor pool of one image)."""
+    if environment is not None:
+        raise SandboxError(f"{where} has no environment {environment!r}: it runs one image")

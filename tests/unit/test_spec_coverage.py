@@ -342,6 +342,25 @@ ACTS: dict[str, tuple[str, ...]] = {
         INT + "test_sandbox_stock_runtime.py::test_the_embedded_trainer_takes_the_specs_mode",
     ),
     "spec.sandbox.poolSize": (U + "test_builders.py::test_fixed_replicas_written",),
+    "spec.sandbox.environments.name": (
+        INT + "test_task_environments.py::"
+        "test_the_specs_environments_reach_the_sandbox_and_the_sources_tasks",
+        U
+        + "test_task_environments.py::test_environments_are_unique_by_name_need_a_lock_and_the_local_backend",
+    ),
+    "spec.sandbox.environments.lock": (
+        INT + "test_task_environments.py::"
+        "test_the_specs_environments_reach_the_sandbox_and_the_sources_tasks",
+        INT
+        + "test_task_environments.py::test_a_lock_with_a_wrong_hash_or_without_pytest_is_refused",
+    ),
+    "spec.dataset.sources.environment": (
+        INT + "test_task_environments.py::"
+        "test_the_specs_environments_reach_the_sandbox_and_the_sources_tasks",
+        U
+        + "test_task_environments.py::test_a_source_environment_reaches_its_rows_and_a_row_keeps_its_own",
+        U + "test_task_environments.py::test_a_source_naming_an_unknown_environment_is_refused",
+    ),
     "spec.dataset.sources.kind": (
         U + "test_spec_effects.py::test_jsonl_sources_are_read_from_their_path",
         U + "test_mined_source.py::test_the_held_out_tasks_are_whole_packages",

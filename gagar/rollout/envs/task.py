@@ -5,10 +5,16 @@ path relative to the JSONL file; or, as SWE-bench rows do, ``repo`` and ``base_c
 a repository cache, ``repo_cache.py``), the problem statement, the ``FAIL_TO_PASS`` and ``PASS_TO_PASS``
 test ids (pytest node ids; lists, or JSON strings of lists as SWE-bench ships them), the pristine
 ``test_files`` written over the candidate's before verification, the ``test_command`` (a pytest
-invocation) and the reference fix (``reference_files``, whole files, or ``patch``, a diff). SWE-bench bookkeeping keys (``base_commit``, ``version``, ...) are kept in
-``metadata``, the task's container image (``image``, ``image_name``, ``environment_image``) too:
-every task runs in ``spec.sandbox.image`` (per-task sandbox images are not implemented, so the
-image is information, not a setting). A ``test_patch`` (SWE-bench's diff of the tests) is applied
+invocation), the reference fix (``reference_files``, whole files, or ``patch``, a diff) and the
+``environment`` its tests run in: a name of ``spec.sandbox.environments`` (the dataset source's
+``environment`` where the row names none; neither: the sandbox's own Python), whose packages the
+sessions of the task, the agent's and verification's alike, see first on ``PATH`` (a read-only
+virtual environment made from the environment's lock on one machine; its executor image on a
+cluster: ``gagar.sandbox.venvs``, docs/design.md). SWE-bench bookkeeping keys (``base_commit``,
+``version``, ...) are kept in ``metadata``, and so is a row's own container image (``image``,
+``image_name``, ``environment_image``): SWE-bench's images hold the repository's dependencies but
+no gagar executor, so no mode runs them; declare an environment that holds those dependencies
+and name it in the row (or its source) instead. A ``test_patch`` (SWE-bench's diff of the tests) is applied
 to the snapshot when the task is loaded, strictly (``patches.apply_patch``), and the files it
 changes or creates join ``test_files``, which verification writes before the tests run. Any other
 unknown key is an error, so a misspelt field never silently disappears.
@@ -19,6 +25,7 @@ from __future__ import annotations
 import hashlib
 import json
 import tarfile
+from collections.abc import Collection
 from pathlib import Path
 from typing import Any
 
@@ -44,7 +51,7 @@ SWE_METADATA_KEYS = frozenset(
         "hints_text",
         "repo_url",
         "difficulty",
-        # the task's own container image: informative only, every task runs in spec.sandbox.image
+        # the row's own container image: informative only (an environment names what runs)
         "image",
         "image_name",
         "environment_image",
@@ -96,6 +103,13 @@ class Task(BaseModel):
         default=None,
         description="SWE-bench's test diff, applied to the snapshot into test_files on load.",
     )
+    environment: str | None = Field(
+        default=None,
+        pattern=r"^[a-z]([-a-z0-9]*[a-z0-9])?$",
+        max_length=63,
+        description="The task environment its tests run in (a name of spec.sandbox.environments); "
+        "unset: the dataset source's, else the sandbox's own Python.",
+    )
     metadata: dict[str, Any] = Field(default_factory=dict)
 
     def content_key(self) -> str:
@@ -105,6 +119,8 @@ class Task(BaseModel):
         body = [self.files, self.snapshot, self.test_files, self.fail_to_pass, self.pass_to_pass]
         if self.held_back:  # a task without held-back tests keeps the key it always had
             body.append(self.held_back)
+        if self.environment:  # other packages, another task; none: the key it always had
+            body.append(self.environment)
         return hashlib.sha256(json.dumps(body, sort_keys=True).encode()).hexdigest()
 
     @field_validator("fail_to_pass", "pass_to_pass", "held_back", mode="before")
@@ -267,17 +283,23 @@ def _cached_snapshot(repo: Any, commit: Any, cache: Path | None) -> str:
         raise TaskError(f"base_commit: {err}") from None
 
 
-def load_tasks(path: str | Path, cache: str | Path | None = None) -> list[Task]:
+def load_tasks(
+    path: str | Path, cache: str | Path | None = None, environments: Collection[str] | None = None
+) -> list[Task]:
     """All tasks of a JSONL file (SWE-bench rows' repositories from ``cache``); the first bad row
-    raises ``TaskError`` naming the line and field."""
-    tasks, problems = scan_tasks(path, cache)
+    raises ``TaskError`` naming the line and field. ``environments``: the names a row's
+    ``environment`` may take (None: any)."""
+    tasks, problems = scan_tasks(path, cache, environments)
     if problems:
         raise TaskError(problems[0])
     return tasks
 
 
-def scan_tasks(path: str | Path, cache: str | Path | None = None) -> tuple[list[Task], list[str]]:
-    """The good tasks of a JSONL file and one line per problem (``<file>:<line>: <field>: why``)."""
+def scan_tasks(
+    path: str | Path, cache: str | Path | None = None, environments: Collection[str] | None = None
+) -> tuple[list[Task], list[str]]:
+    """The good tasks of a JSONL file and one line per problem (``<file>:<line>: <field>: why``);
+    a row naming an ``environment`` outside ``environments`` (unless None) is one."""
     path = Path(path)
     if not path.is_file():
         return [], [f"{path}: no such file"]
@@ -289,6 +311,7 @@ def scan_tasks(path: str | Path, cache: str | Path | None = None) -> tuple[list[
             continue
         try:
             task = _parse_line(path, lineno, line, None if cache is None else Path(cache))
+            _known_environment(task, environments, f"{path}:{lineno} ({task.instance_id})")
         except TaskError as err:
             problems.append(str(err))
             continue
@@ -299,6 +322,31 @@ def scan_tasks(path: str | Path, cache: str | Path | None = None) -> tuple[list[
     if not tasks and not problems:
         problems.append(f"{path}: no tasks")
     return tasks, problems
+
+
+def _known_environment(task: Task, names: Collection[str] | None, where: str) -> None:
+    if names is None or task.environment is None or task.environment in names:
+        return
+    have = ", ".join(sorted(names)) or "none declared"
+    raise TaskError(
+        f"{where}: environment: {task.environment!r} is not one of spec.sandbox.environments "
+        f"({have})"
+    )
+
+
+def with_environment(tasks: list[Task], environment: str | None) -> list[Task]:
+    """``tasks`` with ``environment`` (a dataset source's) where a row names none."""
+    if environment is None:
+        return tasks
+    return [
+        t if t.environment else t.model_copy(update={"environment": environment}) for t in tasks
+    ]
+
+
+def check_environments(tasks: list[Task], names: Collection[str], where: str) -> None:
+    """``TaskError`` for the first task whose environment is not among ``names``."""
+    for task in tasks:
+        _known_environment(task, names, f"{where} ({task.instance_id})")
 
 
 def _parse_line(path: Path, lineno: int, line: str, cache: Path | None) -> Task:

@@ -367,7 +367,8 @@ def verify(
     try:
         patch = candidate.diff()
         before = set(candidate.list_files())
-        fresh = _fresh(factory, candidate.archive() if archive is None else archive)
+        tarball = candidate.archive() if archive is None else archive
+        fresh = _fresh(factory, tarball, task.environment)
     except SandboxInfraError as e:
         return Verdict(instance_id=task.instance_id, passed=False, valid=False, infra_error=str(e))
     except SandboxError as e:  # what the candidate left cannot be copied at all: its failure
@@ -448,12 +449,13 @@ def _planting(task: Task, base: dict[str, bytes]) -> plant.Planting:
     return plant.plant(task.test_ids, pristine_files(task, base), random.SystemRandom())
 
 
-def _fresh(factory: SessionFactory, tarball: bytes) -> Session:
-    """The session the tests run in: a station where the factory keeps them (``station.py``: its
-    fork server has the bootstrap's imports preloaded), else a new session."""
+def _fresh(factory: SessionFactory, tarball: bytes, environment: str | None) -> Session:
+    """The session the tests run in, in the task's environment (its Python and packages): a
+    station where the factory keeps them (``station.py``: its fork server has the bootstrap's
+    imports preloaded, in that environment), else a new session."""
     if isinstance(factory, VerificationFactory):
-        return factory.verification_session(tarball, verify_boot.PRELOAD)
-    return factory.create(tarball=tarball)
+        return factory.verification_session(tarball, verify_boot.PRELOAD, environment=environment)
+    return factory.create(tarball=tarball, environment=environment)
 
 
 def repository_digest(archive: bytes, listed: list[str]) -> str:
@@ -548,8 +550,9 @@ class SharedVerdicts:
 
 
 def open_session(task: Task, factory: SessionFactory) -> Session:
-    """A session on the task's repository (local or on an executor server, per ``factory``)."""
-    return factory.create(files=task.repo_files())
+    """A session on the task's repository (local or on an executor server, per ``factory``), in
+    the task's environment."""
+    return factory.create(files=task.repo_files(), environment=task.environment)
 
 
 def verify_files(
