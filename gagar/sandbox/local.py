@@ -137,6 +137,8 @@ class LocalFactory:
         # Task environments (``venvs.py``): name -> a virtual environment a session of that
         # environment mounts read-only, first on its PATH.
         self.environments = {n: os.path.realpath(p) for n, p in (environments or {}).items()}
+        for env, path in self.environments.items() if isolation == "pod" else ():
+            podjail.check_reachable(path, f"environment {env!r} ({path})", "an environment cache")
         # A warm test runner per session (``warm.py``), bubblewrap only; a tuple names modules
         # (outside the workspace) its fork server imports besides pytest.
         self.warm = bool(warm) and isolation == "bwrap"

@@ -163,15 +163,22 @@ def _owned_by(pid: int, uid: int) -> bool:
 
 def check_root(root: str | None) -> None:
     """Refuse a session root that the sessions' uids could not pass through to their workspace."""
+    path = os.path.realpath(root or tempfile.gettempdir())
+    check_reachable(path, f"their workspaces under {path}", "a workspace root")
+
+
+def check_reachable(path: str, what: str, give: str) -> None:
+    """Refuse ``path`` where the sessions' uids could not pass through one of its directories
+    (``what`` they would miss; ``give``: what to give instead)."""
     if os.geteuid() != 0:
-        return  # no uid to switch to: the sessions run as the executor, who made the root
-    path = Path(os.path.realpath(root or tempfile.gettempdir()))
-    for d in (path, *path.parents):
+        return  # no uid to switch to: the sessions run as the executor, who made the path
+    where = Path(path)
+    for d in (where, *where.parents):
         if not os.stat(d).st_mode & 0o001:
             raise SandboxUnavailable(
                 f"the pod mode's session uids cannot pass through {d} (mode "
-                f"{os.stat(d).st_mode & 0o777:o}) to reach their workspaces under {path}: give "
-                "a workspace root every ancestor of which others may traverse (o+x)"
+                f"{os.stat(d).st_mode & 0o777:o}) to reach {what}: give {give} every ancestor "
+                "of which others may traverse (o+x)"
             )
 
 

@@ -15,6 +15,7 @@ import base64
 import hashlib
 import importlib.metadata as md
 import json
+import os
 import sys
 import threading
 import zipfile
@@ -25,7 +26,7 @@ import pytest
 from gagar.driver import components as comp
 from gagar.rollout.envs.task import Task, dump_tasks
 from gagar.rollout.envs.verify import verify_files
-from gagar.sandbox import SandboxError, venvs
+from gagar.sandbox import SandboxError, SandboxUnavailable, podjail, venvs
 from gagar.sandbox.local import LocalFactory, check_isolation
 from gagar.sandbox.types import Limits
 from gagar.spec import GagarRunSpec
@@ -258,3 +259,22 @@ def test_the_specs_environments_reach_the_sandbox_and_the_sources_tasks(
     assert verify_files(task, task.fixed_files(), factory).passed
     plain = task.model_copy(update={"environment": None})
     assert not verify_files(plain, plain.fixed_files(), factory).passed
+
+
+def test_isolation_pod_refuses_an_environment_its_session_uids_cannot_reach(
+    envs: dict[str, Path],
+) -> None:
+    """In the pod mode a session runs as a leased uid with the pod's file system: an environment
+    behind a directory others may not traverse (pytest's 0700 temporary root here) would fail
+    every command, so the factory refuses it, naming the environment and the directory."""
+    if os.geteuid() != 0:
+        pytest.skip("a non-root executor has no uid to lease: its sessions run as itself")
+    try:
+        podjail.check()
+    except SandboxUnavailable as e:
+        pytest.skip(f"the pod mode does not work here: {e}")
+    blocked = next(d for d in envs["a"].parents if not d.stat().st_mode & 0o001)
+    with pytest.raises(
+        SandboxUnavailable, match=f"cannot pass through {blocked} .*environment 'a'"
+    ):
+        LocalFactory(LIMITS, isolation="pod", environments={"a": envs["a"]})
