@@ -225,11 +225,16 @@ class TimedFactory:
         return self._timed(lambda: self.factory.create(*a, **kw), kw.get("tarball") is not None)
 
     def verification_session(
-        self, tarball: bytes, preload: tuple[str, ...] = (), limits: Any = None
+        self,
+        tarball: bytes,
+        preload: tuple[str, ...] = (),
+        limits: Any = None,
+        environment: str | None = None,
     ) -> TimedSession:
         """A verification's session: a station where the factory keeps them (``station.py``)."""
         return self._timed(
-            lambda: self.factory.verification_session(tarball, preload, limits), verifying=True
+            lambda: self.factory.verification_session(tarball, preload, limits, environment),
+            verifying=True,
         )
 
 

@@ -63,8 +63,9 @@ class Metered:
     def create(self, **kwargs: Any) -> Any:
         return _Metered(self.factory.create(**kwargs), self.results)
 
-    def verification_session(self, tarball: bytes, preload: tuple[str, ...] = ()) -> Any:
-        return _Metered(self.factory.verification_session(tarball, preload), self.results)
+    def verification_session(self, tarball: bytes, preload: tuple[str, ...] = (), **kw: Any) -> Any:
+        session = self.factory.verification_session(tarball, preload, **kw)
+        return _Metered(session, self.results)
 
 
 def baseline(rev: str) -> Callable:
