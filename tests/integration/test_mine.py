@@ -313,3 +313,24 @@ def test_build_mines_a_recipe_with_its_pytest_args(tmp_path: Path) -> None:
         main(["tasks", "build", str(recipe), "--out", str(tmp_path / "o3"), "--cache", str(cache)])
         == 1
     )
+
+
+SLEEPY = {
+    "sleepy/__init__.py": b"def ready():\n    return True\n",
+    "tests/test_sleepy.py": b"import time\n\nfrom sleepy import ready\n\n\n"
+    b"def test_waits():\n    while not ready():\n        time.sleep(0.05)\n",
+}
+
+
+def test_an_edit_that_hangs_asleep_is_stopped_by_the_wall_clock(
+    tmp_path: Path, factory: LocalFactory
+) -> None:
+    """``return False`` makes the test wait forever, asleep: no CPU limit stops it. The edit gets
+    a multiple of the baseline's wall time (here at least 3 s), not the 15 minutes of any run,
+    and is rejected as a timeout."""
+    pkg = sdist.Sdist("sleepy", "1", "0" * 64, SLEEPY)
+    config = MineConfig(max_edits=4, verify=False, timeout_s=900, edit_min_wall_s=3)
+    tasks, summary = mine(pkg, factory, config, tmp_path)
+    assert tasks == [] and summary.tried_by_kind == {"flip_boolean": 1}
+    assert summary.rejected == {"timeout": 1}
+    assert summary.phases["edits_s"] < 300  # the run's limit, not timeout_s

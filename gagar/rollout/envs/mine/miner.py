@@ -77,6 +77,12 @@ class MineConfig:
     # at least EDIT_MIN_CPU_S. CPU, not wall time: a busy machine slows a run without changing
     # the verdict, so the rows stay the same run to run.
     edit_cpu_factor: float = 3.0
+    # Or hang asleep (a deadlock, a wait for an event that never comes: more-itertools has such
+    # edits), using no CPU, so only the wall clock stops it: this many times the baseline's wall
+    # time, at least edit_min_wall_s, at most timeout_s (which a hang cost before: 10 minutes).
+    # A busy machine changes the verdict only of a run it slows by more than that factor.
+    edit_wall_factor: float = 20.0
+    edit_min_wall_s: float = 60.0
     test_command: str = PLAIN_PYTEST
 
 
@@ -112,6 +118,7 @@ class Baseline:
     covering: dict[tuple[str, int], set[str]]  # (path, line) -> stable tests executing it
     at_import: set[tuple[str, int]]  # lines run outside any test
     cpu_s: float  # the untraced run's CPU time
+    wall_s: float  # and its wall time
 
 
 def baseline(suite: Suite, summary: Summary) -> Baseline:
@@ -132,7 +139,7 @@ def baseline(suite: Suite, summary: Summary) -> Baseline:
             for line in lines:
                 covering.setdefault((path, line), set()).add(test)
     at_import = {(p, n) for p, ls in second.lines.get(COLLECT, {}).items() for n in ls}
-    return Baseline(stable, covering, at_import, first.cpu_s)
+    return Baseline(stable, covering, at_import, first.cpu_s, first.duration_s)
 
 
 def candidate_edits(files: dict[str, bytes], base: Baseline, summary: Summary) -> list[Edit]:
@@ -185,9 +192,10 @@ def try_edit(
     """Apply ``edit`` in the session, run the tests executing its line, restore the file:
     (verdict, the run, the tests that broke). The verdict is ``kept`` or a rejection reason."""
     select = sorted(base.covering[(edit.path, edit.line)])
+    wall = min(config.timeout_s, max(config.edit_min_wall_s, config.edit_wall_factor * base.wall_s))
     suite.session.write_file(edit.path, edit.apply(source).encode())
     try:
-        run = suite.run(select=select)
+        run = suite.run(select=select, timeout_s=wall)
     finally:
         suite.session.write_file(edit.path, source.encode())
     broke = sorted(t for t in select if run.outcomes.get(t) != "passed")
