@@ -3,7 +3,9 @@ environment, made once whoever asks at the same time; a session of the environme
 ``python`` (first on ``PATH``, ``VIRTUAL_ENV``), in bubblewrap read-only, warm from a fork server
 of that environment, and in isolation ``none`` through ``PATH`` alone; verification runs a task's
 tests in the task's environment, so a test that needs a package only the environment has passes
-with it and fails without it or in another environment, and stations never mix environments.
+with it and fails without it or in another environment, and stations never mix environments;
+the loop's rollouts ask the task's environment for the agent's session and the verification's;
+the pod mode refuses an environment its session uids could not reach.
 
 Offline: the locks install wheels made here, from this interpreter's own pytest and its
 dependencies (repacked from their installed files) and a package ``envonly`` written here in two
@@ -11,6 +13,7 @@ versions, through ``--no-index --find-links``."""
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import hashlib
 import importlib.metadata as md
@@ -24,12 +27,15 @@ from pathlib import Path
 import pytest
 
 from gagar.driver import components as comp
+from gagar.driver.rollouts import RolloutConfig, Rollouts
+from gagar.rollout.agent import AgentLimits
 from gagar.rollout.envs.task import Task, dump_tasks
 from gagar.rollout.envs.verify import verify_files
 from gagar.sandbox import SandboxError, SandboxUnavailable, podjail, venvs
 from gagar.sandbox.local import LocalFactory, check_isolation
 from gagar.sandbox.types import Limits
 from gagar.spec import GagarRunSpec
+from tests.support.submitting import Fmt, Submits
 
 LIMITS = Limits(wall_time_s=60, cpu_time_s=40, memory_bytes=1 << 30, processes=64)
 PYTEST_STACK = ("pytest", "pluggy", "iniconfig", "packaging", "pygments")
@@ -278,3 +284,37 @@ def test_isolation_pod_refuses_an_environment_its_session_uids_cannot_reach(
         SandboxUnavailable, match=f"cannot pass through {blocked} .*environment 'a'"
     ):
         LocalFactory(LIMITS, isolation="pod", environments={"a": envs["a"]})
+
+
+class _Recording:
+    """``factory``, noting the environment of every session asked of it."""
+
+    def __init__(self, factory: LocalFactory) -> None:
+        self.factory, self.asked = factory, []  # type: ignore[var-annotated]
+
+    def create(self, **kw: object):
+        self.asked.append(("create", kw.get("environment")))
+        return self.factory.create(**kw)  # type: ignore[arg-type]
+
+    def verification_session(self, tarball: bytes, preload: tuple[str, ...] = (), **kw: object):
+        self.asked.append(("verification", kw.get("environment")))
+        return self.factory.verification_session(tarball, preload, **kw)  # type: ignore[arg-type]
+
+
+def test_the_rollouts_agent_and_verification_run_in_the_tasks_environment(
+    factory: LocalFactory,
+) -> None:
+    """Through the loop's path (``Rollouts.group``): each agent's session and each verification
+    is asked for the task's environment; the untouched repository (its ``f`` already returns
+    ``envonly.VALUE``) passes there, as it would nowhere else."""
+    task = _task("a")
+    task = task.model_copy(update={"files": {**(task.files or {}), **task.reference_files}})
+    recording = _Recording(factory)
+    cfg = RolloutConfig(AgentLimits(4, 64, 4096), 20.0, 60.0)
+    rollouts = Rollouts.bounded(recording, Submits(), Fmt(), cfg, concurrency=2)  # type: ignore[arg-type]
+    try:
+        group = asyncio.run(rollouts.group(task, 2, 0))
+    finally:
+        rollouts.close()
+    assert [r.passed for r in group.rollouts] == [True, True]
+    assert sorted(set(recording.asked)) == [("create", "a"), ("verification", "a")]
