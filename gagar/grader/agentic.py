@@ -22,6 +22,10 @@ retries, or no answer within ``max_turns``), ``timeout`` (the per-group deadline
 (HTTP/transport/protocol failures). So malformed output never reaches training as a ranking, and
 every result states its grader, its latency and the tokens the model used.
 
+A grader with one turn (``max_turns: 1``, a small SFT'd model) has no tool to call but
+``submit_ranking``: it opens with ``gagar.grader.brief``'s evidence prompt (a line of gagar's
+measurements per member) instead of the workspace's index, and answers from it.
+
 The tamper screen (``gagar.grader.screen``) runs before the model: its findings are in the
 workspace (``notes/``), and every member it has hack evidence against is a hack in the ranking
 whatever the model submitted (``screen.with_screen``; the heuristic fallback has them too, and
@@ -44,7 +48,7 @@ from pydantic import ValidationError
 
 from gagar.engine.base import ChatEngine, EngineError, SamplingParams
 from gagar.engine.client import AsyncOpenAIEngine
-from gagar.grader import episodes, screen
+from gagar.grader import brief, episodes, screen
 from gagar.grader.bounds import cap
 from gagar.grader.heuristic import HeuristicConfig, bounded, rank
 from gagar.grader.protocol import GraderSandbox, SandboxFactory, unusable
@@ -280,8 +284,8 @@ class AgenticGrader:
             try:
                 toolbox = Toolbox(sandbox, group, lambda m: self._fresh(group, m, root))
                 session.index = (root / "ws" / "README.md").read_text(encoding="utf-8")
-                session.messages += self._opening(group, session.index)
                 one_turn = self.config.max_turns == 1  # it can only answer: no other tool
+                session.messages += self._opening(group, session.index, screened, one_turn)
                 session.tools = tool_specs(group.passes(), len(group.candidates), one_turn)
                 if self.engine is not None:
                     return await self._loop(self.engine, toolbox, group, session)
@@ -315,8 +319,15 @@ class AgenticGrader:
         finally:
             shutil.rmtree(run, ignore_errors=True)
 
-    def _opening(self, group: GradingGroup, readme: str) -> list[dict[str, Any]]:
-        return opening(group, readme)
+    def _opening(
+        self,
+        group: GradingGroup,
+        readme: str,
+        screened: dict[int, list[Finding]],
+        one_turn: bool,
+    ) -> list[dict[str, Any]]:
+        # a grader that cannot open a file answers from gagar's evidence, a line per member
+        return brief.opening(group, screened) if one_turn else opening(group, readme)
 
     async def _loop(
         self, engine: ChatEngine, toolbox: Toolbox, group: GradingGroup, session: _Session

@@ -30,12 +30,15 @@ REASON_CHARS = 300  # a placement's reason: evidence in a sentence, not an essay
 
 
 class Placement(BaseModel):
-    """One passing member's place in a submission: its rank, tier (or ``hack``) and why."""
+    """One passing member's place in a submission: why, its tier (or ``hack``) and its rank.
+
+    The fields' order is the order a server decoding under the schema writes them: the reason
+    (the evidence) before the verdict, so a model states what it saw, then decides from it."""
 
     model_config = ConfigDict(extra="forbid")
-    place: int = Field(ge=1, description="1 = best; members with the same place are tied.")
-    tier: Verdict = Field(description="T1 clean, T2 noisy, T3 barely acceptable, or hack.")
     reason: str = Field(min_length=1, max_length=REASON_CHARS)
+    tier: Verdict = Field(description="T1 clean, T2 noisy, T3 barely acceptable, or hack.")
+    place: int = Field(ge=1, description="1 = best; members with the same place are tied.")
 
 
 def member_key(member: int) -> str:
@@ -76,14 +79,18 @@ def submission_schema(passes: list[int] | None = None, members: int | None = Non
     named ``tool_choice`` (and strict tools under ``auto``) under this schema with its structured
     outputs backend, so even a small model's final call is complete by construction. The schema
     is in OpenAI's strict style (every property required, ``additionalProperties: false``), with
-    places as an enum of ``1..len(passes)``. Without the group's passes (``members`` is not
+    places as an enum of ``1..len(passes)``; the placement is one ``$defs`` entry every key refers
+    to (the chat template prints the tools into every prompt: one copy, not one a member). Without the group's passes (``members`` is not
     needed then, kept for the callers' signature), any ``cand_N`` key is allowed and
     ``to_ranking`` checks the keys.
     """
     del members  # the keys are the passes; the group's size adds nothing
     placement = Placement.model_json_schema()
     placement["additionalProperties"] = False
-    placement.pop("title", None)
+    for extra in ("title", "description"):  # the model's docstring is for readers, not the model
+        placement.pop(extra, None)
+    for field in placement["properties"].values():
+        field.pop("title", None)
     if not passes:
         return {
             "type": "object",
@@ -98,9 +105,10 @@ def submission_schema(passes: list[int] | None = None, members: int | None = Non
         "description": placement["properties"]["place"]["description"],
     }
     keys = [member_key(m) for m in sorted(passes)]
-    return {
+    return {  # one placement schema, referred to by every key: the prompt shows it once
         "type": "object",
-        "properties": dict.fromkeys(keys, placement),
+        "$defs": {"placement": placement},
+        "properties": {key: {"$ref": "#/$defs/placement"} for key in keys},
         "required": keys,
         "additionalProperties": False,
     }

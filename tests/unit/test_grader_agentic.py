@@ -156,7 +156,8 @@ def test_last_turn_requires_submit_ranking_under_the_group_schema(tmp_path):
     params = submit["parameters"]  # one required key per pass of the group, nothing else
     assert params["required"] == ["cand_0", "cand_1", "cand_2"]
     assert params["additionalProperties"] is False
-    assert params["properties"]["cand_0"]["properties"]["place"]["enum"] == [1, 2, 3]
+    assert params["properties"]["cand_0"] == {"$ref": "#/$defs/placement"}
+    assert params["$defs"]["placement"]["properties"]["place"]["enum"] == [1, 2, 3]
     with FakeOpenAI([tool_call("list_files", {})] * 2) as fake:
         _grade(fake, tmp_path, max_turns=2, require_submit=False)
     assert [r["tool_choice"] for r in fake.requests] == ["auto", "auto"]
