@@ -141,6 +141,62 @@ async def build_group(
     return group
 
 
+# ---------------------------------------------------------------- the grader's training pool
+# The grader's SFT wants many more groups than the benchmark holds out, and a group costs one
+# expert run per member. A *pool* runs one member of every kind on a task (the hacks planted on
+# wrong fixes, as ``build_group`` plants them); experts are scripted, so two members of one kind
+# on one task are the same member, and any composition of the task's group is the pool's members
+# renumbered (``compose``). Pools are built on tasks of their own (``TRAIN_SEED_BASE``), never
+# the benchmark's, and every group composed from them is a train group.
+TRAIN_SEED_BASE = 5_500_000  # above every benchmark task (EVAL_SEED_BASE + seed * 1000 + i)
+POOL_KINDS: tuple[Kind, ...] = ("clean", "redundant", "bloated", "wrong", *HACKS)
+
+
+def compose(pool: GradingGroup, kinds: list[Kind]) -> GradingGroup:
+    """The group of ``kinds`` on ``pool``'s task: member ``i`` is the pool's member of
+    ``kinds[i]``."""
+    by_kind = dict(zip(POOL_KINDS, pool.candidates, strict=True))
+    members = [by_kind[k].model_copy(update={"member": i}) for i, k in enumerate(kinds)]
+    return pool.model_copy(update={"candidates": members, "skipped": []})
+
+
+def pool_groups(pools: list[GradingGroup], per_pool: int, seed: int) -> list[BenchGroup]:
+    """``per_pool`` train groups of seeded compositions (``composition``) on each pool whose
+    fixes pass (on a few tasks the scripted fix does not: every group there is hacks alone)."""
+    rng = random.Random(seed)
+    fixed = [i for i, p in enumerate(pools) if {0, 1, 2} <= set(p.passes())]  # POOL_KINDS' fixes
+    return [
+        BenchGroup(f"t{seed}-{i}-{k}", "train", kinds, compose(pools[i], kinds))
+        for i in fixed
+        for k, kinds in enumerate(composition(rng) for _ in range(per_pool))
+    ]
+
+
+def pool_path(cache: Path, seed: int) -> Path:
+    return cache / f"pools-s{seed}.jsonl"
+
+
+async def build_pools(
+    n: int, seed: int, cache: Path, machinery: tuple[Any, Any, int, RolloutConfig]
+) -> list[GradingGroup]:
+    """``n`` pools on tasks ``TRAIN_SEED_BASE + seed * 10_000 + i``: the ones already in the
+    cache (``pool_path``, a pool a line, appended as each is built), then the rest."""
+    from gagar.rollout.envs import synthetic
+
+    path = pool_path(cache, seed)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    lines = path.read_text().splitlines() if path.exists() else []
+    pools = [GradingGroup.model_validate_json(line) for line in lines if line.strip()][:n]
+    factory, fmt, eos_id, cfg = machinery
+    for i in range(len(pools), n):
+        task = synthetic.generate(TRAIN_SEED_BASE + seed * 10_000 + i)
+        pool = await build_group(task, list(POOL_KINDS), factory, fmt, eos_id, cfg)
+        with path.open("a") as f:
+            f.write(pool.model_dump_json() + "\n")
+        pools.append(pool)
+    return pools
+
+
 def cache_path(cache: Path, n: int, seed: int) -> Path:
     return cache / f"synthetic-s{seed}-n{n}.jsonl"
 

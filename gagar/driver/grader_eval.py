@@ -95,6 +95,18 @@ def groups(n: int, seed: int, cache: Path, rebuild: bool = False) -> list[BenchG
     return built
 
 
+def train_groups(args: argparse.Namespace) -> list[BenchGroup]:
+    """The grader's SFT groups: the benchmark's train split, and ``--pools`` pools (built or
+    cached) composed ``--per-pool`` ways each (``grader_bench.pool_groups``)."""
+    from gagar.driver.grader_bench import build_pools, pool_groups
+
+    benches = groups(args.groups, args.seed, Path(args.cache))
+    if not args.pools:
+        return benches
+    pools = asyncio.run(build_pools(args.pools, args.seed, Path(args.cache), _machinery()))
+    return benches + pool_groups(pools, args.per_pool, args.seed)
+
+
 async def grade_group(
     grader: Grader, bench: BenchGroup, perms: list[list[int]], log: Path | None
 ) -> list[Graded]:
@@ -282,13 +294,21 @@ def register(grader_sub: argparse._SubParsersAction) -> None:
     register_sft(grader_sub)
 
 
+def _pool_options(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--per-group", type=int, default=4, help="relabelled records per train group")
+    p.add_argument(
+        "--pools", type=int, default=0, help="more train groups: pools on tasks of their own"
+    )
+    p.add_argument("--per-pool", type=int, default=4, help="groups composed on each pool")
+
+
 def run_sft_data(args: argparse.Namespace) -> int:
     """``gagar grader sft-data``: the benchmark's train groups (built or cached as ``eval``
     builds them) as SFT records, JSONL; with ``--tokenizer`` each record also carries its
     rendered ``text``."""
     from gagar.driver.grader_sft import records, render  # heavy: the benchmark's machinery
 
-    benches = groups(args.groups, args.seed, Path(args.cache))
+    benches = train_groups(args)
     recs = records(benches, args.per_group, args.seed)
     if args.tokenizer:
         from transformers import AutoTokenizer
@@ -310,7 +330,7 @@ def register_sft_data(grader_sub: argparse._SubParsersAction) -> None:
     p.add_argument("--groups", type=int, default=DEFAULT_GROUPS, help="groups built (all splits)")
     p.add_argument("--seed", type=int, default=0, help="the benchmark's seed (its split)")
     p.add_argument("--cache", default=str(default_cache()), help="folder of the groups' JSONL")
-    p.add_argument("--per-group", type=int, default=4, help="relabelled records per train group")
+    _pool_options(p)
     p.add_argument("--tokenizer", help="an HF folder: add each record's rendered chat text")
     p.add_argument("--out", required=True, help="the records' JSONL")
     p.set_defaults(func=run_sft_data)
@@ -341,8 +361,9 @@ def run_sft(args: argparse.Namespace) -> int:
     if args.data:
         recs = [json.loads(line) for line in Path(args.data).read_text().splitlines() if line]
     else:
-        recs = records(groups(args.groups, args.seed, Path(args.cache)), args.per_group, args.seed)
-    given = {f: getattr(args, f) for f in ("steps", "batch", "lr", "max_tokens", "dtype")}
+        recs = records(train_groups(args), args.per_group, args.seed)
+    fields = ("steps", "batch", "lr", "max_tokens", "dtype", "warmup", "val_groups")
+    given = {f: getattr(args, f) for f in (*fields, "eval_every", "minutes")}
     cfg = SftConfig(seed=args.seed, **{f: v for f, v in given.items() if v is not None})
     console = Console()
     base = _base_model(args.model)
@@ -375,12 +396,21 @@ def register_sft(grader_sub: argparse._SubParsersAction) -> None:
     p.add_argument("--groups", type=int, default=DEFAULT_GROUPS, help="groups built (all splits)")
     p.add_argument("--seed", type=int, default=0, help="the benchmark's split, the SFT's order")
     p.add_argument("--cache", default=str(default_cache()), help="folder of the groups' JSONL")
-    p.add_argument("--per-group", type=int, default=4, help="relabelled records per train group")
+    _pool_options(p)
     p.add_argument("--model", default="smollm2-135m", help="a preset or an HF folder")
+    # the defaults are SftConfig's (a test holds them equal): its module is too heavy for --help
     p.add_argument("--steps", type=int, help="optimizer steps (default 200)")
     p.add_argument("--batch", type=int, help="records a step (default 4)")
-    p.add_argument("--lr", type=float, help="AdamW's learning rate (default 5e-05)")
+    p.add_argument("--lr", type=float, help="AdamW's peak learning rate (default 0.0001)")
     p.add_argument("--max-tokens", type=int, help="longer records left out (default 4096)")
+    p.add_argument("--warmup", type=int, help="warm-up steps (default 10)")
+    p.add_argument(
+        "--val-groups", type=int, help="train groups kept out to pick the weights (default 16)"
+    )
+    p.add_argument("--eval-every", type=int, help="steps between validations (default 25)")
+    p.add_argument(
+        "--minutes", type=float, help="training's wall-clock budget, 0: none (default 0.0)"
+    )
     p.add_argument(
         "--dtype", choices=("auto", "float32", "bfloat16"), help="compute dtype (default auto)"
     )

@@ -13,7 +13,17 @@ import jsonschema
 import pytest
 
 from gagar.driver.grader_bench import BenchGroup
-from gagar.driver.grader_sft import SftConfig, answer, batches, record, tokenize, train
+from gagar.driver.grader_sft import (
+    SftConfig,
+    answer,
+    batches,
+    lr_at,
+    progress,
+    record,
+    split_validation,
+    tokenize,
+    train,
+)
 from gagar.grader.sample import sample_group
 from gagar.trainer.model.presets import fast_tokenizer
 from tests.support.tiny_llama import write_tiny_llama
@@ -65,14 +75,43 @@ def test_sft_lowers_the_answers_nll_and_writes_a_servable_folder(tmp_path: Path)
     init_one_process()
     recs = [_record([0, 1, 2, 3], "a"), _record([2, 0, 3, 1], "b")]
     out = tmp_path / "grader"
-    cfg = SftConfig(steps=12, batch=2, lr=3e-3, max_tokens=4096)
+    cfg = SftConfig(steps=12, batch=2, lr=3e-3, max_tokens=4096, warmup=1, val_groups=0)
     summary = train(recs, base, out, cfg)
     nll = summary["nll_per_step"]
     assert len(nll) == 12 and nll[-1] < 0.5 * nll[0], nll
+    assert summary["validations"] == [] and summary["chosen"] is None  # no group kept out
     assert summary["trained_on"] == 2 and summary["groups"] == ["a", "b"]
     assert json.loads((out / "grader_sft.json").read_text())["nll_per_step"] == nll
     model = AutoModelForCausalLM.from_pretrained(out)  # the folder spec.grader.model takes
     assert (out / "tokenizer.json").is_file() and model.config.vocab_size == 1024
+
+
+def test_the_schedule_warms_up_then_decays_to_a_tenth_by_steps_or_by_the_clock():
+    cfg = SftConfig(steps=10, lr=1.0, warmup=2, minutes=1.0)
+    assert [lr_at(s, 0.0, cfg) for s in (0, 1)] == [0.5, 1.0]
+    assert lr_at(2, 0.0, cfg) == 1.0 and lr_at(5, 1.0, cfg) == pytest.approx(0.1)
+    assert progress(5, 0.0, cfg) == 0.5 and progress(1, 45.0, cfg) == 0.75  # the clock leads
+    assert progress(3, 0.0, SftConfig(steps=10)) == 0.3  # no budget: steps alone
+
+
+def test_validation_groups_are_kept_out_whole_and_pick_the_weights(tmp_path: Path):
+    """Records of the validation groups are never trained on; they are scored every
+    ``eval_every`` steps and the weights written are the best-scored ones."""
+    from gagar.driver.local import init_one_process
+
+    recs = [_record(p, g) for g in ("a", "b", "c") for p in ([0, 1, 2, 3], [2, 0, 3, 1])]
+    train_recs, val_recs = split_validation(recs, 1, seed=0)
+    (held,) = {r["group_id"] for r in val_recs}
+    assert len(val_recs) == 2 and held not in {r["group_id"] for r in train_recs}
+    base = write_tiny_llama(tmp_path / "base")
+    init_one_process()
+    cfg = SftConfig(steps=6, batch=2, lr=3e-3, warmup=1, val_groups=1, eval_every=2)
+    summary = train(recs, base, tmp_path / "out", cfg)
+    assert [v["step"] for v in summary["validations"]] == [2, 4, 6]
+    assert summary["validation_groups"] == [held] and held not in summary["groups"]
+    best = min(summary["validations"], key=lambda v: (-v["exact"], v["nll"]))
+    assert summary["chosen"] == best
+    assert summary["trained_on"] == 4 and summary["validation_records"] == 2
 
 
 def test_records_too_long_are_left_out_and_counted(tmp_path: Path):
@@ -81,7 +120,8 @@ def test_records_too_long_are_left_out_and_counted(tmp_path: Path):
     base = write_tiny_llama(tmp_path / "base")
     init_one_process()
     with pytest.raises(ValueError, match="longer than 100 tokens"):
-        train([_record([0, 1, 2, 3])], base, tmp_path / "out", SftConfig(steps=1, max_tokens=100))
+        cfg = SftConfig(steps=1, max_tokens=100, val_groups=0)
+        train([_record([0, 1, 2, 3])], base, tmp_path / "out", cfg)
 
 
 def test_the_commands_defaults_are_the_configs():
@@ -94,7 +134,10 @@ def test_the_commands_defaults_are_the_configs():
     register_sft(sub)
     helps = {a.dest: a.help for a in sub.choices["sft"]._actions}
     cfg = SftConfig()
-    for dest in ("steps", "batch", "lr", "max_tokens", "dtype"):
+    for dest in (
+        "steps", "batch", "lr", "max_tokens", "dtype", "warmup", "val_groups", "eval_every",
+        "minutes",
+    ):  # fmt: skip
         assert f"(default {getattr(cfg, dest)})" in helps[dest], (dest, helps[dest])
 
 
@@ -108,7 +151,7 @@ def test_the_command_trains_from_sft_data_records(tmp_path: Path, capsys):
                             (([0, 1, 2, 3], "a"), ([1, 0, 3, 2], "b"))))  # fmt: skip
     out = tmp_path / "grader"
     args = ["grader", "sft", "--data", str(data), "--model", str(base), "--out", str(out)]
-    assert main([*args, "--steps", "2", "--batch", "2", "--lr", "1e-3"]) == 0
+    assert main([*args, "--steps", "2", "--batch", "2", "--lr", "1e-3", "--val-groups", "0"]) == 0
     printed = capsys.readouterr().out
     assert "grader SFT step 2/2: nll/token" in printed and "2 records (0 too long)" in printed
     assert len(json.loads((out / "grader_sft.json").read_text())["nll_per_step"]) == 2

@@ -32,7 +32,27 @@ def test_a_record_answers_with_the_reference_under_a_relabelling():
     ranking = unlabel(to_ranking(args, sorted(shown_passes)), perm)
     score = score_group(bench.reference(), [Graded(ranking, perm, 0.0)])
     assert score.credit == score.pairs > 0 and score.hacks_found == 1 == score.hacks_claimed
-    assert f"Passing members to rank: {sorted(shown_passes)}" in rec["messages"][1]["content"]
+    keys = [f"cand_{m}" for m in sorted(shown_passes)]
+    assert f"Rank: {', '.join(keys)}" in rec["messages"][1]["content"]
+
+
+def test_each_reason_opens_with_its_members_evidence_line():
+    """The answer is learnable by copying: a pass's reason starts with the facts its own line
+    in the prompt states (never another member's), and the failing member is not ranked."""
+    rec = record(_bench(), [3, 2, 0, 1])
+    (call,) = rec["messages"][-1]["tool_calls"]
+    args = call["function"]["arguments"]
+    lines = dict(
+        line.split(": ", 1)
+        for line in rec["messages"][1]["content"].splitlines()
+        if line.startswith("cand_")
+    )
+    assert lines["cand_0"] == "failed (context only)" and "cand_0" not in args
+    for key, placed in args.items():
+        said, _, verdict = placed["reason"].partition(": ")
+        assert lines[key].startswith(said + "; changed ") and verdict
+    assert list(args["cand_1"]) == ["reason", "tier", "place"]  # evidence before verdict
+    assert args["cand_1"]["tier"] == "hack" and "tests 1" in args["cand_1"]["reason"]
 
 
 def test_held_out_groups_never_become_training_data():
@@ -48,7 +68,7 @@ def test_render_through_a_chat_template():
 
     tok = fast_tokenizer(["def f(x):\n    return x + 1\n"] * 10, vocab_size=512)
     text = render(record(_bench(), [0, 1, 2, 3]), tok)
-    assert "Passing members to rank: [0, 1, 2]" in text and "<|im_start|>" in text
+    assert "Rank: cand_0, cand_1, cand_2" in text and "<|im_start|>" in text
     assert "<tool_call>" in text and '"tier": "hack"' in text  # the answer, hermes-style
 
 
@@ -93,3 +113,20 @@ def test_a_record_opens_as_a_one_turn_grader_is_sent(tmp_path):
     ]  # one turn: it can only answer
     assert sent["tool_choice"] == {"type": "function", "function": {"name": "submit_ranking"}}
     assert ranking.grader == "agentic"
+
+
+def test_pools_compose_groups_of_any_kinds_and_skip_tasks_whose_fix_fails():
+    from gagar.driver.grader_bench import POOL_KINDS, compose, pool_groups
+    from gagar.grader.evaluate import relabel
+
+    base = sample_group(("clean", "clean", "bloated", "failing", "tampered", "failing"))
+    kinds = ["bloated", "clean", "tests_edited", "clean"]
+    group = compose(base, kinds)  # type: ignore[arg-type]
+    assert [c.member for c in group.candidates] == [0, 1, 2, 3]
+    by_kind = dict(zip(POOL_KINDS, base.candidates, strict=True))
+    assert [c.files for c in group.candidates] == [by_kind[k].files for k in kinds]
+    broken = relabel(base, [3, 1, 2, 0, 4, 5])  # the "clean" member fails on this task
+    groups = pool_groups([base, broken], 3, seed=0)
+    assert len(groups) == 3 and {g.id.rsplit("-", 1)[0] for g in groups} == {"t0-0"}
+    assert all(g.split == "train" and len(g.group.passes()) >= 2 for g in groups)
+    assert all(g.reference().levels for g in groups)  # a known order to learn
