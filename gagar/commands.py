@@ -34,7 +34,7 @@ def _validate(args: argparse.Namespace) -> int:
         found = [Problem(source, index, path, msg) for path, msg in pod_problems(run)]
         found += [Problem(source, index, p, m) for p, m in trust_problems(run, policy)]
         found += [Problem(source, index, p, m) for p, m in _checkpoint_problems(run)]
-        for path, msg, checked in _dataset_problems(run):
+        for path, msg, checked in [*_dataset_problems(run), *_environment_problems(run)]:
             (found if checked else notes).append(Problem(source, index, path, msg))
         problems += found
         valid += [] if found else [f"{source}[{index}]: GagarRun {run.metadata.name!r} is valid"]
@@ -89,6 +89,24 @@ def _dataset_problems(run: GagarRun) -> list[tuple[str, str, bool]]:
         more = [f"... and {len(bad) - MAX_ROW_PROBLEMS} more bad rows"]
         shown = bad[:MAX_ROW_PROBLEMS] + (more if len(bad) > MAX_ROW_PROBLEMS else [])
         out += [(field, line, True) for line in shown]
+    return out
+
+
+def _environment_problems(run: GagarRun) -> list[tuple[str, str, bool]]:
+    """(field, message, is a problem) for the run's environment locks read on this machine: a
+    requirement without a hash is one (``pip --require-hashes`` would refuse the lock when
+    ``gagar train`` starts); a lock not on this machine is a note."""
+    from gagar.sandbox.venvs import unhashed
+
+    out = []
+    for i, env in enumerate(run.spec.sandbox.environments):
+        field = f"spec.sandbox.environments[{i}].lock"
+        try:
+            text = Path(env.lock).read_text()
+        except (OSError, UnicodeDecodeError):
+            out.append((field, "not on this machine: its lock is not checked", False))
+            continue
+        out += [(field, f"{env.lock}: {why}", True) for why in unhashed(text)[:MAX_ROW_PROBLEMS]]
     return out
 
 

@@ -121,6 +121,24 @@ def _build(venv: Path, lock: bytes, python: str, timeout_s: float) -> None:
         )
 
 
+def unhashed(lock: str) -> list[str]:
+    """One line per requirement of ``lock`` (a requirements file's text) without a
+    ``--hash``, which ``pip install --require-hashes`` refuses; pip's options (``-``), comments
+    and blank lines need none, and ``\\`` continues a line (as ``pip-compile`` writes them)."""
+    out, lineno, joined = [], 0, ""
+    for n, raw in enumerate(lock.splitlines(), 1):
+        lineno = lineno or n
+        line = raw.split(" #", 1)[0].strip() if not raw.lstrip().startswith("#") else ""
+        if line.endswith("\\"):
+            joined += line[:-1] + " "
+            continue
+        req, joined = (joined + line).strip(), ""
+        if req and not req.startswith("-") and "--hash=" not in req:
+            out.append(f"line {lineno}: {req.split()[0]} has no --hash (pip --require-hashes)")
+        lineno = 0
+    return out
+
+
 def _pip(venv: Path) -> list[str]:
     """pip run by the environment's own python: from the ``ensurepip`` wheel where the
     installation ships one (nothing of pip installed), else the executor's own pip
@@ -163,4 +181,4 @@ def _relocate(tmp: Path, dest: Path) -> None:
             path.write_bytes(data.replace(old, new))
 
 
-__all__ = ["VenvError", "default_cache", "ensure", "interpreter", "key"]
+__all__ = ["VenvError", "default_cache", "ensure", "interpreter", "key", "unhashed"]
