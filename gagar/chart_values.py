@@ -227,8 +227,9 @@ class PodSecurityValues(Values):
     ``baseline``) in ``isolation`` ``pod``, ``auto`` and ``agent-sandbox``. False
     (``--no-sandbox-baseline``): only ``isolation: bubblewrap`` (non-root) is accepted."""
     run_secrets: list[str] = Field(default_factory=list)
-    """Names of the Secrets runs may reference (``env``, ``envFrom``, ``volumes``;
-    ``--run-secret``); any other reference is refused."""
+    """Names of the Secrets runs may reference (``env``, ``envFrom``, ``volumes``,
+    ``spec.authTokenSecret``; ``--run-secret``); any other reference is refused. With
+    ``authSecret.create`` the chart adds ``authSecret.name``."""
     run_secret_label: str = Field(default="", pattern=r"^([^=]+=[^=]*)?$")
     """``key=value`` (e.g. ``gagar.dev/allow-runs=true``): a Secret carrying it may be referenced
     too (``--run-secret-label``); the operator then gets ``get`` on Secrets to read the label."""

@@ -5,12 +5,19 @@ the chart can create the Secret."""
 from __future__ import annotations
 
 import base64
+from pathlib import Path
 
 import kubernetes_validate
+import pytest
+import yaml
 
+from gagar.cli import main
 from gagar.operator.builders import BuildContext, build_all
+from gagar.operator.builders.trust import TrustPolicy, trust_problems
 from tests.support.tools import helm_template
 from tests.unit.test_builders import ALL_CRDS, UID, by_kind, example
+
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def _pods(objs: list[dict]) -> dict[str, dict]:
@@ -54,3 +61,37 @@ def test_chart_creates_a_random_token_secret() -> None:
     kubernetes_validate.validate(secret, "1.30", strict=True)
     assert secret["metadata"]["name"] == "gagar-auth"
     assert len(base64.b64decode(secret["data"]["token"])) == 48
+
+
+def test_the_token_secret_is_held_to_the_operators_secret_allowlist(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``spec.authTokenSecret`` is mounted in pods whose code the run chooses, so naming any
+    Secret there reads it: it is refused like a pod overlay's reference, in one line naming the
+    field, unless the operator's configuration lists it (or, by label, the operator finds it)."""
+    run = example("flash-moe", authTokenSecret="someone-elses")
+    ((field, message),) = trust_problems(run, TrustPolicy())
+    assert field == "spec.authTokenSecret" and "'someone-elses'" in message
+    assert trust_problems(run, TrustPolicy(secrets=frozenset({"someone-elses"}))) == []
+    assert trust_problems(run, TrustPolicy(secret_label="a=b")) == []  # the operator checks it
+    doc = yaml.safe_load((ROOT / "examples" / "flash-moe.yaml").read_text())
+    doc["spec"]["authTokenSecret"] = "someone-elses"
+    path = tmp_path / "run.yaml"
+    path.write_text(yaml.safe_dump(doc))
+    assert main(["validate", str(path)]) == 1
+    (line,) = capsys.readouterr().err.splitlines()
+    assert ": spec.authTokenSecret: " in line
+    assert main(["validate", "--run-secret", "someone-elses", str(path)]) == 0
+
+
+def test_the_chart_lets_runs_read_the_token_secret_it_creates() -> None:
+    def flags(*values: str) -> list[str]:
+        (operator,) = by_kind(helm_template(*values), "Deployment")
+        (container,) = operator["spec"]["template"]["spec"]["containers"]
+        return [a for a in container["args"] if a.startswith("--run-secret")]
+
+    assert flags() == []
+    assert flags("--set", "authSecret.create=true") == ["--run-secret=gagar-auth"]
+    named = ("--set", "authSecret.create=true", "--set", "authSecret.name=tok",
+             "--set", "podSecurity.runSecrets={db}")  # fmt: skip
+    assert flags(*named) == ["--run-secret=db", "--run-secret=tok"]

@@ -8,8 +8,9 @@ Security Standards level that the operator's own configuration sets (the chart's
 run: a privileged or ``SYS_ADMIN`` init container, uid 0 or ``runAsNonRoot: false``, a seccomp
 ``Unconfined`` profile, added capabilities, an ``nfs`` volume are each refused with the field
 that asks for them. Secret references (``env[].valueFrom.secretKeyRef``, ``envFrom[].secretRef``,
-``volumes[].secret``, projected secrets) reach only the Secrets the configuration names (chart
-``podSecurity.runSecrets``, ``--run-secret``) or, when configured, that carry its label (chart
+``volumes[].secret``, projected secrets) and ``spec.authTokenSecret`` reach only the Secrets the
+configuration names (chart ``podSecurity.runSecrets``, ``--run-secret``; the chart adds the
+Secret it creates, ``authSecret.name``, when ``authSecret.create``) or, when configured, that carry its label (chart
 ``podSecurity.runSecretLabel``, checked on the Secret by the operator). The namespace's Pod
 Security admission (``pod-security.kubernetes.io/enforce``) lowers the level further: a run it
 would refuse is refused here, with the field, instead of pods that never appear.
@@ -140,11 +141,17 @@ def secret_refs(o: PodTemplate, at: str) -> Iterator[tuple[str, str]]:
 
 
 def run_secret_refs(run: GagarRun) -> list[tuple[str, str]]:
-    return [
+    """(field, Secret name) of every Secret the run makes the operator mount: its pod overlays'
+    references and ``spec.authTokenSecret`` (mounted in the trainer, grader and sandbox pods,
+    whose code the run chooses: naming any Secret there would read it as well as any other)."""
+    refs = [
         ref
         for c in COMPONENTS
         for ref in secret_refs(getattr(run.spec, c).pod_template, f"spec.{c}.podTemplate")
     ]
+    if run.spec.auth_token_secret:
+        refs.append(("spec.authTokenSecret", run.spec.auth_token_secret))
+    return refs
 
 
 def _refusal(need: Level, allowed: Level, why: str, namespace: Level) -> str:
