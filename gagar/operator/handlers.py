@@ -46,7 +46,7 @@ from typing import Any
 
 import kopf
 
-from gagar import API_GROUP, API_VERSION
+from gagar import API_GROUP, API_VERSION, RUN_FILE
 from gagar.metrics import Metrics
 from gagar.operator import telemetry
 from gagar.operator.builders import (
@@ -414,6 +414,8 @@ class Reconciler:
             error = self._distrusted(run)
             run = None if error else run
         if run is None:
+            if not (prev is not None and prev.phase in TERMINAL):
+                error = self._suspend_last_applied(raw, mem, error or "invalid spec")
             outcome = compute_status(
                 None, Observed(generation, spec_error=error), prev, self.config.clock()
             )
@@ -477,6 +479,49 @@ class Reconciler:
             self._write_status(raw, outcome.status, final)
             outcome = final
         return outcome
+
+    def _suspend_last_applied(self, raw: dict[str, Any], mem: _RunMemory, error: str) -> str:
+        """``spec.suspend: true`` on a run whose spec cannot be applied (invalid, or refused by
+        the trust model) still stops its pods: the run its children were built from (the
+        ``run.json`` of its own ConfigMap, valid and trusted when applied) is applied again,
+        suspended, through the same builders (trainer suspended, pools at zero, autoscalers
+        pruned, the Kueue Workload deactivated), and nothing of the new spec is. The Stalled
+        message says so. Without that ConfigMap (nothing was ever applied) there is nothing
+        to stop."""
+        if (raw.get("spec") or {}).get("suspend") is not True:
+            return error
+        meta = raw["metadata"]
+        ns, run_name = meta.get("namespace", ""), meta["name"]
+        config = self.kube.get("v1", "ConfigMap", ns, f"{run_name}-config")  # not in the index
+        owners = (config or {}).get("metadata", {}).get("ownerReferences") or []
+        if not any(o.get("uid") == meta["uid"] for o in owners):
+            return error
+        try:
+            last = GagarRun.model_validate_json((config.get("data") or {})[RUN_FILE])
+        except (KeyError, ValueError) as err:
+            log.warning("%s/%s: its ConfigMap holds no run to suspend: %s", ns, run_name, err)
+            return error
+        spec = last.spec.model_copy(update={"suspend": True})
+        stopped = last.model_copy(update={"spec": spec})
+        prev = previous_status(raw) or GagarRunStatus()
+        ctx = BuildContext(  # the trainer's attempt as the status counts it: the same Job
+            uid=meta["uid"],
+            crds=self.crds(),
+            attempt=prev.trainer_restarts,
+            in_a_row=prev.restarts_in_a_row,
+            resumed_from=prev.restart_checkpoint_step,
+            scraper=self.config.scraper,
+            image_registry=self.config.image_registry,
+            quota_limits=self._quota_limits(ns),
+        )
+        desired = build_all(stopped, ctx)
+        generation = int(meta.get("generation", 1))
+        self._apply(stopped, desired, mem, generation, force=False)
+        if queued(stopped, ctx):
+            self._kueue_activation(stopped)
+        if mem.apply_error is not None and mem.apply_error[0] == generation:
+            return f"{error}; suspending the last applied spec failed: {mem.apply_error[2]}"
+        return f"{error}; suspended: the pods of the last applied spec are stopped"
 
     # ------------------------------------------------------------------ trust
     def _distrusted(self, run: GagarRun) -> str | None:

@@ -437,7 +437,8 @@ def _events(prev: GagarRunStatus, new: GagarRunStatus, verdict: _Trainer) -> lis
 
 
 def _invalid(obs: Observed, prev: GagarRunStatus, now: str) -> Outcome:
-    """An invalid spec: Stalled with the field path; children are left as they are."""
+    """An invalid spec: Stalled with the field path; children are left as they are (but a
+    ``suspend: true`` stops them: ``Reconciler._suspend_last_applied``)."""
     message = obs.spec_error or "invalid spec"
     new = [_c("Stalled", True, "InvalidSpec", message), _c("Ready", False, "InvalidSpec", message)]
     new.append(_c("Reconciling", False, "Stalled", "fix the spec to continue"))

@@ -1411,7 +1411,8 @@ def test_auth_token_secret_changes_only_while_suspended(env: Env) -> None:
         pod = found["spec"]["template"]["spec"]
         return {v["secret"]["secretName"] for v in pod.get("volumes", []) if "secret" in v}
 
-    with env.operator():
+    tokens = frozenset({"token-a", "token-b", "token-c"})  # Secrets runs may read
+    with env.operator(trust=TrustPolicy(secrets=tokens)):
         env.create(run)
         first = env.wait(lambda: env.get("batch/v1", "Job", job), what="trainer Job")
         env.wait(lambda: env.get("apps/v1", "Deployment", f"{name}-grader"), what="grader")

@@ -83,3 +83,41 @@ def test_a_restricted_namespace_stalls_a_run_whose_sandbox_needs_baseline(env: E
     finally:
         undo = {"metadata": {"labels": {enforce: old}}}
         env.kube.merge_patch("v1", "Namespace", None, env.namespace, undo)
+
+
+def test_suspend_stops_a_running_run_whose_new_spec_is_refused(env: Env) -> None:
+    """A running run patched with what the trust model refuses is Stalled and its children keep
+    the last applied spec (nothing of the refused one reaches a pod); ``suspend: true`` still
+    stops them: the trainer suspended, the pools at zero, without the refused overlay."""
+    run = manifest()
+    name = run["metadata"]["name"]
+    with env.operator():
+        env.create(run)
+        env.wait(lambda: env.get("batch/v1", "Job", f"{name}-trainer"), what="trainer Job")
+        env.wait(lambda: env.get("apps/v1", "Deployment", f"{name}-rollout"), what="rollout")
+        env.patch_spec(name, {"rollout": {"podTemplate": SECRET_ENV}})
+        field = "spec.rollout.podTemplate.env[0].valueFrom.secretKeyRef.name"
+        stalled = env.reason(name, "Stalled", "InvalidSpec", what="refused")
+        assert field in stalled["message"] and "suspended" not in stalled["message"]
+        env.patch_spec(name, {"suspend": True})
+        env.wait(
+            lambda: env.get("batch/v1", "Job", f"{name}-trainer")["spec"].get("suspend") is True,
+            what="trainer suspended",
+        )
+        for pool in ("rollout", "grader", "sandbox"):
+            env.wait(
+                lambda p=pool: (
+                    env.get("apps/v1", "Deployment", f"{name}-{p}")["spec"].get("replicas") == 0
+                ),
+                what=f"{pool} at 0",
+            )
+        stalled = env.wait(
+            lambda: (
+                "pods of the last applied spec" in env.condition(name, "Stalled")["message"]
+                and env.condition(name, "Stalled")
+            ),
+            what="the Stalled message says the pods are stopped",
+        )
+        assert field in stalled["message"]
+        pod = env.get("apps/v1", "Deployment", f"{name}-rollout")["spec"]["template"]["spec"]
+        assert "PW" not in str(pod["containers"])  # the refused overlay never applied
