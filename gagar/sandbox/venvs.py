@@ -85,7 +85,7 @@ def ensure(lock: Path, cache: Path | None = None, timeout_s: float = BUILD_TIMEO
             shutil.rmtree(stale, ignore_errors=True)  # a crashed build's (we hold the key)
         tmp = Path(tempfile.mkdtemp(prefix=f".build-{dest.name}-", dir=cache))
         try:
-            _build(tmp, text, python, timeout_s)
+            _build(tmp, lock.resolve(), text, python, timeout_s)
             _relocate(tmp, dest)
             tmp.chmod(0o755)  # mkdtemp's 0700 would keep a leased uid out
             os.rename(tmp, dest)
@@ -105,12 +105,13 @@ def _turn(path: Path) -> Iterator[None]:
             fcntl.flock(f, fcntl.LOCK_UN)
 
 
-def _build(venv: Path, lock: bytes, python: str, timeout_s: float) -> None:
+def _build(venv: Path, lock: Path, text: bytes, python: str, timeout_s: float) -> None:
+    """``lock`` installed into a new ``venv`` (``text``: the lock as the key was made of it)."""
     _run([python, "-m", "venv", "--without-pip", str(venv)], "making the environment", timeout_s)
-    (venv / "gagar-lock.txt").write_bytes(lock)  # what it was made from, for whoever looks
+    (venv / "gagar-lock.txt").write_bytes(text)  # what it was made from, for whoever looks
     pip = [*_pip(venv), "install", "--no-deps", "--require-hashes", "--no-input"]
-    pip += ["--disable-pip-version-check", "-r", str(venv / "gagar-lock.txt")]
-    _run(pip, "pip install of the lock", timeout_s)
+    pip += ["--disable-pip-version-check", "-r", str(lock)]  # its relative paths: its folder's
+    _run(pip, "pip install of the lock", timeout_s, cwd=lock.parent)
     own = venv / "bin" / "python"
     probe = _run([str(own), "-I", "-c", "import pytest"], "importing pytest", 120, check=False)
     if probe.returncode != 0:
@@ -154,12 +155,12 @@ def _pip(venv: Path) -> list[str]:
 
 
 def _run(
-    argv: list[str], what: str, timeout_s: float, check: bool = True
+    argv: list[str], what: str, timeout_s: float, check: bool = True, cwd: Path | None = None
 ) -> subprocess.CompletedProcess[str]:
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")}
     try:
         done = subprocess.run(
-            argv, capture_output=True, text=True, timeout=timeout_s, env=env, check=False
+            argv, capture_output=True, text=True, timeout=timeout_s, env=env, check=False, cwd=cwd
         )
     except (OSError, subprocess.TimeoutExpired) as e:
         raise VenvError(f"{what}: {e}") from None

@@ -83,7 +83,7 @@ def _repack(out: Path, dist_name: str) -> Path:
 
 
 def _lock(path: Path, wheels: list[Path], where: Path) -> Path:
-    lines = ["--no-index", f"--find-links {where}"]
+    lines = ["--no-index", f"--find-links {os.path.relpath(where, path.parent)}"]  # the lock's
     for whl in wheels:
         name, version = whl.name.split("-")[:2]
         digest = hashlib.sha256(whl.read_bytes()).hexdigest()
@@ -150,11 +150,11 @@ def test_a_lock_with_a_wrong_hash_or_without_pytest_is_refused(
     envs: dict[str, Path], tmp_path: Path
 ) -> None:
     lines = envs["lock_a"].read_text().splitlines()
-    wrong = tmp_path / "wrong.txt"
+    wrong = envs["lock_a"].parent / "wrong.txt"  # beside it: its --find-links is relative
     wrong.write_text("\n".join(ln[:-4] + "0000" if "envonly" in ln else ln for ln in lines))
     with pytest.raises(venvs.VenvError, match=r"pip install of the lock failed.*(?i:hash)"):
         venvs.ensure(wrong, tmp_path / "cache")
-    bare = tmp_path / "bare.txt"
+    bare = envs["lock_a"].parent / "bare.txt"
     bare.write_text(
         "\n".join(
             ln for ln in lines if not ln.startswith(("pytest", "pluggy", "Pygments", "pygments"))
