@@ -77,6 +77,15 @@ def ensure(lock: Path, cache: Path | None = None, timeout_s: float = BUILD_TIMEO
     dest = cache / f"env-{key(text, python)}"
     if dest.is_dir():
         return dest
+    try:
+        return _make(dest, lock, text, python, timeout_s)
+    except OSError as e:  # the cache cannot be written: no place to make it
+        raise VenvError(f"cache {cache}: {e.strerror or e}") from None
+
+
+def _make(dest: Path, lock: Path, text: bytes, python: str, timeout_s: float) -> Path:
+    """``dest`` made, one builder of its key at a time, in a temporary directory beside it."""
+    cache = dest.parent
     cache.mkdir(parents=True, exist_ok=True)
     with _turn(cache / f".{dest.name}.lock"):
         if dest.is_dir():  # made by the builder that held the lock before us

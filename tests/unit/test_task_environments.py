@@ -124,6 +124,14 @@ def test_a_lock_that_is_not_there_is_one_line(tmp_path: Path) -> None:
         venvs.ensure(tmp_path / "absent.txt", tmp_path / "cache")
 
 
+def test_a_cache_that_cannot_be_made_is_one_line(tmp_path: Path) -> None:
+    lock, blocker = tmp_path / "lock.txt", tmp_path / "file"
+    lock.write_text("pytest==8.0.0 --hash=sha256:00\n")
+    blocker.write_text("not a folder")
+    with pytest.raises(venvs.VenvError, match=r"cache .*file/envs: Not a directory"):
+        venvs.ensure(lock, blocker / "envs")
+
+
 def test_relocating_rewrites_the_scripts_that_name_the_build_directory(tmp_path: Path) -> None:
     tmp, dest = tmp_path / ".build-env-x-1", tmp_path / "env-x"
     (tmp / "bin").mkdir(parents=True)
