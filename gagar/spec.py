@@ -1231,7 +1231,9 @@ class SandboxSpec(Model):
     backend: Literal["local", "pods"] = "local"
     """``local`` runs bubblewrap on the trainer's machine; ``pods`` uses hardened sandbox pods."""
     image: str = "ghcr.io/gagar-dev/gagar-sandbox:0.1.0"
-    """Executor image (one per task family)."""
+    """Executor image of the sandbox pods (``backend: pods``), whose Python runs every task's
+    tests there; on ``backend: local`` a task family that needs packages of its own names one of
+    ``environments``."""
     limits: SandboxLimits = Field(default_factory=SandboxLimits)
     """Limits of each execution."""
     isolation: SandboxIsolation = "auto"
