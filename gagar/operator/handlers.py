@@ -492,8 +492,9 @@ class Reconciler:
             return error
         meta = raw["metadata"]
         ns, run_name = meta.get("namespace", ""), meta["name"]
-        config = self.kube.get("v1", "ConfigMap", ns, f"{run_name}-config")  # not in the index
-        owners = (config or {}).get("metadata", {}).get("ownerReferences") or []
+        # not from the index: it holds the progress ConfigMap only (``feeds_status``)
+        config = self.kube.get("v1", "ConfigMap", ns, f"{run_name}-config") or {}
+        owners = config.get("metadata", {}).get("ownerReferences") or []
         if not any(o.get("uid") == meta["uid"] for o in owners):
             return error
         try:
