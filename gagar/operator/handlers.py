@@ -70,6 +70,7 @@ from gagar.operator.builders.common import (
     quota_limited,
 )
 from gagar.operator.builders.integrations import blocking
+from gagar.operator.builders.pools import hpa_metric
 from gagar.operator.builders.trust import (
     Level,
     TrustPolicy,
@@ -91,6 +92,7 @@ from gagar.operator.netprobe import NetworkPolicyProbe
 from gagar.operator.observe import (
     Observed,
     PoolObserved,
+    autoscaler_problem,
     claim_problem,
     leave_to_queue,
     owned_fields,
@@ -699,7 +701,23 @@ class Reconciler:
             sandbox_refused=self._sandbox_refusal(run, pools.get("sandbox"), finished),
             claim_pending=claim,
             network_policies=policies,
+            autoscalers=() if finished or spec.suspend else self._autoscalers(run),
         )
+
+    def _autoscalers(self, run: GagarRun) -> tuple[str, ...]:
+        """Why each HPA-scaled pool's HorizontalPodAutoscaler cannot scale it (``PoolsReady``)."""
+        out = []
+        for component in ("rollout", "grader"):
+            pool = getattr(run.spec, component)
+            auto = pool.autoscaling
+            if pool.endpoint is not None or auto is None or auto.backend != "hpa":
+                continue
+            api = ("autoscaling/v2", "HorizontalPodAutoscaler")
+            hpa = self.kube.get(*api, _namespace(run), name(run, component))
+            problem = hpa and autoscaler_problem(hpa, component, hpa_metric(component))
+            if problem:
+                out.append(problem)
+        return tuple(out)
 
     def _network_policies(self, run: GagarRun, finished: bool) -> tuple[str, str, str] | None:
         """The namespace's NetworkPolicy probe verdict (started by the first run that asks; a

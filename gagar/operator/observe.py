@@ -83,6 +83,8 @@ class Observed:
     claim_pending: str | None = None  # the checkpoint claim's provisioning failure (claim_problem)
     # the namespace's NetworkPolicy probe: (status, reason, message); None: not checked (off)
     network_policies: tuple[str, str, str] | None = None
+    # why a pool's HorizontalPodAutoscaler cannot scale it, one message a pool (autoscaler_problem)
+    autoscalers: tuple[str, ...] = ()
 
 
 def _condition(obj: dict[str, Any], kind: str) -> dict[str, Any] | None:
@@ -307,3 +309,20 @@ def claim_problem(claim: dict[str, Any] | None, events: list[dict[str, Any]]) ->
     name = claim["metadata"]["name"]
     message = " ".join(str(newest.get("message") or "").split())[:800]
     return f"PersistentVolumeClaim {name} is Pending: {newest.get('reason')}: {message}"
+
+
+def autoscaler_problem(hpa: dict[str, Any], component: str, metric: str) -> str | None:
+    """Why the HorizontalPodAutoscaler of ``component``'s pool cannot scale it, or None: its
+    ``ScalingActive`` condition is False (most often no metrics adapter serves the Pods metric
+    through ``custom.metrics.k8s.io``: reason ``FailedGetPodsMetric``), so the pool stays where it
+    is, which nothing else would show."""
+    for cond in (hpa.get("status") or {}).get("conditions") or []:
+        if cond.get("type") == "ScalingActive" and cond.get("status") == "False":
+            why = f"{cond.get('reason', '')}: {cond.get('message', '')}".strip(": ")
+            return (
+                f"spec.{component}.autoscaling: the HorizontalPodAutoscaler cannot scale the "
+                f"{component} pool ({why}); it needs a metrics adapter serving the Pods metric "
+                f"{metric} through custom.metrics.k8s.io (e.g. prometheus-adapter, "
+                "docs/operations.md), or backend: keda"
+            )
+    return None

@@ -281,6 +281,8 @@ def _pools_ready(f: _Facts) -> Condition:
     lagging = _pools_not_ready(f.spec, f.obs)
     if lagging:
         return _c("PoolsReady", False, "PoolsNotReady", "; ".join(lagging))
+    if f.obs.autoscalers:  # ready at their minimum, but never scaling: said, not silent
+        return _c("PoolsReady", False, "AutoscalerInactive", "; ".join(f.obs.autoscalers))
     pools = expected_pools(f.spec)
     return _c(
         "PoolsReady",

@@ -496,6 +496,36 @@ def test_autoscaled_pool_replicas_untouched(env: Env) -> None:
         assert env.get("apps/v1", "Deployment", dep)["spec"]["replicas"] == 5
 
 
+def test_an_hpa_that_cannot_scale_its_pool_is_in_pools_ready(env: Env) -> None:
+    """``backend: hpa`` on a cluster whose metrics adapter does not serve the pool's metric: the
+    HPA controller says so on the HPA (``ScalingActive`` False) and the pool stays at its
+    minimum; the run says so too (PoolsReady False, AutoscalerInactive, naming the field) until
+    the HPA scales again. Emulated: the test writes what the HPA controller would."""
+    if not env.simulated:
+        pytest.skip("writes the HPA controller's status; a real cluster's controller owns it")
+    run = manifest(**{"grader.replicas": None, "grader.autoscaling": HPA})
+    name = run["metadata"]["name"]
+    hpa = ("autoscaling/v2", "HorizontalPodAutoscaler", f"{name}-grader")
+
+    def scaling(active: bool, reason: str, message: str = "") -> None:
+        conditions = [{"type": "ScalingActive", "status": str(active), "reason": reason,
+                       "message": message, "lastTransitionTime": "2026-01-01T00:00:00Z"}]  # fmt: skip
+        status = {"currentReplicas": 1, "desiredReplicas": 1, "conditions": conditions}
+        env.kube.merge_patch(*hpa[:2], env.namespace, hpa[2], {"status": status}, "status")
+
+    with env.operator():
+        env.create(run)
+        env.wait(lambda: env.get(*hpa), what="HPA")
+        env.wait(lambda: env.condition(name, "PoolsReady").get("status") == "True", what="ready")
+        scaling(False, "FailedGetPodsMetric", "unable to get metric gagar_grader_queue_depth")
+        pools = env.reason(name, "PoolsReady", "AutoscalerInactive", what="said")
+        assert pools["message"].startswith("spec.grader.autoscaling: ")
+        assert "gagar_grader_queue_depth" in pools["message"]
+        assert env.condition(name, "Ready")["status"] == "False"
+        scaling(True, "ValidMetricFound")
+        env.reason(name, "PoolsReady", "PoolsReady", what="scaling again")
+
+
 def test_suspend_and_resume(env: Env) -> None:
     run = manifest(**{"rollout.replicas": None, "rollout.autoscaling": HPA})
     name = run["metadata"]["name"]

@@ -12,6 +12,7 @@ from gagar.operator.observe import (
     PoolObserved,
     Progress,
     TrainerObserved,
+    autoscaler_problem,
     parse_deployment,
     parse_job,
     parse_jobset,
@@ -523,3 +524,39 @@ def test_the_phase_does_not_flap_across_a_backoff() -> None:
     pending = replace(RUNNING, attempt=1, active=0, ready=0)
     later = compute_status(BACKOFF, obs(trainer=pending), early.status, T1)
     assert later.status.phase == "Running"
+
+
+# what the HPA controller writes when no metrics adapter serves the Pods metric
+NO_ADAPTER = {
+    "status": {
+        "conditions": [
+            {"type": "AbleToScale", "status": "True", "reason": "SucceededGetScale"},
+            {
+                "type": "ScalingActive",
+                "status": "False",
+                "reason": "FailedGetPodsMetric",
+                "message": "the HPA was unable to compute the replica count: unable to get "
+                "metric gagar_grader_queue_depth: unable to fetch metrics from custom metrics "
+                "API: the server could not find the requested resource",
+            },
+        ]
+    }
+}
+
+
+def test_an_autoscaler_that_cannot_scale_its_pool_is_said_not_silent() -> None:
+    """An HPA without a metrics adapter leaves its pool at the minimum forever: PoolsReady says
+    so, naming the field, the metric and the way out (a pool that lags is said first)."""
+    problem = autoscaler_problem(NO_ADAPTER, "grader", "gagar_grader_queue_depth")
+    assert problem is not None and problem.startswith("spec.grader.autoscaling: ")
+    assert "FailedGetPodsMetric" in problem and "custom.metrics.k8s.io" in problem
+    active = {"status": {"conditions": [{"type": "ScalingActive", "status": "True"}]}}
+    assert autoscaler_problem(active, "grader", "m") is None
+    assert autoscaler_problem({}, "grader", "m") is None  # no status yet: not judged
+    out = compute_status(SPEC, obs(autoscalers=(problem,)), None, T0).status
+    assert cond(out, "PoolsReady") == ("False", "AutoscalerInactive")
+    assert cond(out, "Ready")[0] == "False"
+    assert get_condition(out, "PoolsReady").message == problem  # type: ignore[union-attr]
+    lagging = {**READY_POOLS, "grader": PoolObserved(2, 2, 1)}
+    out = compute_status(SPEC, obs(pools=lagging, autoscalers=(problem,)), None, T0).status
+    assert cond(out, "PoolsReady") == ("False", "PoolsNotReady")

@@ -433,10 +433,15 @@ def build_scaled_object(
     return obj("keda.sh/v1alpha1", "ScaledObject", meta, spec=spec)
 
 
+def hpa_metric(component: str) -> str:
+    """The Pods metric the pool's HPA scales on, as a metrics adapter names it."""
+    return "vllm_num_requests_waiting" if component == "rollout" else "gagar_grader_queue_depth"
+
+
 def build_hpa(run: GagarRun, ctx: BuildContext, component: str, auto: Autoscaling) -> Manifest:
     """HPA (autoscaling/v2) on a Pods metric served by a metrics adapter (e.g. prometheus-adapter,
     which exposes ``vllm:num_requests_waiting`` as ``vllm_num_requests_waiting``)."""
-    metric = "vllm_num_requests_waiting" if component == "rollout" else "gagar_grader_queue_depth"
+    metric = hpa_metric(component)
     spec = {
         "scaleTargetRef": {
             "apiVersion": "apps/v1",
