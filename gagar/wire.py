@@ -208,6 +208,11 @@ class GradingGroup(_Wire):
         default_factory=list, description="Harness files beyond the usual test patterns."
     )
     test_command: str = Field(default="python -m pytest -q", description="Run inside a candidate.")
+    environment: str | None = Field(
+        default=None,
+        description="The task environment its tests run in (spec.sandbox.environments); "
+        "None: the sandbox's own Python.",
+    )
     skipped: list[Skipped] = Field(
         default_factory=list,
         description="Files left out of base_files/candidates' files when the group was built.",

@@ -335,5 +335,6 @@ def grading_group(group: GroupResult) -> GradingGroup:
         candidates=candidates,
         relevant_files=relevant,
         test_command=group.task.test_command,
+        environment=group.task.environment,
         skipped=skipped,
     )

@@ -279,7 +279,9 @@ class AgenticGrader:
         root = Path(tempfile.mkdtemp(prefix="gagar-grade-", dir=self.workdir))
         try:
             write_workspace(group, root / "ws", screened)
-            sandbox = await asyncio.to_thread(self.sandbox_factory, root / "ws")
+            sandbox = await asyncio.to_thread(
+                self.sandbox_factory, root / "ws", group.environment
+            )
             session.skipped += getattr(sandbox, "skipped", [])
             try:
                 toolbox = Toolbox(sandbox, group, lambda m: self._fresh(group, m, root))
@@ -311,7 +313,7 @@ class AgenticGrader:
         run = Path(tempfile.mkdtemp(prefix=f"run-{member}-", dir=root))
         try:
             write_tree(run / "repo", group.candidates[member].files)
-            sandbox = self.sandbox_factory(run / "repo")
+            sandbox = self.sandbox_factory(run / "repo", group.environment)
             try:
                 yield sandbox
             finally:

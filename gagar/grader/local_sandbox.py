@@ -73,5 +73,8 @@ class UnsafeLocalSandbox:
         """Nothing to release: the caller owns the workspace directory."""
 
 
-def unsafe_local_factory(root: Path) -> UnsafeLocalSandbox:
+def unsafe_local_factory(root: Path, environment: str | None = None) -> UnsafeLocalSandbox:
+    """No jail and no environments: a test's stand-in for the sandbox."""
+    if environment is not None:
+        raise ValueError(f"the unsafe local sandbox has no environment {environment!r}")
     return UnsafeLocalSandbox(root)

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol, runtime_checkable
@@ -45,8 +45,12 @@ class GraderSandbox(Protocol):
     def close(self) -> None: ...
 
 
-SandboxFactory = Callable[[Path], GraderSandbox]
-"""Opens a session over a workspace directory that ``write_workspace`` has laid out."""
+class SandboxFactory(Protocol):
+    """Opens a session over a workspace directory that ``write_workspace`` has laid out, in the
+    task environment its tests need (``GradingGroup.environment``; None: the executor's own
+    Python), so the grader's ``run_tests`` runs them as verification does."""
+
+    def __call__(self, root: Path, environment: str | None = None) -> GraderSandbox: ...
 
 
 class Grader(Protocol):

@@ -121,8 +121,9 @@ def adapt_factory(
     model reading a missing file would end the grading with ``grader_error``."""
     refused = sandbox_refusals() if refused is None else refused
 
-    def open_session(root: Path) -> SessionAdapter:
+    def open_session(root: Path, environment: str | None = None) -> SessionAdapter:
         files, skipped = _workspace_bytes(Path(root))
-        return SessionAdapter(factory.create(files=files), refused, skipped)
+        session = factory.create(files=files, environment=environment)
+        return SessionAdapter(session, refused, skipped)
 
     return open_session

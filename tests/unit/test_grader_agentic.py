@@ -294,7 +294,7 @@ def test_to_ranking_never_returns_an_unusable_ranking(payload, passes):
 
 
 def test_sandbox_failure_is_a_grader_error(tmp_path):
-    def broken_factory(root):
+    def broken_factory(root, environment=None):
         raise RuntimeError("bubblewrap is not usable here")
 
     with FakeOpenAI([tool_call("submit_ranking", GOOD)]) as fake:
@@ -355,7 +355,7 @@ def test_a_candidates_tests_cannot_rewrite_another_candidate(tmp_path):
 def test_tests_run_in_a_fresh_session_holding_only_that_candidate(tmp_path):
     opened = []
 
-    def factory(root):
+    def factory(root, environment=None):
         opened.append(sorted(p.relative_to(root).as_posix() for p in root.rglob("*")))
         return unsafe_local_factory(root)
 

@@ -61,7 +61,7 @@ class FakeFactory:
         self.sessions: list[FakeSession] = []
         self.infra = infra
 
-    def create(self, files=None, tarball=None, limits=None):
+    def create(self, files=None, tarball=None, limits=None, environment=None):
         self.sessions.append(FakeSession(files or {}, self.infra))
         return self.sessions[-1]
 
@@ -136,7 +136,7 @@ def test_the_sandboxs_refusal_is_a_tool_error_by_default(tmp_path):
             raise SandboxError(f"no such file: {path}")
 
     class Factory(FakeFactory):
-        def create(self, files=None, tarball=None, limits=None):
+        def create(self, files=None, tarball=None, limits=None, environment=None):
             self.sessions.append(Refusing(files or {}))
             return self.sessions[-1]
 
@@ -148,3 +148,24 @@ def test_the_sandboxs_refusal_is_a_tool_error_by_default(tmp_path):
     assert ranking.grader == "agentic", ranking.detail
     obs = [m["content"] for m in fake.requests[-1]["messages"] if m["role"] == "tool"]
     assert obs[0].startswith("Error:") and "no such file" in obs[0]
+
+
+def test_the_grader_runs_tests_in_the_groups_environment(tmp_path: Path) -> None:
+    """A group whose task names an environment (``spec.sandbox.environments``) is graded in
+    sessions of that environment, as verification runs it: the workspace's and each fresh
+    run's; a group without one asks for none."""
+    asked: list[str | None] = []
+
+    class Factory(FakeFactory):
+        def create(self, files=None, tarball=None, limits=None, environment=None):
+            asked.append(environment)
+            return super().create(files, tarball, limits)
+
+    group = sample_group().model_copy(update={"environment": "db"})
+    script = [tool_call("run_tests", {"member": 0}), tool_call("submit_ranking", GOOD)]
+    for g, want in ((group, "db"), (sample_group(), None)):
+        asked.clear()
+        with FakeOpenAI(list(script)) as fake:
+            config = AgenticConfig(base_url=fake.base_url, model="m")
+            asyncio.run(AgenticGrader(config, adapt_factory(Factory()), tmp_path).grade(g))
+        assert asked and set(asked) == {want}, asked
