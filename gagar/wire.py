@@ -209,9 +209,7 @@ class GradingGroup(_Wire):
     )
     test_command: str = Field(default="python -m pytest -q", description="Run inside a candidate.")
     environment: str | None = Field(
-        default=None,
-        description="The task environment its tests run in (spec.sandbox.environments); "
-        "None: the sandbox's own Python.",
+        default=None, description="Task environment the tests need; None: the sandbox's Python."
     )
     skipped: list[Skipped] = Field(
         default_factory=list,
