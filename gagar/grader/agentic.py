@@ -279,9 +279,7 @@ class AgenticGrader:
         root = Path(tempfile.mkdtemp(prefix="gagar-grade-", dir=self.workdir))
         try:
             write_workspace(group, root / "ws", screened)
-            sandbox = await asyncio.to_thread(
-                self.sandbox_factory, root / "ws", group.environment
-            )
+            sandbox = await asyncio.to_thread(self.sandbox_factory, root / "ws", group.environment)
             session.skipped += getattr(sandbox, "skipped", [])
             try:
                 toolbox = Toolbox(sandbox, group, lambda m: self._fresh(group, m, root))
