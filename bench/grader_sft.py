@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import subprocess
 import sys
 import tempfile
 from pathlib import Path
@@ -39,7 +40,11 @@ def _eval(args: argparse.Namespace, model: str, out: Path, heuristic: bool = Fal
     rows = ["--limit", str(args.limit), "--shuffles", str(args.shuffles)]
     rows += [] if heuristic else ["--no-heuristic"]
     serve = ["--serve", model, "--max-turns", "1", "--out", str(out)]
-    if gagar(["grader", "eval", *common, *rows, *serve]) != 0:
+    # a process of its own: graded in the process that ran the SFT (torch.distributed up, its
+    # threads), every agentic grading failed at once as grader_error (2026-12-07, not yet
+    # understood); standalone, the same command grades
+    argv = [sys.executable, "-m", "gagar.cli", "grader", "eval", *common, *rows, *serve]
+    if subprocess.run(argv, check=False).returncode != 0:
         raise SystemExit(f"gagar grader eval --serve {model} failed")
     return json.loads(out.read_text())
 

@@ -379,11 +379,12 @@ def run_sft(args: argparse.Namespace) -> int:
                 console.print(f"grader SFT step {i}/{cfg.steps}: nll/token {nll:.3f}")
 
         summary = train(recs, base, Path(args.out), cfg, on_step)
-    nll = summary["nll_per_step"]
+    nll, chosen = summary["nll_per_step"], summary["chosen"]
+    picked = f", weights of step {chosen['step']} (validation)" if chosen else ""
     console.print(
         f"{summary['trained_on']} records ({summary['left_out_too_long']} too long) from "
-        f"{len(summary['groups'])} groups, {cfg.steps} steps in {summary['seconds']:.0f} s, "
-        f"NLL/token {nll[0]:.3f} → {nll[-1]:.3f} → {args.out}"
+        f"{len(summary['groups'])} groups, {summary['steps_done']} steps in "
+        f"{summary['seconds']:.0f} s, NLL/token {nll[0]:.3f} → {nll[-1]:.3f}{picked} → {args.out}"
     )
     return 0
 
