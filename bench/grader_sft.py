@@ -40,9 +40,10 @@ def _eval(args: argparse.Namespace, model: str, out: Path, heuristic: bool = Fal
     rows = ["--limit", str(args.limit), "--shuffles", str(args.shuffles)]
     rows += [] if heuristic else ["--no-heuristic"]
     serve = ["--serve", model, "--max-turns", "1", "--out", str(out)]
-    # a process of its own: graded in the process that ran the SFT (torch.distributed up, its
-    # threads), every agentic grading failed at once as grader_error (2026-12-07, not yet
-    # understood); standalone, the same command grades
+    # a process of its own, importing the code as it is now: the SFT takes ~half an hour, and a
+    # grader module imported lazily after a change to the tree met the older wire models the
+    # SFT's process had loaded (2026-12-07: GradingGroup.environment, every grading a
+    # grader_error in 0.02 s)
     argv = [sys.executable, "-m", "gagar.cli", "grader", "eval", *common, *rows, *serve]
     if subprocess.run(argv, check=False).returncode != 0:
         raise SystemExit(f"gagar grader eval --serve {model} failed")
