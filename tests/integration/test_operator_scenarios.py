@@ -175,6 +175,20 @@ class Env:
             what=what,
         )
 
+    def stopped(self, name: str) -> None:
+        """Wait until the run's trainer is suspended and its three pools are at zero."""
+        self.wait(
+            lambda: self.get("batch/v1", "Job", f"{name}-trainer")["spec"].get("suspend") is True,
+            what="trainer suspended",
+        )
+        for pool in ("rollout", "grader", "sandbox"):
+            self.wait(
+                lambda p=pool: (
+                    self.get("apps/v1", "Deployment", f"{name}-{p}")["spec"].get("replicas") == 0
+                ),
+                what=f"{pool} at 0",
+            )
+
     def patch_spec(self, name: str, spec: dict[str, Any]) -> None:
         self.kube.merge_patch(RUN_API, "GagarRun", self.namespace, name, {"spec": spec})
 
@@ -1678,15 +1692,5 @@ def test_keda_autoscaling_without_keda_stalls_and_suspend_completes(env: Env) ->
         assert "integrations.keda" in stalled["message"]
         assert env.condition(name, "Ready").get("status") != "True"
         env.patch_spec(name, {"suspend": True})
-        env.wait(
-            lambda: env.get("batch/v1", "Job", f"{name}-trainer")["spec"]["suspend"] is True,
-            what="Job suspended",
-        )
-        for pool in ("rollout", "grader", "sandbox"):
-            env.wait(
-                lambda p=pool: (
-                    env.get("apps/v1", "Deployment", f"{name}-{p}")["spec"].get("replicas") == 0
-                ),
-                what=f"{pool} at 0",
-            )
+        env.stopped(name)
         env.wait(phase(env, name, "Suspended"), what="phase Suspended")
