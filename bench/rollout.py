@@ -84,6 +84,7 @@ from gagar.rollout.engines import vllm_idle_wait, vllm_step_stats  # noqa: E402
 from gagar.rollout.engines.server import ServerConfig, VllmServer  # noqa: E402
 from gagar.sandbox import warm  # noqa: E402
 from gagar.sandbox.cgroup import Cgroup  # noqa: E402
+from gagar.sandbox.types import SessionRequest, VerificationFactory  # noqa: E402
 
 RESULTS = ROOT / "bench" / "results"
 CATEGORIES = ("engine", "sandbox", "templating", "grading")
@@ -207,35 +208,20 @@ class TimedSession:
         return "cold python" if warm.parse(cmd) is not None else "cold other"
 
 
-class TimedFactory:
+class TimedFactory(VerificationFactory):
     def __init__(self, factory: Any, clock: Clock) -> None:
         self.factory, self.clock = factory, clock
 
-    def _timed(self, make: Any, verifying: bool) -> TimedSession:
+    def open(self, request: SessionRequest) -> TimedSession:
+        # verification makes its session from the candidate's archive (a station where the
+        # factory keeps them, ``station.py``), agents from files
         t = time.perf_counter()
         try:
-            return TimedSession(make(), self.clock, verifying)
+            return TimedSession(self.factory.open(request), self.clock, request.tarball is not None)
         finally:
             self.clock.add("sandbox", time.perf_counter() - t)
             with self.clock.lock:
                 self.clock.sessions += 1
-
-    def create(self, *a: Any, **kw: Any) -> TimedSession:
-        # verification makes its session from the candidate's archive, agents from files
-        return self._timed(lambda: self.factory.create(*a, **kw), kw.get("tarball") is not None)
-
-    def verification_session(
-        self,
-        tarball: bytes,
-        preload: tuple[str, ...] = (),
-        limits: Any = None,
-        environment: str | None = None,
-    ) -> TimedSession:
-        """A verification's session: a station where the factory keeps them (``station.py``)."""
-        return self._timed(
-            lambda: self.factory.verification_session(tarball, preload, limits, environment),
-            verifying=True,
-        )
 
 
 async def _lag_probe(stop: asyncio.Event, out: list[float], period: float = 0.01) -> None:

@@ -34,7 +34,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from bench.record import save
 from gagar.rollout.envs import synthetic, verify
 from gagar.sandbox.local import LocalFactory, check_isolation
-from gagar.sandbox.types import Limits
+from gagar.sandbox.types import Limits, SessionRequest, VerificationFactory
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -54,18 +54,14 @@ class _Metered:
         return getattr(self._session, name)
 
 
-class Metered:
+class Metered(VerificationFactory):
     """``factory`` with every session metered: the jail CPU of each command is kept."""
 
     def __init__(self, factory: LocalFactory) -> None:
         self.factory, self.results = factory, []  # type: ignore[var-annotated]
 
-    def create(self, **kwargs: Any) -> Any:
-        return _Metered(self.factory.create(**kwargs), self.results)
-
-    def verification_session(self, tarball: bytes, preload: tuple[str, ...] = (), **kw: Any) -> Any:
-        session = self.factory.verification_session(tarball, preload, **kw)
-        return _Metered(session, self.results)
+    def open(self, request: SessionRequest) -> Any:
+        return _Metered(self.factory.open(request), self.results)
 
 
 def baseline(rev: str) -> Callable:

@@ -8,10 +8,12 @@ API (everything a caller needs):
 - ``SessionFactory`` (protocol): ``create(files=..., tarball=..., limits=..., environment=...)
   -> Session`` (``environment``: a task environment's name, ``venvs.py``: its packages first on
   the session's ``PATH``, read-only);
-  ``VerificationFactory`` (protocol, ``LocalFactory``): ``verification_session(tarball)``, a session
-  kept between verifications with its fork server warm (``station.py``);
-  ``LocalFactory`` (bubblewrap on this machine) and ``HttpFactory(base_url)`` (``gagar sandbox
-  serve`` in a sandbox pod) implement it.
+  ``VerificationFactory`` (protocol): ``verification_session(tarball)``, a session kept between
+  verifications with its fork server warm (``station.py``). Both check their arguments into one
+  ``SessionRequest`` (a frozen value) and hand it to ``open(request)``, the one method a factory
+  that subclasses them defines: ``LocalFactory`` (bubblewrap on this machine), ``HttpFactory
+  (base_url)`` (``gagar sandbox serve`` in a sandbox pod), ``HttpPoolFactory`` (every executor
+  behind a headless Service) and ``AgentSandboxFactory`` (a claimed pod per session).
 - ``Limits`` and ``ExecResult`` (pydantic); ``SandboxError`` (refused request),
   ``SandboxUnavailable`` (no isolation here: untrusted code must not run),
   ``SandboxInfraError`` (the machinery failed). ``check_isolation()`` raises ``SandboxUnavailable``
@@ -80,6 +82,7 @@ from gagar.sandbox.types import (
     SandboxUnavailable,
     Session,
     SessionFactory,
+    SessionRequest,
     VerificationFactory,
 )
 
@@ -95,5 +98,6 @@ __all__ = [
     "SandboxUnavailable",
     "Session",
     "SessionFactory",
+    "SessionRequest",
     "VerificationFactory",
 ]

@@ -30,7 +30,6 @@ import logging
 import math
 import threading
 import time
-from collections.abc import Mapping
 from typing import Any
 
 from gagar.sandbox.client import HttpFactory, HttpSession
@@ -42,7 +41,8 @@ from gagar.sandbox.types import (
     SandboxError,
     SandboxInfraError,
     SandboxUnavailable,
-    no_environment,
+    SessionFactory,
+    SessionRequest,
 )
 
 log = logging.getLogger("gagar.sandbox.agent")
@@ -59,7 +59,7 @@ MISSING_CRDS = (
 )
 
 
-class AgentSandboxFactory:
+class AgentSandboxFactory(SessionFactory):
     """Sessions on Sandboxes claimed from the warm pool ``warmpool`` in ``namespace``.
 
     ``api_client``: a ``kubernetes.client.ApiClient`` (None: in-cluster config, else kubeconfig,
@@ -89,21 +89,16 @@ class AgentSandboxFactory:
         except ConfigException as e:  # no service account, no kubeconfig
             raise SandboxUnavailable(f"no Kubernetes API to claim Sandboxes from: {e}") from None
         self._lock = threading.Lock()
-        self._open: dict[str, AgentSandboxSession] = {}
+        self._sessions: dict[str, AgentSandboxSession] = {}
 
-    def create(
-        self,
-        files: Mapping[str, FileData] | None = None,
-        tarball: bytes | None = None,
-        limits: Limits | None = None,
-        environment: str | None = None,
-    ) -> AgentSandboxSession:
-        no_environment(environment, self.where)
+    def open(self, request: SessionRequest) -> AgentSandboxSession:
+        """A session on a Sandbox claimed for it alone."""
+        request = request.for_one_image(self.where, self.limits)  # refused before claiming
         claim, ip = self._claim()
         try:
             http = HttpFactory(self._url(ip))
             try:
-                inner = http.create(files=files, tarball=tarball, limits=limits or self.limits)
+                inner = http.open(request)
             except BaseException:
                 http.close()
                 raise
@@ -112,7 +107,7 @@ class AgentSandboxFactory:
             raise
         session = AgentSandboxSession(self, claim, http, inner)
         with self._lock:
-            self._open[claim] = session
+            self._sessions[claim] = session
         return session
 
     def _url(self, ip: str) -> str:
@@ -166,13 +161,13 @@ class AgentSandboxFactory:
     def _release(self, claim: str) -> None:
         """Delete the claim (agent-sandbox then deletes its Sandbox and pod); never raises."""
         with self._lock:
-            self._open.pop(claim, None)
+            self._sessions.pop(claim, None)
         self.client.delete_sandbox(claim, namespace=self.namespace)  # logs its own failures
 
     def close(self) -> None:
         """Release every session still open (their claims, so their pods)."""
         with self._lock:
-            sessions = list(self._open.values())
+            sessions = list(self._sessions.values())
         for session in sessions:
             session.close()
 

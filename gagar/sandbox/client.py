@@ -14,7 +14,7 @@ import base64
 import itertools
 import socket
 import threading
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -28,7 +28,8 @@ from gagar.sandbox.types import (
     Limits,
     SandboxError,
     SandboxInfraError,
-    no_environment,
+    SessionRequest,
+    VerificationFactory,
 )
 from gagar.sandbox.workspace import files_tarball
 
@@ -49,53 +50,39 @@ def _call(client: httpx.Client, method: str, path: str, body: dict | None = None
     return payload
 
 
-class HttpFactory:
+def _create_body(request: SessionRequest) -> dict[str, Any]:
+    """``POST /v1/sessions``'s body (``server.CreateBody``) for ``request``."""
+    body: dict[str, Any] = {}
+    tarball = request.tarball
+    if request.files is not None:
+        try:
+            body["files"] = {
+                k: v if isinstance(v, str) else v.decode() for k, v in request.files.items()
+            }
+        except UnicodeDecodeError:  # binary content: JSON strings cannot carry it
+            tarball = files_tarball(request.files)
+    if tarball is not None:
+        body["tarball_b64"] = base64.b64encode(tarball).decode()
+    if request.verification:
+        body |= {"verification": True, "preload": list(request.preload)}
+    if request.limits is not None:
+        body["limits"] = request.limits.model_dump()
+    return body
+
+
+class HttpFactory(VerificationFactory):
     """Creates sessions on an executor server at ``base_url``."""
 
     def __init__(self, base_url: str, timeout_s: float = 3600.0) -> None:
         self.client = httpx.Client(base_url=base_url, timeout=timeout_s, headers=auth.headers())
 
-    def create(
-        self,
-        files: Mapping[str, FileData] | None = None,
-        tarball: bytes | None = None,
-        limits: Limits | None = None,
-        environment: str | None = None,
-    ) -> HttpSession:
-        no_environment(environment, f"the executor at {self.client.base_url}")
-        body: dict[str, Any] = {}
-        if files is not None and tarball is not None:
-            raise SandboxError("give files or a tarball, not both")
-        if files is not None:
-            try:
-                body["files"] = {
-                    k: v if isinstance(v, str) else v.decode() for k, v in files.items()
-                }
-            except UnicodeDecodeError:  # binary content: JSON strings cannot carry it
-                tarball = files_tarball(files)
-        if tarball is not None:
-            body["tarball_b64"] = base64.b64encode(tarball).decode()
-        if limits is not None:
-            body["limits"] = limits.model_dump()
-        sid = _call(self.client, "POST", "/v1/sessions", body)["id"]
-        return HttpSession(self.client, sid)
+    @property
+    def where(self) -> str:
+        return f"the executor at {self.client.base_url}"
 
-    def verification_session(
-        self,
-        tarball: bytes,
-        preload: tuple[str, ...] = (),
-        limits: Limits | None = None,
-        environment: str | None = None,
-    ) -> HttpSession:
-        """A session for one verification: one of the server's stations (``station.py``)."""
-        no_environment(environment, f"the executor at {self.client.base_url}")
-        body: dict[str, Any] = {
-            "tarball_b64": base64.b64encode(tarball).decode(),
-            "verification": True,
-            "preload": list(preload),
-        }
-        if limits is not None:
-            body["limits"] = limits.model_dump()
+    def open(self, request: SessionRequest) -> HttpSession:
+        """A session on the server: for a verification one of its stations (``station.py``)."""
+        body = _create_body(request.for_one_image(self.where, None))  # None: the server's limits
         return HttpSession(self.client, _call(self.client, "POST", "/v1/sessions", body)["id"])
 
     def healthy(self) -> bool:
@@ -117,7 +104,7 @@ def resolve_all(host: str, port: int) -> list[str]:
     return sorted({str(info[4][0]) for info in infos})
 
 
-class HttpPoolFactory:
+class HttpPoolFactory(VerificationFactory):
     """Sessions spread round-robin over every executor behind one name (a headless Service).
 
     A session lives on the pod that created it (its workspace is there), so a Service that load
@@ -156,25 +143,12 @@ class HttpPoolFactory:
                 )
             return self._factories[addr]
 
-    def create(
-        self,
-        files: Mapping[str, FileData] | None = None,
-        tarball: bytes | None = None,
-        limits: Limits | None = None,
-        environment: str | None = None,
-    ) -> HttpSession:
-        no_environment(environment, f"the executor pool {self.host}")
-        return self._pick().create(files=files, tarball=tarball, limits=limits or self.limits)
+    @property
+    def where(self) -> str:
+        return f"the executor pool {self.host}"
 
-    def verification_session(
-        self,
-        tarball: bytes,
-        preload: tuple[str, ...] = (),
-        limits: Limits | None = None,
-        environment: str | None = None,
-    ) -> HttpSession:
-        no_environment(environment, f"the executor pool {self.host}")
-        return self._pick().verification_session(tarball, preload, limits or self.limits)
+    def open(self, request: SessionRequest) -> HttpSession:
+        return self._pick().open(request.for_one_image(self.where, self.limits))
 
     def close(self) -> None:
         with self._lock:

@@ -50,6 +50,8 @@ from gagar.sandbox.types import (
     Limits,
     SandboxError,
     SandboxUnavailable,
+    SessionRequest,
+    VerificationFactory,
 )
 
 UNSAFE_WARNING = (
@@ -109,7 +111,7 @@ def check_isolation() -> None:
         )
 
 
-class LocalFactory:
+class LocalFactory(VerificationFactory):
     """Makes ``LocalSession``s. ``root`` holds the session directories (default: the temp dir).
 
     Raises ``SandboxUnavailable`` when ``isolation="bwrap"`` and bubblewrap cannot run here.
@@ -163,35 +165,17 @@ class LocalFactory:
             have = ", ".join(sorted(self.environments)) or "none"
             raise SandboxError(f"no environment {environment!r} here (there are: {have})") from None
 
-    def create(
-        self,
-        files: Mapping[str, FileData] | None = None,
-        tarball: bytes | None = None,
-        limits: Limits | None = None,
-        environment: str | None = None,
-    ) -> LocalSession:
-        if files is not None and tarball is not None:
-            raise SandboxError("give files or a tarball, not both")
-        venv = self.venv(environment)
-        return LocalSession(self, files or {}, tarball, limits or self.limits, venv=venv)
-
-    def verification_session(
-        self,
-        tarball: bytes,
-        preload: tuple[str, ...] = (),
-        limits: Limits | None = None,
-        environment: str | None = None,
-    ) -> LocalSession | station.Station:
-        """A session on ``tarball`` for one verification: a station (``station.py``) whose fork
-        server imported pytest and ``preload`` once, or, where sessions run cold, a fresh one.
-        Stations are kept per environment: a fork server of one never serves another."""
-        limits, venv = limits or self.limits, self.venv(environment)
-        if not self.warm:
-            return self.create(tarball=tarball, limits=limits, environment=environment)
+    def open(self, request: SessionRequest) -> LocalSession | station.Station:
+        """A new session; for a verification, where sessions run warm, a station (``station.py``)
+        kept for the request's preload, limits and environment."""
+        limits, venv = request.limits or self.limits, self.venv(request.environment)
+        tarball = request.tarball  # a verification's is never None (``SessionRequest``)
+        if not (request.verification and self.warm and tarball is not None):
+            return LocalSession(self, request.files or {}, tarball, limits, venv=venv)
         make = functools.partial(
-            LocalSession, self, {}, tarball, limits, preload=preload, venv=venv
+            LocalSession, self, {}, tarball, limits, preload=request.preload, venv=venv
         )
-        key = (preload, limits.model_dump_json(), venv or "")
+        key = (request.preload, limits.model_dump_json(), venv or "")
         return self.stations.take(tarball, key, make)
 
 

@@ -61,7 +61,7 @@ from gagar.sandbox.isolation import REPORTED
 from gagar.sandbox.local import LocalFactory, LocalSession, sweep_stale_sessions
 from gagar.sandbox.metrics import CONTENT_TYPE_LATEST, SandboxMetrics
 from gagar.sandbox.station import Station
-from gagar.sandbox.types import MAX_WALL_S, Limits, SandboxError
+from gagar.sandbox.types import MAX_WALL_S, Limits, SandboxError, SessionRequest
 
 MAX_BODY = 256 << 20
 MODULE = r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*$"  # a module's dotted name
@@ -158,19 +158,14 @@ class Registry:
         self.reserved += 1
         try:
             tar = base64.b64decode(body.tarball_b64) if body.tarball_b64 else None
-            if body.verification:
-                if body.files is not None or tar is None:
-                    raise HttpError(
-                        HTTPStatus.BAD_REQUEST, "a verification session needs a tarball"
-                    )
-                preload = tuple(body.preload)
-                session = await self._blocking(
-                    self.factory.verification_session, tar, preload, body.limits
-                )
-            else:
-                session = await self._blocking(
-                    lambda: self.factory.create(files=body.files, tarball=tar, limits=body.limits)
-                )
+            request = SessionRequest(
+                body.files,
+                tar,
+                body.limits,
+                verification=body.verification,
+                preload=tuple(body.preload),
+            )
+            session = await self._blocking(self.factory.open, request)
         finally:
             self.reserved -= 1
         sid = uuid.uuid4().hex

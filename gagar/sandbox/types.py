@@ -1,13 +1,16 @@
-"""Types of the sandbox API: limits, the result of one command, the session protocol, errors.
+"""Types of the sandbox API: limits, the result of one command, the session and factory
+protocols, what a session is made of (``SessionRequest``), errors.
 
-Every backend (local bubblewrap, the HTTP client of an executor server) implements ``Session``;
+Every backend (local bubblewrap, the HTTP client of an executor server) implements ``Session``,
+and its factory subclasses ``SessionFactory`` (or ``VerificationFactory``) and defines ``open``;
 callers (agent tools, verifiers, graders) depend only on this module.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import Literal, Protocol, runtime_checkable
+from dataclasses import dataclass, replace
+from typing import Literal, Protocol, Self, runtime_checkable
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -134,27 +137,55 @@ class Session(Protocol):
     def archive(self) -> bytes: ...
     def reset(self) -> None: ...
     def close(self) -> None: ...
+    def __enter__(self) -> Self: ...
+    def __exit__(self, *exc: object) -> None: ...
 
 
-@runtime_checkable
-class VerificationFactory(Protocol):
-    """A factory that keeps sessions for verification (``LocalFactory``: ``station.py``; the
-    executor servers' clients)."""
+@dataclass(frozen=True)
+class SessionRequest:
+    """What one session is made of, as ``SessionFactory.open`` takes it: the workspace (a files
+    mapping or a ``.tar.gz`` snapshot, not both; neither: empty), the limits of its commands (None:
+    the factory's), its task environment (a name of ``spec.sandbox.environments``; None: the
+    executor's own Python) and, for a verification, ``verification`` and the modules its fork
+    server imports besides pytest (``preload``). Checked as it is made: a factory never sees one
+    that asks the impossible."""
 
-    def verification_session(
-        self,
-        tarball: bytes,
-        preload: tuple[str, ...] = (),
-        limits: Limits | None = None,
-        environment: str | None = None,
-    ) -> Session: ...
+    files: Mapping[str, FileData] | None = None
+    tarball: bytes | None = None
+    limits: Limits | None = None
+    environment: str | None = None
+    verification: bool = False
+    preload: tuple[str, ...] = ()
+
+    def __post_init__(self) -> None:
+        if self.verification and (self.tarball is None or self.files is not None):
+            raise SandboxError("a verification session needs a tarball")
+        if self.files is not None and self.tarball is not None:
+            raise SandboxError("give files or a tarball, not both")
+
+    def for_one_image(self, where: str, limits: Limits | None) -> SessionRequest:
+        """The request as an executor of one image (``where``) takes it: refused when it names an
+        environment, with ``limits`` where it names none (None: the executor's own)."""
+        if self.environment is not None:
+            raise SandboxError(
+                f"{where} has no environment {self.environment!r}: it runs one image"
+            )
+        return self if self.limits is not None else replace(self, limits=limits)
 
 
 class SessionFactory(Protocol):
     """Creates sessions from a files mapping (a task's repository) or a ``.tar.gz`` snapshot.
     ``environment``: the task environment the session's commands run in (a name of
     ``spec.sandbox.environments``; None: the executor's own Python); a factory without it raises
-    ``SandboxError`` naming the environment."""
+    ``SandboxError`` naming the environment.
+
+    A factory defines ``open``; ``create`` (and ``VerificationFactory.verification_session``)
+    check the arguments into a ``SessionRequest`` and hand it there, so a factory that subclasses
+    this protocol writes neither the signature nor its checks again."""
+
+    def open(self, request: SessionRequest) -> Session:
+        """A new session as ``request`` says (the one method an implementation defines)."""
+        ...
 
     def create(
         self,
@@ -162,10 +193,28 @@ class SessionFactory(Protocol):
         tarball: bytes | None = None,
         limits: Limits | None = None,
         environment: str | None = None,
-    ) -> Session: ...
+    ) -> Session:
+        return self.open(SessionRequest(files, tarball, limits, environment))
 
 
-def no_environment(environment: str | None, where: str) -> None:
-    """Refuse ``environment`` where a factory serves only one (an executor pool of one image)."""
-    if environment is not None:
-        raise SandboxError(f"{where} has no environment {environment!r}: it runs one image")
+@runtime_checkable
+class VerificationFactory(SessionFactory, Protocol):
+    """A factory that keeps sessions for verification (``LocalFactory``: ``station.py``; the
+    executor servers' clients). ``isinstance`` looks for ``open`` too: a wrapper (a test's, a
+    benchmark's) subclasses this and defines ``open``."""
+
+    def verification_session(
+        self,
+        tarball: bytes,
+        preload: tuple[str, ...] = (),
+        limits: Limits | None = None,
+        environment: str | None = None,
+    ) -> Session:
+        """A session on ``tarball`` for one verification: a station (``station.py``) whose fork
+        server imported pytest and ``preload`` once where the factory keeps them (its sessions run
+        warm), else a fresh one. Stations are kept per environment: a fork server of one never
+        serves another."""
+        request = SessionRequest(
+            None, tarball, limits, environment, verification=True, preload=preload
+        )
+        return self.open(request)

@@ -33,7 +33,7 @@ from gagar.rollout.envs.task import Task, dump_tasks
 from gagar.rollout.envs.verify import verify_files
 from gagar.sandbox import SandboxError, SandboxUnavailable, podjail, venvs
 from gagar.sandbox.local import LocalFactory, check_isolation
-from gagar.sandbox.types import Limits
+from gagar.sandbox.types import Limits, SessionRequest, VerificationFactory
 from gagar.spec import GagarRunSpec
 from tests.support.submitting import Fmt, Submits
 
@@ -286,19 +286,17 @@ def test_isolation_pod_refuses_an_environment_its_session_uids_cannot_reach(
         LocalFactory(LIMITS, isolation="pod", environments={"a": envs["a"]})
 
 
-class _Recording:
+class _Recording(VerificationFactory):
     """``factory``, noting the environment of every session asked of it."""
 
     def __init__(self, factory: LocalFactory) -> None:
         self.factory, self.asked = factory, []  # type: ignore[var-annotated]
 
-    def create(self, **kw: object):
-        self.asked.append(("create", kw.get("environment")))
-        return self.factory.create(**kw)  # type: ignore[arg-type]
-
-    def verification_session(self, tarball: bytes, preload: tuple[str, ...] = (), **kw: object):
-        self.asked.append(("verification", kw.get("environment")))
-        return self.factory.verification_session(tarball, preload, **kw)  # type: ignore[arg-type]
+    def open(self, request: SessionRequest):
+        self.asked.append(
+            ("verification" if request.verification else "create", request.environment)
+        )
+        return self.factory.open(request)
 
 
 def test_the_rollouts_agent_and_verification_run_in_the_tasks_environment(

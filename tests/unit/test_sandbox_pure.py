@@ -11,7 +11,13 @@ import pytest
 
 from gagar.sandbox import bwrap, classify, local, runner, workspace
 from gagar.sandbox.cgroup import Stats
-from gagar.sandbox.types import Limits, SandboxError, SandboxUnavailable
+from gagar.sandbox.types import (
+    Limits,
+    SandboxError,
+    SandboxUnavailable,
+    SessionRequest,
+    VerificationFactory,
+)
 
 
 def _jail(uid: int | None) -> bwrap.Jail:
@@ -212,3 +218,40 @@ def test_sessions_of_a_killed_process_are_swept_and_live_ones_kept(tmp_path: Pat
     finally:
         live.close()
     assert not any(tmp_path.iterdir())
+
+
+def test_a_session_request_is_checked_as_it_is_made() -> None:
+    """What no factory can make is refused before any factory sees it."""
+    with pytest.raises(SandboxError, match="not both"):
+        SessionRequest(files={}, tarball=b"")
+    with pytest.raises(SandboxError, match="needs a tarball"):
+        SessionRequest(files={}, verification=True)
+    with pytest.raises(SandboxError, match="the pool p has no environment 'e'"):
+        SessionRequest(environment="e").for_one_image("the pool p", None)
+    own = Limits(wall_time_s=1)
+    assert SessionRequest().for_one_image("x", own).limits == own
+    assert SessionRequest(limits=Limits()).for_one_image("x", own).limits == Limits()
+
+
+class _Opened(VerificationFactory):
+    def __init__(self) -> None:
+        self.requests: list[SessionRequest] = []
+
+    def open(self, request: SessionRequest) -> None:  # type: ignore[override]
+        self.requests.append(request)
+
+
+def test_a_factory_defines_open_and_inherits_the_rest() -> None:
+    """``create`` and ``verification_session`` are the protocols' own: a factory that subclasses
+    them is a ``VerificationFactory`` by defining ``open`` alone."""
+    factory = _Opened()
+    factory.create(files={"a.py": ""}, environment="e")
+    factory.verification_session(b"tar", ("m",), Limits())
+    assert factory.requests == [
+        SessionRequest(files={"a.py": ""}, environment="e"),
+        SessionRequest(tarball=b"tar", limits=Limits(), verification=True, preload=("m",)),
+    ]
+    assert isinstance(factory, VerificationFactory)
+    with pytest.raises(SandboxError, match="not both"):
+        factory.create(files={}, tarball=b"")
+    assert len(factory.requests) == 2
