@@ -13,3 +13,6 @@ KIND = "GagarRun"
 # The key of the whole validated run in the operator's ``<run>-config`` ConfigMap, mounted at every
 # component's ``--config-dir``.
 RUN_FILE = "run.json"
+# Beside it there (``sandbox.backend: pods`` with task environments): each environment's executor
+# pool, ``{"<environment>": "http://<its headless Service>:<port>"}``.
+SANDBOX_POOLS_FILE = "sandbox-pools.json"

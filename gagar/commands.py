@@ -100,6 +100,8 @@ def _environment_problems(run: GagarRun) -> list[tuple[str, str, bool]]:
 
     out = []
     for i, env in enumerate(run.spec.sandbox.environments):
+        if env.lock is None:  # backend pods: an image, built elsewhere
+            continue
         field = f"spec.sandbox.environments[{i}].lock"
         try:
             text = Path(env.lock).read_text()

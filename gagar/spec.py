@@ -87,10 +87,18 @@ REFUSED_DATASET_URI = (
     "the trainer reads the task file from its file system: give a path in its pod (mount a "
     "volume with trainer.podTemplate), not a URI"
 )
-REFUSED_POD_ENVIRONMENTS = (
-    "sandbox.environments are virtual environments made on the trainer's machine and mounted in "
-    "its bubblewrap sandboxes: they need backend local (sandbox pods have no per-environment "
-    "images yet)"
+ENVIRONMENT_IMAGES_ON_PODS = (
+    "on backend pods each of sandbox.environments names its image (a sandbox image holding the "
+    "family's packages, run as a pool of its own) and no lock (a lock becomes a virtual "
+    "environment on backend local only)"
+)
+ENVIRONMENT_LOCKS_ON_LOCAL = (
+    "on backend local each of sandbox.environments names its lock (a virtual environment made "
+    "on this machine) and no image (an image is a pool of sandbox pods: backend pods)"
+)
+AGENT_SANDBOX_ONE_IMAGE = (
+    "isolation agent-sandbox claims every session from the run's one SandboxWarmPool: "
+    "sandbox.environments (a pool per image) need isolation pod, auto or bubblewrap"
 )
 REFUSED_STALE_UNCORRECTED = (
     "rollout.maxStaleness 1 trains on trajectories sampled by the previous policy version, and the "
@@ -1208,21 +1216,29 @@ AGENT_SANDBOX_NEEDS_PODS = "isolation agent-sandbox claims sandbox pods: it need
 
 
 class SandboxEnvironment(Model):
-    """A task environment: the packages some tasks' tests need, beside the code under test."""
+    """A task environment: the packages some tasks' tests need, beside the code under test. It
+    names a ``lock`` on ``backend: local`` and an ``image`` on ``backend: pods``."""
 
     name: str = Field(pattern=DNS_LABEL, max_length=63)
     """What a dataset source (``spec.dataset.sources[].environment``) or a task row
     (``environment``) names."""
-    lock: str = Field(min_length=1)
-    """Requirements file with a hash for every package, dependencies included (``pip-compile
-    --generate-hashes``, ``uv pip compile --generate-hashes``; ``--index-url``, ``--find-links``
-    and ``--no-index`` lines are pip's as usual), holding pytest (the tests run with it). A path
-    on the trainer's machine. ``gagar train`` makes a virtual environment of it once (``pip
-    install --no-deps --require-hashes``, cached by the lock's sha256 and the interpreter under
-    ``$GAGAR_CACHE_DIR/envs``, default ``~/.cache/gagar/envs``) and mounts it read-only in the
-    sandbox of every task of this environment, its ``bin`` first on ``PATH`` and
-    ``VIRTUAL_ENV`` set; a lock that cannot be installed, or installs no pytest, stops the run
-    before it starts."""
+    lock: str | None = Field(default=None, min_length=1)
+    """``backend: local`` (and there required): requirements file with a hash for every
+    package, dependencies included (``pip-compile --generate-hashes``, ``uv pip compile
+    --generate-hashes``; ``--index-url``, ``--find-links`` and ``--no-index`` lines are pip's as
+    usual), holding pytest (the tests run with it). A path on the trainer's machine. ``gagar
+    train`` makes a virtual environment of it once (``pip install --no-deps --require-hashes``,
+    cached by the lock's sha256 and the interpreter under ``$GAGAR_CACHE_DIR/envs``, default
+    ``~/.cache/gagar/envs``) and mounts it read-only in the sandbox of every task of this
+    environment, its ``bin`` first on ``PATH`` and ``VIRTUAL_ENV`` set; a lock that cannot be
+    installed, or installs no pytest, stops the run before it starts."""
+    image: str | None = Field(default=None, min_length=1)
+    """``backend: pods`` (and there required): the sandbox executor image of this family, one
+    that holds gagar's executor and the family's packages with pytest (e.g. ``FROM`` the
+    sandbox image, then ``pip install --require-hashes -r`` the family's lock). The operator runs
+    ``poolSize`` pods of it beside the default pool (same hardened pod, NetworkPolicy and
+    disruption budget, its own headless Service), pulled as ``spec.sandbox.image`` is, and the
+    trainer sends every session and verification of this environment's tasks there."""
 
 
 class SandboxSpec(Model):
@@ -1231,9 +1247,10 @@ class SandboxSpec(Model):
     backend: Literal["local", "pods"] = "local"
     """``local`` runs bubblewrap on the trainer's machine; ``pods`` uses hardened sandbox pods."""
     image: str = "ghcr.io/gagar-dev/gagar-sandbox:0.1.0"
-    """Executor image of the sandbox pods (``backend: pods``), whose Python runs every task's
-    tests there; on ``backend: local`` a task family that needs packages of its own names one of
-    ``environments``."""
+    """Executor image of the default pool of sandbox pods (``backend: pods``), whose Python runs
+    the tests of every task that names no environment; a task family that needs packages of its
+    own names one of ``environments`` (an image of its own on ``backend: pods``, a lock on
+    ``backend: local``)."""
     limits: SandboxLimits = Field(default_factory=SandboxLimits)
     """Limits of each execution."""
     isolation: SandboxIsolation = "auto"
@@ -1264,11 +1281,12 @@ class SandboxSpec(Model):
     environments: list[SandboxEnvironment] = Field(
         default_factory=list, max_length=MAX_ITEMS, json_schema_extra=_keyed("name")
     )
-    """Task environments by name (``backend: local`` only): a dataset source or a task row that
-    names one runs its tests, the agent's commands and verification alike, with that
-    environment's packages (a read-only virtual environment made from its ``lock``, and a fork
-    server per environment where the sandbox runs warm). Unnamed tasks run with the sandbox's own
-    Python."""
+    """Task environments by name: a dataset source or a task row that names one runs its tests,
+    the agent's commands and verification alike, with that environment's packages: on
+    ``backend: local`` a read-only virtual environment made from its ``lock`` (and a fork server
+    per environment where the sandbox runs warm), on ``backend: pods`` a pool of sandbox pods of
+    its ``image`` (not with ``isolation: agent-sandbox``). Unnamed tasks run with the sandbox's
+    own Python (``image``)."""
 
     @model_validator(mode="after")
     def _unique_environments(self) -> SandboxSpec:
@@ -1404,6 +1422,9 @@ def _tiny(**fields: Any) -> dict[str, Any]:
     return {"preset": "tiny", **fields}
 
 
+_IMAGE_ENV = {"name": "a", "image": "reg/sandbox-a:1"}  # an environment of backend pods
+
+
 def _run(**fields: Any) -> dict[str, Any]:
     """A GagarRunSpec's wire form: the smallest valid one, with ``fields`` over it."""
     return {"model": {"preset": "tiny"}, "rollout": {"replicas": 1}, **fields}
@@ -1425,12 +1446,32 @@ RULES: tuple[Rule, ...] = (
     ),
     Rule(
         (SandboxSpec,),
-        "!has(self.environments) || size(self.environments) == 0"
-        " || !has(self.backend) || self.backend == 'local'",
-        REFUSED_POD_ENVIRONMENTS,
-        lambda m: not m.environments or m.backend == "local",
-        valid={"backend": "local", "environments": [{"name": "a", "lock": "/locks/a.txt"}]},
+        "!has(self.backend) || self.backend != 'pods' || !has(self.environments)"
+        " || self.environments.all(e, has(e.image) && !has(e.lock))",
+        ENVIRONMENT_IMAGES_ON_PODS,
+        lambda m: m.backend != "pods" or all(e.image and not e.lock for e in m.environments),
+        valid={"backend": "pods", "environments": [_IMAGE_ENV]},
         invalid={"backend": "pods", "environments": [{"name": "a", "lock": "/locks/a.txt"}]},
+        field=".environments",
+    ),
+    Rule(
+        (SandboxSpec,),
+        "(has(self.backend) && self.backend == 'pods') || !has(self.environments)"
+        " || self.environments.all(e, has(e.lock) && !has(e.image))",
+        ENVIRONMENT_LOCKS_ON_LOCAL,
+        lambda m: m.backend == "pods" or all(e.lock and not e.image for e in m.environments),
+        valid={"backend": "local", "environments": [{"name": "a", "lock": "/locks/a.txt"}]},
+        invalid={"backend": "local", "environments": [_IMAGE_ENV]},
+        field=".environments",
+    ),
+    Rule(
+        (SandboxSpec,),
+        "!has(self.isolation) || self.isolation != 'agent-sandbox' || !has(self.environments)"
+        " || size(self.environments) == 0",
+        AGENT_SANDBOX_ONE_IMAGE,
+        lambda m: m.isolation != "agent-sandbox" or not m.environments,
+        valid={"isolation": "pod", "backend": "pods", "environments": [_IMAGE_ENV]},
+        invalid={"isolation": "agent-sandbox", "backend": "pods", "environments": [_IMAGE_ENV]},
         field=".environments",
     ),
     Rule(

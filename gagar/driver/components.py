@@ -280,6 +280,8 @@ def task_environments(sandbox: SandboxSpec) -> dict[str, str]:
     for i, env in enumerate(sandbox.environments):
         where = f"spec.sandbox.environments[{i}] ({env.name})"
         try:
+            if env.lock is None:  # the spec refuses it on backend local
+                raise venvs.VenvError("names no lock (an image is for backend pods)")
             out[env.name] = str(venvs.ensure(Path(env.lock)))
         except venvs.VenvError as err:
             raise SetupError(f"{where}: {err}") from None

@@ -39,6 +39,12 @@ class TrainerObserved:
     template_hash: str = ""  # of the immutable spec it was built from ("" when unknown)
 
 
+def environment_pool(environment: str) -> str:
+    """The key of a task environment's executor pool among ``Observed.pools`` and
+    ``status.pools`` (the default pool's is ``sandbox``)."""
+    return f"sandbox/{environment}"
+
+
 @dataclass(frozen=True)
 class PoolObserved:
     """A pool's Deployment: desired (whoever wrote it), current and ready replicas."""

@@ -22,7 +22,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from datetime import datetime
 
-from gagar.operator.observe import Observed, PoolObserved, TrainerObserved
+from gagar.operator.observe import Observed, PoolObserved, TrainerObserved, environment_pool
 from gagar.spec import (
     CONDITION_TYPES,
     CheckpointStatus,
@@ -183,10 +183,14 @@ def pool_statuses(spec: GagarRunSpec, obs: Observed) -> dict[str, PoolStatus]:
 
 
 def expected_pools(spec: GagarRunSpec) -> list[str]:
+    """The run's pools: rollout and grader (unless endpoints), and on sandbox pods the default
+    executor pool and one per task environment (``sandbox/<environment>``)."""
     pools = [
         p for p, s in (("rollout", spec.rollout), ("grader", spec.grader)) if s.endpoint is None
     ]
-    return pools + (["sandbox"] if spec.sandbox.backend == "pods" else [])
+    if spec.sandbox.backend != "pods":
+        return pools
+    return [*pools, "sandbox", *(environment_pool(e.name) for e in spec.sandbox.environments)]
 
 
 def _pools_not_ready(spec: GagarRunSpec, obs: Observed) -> list[str]:

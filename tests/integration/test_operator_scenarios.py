@@ -1684,3 +1684,67 @@ def test_keda_autoscaling_without_keda_stalls_and_suspend_completes(env: Env) ->
         env.patch_spec(name, {"suspend": True})
         env.stopped(name)
         env.wait(phase(env, name, "Suspended"), what="phase Suspended")
+
+
+TASK_ENVIRONMENTS = [
+    {"name": "web", "image": "registry.example/gagar-sandbox-web:1"},
+    {"name": "db", "image": "registry.example/gagar-sandbox-db:1"},
+]
+
+
+def test_task_environments_get_pools_that_pools_ready_waits_for(env: Env) -> None:
+    """Two task environments on sandbox pods: a pool of each one's image beside the default
+    one, stored by a server that checks them (names, selectors, the CRD's rules), selected by
+    their own Services only; the trainer's ConfigMap says where each is; PoolsReady waits for
+    the pool not ready and names it; an environment taken out of the spec takes its pool."""
+    emulator = env.need_emulator()  # holds one pool's pods not ready
+    run = manifest(**{"sandbox.environments": TASK_ENVIRONMENTS})
+    name = run["metadata"]["name"]
+    web, db = f"{name}-sandbox-web", f"{name}-sandbox-db"
+    emulator.hold_deployment(db, ready=0, namespace=env.namespace)
+    with env.operator():
+        env.create(run)
+        deps = {p: env.wait(lambda p=p: env.get("apps/v1", "Deployment", p), what=p)
+                for p in (f"{name}-sandbox", web, db)}  # fmt: skip
+        images = {
+            p: d["spec"]["template"]["spec"]["containers"][0]["image"] for p, d in deps.items()
+        }
+        assert images[web] == TASK_ENVIRONMENTS[0]["image"]
+        assert images[db] == TASK_ENVIRONMENTS[1]["image"]
+        default = env.get("v1", "Service", f"{name}-sandbox")["spec"]["selector"]
+        for pool in (web, db):
+            labels = deps[pool]["spec"]["template"]["metadata"]["labels"]
+            assert not all(labels.get(k) == v for k, v in default.items())
+            assert env.get("v1", "Service", pool)["spec"]["selector"]["gagar.dev/environment"]
+        pools = json.loads(
+            env.get("v1", "ConfigMap", f"{name}-config")["data"]["sandbox-pools.json"]
+        )
+        assert pools == {"web": f"http://{web}:8090", "db": f"http://{db}:8090"}
+        waiting = env.wait(
+            lambda: (
+                "sandbox/db 0/" in env.condition(name, "PoolsReady").get("message", "")
+                and env.condition(name, "PoolsReady")
+            ),
+            what="PoolsReady waits for db's pool",
+        )
+        assert waiting["status"] == "False" and "sandbox/web" not in waiting["message"]
+        assert env.condition(name, "Ready")["status"] == "False"
+        emulator.hold_deployment(db, ready=None, namespace=env.namespace)
+        ready = env.reason(name, "PoolsReady", "PoolsReady", what="every pool ready")
+        assert "sandbox/web, sandbox/db" in ready["message"]
+        assert (
+            env.status(name)["pools"]["sandbox/db"]["readyReplicas"] == deps[db]["spec"]["replicas"]
+        )
+        env.patch_spec(name, {"sandbox": {"environments": TASK_ENVIRONMENTS[:1]}})
+        for kind in ("Deployment", "Service", "NetworkPolicy", "PodDisruptionBudget"):
+            api = {"Deployment": "apps/v1", "Service": "v1", "NetworkPolicy": "networking.k8s.io/v1",
+                   "PodDisruptionBudget": "policy/v1"}[kind]  # fmt: skip
+            env.wait(lambda a=api, k=kind: env.get(a, k, db) is None, what=f"{kind} of db pruned")
+        assert env.get("apps/v1", "Deployment", web) is not None
+        env.wait(
+            lambda: (
+                set(env.status(name).get("pools", {}))
+                == {"rollout", "grader", "sandbox", "sandbox/web"}
+            ),
+            what="db's pool gone from status",
+        )

@@ -346,13 +346,21 @@ ACTS: dict[str, tuple[str, ...]] = {
         INT + "test_task_environments.py::"
         "test_the_specs_environments_reach_the_sandbox_and_the_sources_tasks",
         U
-        + "test_task_environments.py::test_environments_are_unique_by_name_need_a_lock_and_the_local_backend",
+        + "test_task_environments.py::test_environments_are_unique_by_name_and_name_what_their_backend_uses",
     ),
     "spec.sandbox.environments.lock": (
         INT + "test_task_environments.py::"
         "test_the_specs_environments_reach_the_sandbox_and_the_sources_tasks",
         INT
         + "test_task_environments.py::test_a_lock_with_a_wrong_hash_or_without_pytest_is_refused",
+    ),
+    "spec.sandbox.environments.image": (
+        U
+        + "test_environment_pools.py::test_each_environment_gets_a_pool_of_its_image_beside_the_default_one",
+        U
+        + "test_environment_pools.py::test_an_environments_image_is_pulled_as_the_sandbox_image_is",
+        INT
+        + "test_operator_scenarios.py::test_task_environments_get_pools_that_pools_ready_waits_for",
     ),
     "spec.dataset.sources.environment": (
         INT + "test_task_environments.py::"

@@ -47,13 +47,24 @@ def test_a_source_naming_an_unknown_environment_is_refused() -> None:
         GagarRunSpec.model_validate(_spec([{"kind": "synthetic", "environment": "web"}], []))
 
 
-def test_environments_are_unique_by_name_need_a_lock_and_the_local_backend() -> None:
+def test_environments_are_unique_by_name_and_name_what_their_backend_uses() -> None:
+    """A lock on backend local, an image on backend pods, each refused in the other backend (a
+    field that would not act there), and no environment with agent-sandbox's one warm pool."""
     with pytest.raises(ValidationError, match=r"environments\[1\].name: web twice"):
         SandboxSpec.model_validate({"environments": [ENVS[0], ENVS[0]]})
-    with pytest.raises(ValidationError, match="lock"):
+    with pytest.raises(ValidationError, match="names its lock"):
         SandboxSpec.model_validate({"environments": [{"name": "web"}]})
-    with pytest.raises(ValidationError, match="need backend local"):
+    with pytest.raises(ValidationError, match=r"names its lock .* and no image"):
+        SandboxSpec.model_validate({"environments": [{**ENVS[0], "image": "reg/web:1"}]})
+    with pytest.raises(ValidationError, match=r"names its image .* and no lock"):
         SandboxSpec.model_validate({"backend": "pods", "environments": ENVS})
+    image = [{"name": "web", "image": "reg/web:1"}]
+    with pytest.raises(ValidationError, match="names its image"):
+        SandboxSpec.model_validate({"backend": "pods", "environments": [{"name": "web"}]})
+    SandboxSpec.model_validate({"backend": "pods", "environments": image})
+    pool = {"backend": "pods", "isolation": "agent-sandbox", "environments": image}
+    with pytest.raises(ValidationError, match="one SandboxWarmPool"):
+        SandboxSpec.model_validate(pool)
 
 
 def test_a_row_names_its_environment_and_an_unknown_one_is_one_line(tmp_path: Path) -> None:

@@ -2,6 +2,9 @@
 
 ``<run>-config`` holds the run as the operator validated it (``to_wire()``, defaults filled in) in
 one document, ``run.json``, which every pod reads: each component sees exactly what was validated.
+With task environments on sandbox pods, ``sandbox-pools.json`` beside it says where each
+environment's executor pool is (``{"web": "http://<run>-sandbox-web:8090"}``): the trainer and
+grader send a session of that environment there, the rest to ``GAGAR_SANDBOX_URL``.
 ``<run>-progress`` is where the trainer reports step, policy version and checkpoints (pods never
 patch the GagarRun): the operator applies it with metadata only, so the trainer's ``data`` is never
 overwritten (server-side apply only touches the fields a manager sends).
@@ -12,7 +15,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from gagar import RUN_FILE
+from gagar import RUN_FILE, SANDBOX_POOLS_FILE
 from gagar.operator.builders.common import (
     BuildContext,
     Manifest,
@@ -22,6 +25,7 @@ from gagar.operator.builders.common import (
     name,
     obj,
 )
+from gagar.operator.builders.sandbox import environment_pools, pool_url
 from gagar.spec import GagarRun
 
 # Keys the trainer writes into <run>-progress (all strings; the status calculator parses them).
@@ -41,7 +45,8 @@ def _dump(value: Any) -> str:
 
 
 def config_data(run: GagarRun) -> dict[str, str]:
-    """ConfigMap data: the whole run, validated (``run.json``)."""
+    """ConfigMap data: the whole run, validated (``run.json``), and where each task environment's
+    executor pool is (``sandbox-pools.json``, when it has some)."""
     spec = run.spec
     meta = {"name": run.metadata.name}
     if run.metadata.namespace:
@@ -51,7 +56,15 @@ def config_data(run: GagarRun) -> dict[str, str]:
         "kind": run.kind,
         "metadata": meta,
     }
-    return {RUN_FILE: _dump({**wire, "spec": spec.to_wire()})}
+    out = {RUN_FILE: _dump({**wire, "spec": spec.to_wire()})}
+    if pools := sandbox_pools(run):
+        out[SANDBOX_POOLS_FILE] = _dump(pools)
+    return out
+
+
+def sandbox_pools(run: GagarRun) -> dict[str, str]:
+    """Each task environment's executor pool: its name -> its Service's URL."""
+    return {p.environment or "": pool_url(p.name) for p in environment_pools(run)}
 
 
 def build_config_map(run: GagarRun, ctx: BuildContext) -> Manifest:

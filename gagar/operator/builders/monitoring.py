@@ -19,6 +19,7 @@ from gagar.operator.builders.common import (
     obj,
     selector,
 )
+from gagar.operator.builders.sandbox import ENVIRONMENT_COMPONENT, environment_pools
 from gagar.spec import GagarRun
 
 API = "monitoring.coreos.com/v1"
@@ -58,4 +59,6 @@ def build_monitors(run: GagarRun, ctx: BuildContext) -> list[Manifest]:
         out.append(build_service_monitor(run, ctx, "grader", "metrics"))
     if run.spec.sandbox.backend == "pods":
         out.append(build_service_monitor(run, ctx, "sandbox", "metrics"))
+    if environment_pools(run):  # one for the Services of every task environment's pool
+        out.append(build_service_monitor(run, ctx, ENVIRONMENT_COMPONENT, "metrics"))
     return out

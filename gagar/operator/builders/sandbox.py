@@ -24,10 +24,21 @@ the run ``SandboxUnavailable`` otherwise). The trainer and grader claim one Sand
 (``gagar.sandbox.agent``). The template's NetworkPolicy is ``Unmanaged``: agent-sandbox's default
 policy admits its router and lets the pods reach the Internet; the run's own deny-all policy
 (below), which selects the claimed pods by the template's labels, is what applies.
+
+Task environments (``spec.sandbox.environments``, each an ``image``) get a pool each beside the
+default one: the same hardened pod with the environment's image, its own Deployment, headless
+Service, NetworkPolicy and disruption budget, named ``<run>-sandbox-<environment>`` (cut and given
+a hash suffix past 63 characters: a Service name is a DNS label). Their pods carry the component
+``sandbox-env`` and ``gagar.dev/environment``, so the default pool's selector (component
+``sandbox``) never picks them, nor one environment's selector another's pods. The trainer finds
+them through the run's ConfigMap (``builders.config``). ``agent-sandbox`` has one warm pool: the
+spec refuses environments there.
 """
 
 from __future__ import annotations
 
+import hashlib
+from dataclasses import dataclass
 from typing import Any
 
 from gagar.operator.builders.common import (
@@ -38,6 +49,7 @@ from gagar.operator.builders.common import (
     common_env,
     config_volume,
     image,
+    labels,
     metadata,
     metrics_port,
     name,
@@ -57,6 +69,54 @@ SANDBOX_UID = 65534
 # dac_override) and kill what they leave (kill). Nothing that mounts, traces or configures.
 POD_MODE_CAPS = ["CHOWN", "DAC_OVERRIDE", "FOWNER", "KILL", "SETGID", "SETPCAP", "SETUID"]
 WORKSPACE_ROOT = "/workspace"  # the workspace emptyDir: every session's directory lies under it
+ENVIRONMENT_LABEL = "gagar.dev/environment"
+ENVIRONMENT_COMPONENT = "sandbox-env"  # not "sandbox": the default pool's selector must miss them
+MAX_NAME = 63  # a Service's name is a DNS label
+
+
+@dataclass(frozen=True)
+class Pool:
+    """One executor pool: the default one (``environment`` None) or a task environment's."""
+
+    name: str
+    image: str
+    selector: dict[str, str]
+    labels: dict[str, str]  # of its objects and its pods
+    environment: str | None = None
+
+
+def default_pool(run: GagarRun) -> Pool:
+    sb = run.spec.sandbox
+    return Pool(name(run, "sandbox"), sb.image, selector(run, "sandbox"), labels(run, "sandbox"))
+
+
+def environment_pool_name(run: GagarRun, environment: str) -> str:
+    """``<run>-sandbox-<environment>``; past 63 characters its first 57, then a hash of the
+    whole (two long names that share their start stay apart)."""
+    full = name(run, "sandbox", environment)
+    if len(full) <= MAX_NAME:
+        return full
+    digest = hashlib.sha256(full.encode()).hexdigest()[:5]
+    return f"{full[: MAX_NAME - 6].rstrip('-')}-{digest}"
+
+
+def environment_pools(run: GagarRun) -> list[Pool]:
+    """A pool per task environment (``backend: pods``: each names its image)."""
+    if run.spec.sandbox.backend != "pods":
+        return []
+    out = []
+    for env in run.spec.sandbox.environments:
+        own = {ENVIRONMENT_LABEL: env.name}
+        sel = {**selector(run, ENVIRONMENT_COMPONENT), **own}
+        lab = {**labels(run, ENVIRONMENT_COMPONENT), **own}
+        ref = env.image or run.spec.sandbox.image  # the spec requires an image on pods
+        out.append(Pool(environment_pool_name(run, env.name), ref, sel, lab, env.name))
+    return out
+
+
+def pool_url(pool_name: str) -> str:
+    """Where the trainer and grader reach a pool: its headless Service."""
+    return f"http://{pool_name}:{SANDBOX_PORT}"
 
 
 def serve_args(run: GagarRun) -> list[str]:
@@ -89,12 +149,12 @@ def _identity(run: GagarRun) -> dict[str, Any]:
     return {"user": user, "caps": {"drop": ["ALL"], "add": POD_MODE_CAPS}}
 
 
-def _container(run: GagarRun, ctx: BuildContext) -> dict[str, Any]:
+def _container(run: GagarRun, ctx: BuildContext, ref: str) -> dict[str, Any]:
     sb = run.spec.sandbox
     _, cfg_mount = config_volume(run)
     return {
         "name": "executor",
-        "image": image(sb.image, ctx),
+        "image": image(ref, ctx),
         "command": ["gagar"],
         "args": serve_args(run),
         "env": common_env(run, "sandbox"),
@@ -119,7 +179,7 @@ def _container(run: GagarRun, ctx: BuildContext) -> dict[str, Any]:
     }
 
 
-def _pod(run: GagarRun, ctx: BuildContext) -> dict[str, Any]:
+def _pod(run: GagarRun, ctx: BuildContext, ref: str) -> dict[str, Any]:
     cfg_vol, _ = config_volume(run)
     pod: dict[str, Any] = {
         "serviceAccountName": name(run, "sandbox"),
@@ -130,7 +190,7 @@ def _pod(run: GagarRun, ctx: BuildContext) -> dict[str, Any]:
             "fsGroup": SANDBOX_UID,
             "seccompProfile": {"type": "RuntimeDefault"},
         },
-        "containers": [_container(run, ctx)],
+        "containers": [_container(run, ctx, ref)],
         "volumes": [
             cfg_vol,
             {"name": "workspace", "emptyDir": {"sizeLimit": "4Gi"}},
@@ -143,23 +203,35 @@ def _pod(run: GagarRun, ctx: BuildContext) -> dict[str, Any]:
     return pod
 
 
-def build_sandbox_deployment(run: GagarRun, ctx: BuildContext) -> Manifest:
+def _meta(run: GagarRun, ctx: BuildContext, pool: Pool) -> dict[str, Any]:
+    meta = metadata(run, ctx, pool.name, "sandbox")
+    return {**meta, "labels": dict(pool.labels)}
+
+
+def _template(run: GagarRun, ctx: BuildContext, pool: Pool) -> dict[str, Any]:
+    """The hardened pod with the pool's image, labelled as the pool (the overlay's scheduling
+    and labels as the default pool's: ``spec.sandbox.podTemplate``)."""
+    tpl = pod_template(run, "sandbox", _pod(run, ctx, pool.image))
+    pod_labels = {**tpl["metadata"]["labels"], **pool.labels}
+    return {**tpl, "metadata": {**tpl["metadata"], "labels": pod_labels}}
+
+
+def build_sandbox_deployment(run: GagarRun, ctx: BuildContext, pool: Pool) -> Manifest:
     """Warm pool of ``poolSize`` executor pods (0 while suspended or after the run ended)."""
     stopped = run.spec.suspend or ctx.state == "terminal"
     spec = {
         "replicas": 0 if stopped else run.spec.sandbox.pool_size,
-        "selector": {"matchLabels": selector(run, "sandbox")},
-        "template": pod_template(run, "sandbox", _pod(run, ctx)),
+        "selector": {"matchLabels": dict(pool.selector)},
+        "template": _template(run, ctx, pool),
     }
-    meta = metadata(run, ctx, name(run, "sandbox"), "sandbox")
-    return obj("apps/v1", "Deployment", meta, spec=spec)
+    return obj("apps/v1", "Deployment", _meta(run, ctx, pool), spec=spec)
 
 
-def build_sandbox_service(run: GagarRun, ctx: BuildContext) -> Manifest:
+def build_sandbox_service(run: GagarRun, ctx: BuildContext, pool: Pool) -> Manifest:
     """Headless: a session is pinned to one pod (its workspace), so clients address pods by IP."""
     spec = {
         "clusterIP": "None",
-        "selector": selector(run, "sandbox"),
+        "selector": dict(pool.selector),
         "ports": [
             {"name": "executor", "port": SANDBOX_PORT, "targetPort": "executor"},
             {
@@ -169,17 +241,17 @@ def build_sandbox_service(run: GagarRun, ctx: BuildContext) -> Manifest:
             },
         ],
     }
-    return obj("v1", "Service", metadata(run, ctx, name(run, "sandbox"), "sandbox"), spec=spec)
+    return obj("v1", "Service", _meta(run, ctx, pool), spec=spec)
 
 
-def build_sandbox_network_policy(run: GagarRun, ctx: BuildContext) -> Manifest:
+def build_sandbox_network_policy(run: GagarRun, ctx: BuildContext, pool: Pool) -> Manifest:
     """Deny all egress (no DNS either); ingress to the executor only from this run's trainer and
     grader pods, and to the metrics port (counters only, no session data) only for the
     Prometheus the operator names (``ctx.scraper``)."""
     peers = [{"podSelector": {"matchLabels": selector(run, c)}} for c in ("trainer", "grader")]
     metrics = {"protocol": "TCP", "port": run.spec.observability.metrics_port}
     spec = {
-        "podSelector": {"matchLabels": selector(run, "sandbox")},
+        "podSelector": {"matchLabels": dict(pool.selector)},
         "policyTypes": ["Ingress", "Egress"],
         "ingress": [
             {"from": peers, "ports": [{"protocol": "TCP", "port": SANDBOX_PORT}]},
@@ -187,21 +259,29 @@ def build_sandbox_network_policy(run: GagarRun, ctx: BuildContext) -> Manifest:
         ],
         "egress": [],
     }
-    meta = metadata(run, ctx, name(run, "sandbox"), "sandbox")
-    return obj("networking.k8s.io/v1", "NetworkPolicy", meta, spec=spec)
+    return obj("networking.k8s.io/v1", "NetworkPolicy", _meta(run, ctx, pool), spec=spec)
 
 
-def build_sandbox_disruption_budget(run: GagarRun, ctx: BuildContext) -> Manifest:
+def build_sandbox_disruption_budget(run: GagarRun, ctx: BuildContext, pool: Pool) -> Manifest:
     """A drain takes at most a tenth of the pool (rounded up: at least one pod) at a time: every
     evicted executor ends the sessions it holds, and the trainer's rollouts wait on them. A pod
     that is not ready may always go, so the budget never blocks a drain for good."""
     spec = {
         "maxUnavailable": "10%",
-        "selector": {"matchLabels": selector(run, "sandbox")},
+        "selector": {"matchLabels": dict(pool.selector)},
         "unhealthyPodEvictionPolicy": "AlwaysAllow",
     }
-    meta = metadata(run, ctx, name(run, "sandbox"), "sandbox")
-    return obj("policy/v1", "PodDisruptionBudget", meta, spec=spec)
+    return obj("policy/v1", "PodDisruptionBudget", _meta(run, ctx, pool), spec=spec)
+
+
+def build_executor_pool(run: GagarRun, ctx: BuildContext, pool: Pool) -> list[Manifest]:
+    """Deployment, headless Service, NetworkPolicy and disruption budget of one pool."""
+    return [
+        build_sandbox_deployment(run, ctx, pool),
+        build_sandbox_service(run, ctx, pool),
+        build_sandbox_network_policy(run, ctx, pool),
+        build_sandbox_disruption_budget(run, ctx, pool),
+    ]
 
 
 AGENT_SANDBOX_API = f"{AGENT_SANDBOX}/v1beta1"
@@ -211,7 +291,7 @@ def build_sandbox_template(run: GagarRun, ctx: BuildContext) -> Manifest:
     """The executor pod as an agent-sandbox SandboxTemplate (claims may inject neither env nor
     volumes: agent-sandbox's defaults, written out)."""
     spec = {
-        "podTemplate": pod_template(run, "sandbox", _pod(run, ctx)),
+        "podTemplate": pod_template(run, "sandbox", _pod(run, ctx, run.spec.sandbox.image)),
         "networkPolicyManagement": "Unmanaged",
         "envVarsInjectionPolicy": "Disallowed",
         "volumeClaimTemplatesPolicy": "Disallowed",
@@ -234,17 +314,13 @@ def build_sandbox_warm_pool(run: GagarRun, ctx: BuildContext) -> Manifest:
 def build_sandbox(run: GagarRun, ctx: BuildContext) -> list[Manifest]:
     if run.spec.sandbox.backend != "pods":
         return []
-    if run.spec.sandbox.isolation == "agent-sandbox":
+    if run.spec.sandbox.isolation == "agent-sandbox":  # no environments (the spec refuses them)
         if AGENT_SANDBOX not in ctx.crds:
             return []  # the handler refuses the run (SandboxUnavailable) before applying
         return [
             build_sandbox_template(run, ctx),
             build_sandbox_warm_pool(run, ctx),
-            build_sandbox_network_policy(run, ctx),
+            build_sandbox_network_policy(run, ctx, default_pool(run)),
         ]
-    return [
-        build_sandbox_deployment(run, ctx),
-        build_sandbox_service(run, ctx),
-        build_sandbox_network_policy(run, ctx),
-        build_sandbox_disruption_budget(run, ctx),
-    ]
+    pools = [default_pool(run), *environment_pools(run)]
+    return [m for pool in pools for m in build_executor_pool(run, ctx, pool)]
