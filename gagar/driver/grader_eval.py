@@ -10,6 +10,12 @@ JSON (``--out``). An endpoint's row uses the agentic grader with ``fallback: unu
 row measures the model, not the heuristic it would fall back to. With ``--episodes FILE`` every
 grading (each shuffle too) is a grading-episode record (``gagar.grader.episodes``).
 
+``--real TASKS.jsonl`` adds groups on mined real-repository tasks (``grader_real`` and
+``grader_real_build``: members run through the real verifier, levels from their visible and
+held-back tests, then their scope): every grader then has a row per set (``NAME · synthetic``,
+``NAME · real``; ``--groups 0`` leaves the synthetic set out), and the JSON keeps each real
+group's task, package, members' kinds, executions and levels beside every grading's positions.
+
 The command is registered under ``gagar grader`` from here (``gagar.cli.NESTED``): building the
 groups runs the agent loop, which the grader package may not import.
 """
@@ -24,7 +30,7 @@ import os
 import random
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -42,6 +48,9 @@ from gagar.grader.protocol import Grader
 
 if TYPE_CHECKING:  # the groups' module runs the agent loop (torch): imported where used
     from gagar.driver.grader_bench import BenchGroup, Split
+    from gagar.driver.grader_real_build import RealGroup
+
+    Scored = BenchGroup | RealGroup  # a group with a known answer: ``id``, ``group``, ``reference``
 
 DEFAULT_GROUPS = 24
 DEFAULT_SHUFFLES = 3
@@ -108,7 +117,7 @@ def train_groups(args: argparse.Namespace) -> list[BenchGroup]:
 
 
 async def grade_group(
-    grader: Grader, bench: BenchGroup, perms: list[list[int]], log: Path | None
+    grader: Grader, bench: Scored, perms: list[list[int]], log: Path | None
 ) -> list[Graded]:
     """``bench`` graded once per relabelling in ``perms``, each ranking mapped back."""
     out = []
@@ -127,7 +136,7 @@ async def grade_group(
 
 async def evaluate(
     grader: Grader,
-    benches: list[BenchGroup],
+    benches: Sequence[Scored],
     shuffles: int,
     seed: int,
     log: Path | None = None,
@@ -155,7 +164,7 @@ def table(rows: dict[str, dict[str, Any]]) -> Any:
     """The rows as a rich table: a metric per line, a grader per column."""
     from rich.table import Table
 
-    t = Table(title="grading benchmark (synthetic groups with known answers)")
+    t = Table(title="grading benchmark (groups with known answers)")
     t.add_column("metric")
     for name in rows:
         t.add_column(name, justify="right")
@@ -222,35 +231,82 @@ def _served(args: argparse.Namespace) -> Iterator[tuple[str, str] | None]:
         yield f"{server.base_url}/v1", GRADER_SERVED_NAME
 
 
+def real_groups(args: argparse.Namespace) -> list[RealGroup]:
+    """``--real-groups`` groups on ``--real``'s mined tasks (``grader_real_build``): from the
+    cache, else built (each appended to the cache as it is done) in bubblewrap sandboxes with
+    the mined example's limits."""
+    from gagar.driver.grader_real_build import build_groups, cache_path
+    from gagar.rollout.envs.task import load_tasks
+    from gagar.sandbox import Limits
+    from gagar.sandbox.local import LocalFactory
+
+    tasks_file = Path(args.real)
+    packages = args.real_packages.split(",") if args.real_packages else None
+    path = cache_path(Path(args.cache), tasks_file, packages, args.real_groups, args.seed)
+    if args.rebuild:
+        path.unlink(missing_ok=True)
+    factory = LocalFactory(Limits(wall_time_s=300, cpu_time_s=120))  # examples/mined.yaml's
+    tasks = load_tasks(tasks_file)
+    return build_groups(tasks, args.real_groups, args.seed, factory, packages, path)
+
+
+def _sets(args: argparse.Namespace) -> dict[str, Sequence[Scored]]:
+    """The groups to grade by set: ``synthetic`` (unless ``--groups 0``) and ``real``."""
+    out: dict[str, Sequence[Scored]] = {}
+    if args.groups:
+        benches = groups(args.groups, args.seed, Path(args.cache), args.rebuild)
+        wanted: tuple[Split, ...] = ("train", "held_out") if args.split == "all" else (args.split,)
+        out["synthetic"] = [b for b in benches if b.split in wanted][: args.limit or None]
+    if args.real:
+        out["real"] = real_groups(args)[: args.limit or None]
+    return out
+
+
+def _real_record(args: argparse.Namespace, reals: Sequence[Any]) -> dict[str, Any]:
+    """What a reader needs of the real groups beside the scores: each member's kind, execution
+    and level."""
+    keep = ("id", "task_id", "package", "kinds", "members", "dropped")
+    return {
+        "tasks_file": args.real,
+        "packages": args.real_packages or "held out (split_by_package 0.25, seed 0)",
+        "groups": [{k: getattr(g, k) for k in keep} for g in reals],
+    }
+
+
 def run_eval(args: argparse.Namespace) -> dict[str, Any]:
     """Build or load the groups, grade them with every row's grader, print the table; the
-    result (JSON-ready), also written to ``args.out`` when set."""
+    result (JSON-ready), also written to ``args.out`` when set. With ``--real`` each grader has
+    a row per set of groups (``NAME · synthetic``, ``NAME · real``)."""
     from rich.console import Console
 
     from gagar.driver.grader_bench import cache_path
 
-    benches = groups(args.groups, args.seed, Path(args.cache), args.rebuild)
-    wanted: tuple[Split, ...] = ("train", "held_out") if args.split == "all" else (args.split,)
-    chosen = [b for b in benches if b.split in wanted][: args.limit or None]
+    sets = _sets(args)
     log = Path(args.episodes) if args.episodes else None
     rows, per_group = {}, {}
     with _served(args) as served:
         for name, grader in _graders(args, served).items():
-            row, scores = asyncio.run(evaluate(grader, chosen, args.shuffles, args.seed, log))
-            rows[name] = row
-            per_group[name] = [{"id": b.id, **vars(s)} for b, s in zip(chosen, scores, strict=True)]
+            for which, chosen in sets.items():
+                key = f"{name} · {which}" if args.real else name
+                row, scores = asyncio.run(evaluate(grader, chosen, args.shuffles, args.seed, log))
+                rows[key] = row
+                per_group[key] = [
+                    {"id": b.id, **vars(s)} for b, s in zip(chosen, scores, strict=True)
+                ]
     Console(width=max(100, Console().width)).print(table(rows))
     result = {
         "benchmark": "grader_eval",
         "seed": args.seed,
         "groups_built": args.groups,
         "split": args.split,
-        "group_ids": [b.id for b in chosen],
+        "group_ids": [b.id for b in sets.get("synthetic", [])],
         "shuffles": args.shuffles,
         "cache": str(cache_path(Path(args.cache), args.groups, args.seed)),
         "rows": rows,
         "per_group": per_group,
     }
+    if "real" in sets:
+        result["real"] = _real_record(args, sets["real"])
     if args.out:
         Path(args.out).parent.mkdir(parents=True, exist_ok=True)
         Path(args.out).write_text(json.dumps(result, indent=1) + "\n")
@@ -266,7 +322,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--groups", type=int, default=DEFAULT_GROUPS, help="groups built (all splits)")
     p.add_argument("--seed", type=int, default=0, help="tasks, kinds, split and shuffles")
     p.add_argument("--split", choices=("held_out", "train", "all"), default="held_out")
-    p.add_argument("--limit", type=int, default=0, help="grade at most this many groups (0: all)")
+    p.add_argument(
+        "--limit", type=int, default=0, help="grade at most this many groups of each set (0: all)"
+    )
     p.add_argument("--shuffles", type=int, default=DEFAULT_SHUFFLES, help="relabellings a group")
     p.add_argument("--cache", default=str(default_cache()), help="folder of the groups' JSONL")
     p.add_argument("--rebuild", action="store_true", help="build the groups even if cached")
@@ -282,6 +340,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--sandbox-url", help="--sandbox pool: the sandbox Service")
     p.add_argument("--sandbox-warmpool", help="--sandbox agent-sandbox: the warm pool")
     p.add_argument("--episodes", help="append every grading as an episode record (JSONL)")
+    p.add_argument("--real", help="mined tasks' JSONL (`make tasks`): add real-repository groups")
+    p.add_argument("--real-groups", type=int, default=16, help="real groups built (--real)")
+    p.add_argument(
+        "--real-packages",
+        help="comma-separated packages to draw from (default: the held-out packages)",
+    )
     p.add_argument("--out", help="write the result JSON here")
 
 

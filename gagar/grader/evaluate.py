@@ -174,6 +174,10 @@ class GroupScore:
     ref_last_wins: list[bool] = field(default_factory=list)
     seconds: float = 0.0
     tokens: int = 0
+    # each grading as the metrics read it (a reader recomputes them from these and the levels):
+    # the relabelling shown, and the position per member in the group's own numbers
+    perms: list[list[int]] = field(default_factory=list)
+    positions: list[dict[int, int]] = field(default_factory=list)
 
 
 def _wins(top: set[int], perm: list[int], passes: set[int]) -> tuple[bool, bool]:
@@ -226,6 +230,8 @@ def score_group(ref: Reference, gradings: list[Graded]) -> GroupScore:
     rest = [agreement(pos, positions(g.ranking), members) for g in gradings[1:]]
     kept = [a for a in rest if a is not None]
     score.consistency = statistics.fmean(kept) if kept else None
+    score.perms = [g.perm for g in gradings]
+    score.positions = [positions(g.ranking) for g in gradings]
     passes, ref_top = set(members), _top(order, set(members))
     for g in gradings:
         first_in, last_in = _wins(_top(positions(g.ranking), passes), g.perm, passes)
