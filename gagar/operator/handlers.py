@@ -71,7 +71,6 @@ from gagar.operator.builders.common import (
 )
 from gagar.operator.builders.integrations import blocking
 from gagar.operator.builders.pools import hpa_metric
-from gagar.operator.builders.sandbox import environment_pools
 from gagar.operator.builders.trust import (
     Level,
     TrustPolicy,
@@ -95,7 +94,6 @@ from gagar.operator.observe import (
     PoolObserved,
     autoscaler_problem,
     claim_problem,
-    environment_pool,
     leave_to_queue,
     owned_fields,
     parse_deployment,
@@ -428,7 +426,11 @@ class Reconciler:
         # observe (children from kopf's index) and write the status before acting
         with self._guard:
             drifted = frozenset(mem.drifted)  # what it observes includes these
-        crds = self.crds()
+        # one read of the cluster's API groups per reconcile: what it builds, what it refuses
+        # and what it prunes agree (two reads around the cache's expiry once built a Job for a
+        # run that asked for a JobSet, then kept it as the trainer's kind for the run's life)
+        installed = self.installed()
+        crds = installed & self.config.integrations
         finished = prev is not None and prev.phase in TERMINAL
         observed = self._observe(run, generation, crds, mem, finished)
         if observed.trainer is not None and observed.trainer.kind == "Job":
@@ -458,9 +460,7 @@ class Reconciler:
         # without it; a suspend or an end is applied all the same (builders.integrations)
         trainer_is_job = observed.trainer is not None and observed.trainer.kind == "Job"
         stopping = run.spec.suspend or outcome.terminal
-        blocked = blocking(
-            run, self.installed(), self.config.integrations, stopping, trainer_is_job
-        )
+        blocked = blocking(run, installed, self.config.integrations, stopping, trainer_is_job)
         if blocked is None and not restarted:
             blocked = self._trainer_template(run, desired, observed, crds)
         if blocked is not None:
@@ -470,9 +470,9 @@ class Reconciler:
             force = (force_apply and not outcome.terminal) or restarted
             if not outcome.terminal and (force or not mem.token_ready):
                 self._weight_sync_secret(run, ctx, mem)
-            self._apply(run, desired, mem, generation, force, outcome.terminal)
+            self._apply(run, desired, mem, generation, ctx, force)
             if queued(run, ctx) and not outcome.terminal:
-                self._kueue_activation(run, ctx.hold_trainer)
+                self._kueue_activation(run, ctx.crds, ctx.hold_trainer)
             if outcome.terminal and run.spec.trainer.ttl_seconds_after_finished is not None:
                 self._expire_trainer(run, observed)
         with self._guard:
@@ -521,9 +521,9 @@ class Reconciler:
         )
         desired = build_all(stopped, ctx)
         generation = int(meta.get("generation", 1))
-        self._apply(stopped, desired, mem, generation, force=False)
+        self._apply(stopped, desired, mem, generation, ctx, force=False)
         if queued(stopped, ctx):
-            self._kueue_activation(stopped)
+            self._kueue_activation(stopped, ctx.crds)
         if mem.apply_error is not None and mem.apply_error[0] == generation:
             return f"{error}; suspending the last applied spec failed: {mem.apply_error[2]}"
         return f"{error}; suspended: the pods of the last applied spec are stopped"
@@ -683,10 +683,6 @@ class Reconciler:
                     )
             if dep is not None:
                 pools[pool] = parse_deployment(dep)
-        for env in environment_pools(run):  # none with agent-sandbox (the spec refuses them)
-            dep = self.read("apps/v1", "Deployment", ns, env.name, run.metadata.name)
-            if dep is not None and env.environment is not None:
-                pools[environment_pool(env.environment)] = parse_deployment(dep)
         progress = self.read("v1", "ConfigMap", ns, name(run, "progress"), run.metadata.name)
         progress = progress or {}
         pods, claim = [], None
@@ -818,13 +814,15 @@ class Reconciler:
         desired: list[dict[str, Any]],
         mem: _RunMemory,
         generation: int,
+        ctx: BuildContext,
         force: bool,
-        terminal: bool = False,
     ) -> None:
         """Apply every child (and prune) when the desired state changed or ``force``; else
         only the drifted children, alone (a deleted NetworkPolicy costs one request, not a
         re-apply of the run's dozens of children; a finished run's children are left as
-        they are)."""
+        they are). ``ctx``: what the desired state was built with (its optional groups, and
+        whether the run has ended)."""
+        crds, terminal = ctx.crds, ctx.state == "terminal"
         fingerprint = hashlib.sha256(json.dumps(desired, sort_keys=True).encode()).hexdigest()
         with self._guard:
             drifted = frozenset() if terminal else frozenset(mem.drifted)
@@ -832,22 +830,24 @@ class Reconciler:
         objs = desired if whole else [o for o in desired if _key(o) in drifted]
         if not objs:
             return
-        errors = [e for e in (self._apply_child(run, obj, mem) for obj in objs) if e]
+        errors = [e for e in (self._apply_child(run, obj, mem, crds) for obj in objs) if e]
         if whole:
-            self._prune(run, desired, terminal)
+            self._prune(run, desired, terminal, crds)
         if errors:
             mem.apply_error, mem.applied = (generation, "ApplyFailed", "; ".join(errors)), ""
         elif whole:
             mem.apply_error, mem.applied = None, fingerprint
 
-    def _apply_child(self, run: GagarRun, obj: dict[str, Any], mem: _RunMemory) -> str | None:
+    def _apply_child(
+        self, run: GagarRun, obj: dict[str, Any], mem: _RunMemory, crds: frozenset[str]
+    ) -> str | None:
         """Apply one child and remember what it owns afterwards; a permanent refusal is
         returned as a message, a transient error raised."""
         key = _key(obj)
         mem.applying.add(key)  # set.add/discard are atomic: the watch threads read it unlocked
         try:
             self._hand_over_replicas(obj)
-            queued_live = self._create_queued_suspended(run, obj)
+            queued_live = self._create_queued_suspended(run, obj, crds)
             if queued_live is not None:  # Kueue's admission stays Kueue's
                 obj = leave_to_queue(obj, queued_live, OURS)
             live = self.kube.apply(obj) or {}
@@ -863,14 +863,16 @@ class Reconciler:
             mem.applying.discard(key)
         return None
 
-    def _create_queued_suspended(self, run: GagarRun, obj: dict[str, Any]) -> dict[str, Any] | None:
+    def _create_queued_suspended(
+        self, run: GagarRun, obj: dict[str, Any], crds: frozenset[str]
+    ) -> dict[str, Any] | None:
         """A queued trainer (no ``suspend`` in the operator's manifest: Kueue owns the field) is
         created suspended, by a manager of its own, so that it never starts before Kueue admits
         it, webhook or not, and the operator's later applies never remove the field (SSA
         removes only what the applier owns). The live queued trainer when it exists already."""
         meta = obj["metadata"]
         is_trainer = meta["name"] == name(run, "trainer") and obj["kind"] in ("Job", "JobSet")
-        if not is_trainer or not queued(run, BuildContext(crds=self.crds())):
+        if not is_trainer or not queued(run, BuildContext(crds=crds)):
             return None
         live = self.kube.get(obj["apiVersion"], obj["kind"], meta.get("namespace"), meta["name"])
         if live:
@@ -895,7 +897,7 @@ class Reconciler:
         patch = {"apiVersion": api, "kind": kind, "metadata": meta}
         self.kube.apply({**patch, "spec": {"ttlSecondsAfterFinished": ttl}}, manager=TTL_MANAGER)
 
-    def _kueue_activation(self, run: GagarRun, hold: bool = False) -> None:
+    def _kueue_activation(self, run: GagarRun, crds: frozenset[str], hold: bool = False) -> None:
         """``spec.suspend`` of a queued run (and ``hold``: its sandbox pods refuse to start, so
         its trainer must not hold accelerators) goes through Kueue: the trainer's Workload is
         deactivated (``spec.active: false``; Kueue evicts it, suspends the trainer and releases
@@ -903,7 +905,7 @@ class Reconciler:
         when it admits it). Written only when it differs, so nothing loops. A Workload Kueue has
         not made yet is looked for again shortly."""
         ns, want = run.metadata.namespace, not (run.spec.suspend or hold)
-        kind = "JobSet" if uses_jobset(run, BuildContext(crds=self.crds())) else "Job"
+        kind = "JobSet" if uses_jobset(run, BuildContext(crds=crds)) else "Job"
         api = f"{JOBSET}/v1alpha2" if kind == "JobSet" else "batch/v1"
         trainer = self.kube.get(api, kind, ns, name(run, "trainer"))
         uid = (trainer or {}).get("metadata", {}).get("uid")
@@ -935,15 +937,17 @@ class Reconciler:
         }
         self.kube.apply(handoff, manager=HANDOFF_MANAGER, force=False)
 
-    def _prune(self, run: GagarRun, desired: list[dict[str, Any]], terminal: bool) -> None:
+    def _prune(
+        self, run: GagarRun, desired: list[dict[str, Any]], terminal: bool, crds: frozenset[str]
+    ) -> None:
         """Delete children (by the run's label) that the current spec does not build; a finished
-        trainer (built no more once the run is terminal) stays as the run's record."""
+        trainer (built no more once the run is terminal) stays as the run's record. Kinds of an
+        optional group outside ``crds`` (what ``desired`` was built with) are not listed."""
         wanted = {(o["kind"], o["metadata"]["name"]) for o in desired}
         if terminal:
             wanted |= {(kind, name(run, "trainer")) for kind in ("Job", "JobSet")}
-        groups = self.crds()
         for api_version, kind in PRUNABLE:
-            if api_version.split("/")[0] in OPTIONAL_GROUPS - groups:
+            if api_version.split("/")[0] in OPTIONAL_GROUPS - crds:
                 continue  # optional CRD not installed
             selector = f"gagar.dev/run={run.metadata.name}"
             try:
@@ -965,12 +969,7 @@ class Reconciler:
         new = outcome.status.to_wire()
         if prev is None or new != prev.to_wire():
             meta = raw["metadata"]
-            patch = dict(new)
-            if gone := set(prev.pools if prev else ()) - set(outcome.status.pools):
-                # a merge patch keeps map keys it does not name: a pool no more (a task
-                # environment taken out, a pool switched to an endpoint) is deleted by a null
-                patch["pools"] = {**new.get("pools", {}), **dict.fromkeys(gone)}
-            self.kube.patch_status(meta.get("namespace"), meta["name"], patch)
+            self.kube.patch_status(meta.get("namespace"), meta["name"], new)
             raw["status"] = new
         self._post(raw, outcome.events)
         self._export(raw, outcome.status)
