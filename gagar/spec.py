@@ -1238,7 +1238,7 @@ class SandboxEnvironment(Model):
     sandbox image, then ``pip install --require-hashes -r`` the family's lock). The operator runs
     ``poolSize`` pods of it beside the default pool (same hardened pod, NetworkPolicy and
     disruption budget, its own headless Service), pulled as ``spec.sandbox.image`` is, and the
-    trainer sends every session and verification of this environment's tasks there."""
+    trainer and the grader pool send every session of this environment's tasks there."""
 
 
 class SandboxSpec(Model):

@@ -25,6 +25,10 @@ whose ``run.json`` is the whole GagarRun as the operator validated it, and sets 
 ``GAGAR_EXIT_PERMANENT``       the exit code that fails the run at once (configuration errors)
 =============================  =================================================================
 
+With task environments on sandbox pods, ``sandbox-pools.json`` in the config dir names each
+environment's executor pool; the trainer sends a session of environment E to E's pool
+(``gagar.sandbox.routing``).
+
 Everything here that can be wrong about the configuration raises ``ConfigError``, which the
 trainer turns into ``GAGAR_EXIT_PERMANENT``; the rest (a pool not up yet, an API error) is
 transient and left to the operator's restarts.
@@ -35,10 +39,11 @@ from __future__ import annotations
 import logging
 import os
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from gagar import SANDBOX_POOLS_FILE
 from gagar import env as names
 from gagar.env import EXIT_PERMANENT
 from gagar.manifest import ConfigError
@@ -88,6 +93,7 @@ class Cluster:
     rollout_replicas: tuple[str, ...] = ()
     grader_url: str | None = None
     sandbox_url: str | None = None
+    sandbox_pools: Mapping[str, str] = field(default_factory=dict)  # environment -> its pool
     sandbox_warmpool: str | None = None
     model_dir: Path | None = None
     progress_configmap: str | None = None
@@ -96,8 +102,9 @@ class Cluster:
     weights_url: str | None = None
 
 
-def resolve(env: Mapping[str, str], run: GagarRun) -> Cluster:
-    """The run's endpoints and directories from the pod's environment (``ConfigError`` if unusable).
+def resolve(env: Mapping[str, str], run: GagarRun, config_dir: Path | None = None) -> Cluster:
+    """The run's endpoints and directories from the pod's environment and the run's config dir
+    (``ConfigError`` if unusable).
 
     What the trainer does not implement (pipeline or context parallelism, object-store
     checkpoints, NCCL weight transfer) the spec refuses, so ``kubectl apply`` fails on it."""
@@ -137,6 +144,7 @@ def resolve(env: Mapping[str, str], run: GagarRun) -> Cluster:
         rollout_replicas=replicas,
         grader_url=env.get(names.GRADER_URL) or None,
         sandbox_url=sandbox,
+        sandbox_pools=environment_pools(config_dir, run),
         sandbox_warmpool=warmpool,
         model_dir=Path(model_dir) if model_dir else None,
         progress_configmap=env.get(names.PROGRESS_CONFIGMAP) or None,
@@ -144,6 +152,28 @@ def resolve(env: Mapping[str, str], run: GagarRun) -> Cluster:
         metrics_port=port,
         weights_url=env.get(names.WEIGHTS_URL) or None,
     )
+
+
+def environment_pools(config_dir: Path | None, run: GagarRun) -> dict[str, str]:
+    """Each of the run's task environments' executor pool on sandbox pods (name -> URL, from the
+    operator's ``sandbox-pools.json``); ``ConfigError`` where one has none."""
+    from gagar.sandbox.routing import read_pools
+    from gagar.sandbox.types import SandboxError
+
+    envs = [e.name for e in run.spec.sandbox.environments]
+    if run.spec.sandbox.backend != "pods" or not envs:
+        return {}
+    try:
+        pools = read_pools(config_dir) if config_dir is not None else {}
+    except SandboxError as err:
+        raise ConfigError(str(err)) from None
+    if missing := [e for e in envs if e not in pools]:
+        raise ConfigError(
+            f"spec.sandbox.environments {', '.join(missing)}: no executor pool named in "
+            f"{SANDBOX_POOLS_FILE} of the run's config (an operator older than task "
+            "environments on sandbox pods?)"
+        )
+    return {e: pools[e] for e in envs}
 
 
 # ---------------------------------------------------------------- Kubernetes API (optional)

@@ -56,7 +56,7 @@ def main(argv: list[str] | None = None) -> int:
     where = config_dir(argv)
     if where is not None:
         try:
-            resolve(os.environ, load_config(where))
+            resolve(os.environ, load_config(where), where)
         except ConfigError as err:
             log.error("invalid configuration (exit %d, not retried): %s", permanent, err)
             return permanent

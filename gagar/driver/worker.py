@@ -144,7 +144,7 @@ class ClusterProvider:
 
     def sandboxes(self, run: GagarRun, closers: Closers) -> Any:
         from gagar.driver import components as comp
-        from gagar.sandbox.client import HttpPoolFactory
+        from gagar.sandbox.routing import pool_factory
         from gagar.sandbox.types import Limits
 
         limits = Limits(**run.spec.sandbox.limits.executor_limits())
@@ -162,7 +162,8 @@ class ClusterProvider:
             return claims
         if self.cluster.sandbox_url is None:
             return comp.sandbox_factory(run.spec.sandbox)
-        factory = HttpPoolFactory(self.cluster.sandbox_url, limits=limits)
+        # the default pool, and each task environment's (a session of E goes to E's pool)
+        factory = pool_factory(self.cluster.sandbox_url, self.cluster.sandbox_pools, limits)
         closers.append(factory.close)
         return factory
 
@@ -296,7 +297,7 @@ def main(argv: list[str] | None = None) -> int:
         run = load_config(Path(args.config_dir))
         if names.LOG_LEVEL not in os.environ:  # the run's setting (its ConfigMap), at start
             logging.getLogger("gagar").setLevel(run.spec.observability.log_level.upper())
-        cluster = resolve(os.environ, run)
+        cluster = resolve(os.environ, run, Path(args.config_dir))
     except ConfigError as err:
         return give_up(f"invalid configuration: {err}")
     from gagar.driver.setup import build_rank

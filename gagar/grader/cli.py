@@ -62,16 +62,25 @@ def _bwrap_factory(limits: dict[str, Any] | None = None) -> SandboxFactory:
     return adapt_factory(LocalFactory(_executor_limits(limits)), refused=(SandboxError,))
 
 
-def _pool_factory(url: str | None, limits: dict[str, Any] | None = None) -> SandboxFactory:
+def _pool_factory(
+    url: str | None, limits: dict[str, Any] | None = None, config_dir: Path | None = None
+) -> SandboxFactory:
+    """The run's executor pools: ``url``'s, and each task environment's that the run's config
+    names (``sandbox-pools.json``): a task's tests run in its environment's pool."""
     from gagar.grader.sandbox_adapter import adapt_factory
 
     if not url:
         raise SystemExit("--sandbox pool needs --sandbox-url (the run's sandbox Service)")
     try:
-        from gagar.sandbox.client import HttpPoolFactory
+        from gagar.sandbox.routing import pool_factory, read_pools
+        from gagar.sandbox.types import SandboxError
     except ImportError as err:
         raise SystemExit(f"the sandbox pool client is not available: {err}") from None
-    return adapt_factory(HttpPoolFactory(url, limits=_executor_limits(limits)))
+    try:
+        pools = read_pools(config_dir) if config_dir is not None else {}
+    except SandboxError as err:
+        raise SystemExit(str(err)) from None
+    return adapt_factory(pool_factory(url, pools, _executor_limits(limits)))
 
 
 def _claim_factory(warmpool: str | None, limits: dict[str, Any] | None = None) -> SandboxFactory:
@@ -101,7 +110,8 @@ def _sandbox_factory(args: argparse.Namespace) -> SandboxFactory:
     if name == "bwrap":
         return _bwrap_factory(limits)
     if name == "pool":
-        return _pool_factory(args.sandbox_url, limits)
+        config_dir = getattr(args, "config_dir", None)
+        return _pool_factory(args.sandbox_url, limits, Path(config_dir) if config_dir else None)
     if name == "agent-sandbox":
         return _claim_factory(args.sandbox_warmpool, limits)
     from gagar.grader.local_sandbox import unsafe_local_factory
