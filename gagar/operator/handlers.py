@@ -71,6 +71,7 @@ from gagar.operator.builders.common import (
 )
 from gagar.operator.builders.integrations import blocking
 from gagar.operator.builders.pools import hpa_metric
+from gagar.operator.builders.sandbox import environment_pools
 from gagar.operator.builders.trust import (
     Level,
     TrustPolicy,
@@ -94,6 +95,7 @@ from gagar.operator.observe import (
     PoolObserved,
     autoscaler_problem,
     claim_problem,
+    environment_pool,
     leave_to_queue,
     owned_fields,
     parse_deployment,
@@ -683,6 +685,10 @@ class Reconciler:
                     )
             if dep is not None:
                 pools[pool] = parse_deployment(dep)
+        for env in environment_pools(run):  # none with agent-sandbox (the spec refuses them)
+            dep = self.read("apps/v1", "Deployment", ns, env.name, run.metadata.name)
+            if dep is not None and env.environment is not None:
+                pools[environment_pool(env.environment)] = parse_deployment(dep)
         progress = self.read("v1", "ConfigMap", ns, name(run, "progress"), run.metadata.name)
         progress = progress or {}
         pods, claim = [], None
@@ -969,7 +975,12 @@ class Reconciler:
         new = outcome.status.to_wire()
         if prev is None or new != prev.to_wire():
             meta = raw["metadata"]
-            self.kube.patch_status(meta.get("namespace"), meta["name"], new)
+            patch = dict(new)
+            if gone := set(prev.pools if prev else ()) - set(outcome.status.pools):
+                # a merge patch keeps map keys it does not name: a pool no more (a task
+                # environment taken out, a pool switched to an endpoint) is deleted by a null
+                patch["pools"] = {**new.get("pools", {}), **dict.fromkeys(gone)}
+            self.kube.patch_status(meta.get("namespace"), meta["name"], patch)
             raw["status"] = new
         self._post(raw, outcome.events)
         self._export(raw, outcome.status)
