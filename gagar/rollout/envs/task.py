@@ -8,9 +8,10 @@ test ids (pytest node ids; lists, or JSON strings of lists as SWE-bench ships th
 invocation), the reference fix (``reference_files``, whole files, or ``patch``, a diff) and the
 ``environment`` its tests run in: a name of ``spec.sandbox.environments`` (the dataset source's
 ``environment`` where the row names none; neither: the sandbox's own Python), whose packages the
-sessions of the task, the agent's and verification's alike, see first on ``PATH``: a read-only
-virtual environment made once from the environment's lock (``gagar.sandbox.venvs``; the local
-sandbox backend only, docs/design.md). SWE-bench bookkeeping keys (``base_commit``,
+sessions of the task, the agent's and verification's alike, run with: on the local sandbox
+backend a read-only virtual environment made once from the environment's lock, first on ``PATH``
+(``gagar.sandbox.venvs``), on sandbox pods the executor pool of the environment's image
+(``gagar.sandbox.routing``; docs/design.md). SWE-bench bookkeeping keys (``base_commit``,
 ``version``, ...) are kept in ``metadata``, and so is a row's own container image (``image``,
 ``image_name``, ``environment_image``): SWE-bench's images hold the repository's dependencies but
 no gagar executor, so no mode runs them; declare an environment that holds those dependencies

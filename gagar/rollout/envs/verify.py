@@ -6,7 +6,8 @@ the task, and every test or harness file the candidate changed, is put back as t
 task's pytest invocation runs the ``FAIL_TO_PASS`` and ``PASS_TO_PASS`` ids through a bootstrap
 (``verify_boot.py``, ``python -I -B -c``): the interpreter, the standard library, pytest and its
 plugins come from the task's environment (``Task.environment``: a read-only virtual environment,
-``gagar.sandbox.venvs``) or else the executor's, never from the workspace. The bootstrap forks:
+``gagar.sandbox.venvs``, or on sandbox pods the executor of the environment's image) or else the
+executor's, never from the workspace. The bootstrap forks:
 pytest runs in the child, beside the candidate's code, and streams each outcome to the parent, a
 witness where no code of the workspace runs, which alone reads the nonce and writes the record
 (the record's and the secret file's names are in the test process's argv, so each has a random
