@@ -1748,3 +1748,23 @@ def test_task_environments_get_pools_that_pools_ready_waits_for(env: Env) -> Non
             ),
             what="db's pool gone from status",
         )
+
+
+def test_a_long_environment_name_gets_a_pool_named_within_a_dns_label(env: Env) -> None:
+    """An environment name of 60 characters: ``<run>-sandbox-<name>`` is past the 63 of a
+    Service's name, which the server refuses; the pool is named by a cut and a hash instead,
+    and the run's ConfigMap points at it."""
+    long = "scientific-python-stack-with-compiled-extensions-and-fixtures"[:60]
+    run = manifest(**{"sandbox.environments": [{"name": long, "image": "registry.example/s:1"}]})
+    name = run["metadata"]["name"]
+    with env.operator():
+        env.create(run)
+        config = env.wait(lambda: env.get("v1", "ConfigMap", f"{name}-config"), what="config")
+        url = json.loads(config["data"]["sandbox-pools.json"])[long]
+        pool = url.removeprefix("http://").split(":")[0]
+        assert len(pool) <= 63 and pool.startswith(f"{name}-sandbox-scientific")
+        for api, kind in (("apps/v1", "Deployment"), ("v1", "Service")):
+            env.wait(lambda a=api, k=kind: env.get(a, k, pool), what=f"{kind} {pool}")
+        if env.simulated:
+            ready = env.reason(name, "PoolsReady", "PoolsReady", what="every pool ready")
+            assert f"sandbox/{long}" in ready["message"]
