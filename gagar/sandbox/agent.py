@@ -34,11 +34,7 @@ from typing import Any
 
 from gagar.sandbox.client import HttpFactory, HttpSession
 from gagar.sandbox.types import (
-    Command,
-    ExecResult,
-    FileData,
     Limits,
-    SandboxError,
     SandboxInfraError,
     SandboxUnavailable,
     SessionFactory,
@@ -98,14 +94,14 @@ class AgentSandboxFactory(SessionFactory):
         try:
             http = HttpFactory(self._url(ip))
             try:
-                inner = http.open(request)
+                sid = http.open(request).id
             except BaseException:
                 http.close()
                 raise
         except BaseException:
             self._release(claim)
             raise
-        session = AgentSandboxSession(self, claim, http, inner)
+        session = AgentSandboxSession(self, claim, http, sid)
         with self._lock:
             self._sessions[claim] = session
         return session
@@ -176,68 +172,25 @@ def _api(e: Any) -> str:
     return f"API error {e.status} {e.reason}".strip()
 
 
-class AgentSandboxSession:
-    """One session on its own claimed Sandbox; ``close`` ends both."""
+class AgentSandboxSession(HttpSession):
+    """One session on its own claimed Sandbox (its infrastructure failures name the claim);
+    ``close`` ends both."""
 
     def __init__(
-        self, factory: AgentSandboxFactory, claim: str, http: HttpFactory, inner: HttpSession
+        self, factory: AgentSandboxFactory, claim: str, http: HttpFactory, sid: str
     ) -> None:
-        self.factory, self.claim, self._http, self._inner = factory, claim, http, inner
-        self.id = inner.id
-        self._closed = False
-
-    def exec(self, cmd: Command, timeout: float | None = None) -> ExecResult:
-        result = self._inner.exec(cmd, timeout)
-        if result.infra_error is not None:
-            result = result.model_copy(
-                update={"infra_error": f"sandbox of claim {self.claim}: {result.infra_error}"}
-            )
-        return result
-
-    def _call(self, what: str, fn: Any, *args: Any) -> Any:
-        try:
-            return fn(*args)
-        except SandboxInfraError as e:
-            raise SandboxInfraError(f"sandbox of claim {self.claim}: {what}: {e}") from None
-
-    def read_file(self, path: str) -> bytes:
-        return self._call("read", self._inner.read_file, path)
-
-    def write_file(self, path: str, data: FileData) -> None:
-        self._call("write", self._inner.write_file, path, data)
-
-    def delete_file(self, path: str) -> None:
-        self._call("delete", self._inner.delete_file, path)
-
-    def list_files(self) -> list[str]:
-        return self._call("list", self._inner.list_files)
-
-    def diff(self) -> str:
-        return self._call("diff", self._inner.diff)
-
-    def archive(self) -> bytes:
-        return self._call("archive", self._inner.archive)
-
-    def reset(self) -> None:
-        self._call("reset", self._inner.reset)
+        super().__init__(http.client, sid, where=f"sandbox of claim {claim}")
+        self.factory, self.claim, self._http, self._closed = factory, claim, http, False
 
     def close(self) -> None:
         if self._closed:
             return
         self._closed = True
         try:
-            self._inner.close()
-        except SandboxError:
-            pass  # the pod is gone already: deleting the claim is what matters
+            super().close()  # a pod gone already is no error: deleting the claim is what matters
         finally:
             self._http.close()
             self.factory._release(self.claim)
-
-    def __enter__(self) -> AgentSandboxSession:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
 
 
 __all__ = ["MISSING_CRDS", "AgentSandboxFactory", "AgentSandboxSession"]

@@ -15,7 +15,7 @@ import itertools
 import socket
 import threading
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Self
 from urllib.parse import urlsplit
 
 import httpx
@@ -158,18 +158,30 @@ class HttpPoolFactory(VerificationFactory):
 
 
 class HttpSession:
-    def __init__(self, client: httpx.Client, sid: str) -> None:
-        self.client, self.id = client, sid
+    """A session on an executor server. ``where``, where set, opens the text of every
+    infrastructure failure (an agent-sandbox session's: which claim)."""
+
+    def __init__(self, client: httpx.Client, sid: str, where: str = "") -> None:
+        self.client, self.id, self.where = client, sid, where
 
     def _do(self, method: str, action: str, body: dict | None = None) -> dict[str, Any]:
-        return _call(self.client, method, f"/v1/sessions/{self.id}/{action}", body)
+        try:
+            return _call(self.client, method, f"/v1/sessions/{self.id}/{action}", body)
+        except SandboxInfraError as e:
+            if not self.where:
+                raise
+            raise SandboxInfraError(f"{self.where}: {action}: {e}") from None
 
     def exec(self, cmd: Command, timeout: float | None = None) -> ExecResult:
         body = {"cmd": cmd if isinstance(cmd, str) else list(cmd), "timeout": timeout}
         try:
-            return ExecResult.model_validate(self._do("POST", "exec", body))
+            reply = _call(self.client, "POST", f"/v1/sessions/{self.id}/exec", body)
+            result = ExecResult.model_validate(reply)
         except SandboxInfraError as e:
-            return ExecResult(exit_code=None, infra_error=str(e))
+            result = ExecResult(exit_code=None, infra_error=str(e))
+        if result.infra_error is None or not self.where:
+            return result
+        return result.model_copy(update={"infra_error": f"{self.where}: {result.infra_error}"})
 
     def read_file(self, path: str) -> bytes:
         return base64.b64decode(self._do("POST", "read", {"path": path})["content_b64"])
@@ -199,7 +211,7 @@ class HttpSession:
         except SandboxError:
             pass  # already gone (server restarted): nothing left to close
 
-    def __enter__(self) -> HttpSession:
+    def __enter__(self) -> Self:
         return self
 
     def __exit__(self, *exc: object) -> None:
