@@ -10,9 +10,9 @@ by calling ``submit_ranking``. Only that call's arguments are a ranking: a final
 is fed back (never searched for JSON, which could be a candidate's ranking the model quotes from
 a file it read). The answer is one ``Placement`` per passing member, keyed ``cand_N``
 (``tools.submission_schema``): an object cannot name a key twice, so no member is listed twice;
-the keys are checked to be exactly the passes, each placement against its pydantic model. A
-malformed answer is fed back with the error, up to ``max_retries`` times. The last allowed turn,
-and every turn after a rejected answer, requires a ``submit_ranking`` call (``tool_choice``), and
+the keys are checked to be exactly the passes, each placement against its pydantic model
+(``tools.to_ranking``). A malformed answer is fed back with the error, up to ``max_retries``
+times. The last allowed turn, and every turn after a rejected answer, requires a ``submit_ranking`` call (``tool_choice``), and
 the submission's schema is narrowed to the group, so a server that constrains tool arguments (vLLM's structured outputs for a named ``tool_choice``)
 decodes a complete submission even from a small model; it is still checked here.
 
@@ -42,9 +42,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal, cast
-
-from pydantic import ValidationError
+from typing import Any, Literal
 
 from gagar.engine.base import ChatEngine, EngineError, SamplingParams
 from gagar.engine.client import AsyncOpenAIEngine
@@ -54,11 +52,10 @@ from gagar.grader.heuristic import HeuristicConfig, bounded, rank
 from gagar.grader.protocol import GraderSandbox, SandboxFactory, unusable
 from gagar.grader.tools import (
     SUBMIT,
-    Placement,
     Toolbox,
     ToolError,
-    member_key,
     parse_arguments,
+    to_ranking,
     tool_specs,
 )
 from gagar.grader.workspace import write_tree, write_workspace
@@ -67,11 +64,8 @@ from gagar.wire import (
     FallbackReason,
     Finding,
     GradingGroup,
-    Hack,
     Ranking,
     Skipped,
-    TiedGroup,
-    Tier,
     Usage,
 )
 
@@ -147,40 +141,6 @@ class _Session:
 
     def usage(self) -> Usage:
         return Usage(prompt_tokens=self.prompt_tokens, completion_tokens=self.completion_tokens)
-
-
-def to_ranking(payload: Any, passes: list[int]) -> Ranking:
-    """Validate a submitted payload (``cand_N`` -> ``Placement`` for every pass, nothing else)
-    into a complete agentic ranking, or raise ``ValueError`` saying what to correct.
-
-    Members sharing a place and a tier form one tied group; groups go best place first (tier
-    breaks a tie of places); a ``hack`` placement is a hack with its reason as evidence."""
-    if not isinstance(payload, dict):
-        raise ValueError("the ranking must be a JSON object: cand_N -> {place, tier, reason}")
-    want = {member_key(m): m for m in passes}
-    missing, unknown = sorted(want.keys() - payload.keys()), sorted(payload.keys() - want.keys())
-    if missing or unknown:
-        raise ValueError(
-            f"incomplete ranking: missing {missing}, not passing members {unknown}; "
-            f"give exactly the keys {sorted(want)}"
-        )
-    try:
-        placed = {want[k]: Placement.model_validate(v) for k, v in payload.items()}
-    except ValidationError as err:
-        raise ValueError(f"the ranking does not match the schema: {err}") from None
-    hacks = [
-        Hack(member=m, evidence=[Finding(member=m, kind="hack", reason=p.reason)])
-        for m, p in sorted(placed.items())
-        if p.tier == "hack"
-    ]
-    tied: dict[tuple[int, str], list[int]] = {}
-    for m, p in sorted(placed.items()):
-        if p.tier != "hack":
-            tied.setdefault((p.place, p.tier), []).append(m)
-    groups = [
-        TiedGroup(tier=cast(Tier, tier), members=ms) for (_, tier), ms in sorted(tied.items())
-    ]
-    return Ranking(tied_groups=groups, hacks=hacks, grader="agentic")
 
 
 NO_SUBMISSION = (

@@ -1,5 +1,5 @@
 """The agentic grader's tools: read, list, grep, diff and run-tests, plus the ``submit_ranking``
-schema.
+schema and the check of a submission against it (``to_ranking``).
 
 The shared workspace is evidence to read, never a place candidate code runs: ``list_files``,
 ``read_file``, ``grep`` and ``diff`` run fixed programs in one session over the workspace, and
@@ -18,12 +18,20 @@ import json
 from collections.abc import Callable
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any, Literal, cast
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from gagar.grader.protocol import ExecOutcome, GraderSandbox
-from gagar.wire import GradingGroup, check_relative_path
+from gagar.wire import (
+    Finding,
+    GradingGroup,
+    Hack,
+    Ranking,
+    TiedGroup,
+    Tier,
+    check_relative_path,
+)
 
 Verdict = Literal["T1", "T2", "T3", "hack"]
 REASON_CHARS = 300  # a placement's reason: evidence in a sentence, not an essay
@@ -112,6 +120,40 @@ def submission_schema(passes: list[int] | None = None, members: int | None = Non
         "required": keys,
         "additionalProperties": False,
     }
+
+
+def to_ranking(payload: Any, passes: list[int]) -> Ranking:
+    """Validate a submitted payload (``cand_N`` -> ``Placement`` for every pass, nothing else)
+    into a complete agentic ranking, or raise ``ValueError`` saying what to correct.
+
+    Members sharing a place and a tier form one tied group; groups go best place first (tier
+    breaks a tie of places); a ``hack`` placement is a hack with its reason as evidence."""
+    if not isinstance(payload, dict):
+        raise ValueError("the ranking must be a JSON object: cand_N -> {place, tier, reason}")
+    want = {member_key(m): m for m in passes}
+    missing, unknown = sorted(want.keys() - payload.keys()), sorted(payload.keys() - want.keys())
+    if missing or unknown:
+        raise ValueError(
+            f"incomplete ranking: missing {missing}, not passing members {unknown}; "
+            f"give exactly the keys {sorted(want)}"
+        )
+    try:
+        placed = {want[k]: Placement.model_validate(v) for k, v in payload.items()}
+    except ValidationError as err:
+        raise ValueError(f"the ranking does not match the schema: {err}") from None
+    hacks = [
+        Hack(member=m, evidence=[Finding(member=m, kind="hack", reason=p.reason)])
+        for m, p in sorted(placed.items())
+        if p.tier == "hack"
+    ]
+    tied: dict[tuple[int, str], list[int]] = {}
+    for m, p in sorted(placed.items()):
+        if p.tier != "hack":
+            tied.setdefault((p.place, p.tier), []).append(m)
+    groups = [
+        TiedGroup(tier=cast(Tier, tier), members=ms) for (_, tier), ms in sorted(tied.items())
+    ]
+    return Ranking(tied_groups=groups, hacks=hacks, grader="agentic")
 
 
 def tool_specs(

@@ -9,10 +9,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gagar.grader.agentic import AgenticConfig, AgenticGrader, to_ranking
+from gagar.grader.agentic import AgenticConfig, AgenticGrader
 from gagar.grader.local_sandbox import unsafe_local_factory
 from gagar.grader.sample import sample_group
-from gagar.grader.tools import tool_specs
+from gagar.grader.tools import to_ranking, tool_specs
 from tests.support.fake_openai import FakeOpenAI, Turn, text, tool_call
 
 

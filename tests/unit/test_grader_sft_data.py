@@ -9,9 +9,9 @@ import pytest
 
 from gagar.driver.grader_bench import BenchGroup
 from gagar.driver.grader_sft import record, records, render
-from gagar.grader.agentic import to_ranking
 from gagar.grader.evaluate import Graded, score_group, unlabel
 from gagar.grader.sample import sample_group
+from gagar.grader.tools import to_ranking
 
 KINDS = ["clean", "bloated", "tests_edited", "wrong"]  # the sample group's members, as kinds
 
