@@ -71,7 +71,7 @@ from gagar.operator.builders.common import (
 )
 from gagar.operator.builders.integrations import blocking
 from gagar.operator.builders.pools import hpa_metric
-from gagar.operator.builders.sandbox import environment_pools
+from gagar.operator.builders.sandbox import ENVIRONMENT_COMPONENT, environment_pools
 from gagar.operator.builders.trust import (
     Level,
     TrustPolicy,
@@ -706,7 +706,7 @@ class Reconciler:
             apply_error=error[2] if error else None,
             apply_reason=error[1] if error else "ApplyFailed",
             waiting=waiting_reasons(pods),
-            sandbox_refused=self._sandbox_refusal(run, pools.get("sandbox"), finished),
+            sandbox_refused=self._sandbox_refusal(run, pools, finished),
             claim_pending=claim,
             network_policies=policies,
             autoscalers=() if finished or spec.suspend else self._autoscalers(run),
@@ -756,12 +756,15 @@ class Reconciler:
         return claim_problem(pvc, self.kube.list("v1", "Event", ns, fields=fields))
 
     def _sandbox_refusal(
-        self, run: GagarRun, pool: PoolObserved | None, finished: bool
+        self, run: GagarRun, pools: dict[str, PoolObserved], finished: bool
     ) -> str | None:
-        """Why the sandbox pods exit at start (no isolation works on their nodes), if they do."""
-        if finished or pool is None or pool.ready >= pool.desired:
+        """Why the pods of a sandbox pool, the default one or a task environment's, exit at
+        start (no isolation works on their nodes), if they do; asked only while one is short."""
+        sandboxes = [p for k, p in pools.items() if k == "sandbox" or k.startswith("sandbox/")]
+        if finished or all(p.ready >= p.desired for p in sandboxes):
             return None
-        selector = f"gagar.dev/run={run.metadata.name},app.kubernetes.io/component=sandbox"
+        components = f"app.kubernetes.io/component in (sandbox,{ENVIRONMENT_COMPONENT})"
+        selector = f"gagar.dev/run={run.metadata.name},{components}"
         return sandbox_refusal(self.kube.list("v1", "Pod", run.metadata.namespace, selector))
 
     # ------------------------------------------------------------------ act

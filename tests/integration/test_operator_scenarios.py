@@ -1553,10 +1553,37 @@ def test_sandboxes_that_cannot_isolate_hold_the_trainer_with_the_reason(env: Env
         env.reason(name, "PoolsReady", "PoolsReady", what="pools ready")
 
 
-def _crash_looping_sandbox_pod(env: Env, run_name: str, log: str) -> str:
+def test_a_task_environments_pool_that_cannot_isolate_says_why(env: Env) -> None:
+    """The same refusal from the pool of a task environment's image (its pods are not the default
+    pool's: another component label): PoolsReady says SandboxUnavailable with the executor's
+    words, not only ``sandbox/db 0/N ready``, and the trainer is held."""
+    emulator = env.need_emulator()  # the test plays the kubelet of db's pods
+    run = manifest(**{"sandbox.environments": TASK_ENVIRONMENTS, "sandbox.isolation": "bubblewrap"})
+    name = run["metadata"]["name"]
+    db = f"{name}-sandbox-db"
+    emulator.hold_deployment(db, ready=0, namespace=env.namespace)
+    refusal = (
+        "gagar sandbox: isolation bubblewrap does not work here: refusing to run untrusted code"
+    )
+    with env.operator():
+        env.create(run)
+        env.wait(lambda: env.get("apps/v1", "Deployment", db), what="db's pool")
+        _crash_looping_sandbox_pod(env, name, refusal, environment="db")
+        pools = env.reason(name, "PoolsReady", "SandboxUnavailable", what="the refusal")
+        assert refusal in pools["message"]
+        env.reason(name, "TrainerReady", "WaitingForSandbox", what="the trainer held")
+
+
+def _crash_looping_sandbox_pod(env: Env, run_name: str, log: str, environment: str = "") -> str:
     """A sandbox pod whose executor exited 3 and waits in CrashLoopBackOff (as the kubelet
-    reports it; ``FallbackToLogsOnError`` made the log's tail its termination message)."""
+    reports it; ``FallbackToLogsOnError`` made the log's tail its termination message); of the
+    pool of task ``environment`` when one is named."""
     labels = {"gagar.dev/run": run_name, "app.kubernetes.io/component": "sandbox"}
+    if environment:
+        labels |= {
+            "app.kubernetes.io/component": "sandbox-env",
+            "gagar.dev/environment": environment,
+        }
     meta = {"name": f"{run_name}-sandbox-x1", "namespace": env.namespace, "labels": labels}
     containers = [{"name": "executor", "image": "gagar-sandbox"}]
     env.kube.create(
