@@ -33,7 +33,7 @@ from gagar.grader.checks import trajectory_stats
 from gagar.grader.diffs import unified_patch
 from gagar.grader.evaluate import Reference
 from gagar.rollout.envs.task import Task, is_text
-from gagar.rollout.envs.verify import Verdict, touched_paths, verify_files
+from gagar.rollout.envs.verify import Verdict, is_test_path, touched_paths, verify_files
 from gagar.wire import Candidate, GradingGroup
 
 HELD_OUT_FRACTION = 0.25  # examples/mined.yaml's heldOutFraction and source seed
@@ -186,8 +186,6 @@ class _Made:
 
 
 def _fix_paths(task: Task) -> list[str]:
-    from gagar.rollout.envs.verify import is_test_path
-
     return [p for p in touched_paths(task.patch or "") if not is_test_path(p)]
 
 
