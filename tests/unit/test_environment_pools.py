@@ -18,7 +18,9 @@ from tests.unit.test_builders import example, one
 RUN = "qwen3-swe-1node"  # single-gpu's name: backend pods, isolation from the example
 ENVS = [
     {"name": "web", "image": "registry.example/sandbox-web:1"},
-    {"name": "db", "image": "ghcr.io/gagar-dev/gagar-sandbox-db:0.1.0"},
+    # gagar's own sandbox image (a family whose packages it holds): moved by --image-registry;
+    # a made-up name under gagar's registry would be an image without a recipe (test_images)
+    {"name": "db", "image": "ghcr.io/gagar-dev/gagar-sandbox:0.1.0"},
 ]
 POOL_KINDS = ("Deployment", "Service", "NetworkPolicy", "PodDisruptionBudget")
 
@@ -49,7 +51,7 @@ def test_each_environment_gets_a_pool_of_its_image_beside_the_default_one() -> N
     assert image == {
         "": "ghcr.io/gagar-dev/gagar-sandbox:0.1.0",
         "-web": "registry.example/sandbox-web:1",
-        "-db": "ghcr.io/gagar-dev/gagar-sandbox-db:0.1.0",
+        "-db": "ghcr.io/gagar-dev/gagar-sandbox:0.1.0",
     }
     assert one(objs, "Deployment", f"{RUN}-sandbox-web")["spec"]["replicas"] == 32  # poolSize
 
@@ -103,7 +105,7 @@ def test_an_environments_image_is_pulled_as_the_sandbox_image_is() -> None:
         return one(objs, "Deployment", pool)["spec"]["template"]["spec"]["containers"][0]["image"]
 
     assert image(f"{RUN}-sandbox") == "mirror.local/gagar/gagar-sandbox:0.1.0"
-    assert image(f"{RUN}-sandbox-db") == "mirror.local/gagar/gagar-sandbox-db:0.1.0"
+    assert image(f"{RUN}-sandbox-db") == "mirror.local/gagar/gagar-sandbox:0.1.0"
     assert image(f"{RUN}-sandbox-web") == "registry.example/sandbox-web:1"
 
 
