@@ -35,7 +35,7 @@ def score(tasks: list[Task], passes: Verifier) -> dict[str, Any]:
     """Per package and policy: tasks, the mean score, and the ids that scored wrong."""
     out: dict[str, Any] = {}
     for task in tasks:
-        pkg = out.setdefault(str(task.metadata.get("package", task.repo)), {"tasks": 0})
+        pkg = out.setdefault(task.package, {"tasks": 0})
         pkg["tasks"] += 1
         for name, files in POLICIES.items():
             passed = passes(task, files(task))
@@ -53,7 +53,7 @@ def first_per_package(tasks: list[Task], n: int | None) -> list[Task]:
     seen: dict[str, int] = {}
     chosen = []
     for task in tasks:
-        pkg = str(task.metadata.get("package", task.repo))
+        pkg = task.package
         seen[pkg] = seen.get(pkg, 0) + 1
         if n is None or seen[pkg] <= n:
             chosen.append(task)

@@ -238,11 +238,11 @@ def split_by_package(
     """(train, held out): whole packages (``metadata.package``) held out, ``fraction`` of them
     (at least one when there are several), drawn by ``seed``; a task held out shares no package
     with a training task."""
-    packages = sorted({str(t.metadata.get("package", t.repo)) for t in tasks})
+    packages = sorted({t.package for t in tasks})
     random.Random(seed).shuffle(packages)
     cut = max(1, round(len(packages) * fraction)) if fraction and len(packages) > 1 else 0
     out = set(packages[:cut])
-    held = [str(t.metadata.get("package", t.repo)) in out for t in tasks]
+    held = [t.package in out for t in tasks]
     return [t for t, h in zip(tasks, held, strict=True) if not h], [
         t for t, h in zip(tasks, held, strict=True) if h
     ]

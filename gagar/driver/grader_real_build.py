@@ -34,6 +34,7 @@ from gagar.grader.diffs import unified_patch
 from gagar.grader.evaluate import Reference
 from gagar.rollout.envs.task import Task, is_text
 from gagar.rollout.envs.verify import Verdict, is_test_path, touched_paths, verify_files
+from gagar.sandbox.types import SessionFactory
 from gagar.wire import Candidate, GradingGroup
 
 HELD_OUT_FRACTION = 0.25  # examples/mined.yaml's heldOutFraction and source seed
@@ -86,14 +87,10 @@ class RealGroup:
 def held_out_tasks(tasks: list[Task], packages: list[str] | None) -> list[Task]:
     """The tasks of ``packages``, else of the held-out packages of the mined example's split."""
     if packages:
-        return [t for t in tasks if _package(t) in packages]
+        return [t for t in tasks if t.package in packages]
     from gagar.driver.components import split_by_package
 
     return split_by_package(tasks, HELD_OUT_FRACTION, SPLIT_SEED)[1]
-
-
-def _package(task: Task) -> str:
-    return str(task.metadata.get("package", task.repo))
 
 
 def choose(tasks: list[Task], n: int, seed: int) -> list[Task]:
@@ -110,7 +107,7 @@ def breaker_partners(task: Task, tasks: list[Task], rng: random.Random) -> list[
         t
         for t in tasks
         if t.instance_id != task.instance_id
-        and _package(t) == _package(task)
+        and t.package == task.package
         and set(t.fail_to_pass) <= held
     ]
     out.sort(key=lambda t: t.instance_id)
@@ -129,7 +126,7 @@ def _bytes(base: dict[str, bytes], files: dict[str, str]) -> dict[str, bytes]:
     }
 
 
-def naive_run(task: Task, files: dict[str, bytes], factory: Any) -> bool:
+def naive_run(task: Task, files: dict[str, bytes], factory: SessionFactory) -> bool:
     """Whether the visible tests pass when the task's command runs them in the workspace as it
     stands (no test restored, no verifier): what a forgery aims at."""
     visible = task.visible()
@@ -145,7 +142,7 @@ def naive_run(task: Task, files: dict[str, bytes], factory: Any) -> bool:
 class Executor:
     """Runs members of one task through the verifier, each distinct repository once."""
 
-    def __init__(self, task: Task, factory: Any) -> None:
+    def __init__(self, task: Task, factory: SessionFactory) -> None:
         self.task, self.factory = task, factory
         self.base = task.repo_files()
         self._seen: dict[str, Run] = {}
@@ -261,7 +258,9 @@ def _facts(m: _Made, c: Candidate, base: dict[str, str], fixed: dict[str, str]) 
     )
 
 
-def build_group(gid: str, task: Task, partners: list[Task], factory: Any, seed: int) -> RealGroup:
+def build_group(
+    gid: str, task: Task, partners: list[Task], factory: SessionFactory, seed: int
+) -> RealGroup:
     """One group on ``task``: every confirmed member, in an order drawn by ``seed``."""
     rng = random.Random(f"{seed}:{task.instance_id}")
     ex = Executor(task, factory)
@@ -295,7 +294,7 @@ def build_group(gid: str, task: Task, partners: list[Task], factory: Any, seed: 
         skipped=skipped,
     )
     kinds = [m.kind for m in made]
-    return RealGroup(gid, task.instance_id, _package(task), kinds, group, members, dropped)
+    return RealGroup(gid, task.instance_id, task.package, kinds, group, members, dropped)
 
 
 def cache_path(
@@ -310,7 +309,7 @@ def build_groups(
     tasks: list[Task],
     n: int,
     seed: int,
-    factory: Any,
+    factory: SessionFactory,
     packages: list[str] | None = None,
     path: Path | None = None,
 ) -> list[RealGroup]:

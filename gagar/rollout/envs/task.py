@@ -185,6 +185,12 @@ class Task(BaseModel):
         return self
 
     @property
+    def package(self) -> str:
+        """The package the task comes from (a mined task's ``metadata.package``), else its
+        repository: what the held-out split and the per-package rates group by."""
+        return str(self.metadata.get("package", self.repo))
+
+    @property
     def test_ids(self) -> list[str]:
         """Every listed test, held-back ones included (evaluation's, grading labels')."""
         return [*self.fail_to_pass, *self.pass_to_pass]
