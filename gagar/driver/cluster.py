@@ -144,7 +144,7 @@ def resolve(env: Mapping[str, str], run: GagarRun, config_dir: Path | None = Non
         rollout_replicas=replicas,
         grader_url=env.get(names.GRADER_URL) or None,
         sandbox_url=sandbox,
-        sandbox_pools=environment_pools(config_dir, run),
+        sandbox_pools=environment_pool_urls(config_dir, run),
         sandbox_warmpool=warmpool,
         model_dir=Path(model_dir) if model_dir else None,
         progress_configmap=env.get(names.PROGRESS_CONFIGMAP) or None,
@@ -154,7 +154,7 @@ def resolve(env: Mapping[str, str], run: GagarRun, config_dir: Path | None = Non
     )
 
 
-def environment_pools(config_dir: Path | None, run: GagarRun) -> dict[str, str]:
+def environment_pool_urls(config_dir: Path | None, run: GagarRun) -> dict[str, str]:
     """Each of the run's task environments' executor pool on sandbox pods (name -> URL, from the
     operator's ``sandbox-pools.json``); ``ConfigError`` where one has none."""
     from gagar.sandbox.routing import read_pools

@@ -17,7 +17,7 @@ from urllib.parse import urlsplit
 import pytest
 
 from gagar import SANDBOX_POOLS_FILE
-from gagar.driver.cluster import environment_pools, resolve
+from gagar.driver.cluster import environment_pool_urls, resolve
 from gagar.driver.worker import ClusterProvider
 from gagar.manifest import ConfigError
 from gagar.sandbox.client import HttpPoolFactory
@@ -123,10 +123,10 @@ def test_the_trainer_reads_each_environments_pool_from_the_runs_config(tmp_path:
     assert closers == [factory.close]
     factory.close()
     with pytest.raises(ConfigError, match="environments db: no executor pool"):
-        environment_pools(_config(tmp_path, {"web": pools["web"]}), run)
+        environment_pool_urls(_config(tmp_path, {"web": pools["web"]}), run)
     with pytest.raises(ConfigError, match="not a map"):
-        environment_pools(_config(tmp_path, ["web"]), run)
-    assert environment_pools(None, example("single-gpu")) == {}  # no environments: none read
+        environment_pool_urls(_config(tmp_path, ["web"]), run)
+    assert environment_pool_urls(None, example("single-gpu")) == {}  # no environments: none read
     assert read_pools(tmp_path / "absent") == {}
 
 
