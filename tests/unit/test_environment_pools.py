@@ -84,6 +84,8 @@ def test_an_environments_pod_is_the_default_pod_with_its_image() -> None:
     web = one(objs, "Deployment", f"{RUN}-sandbox-web")["spec"]["template"]["spec"]
     assert web["containers"][0].pop("image") == "registry.example/sandbox-web:1"
     default["containers"][0].pop("image")
+    assert web["containers"][0]["args"].pop() == "--pool=sandbox/web"  # its metrics' pool
+    assert default["containers"][0]["args"].pop() == "--pool=sandbox"
     assert web == default
     assert web["runtimeClassName"] == "gvisor" and web["automountServiceAccountToken"] is False
     policy = one(objs, "NetworkPolicy", f"{RUN}-sandbox-web")["spec"]
@@ -156,6 +158,24 @@ def test_monitors_scrape_the_environments_pools_too() -> None:
     assert matches(monitor["selector"]["matchLabels"], web["metadata"]["labels"])
     default = one(objs, "ServiceMonitor", f"{RUN}-sandbox")["spec"]["selector"]["matchLabels"]
     assert not matches(default, web["metadata"]["labels"])  # scraped once
+
+
+def test_each_pools_executor_labels_its_series_with_its_own_pool() -> None:
+    """Every pool's ``GAGAR_COMPONENT`` is ``sandbox``: the executor's own args, parsed by the
+    real CLI, are what tell web's executions from db's and the default pool's on /metrics (the
+    label the run's ``status.pools`` uses; the one ServiceMonitor per kind scrapes them all)."""
+    from gagar.cli import build_parser
+    from gagar.sandbox.metrics import SandboxMetrics
+
+    objs = build_all(with_envs())
+    seen = {}
+    for pool in ("", "-web", "-db"):
+        c = one(objs, "Deployment", f"{RUN}-sandbox{pool}")["spec"]["template"]["spec"]
+        args = build_parser().parse_args(c["containers"][0]["args"])
+        text = SandboxMetrics(lambda: 0, 4, run=RUN, pool=args.pool).exposition().decode()
+        seen[pool] = {line.split('pool="')[1].split('"')[0] for line in text.splitlines()
+                      if line.startswith("gagar_sandbox_sessions_max{")}  # fmt: skip
+    assert seen == {"": {"sandbox"}, "-web": {"sandbox/web"}, "-db": {"sandbox/db"}}
 
 
 def test_no_environment_pools_on_the_local_backend() -> None:

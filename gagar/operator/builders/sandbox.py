@@ -30,7 +30,8 @@ default one: the same hardened pod with the environment's image, its own Deploym
 Service, NetworkPolicy and disruption budget, named ``<run>-sandbox-<environment>`` (cut and given
 a hash suffix past 63 characters: a Service name is a DNS label). Their pods carry the component
 ``sandbox-env`` and ``gagar.dev/environment``, so the default pool's selector (component
-``sandbox``) never picks them, nor one environment's selector another's pods. The trainer finds
+``sandbox``) never picks them, nor one environment's selector another's pods. Their executors label
+their series ``pool="sandbox/<environment>"`` (``--pool``; the default pool's ``sandbox``). The trainer finds
 them through the run's ConfigMap (``builders.config``). ``agent-sandbox`` has one warm pool: the
 spec refuses environments there.
 """
@@ -84,6 +85,13 @@ class Pool:
     labels: dict[str, str]  # of its objects and its pods
     environment: str | None = None
 
+    @property
+    def metrics_pool(self) -> str:
+        """The ``pool`` label of its executors' series: ``sandbox``, or ``sandbox/<environment>``
+        as the run's ``status.pools`` names it, so one environment's executions, limits and
+        capacity are told apart from another's (a dashboard's ``pool=~"sandbox.*"`` takes all)."""
+        return "sandbox" if self.environment is None else f"sandbox/{self.environment}"
+
 
 def default_pool(run: GagarRun) -> Pool:
     sb = run.spec.sandbox
@@ -119,9 +127,10 @@ def pool_url(pool_name: str) -> str:
     return f"http://{pool_name}:{SANDBOX_PORT}"
 
 
-def serve_args(run: GagarRun) -> list[str]:
+def serve_args(run: GagarRun, pool: Pool) -> list[str]:
     """``gagar sandbox serve`` on every interface (the trainer and grader reach the pod by its IP);
-    ``/metrics`` also on the metrics port, the only port Prometheus may reach (NetworkPolicy)."""
+    ``/metrics`` also on the metrics port, the only port Prometheus may reach (NetworkPolicy),
+    labelled with the pool's own ``pool`` (every pool's ``GAGAR_COMPONENT`` is ``sandbox``)."""
     return [
         "sandbox",
         "serve",
@@ -130,6 +139,7 @@ def serve_args(run: GagarRun) -> list[str]:
         f"--workspace-root={WORKSPACE_ROOT}",
         f"--metrics-port={run.spec.observability.metrics_port}",
         f"--isolation={executor_isolation(run)}",
+        f"--pool={pool.metrics_pool}",
     ]
 
 
@@ -149,14 +159,14 @@ def _identity(run: GagarRun) -> dict[str, Any]:
     return {"user": user, "caps": {"drop": ["ALL"], "add": POD_MODE_CAPS}}
 
 
-def _container(run: GagarRun, ctx: BuildContext, ref: str) -> dict[str, Any]:
+def _container(run: GagarRun, ctx: BuildContext, pool: Pool) -> dict[str, Any]:
     sb = run.spec.sandbox
     _, cfg_mount = config_volume(run)
     return {
         "name": "executor",
-        "image": image(ref, ctx),
+        "image": image(pool.image, ctx),
         "command": ["gagar"],
-        "args": serve_args(run),
+        "args": serve_args(run, pool),
         "env": common_env(run, "sandbox"),
         "ports": [{"name": "executor", "containerPort": SANDBOX_PORT}, metrics_port(run)],
         "readinessProbe": {"tcpSocket": {"port": "executor"}, "periodSeconds": 10},
@@ -179,7 +189,7 @@ def _container(run: GagarRun, ctx: BuildContext, ref: str) -> dict[str, Any]:
     }
 
 
-def _pod(run: GagarRun, ctx: BuildContext, ref: str) -> dict[str, Any]:
+def _pod(run: GagarRun, ctx: BuildContext, pool: Pool) -> dict[str, Any]:
     cfg_vol, _ = config_volume(run)
     pod: dict[str, Any] = {
         "serviceAccountName": name(run, "sandbox"),
@@ -190,7 +200,7 @@ def _pod(run: GagarRun, ctx: BuildContext, ref: str) -> dict[str, Any]:
             "fsGroup": SANDBOX_UID,
             "seccompProfile": {"type": "RuntimeDefault"},
         },
-        "containers": [_container(run, ctx, ref)],
+        "containers": [_container(run, ctx, pool)],
         "volumes": [
             cfg_vol,
             {"name": "workspace", "emptyDir": {"sizeLimit": "4Gi"}},
@@ -211,7 +221,7 @@ def _meta(run: GagarRun, ctx: BuildContext, pool: Pool) -> dict[str, Any]:
 def _template(run: GagarRun, ctx: BuildContext, pool: Pool) -> dict[str, Any]:
     """The hardened pod with the pool's image, labelled as the pool (the overlay's scheduling
     and labels as the default pool's: ``spec.sandbox.podTemplate``)."""
-    tpl = pod_template(run, "sandbox", _pod(run, ctx, pool.image))
+    tpl = pod_template(run, "sandbox", _pod(run, ctx, pool))
     pod_labels = {**tpl["metadata"]["labels"], **pool.labels}
     return {**tpl, "metadata": {**tpl["metadata"], "labels": pod_labels}}
 
@@ -291,7 +301,7 @@ def build_sandbox_template(run: GagarRun, ctx: BuildContext) -> Manifest:
     """The executor pod as an agent-sandbox SandboxTemplate (claims may inject neither env nor
     volumes: agent-sandbox's defaults, written out)."""
     spec = {
-        "podTemplate": pod_template(run, "sandbox", _pod(run, ctx, run.spec.sandbox.image)),
+        "podTemplate": pod_template(run, "sandbox", _pod(run, ctx, default_pool(run))),
         "networkPolicyManagement": "Unmanaged",
         "envVarsInjectionPolicy": "Disallowed",
         "volumeClaimTemplatesPolicy": "Disallowed",
