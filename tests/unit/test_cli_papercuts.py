@@ -113,3 +113,27 @@ def test_make_help_lists_every_target_with_its_values() -> None:
     assert listed == documented and "test-e2e" in listed
     assert "$(" not in plain
     assert "probe set of 17 samples" in plain
+
+
+def test_make_grader_sft_writes_the_grader_the_agentic_example_serves() -> None:
+    """`make grader-sft`'s commands parse with gagar's own CLI (a renamed flag fails here, not
+    25 minutes into a run), and write the folder examples/local-grader.yaml serves."""
+    makefile = (ROOT / "Makefile").read_text()
+    recipe = re.search(r"^grader-sft:.*\n((?:\t.*\n)+)", makefile, re.M)
+    assert recipe is not None, "no `grader-sft` target"
+    folder = re.search(r"^GRADER_SFT \?= (\S+)$", makefile, re.M)
+    assert folder is not None
+    lines = recipe.group(1).replace("\\\n", " ").splitlines()
+    parser = build_parser()
+    outs = []
+    for line in lines:
+        argv = line.replace("$(GRADER_SFT)", folder.group(1)).split()
+        assert argv[0] == "gagar", line
+        args = parser.parse_args(argv[1:])
+        outs.append(args.out)
+    assert [a.split()[2] for a in lines] == ["sft-data", "sft"]
+    assert outs[1] == folder.group(1)
+    example = yaml.safe_load((ROOT / "examples" / "local-grader.yaml").read_text())
+    assert example["spec"]["grader"]["kind"] == "agentic"
+    assert example["spec"]["grader"]["model"] == folder.group(1)
+    assert example["spec"]["algorithm"]["totalSteps"] >= 3

@@ -153,3 +153,30 @@ def test_mined_held_out_tasks_are_resolved_per_package() -> None:
         ("  toolz", "1/2 = 0.50 [0.01, 0.99]"),
     ]
     assert names[at + 3] == "held-out response tokens"
+
+
+def test_the_graders_usable_rate_graders_and_fallbacks_are_rows() -> None:
+    """An agentic grader's run shows how many groups it ranked itself (issue 48: the summary
+    shows the grader's usable rate), who ranked the rest and why it fell back."""
+    agentic = {"graded_by": {"agentic": 2}, "usable_groups": 2}
+    fell = {
+        "graded_by": {"agentic": 1, "heuristic": 1},
+        "fallbacks": {"heuristic_after_unusable_ranking": 1},
+        "usable_groups": 1,
+        "heuristic_pairs": 6,
+        "heuristic_agreeing_pairs": 3,
+    }
+    records = [_record(1, 0.5, **agentic), _record(2, 0.5, **fell)]
+    rows = dict(summary_rows(REPORT, records))
+    assert rows["grader rankings usable"] == "3/4 = 0.75 [0.19, 0.99]"
+    assert (
+        rows["  graded by · fallbacks"]
+        == "agentic 3, heuristic 1 · heuristic_after_unusable_ranking 1"
+    )
+    assert rows["  pairs ordered as the heuristic"] == "3/6 = 0.50 [0.12, 0.88]"
+    assert max(len(name) for name in rows) <= 45
+
+
+def test_a_run_whose_groups_had_nothing_to_rank_has_no_grader_rows() -> None:
+    rows = dict(summary_rows(REPORT, [_record(1, 0.0)]))
+    assert not any(name.lstrip().startswith(("grader", "graded", "pairs")) for name in rows)
