@@ -158,6 +158,25 @@ def _prometheus_flags(p: argparse.ArgumentParser) -> None:
         "(a run's default images; chart value image.registry; `make images PUSH=PREFIX` "
         "pushes them there)",
     )
+    p.add_argument(
+        "--max-image-pools",
+        type=_count,
+        default=TrustPolicy.max_image_pools,
+        metavar="N",
+        help="executor pools of task images (rows' own images) one run may have at once; "
+        "its trainer lists the images it wants, and the rest wait (an Event says so)",
+    )
+
+
+def _count(text: str) -> int:
+    """A whole number of at least 0."""
+    try:
+        value = int(text)
+    except ValueError:
+        value = -1
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"a whole number of at least 0, got {text!r}")
+    return value
 
 
 def _registry(text: str) -> str:
@@ -176,6 +195,7 @@ def trust_policy(args: argparse.Namespace) -> TrustPolicy:
         sandbox_baseline=args.sandbox_baseline,
         secrets=frozenset(args.run_secret or ()),
         secret_label=getattr(args, "run_secret_label", ""),
+        max_image_pools=getattr(args, "max_image_pools", TrustPolicy.max_image_pools),
     )
 
 

@@ -69,6 +69,7 @@ from gagar.operator.builders.common import (
     image,
     quota_limited,
 )
+from gagar.operator.builders.images import demand
 from gagar.operator.builders.integrations import blocking
 from gagar.operator.builders.pools import hpa_metric
 from gagar.operator.builders.sandbox import ENVIRONMENT_COMPONENT, environment_pools
@@ -455,6 +456,7 @@ class Reconciler:
             scraper=self.config.scraper,
             image_registry=self.config.image_registry,
             quota_limits=frozenset() if outcome.terminal else self._quota_limits(_namespace(run)),
+            task_images=self._task_images(raw, observed.progress.sandbox_images),
         )
         before = mem.apply_error
         desired = build_all(run, ctx)
@@ -485,6 +487,14 @@ class Reconciler:
             self._write_status(raw, outcome.status, final)
             outcome = final
         return outcome
+
+    def _task_images(self, raw: dict[str, Any], wanted: str | None) -> tuple[str, ...]:
+        """The task images the trainer wants pools of, as many as the trust policy lets a run
+        have; what is refused is a Warning Event (repeats count on it), never applied."""
+        checked = demand(wanted, self.config.trust.max_image_pools)
+        if checked.refused:
+            self._post(raw, [Event("Warning", "TaskImagesRefused", "; ".join(checked.refused))])
+        return checked.images
 
     def _suspend_last_applied(self, raw: dict[str, Any], mem: _RunMemory, error: str) -> str:
         """``spec.suspend: true`` on a run whose spec cannot be applied (invalid, or refused by

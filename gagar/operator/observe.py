@@ -66,6 +66,7 @@ class Progress:
     checkpoint_uri: str | None = None
     checkpoint_time: str | None = None
     start_time: str | None = None
+    sandbox_images: str | None = None  # the task images it wants pools of, raw (builders.images)
 
 
 @dataclass(frozen=True)
@@ -174,6 +175,7 @@ def parse_progress(data: dict[str, str] | None) -> Progress:
         checkpoint_uri=data.get("checkpointUri"),
         checkpoint_time=data.get("checkpointTime"),
         start_time=data.get("startTime"),
+        sandbox_images=data.get("sandboxImages"),
     )
 
 

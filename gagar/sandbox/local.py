@@ -167,7 +167,13 @@ class LocalFactory(VerificationFactory):
 
     def open(self, request: SessionRequest) -> LocalSession | station.Station:
         """A new session; for a verification, where sessions run warm, a station (``station.py``)
-        kept for the request's preload, limits and environment."""
+        kept for the request's preload, limits and environment. A task image is refused: it
+        names a container, which only sandbox pods run."""
+        if request.image is not None:
+            raise SandboxError(
+                f"the task image {request.image!r} runs on sandbox pods only (backend: pods); "
+                "on this backend name a task environment of its packages instead"
+            )
         limits, venv = request.limits or self.limits, self.venv(request.environment)
         tarball = request.tarball  # a verification's is never None (``SessionRequest``)
         if not (request.verification and self.warm and tarball is not None):

@@ -6,14 +6,21 @@ On sandbox pods a task environment is a pool of its own image beside the default
 to E's pool, the name taken off (E's executor runs E's image: it has no environments of its
 own), and one of no environment to the default pool. A name the run does not declare is a
 ``SandboxError`` naming those it does, never a session in the wrong image.
+
+A request of a task image (a row's own image, ``SessionRequest.image``) goes to that image's
+pool, which the operator makes on demand (``gagar.operator.builders.images``) and lists in the
+same file under ``image:<reference>``; the file is re-read when an image has no pool yet (the
+kubelet refreshes a mounted ConfigMap within a minute or so), and an image that still has
+none is a ``SandboxError`` saying so.
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
+from collections.abc import Callable, Collection, Mapping
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 from gagar import SANDBOX_POOLS_FILE
 from gagar.sandbox.client import HttpPoolFactory
@@ -25,23 +32,46 @@ from gagar.sandbox.types import (
     VerificationFactory,
 )
 
+IMAGE_KEY = "image:"  # a task image's pool in sandbox-pools.json (builders.images.IMAGE_POOL_KEY)
+
 
 class RoutingFactory(VerificationFactory):
-    """``default`` for requests of no environment, ``pools[E]`` for those of E."""
+    """``default`` for requests of no environment, ``pools[E]`` for those of E and
+    ``pools["image:" + I]`` for those of task image I. ``refresh(known)``: the pools there are now
+    that ``known`` lacks (name -> factory), asked when an image has no pool here."""
 
     def __init__(
-        self, default: VerificationFactory, pools: Mapping[str, VerificationFactory]
+        self,
+        default: VerificationFactory,
+        pools: Mapping[str, VerificationFactory],
+        refresh: Callable[[Collection[str]], Mapping[str, VerificationFactory]] | None = None,
     ) -> None:
-        self.default, self.pools = default, dict(pools)
+        self.default, self.pools, self.refresh = default, dict(pools), refresh
 
     def open(self, request: SessionRequest) -> Session:
         env = request.environment
+        if request.image is not None:
+            return self._image_pool(request.image).open(replace(request, image=None))
         if env is None:
             return self.default.open(request)
         if env not in self.pools:
-            have = ", ".join(sorted(self.pools)) or "none"
-            raise SandboxError(f"no executor pool for environment {env!r} (this run's: {have})")
+            have = ", ".join(sorted(k for k in self.pools if not k.startswith(IMAGE_KEY)))
+            raise SandboxError(
+                f"no executor pool for environment {env!r} (this run's: {have or 'none'})"
+            )
         return self.pools[env].open(replace(request, environment=None))
+
+    def _image_pool(self, image: str) -> VerificationFactory:
+        key = IMAGE_KEY + image
+        if key not in self.pools and self.refresh is not None:
+            for k, factory in self.refresh(set(self.pools)).items():  # new pools join
+                self.pools.setdefault(k, factory)
+        if key not in self.pools:
+            raise SandboxError(
+                f"no executor pool for the task image {image!r} yet: the operator makes one "
+                "for each image the trainer lists in sandboxImages (up to its cap)"
+            )
+        return self.pools[key]
 
     def close(self) -> None:
         for factory in (self.default, *self.pools.values()):
@@ -51,15 +81,25 @@ class RoutingFactory(VerificationFactory):
 
 
 def pool_factory(
-    default_url: str, pools: Mapping[str, str], limits: Limits | None = None
+    default_url: str,
+    pools: Mapping[str, str],
+    limits: Limits | None = None,
+    config_dir: Path | None = None,
 ) -> HttpPoolFactory | RoutingFactory:
     """The executor pools of a run: the default one at ``default_url`` and each environment's
-    (``pools``: name -> URL), every session with ``limits`` unless it names its own."""
+    and task image's (``pools``: name -> URL), every session with ``limits`` unless it names its
+    own. ``config_dir``: where ``sandbox-pools.json`` is re-read for task images' new pools."""
     default = HttpPoolFactory(default_url, limits=limits)
-    if not pools:
+    if not pools and config_dir is None:
         return default
-    by_env = {env: HttpPoolFactory(url, limits=limits) for env, url in pools.items()}
-    return RoutingFactory(default, by_env)
+
+    def factories(urls: Mapping[str, str], known: Collection[str] = ()) -> dict[str, Any]:
+        return {k: HttpPoolFactory(u, limits=limits) for k, u in urls.items() if k not in known}
+
+    def refresh(known: Collection[str]) -> dict[str, Any]:
+        return {} if config_dir is None else factories(read_pools(config_dir), known)
+
+    return RoutingFactory(default, factories(pools), refresh)
 
 
 def read_pools(config_dir: Path) -> dict[str, str]:

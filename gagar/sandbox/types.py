@@ -146,9 +146,10 @@ class SessionRequest:
     """What one session is made of, as ``SessionFactory.open`` takes it: the workspace (a files
     mapping or a ``.tar.gz`` snapshot, not both; neither: empty), the limits of its commands (None:
     the factory's), its task environment (a name of ``spec.sandbox.environments``; None: the
-    executor's own Python) and, for a verification, ``verification`` and the modules its fork
-    server imports besides pytest (``preload``). Checked as it is made: a factory never sees one
-    that asks the impossible."""
+    executor's own Python), its task image (``image``: a row's own container image, on sandbox
+    pods the executor pool of that image; None: the run's) and, for a verification,
+    ``verification`` and the modules its fork server imports besides pytest (``preload``).
+    Checked as it is made: a factory never sees one that asks the impossible."""
 
     files: Mapping[str, FileData] | None = None
     tarball: bytes | None = None
@@ -156,20 +157,25 @@ class SessionRequest:
     environment: str | None = None
     verification: bool = False
     preload: tuple[str, ...] = ()
+    image: str | None = None
 
     def __post_init__(self) -> None:
         if self.verification and (self.tarball is None or self.files is not None):
             raise SandboxError("a verification session needs a tarball")
         if self.files is not None and self.tarball is not None:
             raise SandboxError("give files or a tarball, not both")
+        if self.image is not None and self.environment is not None:
+            raise SandboxError("give a task environment or a task image, not both")
 
     def for_one_image(self, where: str, limits: Limits | None) -> SessionRequest:
         """The request as an executor of one image (``where``) takes it: refused when it names an
-        environment, with ``limits`` where it names none (None: the executor's own)."""
+        environment or an image, with ``limits`` where it names none (None: the executor's own)."""
         if self.environment is not None:
             raise SandboxError(
                 f"{where} has no environment {self.environment!r}: it runs one image"
             )
+        if self.image is not None:
+            raise SandboxError(f"{where} cannot run the task image {self.image!r}: it runs one")
         return self if self.limits is not None else replace(self, limits=limits)
 
 
@@ -193,8 +199,9 @@ class SessionFactory(Protocol):
         tarball: bytes | None = None,
         limits: Limits | None = None,
         environment: str | None = None,
+        image: str | None = None,
     ) -> Session:
-        return self.open(SessionRequest(files, tarball, limits, environment))
+        return self.open(SessionRequest(files, tarball, limits, environment, image=image))
 
 
 @runtime_checkable
@@ -209,12 +216,13 @@ class VerificationFactory(SessionFactory, Protocol):
         preload: tuple[str, ...] = (),
         limits: Limits | None = None,
         environment: str | None = None,
+        image: str | None = None,
     ) -> Session:
         """A session on ``tarball`` for one verification: a station (``station.py``) whose fork
         server imported pytest and ``preload`` once where the factory keeps them (its sessions run
         warm), else a fresh one. Stations are kept per environment: a fork server of one never
         serves another."""
         request = SessionRequest(
-            None, tarball, limits, environment, verification=True, preload=preload
+            None, tarball, limits, environment, verification=True, preload=preload, image=image
         )
         return self.open(request)

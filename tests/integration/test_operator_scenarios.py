@@ -1777,6 +1777,61 @@ def test_task_environments_get_pools_that_pools_ready_waits_for(env: Env) -> Non
         )
 
 
+def test_task_images_the_trainer_lists_get_pools_on_demand_up_to_the_cap(env: Env) -> None:
+    """The trainer lists the task images it wants in its progress ConfigMap (the object it may
+    write): the operator makes a small pool of each of the first ``max_image_pools`` valid
+    ones, named by hash (a server that checks names and labels stores them), lists them in the
+    run's ConfigMap, says in a Warning Event what it refused and why, and prunes the pool of an
+    image the trainer no longer lists."""
+    astropy = "swebench/sweb.eval.x86_64.astropy_1776_astropy-12907:latest"
+    django = "swebench/sweb.eval.x86_64.django_1776_django-11099:latest"
+    third = "swebench/sweb.eval.x86_64.sympy_1776_sympy-20590:latest"
+    run = manifest()
+    name = run["metadata"]["name"]
+    progress = ("v1", "ConfigMap", env.namespace, f"{name}-progress")
+
+    def wanted(*images: str) -> None:
+        env.kube.merge_patch(*progress, {"data": {"sandboxImages": json.dumps(images)}})
+
+    def pool_of(ref: str) -> str | None:
+        pools = json.loads(
+            env.get("v1", "ConfigMap", f"{name}-config")["data"].get("sandbox-pools.json", "{}")
+        )
+        url = pools.get(f"image:{ref}")
+        return url.removeprefix("http://").split(":")[0] if url else None
+
+    with env.operator(trust=TrustPolicy(max_image_pools=2)):
+        env.create(run)
+        env.wait(lambda: env.get("apps/v1", "Deployment", f"{name}-sandbox"), what="default pool")
+        wanted(astropy, "not an image\nkind: Pod", django, third)
+        pools = {
+            ref: env.wait(lambda r=ref: pool_of(r), what=f"{ref}'s pool")
+            for ref in (astropy, django)
+        }
+        for ref, pool in pools.items():
+            assert pool is not None and len(pool) <= 63 and pool.startswith(f"{name}-sandbox-i")
+            dep = env.wait(lambda p=pool: env.get("apps/v1", "Deployment", p), what=pool)
+            assert dep["spec"]["template"]["spec"]["containers"][0]["image"] == ref
+            assert dep["metadata"]["annotations"]["gagar.dev/image"] == ref
+            service = env.wait(lambda p=pool: env.get("v1", "Service", p), what=f"{pool} Service")
+            assert service["spec"]["clusterIP"] == "None"
+        assert pool_of(third) is None
+        refused = env.wait(
+            lambda: [e for e in env.events(name) if e["reason"] == "TaskImagesRefused"],
+            what="the refusal's Event",
+        )
+        assert refused[0]["type"] == "Warning"
+        assert "sandboxImages[1] is not an image reference" in refused[0]["message"]
+        assert "at most 2 pools a run" in refused[0]["message"]
+        wanted(django)
+        gone = pools[astropy]
+        for api, kind in (("apps/v1", "Deployment"), ("v1", "Service"),
+                          ("networking.k8s.io/v1", "NetworkPolicy"), ("policy/v1", "PodDisruptionBudget")):  # fmt: skip
+            env.wait(lambda a=api, k=kind: env.get(a, k, gone) is None, what=f"{kind} pruned")
+        assert env.get("apps/v1", "Deployment", pools[django]) is not None
+        env.wait(lambda: pool_of(astropy) is None, what="astropy's pool out of the config")
+
+
 def test_a_long_environment_name_gets_a_pool_named_within_a_dns_label(env: Env) -> None:
     """An environment name of 60 characters: ``<run>-sandbox-<name>`` is past the 63 of a
     Service's name, which the server refuses; the pool is named by a cut and a hash instead,

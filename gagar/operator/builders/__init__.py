@@ -26,6 +26,7 @@ from gagar.operator.builders.config import (
     build_config_map,
     build_progress_config_map,
 )
+from gagar.operator.builders.images import build_image_pools
 from gagar.operator.builders.monitoring import build_monitors
 from gagar.operator.builders.pools import build_pools
 from gagar.operator.builders.sandbox import build_sandbox
@@ -63,6 +64,7 @@ def build_all(run: GagarRun, ctx: BuildContext | None = None) -> list[Manifest]:
         *build_checkpoint_pvc(run, ctx),
         *build_access(run, ctx),
         *build_sandbox(run, ctx),
+        *build_image_pools(run, ctx),
         *build_pools(run, ctx),
         *build_trainer(run, ctx),
         *build_monitors(run, ctx),

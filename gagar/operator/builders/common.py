@@ -91,6 +91,8 @@ class BuildContext:
     image_registry: str = ""  # --image-registry: where gagar's images are pulled from instead
     # resources the namespace's ResourceQuotas track as limits (``limits.cpu``: ``cpu``)
     quota_limits: frozenset[str] = field(default_factory=frozenset)
+    # the task images whose executor pools the trainer wants, checked (``builders.images.demand``)
+    task_images: tuple[str, ...] = ()
 
 
 def name(run: GagarRun, component: str, suffix: str = "") -> str:

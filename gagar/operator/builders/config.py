@@ -4,7 +4,9 @@
 one document, ``run.json``, which every pod reads: each component sees exactly what was validated.
 With task environments on sandbox pods, ``sandbox-pools.json`` beside it says where each
 environment's executor pool is (``{"web": "http://<run>-sandbox-web:8090"}``): the trainer and
-grader send a session of that environment there, the rest to ``GAGAR_SANDBOX_URL``.
+grader send a session of that environment there, the rest to ``GAGAR_SANDBOX_URL``. The pools of
+task images the trainer asked for (``sandboxImages`` in ``<run>-progress``) are listed there too,
+under ``image:<reference>`` (``builders.images``).
 ``<run>-progress`` is where the trainer reports step, policy version and checkpoints (pods never
 patch the GagarRun): the operator applies it with metadata only, so the trainer's ``data`` is never
 overwritten (server-side apply only touches the fields a manager sends).
@@ -25,6 +27,7 @@ from gagar.operator.builders.common import (
     name,
     obj,
 )
+from gagar.operator.builders.images import image_pool_urls
 from gagar.operator.builders.sandbox import environment_pools, pool_url
 from gagar.spec import GagarRun
 
@@ -44,9 +47,9 @@ def _dump(value: Any) -> str:
     return json.dumps(value, indent=2, sort_keys=True) + "\n"
 
 
-def config_data(run: GagarRun) -> dict[str, str]:
+def config_data(run: GagarRun, ctx: BuildContext | None = None) -> dict[str, str]:
     """ConfigMap data: the whole run, validated (``run.json``), and where each task environment's
-    executor pool is (``sandbox-pools.json``, when it has some)."""
+    and task image's executor pool is (``sandbox-pools.json``, when it has some)."""
     spec = run.spec
     meta = {"name": run.metadata.name}
     if run.metadata.namespace:
@@ -57,19 +60,21 @@ def config_data(run: GagarRun) -> dict[str, str]:
         "metadata": meta,
     }
     out = {RUN_FILE: _dump({**wire, "spec": spec.to_wire()})}
-    if pools := sandbox_pools(run):
+    if pools := sandbox_pools(run, ctx or BuildContext()):
         out[SANDBOX_POOLS_FILE] = _dump(pools)
     return out
 
 
-def sandbox_pools(run: GagarRun) -> dict[str, str]:
-    """Each task environment's executor pool: its name -> its Service's URL."""
-    return {p.environment or "": pool_url(p.name) for p in environment_pools(run)}
+def sandbox_pools(run: GagarRun, ctx: BuildContext) -> dict[str, str]:
+    """Each task environment's executor pool (its name -> its Service's URL) and each task
+    image's (``image:<reference>`` -> URL, ``builders.images``)."""
+    envs = {p.environment or "": pool_url(p.name) for p in environment_pools(run)}
+    return {**envs, **image_pool_urls(run, ctx)}
 
 
 def build_config_map(run: GagarRun, ctx: BuildContext) -> Manifest:
     meta = metadata(run, ctx, name(run, "config"), "config")
-    return obj("v1", "ConfigMap", meta, data=config_data(run))
+    return obj("v1", "ConfigMap", meta, data=config_data(run, ctx))
 
 
 def build_progress_config_map(run: GagarRun, ctx: BuildContext) -> Manifest:

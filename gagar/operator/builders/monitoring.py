@@ -19,6 +19,7 @@ from gagar.operator.builders.common import (
     obj,
     selector,
 )
+from gagar.operator.builders.images import IMAGE_COMPONENT, image_pools
 from gagar.operator.builders.sandbox import ENVIRONMENT_COMPONENT, environment_pools
 from gagar.spec import GagarRun
 
@@ -61,4 +62,6 @@ def build_monitors(run: GagarRun, ctx: BuildContext) -> list[Manifest]:
         out.append(build_service_monitor(run, ctx, "sandbox", "metrics"))
     if environment_pools(run):  # one for the Services of every task environment's pool
         out.append(build_service_monitor(run, ctx, ENVIRONMENT_COMPONENT, "metrics"))
+    if image_pools(run, ctx):  # and one for those of every task image's pool
+        out.append(build_service_monitor(run, ctx, IMAGE_COMPONENT, "metrics"))
     return out

@@ -39,7 +39,7 @@ spec refuses environments there.
 from __future__ import annotations
 
 import hashlib
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from gagar.operator.builders.common import (
@@ -77,20 +77,20 @@ MAX_NAME = 63  # a Service's name is a DNS label
 
 @dataclass(frozen=True)
 class Pool:
-    """One executor pool: the default one (``environment`` None) or a task environment's."""
+    """One executor pool: the default one, a task environment's (``environment``) or a task
+    image's (``builders.images``). ``metrics_pool``: the ``pool`` label of its executors' series
+    and its key in ``status.pools`` (``sandbox``, ``sandbox/<environment>``), so one pool's
+    executions, limits and capacity are told apart from another's (a dashboard's
+    ``pool=~"sandbox.*"`` takes all). ``replicas``: ``poolSize`` where None."""
 
     name: str
     image: str
     selector: dict[str, str]
     labels: dict[str, str]  # of its objects and its pods
     environment: str | None = None
-
-    @property
-    def metrics_pool(self) -> str:
-        """The ``pool`` label of its executors' series: ``sandbox``, or ``sandbox/<environment>``
-        as the run's ``status.pools`` names it, so one environment's executions, limits and
-        capacity are told apart from another's (a dashboard's ``pool=~"sandbox.*"`` takes all)."""
-        return "sandbox" if self.environment is None else f"sandbox/{self.environment}"
+    metrics_pool: str = "sandbox"
+    replicas: int | None = None
+    annotations: dict[str, str] = field(default_factory=dict)  # of its objects
 
 
 def default_pool(run: GagarRun) -> Pool:
@@ -118,7 +118,8 @@ def environment_pools(run: GagarRun) -> list[Pool]:
         sel = {**selector(run, ENVIRONMENT_COMPONENT), **own}
         lab = {**labels(run, ENVIRONMENT_COMPONENT), **own}
         ref = env.image or run.spec.sandbox.image  # the spec requires an image on pods
-        out.append(Pool(environment_pool_name(run, env.name), ref, sel, lab, env.name))
+        pool_name = environment_pool_name(run, env.name)
+        out.append(Pool(pool_name, ref, sel, lab, env.name, metrics_pool=f"sandbox/{env.name}"))
     return out
 
 
@@ -215,6 +216,8 @@ def _pod(run: GagarRun, ctx: BuildContext, pool: Pool) -> dict[str, Any]:
 
 def _meta(run: GagarRun, ctx: BuildContext, pool: Pool) -> dict[str, Any]:
     meta = metadata(run, ctx, pool.name, "sandbox")
+    if pool.annotations:
+        meta["annotations"] = {**meta.get("annotations", {}), **pool.annotations}
     return {**meta, "labels": dict(pool.labels)}
 
 
@@ -230,7 +233,7 @@ def build_sandbox_deployment(run: GagarRun, ctx: BuildContext, pool: Pool) -> Ma
     """Warm pool of ``poolSize`` executor pods (0 while suspended or after the run ended)."""
     stopped = run.spec.suspend or ctx.state == "terminal"
     spec = {
-        "replicas": 0 if stopped else run.spec.sandbox.pool_size,
+        "replicas": 0 if stopped else (pool.replicas or run.spec.sandbox.pool_size),
         "selector": {"matchLabels": dict(pool.selector)},
         "template": _template(run, ctx, pool),
     }

@@ -53,12 +53,15 @@ class TrustPolicy:
     exception for the sandbox executor's declared need (root, uid-switching capabilities).
     ``secrets``: Secret names a run may reference. ``secret_label``: ``key=value`` a Secret
     carries to be referenced by runs (checked by the operator on the Secret; unknown to
-    ``gagar validate``)."""
+    ``gagar validate``). ``max_image_pools``: how many task images' executor pools one run may
+    have at once (``builders.images``; its trainer asks for them)."""
 
     runs: Level = "restricted"
     sandbox_baseline: bool = True
     secrets: frozenset[str] = field(default_factory=frozenset)
     secret_label: str = ""
+    # executor pools of task images a run's trainer may have at once (builders.images)
+    max_image_pools: int = 8
 
 
 def lower(a: Level, b: Level) -> Level:
