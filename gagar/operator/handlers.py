@@ -69,7 +69,7 @@ from gagar.operator.builders.common import (
     image,
     quota_limited,
 )
-from gagar.operator.builders.images import demand
+from gagar.operator.builders.images import IMAGES_KEY, demand, image_pools
 from gagar.operator.builders.integrations import blocking
 from gagar.operator.builders.pools import hpa_metric
 from gagar.operator.builders.sandbox import ENVIRONMENT_COMPONENT, environment_pools
@@ -701,6 +701,13 @@ class Reconciler:
                 pools[environment_pool(env.environment)] = parse_deployment(dep)
         progress = self.read("v1", "ConfigMap", ns, name(run, "progress"), run.metadata.name)
         progress = progress or {}
+        wanted = demand(
+            (progress.get("data") or {}).get(IMAGES_KEY), self.config.trust.max_image_pools
+        )
+        for img in image_pools(run, BuildContext(task_images=wanted.images)):
+            dep = self.read("apps/v1", "Deployment", ns, img.name, run.metadata.name)
+            if dep is not None:
+                pools[img.metrics_pool] = parse_deployment(dep)
         pods, claim = [], None
         if not finished and (trainer is None or trainer.ready < spec.trainer.nodes):  # why it waits
             selector = f"gagar.dev/run={run.metadata.name},app.kubernetes.io/component=trainer"

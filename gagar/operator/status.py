@@ -22,6 +22,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from datetime import datetime
 
+from gagar.operator.builders.images import IMAGE_POOL_PREFIX
 from gagar.operator.observe import Observed, PoolObserved, TrainerObserved, environment_pool
 from gagar.spec import (
     CONDITION_TYPES,
@@ -168,9 +169,12 @@ def judge_trainer(
 
 
 def pool_statuses(spec: GagarRunSpec, obs: Observed) -> dict[str, PoolStatus]:
-    """Per-pool replicas and ready replicas, for the pools this run has."""
+    """Per-pool replicas and ready replicas, for the pools this run has: those of its spec and
+    the task images' pools its trainer asked for (``sandbox/image-<hash>``, which come and go
+    with the trainer's list, so ``PoolsReady`` never waits for them)."""
     out = {}
-    for pool in expected_pools(spec):
+    on_demand = [p for p in obs.pools if p.startswith(IMAGE_POOL_PREFIX)]
+    for pool in [*expected_pools(spec), *on_demand]:
         seen = obs.pools.get(pool, PoolObserved())
         version = obs.progress.rollout_policy_version if pool == "rollout" else None
         out[pool] = PoolStatus(

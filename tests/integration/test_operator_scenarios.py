@@ -1816,6 +1816,15 @@ def test_task_images_the_trainer_lists_get_pools_on_demand_up_to_the_cap(env: En
             service = env.wait(lambda p=pool: env.get("v1", "Service", p), what=f"{pool} Service")
             assert service["spec"]["clusterIP"] == "None"
         assert pool_of(third) is None
+        keys = env.wait(
+            lambda: (
+                [p for p in env.status(name).get("pools", {}) if p.startswith("sandbox/image-")]
+                if len(env.status(name).get("pools", {})) == 5
+                else None
+            ),
+            what="the image pools in status.pools",
+        )
+        assert len(keys) == 2
         refused = env.wait(
             lambda: [e for e in env.events(name) if e["reason"] == "TaskImagesRefused"],
             what="the refusal's Event",
@@ -1830,6 +1839,7 @@ def test_task_images_the_trainer_lists_get_pools_on_demand_up_to_the_cap(env: En
             env.wait(lambda a=api, k=kind: env.get(a, k, gone) is None, what=f"{kind} pruned")
         assert env.get("apps/v1", "Deployment", pools[django]) is not None
         env.wait(lambda: pool_of(astropy) is None, what="astropy's pool out of the config")
+        env.wait(lambda: len(env.status(name).get("pools", {})) == 4, what="its status entry gone")
 
 
 def test_a_long_environment_name_gets_a_pool_named_within_a_dns_label(env: Env) -> None:

@@ -256,3 +256,23 @@ def test_the_local_backend_refuses_a_task_image(tmp_path: Path) -> None:
     factory = LocalFactory(root=str(tmp_path), check=False)
     with pytest.raises(SandboxError, match="runs on sandbox pods only"):
         factory.create(files={}, image=ASTROPY)
+
+
+def test_status_lists_the_image_pools_and_pools_ready_never_waits_for_them() -> None:
+    from gagar.operator.builders.images import image_pool_key
+    from gagar.operator.observe import Observed, PoolObserved, TrainerObserved
+    from gagar.operator.status import compute_status, get_condition
+
+    key = image_pool_key(ASTROPY)
+    pools = {
+        "rollout": PoolObserved(2, 2, 2),
+        "grader": PoolObserved(1, 1, 1),
+        "sandbox": PoolObserved(32, 32, 32),
+        key: PoolObserved(2, 2, 0),  # its image still pulling
+    }
+    obs = Observed(generation=1, trainer=TrainerObserved(active=1, ready=1), pools=pools)
+    out = compute_status(example("single-gpu").spec, obs, None, "2026-01-01T00:00:00Z").status
+    assert key.startswith("sandbox/image-") and out.pools[key].replicas == 2
+    assert out.pools[key].ready_replicas == 0
+    ready = get_condition(out, "PoolsReady")
+    assert ready is not None and ready.status == "True"

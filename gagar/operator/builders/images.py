@@ -39,6 +39,7 @@ IMAGE_POOL_KEY = "image:"  # sandbox-pools.json's key of an image's pool: "image
 IMAGE_COMPONENT = "sandbox-img"  # neither "sandbox" nor "sandbox-env": their selectors miss it
 IMAGE_LABEL = "gagar.dev/image"  # the hash of the reference (a label value cannot hold one)
 IMAGE_ANNOTATION = "gagar.dev/image"  # the reference itself, for people
+IMAGE_POOL_PREFIX = "sandbox/image-"  # then the hash: its key in status.pools, its metrics' pool
 IMAGE_POOL_REPLICAS = 2  # at most (poolSize if smaller): one image is one task's few sessions
 MAX_REFERENCE = 255
 # A container image reference: [host[:port]/]path[:tag][@sha256:digest], lowercase path
@@ -128,7 +129,7 @@ def image_pools(run: GagarRun, ctx: BuildContext) -> list[Pool]:
 
 def image_pool_key(ref: str) -> str:
     """The pool's key in ``status.pools`` and its executors' ``pool`` label."""
-    return f"sandbox/image-{image_hash(ref)}"
+    return f"{IMAGE_POOL_PREFIX}{image_hash(ref)}"
 
 
 def image_pool_urls(run: GagarRun, ctx: BuildContext) -> dict[str, str]:
