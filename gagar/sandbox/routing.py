@@ -17,6 +17,7 @@ none is a ``SandboxError`` saying so.
 from __future__ import annotations
 
 import json
+import threading
 from collections.abc import Callable, Collection, Mapping
 from dataclasses import replace
 from pathlib import Path
@@ -33,12 +34,37 @@ from gagar.sandbox.types import (
 )
 
 IMAGE_KEY = "image:"  # a task image's pool in sandbox-pools.json (builders.images.IMAGE_POOL_KEY)
+RECENT_IMAGES = 64  # the images a trainer lists: more than any operator's cap keeps warm
+
+
+class RecentImages:
+    """The task images asked for, most recent first, each once, at most ``limit``: the list the
+    trainer publishes as ``sandboxImages`` (the operator keeps pools of its head, so an image
+    in use stays at the front and one unused for long falls off and its pool is pruned).
+    Thread-safe: rollouts open sessions from many threads."""
+
+    def __init__(self, limit: int = RECENT_IMAGES) -> None:
+        self.limit = limit
+        self._order: dict[str, None] = {}  # insertion order: the oldest first
+        self._lock = threading.Lock()
+
+    def use(self, image: str) -> None:
+        with self._lock:
+            self._order.pop(image, None)
+            self._order[image] = None
+            while len(self._order) > self.limit:
+                del self._order[next(iter(self._order))]
+
+    def wanted(self) -> list[str]:
+        with self._lock:
+            return list(reversed(self._order))
 
 
 class RoutingFactory(VerificationFactory):
     """``default`` for requests of no environment, ``pools[E]`` for those of E and
     ``pools["image:" + I]`` for those of task image I. ``refresh(known)``: the pools there are now
-    that ``known`` lacks (name -> factory), asked when an image has no pool here."""
+    that ``known`` lacks (name -> factory), asked when an image has no pool here. Every image
+    asked for, found or not, goes to the front of ``images`` (what the trainer publishes)."""
 
     def __init__(
         self,
@@ -47,10 +73,12 @@ class RoutingFactory(VerificationFactory):
         refresh: Callable[[Collection[str]], Mapping[str, VerificationFactory]] | None = None,
     ) -> None:
         self.default, self.pools, self.refresh = default, dict(pools), refresh
+        self.images = RecentImages()
 
     def open(self, request: SessionRequest) -> Session:
         env = request.environment
         if request.image is not None:
+            self.images.use(request.image)  # a miss too: it asks the operator for a pool
             return self._image_pool(request.image).open(replace(request, image=None))
         if env is None:
             return self.default.open(request)

@@ -276,3 +276,20 @@ def test_status_lists_the_image_pools_and_pools_ready_never_waits_for_them() -> 
     assert out.pools[key].ready_replicas == 0
     ready = get_condition(out, "PoolsReady")
     assert ready is not None and ready.status == "True"
+
+
+def test_the_images_asked_for_are_listed_most_recent_first_found_or_not() -> None:
+    """What the trainer publishes as sandboxImages: a miss asks for a pool, a use keeps the
+    image at the front, and one unused for longest falls off past the limit."""
+    from gagar.sandbox.routing import RecentImages
+
+    routing = RoutingFactory(Fake("default"), {IMAGE_KEY + ASTROPY: Fake("a")})  # type: ignore[arg-type,dict-item]
+    with pytest.raises(SandboxError):
+        routing.create(files={}, image=DJANGO)
+    routing.create(files={}, image=ASTROPY)
+    assert routing.images.wanted() == [ASTROPY, DJANGO]
+    assert demand(json.dumps(routing.images.wanted()), cap=1).images == (ASTROPY,)
+    recent = RecentImages(limit=2)
+    for ref in (ASTROPY, DJANGO, ASTROPY, PINNED):
+        recent.use(ref)
+    assert recent.wanted() == [PINNED, ASTROPY]
