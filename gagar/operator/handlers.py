@@ -69,7 +69,7 @@ from gagar.operator.builders.common import (
     image,
     quota_limited,
 )
-from gagar.operator.builders.images import IMAGES_KEY, demand, image_pools
+from gagar.operator.builders.images import IMAGES_KEY, demand, image_pools, no_image_pools
 from gagar.operator.builders.integrations import blocking
 from gagar.operator.builders.pools import hpa_metric
 from gagar.operator.builders.sandbox import ENVIRONMENT_COMPONENT, environment_pools
@@ -456,7 +456,7 @@ class Reconciler:
             scraper=self.config.scraper,
             image_registry=self.config.image_registry,
             quota_limits=frozenset() if outcome.terminal else self._quota_limits(_namespace(run)),
-            task_images=self._task_images(raw, observed.progress.sandbox_images),
+            task_images=self._task_images(raw, run, observed.progress.sandbox_images),
         )
         before = mem.apply_error
         desired = build_all(run, ctx)
@@ -488,12 +488,17 @@ class Reconciler:
             outcome = final
         return outcome
 
-    def _task_images(self, raw: dict[str, Any], wanted: str | None) -> tuple[str, ...]:
+    def _task_images(
+        self, raw: dict[str, Any], run: GagarRun, wanted: str | None
+    ) -> tuple[str, ...]:
         """The task images the trainer wants pools of, as many as the trust policy lets a run
         have; what is refused is a Warning Event (repeats count on it), never applied."""
         checked = demand(wanted, self.config.trust.max_image_pools)
-        if checked.refused:
-            self._post(raw, [Event("Warning", "TaskImagesRefused", "; ".join(checked.refused))])
+        refused = list(checked.refused)
+        if checked.images and (why := no_image_pools(run)):
+            refused.append(why)
+        if refused:
+            self._post(raw, [Event("Warning", "TaskImagesRefused", "; ".join(refused))])
         return checked.images
 
     def _suspend_last_applied(self, raw: dict[str, Any], mem: _RunMemory, error: str) -> str:

@@ -149,7 +149,14 @@ def test_the_config_map_lists_each_images_pool_beside_the_environments() -> None
 
 
 def test_no_image_pools_where_they_cannot_run() -> None:
+    """And the reason the operator's Warning Event gives the trainer's list there."""
+    from gagar.operator.builders.images import no_image_pools
+
     assert image_objects(built(ASTROPY, **{"sandbox.isolation": "agent-sandbox"})) == []
+    claims = example("single-gpu", **{"sandbox.isolation": "agent-sandbox"})
+    assert "agent-sandbox claims from one warm pool" in (no_image_pools(claims) or "")
+    assert "sandbox pods only" in (no_image_pools(example("local")) or "")
+    assert no_image_pools(example("single-gpu")) is None
     run = example("local")
     assert not [
         o

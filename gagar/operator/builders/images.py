@@ -104,10 +104,20 @@ def image_pool_name(run: GagarRun, ref: str) -> str:
     return f"{run.metadata.name[:keep].rstrip('-')}-{run_hash}{suffix}"
 
 
+def no_image_pools(run: GagarRun) -> str | None:
+    """Why this run's task images get no pools (None: they do)."""
+    sb = run.spec.sandbox
+    if sb.backend != "pods":
+        return "task images run on sandbox pods only (spec.sandbox.backend is local)"
+    if sb.isolation == "agent-sandbox":
+        return "spec.sandbox.isolation agent-sandbox claims from one warm pool: no task images"
+    return None
+
+
 def image_pools(run: GagarRun, ctx: BuildContext) -> list[Pool]:
     """A pool per image the trainer wants (``ctx.task_images``, already ``demand``-checked)."""
     sb = run.spec.sandbox
-    if sb.backend != "pods" or sb.isolation == "agent-sandbox":
+    if no_image_pools(run) is not None:
         return []
     out = []
     for ref in ctx.task_images:
