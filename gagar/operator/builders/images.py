@@ -53,14 +53,15 @@ IMAGE_REFERENCE = re.compile(
 
 @dataclass(frozen=True)
 class Demand:
-    """The images whose pools the run gets, in the trainer's order, and why the rest do not."""
+    """The images whose pools the run gets (sorted) and why the rest do not."""
 
     images: tuple[str, ...] = ()
     refused: tuple[str, ...] = ()
 
 
 def demand(raw: str | None, cap: int) -> Demand:
-    """The trainer's ``sandboxImages`` (untrusted): the first ``cap`` distinct valid references."""
+    """The trainer's ``sandboxImages`` (untrusted): the first ``cap`` distinct valid references
+    (the trainer lists the most wanted first)."""
     if not raw:
         return Demand()
     try:
@@ -82,7 +83,9 @@ def demand(raw: str | None, cap: int) -> Demand:
             f"{len(images)} task images wanted, at most {cap} pools a run "
             f"(the operator's --max-image-pools): {len(images) - cap} wait"
         )
-    return Demand(tuple(images[:cap]), tuple(refused))
+    # sorted once chosen: the trainer reorders its list with every use, which must not
+    # change the desired state (a new order would re-apply every child)
+    return Demand(tuple(sorted(images[:cap])), tuple(refused))
 
 
 def valid_reference(ref: str) -> bool:
