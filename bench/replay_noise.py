@@ -27,6 +27,24 @@ is one property of one update, not of a run.
    against ``Learner.update`` on one real batch (the trainer's numbers, to 1e-3 relative).
    ``--batches`` batches are drawn once (positions in the group list); both arms see the same ones.
    B(arm) = Σ tr Σ / Σ ‖G‖² over the batches (numerator and denominator averaged before dividing).
+4. A common target (issue 50: the paper's "lower gradient variance" reads as a less noisy estimate
+   of one quantity, which B does not measure: B divides each arm's noise by its own surrogate's
+   expected gradient). With the group as the unit (under prompt-mean a batch's update is the mean
+   of its P groups' gradients u_j, whatever their tokens), from the same Gram matrix
+   (``gagar.trainer.gradvar.target_moments``, unbiased for independent groups): per arm tr Cov(u)
+   (the update's variance per group; × the mean loss tokens per group: per token, the trainer's
+   unit), ‖E u‖², the bias² ‖E u − T‖² and the MSE of a P-group update E‖ū_P − T‖² = tr Cov / P +
+   bias² against two targets, and the cosine between the arms' expected directions. Targets:
+   ``grpo_expected``, T = E u_grpo (estimated by the pooled GRPO direction over all groups; GRPO's
+   update is unbiased for it by definition, GAGAR's for E u_gagar, so GAGAR's MSE is its variance
+   plus the squared norm of what its advantages add on average); ``reinforce``, T = E[(n_j / n̄)
+   u_grpo,j]: under prompt-mean and mean-centred rewards (no std), (G − 1)/n̄ times the RLOO
+   policy-gradient of the pass rate (sequence-summed log-probabilities) over the groups'
+   distribution, i.e. the same direction in the arms' units; neither arm is unbiased for it (the
+   token normalization weighs a group by 1/n_j; GAGAR also redistributes and shapes). The groups
+   are scripted experts, not the policy's samples, so this is the pass-rate gradient of that
+   sampling distribution, not of π. Intervals: a percentile bootstrap over groups (the same
+   resamples for every number; repeated groups are no pair). Descriptive: no test, no Holm.
 
 Protocol (fixed before running): the unit of analysis is the recorded group (distinct tasks and
 draws; batches are built from groups, so batch-level values are not independent and never tested
@@ -260,6 +278,8 @@ def log_ratio(
 ) -> float:
     """log B(y) − log B(x) on the batches ``pos`` (positions) of the gradient rows ``x``, ``y``."""
     pos = distinct(gram, x, pos)
+    if not len(pos):  # a resample of few groups can leave no batch of distinct groups
+        return math.nan
     a, b = noise_parts(gram, tokens, x[pos], agg), noise_parts(gram, tokens, y[pos], agg)
     (ta, sa), (tb, sb) = a.sum(axis=0), b.sum(axis=0)
     if min(ta, sa, tb, sb) <= 0:  # a pooled tr Σ or ‖G‖² ≤ 0: B undefined
@@ -356,6 +376,109 @@ def group_signal(gram: np.ndarray, ids: np.ndarray) -> tuple[float, float]:
     # pairs of distinct groups only: a bootstrap resample's repeated group is no second sample
     signal = sub[groups[:, None] != groups[None, :]].mean()
     return float(signal), float(np.diag(sub).mean() - signal)
+
+
+# ------------------------------------------------------------------ a common target (issue 50)
+TARGETS = ("grpo_expected", "reinforce")
+
+
+def target_parts(gram: np.ndarray, tok: np.ndarray, pos: np.ndarray) -> dict[str, Any]:
+    """Both arms' ``gradvar.TargetMoments`` against each target on the groups at ``pos`` (n,)
+    (positions in the group list; a bootstrap resample repeats some), module doc, 4."""
+    from gagar.trainer.gradvar import target_moments
+
+    n = gram.shape[0] // len(ARMS)
+    k = torch.from_numpy(gram)
+    ids = torch.from_numpy(pos)
+    rows = {"grpo": ids, "gagar": ids + n}
+    w = torch.from_numpy(tok[pos] / tok[pos].mean())  # RLOO's per-group weight, arms' units
+
+    def block(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+        return k[a[:, None], b[None, :]]
+
+    grpo = block(rows["grpo"], rows["grpo"])
+    out: dict[str, Any] = {}
+    for arm, r in rows.items():
+        uu, ug = block(r, r), block(r, rows["grpo"])
+        out[arm] = {
+            "grpo_expected": target_moments(uu, ug, grpo, ids),
+            "reinforce": target_moments(uu, ug * w[None, :], grpo * w[:, None] * w[None, :], ids),
+        }
+    return out
+
+
+def target_stats(gram: np.ndarray, tok: np.ndarray, pos: np.ndarray, p: int) -> dict[str, Any]:
+    """The common-target numbers on the groups at ``pos``: per arm, and GAGAR / GRPO."""
+    from gagar.trainer.gradvar import cosine, pair_mean
+
+    parts = target_parts(gram, tok, pos)
+    n = gram.shape[0] // len(ARMS)
+    ids = torch.from_numpy(pos)
+    cross = pair_mean(torch.from_numpy(gram)[ids[:, None], ids[None, :] + n], ids)
+    own = {arm: parts[arm]["grpo_expected"] for arm in ARMS}
+    arms = {
+        arm: {
+            "trace_cov_group": m["grpo_expected"].trace,
+            "trace_cov_token": m["grpo_expected"].trace * float(tok[pos].mean()),
+            "signal_sq_group": m["grpo_expected"].signal,
+            "noise_scale_groups": m["grpo_expected"].noise_scale(),
+            **{f"bias_sq_{t}": m[t].bias for t in TARGETS},
+            **{f"mse_{t}_{p}_groups": m[t].mse(p) for t in TARGETS},
+            **{f"cos_{t}": m[t].cosine() for t in TARGETS},
+        }
+        for arm, m in parts.items()
+    }
+
+    def ratio(key: str) -> float | None:
+        a, b = arms["gagar"][key], arms["grpo"][key]
+        return a / b if a is not None and b is not None and a > 0 and b > 0 else None
+
+    keys = ["trace_cov_group", *(f"mse_{t}_{p}_groups" for t in TARGETS), "noise_scale_groups"]
+    return {
+        "arms": arms,
+        "gagar_over_grpo": {k: ratio(k) for k in keys},
+        "cos_arms": cosine(cross, own["gagar"].signal, own["grpo"].signal),
+    }
+
+
+def target_report(gram: np.ndarray, tok: np.ndarray, p: int, args: argparse.Namespace) -> dict:
+    """``target_stats`` on all groups, with percentile intervals from a bootstrap over groups
+    (the same resamples for every number) and the per-group numbers a reader recomputes from."""
+    n = gram.shape[0] // len(ARMS)
+    point = target_stats(gram, tok, np.arange(n), p)
+    rng = np.random.default_rng(args.seed)
+    boot = [target_stats(gram, tok, rng.integers(0, n, n), p) for _ in range(args.resamples)]
+
+    def ci(get: Any) -> list[float] | None:
+        values = np.array([v for b in boot if (v := get(b)) is not None], dtype=float)
+        if len(values) < 0.95 * len(boot):  # undefined too often for an interval to mean much
+            return None
+        return np.percentile(values, [2.5, 97.5]).tolist()
+
+    for arm, row in point["arms"].items():
+        row["ci95"] = {k: ci(lambda b, a=arm, k=k: b["arms"][a][k]) for k in row}
+    point["gagar_over_grpo_ci95"] = {
+        k: ci(lambda b, k=k: b["gagar_over_grpo"][k]) for k in point["gagar_over_grpo"]
+    }
+    point["cos_arms_ci95"] = ci(lambda b: b["cos_arms"])
+    return point | {"batch_groups": p, "per_group": per_group(gram, tok)}
+
+
+def per_group(gram: np.ndarray, tok: np.ndarray) -> dict[str, Any]:
+    """Per group: loss tokens, squared norms, the arms' inner product, each arm's projection on
+    the pooled mean directions; and the whole Gram matrix (rows grpo 0..n−1, then gagar)."""
+    n = gram.shape[0] // len(ARMS)
+    ones = np.full(n, 1.0 / n)
+    out: dict[str, Any] = {"tokens": tok[:n].tolist()}
+    for arm, a in (("grpo", 0), ("gagar", n)):
+        out[f"sq_norm_{arm}"] = np.diag(gram)[a : a + n].tolist()
+        for dirn, d in (("grpo", 0), ("gagar", n)):
+            mean_sq = ones @ gram[d : d + n, d : d + n] @ ones  # ‖ū_dirn‖² (plug-in)
+            proj = gram[a : a + n, d : d + n] @ ones / math.sqrt(mean_sq)
+            out[f"proj_{arm}_on_mean_{dirn}"] = proj.tolist()
+    out["inner_grpo_gagar"] = np.diag(gram[:n, n:]).tolist()
+    out["gram"] = gram.tolist()
+    return out
 
 
 def paired_group_test(name: str, f: Any, n: int, args: argparse.Namespace, **extra: Any) -> dict:
@@ -469,8 +592,10 @@ def measure(args: argparse.Namespace, base: dict[str, Any], replay_path: Path) -
         len({t["tier"] for t in r["ranking"]["tied_groups"] if t["members"]})
         for r in replay["groups"]
     ]
+    common = target_report(gram, tok, args.batch_groups, args) if agg == "prompt-mean" else None
     return {
         "arms": arms,
+        "common_target": common,
         "groups_with_two_or_more_tiers": sum(t >= 2 for t in tiers),
         "assembly_check": {"assembled": g["check"][0], "trainer": g["check"][1]},
         "gradient_seconds": round(g["seconds"], 1),
@@ -563,6 +688,11 @@ def main(argv: list[str] | None = None) -> int:
             "policy": args.policy,
             "policy_sha256": hashlib.sha256(weights.read_bytes()).hexdigest(),
             "mechanism_file": mech_file,
+            "common_target": "module doc, 4: per arm tr Cov of the update per group and per token, "
+            "bias² and MSE of a batch_groups-group update against T = E u_grpo "
+            "(grpo_expected) and T = the RLOO pass-rate gradient in the arms' units (reinforce), "
+            "GAGAR / GRPO, the cosine of the arms' expected directions; percentile bootstrap "
+            "over groups; descriptive (no test). per_group.gram: rows grpo 0..n-1 then gagar",
         },
         **result,
         "tests": tests,
@@ -579,8 +709,29 @@ def main(argv: list[str] | None = None) -> int:
             f"{t['name']}: {t['ratio_gagar_over_grpo']:.3f} [{lo:.3f}, {hi:.3f}] "
             f"p {t['p_value']:.3g} Holm {t['p_holm']:.3g}"
         )
+    if out.get("common_target"):
+        print_targets(out["common_target"])
     print(f"-> {args.out}")
     return 0
+
+
+def print_targets(ct: dict[str, Any]) -> None:
+    """The common-target table: each arm's number, then GAGAR / GRPO, with the intervals."""
+
+    def fmt(v: float | None, ci: list[float] | None) -> str:
+        if v is None:
+            return "undefined"
+        return f"{v:.4g} [{ci[0]:.4g}, {ci[1]:.4g}]" if ci else f"{v:.4g} [no interval]"
+
+    for key in ct["arms"]["grpo"]:
+        if key == "ci95":
+            continue
+        cells = [fmt(ct["arms"][a][key], ct["arms"][a]["ci95"][key]) for a in ARMS]
+        if key in ct["gagar_over_grpo"]:
+            k = ct["gagar_over_grpo"]
+            cells.append(fmt(k[key], ct["gagar_over_grpo_ci95"][key]))
+        print(f"  {key}: " + " | ".join(cells))
+    print(f"  cos(E u_grpo, E u_gagar): {fmt(ct['cos_arms'], ct['cos_arms_ci95'])}")
 
 
 if __name__ == "__main__":

@@ -48,12 +48,27 @@ can come out ≤ 0 from one step's noise, ``B`` is then undefined (None), and Mc
 applies: average ``tr Σ`` and ``‖G‖²`` over steps before dividing. (Until issue 50 the estimator
 rescaled each micro-batch by ``N / n_m`` tokens, which is unbiased only under ``token-mean`` with
 independent tokens: under the default ``prompt-mean`` it inflated tr Σ and biased ‖G‖² down.)
+
+Against a common target (``target_moments``; issue 50). B divides each arm's noise by its own
+expected gradient, so two arms with the same noise get different B when one surrogate has a larger
+mean. The variance of an *estimate of one quantity* compares arms at fixed weights on the same
+groups instead. With the group as the unit (independent draws; under ``prompt-mean`` with whole
+groups a batch's update is the mean of its P groups' gradients ``u_j``) and a target ``T = E t``
+estimated by per-group vectors ``t_j`` of the same groups, from inner products only:
+
+    ⟨E u, E v⟩ = mean_{j≠k} ⟨u_j, v_k⟩           unbiased: distinct groups are independent
+    tr Cov(u)  = mean_j ‖u_j‖² − ⟨E u, E u⟩        the estimate's variance per group (= ddof 1)
+    bias²      = ‖E u − T‖² = ⟨Eu,Eu⟩ − 2⟨Eu,T⟩ + ⟨T,T⟩
+    MSE(P)     = E‖ū_P − T‖² = tr Cov(u) / P + bias²
+
+each unbiased (the cosine between two means, a ratio, is not), whatever the groups' sizes.
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Callable, Iterable
+from dataclasses import dataclass
 
 import torch
 
@@ -170,3 +185,50 @@ class GradVarianceTracker:
             return math.nan, g2, None
         repeats = raw / units  # each unit counted this many times in w and w2
         return noise_scale(s2, g2, (w2 / repeats) / (w / repeats) ** 2, tokens)
+
+
+# ------------------------------------------------------------------ a common target
+def pair_mean(cross: torch.Tensor, groups: torch.Tensor) -> float:
+    """Mean of ``cross[j, k] = ⟨u_j, v_k⟩`` (n, n) over pairs of distinct groups (``groups`` (n,):
+    a bootstrap resample's repeat of a group is no second draw): unbiased for ⟨E u, E v⟩."""
+    distinct = groups[:, None] != groups[None, :]  # (n, n)
+    return float(cross[distinct].double().mean())
+
+
+@dataclass(frozen=True)
+class TargetMoments:
+    """One arm's per-group update ``u`` against a target ``T`` (module docstring)."""
+
+    trace: float  # tr Cov(u) = E‖u − E u‖², per group: the estimate's variance
+    signal: float  # ‖E u‖²
+    bias: float  # ‖E u − T‖²
+    target: float  # ‖T‖²
+    cross: float  # ⟨E u, T⟩
+
+    def mse(self, groups: int) -> float:
+        """E‖ū − T‖² of the mean ū of ``groups`` independent groups' updates."""
+        return self.trace / groups + self.bias
+
+    def noise_scale(self) -> float | None:
+        """B with the group as the unit (tr Cov / ‖E u‖², in groups); None when ‖E u‖² ≤ 0."""
+        return self.trace / self.signal if self.signal > 0 else None
+
+    def cosine(self) -> float | None:
+        """cos(E u, T), from the unbiased parts; None when either squared norm is ≤ 0."""
+        return cosine(self.cross, self.signal, self.target)
+
+
+def cosine(ab: float, aa: float, bb: float) -> float | None:
+    """``ab / sqrt(aa·bb)``; None when ``aa`` or ``bb`` is ≤ 0 (an estimate can be)."""
+    return ab / math.sqrt(aa * bb) if aa > 0 and bb > 0 else None
+
+
+def target_moments(
+    uu: torch.Tensor, ut: torch.Tensor, tt: torch.Tensor, groups: torch.Tensor
+) -> TargetMoments:
+    """``TargetMoments`` from the inner products ``uu[j, k] = ⟨u_j, u_k⟩``, ``ut[j, k] = ⟨u_j,
+    t_k⟩`` and ``tt[j, k] = ⟨t_j, t_k⟩`` (each (n, n), rows and columns the same n groups, whose
+    ids are ``groups`` (n,))."""
+    signal, cross, target = (pair_mean(x, groups) for x in (uu, ut, tt))
+    trace = float(torch.diagonal(uu).double().mean()) - signal
+    return TargetMoments(trace, signal, signal - 2 * cross + target, target, cross)

@@ -3,6 +3,8 @@ and a replay row round-trips into the trainer's rollouts."""
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 import pytest
 import torch
@@ -84,3 +86,36 @@ def test_group_level_signal_and_trace_are_the_unbiased_estimates() -> None:
     # a bootstrap resample repeating a group: its repeat is not a second sample of the signal
     again, _ = rn.group_signal(gram, np.array([0, 0, 1, 1]))
     assert again == pytest.approx(gram[0, 1])  # not contaminated by ‖u_0‖² or ‖u_1‖²
+
+
+def test_common_target_numbers_equal_the_explicit_vectors() -> None:
+    """``target_stats`` from the Gram matrix equals the vectors' own formulas: GRPO against its own
+    mean has bias 0, and the reinforce target weighs each group's GRPO gradient by n_j / n̄."""
+    rng = np.random.default_rng(2)
+    n = 6
+    grpo = rng.normal(size=(n, 30)) + 0.8
+    gagar = grpo + rng.normal(size=(n, 30)) * 0.5 + 0.3
+    tokens = rng.integers(100, 600, size=n).astype(float)
+    u = np.vstack([grpo, gagar])
+    got = rn.target_stats(u @ u.T, np.concatenate([tokens, tokens]), np.arange(n), 4)
+    w = tokens / tokens.mean()
+
+    def unbiased_sq(d: np.ndarray) -> float:  # ‖E d‖²: ‖d̄‖² − tr Cov(d) / n
+        return float(d.mean(0) @ d.mean(0) - d.var(0, ddof=1).sum() / n)
+
+    for arm, x in (("grpo", grpo), ("gagar", gagar)):
+        row = got["arms"][arm]
+        trace = x.var(0, ddof=1).sum()
+        assert row["trace_cov_group"] == pytest.approx(trace)
+        assert row["trace_cov_token"] == pytest.approx(trace * tokens.mean())
+        assert row["bias_sq_grpo_expected"] == pytest.approx(unbiased_sq(x - grpo), abs=1e-9)
+        assert row["bias_sq_reinforce"] == pytest.approx(unbiased_sq(x - w[:, None] * grpo))
+        assert row["mse_reinforce_4_groups"] == pytest.approx(
+            trace / 4 + unbiased_sq(x - w[:, None] * grpo)
+        )
+    assert got["arms"]["grpo"]["bias_sq_grpo_expected"] == pytest.approx(0.0, abs=1e-9)
+    ratio = got["gagar_over_grpo"]["trace_cov_group"]
+    assert ratio == pytest.approx(gagar.var(0, ddof=1).sum() / grpo.var(0, ddof=1).sum())
+    cross = (grpo.sum(0) @ gagar.sum(0) - (grpo * gagar).sum()) / (n * (n - 1))
+    want = cross / math.sqrt(unbiased_sq(grpo) * unbiased_sq(gagar))
+    assert got["cos_arms"] == pytest.approx(want)
