@@ -30,10 +30,11 @@ default one: the same hardened pod with the environment's image, its own Deploym
 Service, NetworkPolicy and disruption budget, named ``<run>-sandbox-<environment>`` (cut and given
 a hash suffix past 63 characters: a Service name is a DNS label). Their pods carry the component
 ``sandbox-env`` and ``gagar.dev/environment``, so the default pool's selector (component
-``sandbox``) never picks them, nor one environment's selector another's pods. Their executors label
-their series ``pool="sandbox/<environment>"`` (``--pool``; the default pool's ``sandbox``). The trainer finds
-them through the run's ConfigMap (``builders.config``). ``agent-sandbox`` has one warm pool: the
-spec refuses environments there.
+``sandbox``) never picks them, nor one environment's selector another's pods. Their executors
+label their series ``pool="sandbox/<environment>"`` (``--pool``; the default pool's
+``sandbox``). The trainer finds them through the run's ConfigMap (``builders.config``).
+``agent-sandbox`` has one warm pool: the spec refuses environments there. Task images' pools,
+made on demand, are ``builders.images``'.
 """
 
 from __future__ import annotations
