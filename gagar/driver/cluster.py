@@ -27,7 +27,10 @@ whose ``run.json`` is the whole GagarRun as the operator validated it, and sets 
 
 With task environments on sandbox pods, ``sandbox-pools.json`` in the config dir names each
 environment's executor pool; the trainer sends a session of environment E to E's pool
-(``gagar.sandbox.routing``).
+(``gagar.sandbox.routing``). A task that names its own image (SWE-bench's ``image_name``) goes
+to that image's pool, which the operator makes once the trainer lists the image under
+``sandboxImages`` in ``<run>-progress`` (``SANDBOX_IMAGES_KEY``; the file is read again for it,
+``Cluster.config_dir``).
 
 Everything here that can be wrong about the configuration raises ``ConfigError``, which the
 trainer turns into ``GAGAR_EXIT_PERMANENT``; the rest (a pool not up yet, an API error) is
@@ -36,6 +39,7 @@ transient and left to the operator's restarts.
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 from collections.abc import Mapping
@@ -55,6 +59,10 @@ log = logging.getLogger("gagar.trainer")
 SAFETENSORS_TRANSPORT = (
     "gagar-cpu"  # gagar's safetensors transport (vLLM backend gagar_safetensors)
 )
+SANDBOX_IMAGES_KEY = "sandboxImages"  # gagar.operator.builders.images.IMAGES_KEY
+# How long a task image's first session waits for its pool: the operator's reconcile, the kubelet
+# refreshing the mounted sandbox-pools.json (about a minute) and the pods pulling the image.
+IMAGE_POOL_WAIT_S = 300.0
 _SA_NAMESPACE = Path("/var/run/secrets/kubernetes.io/serviceaccount/namespace")
 
 
@@ -100,6 +108,7 @@ class Cluster:
     namespace: str | None = None
     metrics_port: int = 9400
     weights_url: str | None = None
+    config_dir: Path | None = None  # the run's ConfigMap: sandbox-pools.json is read again there
 
 
 def resolve(env: Mapping[str, str], run: GagarRun, config_dir: Path | None = None) -> Cluster:
@@ -151,6 +160,7 @@ def resolve(env: Mapping[str, str], run: GagarRun, config_dir: Path | None = Non
         namespace=env.get(names.NAMESPACE) or run.metadata.namespace,
         metrics_port=port,
         weights_url=env.get(names.WEIGHTS_URL) or None,
+        config_dir=config_dir,
     )
 
 
@@ -208,10 +218,14 @@ def progress_data(
     rollout_version: int | None,
     checkpoint: tuple[int, str, str] | None,
     start_time: str,
+    images: list[str] | None = None,
 ) -> dict[str, str]:
     """The ``<run>-progress`` data the operator parses (``builders.config.PROGRESS_KEYS``);
-    ``checkpoint`` is (step, uri, time)."""
+    ``checkpoint`` is (step, uri, time); ``images``: the task images wanted, most recent first
+    (None: the run routes none, and the key is left as it is)."""
     data = {"step": str(step), "policyVersion": str(policy_version), "startTime": start_time}
+    if images is not None:
+        data.update(images_data(images))
     if rollout_version is not None:
         data["rolloutPolicyVersion"] = str(rollout_version)
     if checkpoint is not None:
@@ -221,6 +235,11 @@ def progress_data(
             checkpointTime=checkpoint[2],
         )
     return data
+
+
+def images_data(images: list[str]) -> dict[str, str]:
+    """``<run>-progress``'s list of the task images whose executor pools the trainer wants."""
+    return {SANDBOX_IMAGES_KEY: json.dumps(images)}
 
 
 class ProgressReporter:

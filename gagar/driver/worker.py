@@ -37,10 +37,12 @@ from rich.console import Console
 
 from gagar import env as names
 from gagar.driver.cluster import (
+    IMAGE_POOL_WAIT_S,
     Cluster,
     ProgressReporter,
     ReplicaSync,
     give_up,
+    images_data,
     kube_api,
     progress_data,
     resolve,
@@ -54,6 +56,7 @@ from gagar.spec import GagarRun, rfc3339
 if TYPE_CHECKING:
     from gagar.driver.loop import Closers, Context, Services
     from gagar.driver.setup import Rank
+    from gagar.sandbox.routing import RecentImages
 
 log = logging.getLogger("gagar.trainer")
 CONTROL_TIMEOUT_S = 7 * 24 * 3600.0  # followers wait this long for rank 0's next announcement
@@ -98,6 +101,7 @@ class ClusterProvider:
     api: Any = None  # the Kubernetes API client (None outside a cluster)
     console: Console = field(default_factory=lambda: Console(stderr=True))
     sync: ReplicaSync | None = None  # set by ``services``: the progress report reads its version
+    images: RecentImages | None = None  # set by ``sandboxes`` on sandbox pods: the task images
     caches_warm_start = False  # a pod's disk is not the next run's: it always warm-starts
 
     @property
@@ -144,7 +148,7 @@ class ClusterProvider:
 
     def sandboxes(self, run: GagarRun, closers: Closers) -> Any:
         from gagar.driver import components as comp
-        from gagar.sandbox.routing import pool_factory
+        from gagar.sandbox.routing import ImageWait, RoutingFactory, pool_factory
         from gagar.sandbox.types import Limits
 
         limits = Limits(**run.spec.sandbox.limits.executor_limits())
@@ -162,8 +166,17 @@ class ClusterProvider:
             return claims
         if self.cluster.sandbox_url is None:
             return comp.sandbox_factory(run.spec.sandbox)
-        # the default pool, and each task environment's (a session of E goes to E's pool)
-        factory = pool_factory(self.cluster.sandbox_url, self.cluster.sandbox_pools, limits)
+        # the default pool, each task environment's (a session of E goes to E's pool) and each
+        # task image's, made on demand: the sandbox-pools.json that lists them is read again
+        factory = pool_factory(
+            self.cluster.sandbox_url,
+            self.cluster.sandbox_pools,
+            limits,
+            config_dir=self.cluster.config_dir,
+            wait=ImageWait(IMAGE_POOL_WAIT_S),
+        )
+        if isinstance(factory, RoutingFactory):
+            self.images = factory.images  # published with the progress (``publish_images``)
         closers.append(factory.close)
         return factory
 
@@ -230,7 +243,16 @@ def _progress(ctx: Context, provider: ClusterProvider, start_time: str) -> dict[
         uri = f"{provider.cluster.checkpoint_uri}/checkpoints/{last.path.name}"
         checkpoint = (last.step, uri, stamp)
     rollout_version = provider.sync.rollout_version if provider.sync is not None else None
-    return progress_data(ctx.step, ctx.version, rollout_version, checkpoint, start_time)
+    images = provider.images.wanted() if provider.images is not None else None
+    return progress_data(ctx.step, ctx.version, rollout_version, checkpoint, start_time, images)
+
+
+def publish_images(provider: ClusterProvider, reporter: ProgressReporter | None) -> None:
+    """A task image asked for the first time is published at once, not at the step's end: its
+    session waits for the pool the operator makes of it (``IMAGE_POOL_WAIT_S``)."""
+    if provider.images is None or reporter is None:
+        return
+    provider.images.on_new = lambda wanted: reporter.report(images_data(wanted))
 
 
 def lead(rank: Rank, provider: ClusterProvider) -> int:
@@ -240,8 +262,9 @@ def lead(rank: Rank, provider: ClusterProvider) -> int:
     from gagar.driver.setup import build
 
     start_time = rfc3339(time.time())
-    ctx = build(rank, provider, resume_run=rank.run.spec.trainer.checkpoint.resume)
     reporter = ProgressReporter.from_cluster(provider.cluster, provider.api)
+    ctx = build(rank, provider, resume_run=rank.run.spec.trainer.checkpoint.resume)
+    publish_images(provider, reporter)
     report = (
         (lambda: reporter.report(_progress(ctx, provider, start_time)))
         if reporter

@@ -65,8 +65,9 @@ def _bwrap_factory(limits: dict[str, Any] | None = None) -> SandboxFactory:
 def _pool_factory(
     url: str | None, limits: dict[str, Any] | None = None, config_dir: Path | None = None
 ) -> SandboxFactory:
-    """The run's executor pools: ``url``'s, and each task environment's that the run's config
-    names (``sandbox-pools.json``): a task's tests run in its environment's pool."""
+    """The run's executor pools: ``url``'s, and each task environment's and task image's that
+    the run's config names (``sandbox-pools.json``, read again for an image's new pool): a
+    task's tests run in its environment's pool."""
     from gagar.grader.sandbox_adapter import adapt_factory
 
     if not url:
@@ -80,7 +81,8 @@ def _pool_factory(
         pools = read_pools(config_dir) if config_dir is not None else {}
     except SandboxError as err:
         raise SystemExit(str(err)) from None
-    return adapt_factory(pool_factory(url, pools, _executor_limits(limits)))
+    factory = pool_factory(url, pools, _executor_limits(limits), config_dir=config_dir)
+    return adapt_factory(factory)
 
 
 def _claim_factory(warmpool: str | None, limits: dict[str, Any] | None = None) -> SandboxFactory:

@@ -10,16 +10,20 @@ own), and one of no environment to the default pool. A name the run does not dec
 A request of a task image (a row's own image, ``SessionRequest.image``) goes to that image's
 pool, which the operator makes on demand (``gagar.operator.builders.images``) and lists in the
 same file under ``image:<reference>``; the file is re-read when an image has no pool yet (the
-kubelet refreshes a mounted ConfigMap within a minute or so), and an image that still has
-none is a ``SandboxError`` saying so.
+kubelet refreshes a mounted ConfigMap within a minute or so). A factory given an
+``ImageWait`` waits that long for a new image's pool to be listed and to have a ready executor
+(the operator makes it when the trainer publishes ``images``, and its pods pull the image),
+re-reading the file every ``poll_s``; an image that has none by then is a ``SandboxInfraError``
+(the machinery's failure: the trajectory is invalid, never a failed test).
 """
 
 from __future__ import annotations
 
 import json
 import threading
+import time
 from collections.abc import Callable, Collection, Mapping
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -28,6 +32,7 @@ from gagar.sandbox.client import HttpPoolFactory
 from gagar.sandbox.types import (
     Limits,
     SandboxError,
+    SandboxInfraError,
     Session,
     SessionRequest,
     VerificationFactory,
@@ -41,45 +46,66 @@ class RecentImages:
     """The task images asked for, most recent first, each once, at most ``limit``: the list the
     trainer publishes as ``sandboxImages`` (the operator keeps pools of its head, so an image
     in use stays at the front and one unused for long falls off and its pool is pruned).
-    Thread-safe: rollouts open sessions from many threads."""
+    Thread-safe: rollouts open sessions from many threads. ``on_new(wanted)`` is called (outside
+    the lock) when an image joins the list, so that the trainer publishes it at once rather than
+    at its next step: the session that asked waits for the pool (``ImageWait``)."""
 
     def __init__(self, limit: int = RECENT_IMAGES) -> None:
         self.limit = limit
+        self.on_new: Callable[[list[str]], None] | None = None
         self._order: dict[str, None] = {}  # insertion order: the oldest first
         self._lock = threading.Lock()
 
     def use(self, image: str) -> None:
         with self._lock:
+            new = image not in self._order
             self._order.pop(image, None)
             self._order[image] = None
             while len(self._order) > self.limit:
                 del self._order[next(iter(self._order))]
+        if new and self.on_new is not None:
+            self.on_new(self.wanted())
 
     def wanted(self) -> list[str]:
         with self._lock:
             return list(reversed(self._order))
 
 
+@dataclass(frozen=True)
+class ImageWait:
+    """How long a session of a task image waits for the image's pool (``seconds``; 0: not at
+    all) and how often the pools file is read again meanwhile (``poll_s``)."""
+
+    seconds: float = 0.0
+    poll_s: float = 5.0
+
+
 class RoutingFactory(VerificationFactory):
     """``default`` for requests of no environment, ``pools[E]`` for those of E and
     ``pools["image:" + I]`` for those of task image I. ``refresh(known)``: the pools there are now
     that ``known`` lacks (name -> factory), asked when an image has no pool here. Every image
-    asked for, found or not, goes to the front of ``images`` (what the trainer publishes)."""
+    asked for, found or not, goes to the front of ``images`` (what the trainer publishes); a
+    new image's first session waits ``wait`` for its pool."""
+
+    runs_task_images = True  # ``verify.placement`` asks for a task's image only of such a factory
 
     def __init__(
         self,
         default: VerificationFactory,
         pools: Mapping[str, VerificationFactory],
         refresh: Callable[[Collection[str]], Mapping[str, VerificationFactory]] | None = None,
+        wait: ImageWait = ImageWait(),
     ) -> None:
-        self.default, self.pools, self.refresh = default, dict(pools), refresh
+        self.default, self.pools, self.refresh, self.wait = default, dict(pools), refresh, wait
         self.images = RecentImages()
+        self._served: set[str] = set()  # images a pool served: a failure there is not a wait
+        self._lock = threading.Lock()
 
     def open(self, request: SessionRequest) -> Session:
         env = request.environment
         if request.image is not None:
             self.images.use(request.image)  # a miss too: it asks the operator for a pool
-            return self._image_pool(request.image).open(replace(request, image=None))
+            return self._open_image(request.image, replace(request, image=None))
         if env is None:
             return self.default.open(request)
         if env not in self.pools:
@@ -89,17 +115,37 @@ class RoutingFactory(VerificationFactory):
             )
         return self.pools[env].open(replace(request, environment=None))
 
+    def _open_image(self, image: str, request: SessionRequest) -> Session:
+        """A session of ``image``'s pool, waiting up to ``wait.seconds`` while the pool is not
+        listed or none of its executors is ready (an image it served fails at once)."""
+        deadline = time.monotonic() + self.wait.seconds
+        while True:
+            try:
+                session = self._image_pool(image).open(request)
+            except SandboxInfraError as err:
+                left = deadline - time.monotonic()
+                if image in self._served or left <= 0:
+                    waited = f" within {self.wait.seconds:.0f}s" if self.wait.seconds else ""
+                    raise SandboxInfraError(f"{err}{waited}") from None
+                time.sleep(min(self.wait.poll_s, left))
+                continue
+            self._served.add(image)
+            return session
+
     def _image_pool(self, image: str) -> VerificationFactory:
         key = IMAGE_KEY + image
-        if key not in self.pools and self.refresh is not None:
-            for k, factory in self.refresh(set(self.pools)).items():  # new pools join
-                self.pools.setdefault(k, factory)
-        if key not in self.pools:
-            raise SandboxError(
+        with self._lock:  # sessions of many threads refresh: one at a time
+            if key not in self.pools and self.refresh is not None:
+                for k, factory in self.refresh(set(self.pools)).items():  # new pools join
+                    self.pools.setdefault(k, factory)
+            pool = self.pools.get(key)
+        if pool is None:
+            raise SandboxInfraError(
                 f"no executor pool for the task image {image!r} yet: the operator makes one "
-                "for each image the trainer lists in sandboxImages (up to its cap)"
+                "for each image the trainer lists in sandboxImages (up to its cap, "
+                "--max-image-pools; a TaskImagesRefused Event names those left waiting)"
             )
-        return self.pools[key]
+        return pool
 
     def close(self) -> None:
         for factory in (self.default, *self.pools.values()):
@@ -113,10 +159,12 @@ def pool_factory(
     pools: Mapping[str, str],
     limits: Limits | None = None,
     config_dir: Path | None = None,
+    wait: ImageWait = ImageWait(),
 ) -> HttpPoolFactory | RoutingFactory:
     """The executor pools of a run: the default one at ``default_url`` and each environment's
     and task image's (``pools``: name -> URL), every session with ``limits`` unless it names its
-    own. ``config_dir``: where ``sandbox-pools.json`` is re-read for task images' new pools."""
+    own. ``config_dir``: where ``sandbox-pools.json`` is re-read for task images' new pools,
+    each waited for as ``wait`` says."""
     default = HttpPoolFactory(default_url, limits=limits)
     if not pools and config_dir is None:
         return default
@@ -127,7 +175,7 @@ def pool_factory(
     def refresh(known: Collection[str]) -> dict[str, Any]:
         return {} if config_dir is None else factories(read_pools(config_dir), known)
 
-    return RoutingFactory(default, factories(pools), refresh)
+    return RoutingFactory(default, factories(pools), refresh, wait)
 
 
 def read_pools(config_dir: Path) -> dict[str, str]:

@@ -38,7 +38,7 @@ def test_swe_row_loads_with_snapshot_dir(tmp_path: Path) -> None:
     assert task.fail_to_pass == [
         "astropy/modeling/tests/test_separable.py::test_separable[compound_model6]"
     ]
-    # the row's image is information only (every task runs in spec.sandbox.image)
+    # the row's image is kept in metadata too (Task.image: tests/unit/test_task_images_trainer.py)
     assert task.metadata == {
         "base_commit": SWE_ROW["base_commit"],
         "version": "4.3",

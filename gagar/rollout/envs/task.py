@@ -12,10 +12,13 @@ sessions of the task, the agent's and verification's alike, run with: on the loc
 backend a read-only virtual environment made once from the environment's lock, first on ``PATH``
 (``gagar.sandbox.venvs``), on sandbox pods the executor pool of the environment's image
 (``gagar.sandbox.routing``; docs/design.md). SWE-bench bookkeeping keys (``base_commit``,
-``version``, ...) are kept in ``metadata``, and so is a row's own container image (``image``,
-``image_name``, ``environment_image``): SWE-bench's images hold the repository's dependencies but
-no gagar executor, so no mode runs them; declare an environment that holds those dependencies
-and name it in the row (or its source) instead. A ``test_patch`` (SWE-bench's diff of the tests) is applied
+``version``, ...) are kept in ``metadata``. A row's own container image (``image``, or
+SWE-bench's and SWE-Gym's ``image_name``, ``environment_image``) is ``image``: on sandbox pods the
+sessions of a task that names no environment run in an executor pool of that image, which the
+operator makes on demand (``gagar.sandbox.routing``, docs/design.md); an environment, the row's
+or its source's, wins over the image (it is what the run declared), and a backend without
+containers (``local``) runs the task in its environment or the sandbox's own Python and says so
+(``verify.placement``). A ``test_patch`` (SWE-bench's diff of the tests) is applied
 to the snapshot when the task is loaded, strictly (``patches.apply_patch``), and the files it
 changes or creates join ``test_files``, which verification writes before the tests run. Any other
 unknown key is an error, so a misspelt field never silently disappears.
@@ -52,12 +55,13 @@ SWE_METADATA_KEYS = frozenset(
         "hints_text",
         "repo_url",
         "difficulty",
-        # the row's own container image: informative only (an environment names what runs)
+        # the row's own container image, also kept as ``Task.image``
         "image",
         "image_name",
         "environment_image",
     }
 )
+IMAGE_KEYS = ("image", "image_name", "environment_image")  # the first a row gives is its image
 DEFAULT_TEST_COMMAND = "python -m pytest -q -p no:cacheprovider"
 # For families whose tests need no pytest plugins: skipping the entry-point scan of a large
 # site-packages saves seconds per run.
@@ -110,6 +114,13 @@ class Task(BaseModel):
         max_length=63,
         description="The task environment its tests run in (a name of spec.sandbox.environments); "
         "unset: the dataset source's, else the sandbox's own Python.",
+    )
+    image: str | None = Field(
+        default=None,
+        max_length=255,
+        pattern=r"^[A-Za-z0-9][A-Za-z0-9._/:@-]*$",
+        description="The task's own container image (SWE-bench's image_name): on sandbox pods "
+        "its sessions run in an executor pool of that image, unless it names an environment.",
     )
     metadata: dict[str, Any] = Field(default_factory=dict)
 
@@ -191,6 +202,12 @@ class Task(BaseModel):
         return str(self.metadata.get("package", self.repo))
 
     @property
+    def sandbox_image(self) -> str | None:
+        """The image its sessions ask for: its own, unless it names an environment (the run
+        declared that one; a SWE-bench image without gagar's executor cannot serve)."""
+        return None if self.environment else self.image
+
+    @property
     def test_ids(self) -> list[str]:
         """Every listed test, held-back ones included (evaluation's, grading labels')."""
         return [*self.fail_to_pass, *self.pass_to_pass]
@@ -263,12 +280,14 @@ def _read_snapshot(path: Path) -> dict[str, bytes]:
 def parse_task(
     raw: dict[str, Any], base_dir: Path | None = None, cache: Path | None = None
 ) -> Task:
-    """One row: SWE-bench bookkeeping keys go to ``metadata``; relative snapshots are resolved; a
+    """One row: SWE-bench bookkeeping keys go to ``metadata`` (its image to ``image`` too); relative snapshots are resolved; a
     row with ``repo`` and ``base_commit`` but no files gets its snapshot from the repository
     ``cache`` (``TaskError`` when there is none or the repository is not in it)."""
     row = dict(raw)
     meta = {k: row.pop(k) for k in list(row) if k in SWE_METADATA_KEYS}
     row["metadata"] = {**row.get("metadata", {}), **meta}
+    if image := next((meta[k] for k in IMAGE_KEYS if meta.get(k)), None):
+        row["image"] = image
     if base_dir is not None and isinstance(row.get("snapshot"), str):
         row["snapshot"] = str((base_dir / row["snapshot"]).resolve())
     if row.get("files") is None and row.get("snapshot") is None and meta.get("base_commit"):

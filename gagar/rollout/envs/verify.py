@@ -32,9 +32,11 @@ tested against, and what remains.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import io
 import json
+import logging
 import random
 import re
 import secrets
@@ -57,6 +59,7 @@ from gagar.sandbox import (
     VerificationFactory,
 )
 
+log = logging.getLogger("gagar.rollout")
 # Files that steer how tests run: changing them can change the verdict without fixing the code.
 RUNNER_FILES = frozenset(
     {"conftest.py", "pytest.ini", "tox.ini", "setup.cfg", "pyproject.toml", ".coveragerc"}
@@ -370,7 +373,7 @@ def verify(
         patch = candidate.diff()
         before = set(candidate.list_files())
         tarball = candidate.archive() if archive is None else archive
-        fresh = _fresh(factory, tarball, task.environment)
+        fresh = _fresh(factory, tarball, task)
     except SandboxInfraError as e:
         return Verdict(instance_id=task.instance_id, passed=False, valid=False, infra_error=str(e))
     except SandboxError as e:  # what the candidate left cannot be copied at all: its failure
@@ -451,13 +454,40 @@ def _planting(task: Task, base: dict[str, bytes]) -> plant.Planting:
     return plant.plant(task.test_ids, pristine_files(task, base), random.SystemRandom())
 
 
-def _fresh(factory: SessionFactory, tarball: bytes, environment: str | None) -> Session:
-    """The session the tests run in, in the task's environment (its Python and packages): a
-    station where the factory keeps them (``station.py``: its fork server has the bootstrap's
-    imports preloaded, in that environment), else a new session."""
+def _fresh(factory: SessionFactory, tarball: bytes, task: Task) -> Session:
+    """The session the tests run in, in the task's environment or image (its Python and
+    packages): a station where the factory keeps them (``station.py``: its fork server has the
+    bootstrap's imports preloaded, in that environment), else a new session."""
+    env, image = placement(task, factory)
     if isinstance(factory, VerificationFactory):
-        return factory.verification_session(tarball, verify_boot.PRELOAD, environment=environment)
-    return factory.create(tarball=tarball, environment=environment)
+        preload = verify_boot.PRELOAD
+        return factory.verification_session(tarball, preload, environment=env, image=image)
+    return factory.create(tarball=tarball, environment=env, image=image)
+
+
+def placement(task: Task, factory: SessionFactory) -> tuple[str | None, str | None]:
+    """Where the task's sessions run, (environment, image): its ``environment``, else its own image
+    (``Task.sandbox_image``) where ``factory`` runs task images (sandbox pods' routing factory,
+    ``runs_task_images``). Elsewhere (the local backend: no containers) the image is left out,
+    once logged, and the task runs in the sandbox's own Python, as before images were read: a
+    refusal would fail every SWE-bench row that runs fine there."""
+    image = task.sandbox_image
+    if image is not None and not getattr(factory, "runs_task_images", False):
+        _image_left_out(type(factory).__name__, image)
+        image = None
+    return task.environment, image
+
+
+@functools.cache
+def _image_left_out(factory: str, image: str) -> None:
+    """Said once per factory kind and image (a dataset of many images: once each, at most)."""
+    log.warning(
+        "the task image %s is not used: %s runs no task images (only sandbox.backend: pods "
+        "does); the task runs in the sandbox's own Python (give it an environment to choose "
+        "its packages)",
+        image,
+        factory,
+    )
 
 
 def repository_digest(archive: bytes, listed: list[str]) -> str:
@@ -553,8 +583,9 @@ class SharedVerdicts:
 
 def open_session(task: Task, factory: SessionFactory) -> Session:
     """A session on the task's repository (local or on an executor server, per ``factory``), in
-    the task's environment."""
-    return factory.create(files=task.repo_files(), environment=task.environment)
+    the task's environment or image (``placement``)."""
+    env, image = placement(task, factory)
+    return factory.create(files=task.repo_files(), environment=env, image=image)
 
 
 def verify_files(
