@@ -233,6 +233,11 @@ class PodSecurityValues(Values):
     run_secret_label: str = Field(default="", pattern=r"^([^=]+=[^=]*)?$")
     """``key=value`` (e.g. ``gagar.dev/allow-runs=true``): a Secret carrying it may be referenced
     too (``--run-secret-label``); the operator then gets ``get`` on Secrets to read the label."""
+    max_image_pools: int = Field(default=8, ge=0)
+    """Executor pools of task images (a dataset row's own image, SWE-bench's ``image_name``) one
+    run may have at once (``--max-image-pools``): its trainer lists the images it wants and the
+    operator keeps a pool of at most 2 pods for each of the first this many; the rest wait, and
+    a ``TaskImagesRefused`` Event says so. 0: no task image pools."""
 
 
 class ChartValues(Values):

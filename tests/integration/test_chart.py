@@ -52,6 +52,7 @@ def test_lint_strict(values: Path | None) -> None:
         ("watchNamespaces[0]=Not_A_Namespace", "Does not match pattern"),
         ("operator.logLevel=loud", "operator.logLevel"),
         ("operator.metricsPort=80", "Must be greater than or equal to 1024"),
+        ("podSecurity.maxImagePools=-1", "Must be greater than or equal to 0"),
     ],
 )
 def test_schema_rejects_bad_values(setting: str, message: str) -> None:
@@ -205,6 +206,24 @@ def test_run_selector_reaches_the_operator() -> None:
 
     assert "--run-selector=team=a" in args("--set", "runSelector=team=a")
     assert not [a for a in args() if a.startswith("--run-selector")]
+
+
+def test_max_image_pools_reaches_the_operators_trust_policy() -> None:
+    """podSecurity.maxImagePools becomes --max-image-pools (the cap of a run's task-image pools);
+    at the operator's own default, no flag (the kustomize base stays the chart's)."""
+    from gagar.operator.builders.trust import TrustPolicy
+    from gagar.operator.cli import trust_policy
+
+    def args(*flags: str) -> list[str]:
+        objs = helm_template(*flags)
+        return by_kind(objs, "Deployment")[0]["spec"]["template"]["spec"]["containers"][0]["args"]
+
+    assert ChartValues().pod_security.max_image_pools == TrustPolicy.max_image_pools
+    assert not [a for a in args() if a.startswith("--max-image-pools")]
+    rendered = args("--set", "podSecurity.maxImagePools=3")
+    assert "--max-image-pools=3" in rendered
+    assert trust_policy(operator_parser().parse_args(rendered)).max_image_pools == 3
+    assert "--max-image-pools=0" in args("--set", "podSecurity.maxImagePools=0")
 
 
 def test_rbac_create_false_renders_no_rbac() -> None:
