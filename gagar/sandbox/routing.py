@@ -99,6 +99,7 @@ class RoutingFactory(VerificationFactory):
         self.default, self.pools, self.refresh, self.wait = default, dict(pools), refresh, wait
         self.images = RecentImages()
         self._served: set[str] = set()  # images a pool served: a failure there is not a wait
+        self._waits: dict[str, float] = {}  # image -> when the wait for its pool began
         self._lock = threading.Lock()
 
     def open(self, request: SessionRequest) -> Session:
@@ -116,9 +117,9 @@ class RoutingFactory(VerificationFactory):
         return self.pools[env].open(replace(request, environment=None))
 
     def _open_image(self, image: str, request: SessionRequest) -> Session:
-        """A session of ``image``'s pool, waiting up to ``wait.seconds`` while the pool is not
-        listed or none of its executors is ready (an image it served fails at once)."""
-        deadline = time.monotonic() + self.wait.seconds
+        """A session of ``image``'s pool, waiting while the pool is not listed or none of its
+        executors is ready, until the image's wait ends (an image it served fails at once)."""
+        deadline = self._deadline(image)
         while True:
             try:
                 session = self._image_pool(image).open(request)
@@ -131,6 +132,17 @@ class RoutingFactory(VerificationFactory):
                 continue
             self._served.add(image)
             return session
+
+    def _deadline(self, image: str) -> float:
+        """The end of ``image``'s wait, one for all its sessions: a group's sessions (made ahead,
+        then again when that failed) wait ``wait.seconds`` together, not each in turn; once as
+        long again has passed after it, the next session of the image waits anew."""
+        now = time.monotonic()
+        with self._lock:
+            start = self._waits.get(image)
+            if start is None or now > start + 2 * self.wait.seconds:
+                self._waits[image] = start = now
+        return start + self.wait.seconds
 
     def _image_pool(self, image: str) -> VerificationFactory:
         key = IMAGE_KEY + image

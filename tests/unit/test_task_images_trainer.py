@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import logging
 import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -116,6 +117,25 @@ def test_an_image_without_a_pool_in_time_is_an_infrastructure_failure(tmp_path: 
     ):
         factory.create(files={}, image=IMAGE)
     assert factory.images.wanted() == [IMAGE]  # type: ignore[union-attr]
+
+
+def test_the_sessions_of_an_image_wait_for_its_pool_together_not_each_in_turn() -> None:
+    """A group's n sessions (each made ahead, then again when that failed) share one wait:
+    once it is over, the next session tries once; as long again later, one waits anew."""
+    factory = RoutingFactory(Recorder(), {}, lambda known: {}, ImageWait(0.3, 0.01))
+    started = time.monotonic()
+    with pytest.raises(SandboxInfraError):
+        factory.create(files={}, image=IMAGE)
+    assert 0.3 <= time.monotonic() - started < 1.0
+    started = time.monotonic()
+    with pytest.raises(SandboxInfraError):
+        factory.create(files={}, image=IMAGE)
+    assert time.monotonic() - started < 0.1
+    time.sleep(0.45)  # past twice the wait since it began: a new wait
+    started = time.monotonic()
+    with pytest.raises(SandboxInfraError):
+        factory.create(files={}, image=IMAGE)
+    assert time.monotonic() - started >= 0.3
 
 
 def test_the_cluster_trainer_reads_the_runs_config_again_for_a_task_images_pool(
