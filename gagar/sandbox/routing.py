@@ -185,7 +185,12 @@ def pool_factory(
         return {k: HttpPoolFactory(u, limits=limits) for k, u in urls.items() if k not in known}
 
     def refresh(known: Collection[str]) -> dict[str, Any]:
-        return {} if config_dir is None else factories(read_pools(config_dir), known)
+        if config_dir is None:
+            return {}
+        try:
+            return factories(read_pools(config_dir), known)
+        except SandboxError as err:  # the machinery's (a file half written): waited out, never
+            raise SandboxInfraError(str(err)) from None  # a verification's failed test
 
     return RoutingFactory(default, factories(pools), refresh, wait)
 

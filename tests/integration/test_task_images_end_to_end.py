@@ -65,7 +65,9 @@ def _kubelet(env: Env, run: str, config_dir: Path, port: int, stop: threading.Ev
         config = env.kube.get("v1", "ConfigMap", env.namespace, f"{run}-config") or {}
         pools = json.loads((config.get("data") or {}).get(SANDBOX_POOLS_FILE, "{}"))
         moved = {k: u.rsplit(":", 1)[0] + f":{port}" for k, u in pools.items()}
-        (config_dir / SANDBOX_POOLS_FILE).write_text(json.dumps(moved))
+        fresh = config_dir / f".{SANDBOX_POOLS_FILE}"
+        fresh.write_text(json.dumps(moved))
+        fresh.replace(config_dir / SANDBOX_POOLS_FILE)  # at once, as the kubelet swaps a link
 
 
 def test_a_rows_image_gets_its_pool_through_the_trainers_published_list(

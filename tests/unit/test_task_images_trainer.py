@@ -119,6 +119,13 @@ def test_an_image_without_a_pool_in_time_is_an_infrastructure_failure(tmp_path: 
     assert factory.images.wanted() == [IMAGE]  # type: ignore[union-attr]
 
 
+def test_a_pools_file_read_half_written_is_waited_out_not_a_failed_test(tmp_path: Path) -> None:
+    (tmp_path / SANDBOX_POOLS_FILE).write_text("")
+    factory = pool_factory("http://s:8090", {}, config_dir=tmp_path, wait=ImageWait(0.05, 0.01))
+    with pytest.raises(SandboxInfraError, match="Expecting value"):
+        factory.create(files={}, image=IMAGE)
+
+
 def test_the_sessions_of_an_image_wait_for_its_pool_together_not_each_in_turn() -> None:
     """A group's n sessions (each made ahead, then again when that failed) share one wait:
     once it is over, the next session tries once; as long again later, one waits anew."""
