@@ -247,6 +247,20 @@ def _progress(ctx: Context, provider: ClusterProvider, start_time: str) -> dict[
     return progress_data(ctx.step, ctx.version, rollout_version, checkpoint, start_time, images)
 
 
+def missed_images(images: RecentImages | None) -> str | None:
+    """The step's line on task images whose sessions found no ready pool in time (None: none);
+    each such trajectory is invalid, counted under ``invalid.sandbox_error``."""
+    missed = images.take_missed() if images is not None else {}
+    if not missed:
+        return None
+    listed = ", ".join(f"{image} ({n})" for image, n in sorted(missed.items()))
+    return (
+        f"{sum(missed.values())} session(s) found no ready executor pool of their task image "
+        f"within {IMAGE_POOL_WAIT_S:.0f}s (invalid.sandbox_error; status.pools and the run's "
+        f"TaskImagesRefused Events say why): {listed}"
+    )
+
+
 def publish_images(provider: ClusterProvider, reporter: ProgressReporter | None) -> None:
     """A task image asked for the first time is published at once, not at the step's end: its
     session waits for the pool the operator makes of it (``IMAGE_POOL_WAIT_S``)."""
@@ -273,6 +287,8 @@ def lead(rank: Rank, provider: ClusterProvider) -> int:
 
     def on_step(record: StepRecord) -> None:
         log.info("step %d/%d · %s", ctx.step, ctx.alg.total_steps, summary_line(record))
+        if line := missed_images(provider.images):
+            log.warning("step %d: %s", ctx.step, line)
         report()
 
     try:

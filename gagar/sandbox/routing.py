@@ -54,6 +54,7 @@ class RecentImages:
         self.limit = limit
         self.on_new: Callable[[list[str]], None] | None = None
         self._order: dict[str, None] = {}  # insertion order: the oldest first
+        self._missed: dict[str, int] = {}  # image -> sessions that found no pool in time
         self._lock = threading.Lock()
 
     def use(self, image: str) -> None:
@@ -69,6 +70,17 @@ class RecentImages:
     def wanted(self) -> list[str]:
         with self._lock:
             return list(reversed(self._order))
+
+    def missed(self, image: str) -> None:
+        """A session of ``image`` found no ready pool by the end of its wait."""
+        with self._lock:
+            self._missed[image] = self._missed.get(image, 0) + 1
+
+    def take_missed(self) -> dict[str, int]:
+        """The sessions that found no pool since the last call, by image (the trainer's step)."""
+        with self._lock:
+            out, self._missed = self._missed, {}
+        return out
 
 
 @dataclass(frozen=True)
@@ -126,6 +138,8 @@ class RoutingFactory(VerificationFactory):
             except SandboxInfraError as err:
                 left = deadline - time.monotonic()
                 if image in self._served or left <= 0:
+                    if image not in self._served:
+                        self.images.missed(image)
                     waited = f" within {self.wait.seconds:.0f}s" if self.wait.seconds else ""
                     raise SandboxInfraError(f"{err}{waited}") from None
                 time.sleep(min(self.wait.poll_s, left))

@@ -15,7 +15,7 @@ import pytest
 
 from gagar import SANDBOX_POOLS_FILE
 from gagar.driver.cluster import SANDBOX_IMAGES_KEY, Cluster, progress_data
-from gagar.driver.worker import ClusterProvider, publish_images
+from gagar.driver.worker import ClusterProvider, missed_images, publish_images
 from gagar.operator.builders.images import IMAGES_KEY
 from gagar.rollout.envs.task import parse_task
 from gagar.rollout.envs.verify import open_session, placement
@@ -117,6 +117,10 @@ def test_an_image_without_a_pool_in_time_is_an_infrastructure_failure(tmp_path: 
     ):
         factory.create(files={}, image=IMAGE)
     assert factory.images.wanted() == [IMAGE]  # type: ignore[union-attr]
+    line = missed_images(factory.images)  # type: ignore[union-attr]
+    assert line is not None and line.startswith("1 session(s) found no ready executor pool")
+    assert line.endswith(f"{IMAGE} (1)") and "invalid.sandbox_error" in line
+    assert missed_images(factory.images) is None  # type: ignore[union-attr]  # taken: per step
 
 
 def test_a_pools_file_read_half_written_is_waited_out_not_a_failed_test(tmp_path: Path) -> None:
