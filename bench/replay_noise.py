@@ -14,10 +14,12 @@ is one property of one update, not of a run.
    ``docs/results/replay_groups-<date>.json.gz`` (token ids, loss masks, turn spans and flags,
    verification, ranking): the replay file.
 2. Per-group gradients: at the fixed weights (``--policy``, by default the final policy of ``make
-   run``: ``runs/local/policy/serving``; its sha256 goes into the JSON), for every group and arm the
-   arm's advantages (``gagar.driver.advantages``: the trainer's code) and the gradient of the
-   trainer's loss on that group alone (``gagar.trainer.learner.Learner.update`` with SGD at lr 0:
-   the weights never move). The inner products of all these gradients form a Gram matrix.
+   run``: ``runs/local/policy/versions/latest``, while ``runs/local/policy/serving`` holds the
+   weights served at the run's start, the warm start; the sha256 goes into the JSON), for every
+   group and arm the arm's advantages (``gagar.driver.advantages``: the trainer's code) and the
+   gradient of the trainer's loss on that group alone (``gagar.trainer.learner.Learner.update``
+   with SGD at lr 0: the weights never move). The inner products of all these gradients form a
+   Gram matrix.
 3. A batch is ``--batch-groups`` distinct groups, one micro-batch each, as the trainer accumulates
    them (a group's contribution to the batch's loss is its own gradient scaled by the aggregation:
    1/P for prompt-mean, n_j/N for token-mean, which is also its share ``s_m``); its tr Σ and ‖G‖²
@@ -49,9 +51,10 @@ is one property of one update, not of a run.
 Protocol (fixed before running): the unit of analysis is the recorded group (distinct tasks and
 draws; batches are built from groups, so batch-level values are not independent and never tested
 as if they were). The statistic is log B(gagar) − log B(grpo) on the same batches (paired).
-Interval: bootstrap over groups (``scipy.stats.bootstrap``, percentile). p-value: paired permutation test
-over groups (``scipy.stats.permutation_test``, ``permutation_type="samples"``: each group's two
-arms swapped or not), two-sided. Holm over every test of the file: these and the mechanism task's
+Interval: bootstrap over groups (``scipy.stats.bootstrap``, percentile; a resample where the
+statistic is undefined is left out and counted, and over 5 % of them leave no interval). p-value:
+paired permutation test over groups (``scipy.stats.permutation_test``,
+``permutation_type="samples"``: each group's two arms swapped or not), two-sided. Holm over every test of the file: these and the mechanism task's
 (``bench/mechanism_noise.py``'s newest JSON, whose tests this file includes). A statistic that is
 undefined on the data (a pooled ‖G‖² ≤ 0 makes B undefined) is reported as such and not tested;
 under a permutation an undefined value counts as extreme (conservative).
@@ -511,11 +514,20 @@ def paired_group_test(name: str, f: Any, n: int, args: argparse.Namespace, **ext
         n_resamples=args.resamples,
         rng=args.seed,
     )
-    ci = boot.confidence_interval
+    # a resample where the statistic is undefined (e.g. a group-level ‖G‖² ≤ 0) has no value:
+    # the percentiles of the defined ones, and how many were not (no interval above 5 %)
+    dist = boot.bootstrap_distribution
+    finite = dist[np.isfinite(dist)]
+    ci = (
+        np.exp(np.percentile(finite, [2.5, 97.5])).tolist()
+        if len(finite) >= 0.95 * len(dist)
+        else None
+    )
     return out | {
         "defined": True,
         "ratio_gagar_over_grpo": math.exp(point),
-        "ratio_ci95": [math.exp(ci.low), math.exp(ci.high)],
+        "ratio_ci95": ci,
+        "resamples_undefined": int(len(dist) - len(finite)),
         "p_value": float(perm.pvalue),
     }
 
@@ -631,7 +643,9 @@ def main(argv: list[str] | None = None) -> int:
     day = dt.date.today().isoformat()
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     ap.add_argument("--manifest", default=str(ROOT / "examples" / "local.yaml"))
-    ap.add_argument("--policy", default=str(ROOT / "runs" / "local" / "policy" / "serving"))
+    ap.add_argument(
+        "--policy", default=str(ROOT / "runs" / "local" / "policy" / "versions" / "latest")
+    )
     ap.add_argument("--record", action="store_true", help="record the replay groups first")
     ap.add_argument("--groups", type=int, default=48, help="at most (one per training task)")
     ap.add_argument("--replay", type=Path, help="default: the newest docs/results/replay_groups-*")
@@ -641,6 +655,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--out", type=Path, default=RESULTS / f"replay_noise-{day}.json")
     ap.add_argument("--work", default=str(ROOT / "runs" / "replay_noise"), help="gradient cache")
+    ap.add_argument("--note", default="", help="what the weights are (into the JSON's protocol)")
     args = ap.parse_args(argv)
     torch.set_num_threads(max(1, min(2, os.cpu_count() or 1)))
     t0 = time.perf_counter()
@@ -687,6 +702,7 @@ def main(argv: list[str] | None = None) -> int:
             "manifest": os.path.relpath(args.manifest, ROOT),
             "policy": args.policy,
             "policy_sha256": hashlib.sha256(weights.read_bytes()).hexdigest(),
+            "policy_note": args.note,
             "mechanism_file": mech_file,
             "common_target": "module doc, 4: per arm tr Cov of the update per group and per token, "
             "bias² and MSE of a batch_groups-group update against T = E u_grpo "
@@ -704,7 +720,7 @@ def main(argv: list[str] | None = None) -> int:
         if t.get("p_value") is None:
             print(f"{t['name']}: undefined ({t.get('reason_if_undefined')}): not tested")
             continue
-        lo, hi = t["ratio_ci95"]
+        lo, hi = t["ratio_ci95"] or (math.nan, math.nan)
         print(
             f"{t['name']}: {t['ratio_gagar_over_grpo']:.3f} [{lo:.3f}, {hi:.3f}] "
             f"p {t['p_value']:.3g} Holm {t['p_holm']:.3g}"
