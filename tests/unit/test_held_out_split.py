@@ -41,3 +41,19 @@ def test_the_content_key_ignores_the_name_and_sees_the_tests() -> None:
     first = next(iter(tests))
     changed = task.model_copy(update={"test_files": {**tests, first: tests[first] + "\n# x\n"}})
     assert changed.content_key() != task.content_key()
+
+
+def test_the_content_key_sees_the_image_its_sessions_run_in() -> None:
+    """Two SWE-bench rows alike but for ``image_name`` run their tests in different packages:
+    two tasks, not one deduplicated away; an environment wins over the image (the image is not
+    used), so there the image leaves the key alone."""
+    task = synthetic.generate_many(1, seed=3)[0]
+    one = task.model_copy(update={"image": "swebench/sweb.eval.x86_64.a:latest"})
+    other = task.model_copy(update={"image": "swebench/sweb.eval.x86_64.b:latest"})
+    assert len({task.content_key(), one.content_key(), other.content_key()}) == 3
+    env = {"environment": "db"}
+    assert (
+        one.model_copy(update=env).content_key()
+        == other.model_copy(update=env).content_key()
+        == task.model_copy(update=env).content_key()
+    )

@@ -133,6 +133,8 @@ class Task(BaseModel):
             body.append(self.held_back)
         if self.environment:  # other packages, another task; none: the key it always had
             body.append(self.environment)
+        elif self.image:  # its own image is its packages: another image, another task
+            body.append({"image": self.image})
         return hashlib.sha256(json.dumps(body, sort_keys=True).encode()).hexdigest()
 
     @field_validator("fail_to_pass", "pass_to_pass", "held_back", mode="before")
