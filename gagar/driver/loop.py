@@ -141,6 +141,15 @@ def rollout_config(run: GagarRun) -> RolloutConfig:
     return RolloutConfig(limits, command_timeout=lim.wall_seconds, verify_timeout=lim.wall_seconds)
 
 
+def held_back_outcomes(group: GroupResult, passes: list[int]) -> dict[str, bool] | None:
+    """Whether each pass (its member index, a JSON key) also passed its task's held-back tests
+    (``Task.held_back``: the reward never ran them, the grader never saw them), the label an
+    episode gives the grader's SFT; None where the task holds none back."""
+    if not group.task.held_back:
+        return None
+    return {str(i): not group.rollouts[i].overfit for i in passes}
+
+
 async def _grade(
     ctx: Context, group: GroupResult, counts: quality.QualityCounts | None = None
 ) -> Ranking:
@@ -162,7 +171,11 @@ async def _grade(
         )
     # one record per graded group: the data the grader's SFT reads (``gagar.grader.episodes``);
     # the step is the one being collected for (a collection ahead is the next step's)
-    where = {"step": ctx.step + 1, "policy_version": ctx.version}
+    where = {
+        "step": ctx.step + 1,
+        "policy_version": ctx.version,
+        "held_back": held_back_outcomes(group, wire.passes()),
+    }
     episodes.append(ctx.out / EPISODES_FILE, episodes.record(wire, ranking, transcripts, **where))
     if counts is not None:  # after the capture: an audit's transcript is not an episode
         counts.add(await _measure(ctx, wire, ranking))

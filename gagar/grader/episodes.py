@@ -2,7 +2,9 @@
 
 A record holds where the group was graded (step, task), the workspace index the grader opened
 with (its ``README.md``), the grader's messages and tools (tool calls and observations are in the
-messages), its ranking and, where it fell back, why. The agentic grader hands its transcript to
+messages), its ranking and, where it fell back, why; and, from the trainer (``held_back``), what
+each pass scored on its task's held-back tests, which neither the reward nor the grader ran or
+saw (``{"<member>": passed}``; null for a task that holds none back). The agentic grader hands its transcript to
 whoever is ``capture``-ing in the calling context (a ``ContextVar``: ``asyncio.wait_for`` and
 ``gather`` run the grading in a task that inherits it, so concurrent groups never mix); the
 caller writes the record. A grader in another process (the grader service behind

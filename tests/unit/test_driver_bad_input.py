@@ -196,6 +196,7 @@ def _hostile_group():
         reference_files={"calc/ops.py": CLEAN},
         test_command="python -m pytest -q",
         environment=None,
+        held_back=[],
     )
     hostile = {"..evil.py": "x = 1\n", "a\\b.py": "", "calc/../x.py": "", "\udcff.py": ""}
     finals = [BASE | {"calc/ops.py": CLEAN}, BASE | {"calc/ops.py": CLEAN} | hostile]

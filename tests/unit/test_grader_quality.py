@@ -58,6 +58,8 @@ def _ctx(grader, tmp_path, audit_fraction=0.0, fallback="heuristic"):
 def _grade(ctx, groups, monkeypatch):
     """Each group of ``groups`` through the loop's grading; (rankings, counts)."""
     monkeypatch.setattr(loop, "grading_group", lambda g: g)
+    # the groups here are already the wire form: no task, so no held-back outcomes to record
+    monkeypatch.setattr(loop, "held_back_outcomes", lambda g, passes: None)
     counts = quality.QualityCounts()
 
     async def grade_all():

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+from dataclasses import dataclass
 from types import SimpleNamespace
 
 from gagar.driver import loop
@@ -27,6 +28,24 @@ def _answer(body: dict) -> dict:
     return tool_call("submit_ranking", placed)
 
 
+@dataclass(frozen=True, eq=False)
+class _Group:
+    """What ``_grade`` reads of a ``GroupResult`` beside its wire form (``grading_group`` is
+    patched): the task's held-back tests and each member's outcome on them."""
+
+    key: str = "g"
+    held_back: tuple[str, ...] = ()
+    overfit: tuple[bool, ...] = (False, False, False)
+
+    @property
+    def task(self) -> SimpleNamespace:
+        return SimpleNamespace(held_back=list(self.held_back))
+
+    @property
+    def rollouts(self) -> list[SimpleNamespace]:
+        return [SimpleNamespace(overfit=o) for o in self.overfit]
+
+
 def _ctx(grader, tmp_path, fallback="heuristic"):
     spec = GraderSpec.model_construct(deadline_seconds=30.0, fallback=fallback)
     services = SimpleNamespace(grader=grader, fallback_grader=HeuristicGrader())
@@ -39,13 +58,13 @@ def test_each_graded_group_of_a_run_is_one_record(tmp_path, monkeypatch):
         f"g{i}": sample_group().model_copy(update={"task_id": f"task-{i}", "statement": f"S{i}"})
         for i in range(3)
     }
-    monkeypatch.setattr(loop, "grading_group", lambda g: groups[g])
+    monkeypatch.setattr(loop, "grading_group", lambda g: groups[g.key])
     with FakeOpenAI([_answer] * 6) as fake:
         config = AgenticConfig(base_url=fake.base_url, model="m")
         ctx = _ctx(AgenticGrader(config, unsafe_local_factory, tmp_path), tmp_path)
 
         async def grade_all():
-            return await asyncio.gather(*(loop._grade(ctx, g) for g in groups))
+            return await asyncio.gather(*(loop._grade(ctx, _Group(g)) for g in groups))
 
         rankings = asyncio.run(grade_all())
     assert all(r.grader == "agentic" for r in rankings)
@@ -65,7 +84,7 @@ def test_a_fallback_is_recorded_with_its_reason(tmp_path, monkeypatch):
     with FakeOpenAI([text("no idea")] * 4) as fake:
         config = AgenticConfig(base_url=fake.base_url, model="m", max_retries=1)
         ctx = _ctx(AgenticGrader(config, unsafe_local_factory, tmp_path), tmp_path)
-        ranking = asyncio.run(loop._grade(ctx, "g"))
+        ranking = asyncio.run(loop._grade(ctx, _Group()))
     (record,) = [
         json.loads(x) for x in (tmp_path / episodes.EPISODES_FILE).read_text().splitlines()
     ]
@@ -76,9 +95,25 @@ def test_a_fallback_is_recorded_with_its_reason(tmp_path, monkeypatch):
 
 def test_a_grader_without_a_transcript_still_gets_a_record(tmp_path, monkeypatch):
     monkeypatch.setattr(loop, "grading_group", lambda g: sample_group())
-    asyncio.run(loop._grade(_ctx(HeuristicGrader(), tmp_path), "g"))
+    asyncio.run(loop._grade(_ctx(HeuristicGrader(), tmp_path), _Group()))
     (record,) = [
         json.loads(x) for x in (tmp_path / episodes.EPISODES_FILE).read_text().splitlines()
     ]
     assert record["grader"] == "heuristic" and record["messages"] is None
     assert record["ranking"]["tied_groups"]
+
+
+def test_an_episode_says_which_passes_broke_held_back_tests(tmp_path, monkeypatch):
+    """The label the grader cannot see and the reward never ran (issue 48): per pass, whether it
+    also passed its task's held-back tests; None for a task that holds none back."""
+    monkeypatch.setattr(loop, "grading_group", lambda g: sample_group())
+    ctx = _ctx(HeuristicGrader(), tmp_path)
+    broke = _Group(held_back=("tests/test_x.py::test_edge",), overfit=(False, True, False))
+    asyncio.run(loop._grade(ctx, broke))
+    asyncio.run(loop._grade(ctx, _Group()))
+    first, second = [
+        json.loads(x) for x in (tmp_path / episodes.EPISODES_FILE).read_text().splitlines()
+    ]
+    assert first["passes"] == [0, 1, 2]
+    assert first["held_back"] == {"0": True, "1": False, "2": True}
+    assert second["held_back"] is None
