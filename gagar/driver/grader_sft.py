@@ -255,6 +255,16 @@ def _better(new: dict[str, float], best: dict[str, float] | None) -> bool:
     return best is None or (new["exact"], -new["nll"]) > (best["exact"], -best["nll"])
 
 
+def learner_precision(model: Any, dtype: str) -> Any:
+    """``dtype`` resolved where the policy's weights live: Megatron builds them on the GPU
+    wherever one is visible (the trainer's ``device: auto``), so the SFT runs there, on a
+    cluster's GPU node too, and its autocast must be the GPU's, not the CPU's."""
+    from gagar.trainer.precision import resolve
+
+    device = next(model.parameters()).device.type
+    return resolve(dtype, "cuda" if device == "cuda" else "cpu")
+
+
 def train(
     recs: list[dict[str, Any]],
     model_dir: Path,
@@ -278,7 +288,6 @@ def train(
     from gagar.trainer.loss import LossConfig
     from gagar.trainer.model import save_hf_checkpoint
     from gagar.trainer.policy import MegatronPolicy
-    from gagar.trainer.precision import resolve
 
     if not recs:
         raise ValueError("no SFT records")
@@ -292,7 +301,7 @@ def train(
         raise ValueError(f"every record is longer than {cfg.max_tokens} tokens")
     torch.manual_seed(cfg.seed)
     model = load_policy(model_dir)
-    precision = resolve(cfg.dtype, "cpu")
+    precision = learner_precision(model, cfg.dtype)
     optimizer = torch.optim.AdamW(
         model.parameters(), lr=cfg.lr, betas=(0.9, 0.95), weight_decay=0.0
     )
