@@ -59,6 +59,8 @@ def sft_parser() -> argparse.ArgumentParser:
 
 def _commands(job: SftJob) -> tuple[list[str] | None, list[str]]:
     """The init container's ``sft-data`` command (None with ``--data``) and ``sft``'s."""
+    if job.gpus not in (0, 1):  # one learner process: a second GPU would sit idle, paid for
+        raise ValueError(f"--gpus {job.gpus}: the grader's SFT runs one process, on 0 or 1 GPU")
     if any(a.split("=")[0] in OWN_FLAGS for a in job.sft_args):
         raise ValueError(f"{', '.join(OWN_FLAGS)} are the Job's own (--data, --out)")
     out = on_pvc(job.out)
@@ -139,7 +141,9 @@ def register_sft_job(grader_sub: argparse._SubParsersAction) -> None:
     p.add_argument("--out", required=True, help="the trained HF folder, a path on the PVC")
     p.add_argument("--data", help="sft-data's records on the PVC (default: built by the Job)")
     p.add_argument("--name", default="gagar-grader-sft", help="the Job's name")
-    p.add_argument("--gpus", type=int, default=0, help="GPUs (nvidia.com/gpu) for the learner")
+    p.add_argument(
+        "--gpus", type=int, default=0, help="0 or 1 GPU (nvidia.com/gpu) for the one learner"
+    )
     p.add_argument("--cpu", default="4", help="CPU request and limit")
     p.add_argument("--memory", default="32Gi", help="memory request and limit")
     p.add_argument("sft_args", nargs=argparse.REMAINDER, help="-- then `gagar grader sft` flags")

@@ -28,7 +28,7 @@ def containers(j: dict[str, Any]) -> list[dict[str, Any]]:
     return [*pod(j).get("initContainers", []), *pod(j)["containers"]]
 
 
-@pytest.mark.parametrize("kw", [{}, {"gpus": 2}, {"data": "grader/records.jsonl"}])
+@pytest.mark.parametrize("kw", [{}, {"gpus": 1}, {"data": "grader/records.jsonl"}])
 def test_the_job_is_one_kubernetes_takes(kw: dict[str, Any]) -> None:
     j = job(**kw)
     assert openapi_errors(j) == []
@@ -71,9 +71,9 @@ def test_the_pod_is_hardened() -> None:
 def test_gpu_fields_only_with_gpus() -> None:
     cpu = json.dumps(job())
     assert GPU not in cpu and "tolerations" not in cpu
-    j = job(gpus=2)
+    j = job(gpus=1)
     assert pod(j)["tolerations"][0]["key"] == GPU
-    assert pod(j)["containers"][0]["resources"]["limits"][GPU] == "2"
+    assert pod(j)["containers"][0]["resources"]["limits"][GPU] == "1"
 
 
 @pytest.mark.parametrize(
@@ -82,6 +82,7 @@ def test_gpu_fields_only_with_gpus() -> None:
         ({"out": "/abs"}, "inside the PVC"),
         ({"out": "../up"}, "inside the PVC"),
         ({"sft_args": ["--out", "x"]}, "the Job's own"),
+        ({"gpus": 2}, "one process, on 0 or 1 GPU"),  # a second GPU would sit idle
     ],
 )
 def test_bad_paths_and_own_flags_are_refused(kw: dict[str, Any], match: str) -> None:
