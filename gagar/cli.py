@@ -26,7 +26,7 @@ COMMAND_MODULES = [
 ]
 # Subcommands one component adds under another's command: ``gagar grader eval`` builds its groups
 # with the driver's scripted experts, which the grader package may not import.
-NESTED = {"grader": ["gagar.driver.grader_eval"]}
+NESTED = {"grader": ["gagar.driver.grader_eval", "gagar.driver.grader_sft_job"]}
 
 
 def _nested(sub: argparse._SubParsersAction) -> None:

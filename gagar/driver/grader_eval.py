@@ -354,11 +354,8 @@ def register(grader_sub: argparse._SubParsersAction) -> None:
     p = grader_sub.add_parser("eval", help="grading benchmark on groups with known answers")
     add_arguments(p)
     p.set_defaults(func=run)
-    from gagar.driver.grader_sft_job import register_sft_job
-
     register_sft_data(grader_sub)
     register_sft(grader_sub)
-    register_sft_job(grader_sub)
 
 
 def _pool_options(p: argparse.ArgumentParser) -> None:

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import PurePosixPath
 from typing import Any
 
+from gagar.driver.grader_eval import register_sft
 from gagar.operator.builders.common import container_security, pod_security
 from gagar.spec import TrainerSpec
 
@@ -50,8 +51,6 @@ def on_pvc(path: str) -> str:
 
 def sft_parser() -> argparse.ArgumentParser:
     """``gagar grader sft``'s parser, alone: the Job's command is checked against it."""
-    from gagar.driver.grader_eval import register_sft
-
     root = argparse.ArgumentParser(prog="gagar grader")
     register_sft(root.add_subparsers(dest="cmd"))
     return root
@@ -131,7 +130,7 @@ def run_sft_job(args: argparse.Namespace) -> int:
     return 0
 
 
-def register_sft_job(grader_sub: argparse._SubParsersAction) -> None:
+def register(grader_sub: argparse._SubParsersAction) -> None:
     """``gagar grader sft-job``: print the Job (JSON, which ``kubectl apply -f -`` takes)."""
     p = grader_sub.add_parser(
         "sft-job", help="print a Kubernetes Job that runs the grader's SFT on a cluster"
